@@ -1,0 +1,5 @@
+import sys
+
+from rankpack.cli import main
+
+sys.exit(main())
