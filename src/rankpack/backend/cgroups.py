@@ -88,6 +88,7 @@ class CgroupDriver(Protocol):
     def join_dirs(self, rel: str) -> list[Path]:
         """Directories whose ``cgroup.procs`` a process writes to join this cgroup."""
         ...
+
     def children(self, rel: str) -> list[str]: ...
 
 

@@ -43,7 +43,9 @@ def find_mpirun(flavour: str = "openmpi") -> str:
     explicit = os.environ.get("RANKPACK_MPIRUN")
     if explicit:
         return explicit
-    names = ("mpirun.openmpi", "mpirun") if flavour == "openmpi" else ("mpirun.mpich", "mpiexec.hydra")
+    names = (
+        ("mpirun.openmpi", "mpirun") if flavour == "openmpi" else ("mpirun.mpich", "mpiexec.hydra")
+    )
     for name in names:
         found = shutil.which(name)
         if found:
@@ -62,11 +64,15 @@ def mpirun_argv(mpirun: str, flavour: str, n_ranks: int, env_names: list[str]) -
         for name in env_names:
             argv += ["-x", name]
         return argv
-    return [mpirun, "-np", str(n_ranks), "-envlist", ",".join(env_names)] if env_names else [
-        mpirun,
-        "-np",
-        str(n_ranks),
-    ]
+    return (
+        [mpirun, "-np", str(n_ranks), "-envlist", ",".join(env_names)]
+        if env_names
+        else [
+            mpirun,
+            "-np",
+            str(n_ranks),
+        ]
+    )
 
 
 @dataclass
@@ -138,10 +144,7 @@ class LocalBackend:
         if self.mpi == "openmpi" and os.geteuid() == 0:
             env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
             env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
-        forwarded = sorted(
-            {"RANKPACK_PID_DIR", "RANKPACK_CGROUP_DIRS", *spec.env}
-            & set(env)
-        )
+        forwarded = sorted({"RANKPACK_PID_DIR", "RANKPACK_CGROUP_DIRS", *spec.env} & set(env))
         argv = mpirun_argv(mpirun, self.mpi, len(spec.ranks), forwarded)
         argv += [str(launcher_path()), *spec.command]
         log_file = open(spec.log_path, "ab")  # noqa: SIM115 - closed in release()

@@ -56,7 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="SQLite results database (default: $RANKPACK_DB or the user data directory)",
     )
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=OneLineArgumentParser)
+    sub = parser.add_subparsers(
+        dest="command", metavar="COMMAND", parser_class=OneLineArgumentParser
+    )
     sub.required = True
     for name in COMMAND_MODULES:
         try:

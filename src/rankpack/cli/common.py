@@ -35,7 +35,9 @@ def parse_cores(text: str) -> float:
     try:
         value = float(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"'{text}' is not a number of cores, e.g. 4 or 2.5") from None
+        raise argparse.ArgumentTypeError(
+            f"'{text}' is not a number of cores, e.g. 4 or 2.5"
+        ) from None
     return value
 
 

@@ -114,7 +114,9 @@ def _largest_remainder(weights: list[float], total: int) -> list[int]:
     return base
 
 
-def proportional_millis(weights: list[float], total_millis: int, floor_millis: int = 0) -> list[int]:
+def proportional_millis(
+    weights: list[float], total_millis: int, floor_millis: int = 0
+) -> list[int]:
     """Split ``total_millis`` in proportion to ``weights`` with every rank at least the floor."""
     n = len(weights)
     if n == 0:

@@ -1,0 +1,1 @@
+"""Case layer: OpenFOAM cases (find, copy, mesh, decompose) and their solver logs."""

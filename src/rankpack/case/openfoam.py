@@ -1,0 +1,265 @@
+"""OpenFOAM cases: resolve a tutorial or directory, copy it into a run directory, mesh it,
+decompose it, and edit its controlDict.
+
+Called by the CLI (`run`, `demo`, `decompose`) before a plan is made. The source case is
+never modified: everything happens in the run directory. File edits go through foamlib
+(a maintained OpenFOAM file parser) rather than regular expressions.
+"""
+
+from __future__ import annotations
+
+import gzip
+import os
+import re
+import shlex
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+from foamlib import FoamFile
+
+from rankpack.errors import UserError
+
+EXAMPLES_ROOT = Path(
+    os.environ.get("RANKPACK_FOAM_EXAMPLES", "/usr/share/doc/openfoam-examples/examples")
+)
+# The seed papers' cases; other tutorials are found by directory name.
+KNOWN_TUTORIALS = {
+    "pitzDaily": "incompressible/simpleFoam/pitzDaily",
+    "aerofoilNACA0012": "compressible/rhoSimpleFoam/aerofoilNACA0012",
+}
+# Allrun steps that are not mesh generation (they run later, under rankpack's control).
+_NOT_MESH_STEPS = {"decomposePar", "reconstructPar", "reconstructParMesh", "foamDictionary"}
+
+
+@dataclass(frozen=True)
+class CaseSource:
+    path: Path
+    name: str
+    tutorial: bool
+
+
+def foam_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """The environment OpenFOAM tools need (Debian layout: /usr/share/openfoam)."""
+    env = dict(os.environ if base is None else base)
+    if "WM_PROJECT_DIR" not in env and Path("/usr/share/openfoam").is_dir():
+        env["WM_PROJECT_DIR"] = "/usr/share/openfoam"
+    real_pstream = Path("/usr/lib/openmpi-system")
+    if real_pstream.is_dir():
+        parts = [p for p in env.get("LD_LIBRARY_PATH", "").split(":") if p]
+        if str(real_pstream) not in parts:
+            env["LD_LIBRARY_PATH"] = ":".join([str(real_pstream), *parts])
+    return env
+
+
+def _is_case(path: Path) -> bool:
+    system = path / "system"
+    return (system / "controlDict").is_file() or (system / "controlDict.gz").is_file()
+
+
+def resolve_case(text: str) -> CaseSource:
+    """A case directory, or the name of an installed tutorial (e.g. pitzDaily)."""
+    path = Path(text).expanduser()
+    if path.exists():
+        if not path.is_dir():
+            raise UserError(f"{text} is a file; give an OpenFOAM case directory or a tutorial name")
+        if not _is_case(path):
+            raise UserError(
+                f"{text} is not an OpenFOAM case (no system/controlDict); "
+                "give a case directory or a tutorial name such as pitzDaily"
+            )
+        return CaseSource(path.resolve(), path.resolve().name, tutorial=False)
+    if "/" in text:
+        raise UserError(f"case directory {text} does not exist")
+    return CaseSource(find_tutorial(text), text, tutorial=True)
+
+
+def find_tutorial(name: str) -> Path:
+    if not EXAMPLES_ROOT.is_dir():
+        raise UserError(
+            f"OpenFOAM tutorials are not installed ({EXAMPLES_ROOT} missing); "
+            "apt-get install openfoam-examples, or give a case directory"
+        )
+    known = KNOWN_TUTORIALS.get(name)
+    if known and _is_case(EXAMPLES_ROOT / known):
+        return EXAMPLES_ROOT / known
+    matches = sorted(p.parent.parent for p in EXAMPLES_ROOT.glob(f"**/{name}/system/controlDict*"))
+    matches = [m for m in matches if m.name == name]
+    if len(matches) == 1:
+        return matches[0]
+    if len(matches) > 1:
+        listed = ", ".join(str(m.relative_to(EXAMPLES_ROOT)) for m in matches[:4])
+        raise UserError(f"tutorial name {name} is ambiguous ({listed}); give the case directory")
+    raise UserError(
+        f"unknown tutorial '{name}'; try pitzDaily or aerofoilNACA0012, or give a case directory"
+    )
+
+
+def copy_case(source: CaseSource, dest: Path) -> None:
+    """Copy the case (not its processor*/ or results) and unpack gzipped files."""
+
+    def ignore(directory: str, names: list[str]) -> list[str]:
+        if Path(directory) == source.path:
+            return [n for n in names if n.startswith("processor") or n.startswith("log.")]
+        return []
+
+    shutil.copytree(source.path, dest, ignore=ignore, symlinks=False)
+    for gz in dest.rglob("*.gz"):
+        target = gz.with_suffix("")
+        with gzip.open(gz, "rb") as src, open(target, "wb") as out:
+            shutil.copyfileobj(src, out)
+        gz.unlink()
+    orig = dest / "0.orig"
+    if orig.is_dir() and not (dest / "0").exists():
+        shutil.copytree(orig, dest / "0")
+
+
+def run_tool(case_dir: Path, argv: list[str], log_name: str) -> None:
+    """Run an OpenFOAM utility in the case, logging to log.<name>; UserError on failure."""
+    log = case_dir / f"log.{log_name}"
+    if shutil.which(argv[0], path=foam_env().get("PATH")) is None:
+        raise UserError(
+            f"OpenFOAM tool {argv[0]} not found; install OpenFOAM (apt-get install openfoam)"
+        )
+    with open(log, "wb") as fh:
+        result = subprocess.run(
+            argv, cwd=case_dir, stdout=fh, stderr=subprocess.STDOUT, env=foam_env(), check=False
+        )
+    if result.returncode != 0:
+        tail = _fatal_line(log)
+        raise UserError(f"{argv[0]} failed in {case_dir} ({tail}); see {log}")
+
+
+def _fatal_line(log: Path) -> str:
+    lines = log.read_text(errors="replace").splitlines()
+    for i, line in enumerate(lines):
+        if "FOAM FATAL" in line:
+            rest = [x.strip() for x in lines[i + 1 : i + 6] if x.strip()]
+            return " ".join(rest[:2])[:200] or line.strip()
+    return lines[-1].strip()[:200] if lines else "no output"
+
+
+def mesh_steps(case_dir: Path) -> list[list[str]]:
+    """The mesh-generation steps of a case: those in its Allrun before the solver, or blockMesh."""
+    allrun = case_dir / "Allrun"
+    application = read_application(case_dir)
+    steps: list[list[str]] = []
+    if allrun.is_file():
+        for line in allrun.read_text().splitlines():
+            m = re.match(r"\s*runApplication\s+(.*)", line)
+            if not m:
+                continue
+            argv = shlex.split(m.group(1))
+            # runApplication's own options: -s SUFFIX, -a/-append, -o/-overwrite
+            while argv and argv[0].startswith("-"):
+                argv = argv[2:] if argv[0] in ("-s", "-suffix") else argv[1:]
+            if not argv:
+                continue
+            if "getApplication" in argv[0] or argv[0] == application:
+                break  # the solver: mesh generation is over
+            if argv[0] in _NOT_MESH_STEPS:
+                continue
+            steps.append(argv)
+    if not steps and (case_dir / "system" / "blockMeshDict").is_file():
+        steps.append(["blockMesh"])
+    return steps
+
+
+def has_mesh(case_dir: Path) -> bool:
+    return (case_dir / "constant" / "polyMesh" / "owner").is_file()
+
+
+def ensure_mesh(case_dir: Path) -> None:
+    if has_mesh(case_dir):
+        return
+    steps = mesh_steps(case_dir)
+    if not steps:
+        raise UserError(
+            f"{case_dir} has no mesh (constant/polyMesh) and no blockMeshDict or Allrun to make one"
+        )
+    for argv in steps:
+        run_tool(case_dir, argv, argv[0])
+    if not has_mesh(case_dir):
+        raise UserError(f"meshing {case_dir} produced no constant/polyMesh/owner")
+
+
+def n_cells(case_dir: Path) -> int:
+    """Cell count from the owner file's header note (written by every OpenFOAM mesher)."""
+    owner = case_dir / "constant" / "polyMesh" / "owner"
+    with open(owner, "rb") as fh:
+        head = fh.read(4096).decode("latin-1")
+    m = re.search(r"nCells:\s*(\d+)", head)
+    if not m:
+        raise UserError(f"cannot read the cell count from {owner} (no nCells note in its header)")
+    return int(m.group(1))
+
+
+def read_application(case_dir: Path) -> str:
+    value = FoamFile(case_dir / "system" / "controlDict").get("application")
+    if not isinstance(value, str) or not value:
+        raise UserError(f"{case_dir}/system/controlDict has no 'application' entry")
+    return value
+
+
+@dataclass(frozen=True)
+class TimeControl:
+    start: float
+    end: float
+    delta_t: float
+
+    @property
+    def steps(self) -> int:
+        """Time steps (iterations for a steady solver) from start to end."""
+        return max(0, round((self.end - self.start) / self.delta_t))
+
+
+def read_time_control(case_dir: Path) -> TimeControl:
+    cd = FoamFile(case_dir / "system" / "controlDict")
+    start_from = cd.get("startFrom", "startTime")
+    start = float(cd.get("startTime", 0)) if start_from == "startTime" else 0.0  # type: ignore[arg-type]
+    return TimeControl(
+        start=start,
+        end=float(cd["endTime"]),  # type: ignore[arg-type]
+        delta_t=float(cd["deltaT"]),  # type: ignore[arg-type]
+    )
+
+
+def set_iterations(case_dir: Path, iterations: int) -> TimeControl:
+    """Stop after ``iterations`` time steps; no extra field writes in between."""
+    tc = read_time_control(case_dir)
+    end = tc.start + iterations * tc.delta_t
+    cd = FoamFile(case_dir / "system" / "controlDict")
+    with cd:
+        cd["endTime"] = int(end) if float(end).is_integer() else end
+        cd["stopAt"] = "endTime"
+    return TimeControl(tc.start, end, tc.delta_t)
+
+
+def write_decompose_dict(case_dir: Path, n_ranks: int, method: str = "hierarchical") -> None:
+    """An equal decomposition with a method every OpenFOAM build has."""
+    path = case_dir / "system" / "decomposeParDict"
+    if path.exists():
+        path.unlink()
+    body = {
+        "numberOfSubdomains": n_ranks,
+        "method": method,
+    }
+    text = (
+        "FoamFile\n{\n    version 2.0;\n    format ascii;\n    class dictionary;\n"
+        "    object decomposeParDict;\n}\n\n"
+        f"numberOfSubdomains {body['numberOfSubdomains']};\n"
+        f"method {body['method']};\n"
+        f"{method}Coeffs\n{{\n    n ({n_ranks} 1 1);\n    order xyz;\n    delta 0.001;\n}}\n"
+    )
+    path.write_text(text)
+
+
+def decompose(case_dir: Path) -> list[int]:
+    """Run decomposePar; return the cells per processor as OpenFOAM counted them."""
+    run_tool(case_dir, ["decomposePar", "-force"], "decomposePar")
+    text = (case_dir / "log.decomposePar").read_text(errors="replace")
+    counts = [int(x) for x in re.findall(r"Number of cells = (\d+)", text)]
+    if not counts:
+        raise UserError(f"decomposePar reported no processors; see {case_dir}/log.decomposePar")
+    return counts
