@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal, Protocol
 
+from rankpack._proc import alive
 from rankpack.errors import UserError
 
 MIN_SHARES = 2
@@ -353,18 +354,8 @@ def reap_stale_runs(driver: CgroupDriver) -> list[str]:
         if len(parts) < 3 or parts[0] != "run" or not parts[-1].isdigit():
             continue
         owner = int(parts[-1])
-        if owner == os.getpid() or _alive(owner):
+        if owner == os.getpid() or alive(owner):
             continue
         remove_tree(driver, f"{SUBTREE}/{name}")
         reaped.append(name)
     return reaped
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

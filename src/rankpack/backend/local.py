@@ -9,6 +9,7 @@ cgroup files, exactly what the kubelet does for an in-place pod resize.
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import os
 import shutil
 import signal
@@ -86,6 +87,8 @@ class LocalSim:
     log_file: object = field(repr=False)
     exit_code: int | None = None
     released: bool = False
+    last_usage_ns: dict[int, int] = field(default_factory=dict)
+    """Uncontained mode: the last /proc reading per rank (kept after the process exits)."""
 
 
 class LocalBackend:
@@ -157,6 +160,7 @@ class LocalBackend:
                 stderr=subprocess.STDOUT,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_terminate_with_parent,
             )
         except BaseException:
             log_file.close()
@@ -195,7 +199,11 @@ class LocalBackend:
                 stat = self.driver.read_stat(f"{sim.cgroup_rel}/rank-{i}")
                 usage, nthr, thr_ns = stat.usage_ns, stat.nr_throttled, stat.throttled_ns
             else:
-                usage, nthr, thr_ns = _proc_usage_ns(sim.pid_dir / f"rank-{i}.pid"), 0, 0
+                usage = max(
+                    _proc_usage_ns(sim.pid_dir / f"rank-{i}.pid"), sim.last_usage_ns.get(i, 0)
+                )
+                sim.last_usage_ns[i] = usage
+                nthr, thr_ns = 0, 0
             ranks.append(
                 RankObservation(
                     rank=i,
@@ -253,6 +261,19 @@ class LocalBackend:
         if self.driver is None or sim.cgroup_rel is None:
             raise UserError("this simulation runs without cgroups")
         return self.driver.read_settings(f"{sim.cgroup_rel}/rank-{rank}")
+
+
+_PR_SET_PDEATHSIG = 1
+
+
+def _terminate_with_parent() -> None:
+    """In the forked child: SIGTERM mpirun if rankpack dies (even by SIGKILL).
+
+    mpirun then takes its ranks down; anything left behind is reaped from its cgroup by the
+    next rankpack process (`cgroups.reap_stale_runs`).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
 def _local(handle: SimHandle) -> LocalSim:

@@ -78,6 +78,10 @@ class Backend(Protocol):
 
     def observe(self, handle: SimHandle) -> SimObservation: ...
 
+    def wait(self, handle: SimHandle, timeout_s: float) -> int | None:
+        """Block up to ``timeout_s`` for the simulation to end; its exit code, or None."""
+        ...
+
     def stop(self, handle: SimHandle) -> None:
         """Terminate every process of the simulation (idempotent)."""
         ...

@@ -76,7 +76,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     debug = "--debug" in args_list or os.environ.get("RANKPACK_DEBUG") == "1"
     parser = build_parser()
     try:
-        args = parser.parse_args(args_list)
+        try:
+            args = parser.parse_args(args_list)
+        except SystemExit as exc:  # --help (0) or a usage error (2), already printed
+            return exc.code if isinstance(exc.code, int) else 2
         code: int = args.handler(args)
         return code
     except UserError as exc:

@@ -13,7 +13,7 @@ from rankpack.errors import UserError
 
 
 def parse_millis(text: str) -> int:
-    """'250m' or '250' -> 250 millicores; '0.5' with no unit is read as cores only if it has a dot."""
+    """'250m' or '250' -> 250 millicores; a bare number with a dot ('0.5') is cores."""
     raw = text.strip().lower()
     try:
         if raw.endswith("m"):

@@ -1,0 +1,1 @@
+"""Report layer: results of runs as typed values, tables, live display and plots."""

@@ -1,0 +1,71 @@
+"""The live display of a running simulation (rich, on stderr so --json stays clean)."""
+
+from __future__ import annotations
+
+from rich.console import Console, Group
+from rich.live import Live
+from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
+from rich.table import Table
+
+from rankpack.controller.single import Tick
+
+
+class RunDisplay:
+    """Progress bar (iterations of endTime, ETA), solver timings, residuals, per-rank CPU."""
+
+    def __init__(self, title: str, console: Console | None = None) -> None:
+        self.console = console or Console(stderr=True)
+        self.progress = Progress(
+            TextColumn("[bold]{task.description}"),
+            BarColumn(),
+            TaskProgressColumn(),
+            TextColumn("{task.completed}/{task.total} it"),
+            TimeRemainingColumn(),
+            console=self.console,
+        )
+        self.task = self.progress.add_task(title, total=None)
+        self.table = Table()
+        self.live = Live(self._render(None), console=self.console, refresh_per_second=4)
+        self.live.start()
+
+    def _render(self, tick: Tick | None) -> Group:
+        if tick is None:
+            return Group(self.progress)
+        log = tick.log
+        info = []
+        if log.execution_s is not None:
+            info.append(f"ExecutionTime {log.execution_s:g} s  ClockTime {log.clock_s:g} s")
+        if log.residuals:
+            info.append(
+                "initial residuals: "
+                + "  ".join(f"{k} {v:.2e}" for k, v in list(log.residuals.items())[:6])
+            )
+        table = Table(box=None, pad_edge=False)
+        table.add_column("rank", justify="right")
+        table.add_column("request", justify="right")
+        table.add_column("limit", justify="right")
+        table.add_column("CPU now", justify="right")
+        table.add_column("throttled", justify="right")
+        if tick.duty:
+            table.add_column("duty", justify="right")
+        for r, cores in zip(tick.observation.ranks, tick.cpu_cores, strict=True):
+            row = [
+                str(r.rank),
+                f"{r.request_millis}m",
+                f"{r.limit_millis}m" if r.limit_millis is not None else "-",
+                f"{cores * 1000:.0f}m",
+                str(r.nr_throttled),
+            ]
+            if tick.duty:
+                d = tick.duty[r.rank] if r.rank < len(tick.duty) else None
+                row.append(f"{d:.0%}" if d is not None else "?")
+            table.add_row(*row)
+        return Group(self.progress, *info, table)
+
+    def update(self, tick: Tick) -> None:
+        total = tick.expected_iterations or None
+        self.progress.update(self.task, total=total, completed=tick.log.iterations)
+        self.live.update(self._render(tick))
+
+    def close(self) -> None:
+        self.live.stop()

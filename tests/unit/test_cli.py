@@ -1,0 +1,104 @@
+"""The command line as a user meets it: output, JSON keys, and one-line errors (exit 2)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from rankpack.cli import main
+
+
+def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--weights", "1,1,5,15", "--budget", "4", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["total_millis"] == 4000
+    assert [r["cpu_millis"] for r in data["ranks"]] == [182, 182, 909, 2727]
+    assert data["ranks"][0] == {"rank": 0, "weight": 1.0, "cpu_millis": 182, "limit_millis": None}
+
+
+def test_plan_equal_table(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["plan", "--equal", "--ranks", "3", "--budget", "1"]) == 0
+    out = capsys.readouterr().out
+    assert "334m" in out and "333m" in out and "1000m" in out
+
+
+def test_plan_grouped_with_floor(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["plan", "--weights", "8x1,4x5,4x15", "--budget", "16", "--floor", "250m", "--json"]
+    assert main(argv) == 0
+    data = json.loads(capsys.readouterr().out)
+    millis = [r["cpu_millis"] for r in data["ranks"]]
+    assert sum(millis) == 16000 and min(millis) == 250 and len(millis) == 16
+
+
+BAD_INPUT = [
+    (["plan", "--weights", "1,1,5", "--ranks", "4"], "3 values but --ranks is 4"),
+    (["plan", "--weights", "1,-1"], "must be a positive number"),
+    (["plan", "--weights", "1,0"], "must be a positive number"),
+    (["plan", "--weights", "a,b"], "is not a number"),
+    (["plan", "--weights", "1,1", "--budget", "0"], "--budget must be a positive"),
+    (["plan", "--weights", "1,1", "--budget", "-2"], "--budget must be a positive"),
+    (["plan", "--weights", "1,1", "--budget", "x"], "not a number of cores"),
+    (["plan", "--weights", "1,1", "--budget", "0.1", "--floor", "60m"], "too small"),
+    (["run", "pitzDaily", "--ranks", "2", "--weights", "1,2,3"], "3 values but --ranks is 2"),
+    (["run", "pitzDaily", "--qos", "limits"], "--allow-limits"),
+    (["run", "pitzDaily", "--iterations", "0"], "--iterations must be at least 1"),
+    (["run", "noSuchTutorial"], "unknown tutorial 'noSuchTutorial'"),
+    (["run", "/no/such/dir"], "does not exist"),
+    (["run", "pitzDaily", "--ranks", "0"], "--ranks must be at least 1"),
+    (["runs", "show", "12345"], "no run with id 12345"),
+]
+
+
+@pytest.mark.parametrize(("argv", "message"), BAD_INPUT)
+def test_bad_input_one_line_exit_2_nothing_created(
+    argv: list[str], message: str, capsys: pytest.CaptureFixture[str], isolated_home: Path
+) -> None:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    assert err.count("\n") == 1 and "Traceback" not in err
+    runs = isolated_home / "runs"
+    assert not runs.exists() or not any(runs.iterdir())
+
+
+def test_not_an_openfoam_case(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "notacase").mkdir()
+    assert main(["run", str(tmp_path / "notacase")]) == 2
+    assert "not an OpenFOAM case" in capsys.readouterr().err
+
+
+def test_argparse_errors_are_one_line_exit_2() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rankpack", "plan", "--nonsense"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert proc.stderr.count("\n") == 1 and "unrecognized arguments" in proc.stderr
+
+
+def test_debug_shows_traceback() -> None:
+    proc = subprocess.run(
+        [sys.executable, "-m", "rankpack", "--debug", "plan", "--weights", "1,0"],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert proc.returncode != 0 and "Traceback" in proc.stderr
+
+
+def test_runs_list_empty(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["runs", "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == []
+
+
+def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for command in ("demo", "plan", "run", "runs"):
+        assert command in out
