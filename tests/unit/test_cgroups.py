@@ -42,7 +42,8 @@ def test_weight_from_millis() -> None:
 
 
 @pytest.mark.parametrize(
-    ("millis", "quota"), [(None, None), (0, None), (5, 1000), (91, 9100), (250, 25000), (2500, 250000)]
+    ("millis", "quota"),
+    [(None, None), (0, None), (5, 1000), (91, 9100), (250, 25000), (2500, 250000)],
 )
 def test_quota_like_kubelet(millis: int | None, quota: int | None) -> None:
     assert millis_to_quota_us(millis) == quota

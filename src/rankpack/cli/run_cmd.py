@@ -12,8 +12,8 @@ from pathlib import Path
 from rich.console import Console
 
 from rankpack.backend.local import LocalBackend
-from rankpack.cli.common import data_dir, db_path, parse_cores, parse_millis, print_json
 from rankpack.case.openfoam import resolve_case
+from rankpack.cli.common import data_dir, db_path, parse_cores, parse_millis, print_json
 from rankpack.controller.single import RunOptions, check_options, execute, prepare
 from rankpack.errors import UserError
 from rankpack.plan.allocation import QoS, budget_to_millis, make_plan, resolve_weights
@@ -160,4 +160,4 @@ def handle(args: argparse.Namespace) -> int:
         Console().print(run_table(result))
         if result.message:
             Console(stderr=True).print(f"[yellow]{result.status}: {result.message}")
-    return 0 if result.status == "completed" else 1
+    return {"completed": 0, "interrupted": 130}.get(result.status, 1)

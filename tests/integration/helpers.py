@@ -1,0 +1,63 @@
+"""Helpers for tests that run real OpenFOAM, Open MPI and cgroups on this machine."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+CGROUP_CPU = Path("/sys/fs/cgroup/cpu/rankpack")
+
+
+def rankpack(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rankpack", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def run_json(*argv: str, timeout: float = 300) -> dict[str, Any]:
+    proc = rankpack(*argv, "--json", timeout=timeout)
+    assert proc.stdout.strip(), f"no JSON output; stderr: {proc.stderr[-2000:]}"
+    data: dict[str, Any] = json.loads(proc.stdout)
+    data["_returncode"] = proc.returncode
+    return data
+
+
+def run_cgroups(owner_pid: int) -> list[Path]:
+    """The run cgroups an owner process has left (v1 layout on this machine)."""
+    if not CGROUP_CPU.is_dir():
+        return []
+    return [p for p in CGROUP_CPU.iterdir() if p.name.endswith(f"-{owner_pid}")]
+
+
+def processes_in(directory: Path) -> list[int]:
+    """Pids whose working directory is inside ``directory`` (the ranks of a run)."""
+    found = []
+    target = str(directory.resolve())
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cwd = os.readlink(proc / "cwd")
+        except OSError:
+            continue
+        if cwd == target or cwd.startswith(target + "/"):
+            found.append(int(proc.name))
+    return found
+
+
+def wait_for(predicate: Any, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")

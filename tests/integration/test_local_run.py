@@ -1,0 +1,213 @@
+"""`rankpack run` end to end on this machine: real OpenFOAM, Open MPI and cgroups."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from rankpack.backend.local import LocalBackend
+from rankpack.backend.protocol import RankResources
+from rankpack.controller.single import RunOptions, Tick, execute, prepare
+from rankpack.plan.allocation import QoS, make_plan
+from rankpack.store import Store
+from tests.integration.helpers import processes_in, rankpack, run_cgroups, run_json, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def test_pitzdaily_four_ranks_completes_and_is_recorded() -> None:
+    data = run_json("run", "pitzDaily", "--ranks", "4", "--iterations", "40")
+    assert data["_returncode"] == 0, data
+    assert data["status"] == "completed"
+    assert data["iterations"] == 40
+    assert data["cgroups"] == "v1"
+    assert len(data["ranks"]) == 4
+    assert sum(r["cells"] for r in data["ranks"]) == 12225
+    assert [r["cpu_millis"] for r in data["ranks"]] == [1000] * 4
+    counter = sum(r["cpu_s_counter"] for r in data["ranks"])
+    assert counter > 0.5
+    # trapezoid over ~1 Hz samples agrees with the cgroup's own counter
+    assert abs(data["cpu_s"] - counter) / counter < 0.2
+    assert all(r["nr_throttled"] == 0 for r in data["ranks"])
+    run_dir = Path(data["run_dir"])
+    assert (run_dir / "log.simpleFoam").is_file() and (run_dir / "processor3").is_dir()
+    shown = run_json("runs", "show", str(data["id"]))
+    assert shown["status"] == "completed" and shown["iterations"] == 40
+    assert [r["cpu_millis"] for r in shown["ranks"]] == [1000] * 4
+    listed = json.loads(rankpack("runs", "list", "--json").stdout)
+    assert listed[0]["id"] == data["id"]
+    assert not run_cgroups(os.getpid())
+
+
+def test_source_tutorial_is_never_modified() -> None:
+    src = Path("/usr/share/doc/openfoam-examples/examples/incompressible/simpleFoam/pitzDaily")
+    before = sorted(str(p.relative_to(src)) for p in src.rglob("*"))
+    run_json("run", "pitzDaily", "--ranks", "2", "--iterations", "3")
+    assert sorted(str(p.relative_to(src)) for p in src.rglob("*")) == before
+
+
+def _prepared(tmp_path: Path, weights: list[float], qos: QoS = QoS.REQUESTS, iters: int = 60):
+    plan = make_plan(weights, 4000, qos=qos)
+    options = RunOptions("pitzDaily", plan, iterations=iters)
+    return prepare(options, tmp_path / "runs")
+
+
+def test_proportional_shares_in_cgroups_while_running_and_resize_in_place(tmp_path: Path) -> None:
+    backend = LocalBackend()
+    store = Store(tmp_path / "r.db")
+    prepared = _prepared(tmp_path, [1, 1, 5, 15], iters=150)
+    seen_shares: list[list[int]] = []
+    pids_before: dict[int, str] = {}
+    resized: list[int] = []
+
+    def on_tick(tick: Tick, handle: object) -> None:
+        shares = [backend.settings(handle, r).shares or 0 for r in range(4)]  # type: ignore[arg-type]
+        seen_shares.append(shares)
+        pid_dir = prepared.run_dir / ".rankpack" / "pids"
+        if not resized and len(list(pid_dir.glob("*.pid"))) == 4 and tick.log.iterations > 0:
+            pids_before.update({i: (pid_dir / f"rank-{i}.pid").read_text() for i in range(4)})
+            backend.resize(handle, 0, RankResources(500))  # type: ignore[arg-type]
+            resized.append(tick.log.iterations)
+
+    result = execute(backend, store, prepared, cgroups="v1", on_tick=on_tick)
+    assert result.status == "completed" and result.iterations == 150
+    assert seen_shares[0] == [186, 186, 930, 2792]  # kubelet: millis * 1024 // 1000
+    assert resized, "the run ended before a resize could be made"
+    assert [186 * 0 + 512, 186, 930, 2792] in seen_shares  # rank 0 resized to 500m in place
+    pid_dir = prepared.run_dir / ".rankpack" / "pids"
+    # zero restarts: the same rank processes before and after the resize
+    assert {i: (pid_dir / f"rank-{i}.pid").read_text() for i in range(4)} == pids_before
+    assert result.ranks[0].cpu_millis == 500
+    assert not run_cgroups(os.getpid())
+
+
+def test_hard_limits_throttle_the_small_ranks(tmp_path: Path) -> None:
+    backend = LocalBackend()
+    store = Store(tmp_path / "r.db")
+    prepared = _prepared(tmp_path, [1, 1, 5, 15], qos=QoS.LIMITS, iters=500)
+    stop = threading.Event()
+    quotas: list[list[int | None]] = []
+
+    def on_tick(tick: Tick, handle: object) -> None:
+        quotas.append([backend.settings(handle, r).quota_us for r in range(4)])  # type: ignore[arg-type]
+
+    timer = threading.Timer(8.0, stop.set)  # bounded in time: limits make MPI crawl
+    timer.start()
+    try:
+        result = execute(backend, store, prepared, cgroups="v1", stop=stop, on_tick=on_tick)
+    finally:
+        timer.cancel()
+    assert quotas[0] == [18200, 18200, 90900, 272700]
+    assert result.status == "interrupted"
+    assert result.ranks[0].nr_throttled > 0 and result.ranks[1].nr_throttled > 0
+    assert result.ranks[0].throttled_s > 0
+    assert not processes_in(prepared.run_dir)
+    assert not run_cgroups(os.getpid())
+
+
+def test_limits_refused_without_allow_limits() -> None:
+    proc = rankpack("run", "pitzDaily", "--qos", "limits")
+    assert proc.returncode == 2
+    assert "throttle" in proc.stderr and "--allow-limits" in proc.stderr
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_signal_midway_cleans_up_and_keeps_results(
+    sig: signal.Signals, isolated_home: Path
+) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankpack", "run", "pitzDaily", "--iterations", "5000", "--json"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    runs = isolated_home / "runs"
+    wait_for(lambda: bool(run_cgroups(proc.pid)), 60, "the run's cgroups")
+    wait_for(
+        lambda: any(
+            "ExecutionTime" in p.read_text(errors="replace") for p in runs.glob("*/log.simpleFoam")
+        ),
+        60,
+        "the first iteration",
+    )
+    proc.send_signal(sig)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    data = json.loads(out)
+    assert data["status"] == "interrupted"
+    assert 0 < data["iterations"] < 5000
+    run_dir = Path(data["run_dir"])
+    assert (run_dir / "log.simpleFoam").is_file()
+    assert not processes_in(run_dir)
+    assert not run_cgroups(proc.pid)
+    assert run_json("runs", "show", str(data["id"]))["status"] == "interrupted"
+
+
+def test_sigkill_of_rankpack_leaves_nothing_running(isolated_home: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankpack", "run", "pitzDaily", "--iterations", "5000", "--json"],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    runs = isolated_home / "runs"
+    wait_for(lambda: bool(run_cgroups(proc.pid)), 60, "the run's cgroups")
+    wait_for(lambda: any(runs.glob("*/processor0")), 60, "the run directory")
+    run_dir = next(p for p in runs.iterdir() if not p.name.startswith("."))
+    wait_for(lambda: len(processes_in(run_dir)) >= 4, 60, "the ranks")
+    proc.kill()
+    proc.wait()
+    # mpirun got SIGTERM from the kernel (parent-death signal) and took its ranks down
+    wait_for(lambda: not processes_in(run_dir), 30, "the ranks to exit")
+    # the next rankpack process removes the dead owner's cgroups and marks the run
+    LocalBackend()
+    assert not run_cgroups(proc.pid)
+    listed = json.loads(rankpack("runs", "list", "--json").stdout)
+    assert listed[0]["status"] == "interrupted"
+    assert (run_dir / "log.simpleFoam").is_file()
+
+
+def test_aerofoil_runs_its_own_mesh_steps() -> None:
+    data = run_json("run", "aerofoilNACA0012", "--ranks", "4", "--iterations", "5")
+    assert data["status"] == "completed", data
+    assert data["solver"] == "rhoSimpleFoam" and data["iterations"] == 5
+    assert sum(r["cells"] for r in data["ranks"]) == 16000
+    run_dir = Path(data["run_dir"])
+    for step in ("blockMesh", "transformPoints", "extrudeMesh", "decomposePar"):
+        assert (run_dir / f"log.{step}").is_file()
+
+
+def test_more_ranks_than_cells_leaves_nothing(isolated_home: Path, tmp_path: Path) -> None:
+    proc = rankpack("run", "pitzDaily", "--ranks", "13000", "--iterations", "1")
+    assert proc.returncode == 2
+    assert "only 12225 cells" in proc.stderr and proc.stderr.count("\n") == 1
+    runs = isolated_home / "runs"
+    assert not runs.exists() or not any(runs.iterdir())
+    assert not (isolated_home / "rankpack.db").exists()
+
+
+def test_no_cgroups_runs_uncontained_and_says_so() -> None:
+    data = run_json("run", "pitzDaily", "--ranks", "2", "--iterations", "10", "--no-cgroups")
+    assert data["status"] == "completed" and data["cgroups"] == "none"
+    assert all(r["cpu_s_counter"] > 0 for r in data["ranks"])
+
+
+def test_demo_compares_equal_and_proportional() -> None:
+    start = time.monotonic()
+    data = run_json("demo", "--iterations", "20")
+    assert data["_returncode"] == 0, data
+    names = [c["config"] for c in data["configs"]]
+    assert names == ["equal", "proportional"]
+    equal, prop = data["configs"]
+    assert [r["cpu_millis"] for r in equal["ranks"]] == [1000] * 4
+    assert [r["cpu_millis"] for r in prop["ranks"]] == [182, 182, 909, 2727]
+    assert equal["iterations"] == prop["iterations"] == 20
+    assert prop["wall_vs_equal"] > 0
+    assert time.monotonic() - start < 240
