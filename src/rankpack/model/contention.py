@@ -45,7 +45,9 @@ class ClusterShape:
         if self.nodes < 1:
             raise UserError(f"--nodes must be at least 1, got {self.nodes}")
         if not math.isfinite(self.cpus_per_node) or self.cpus_per_node <= 0:
-            raise UserError(f"--cpus must be a positive number of vCPUs per node, got {self.cpus_per_node:g}")
+            raise UserError(
+                f"--cpus must be a positive number of vCPUs per node, got {self.cpus_per_node:g}"
+            )
 
     @property
     def total_cpus(self) -> float:
@@ -99,7 +101,9 @@ def makespan_s(n: float, beta: float, shape: ClusterShape, t1_s: float) -> float
 
 def check_time(makespan: float, n: float) -> None:
     if not math.isfinite(makespan) or makespan <= 0:
-        raise UserError(f"makespan for N={n:g} must be a positive number of seconds, got {makespan:g}")
+        raise UserError(
+            f"makespan for N={n:g} must be a positive number of seconds, got {makespan:g}"
+        )
 
 
 @dataclass(frozen=True)
@@ -119,7 +123,9 @@ def parse_point(text: str) -> MeasuredPoint:
         n = int(parts[0])
         t = float(parts[1])
     except ValueError:
-        raise UserError(f"point '{text}' is not N:makespan_s with an integer N; write e.g. 2:1410") from None
+        raise UserError(
+            f"point '{text}' is not N:makespan_s with an integer N; write e.g. 2:1410"
+        ) from None
     if n <= 0:
         raise UserError(f"point '{text}': N must be >= 1 (number of concurrent simulations)")
     check_time(t, n)
@@ -196,10 +202,14 @@ def _validated_points(points: Sequence[MeasuredPoint]) -> list[MeasuredPoint]:
             raise UserError(f"N must be >= 1 in every point, got {p.n}")
         check_time(p.makespan_s, p.n)
         if p.n in by_n:
-            raise UserError(f"two points for N={p.n}; give one makespan per N (average repeats first)")
+            raise UserError(
+                f"two points for N={p.n}; give one makespan per N (average repeats first)"
+            )
         by_n[p.n] = p
     if 1 not in by_n:
-        raise UserError("the points need the single-simulation baseline 1:T1_s (T_1 anchors the model)")
+        raise UserError(
+            "the points need the single-simulation baseline 1:T1_s (T_1 anchors the model)"
+        )
     if len(by_n) < 2:
         raise UserError("a fit needs at least two points: the baseline 1:T1_s and one N >= 2")
     return [by_n[n] for n in sorted(by_n)]
@@ -227,7 +237,10 @@ def fit_beta(
     else:
         missing = [n for n in calibrate_on if n not in all_n]
         if missing:
-            raise UserError(f"--calibrate-on {missing[0]}: no point with that N; give it as {missing[0]}:makespan_s")
+            raise UserError(
+                f"--calibrate-on {missing[0]}: no point with that N; "
+                f"give it as {missing[0]}:makespan_s"
+            )
         used = {1, *calibrate_on}
         if used == {1}:
             raise UserError("--calibrate-on needs at least one N >= 2 (N = 1 only anchors T_1)")
@@ -265,7 +278,7 @@ def fit_beta(
                 throughput=meas_theta,
                 predicted_throughput=pred_theta,
                 predicted_makespan_s=pred_t,
-                error_pct=(pred_t - p.makespan_s) / p.makespan_s * 100.0,
+                error_pct=(pred_t - p.makespan_s) / p.makespan_s * 100.0 + 0.0,
                 throughput_error_pct=(pred_theta - meas_theta) / meas_theta * 100.0,
                 used_in_fit=p.n in used,
             )
@@ -275,7 +288,13 @@ def fit_beta(
     max_fit_n = max(used)
     warns: list[str] = []
     for p in pts:
-        warns.extend(extrapolation_warnings(p.n, shape, beta=beta, max_fitted_n=max_fit_n))
+        warns.extend(extrapolation_warnings(p.n, shape, beta=beta))
+    blind = [p.n for p in pts if p.n > max_fit_n]
+    if blind:
+        warns.append(
+            f"N={','.join(map(str, blind))} beyond the largest N used in the fit ({max_fit_n}): "
+            "blind extrapolation"
+        )
     if beta == 0.0:
         warns.append("beta fitted to 0: the data show no contention; check the makespans")
     return FitResult(

@@ -39,7 +39,7 @@ def p_overlap(pods: float, duty: float) -> float:
     if pods < 1 or duty == 0:
         return 0.0
     q = 1.0 - duty
-    p = 1.0 - q**pods - pods * duty * q ** (pods - 1)
+    p: float = 1.0 - q**pods - pods * duty * q ** (pods - 1)
     return min(1.0, max(0.0, p))
 
 
@@ -58,7 +58,9 @@ def parse_duty_cycles(text: str) -> list[float]:
                 try:
                     count = int(left)
                 except ValueError:
-                    raise UserError(f"duty-cycle group '{item}' needs an integer count, e.g. 8x0.05") from None
+                    raise UserError(
+                        f"duty-cycle group '{item}' needs an integer count, e.g. 8x0.05"
+                    ) from None
                 break
         pct = value_text.endswith("%")
         try:

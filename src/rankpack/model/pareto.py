@@ -62,9 +62,7 @@ class RequestBudget:
     request (seed 001: weights 8x1,4x5,4x15 -> 67m, 333m, 1000m; ~5.9 vCPU)."""
 
 
-def request_budget(
-    weights: Sequence[float] | None, ranks: int, rank_millis: int
-) -> RequestBudget:
+def request_budget(weights: Sequence[float] | None, ranks: int, rank_millis: int) -> RequestBudget:
     """Equal: R x rank_millis. Proportional: sum_i round(rank_millis x w_i / max w)."""
     if rank_millis < 1:
         raise UserError(f"--rank-millis must be >= 1 millicore, got {rank_millis}")
@@ -165,7 +163,9 @@ def plan_capacity(slowdowns: Sequence[float], inputs: PlanInputs) -> CapacityPla
         raise UserError(f"--quota must be a positive CPU amount, got {inputs.quota_millis}m")
     shape = inputs.shape
     cluster_millis = round(shape.total_cpus * 1000)
-    limit = cluster_millis if inputs.quota_millis is None else min(cluster_millis, inputs.quota_millis)
+    limit = (
+        cluster_millis if inputs.quota_millis is None else min(cluster_millis, inputs.quota_millis)
+    )
     rows: list[ParetoRow] = []
     for i, slow in enumerate(slowdowns):
         n = i + 1
