@@ -257,8 +257,12 @@ def fit_beta(
     dof = len(fit_pts) - 1
     if dof < 1:  # pragma: no cover - _validated_points guarantees two points
         raise UserError("a fit needs at least two points")
-    popt, pcov = curve_fit(model, x, theta, p0=[0.5], bounds=(0.0, np.inf))
+    popt, pcov = curve_fit(
+        model, x, theta, p0=[0.5], bounds=(0.0, np.inf), xtol=1e-14, ftol=1e-14, gtol=1e-14
+    )
     beta = float(popt[0])
+    if beta < 1e-9:  # the lower bound: no contention in the data
+        beta = 0.0
     n_nontrivial = sum(1 for p in fit_pts if p.n != 1)
     # With a single non-baseline point the fit is exact: the stderr carries no information.
     stderr: float | None = float(math.sqrt(pcov[0][0])) if n_nontrivial >= 2 else None
