@@ -93,7 +93,7 @@ class DutyCyclePrediction:
 
 
 def _stretch_pmf(others: float, duty: float, cpus: float, mem_streams: float) -> dict[float, float]:
-    """Distribution of one rank's compute stretch max(1 + j / B, (1 + j) / C).
+    """Distribution of one rank's compute stretch max(1, (1 + j) / B, (1 + j) / C).
 
     j ~ Binomial(others, duty) is how many other pods on its node compute at the same
     time; a fractional number of others mixes floor and ceil so the mean is right.
@@ -106,7 +106,7 @@ def _stretch_pmf(others: float, duty: float, cpus: float, mem_streams: float) ->
             continue
         for j in range(k + 1):
             p = w * math.comb(k, j) * duty**j * (1.0 - duty) ** (k - j)
-            s = max(1.0 + j / mem_streams, (1.0 + j) / cpus)
+            s = max(1.0, (1.0 + j) / mem_streams, (1.0 + j) / cpus)
             pmf[s] = pmf.get(s, 0.0) + p
     return pmf
 
@@ -140,7 +140,7 @@ def predict_from_duty_cycles(
     One iteration of a bulk-synchronous solver lasts as long as the slowest rank's
     compute phase plus the communication, which we hold fixed: normalized to the
     single-simulation iteration, T = max_i d_i s_i + (1 - max_i d_i). Rank i's compute
-    is stretched by s_i = max(1 + j / B, (1 + j) / C) when j other pods on its node
+    is stretched by s_i = max(1, (1 + j) / min(B, C)) when j other pods on its node
     compute at the same time; its node holds K_N - 1 other pods (K_N = N R / M), each
     computing with probability d-bar (the mean duty cycle), independently. B =
     ``mem_streams`` is how many ranks a node's memory bandwidth feeds at full speed
