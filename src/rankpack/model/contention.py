@@ -282,8 +282,8 @@ def fit_beta(
                 throughput=meas_theta,
                 predicted_throughput=pred_theta,
                 predicted_makespan_s=pred_t,
-                error_pct=(pred_t - p.makespan_s) / p.makespan_s * 100.0 + 0.0,
-                throughput_error_pct=(pred_theta - meas_theta) / meas_theta * 100.0,
+                error_pct=round((pred_t - p.makespan_s) / p.makespan_s * 100.0, 9) + 0.0,
+                throughput_error_pct=round((pred_theta - meas_theta) / meas_theta * 100.0, 9) + 0.0,
                 used_in_fit=p.n in used,
             )
         )
