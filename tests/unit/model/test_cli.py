@@ -153,3 +153,19 @@ def test_plan_needs_a_model(capsys: pytest.CaptureFixture[str]) -> None:
     assert code == 2 and "--beta" in err
     code, _, err = run(capsys, "model", "plan", *SHAPE, *POINTS, "--beta", "0.5")
     assert code == 2 and "not both" in err
+
+
+def test_plan_from_duty_cycles_only(capsys: pytest.CaptureFixture[str]) -> None:
+    code, out, _ = run(
+        capsys, "model", "plan", *SHAPE, "--duty-cycles", "8x0.05,4x0.115,4x0.194", "--json"
+    )
+    assert code == 0
+    data = json.loads(out)
+    assert data["source"] == "duty-cycle predictor" and data["beta"] is None
+    assert data["rows"][0]["throughput"] == pytest.approx(1.0)
+    assert data["recommended_n"] == 3
+
+
+def test_plan_weights_must_match_ranks(capsys: pytest.CaptureFixture[str]) -> None:
+    code, _, err = run(capsys, "model", "plan", *SHAPE, "--beta", "0.5", "--weights", "1,2")
+    assert code == 2 and "one weight per rank" in err
