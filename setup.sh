@@ -1,0 +1,61 @@
+#!/usr/bin/env bash
+# rankpack set-up for Debian 12 (run as root). Installs everything rankpack needs, then
+#   bash setup.sh demo   runs the main job: `rankpack demo` (pitzDaily, local backend)
+#   bash setup.sh test   runs the full test suite (lint, types, unit and integration tests)
+# Safe to run again: installed packages are skipped, the virtualenv is reused.
+set -euo pipefail
+cd "$(dirname "$0")"
+
+mode="${1:-}"
+case "$mode" in
+  demo | test) ;;
+  *) echo "usage: bash setup.sh demo|test" >&2; exit 2 ;;
+esac
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "setup.sh: run as root (it installs Debian packages and rankpack creates cgroups)" >&2
+  exit 2
+fi
+
+# OpenFOAM v1912 + its tutorials, Open MPI (what OpenFOAM uses), MPICH (the shim is also
+# built and tested against it), a C toolchain for the PMPI shim, Python with venv.
+packages=(openfoam openfoam-examples openmpi-bin libopenmpi-dev mpich libmpich-dev
+  build-essential make python3 python3-venv python3-dev)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ "${#missing[@]}" -gt 0 ]; then
+  echo "setup.sh: installing ${missing[*]}"
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq "${missing[@]}" >/dev/null
+fi
+
+python="${RANKPACK_PYTHON:-python3}"
+if [ ! -x .venv/bin/python ]; then
+  "$python" -m venv .venv
+fi
+.venv/bin/python -m pip install -q --upgrade pip
+if [ "$mode" = test ]; then
+  .venv/bin/python -m pip install -q -e ".[test]"
+else
+  .venv/bin/python -m pip install -q -e .
+fi
+
+# The PMPI shim (C), built for Open MPI and MPICH and installed into the package.
+if [ -f shim/Makefile ]; then
+  make -s -C shim install
+fi
+
+case "$mode" in
+  demo)
+    exec .venv/bin/rankpack demo
+    ;;
+  test)
+    .venv/bin/ruff check src tests
+    .venv/bin/ruff format --check src tests
+    .venv/bin/mypy
+    exec .venv/bin/python -m pytest -q -p no:cacheprovider
+    ;;
+esac
