@@ -1,0 +1,168 @@
+"""The values the multiplexing controller's decision step reads and returns.
+
+The decision step is a pure function ``decide(observations, state, settings) -> Decision``
+(`rankpack.controller.policy`). The driver (`rankpack.controller.multiplex`) builds
+`Observations` from the backend, the solver logs and the PMPI shim's live records, calls
+`decide`, applies the `Action`s through the backend, and records every action (with its
+reason) as an event. Time is a value in the observations (``now_s``), never read from a
+clock inside the decision step, so tests drive it with a fake clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+
+@dataclass(frozen=True)
+class Phase:
+    """From ``start_fraction`` of the run on, the ranks get these requests (seed 000 §3.2.3)."""
+
+    start_fraction: float
+    request_millis: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class RankSnapshot:
+    rank: int
+    request_millis: int
+    """The request in force now."""
+    usage_ns: int
+    """Cumulative CPU time of the rank pod (cgroup counter)."""
+    compute_ns: int | None
+    """Cumulative time outside MPI, from the shim's live record (None: no shim data yet)."""
+    mpi_ns: int | None
+    """Cumulative time inside MPI calls, from the shim's live record."""
+
+
+@dataclass(frozen=True)
+class SimSnapshot:
+    sim_id: str
+    started_s: float
+    """``now_s``-clock time the simulation was launched."""
+    iterations: int
+    """Completed time steps, from the solver log."""
+    expected_iterations: int
+    budget_millis: int
+    """The most this simulation's requests may add up to."""
+    ranks: tuple[RankSnapshot, ...]
+    phases: tuple[Phase, ...] = ()
+    """A user-given phase schedule; when present it replaces duty-cycle sizing."""
+
+    @property
+    def progress(self) -> float:
+        if self.expected_iterations <= 0:
+            return 0.0
+        return min(1.0, self.iterations / self.expected_iterations)
+
+    @property
+    def requested_millis(self) -> int:
+        return sum(r.request_millis for r in self.ranks)
+
+
+@dataclass(frozen=True)
+class QueuedSim:
+    queue_id: int
+    n_ranks: int
+    initial_request_millis: tuple[int, ...]
+    """Per-rank requests it starts with (before its own profiling and sizing)."""
+
+
+@dataclass(frozen=True)
+class Observations:
+    now_s: float
+    capacity_millis: int
+    """Allocatable CPU of the node(s) (the budget of all requests together)."""
+    sims: tuple[SimSnapshot, ...]
+    """Simulations running now."""
+    queue: tuple[QueuedSim, ...]
+    """Waiting simulations, first to launch first."""
+
+
+SimStage = Literal["warmup", "profiling", "sized", "scheduled"]
+
+
+@dataclass(frozen=True)
+class SimMemory:
+    """What the controller remembers about one running simulation between steps."""
+
+    stage: SimStage = "warmup"
+    profile_start_s: float | None = None
+    profile_start: tuple[tuple[int, int], ...] = ()
+    """(compute_ns, mpi_ns) per rank at the start of the profiling window."""
+    duty: tuple[float, ...] = ()
+    """Duty cycle per rank measured over the profiling window."""
+    phase_index: int = -1
+    """Index of the phase of the schedule in force (-1: none applied yet)."""
+    rate_marks: tuple[tuple[float, int], ...] = ()
+    """Recent (now_s, iterations) marks, for progress rates."""
+    last_adjust_s: float | None = None
+    last_adjust_sign: int = 0
+    """+1 raised, -1 lowered by the last fairness adjustment; 0 none."""
+
+
+@dataclass(frozen=True)
+class ControllerState:
+    sims: Mapping[str, SimMemory] = field(default_factory=dict)
+    last_launch_s: float | None = None
+
+
+@dataclass(frozen=True)
+class ControllerSettings:
+    warmup_fraction: float = 0.1
+    """Skip this fraction of a run (its start-up transient) before profiling."""
+    warmup_min_iterations: int = 3
+    """...and at least this many iterations."""
+    profile_s: float = 5.0
+    """Length of the profiling window, seconds."""
+    floor_millis: int = 50
+    """No rank is sized below this request."""
+    headroom: float = 1.25
+    """Sized request = measured compute CPU x headroom."""
+    max_concurrent: int = 4
+    launch_cooldown_s: float = 2.0
+    """Wait this long after a launch before the next one."""
+    min_predicted_gain: float = 0.05
+    """Launch only if the model predicts throughput(N+1) >= (1 + this) x throughput(N)."""
+    fairness_threshold: float = 0.10
+    """Act when the slowest simulation's progress rate is this far behind the fastest."""
+    fairness_step: float = 0.10
+    """At most this fraction of change to a simulation's requests per adjustment."""
+    fairness_cooldown_s: float = 6.0
+    """Minimum time between two fairness adjustments of the same simulation."""
+    rate_window_s: float = 6.0
+    """Progress rates are measured over this trailing window."""
+
+
+@dataclass(frozen=True)
+class Resize:
+    sim_id: str
+    rank: int
+    request_millis: int
+    reason: str
+    kind: Literal["size", "fairness", "phase"] = "size"
+
+
+@dataclass(frozen=True)
+class Launch:
+    queue_id: int
+    reason: str
+
+
+@dataclass(frozen=True)
+class Note:
+    """Something worth recording that changes nothing (profiling started, launch held back)."""
+
+    sim_id: str | None
+    kind: str
+    reason: str
+
+
+Action = Resize | Launch | Note
+
+
+@dataclass(frozen=True)
+class Decision:
+    state: ControllerState
+    actions: tuple[Action, ...]
