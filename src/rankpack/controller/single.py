@@ -180,6 +180,193 @@ class NullDisplay:
 DutySource = Callable[[], tuple[float | None, ...]]
 
 
+class ActiveRun:
+    """One launched simulation: its database record, samples, log and final result.
+
+    `execute` drives one of these to the end; the multiplexing controller drives several
+    at once through the same methods.
+    """
+
+    def __init__(
+        self,
+        backend: Backend,
+        store: Store,
+        prepared: PreparedRun,
+        *,
+        cgroups: str,
+        duty_source: Callable[[Path], DutySource] | None = None,
+        extra: dict[str, Any] | None = None,
+    ) -> None:
+        self.backend = backend
+        self.store = store
+        self.prepared = prepared
+        plan = prepared.options.plan
+        self.run_id = store.create_run(
+            {
+                "case_name": prepared.source.name,
+                "case_source": str(prepared.source.path),
+                "run_dir": str(prepared.run_dir),
+                "solver": prepared.solver,
+                "n_ranks": plan.n_ranks,
+                "qos": plan.qos.value,
+                "total_millis": plan.total_millis,
+                "decompose": prepared.options.decompose,
+                "cgroups": cgroups,
+                "expected_iterations": prepared.expected_iterations,
+                "options_json": {
+                    "iterations": prepared.options.iterations,
+                    "label": prepared.options.label,
+                    "env": sorted(prepared.options.env),
+                    "weights": [r.weight for r in plan.ranks],
+                    **(extra or {}),
+                },
+            }
+        )
+        store.set_plan(
+            self.run_id,
+            [
+                (r.rank, r.weight, r.cpu_millis, r.limit_millis, prepared.cells_per_rank[r.rank])
+                for r in plan.ranks
+            ],
+        )
+        self.cgroups = cgroups
+        self.sim_id = f"r{self.run_id}"
+        self.spec = SimSpec(
+            sim_id=self.sim_id,
+            case_dir=prepared.run_dir,
+            command=(prepared.solver, "-parallel"),
+            ranks=tuple(RankResources(r.cpu_millis, r.limit_millis) for r in plan.ranks),
+            log_path=prepared.log_path,
+            env={**openfoam_rank_env(), **prepared.options.env},
+        )
+        self.follower = LogFollower(prepared.log_path)
+        self._duty_factory = duty_source
+        self._duty: DutySource | None = None
+        self.handle: Any = None
+        self.t0 = 0.0
+        self.end_t: float | None = None
+        self.last: SimObservation | None = None
+        self.times: list[float] = []
+        self.usages: list[list[int]] = [[] for _ in plan.ranks]
+        self._pending: list[tuple[float, int, int, int, int, int | None]] = []
+        self.result: RunResult | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.handle is not None and self.result is None and self.end_t is None
+
+    def start(self) -> None:
+        self.t0 = time.monotonic()
+        self.handle = self.backend.launch(self.spec)
+        if self._duty_factory is not None:
+            self._duty = self._duty_factory(self.prepared.run_dir)
+
+    def sample(self) -> Tick:
+        """Read counters and the log once; record the sample. Marks the end if the job ended."""
+        obs = self.backend.observe(self.handle)
+        state = self.follower.poll()
+        cores = _record(obs, self.t0, self.times, self.usages, self._pending, state.iterations)
+        if len(self._pending) >= 8 * len(self.usages):
+            self.store.add_samples(self.run_id, self._pending)
+            self._pending = []
+        self.last = obs
+        if obs.exit_code is not None and self.end_t is None:
+            self.end_t = time.monotonic()
+        return Tick(
+            elapsed_s=obs.t_s - self.t0,
+            observation=obs,
+            log=state,
+            expected_iterations=self.prepared.expected_iterations,
+            cpu_cores=cores,
+            duty=self._duty() if self._duty else (),
+        )
+
+    def resize(self, rank: int, resources: RankResources) -> None:
+        self.backend.resize(self.handle, rank, resources)
+
+    def finish(self, interrupted: str | None = None) -> RunResult:
+        """Stop (if still running), take the final reading, clean up, record the result."""
+        if self.result is not None:
+            return self.result
+        status = "failed"
+        message: str | None = None
+        try:
+            if self.handle is not None:
+                if interrupted is not None and self.end_t is None:
+                    self.backend.stop(self.handle)
+                    status, message = "interrupted", interrupted
+                if self.end_t is None:
+                    self.end_t = time.monotonic()
+                # Final counters: the cgroups still exist, so this reading is complete.
+                self.last = self.backend.observe(self.handle)
+                _record(
+                    self.last, self.t0, self.times, self.usages, self._pending,
+                    self.follower.poll().iterations,
+                )  # fmt: skip
+                self.store.add_samples(self.run_id, self._pending)
+                self._pending = []
+        finally:
+            if self.handle is not None:
+                self.backend.release(self.handle)
+        if interrupted is not None and status != "interrupted":
+            status, message = "interrupted", interrupted
+        self.result = self._result(status, message)
+        self.store.finish_run(self.result)
+        return self.result
+
+    def _result(self, status: str, message: str | None) -> RunResult:
+        prepared, last = self.prepared, self.last
+        plan = prepared.options.plan
+        state = self.follower.finish()
+        wall_s = ((self.end_t or time.monotonic()) - self.t0) if self.handle is not None else 0.0
+        exit_code = last.exit_code if last else None
+        if status != "interrupted":
+            if exit_code == 0 and state.ended:
+                status = "completed"
+            else:
+                status = "failed"
+                message = state.fatal or (
+                    f"the MPI job exited with code {exit_code}; see {prepared.log_path}"
+                )
+        duty = self._duty() if self._duty else ()
+        ranks = []
+        for r in plan.ranks:
+            obs_rank = last.ranks[r.rank] if last else None
+            ranks.append(
+                RankResult(
+                    rank=r.rank,
+                    weight=r.weight,
+                    cpu_millis=obs_rank.request_millis if obs_rank else r.cpu_millis,
+                    limit_millis=obs_rank.limit_millis if obs_rank else r.limit_millis,
+                    cpu_s=trapezoid_cpu_s(self.times, self.usages[r.rank]),
+                    cpu_s_counter=(obs_rank.usage_ns / 1e9) if obs_rank else 0.0,
+                    nr_throttled=obs_rank.nr_throttled if obs_rank else 0,
+                    throttled_s=(obs_rank.throttled_ns / 1e9) if obs_rank else 0.0,
+                    cells=prepared.cells_per_rank[r.rank],
+                    duty=duty[r.rank] if r.rank < len(duty) else None,
+                )
+            )
+        return RunResult(
+            id=self.run_id,
+            status=status,
+            case=prepared.source.name,
+            solver=prepared.solver,
+            run_dir=str(prepared.run_dir),
+            n_ranks=plan.n_ranks,
+            qos=plan.qos.value,
+            total_millis=plan.total_millis,
+            iterations=state.iterations,
+            expected_iterations=prepared.expected_iterations,
+            wall_s=wall_s,
+            cpu_s=sum(r.cpu_s for r in ranks),
+            exit_code=exit_code,
+            cgroups=self.cgroups,
+            message=message,
+            ranks=tuple(ranks),
+            decompose=prepared.options.decompose,
+        )
+
+
 def execute(
     backend: Backend,
     store: Store,
@@ -192,144 +379,30 @@ def execute(
     duty_source: Callable[[Path], DutySource] | None = None,
     on_tick: Callable[[Tick, Any], None] | None = None,
 ) -> RunResult:
+    """Run one prepared simulation to its end (or until ``stop`` is set) and record it."""
     display = display or NullDisplay()
     stop = stop or threading.Event()
-    plan = prepared.options.plan
-    run_id = store.create_run(
-        {
-            "case_name": prepared.source.name,
-            "case_source": str(prepared.source.path),
-            "run_dir": str(prepared.run_dir),
-            "solver": prepared.solver,
-            "n_ranks": plan.n_ranks,
-            "qos": plan.qos.value,
-            "total_millis": plan.total_millis,
-            "decompose": prepared.options.decompose,
-            "cgroups": cgroups,
-            "expected_iterations": prepared.expected_iterations,
-            "options_json": {
-                "iterations": prepared.options.iterations,
-                "label": prepared.options.label,
-                "env": sorted(prepared.options.env),
-            },
-        }
-    )
-    store.set_plan(
-        run_id,
-        [
-            (r.rank, r.weight, r.cpu_millis, r.limit_millis, prepared.cells_per_rank[r.rank])
-            for r in plan.ranks
-        ],
-    )
-    spec = SimSpec(
-        sim_id=f"r{run_id}",
-        case_dir=prepared.run_dir,
-        command=(prepared.solver, "-parallel"),
-        ranks=tuple(RankResources(r.cpu_millis, r.limit_millis) for r in plan.ranks),
-        log_path=prepared.log_path,
-        env={**openfoam_rank_env(), **prepared.options.env},
-    )
-    follower = LogFollower(prepared.log_path)
-    times: list[float] = []
-    usages: list[list[int]] = [[] for _ in plan.ranks]
-    status = "failed"
-    message: str | None = None
-    t0 = time.monotonic()
-    handle = None
-    last: SimObservation | None = None
-    duty_fn: DutySource | None = None
-    end_t: float | None = None
+    run = ActiveRun(backend, store, prepared, cgroups=cgroups, duty_source=duty_source)
+    interrupted: str | None = None
     try:
-        handle = backend.launch(spec)
-        if duty_source is not None:
-            duty_fn = duty_source(prepared.run_dir)
-        pending: list[tuple[float, int, int, int, int, int | None]] = []
+        run.start()
         while True:
-            obs = backend.observe(handle)
-            state = follower.poll()
-            cores = _record(obs, t0, times, usages, pending, state.iterations)
-            if len(pending) >= 8 * plan.n_ranks:
-                store.add_samples(run_id, pending)
-                pending = []
-            tick = Tick(
-                elapsed_s=obs.t_s - t0,
-                observation=obs,
-                log=state,
-                expected_iterations=prepared.expected_iterations,
-                cpu_cores=cores,
-                duty=duty_fn() if duty_fn else (),
-            )
+            tick = run.sample()
             display.update(tick)
             if on_tick is not None:
-                on_tick(tick, handle)
-            last = obs
-            if obs.exit_code is not None:
+                on_tick(tick, run.handle)
+            if tick.observation.exit_code is not None:
                 break
-            if _wait_or_stop(backend, handle, stop, sample_interval_s):
-                status, message = "interrupted", "stopped by the user (Ctrl-C or SIGTERM)"
-                backend.stop(handle)
+            if _wait_or_stop(backend, run.handle, stop, sample_interval_s):
+                interrupted = "stopped by the user (Ctrl-C or SIGTERM)"
                 break
-        end_t = time.monotonic()
-        # Final counters: the cgroups still exist, so this reading is complete.
-        last = backend.observe(handle)
-        _record(last, t0, times, usages, pending, follower.poll().iterations)
-        store.add_samples(run_id, pending)
     except KeyboardInterrupt:
-        status, message = "interrupted", "stopped by the user (Ctrl-C)"
+        interrupted = "stopped by the user (Ctrl-C)"
     finally:
-        if handle is not None:
-            backend.release(handle)
-        display.close()
-    wall_s = (end_t if end_t is not None else time.monotonic()) - t0
-    state = follower.finish()
-    exit_code = last.exit_code if last else None
-    if status != "interrupted":
-        if exit_code == 0 and state.ended:
-            status = "completed"
-        else:
-            status = "failed"
-            message = (
-                state.fatal or f"the MPI job exited with code {exit_code}; see {prepared.log_path}"
-            )
-    duty = duty_fn() if duty_fn else ()
-    ranks = []
-    for r in plan.ranks:
-        counter_ns = last.ranks[r.rank].usage_ns if last else 0
-        obs_rank = last.ranks[r.rank] if last else None
-        ranks.append(
-            RankResult(
-                rank=r.rank,
-                weight=r.weight,
-                cpu_millis=obs_rank.request_millis if obs_rank else r.cpu_millis,
-                limit_millis=obs_rank.limit_millis if obs_rank else r.limit_millis,
-                cpu_s=trapezoid_cpu_s(times, usages[r.rank]),
-                cpu_s_counter=counter_ns / 1e9,
-                nr_throttled=obs_rank.nr_throttled if obs_rank else 0,
-                throttled_s=(obs_rank.throttled_ns / 1e9) if obs_rank else 0.0,
-                cells=prepared.cells_per_rank[r.rank],
-                duty=duty[r.rank] if r.rank < len(duty) else None,
-            )
-        )
-    result = RunResult(
-        id=run_id,
-        status=status,
-        case=prepared.source.name,
-        solver=prepared.solver,
-        run_dir=str(prepared.run_dir),
-        n_ranks=plan.n_ranks,
-        qos=plan.qos.value,
-        total_millis=plan.total_millis,
-        iterations=state.iterations,
-        expected_iterations=prepared.expected_iterations,
-        wall_s=wall_s,
-        cpu_s=sum(r.cpu_s for r in ranks),
-        exit_code=exit_code,
-        cgroups=cgroups,
-        message=message,
-        ranks=tuple(ranks),
-        decompose=prepared.options.decompose,
-    )
-    store.finish_run(result)
+        try:
+            result = run.finish(interrupted)
+        finally:
+            display.close()
     return result
 
 
