@@ -77,9 +77,31 @@ CREATE TABLE IF NOT EXISTS events (
     at TEXT NOT NULL,
     t_s REAL NOT NULL,
     kind TEXT NOT NULL,
-    detail_json TEXT NOT NULL DEFAULT '{}'
+    detail_json TEXT NOT NULL DEFAULT '{}',
+    multiplex_id INTEGER
 );
 CREATE INDEX IF NOT EXISTS events_run ON events(run_id, id);
+CREATE TABLE IF NOT EXISTS queue (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    submitted_at TEXT NOT NULL,
+    case_name TEXT NOT NULL,
+    n_ranks INTEGER NOT NULL,
+    options_json TEXT NOT NULL,
+    status TEXT NOT NULL DEFAULT 'queued',
+    run_id INTEGER REFERENCES runs(id),
+    multiplex_id INTEGER
+);
+CREATE TABLE IF NOT EXISTS multiplex (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    started_at TEXT NOT NULL,
+    finished_at TEXT,
+    status TEXT NOT NULL DEFAULT 'running',
+    owner_pid INTEGER,
+    capacity_millis INTEGER NOT NULL,
+    max_concurrent INTEGER NOT NULL,
+    wait_mode TEXT,
+    summary_json TEXT NOT NULL DEFAULT '{}'
+);
 """
 
 _RUN_COLUMNS = (
@@ -115,11 +137,18 @@ class Store:
                     "upgrade rankpack or use another --db"
                 )
             self.conn.executescript(_SCHEMA)
+            self._add_missing_columns()
             self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
         except sqlite3.DatabaseError as exc:
             raise UserError(
                 f"{path} is not a rankpack database ({exc}); use another --db"
             ) from None
+
+    def _add_missing_columns(self) -> None:
+        # Databases written before a column existed get it added (no data is rewritten).
+        columns = {r[1] for r in self.conn.execute("PRAGMA table_info(events)")}
+        if "multiplex_id" not in columns:
+            self.conn.execute("ALTER TABLE events ADD COLUMN multiplex_id INTEGER")
 
     def close(self) -> None:
         self.conn.close()
@@ -212,11 +241,78 @@ class Store:
                 [(run_id, *r) for r in rows],
             )
 
-    def add_event(self, run_id: int | None, kind: str, detail: dict[str, Any]) -> None:
+    def add_event(
+        self,
+        run_id: int | None,
+        kind: str,
+        detail: dict[str, Any],
+        *,
+        multiplex_id: int | None = None,
+        t_s: float | None = None,
+    ) -> None:
+        """``t_s``: the controller's clock (seconds since its start); default wall time."""
         self.conn.execute(
-            "INSERT INTO events (run_id, at, t_s, kind, detail_json) VALUES (?, ?, ?, ?, ?)",
-            (run_id, _now(), time.time(), kind, json.dumps(detail, default=str)),
+            "INSERT INTO events (run_id, at, t_s, kind, detail_json, multiplex_id)"
+            " VALUES (?, ?, ?, ?, ?, ?)",
+            (
+                run_id,
+                _now(),
+                time.time() if t_s is None else t_s,
+                kind,
+                json.dumps(detail, default=str),
+                multiplex_id,
+            ),
         )
+
+    # -- queue and multiplex sessions --------------------------------------------------------
+
+    def submit(self, case_name: str, n_ranks: int, options: dict[str, Any]) -> int:
+        cur = self.conn.execute(
+            "INSERT INTO queue (submitted_at, case_name, n_ranks, options_json) VALUES (?, ?, ?, ?)",
+            (_now(), case_name, n_ranks, json.dumps(options)),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def queue(self, statuses: tuple[str, ...] = ("queued",)) -> list[dict[str, Any]]:
+        marks = ", ".join("?" for _ in statuses)
+        rows = self.conn.execute(
+            f"SELECT * FROM queue WHERE status IN ({marks}) ORDER BY id", statuses
+        ).fetchall()
+        out = []
+        for r in rows:
+            d = dict(r)
+            d["options"] = json.loads(d.pop("options_json"))
+            out.append(d)
+        return out
+
+    def update_queue(self, queue_id: int, **fields: Any) -> None:
+        sets = ", ".join(f"{k} = ?" for k in fields)
+        self.conn.execute(f"UPDATE queue SET {sets} WHERE id = ?", [*fields.values(), queue_id])
+
+    def start_multiplex(self, capacity_millis: int, max_concurrent: int, wait_mode: str) -> int:
+        cur = self.conn.execute(
+            "INSERT INTO multiplex (started_at, owner_pid, capacity_millis, max_concurrent,"
+            " wait_mode) VALUES (?, ?, ?, ?, ?)",
+            (_now(), os.getpid(), capacity_millis, max_concurrent, wait_mode),
+        )
+        assert cur.lastrowid is not None
+        return cur.lastrowid
+
+    def finish_multiplex(self, multiplex_id: int, status: str, summary: dict[str, Any]) -> None:
+        self.conn.execute(
+            "UPDATE multiplex SET finished_at = ?, status = ?, summary_json = ? WHERE id = ?",
+            (_now(), status, json.dumps(summary, default=str), multiplex_id),
+        )
+
+    def multiplex_sessions(self) -> list[dict[str, Any]]:
+        rows = self.conn.execute("SELECT * FROM multiplex ORDER BY id").fetchall()
+        out = []
+        for r in rows:
+            d = dict(r)
+            d["summary"] = json.loads(d.pop("summary_json"))
+            out.append(d)
+        return out
 
     def _repair_orphans(self) -> None:
         rows = self.conn.execute(
@@ -261,13 +357,17 @@ class Store:
             (run_id,),
         ).fetchall()
 
-    def events(self, run_id: int | None = None) -> list[dict[str, Any]]:
-        if run_id is None:
-            rows = self.conn.execute("SELECT * FROM events ORDER BY id").fetchall()
-        else:
-            rows = self.conn.execute(
-                "SELECT * FROM events WHERE run_id = ? ORDER BY id", (run_id,)
-            ).fetchall()
+    def events(
+        self, run_id: int | None = None, multiplex_id: int | None = None
+    ) -> list[dict[str, Any]]:
+        query, params = "SELECT * FROM events WHERE 1=1", []
+        if run_id is not None:
+            query += " AND run_id = ?"
+            params.append(run_id)
+        if multiplex_id is not None:
+            query += " AND multiplex_id = ?"
+            params.append(multiplex_id)
+        rows = self.conn.execute(query + " ORDER BY id", params).fetchall()
         out = []
         for r in rows:
             d = dict(r)

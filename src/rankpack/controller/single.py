@@ -378,11 +378,16 @@ def execute(
     sample_interval_s: float = 1.0,
     duty_source: Callable[[Path], DutySource] | None = None,
     on_tick: Callable[[Tick, Any], None] | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> RunResult:
-    """Run one prepared simulation to its end (or until ``stop`` is set) and record it."""
+    """Run one prepared simulation to its end (or until ``stop`` is set) and record it.
+
+    ``extra`` is stored with the run's options (e.g. the wait mode it ran with)."""
     display = display or NullDisplay()
     stop = stop or threading.Event()
-    run = ActiveRun(backend, store, prepared, cgroups=cgroups, duty_source=duty_source)
+    run = ActiveRun(
+        backend, store, prepared, cgroups=cgroups, duty_source=duty_source, extra=extra
+    )
     interrupted: str | None = None
     try:
         run.start()

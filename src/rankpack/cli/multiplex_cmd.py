@@ -1,0 +1,247 @@
+"""`rankpack multiplex` runs the queue with the multiplexing controller;
+`rankpack events` shows what it decided and why."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rankpack.backend.local import LocalBackend
+from rankpack.cli.common import data_dir, db_path, parse_cores, print_json
+from rankpack.cli.run_cmd import stop_on_signals
+from rankpack.controller.multiplex import (
+    Multiplexer,
+    MultiplexOptions,
+    single_run_baseline,
+)
+from rankpack.controller.observations import ControllerSettings, ControllerState, Observations, QueuedSim
+from rankpack.controller.policy import decide
+from rankpack.controller.single import execute, prepare
+from rankpack.controller.submission import Submission
+from rankpack.errors import UserError
+from rankpack.plan.allocation import budget_to_millis
+from rankpack.profile.shim import WAIT_MODES, shim_env
+from rankpack.report.multiplex_live import MultiplexLive
+from rankpack.report.timeline import plot_timeline
+from rankpack.store import Store
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "multiplex",
+        help="run the queue: profile, resize in place, pack more simulations, keep them fair",
+        description=(
+            "Run the queued simulations (see `rankpack submit`) on this machine until the "
+            "queue is empty. Each simulation is profiled by the PMPI shim once past its "
+            "start-up, its ranks are resized in place to their measured duty cycles, and the "
+            "next queued simulation is launched when it fits the unrequested capacity and the "
+            "throughput model predicts a gain. Progress rates are kept fair with bounded "
+            "adjustments. Ctrl-C stops cleanly."
+        ),
+    )
+    p.add_argument("--max-concurrent", type=int, default=4, help="simulations at once (default 4)")
+    p.add_argument(
+        "--budget", type=parse_cores, help="CPU requests of all simulations together, cores "
+        "(default: this machine's CPUs)"
+    )  # fmt: skip
+    p.add_argument(
+        "--wait",
+        choices=WAIT_MODES,
+        default="polite",
+        help="how ranks wait inside MPI (PMPI shim): spin, polite (default) or adaptive",
+    )
+    p.add_argument(
+        "--baseline",
+        choices=["auto", "db", "measure", "none"],
+        default="auto",
+        help="single-run times for the throughput gain: recorded runs (db), run each distinct "
+        "simulation alone first (measure), db then measure what is missing (auto, default)",
+    )
+    p.add_argument("--profile-s", type=float, default=5.0, help="profiling window (default 5 s)")
+    p.add_argument("--plot", type=Path, help="timeline PNG (default: next to the run directories)")
+    p.add_argument("--dry-run", action="store_true", help="print the first decisions, apply none")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=handle_multiplex)
+
+    e = sub.add_parser("events", help="the controller's recorded decisions and their reasons")
+    e.add_argument("--sim", type=int, metavar="RUN_ID", help="only this simulation (run id)")
+    e.add_argument("--multiplex", type=int, metavar="ID", help="only this multiplex session")
+    e.add_argument("--json", action="store_true")
+    e.set_defaults(handler=handle_events)
+
+
+def handle_multiplex(args: argparse.Namespace) -> int:
+    if args.max_concurrent < 1:
+        raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
+    if args.profile_s <= 0:
+        raise UserError(f"--profile-s must be positive, got {args.profile_s:g}")
+    store = Store(db_path(args))
+    queue = store.queue()
+    if not queue:
+        raise UserError("the queue is empty; add simulations with `rankpack submit CASE`")
+    backend = LocalBackend()
+    capacity = (
+        budget_to_millis(args.budget) if args.budget is not None else backend.capacity_millis()
+    )
+    settings = ControllerSettings(max_concurrent=args.max_concurrent, profile_s=args.profile_s)
+    if args.dry_run:
+        return dry_run(queue, capacity, settings, args.json)
+    options = MultiplexOptions(
+        capacity_millis=capacity,
+        max_concurrent=args.max_concurrent,
+        wait_mode=args.wait,
+        controller=settings,
+        baseline=args.baseline,
+    )
+    runs_root = data_dir() / "runs"
+    with stop_on_signals() as stop:
+        if args.baseline in ("auto", "measure"):
+            measure_baselines(store, backend, queue, args.wait, runs_root, args.json, stop,
+                              force=args.baseline == "measure")  # fmt: skip
+        if stop.is_set():
+            return 130
+        display = None if args.json else MultiplexLive()
+        mux = Multiplexer(
+            backend, store, options, runs_root=runs_root, cgroups=backend.cgroup_version,
+            display=display, stop=stop,
+        )  # fmt: skip
+        result = mux.run()
+    plot = args.plot or runs_root / f"multiplex-{result.multiplex_id}-timeline.png"
+    plot.parent.mkdir(parents=True, exist_ok=True)
+    plot_timeline(
+        store.events(multiplex_id=result.multiplex_id), plot,
+        f"rankpack multiplex {result.multiplex_id}: {len(result.simulations)} simulations",
+    )  # fmt: skip
+    data = result.to_json()
+    data["timeline_png"] = str(plot)
+    if args.json:
+        print_json(data)
+    else:
+        print_summary(data)
+    if result.status == "interrupted":
+        return 130
+    return 0 if all(s.status == "completed" for s in result.simulations) else 1
+
+
+def measure_baselines(
+    store: Store, backend: LocalBackend, queue: list[dict[str, object]], wait: str,
+    runs_root: Path, quiet: bool, stop: object, *, force: bool,
+) -> None:  # fmt: skip
+    """Run each distinct queued simulation alone once (same settings, same wait mode) unless
+    the database already has such a run, so the throughput gain compares like with like."""
+    seen: set[str] = set()
+    for row in queue:
+        sub = Submission.from_json(row["options"])  # type: ignore[arg-type]
+        key = json.dumps(sub.to_json(), sort_keys=True)
+        if key in seen:
+            continue
+        seen.add(key)
+        if not force and _has_baseline(store, sub, wait):
+            continue
+        if not quiet:
+            Console(stderr=True).print(f"measuring the single-run baseline of {sub.case} ...")
+        prepared = prepare(sub.run_options(label="baseline"), runs_root)
+        live = prepared.run_dir / ".rankpack" / "shim"
+        live.mkdir(parents=True, exist_ok=True)
+        from dataclasses import replace
+
+        prepared = replace(prepared, options=replace(prepared.options, env=shim_env(live, wait)))
+        execute(backend, store, prepared, cgroups=backend.cgroup_version, stop=stop,  # type: ignore[arg-type]
+                extra={"wait_mode": wait, "baseline": True})  # fmt: skip
+
+
+def _has_baseline(store: Store, sub: Submission, wait: str) -> bool:
+    for r in store.list_runs(limit=10_000):
+        o = r["options"]
+        if (
+            r["status"] == "completed" and "multiplex_id" not in o
+            and o.get("wait_mode", "spin") == wait and r["case_name"] == Path(sub.case).name
+            and r["n_ranks"] == sub.n_ranks and r["total_millis"] == sub.budget_millis
+            and r["decompose"] == sub.decompose
+            and tuple(o.get("weights") or ()) == sub.weights
+            and o.get("iterations") == sub.iterations
+        ):  # fmt: skip
+            return single_run_baseline(store, r["id"]) is not None
+    return False
+
+
+def dry_run(
+    queue: list[dict[str, object]], capacity: int, settings: ControllerSettings, as_json: bool
+) -> int:
+    obs = Observations(
+        now_s=0.0,
+        capacity_millis=capacity,
+        sims=(),
+        queue=tuple(
+            QueuedSim(int(q["id"]), int(q["n_ranks"]),  # type: ignore[call-overload]
+                      Submission.from_json(q["options"]).initial_millis)  # type: ignore[arg-type]
+            for q in queue
+        ),
+    )  # fmt: skip
+    decision = decide(obs, ControllerState(), settings)
+    actions = [{"action": type(a).__name__.lower(), **a.__dict__} for a in decision.actions]
+    if as_json:
+        print_json({"dry_run": True, "actions": actions})
+    else:
+        for a in actions:
+            Console().print(f"would {a['action']}: {a}")
+        if not actions:
+            Console().print("no action now")
+    return 0
+
+
+def print_summary(data: dict[str, object]) -> None:
+    sims = data["simulations"]
+    assert isinstance(sims, list)
+    table = Table(title=f"multiplex {data['multiplex_id']}: {data['status']}")
+    for col in ("run", "case", "status", "iterations", "wall s", "start s", "end s"):
+        table.add_column(col, justify="left" if col in ("case", "status") else "right")
+    for s in sims:
+        table.add_row(
+            str(s["id"]), s["case"], s["status"], f"{s['iterations']}/{s['expected_iterations']}",
+            f"{s['wall_s']:.1f}", f"{s['started_s']:.1f}", f"{s['finished_s']:.1f}",
+        )  # fmt: skip
+    console = Console()
+    console.print(table)
+    gain = data["throughput_gain"]
+    console.print(
+        f"makespan {data['makespan_s']:.1f} s; sequential (recorded single runs) "
+        f"{data['sequential_s'] or 0:.1f} s; throughput gain "
+        f"{gain:.2f}x" if isinstance(gain, float) else
+        f"makespan {data['makespan_s']:.1f} s; throughput gain: no single-run baseline"
+    )  # fmt: skip
+    fair = data["fairness_ratio"]
+    console.print(
+        f"fairness (max/min wall): {fair:.2f}" if isinstance(fair, float) else "fairness: -",
+        f"resizes: {data['resizes']}, restarts: {data['restarts']}, "
+        f"timeline: {data['timeline_png']}",
+    )
+
+
+def handle_events(args: argparse.Namespace) -> int:
+    events = Store(db_path(args)).events(run_id=args.sim, multiplex_id=args.multiplex)
+    if args.json:
+        print_json(events)
+        return 0
+    if not events:
+        Console().print("no events recorded; they come from `rankpack multiplex`")
+        return 0
+    table = Table(title="controller events")
+    for col in ("t s", "multiplex", "run", "event", "detail"):
+        table.add_column(col, justify="right" if col in ("t s", "multiplex", "run") else "left")
+    for e in events:
+        detail = e["detail"]
+        reason = detail.pop("reason", None)
+        text = ", ".join(f"{k}={v}" for k, v in detail.items())
+        if reason:
+            text = f"{reason}" + (f" ({text})" if text else "")
+        table.add_row(
+            f"{e['t_s']:.1f}", str(e.get("multiplex_id") or "-"),
+            str(e["run_id"] or "-"), e["kind"], text,
+        )  # fmt: skip
+    Console().print(table)
+    return 0

@@ -1,0 +1,111 @@
+"""`rankpack submit` puts a simulation in the queue; `rankpack queue` lists the queue."""
+
+from __future__ import annotations
+
+import argparse
+
+from rich.console import Console
+from rich.table import Table
+
+from rankpack.case.openfoam import resolve_case
+from rankpack.cli.common import db_path, parse_cores, parse_millis, print_json
+from rankpack.cli.run_cmd import parse_center
+from rankpack.controller.multiplex import phases_from_text
+from rankpack.controller.submission import Submission
+from rankpack.errors import UserError
+from rankpack.plan.allocation import budget_to_millis, make_plan, resolve_weights
+from rankpack.store import Store
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "submit",
+        help="queue a simulation for `rankpack multiplex`",
+        description="Queue CASE (case directory or tutorial name); `rankpack multiplex` runs "
+        "the queue. Requests only: the multiplexer resizes ranks from measured duty cycles.",
+    )
+    p.add_argument("case", metavar="CASE")
+    p.add_argument("--ranks", type=int, default=4, help="MPI ranks (default 4)")
+    p.add_argument("--weights", help="initial per-rank weights (default equal)")
+    p.add_argument(
+        "--budget",
+        type=parse_cores,
+        help="CPU requests of this simulation in cores (default: one per rank); sizing and "
+        "fairness never exceed it",
+    )
+    p.add_argument("--floor", type=parse_millis, default=0, metavar="MILLIS")
+    p.add_argument("--iterations", type=int, help="stop after K time steps")
+    p.add_argument("--decompose", choices=["equal", "weighted", "concentric"], default="equal")
+    p.add_argument("--center", help="X,Y,Z for --decompose concentric")
+    p.add_argument(
+        "--phases",
+        help="phase schedule replacing duty-cycle sizing: FRACTION:R0,R1,..;FRACTION:.. "
+        "e.g. 0:500,500,1200,1800;0.34:1000,1000,1000,1000 (millicores by progress)",
+    )
+    p.add_argument("--count", type=int, default=1, help="queue this many copies (default 1)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(handler=handle_submit)
+
+    q = sub.add_parser("queue", help="list queued (and with --all, past) simulations")
+    q.add_argument("--all", action="store_true", help="include launched and finished entries")
+    q.add_argument("--json", action="store_true")
+    q.set_defaults(handler=handle_queue)
+
+
+def submission_from_args(args: argparse.Namespace) -> Submission:
+    weights = resolve_weights(args.weights, args.ranks, args.weights is None)
+    budget = budget_to_millis(args.budget if args.budget is not None else float(len(weights)))
+    make_plan(weights, budget, floor_millis=args.floor)  # validates budget against floors
+    if args.iterations is not None and args.iterations < 1:
+        raise UserError(f"--iterations must be at least 1, got {args.iterations}")
+    if args.count < 1:
+        raise UserError(f"--count must be at least 1, got {args.count}")
+    source = resolve_case(args.case)
+    case = str(source.path) if not source.tutorial else source.name
+    return Submission(
+        case=case,
+        weights=tuple(weights),
+        budget_millis=budget,
+        floor_millis=args.floor,
+        iterations=args.iterations,
+        decompose=args.decompose,
+        center=parse_center(args.center),
+        phases=phases_from_text(args.phases, len(weights)) if args.phases else (),
+    )
+
+
+def handle_submit(args: argparse.Namespace) -> int:
+    sub = submission_from_args(args)
+    store = Store(db_path(args))
+    ids = [store.submit(sub.case, sub.n_ranks, sub.to_json()) for _ in range(args.count)]
+    if args.json:
+        print_json({"queued": ids, "submission": sub.to_json()})
+    else:
+        Console().print(
+            f"queued {', '.join(map(str, ids))}: {sub.case}, {sub.n_ranks} ranks, "
+            f"initial requests {' '.join(f'{m}m' for m in sub.initial_millis)}"
+        )
+    return 0
+
+
+def handle_queue(args: argparse.Namespace) -> int:
+    statuses = ("queued", "running", "completed", "failed", "interrupted") if args.all else ("queued",)
+    rows = Store(db_path(args)).queue(statuses)
+    if args.json:
+        print_json(rows)
+        return 0
+    if not rows:
+        Console().print("the queue is empty; add simulations with `rankpack submit CASE`")
+        return 0
+    table = Table(title="queue")
+    for col in ("id", "submitted", "case", "ranks", "initial requests", "iterations", "status", "run"):
+        table.add_column(col)
+    for r in rows:
+        sub = Submission.from_json(r["options"])
+        table.add_row(
+            str(r["id"]), r["submitted_at"].replace("T", " ")[:19], r["case_name"],
+            str(r["n_ranks"]), " ".join(f"{m}m" for m in sub.initial_millis),
+            str(sub.iterations or "endTime"), r["status"], str(r["run_id"] or "-"),
+        )  # fmt: skip
+    Console().print(table)
+    return 0

@@ -1,0 +1,86 @@
+"""A queued simulation: what `rankpack submit` stores and the multiplexer launches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from rankpack.controller.observations import Phase
+from rankpack.controller.single import RunOptions
+from rankpack.plan.allocation import Plan, make_plan
+
+
+@dataclass(frozen=True)
+class Submission:
+    case: str
+    weights: tuple[float, ...]
+    budget_millis: int
+    """Initial requests sum to this; sizing and fairness never exceed it."""
+    floor_millis: int = 0
+    iterations: int | None = None
+    decompose: str = "equal"
+    center: tuple[float, float, float] | None = None
+    phases: tuple[Phase, ...] = ()
+
+    @property
+    def n_ranks(self) -> int:
+        return len(self.weights)
+
+    def plan(self) -> Plan:
+        plan = make_plan(list(self.weights), self.budget_millis, floor_millis=self.floor_millis)
+        if self.phases and self.phases[0].start_fraction == 0:
+            # A schedule that starts at 0 sets the initial requests itself.
+            from dataclasses import replace
+
+            ranks = tuple(
+                replace(r, cpu_millis=m)
+                for r, m in zip(plan.ranks, self.phases[0].request_millis, strict=True)
+            )
+            plan = replace(plan, ranks=ranks, total_millis=sum(self.phases[0].request_millis))
+        return plan
+
+    @property
+    def initial_millis(self) -> tuple[int, ...]:
+        return tuple(r.cpu_millis for r in self.plan().ranks)
+
+    def run_options(self, *, label: str | None = None) -> RunOptions:
+        return RunOptions(
+            case=self.case,
+            plan=self.plan(),
+            iterations=self.iterations,
+            decompose=self.decompose,
+            center=self.center,
+            label=label,
+        )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "case": self.case,
+            "weights": list(self.weights),
+            "budget_millis": self.budget_millis,
+            "floor_millis": self.floor_millis,
+            "iterations": self.iterations,
+            "decompose": self.decompose,
+            "center": list(self.center) if self.center else None,
+            "phases": [
+                {"start_fraction": p.start_fraction, "request_millis": list(p.request_millis)}
+                for p in self.phases
+            ],
+        }
+
+    @staticmethod
+    def from_json(d: dict[str, Any]) -> Submission:
+        center = d.get("center")
+        return Submission(
+            case=d["case"],
+            weights=tuple(float(w) for w in d["weights"]),
+            budget_millis=int(d["budget_millis"]),
+            floor_millis=int(d.get("floor_millis", 0)),
+            iterations=d.get("iterations"),
+            decompose=d.get("decompose", "equal"),
+            center=(float(center[0]), float(center[1]), float(center[2])) if center else None,
+            phases=tuple(
+                Phase(float(p["start_fraction"]), tuple(int(m) for m in p["request_millis"]))
+                for p in d.get("phases", [])
+            ),
+        )
