@@ -403,8 +403,8 @@ def _fairness(step: _Step, memory: dict[str, SimMemory], engaged: bool) -> bool:
     if not reverses(slow, +1):
         total = step.total(slow.sim_id)
         new_total = min(math.floor(total * (1 + s.fairness_step)), step.room_for(slow))
-        if new_total > total:
-            _adjust(step, memory, slow, new_total, +1, f"{slow.sim_id}'s {why}: raised")
+        raised = f"{slow.sim_id}'s {why}: raised"
+        if new_total > total and _adjust(step, memory, slow, new_total, +1, raised):
             return True
     if fast is slow or cooling(fast) or reverses(fast, -1):
         return engaged
@@ -413,10 +413,8 @@ def _fairness(step: _Step, memory: dict[str, SimMemory], engaged: bool) -> bool:
     new_total = max(math.ceil(total * (1 - s.fairness_step)), floor_total)
     if new_total >= total:
         return engaged
-    _adjust(
-        step, memory, fast, new_total, -1, f"{slow.sim_id}'s {why}, no room to raise it: lowered"
-    )
-    return True
+    lowered = f"{slow.sim_id}'s {why}, no room to raise it: lowered"
+    return _adjust(step, memory, fast, new_total, -1, lowered) or engaged
 
 
 def _adjust(
@@ -426,9 +424,12 @@ def _adjust(
     new_total: int,
     sign: int,
     why: str,
-) -> None:
+) -> bool:
+    """Resize ``sim`` to ``new_total`` in proportion to its requests; False if floors forbid."""
     current = step.requests[sim.sim_id]
     total = sum(current)
+    if step.settings.floor_millis * len(current) > new_total:
+        return False
     weights = [float(max(1, r)) for r in current]
     targets = proportional_millis(weights, new_total, step.settings.floor_millis)
     reason = f"fairness: {why} {sim.sim_id} from {total}m to {new_total}m in total"
@@ -436,6 +437,7 @@ def _adjust(
     memory[sim.sim_id] = replace(
         memory[sim.sim_id], last_adjust_s=step.obs.now_s, last_adjust_sign=sign
     )
+    return True
 
 
 # --- (C) launch --------------------------------------------------------------------------
