@@ -91,6 +91,8 @@ class SimMemory:
     profile_start_s: float | None = None
     profile_start: tuple[tuple[int, int], ...] = ()
     """(compute_ns, mpi_ns) per rank at the start of the profiling window."""
+    profile_start_usage: tuple[int, ...] = ()
+    """usage_ns per rank at the start of the profiling window."""
     duty: tuple[float, ...] = ()
     """Duty cycle per rank measured over the profiling window."""
     phase_index: int = -1
@@ -106,6 +108,12 @@ class SimMemory:
 class ControllerState:
     sims: Mapping[str, SimMemory] = field(default_factory=dict)
     last_launch_s: float | None = None
+    launch_held: str | None = None
+    """Why the head of the queue was last held back (a short code such as ``no-room``), so a
+    ``launch-held`` note is recorded only when the reason changes; None: not held."""
+    fairness_engaged: bool = False
+    """A fairness episode is under way: keep adjusting until the gap is below half the
+    threshold (hysteresis)."""
 
 
 @dataclass(frozen=True)

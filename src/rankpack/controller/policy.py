@@ -1,0 +1,532 @@
+"""The multiplexing controller's decision step: observations and memory in, actions out.
+
+`decide(obs, state, settings)` is pure: no I/O, no clock (time is ``obs.now_s``), no
+randomness. The driver (`rankpack.controller.multiplex`) calls it about once a second,
+applies the returned actions in order and keeps the returned state for the next call.
+There is no action that stops or relaunches a rank: every CPU change is an in-place
+`Resize` (zero restarts is a property of the action set, not a promise of this module).
+
+Per simulation (seed 001 §5.4, the issue's pipeline):
+
+* Memory. A simulation seen for the first time starts at stage ``warmup``, or
+  ``scheduled`` when it carries a phase schedule. Memory of simulations that left
+  ``obs.sims`` is dropped. Each step appends an ``(now_s, iterations)`` rate mark (a mark
+  at the same ``now_s`` replaces the last one; a clock going back restarts the marks) and
+  keeps the marks of the last ``rate_window_s``, at least the two newest.
+* (A) warmup -> profiling when ``progress >= warmup_fraction``, ``iterations >=
+  warmup_min_iterations`` and every rank has shim data. The window's start counters
+  (compute, MPI, usage) are stored; a ``profile-start`` note is emitted.
+* (B) profiling -> sized once ``now_s - profile_start_s >= profile_s``. Per rank,
+  duty = dcompute / (dcompute + dmpi) (1.0 when both are 0: conservative); compute CPU =
+  duty x dusage / window, in millicores; target = max(floor, ceil(compute x headroom))
+  (ceil with a 1e-6 tolerance so float noise does not add a millicore). The simulation's
+  total may not exceed min(budget, its current total + the node's unrequested capacity):
+  above it the allowed total is split in proportion to the targets (`proportional_millis`,
+  floors kept, exact sum). Only ranks whose request changes get a ``Resize(kind="size")``.
+  If a rank lost its shim data by the end of the window, the simulation goes back to
+  warmup (``profile-restart`` note).
+* Phases (seed 000 §3.2.3). A ``scheduled`` simulation skips (A), (B) and fairness. When
+  its progress reaches the ``start_fraction`` of a phase past ``phase_index`` it jumps to
+  the latest phase reached (never back) and its ranks get that phase's requests (a rank
+  beyond the phase's list keeps its request), raised to the floor and capped like (B).
+* Resize ordering. Within one simulation, decreases are emitted before increases, and
+  every total is checked against the requests left by the earlier actions of the step,
+  so the sum of requests stays within capacity after every prefix of the action list
+  (if it was within capacity before the step).
+* Clean rates. Any Resize changes every co-located simulation's speed, so after a step
+  that emits one, every simulation's rate marks restart from the current mark: fairness
+  then waits until ``rate_window_s / 2`` of post-change data exists.
+
+Across simulations:
+
+* (D) Fairness, among >= 2 ``sized`` simulations with a progress rate (dprogress / dt
+  over >= 2 marks spanning >= ``rate_window_s / 2``), and not while any simulation is
+  ``profiling`` (its window must be clean). It acts when the slowest rate is below
+  (1 - t) x the fastest, with t = ``fairness_threshold``, or t / 2 while an episode is
+  engaged (hysteresis: once adjusted, continue until the gap is below half the
+  threshold; the episode ends when it is). At most one simulation is adjusted per step:
+  the slowest is raised to floor(total x (1 + step)) capped by its budget and the
+  unrequested capacity; if that gives no increase (or a raise would reverse its last
+  adjustment within 2 x cooldown) the fastest is lowered to max(ceil(total x (1 - step)),
+  n x floor). The new total is split over the ranks in proportion to their current
+  requests. A simulation in its ``fairness_cooldown_s`` is not adjusted, and when the
+  slowest one is in cooldown nothing is (its last raise has not shown yet). The per-step
+  bound (at most ``fairness_step`` of the simulation's total) is exact.
+* (C) Launch, after (B) and (D): at most one `Launch` per step, for ``obs.queue[0]`` only
+  (FIFO). With nothing running it launches at once, only held by the launch cooldown (a
+  guard against a launch the observations do not show yet). Otherwise every running
+  simulation must be ``sized`` or ``scheduled``, fewer than ``max_concurrent`` running,
+  the cooldown over, the unrequested capacity >= the head's initial requests, and the
+  throughput model must predict a gain: N = running count, R = max(ranks of the head and
+  of the running simulations), one node of capacity / 1000 vCPUs, duty cycles = per rank
+  index the mean of the running simulations' duties (a ``scheduled`` one uses its
+  cumulative shim ratio, or 1.0 without shim data), padded with the overall mean to R;
+  throughput(n) = n / slowdown(n) from `predict_from_duty_cycles`, and the launch needs
+  throughput(N+1) >= (1 + ``min_predicted_gain``) x throughput(N). When the head is held
+  back a ``launch-held`` note is emitted only when the reason code changes (``cooldown``,
+  ``max-concurrent``, ``no-room``, ``no-gain``); waiting for a simulation in warmup or
+  profiling (code ``measuring``) is silent.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field, replace
+from typing import Literal
+
+from rankpack.controller.observations import (
+    Action,
+    ControllerSettings,
+    ControllerState,
+    Decision,
+    Launch,
+    Note,
+    Observations,
+    QueuedSim,
+    Resize,
+    SimMemory,
+    SimSnapshot,
+)
+from rankpack.model.contention import ClusterShape
+from rankpack.model.overlap import predict_from_duty_cycles
+from rankpack.plan.allocation import proportional_millis
+
+_EPS = 1e-6
+
+ResizeKind = Literal["size", "fairness", "phase"]
+
+
+def decide(obs: Observations, state: ControllerState, settings: ControllerSettings) -> Decision:
+    """One controller step: the actions to apply now and the memory for the next step."""
+    step = _Step(obs=obs, settings=settings)
+    memory = {
+        sim.sim_id: _with_mark(sim, state.sims.get(sim.sim_id), obs.now_s, settings)
+        for sim in obs.sims
+    }
+
+    for sim in obs.sims:
+        mem = memory[sim.sim_id]
+        if mem.stage == "scheduled":
+            memory[sim.sim_id] = _follow_phases(sim, mem, step)
+        elif mem.stage == "warmup":
+            memory[sim.sim_id] = _maybe_start_profiling(sim, mem, step)
+        elif mem.stage == "profiling":
+            memory[sim.sim_id] = _maybe_size(sim, mem, step)
+
+    if step.resized:
+        memory = _restart_marks(obs, memory)
+
+    fairness_engaged = _fairness(step, memory, state.fairness_engaged)
+    if step.resized:
+        memory = _restart_marks(obs, memory)
+
+    last_launch_s, launch_held = _launch(step, memory, state)
+    new_state = ControllerState(
+        sims=memory,
+        last_launch_s=last_launch_s,
+        launch_held=launch_held,
+        fairness_engaged=fairness_engaged,
+    )
+    return Decision(state=new_state, actions=tuple(step.actions))
+
+
+# --- working state of one step -----------------------------------------------------------
+
+
+@dataclass
+class _Step:
+    """The requests as they stand after the actions emitted so far in this step."""
+
+    obs: Observations
+    settings: ControllerSettings
+    actions: list[Action] = field(default_factory=list)
+    requests: dict[str, list[int]] = field(default_factory=dict)
+    resized: bool = False
+
+    def __post_init__(self) -> None:
+        self.requests = {s.sim_id: [r.request_millis for r in s.ranks] for s in self.obs.sims}
+
+    def unrequested(self) -> int:
+        return self.obs.capacity_millis - sum(sum(r) for r in self.requests.values())
+
+    def total(self, sim_id: str) -> int:
+        return sum(self.requests[sim_id])
+
+    def room_for(self, sim: SimSnapshot) -> int:
+        """The most this simulation's requests may add up to after this step."""
+        current = self.total(sim.sim_id)
+        return min(sim.budget_millis, current + max(0, self.unrequested()))
+
+    def resize(
+        self,
+        sim: SimSnapshot,
+        targets: Sequence[int],
+        kind: ResizeKind,
+        reasons: Sequence[str],
+    ) -> int:
+        """Emit a Resize per rank whose request changes, decreases first; returns the count."""
+        current = self.requests[sim.sim_id]
+        changed = [i for i, t in enumerate(targets) if t != current[i]]
+        changed.sort(key=lambda i: (targets[i] > current[i], i))
+        for i in changed:
+            self.actions.append(
+                Resize(
+                    sim_id=sim.sim_id,
+                    rank=sim.ranks[i].rank,
+                    request_millis=targets[i],
+                    reason=reasons[i],
+                    kind=kind,
+                )
+            )
+            current[i] = targets[i]
+        if changed:
+            self.resized = True
+        return len(changed)
+
+
+# --- memory ------------------------------------------------------------------------------
+
+
+def _with_mark(
+    sim: SimSnapshot, mem: SimMemory | None, now_s: float, settings: ControllerSettings
+) -> SimMemory:
+    if mem is None:
+        mem = SimMemory(stage="scheduled" if sim.phases else "warmup")
+    marks = list(mem.rate_marks)
+    if marks and marks[-1][0] > now_s:
+        marks = []
+    if marks and marks[-1][0] == now_s:
+        marks.pop()
+    marks.append((now_s, sim.iterations))
+    return replace(mem, rate_marks=_prune(tuple(marks), now_s, settings.rate_window_s))
+
+
+def _prune(
+    marks: tuple[tuple[float, int], ...], now_s: float, window_s: float
+) -> tuple[tuple[float, int], ...]:
+    kept = tuple(m for m in marks if m[0] >= now_s - window_s)
+    if len(kept) < 2:
+        kept = marks[-2:]
+    return kept
+
+
+def _restart_marks(obs: Observations, memory: dict[str, SimMemory]) -> dict[str, SimMemory]:
+    by_id = {s.sim_id: s for s in obs.sims}
+    return {
+        sid: replace(mem, rate_marks=((obs.now_s, by_id[sid].iterations),))
+        for sid, mem in memory.items()
+    }
+
+
+def _rate(sim: SimSnapshot, mem: SimMemory, settings: ControllerSettings) -> float | None:
+    """Progress fraction per second over the rate marks, or None if not measurable yet."""
+    marks = mem.rate_marks
+    if len(marks) < 2 or sim.expected_iterations <= 0:
+        return None
+    (t0, i0), (t1, i1) = marks[0], marks[-1]
+    span = t1 - t0
+    if span <= 0 or span < settings.rate_window_s / 2:
+        return None
+    return (i1 - i0) / sim.expected_iterations / span
+
+
+# --- (A) and (B): profiling and sizing ---------------------------------------------------
+
+
+def _has_shim(sim: SimSnapshot) -> bool:
+    return all(r.compute_ns is not None and r.mpi_ns is not None for r in sim.ranks)
+
+
+def _maybe_start_profiling(sim: SimSnapshot, mem: SimMemory, step: _Step) -> SimMemory:
+    s = step.settings
+    if not (
+        sim.progress >= s.warmup_fraction
+        and sim.iterations >= s.warmup_min_iterations
+        and sim.ranks
+        and _has_shim(sim)
+    ):
+        return mem
+    step.actions.append(
+        Note(
+            sim_id=sim.sim_id,
+            kind="profile-start",
+            reason=(
+                f"past warm-up (progress {sim.progress:.1%}, {sim.iterations} iterations): "
+                f"profiling duty cycles for {s.profile_s:g} s"
+            ),
+        )
+    )
+    return replace(
+        mem,
+        stage="profiling",
+        profile_start_s=step.obs.now_s,
+        profile_start=tuple((r.compute_ns or 0, r.mpi_ns or 0) for r in sim.ranks),
+        profile_start_usage=tuple(r.usage_ns for r in sim.ranks),
+    )
+
+
+def _maybe_size(sim: SimSnapshot, mem: SimMemory, step: _Step) -> SimMemory:
+    s = step.settings
+    now = step.obs.now_s
+    if mem.profile_start_s is None:
+        return replace(mem, stage="warmup")
+    window_s = now - mem.profile_start_s
+    if window_s < s.profile_s:
+        return mem
+    n = len(sim.ranks)
+    if (
+        not _has_shim(sim)
+        or len(mem.profile_start) != n
+        or len(mem.profile_start_usage) != n
+        or window_s <= 0
+    ):
+        step.actions.append(
+            Note(
+                sim_id=sim.sim_id,
+                kind="profile-restart",
+                reason="shim data or ranks changed during the profiling window; warming up again",
+            )
+        )
+        return replace(mem, stage="warmup", profile_start_s=None, profile_start=())
+
+    duties: list[float] = []
+    compute_millis: list[float] = []
+    for r, (c0, m0), u0 in zip(sim.ranks, mem.profile_start, mem.profile_start_usage, strict=True):
+        dc = max(0, (r.compute_ns or 0) - c0)
+        dm = max(0, (r.mpi_ns or 0) - m0)
+        duty = dc / (dc + dm) if dc + dm > 0 else 1.0
+        du = max(0, r.usage_ns - u0)
+        duties.append(duty)
+        compute_millis.append(duty * du / (window_s * 1e6))
+    wanted = [max(s.floor_millis, math.ceil(c * s.headroom - _EPS)) for c in compute_millis]
+    targets, cap_note = _fit(sim, wanted, step)
+    current = step.requests[sim.sim_id]
+    reasons = [
+        (
+            f"duty {d:.3f} over {window_s:g} s: compute {c:.0f}m x headroom {s.headroom:g}"
+            f" -> {w}m{cap_note} -> {t}m (was {cur}m)"
+        )
+        for d, c, w, t, cur in zip(duties, compute_millis, wanted, targets, current, strict=True)
+    ]
+    step.resize(sim, targets, "size", reasons)
+    return replace(mem, stage="sized", duty=tuple(duties))
+
+
+def _fit(sim: SimSnapshot, wanted: list[int], step: _Step) -> tuple[list[int], str]:
+    """``wanted`` capped to the simulation's budget and the node's unrequested capacity.
+
+    Returns the targets and a note for the reasons ("" when nothing was capped). When even
+    the floors do not fit, the requests stay as they are.
+    """
+    allowed = step.room_for(sim)
+    if sum(wanted) <= allowed:
+        return wanted, ""
+    floor = step.settings.floor_millis
+    if floor * len(wanted) > allowed:
+        return list(step.requests[sim.sim_id]), f", no room for the floors in {allowed}m"
+    return (
+        proportional_millis([float(w) for w in wanted], allowed, floor),
+        f" (sum {sum(wanted)}m capped to {allowed}m)",
+    )
+
+
+def _follow_phases(sim: SimSnapshot, mem: SimMemory, step: _Step) -> SimMemory:
+    reached = [i for i, ph in enumerate(sim.phases) if sim.progress >= ph.start_fraction]
+    if not reached or max(reached) <= mem.phase_index:
+        return mem
+    index = max(reached)
+    phase = sim.phases[index]
+    current = step.requests[sim.sim_id]
+    floor = step.settings.floor_millis
+    wanted = [
+        max(floor, phase.request_millis[i]) if i < len(phase.request_millis) else current[i]
+        for i in range(len(current))
+    ]
+    targets, cap_note = _fit(sim, wanted, step)
+    reasons = [
+        (
+            f"phase {index + 1}/{len(sim.phases)} from progress {phase.start_fraction:.1%}"
+            f" (progress {sim.progress:.1%}): {w}m{cap_note} -> {t}m (was {cur}m)"
+        )
+        for w, t, cur in zip(wanted, targets, current, strict=True)
+    ]
+    step.resize(sim, targets, "phase", reasons)
+    return replace(mem, phase_index=index)
+
+
+# --- (D) fairness ------------------------------------------------------------------------
+
+
+def _fairness(step: _Step, memory: dict[str, SimMemory], engaged: bool) -> bool:
+    """Adjust at most one simulation; returns whether a fairness episode is engaged."""
+    s = step.settings
+    now = step.obs.now_s
+    sized = [sim for sim in step.obs.sims if memory[sim.sim_id].stage == "sized"]
+    if len(sized) < 2:
+        return False
+    if step.resized or any(m.stage == "profiling" for m in memory.values()):
+        return engaged
+    rated: list[tuple[float, SimSnapshot]] = []
+    for sim in sized:
+        rate = _rate(sim, memory[sim.sim_id], s)
+        if rate is not None:
+            rated.append((rate, sim))
+    if len(rated) < 2:
+        return engaged
+    slow_rate, slow = min(rated, key=lambda x: x[0])
+    fast_rate, fast = max(rated, key=lambda x: x[0])
+    if fast_rate <= 0:
+        return engaged
+    gap = 1.0 - slow_rate / fast_rate
+    threshold = s.fairness_threshold / 2 if engaged else s.fairness_threshold
+    if gap < s.fairness_threshold / 2:
+        return False
+    if gap <= threshold:
+        return engaged
+    why = f"progress rate {slow_rate:.3g}/s is {gap:.1%} behind {fast_rate:.3g}/s"
+
+    def cooling(sim: SimSnapshot) -> bool:
+        last = memory[sim.sim_id].last_adjust_s
+        return last is not None and now - last < s.fairness_cooldown_s
+
+    def reverses(sim: SimSnapshot, sign: int) -> bool:
+        m = memory[sim.sim_id]
+        return (
+            m.last_adjust_s is not None
+            and m.last_adjust_sign == -sign
+            and now - m.last_adjust_s < 2 * s.fairness_cooldown_s
+        )
+
+    if cooling(slow):
+        return engaged
+    if not reverses(slow, +1):
+        total = step.total(slow.sim_id)
+        new_total = min(math.floor(total * (1 + s.fairness_step)), step.room_for(slow))
+        raised = f"{slow.sim_id}'s {why}: raised"
+        if new_total > total and _adjust(step, memory, slow, new_total, +1, raised):
+            return True
+    if fast is slow or cooling(fast) or reverses(fast, -1):
+        return engaged
+    total = step.total(fast.sim_id)
+    floor_total = s.floor_millis * len(fast.ranks)
+    new_total = max(math.ceil(total * (1 - s.fairness_step)), floor_total)
+    if new_total >= total:
+        return engaged
+    lowered = f"{slow.sim_id}'s {why}, no room to raise it: lowered"
+    return _adjust(step, memory, fast, new_total, -1, lowered) or engaged
+
+
+def _adjust(
+    step: _Step,
+    memory: dict[str, SimMemory],
+    sim: SimSnapshot,
+    new_total: int,
+    sign: int,
+    why: str,
+) -> bool:
+    """Resize ``sim`` to ``new_total`` in proportion to its requests; False if floors forbid."""
+    current = step.requests[sim.sim_id]
+    total = sum(current)
+    if step.settings.floor_millis * len(current) > new_total:
+        return False
+    weights = [float(max(1, r)) for r in current]
+    targets = proportional_millis(weights, new_total, step.settings.floor_millis)
+    reason = f"fairness: {why} {sim.sim_id} from {total}m to {new_total}m in total"
+    step.resize(sim, targets, "fairness", [reason] * len(targets))
+    memory[sim.sim_id] = replace(
+        memory[sim.sim_id], last_adjust_s=step.obs.now_s, last_adjust_sign=sign
+    )
+    return True
+
+
+# --- (C) launch --------------------------------------------------------------------------
+
+
+def _launch(
+    step: _Step, memory: dict[str, SimMemory], state: ControllerState
+) -> tuple[float | None, str | None]:
+    """Launch the head of the queue or say why not; returns (last_launch_s, launch_held)."""
+    obs = step.obs
+    if not obs.queue:
+        return state.last_launch_s, None
+    head = obs.queue[0]
+    code, reason = _hold_reason(step, memory, state, head)
+    if code is None:
+        step.actions.append(Launch(queue_id=head.queue_id, reason=reason))
+        return obs.now_s, None
+    if code != state.launch_held and code != "measuring":
+        step.actions.append(Note(sim_id=None, kind="launch-held", reason=reason))
+    return state.last_launch_s, code
+
+
+def _hold_reason(
+    step: _Step, memory: dict[str, SimMemory], state: ControllerState, head: QueuedSim
+) -> tuple[str | None, str]:
+    """(None, why launch) or (code, why held)."""
+    obs, s = step.obs, step.settings
+    name = f"queued simulation {head.queue_id}"
+    if state.last_launch_s is not None and obs.now_s - state.last_launch_s < s.launch_cooldown_s:
+        wait = s.launch_cooldown_s - (obs.now_s - state.last_launch_s)
+        return "cooldown", f"{name} waits {wait:.1f} s more after the last launch"
+    if not obs.sims:
+        return None, f"nothing is running: launching {name}"
+    measuring = [
+        sim.sim_id for sim in obs.sims if memory[sim.sim_id].stage in ("warmup", "profiling")
+    ]
+    if measuring:
+        return "measuring", f"{name} waits for {', '.join(measuring)} to be profiled and sized"
+    if len(obs.sims) >= s.max_concurrent:
+        return (
+            "max-concurrent",
+            f"{name} waits: {len(obs.sims)} simulations run (max {s.max_concurrent})",
+        )
+    need = sum(head.initial_request_millis)
+    free = step.unrequested()
+    if free < need:
+        return (
+            "no-room",
+            f"{name} needs {need}m, only {free}m of {obs.capacity_millis}m is unrequested",
+        )
+    gain = _predicted_gain(step, memory, head)
+    if gain is None or gain < 1 + s.min_predicted_gain:
+        shown = "n/a" if gain is None else f"{gain:.3f}"
+        return "no-gain", (
+            f"{name} fits ({need}m of {free}m free) but the model predicts throughput x{shown}"
+            f" with {len(obs.sims) + 1} simulations (needs x{1 + s.min_predicted_gain:.3f})"
+        )
+    return None, (
+        f"{need}m of {free}m unrequested fits {name}; the model predicts throughput"
+        f" x{gain:.3f} with {len(obs.sims) + 1} simulations"
+    )
+
+
+def _running_duties(sim: SimSnapshot, mem: SimMemory) -> list[float]:
+    if mem.stage == "sized" and len(mem.duty) == len(sim.ranks):
+        return list(mem.duty)
+    out = []
+    for r in sim.ranks:
+        c, m = r.compute_ns, r.mpi_ns
+        out.append(c / (c + m) if c is not None and m is not None and c + m > 0 else 1.0)
+    return out
+
+
+def _predicted_gain(step: _Step, memory: dict[str, SimMemory], head: QueuedSim) -> float | None:
+    """throughput(N+1) / throughput(N) from the duty-cycle model, or None if not computable."""
+    obs = step.obs
+    per_sim = [_running_duties(sim, memory[sim.sim_id]) for sim in obs.sims]
+    ranks = max([head.n_ranks, *(len(d) for d in per_sim)])
+    all_duties = [d for ds in per_sim for d in ds]
+    if ranks < 1 or not all_duties or obs.capacity_millis <= 0:
+        return None
+    mean = sum(all_duties) / len(all_duties)
+    duties = []
+    for i in range(ranks):
+        column = [ds[i] for ds in per_sim if i < len(ds)]
+        duties.append(sum(column) / len(column) if column else mean)
+    duties = [min(1.0, max(0.0, d)) for d in duties]
+    shape = ClusterShape(ranks=ranks, nodes=1, cpus_per_node=obs.capacity_millis / 1000)
+    n = len(obs.sims)
+    now = predict_from_duty_cycles(n, duties, shape)
+    then = predict_from_duty_cycles(n + 1, duties, shape)
+    return then.throughput / now.throughput
