@@ -1,0 +1,531 @@
+/*
+ * rankpack PMPI shim: loaded with LD_PRELOAD into every MPI rank, no change to the solver.
+ *
+ * - Times every intercepted MPI call (table: mpi_functions.def) and the compute time
+ *   between calls; publishes a live record (rankpack_record.h) in a memory-mapped file per
+ *   rank, at most every RANKPACK_SHIM_INTERVAL_US, under a sequence lock.
+ * - Optionally keeps per-call trace events, written to a per-rank CSV at MPI_Finalize.
+ * - Optionally replaces MPI's busy-polling waits by test + back-off that releases the core
+ *   (RANKPACK_SHIM_WAIT=polite|adaptive), so co-located simulations can use idle time.
+ *
+ * Hot path (every intercepted call): a thread-local enable/re-entry check, two
+ * clock_gettime(CLOCK_MONOTONIC) reads, additions into fixed arrays, and a memcpy of the
+ * record at most every interval. No malloc, lock or I/O. Only the thread that called
+ * MPI_Init is measured; calls from other threads pass straight through.
+ *
+ * Configuration: RANKPACK_SHIM_* environment variables, documented in docs/shim.md.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <mpi.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "rankpack_record.h"
+
+/* ---- function ids and names, generated from the table ------------------------------- */
+
+enum rp_func_id {
+#define RP_FN(kind, name, params, args, nb) RP_ID_##name,
+#include "mpi_functions.def"
+#undef RP_FN
+    RP_N_FUNCS
+};
+_Static_assert(RP_N_FUNCS <= RP_MAX_FUNCS, "more functions than the record has room for");
+
+static const char *const rp_func_names[RP_N_FUNCS] = {
+#define RP_FN(kind, name, params, args, nb) "MPI_" #name,
+#include "mpi_functions.def"
+#undef RP_FN
+};
+
+/* ---- configuration --------------------------------------------------------------------- */
+
+struct rp_config {
+    unsigned wait_mode;
+    uint64_t interval_ns;
+    uint64_t window_ns;
+    uint64_t spin_ns;      /* polite: spin (test) this long before the first sleep */
+    uint64_t sleep_min_ns; /* first sleep; doubles up to sleep_max_ns */
+    uint64_t sleep_max_ns;
+    uint64_t spin_max_ns;  /* adaptive: upper bound of the tuned spin budget */
+    int use_yield;         /* sleep phase calls sched_yield() instead of nanosleep() */
+    long timer_slack_ns;   /* <0: leave the kernel default */
+    char dir[512];
+    char trace_dir[512];
+    uint64_t trace_max;
+};
+
+static struct rp_config rp_cfg;
+
+/* ---- per-process state (only the MPI_Init thread touches it) -------------------------- */
+
+struct rp_trace_event {
+    uint64_t enter_ns;
+    uint64_t exit_ns;
+    uint32_t func;
+    uint32_t pad;
+};
+
+struct rp_state {
+    struct rp_record *rec; /* mmapped live record, or NULL if it could not be created */
+    struct rp_record local; /* private copy updated on the hot path */
+    uint64_t last_exit_ns;
+    uint64_t last_publish_ns;
+    uint64_t window_start_ns;
+    uint64_t window_start_compute_ns;
+    uint64_t window_start_mpi_ns;
+    struct rp_trace_event *trace;
+    uint64_t trace_n;
+    /* adaptive mode: decayed histogram of wait durations in log2(ns) buckets */
+    double wait_hist[40];
+    uint64_t waits_since_tune;
+};
+
+static struct rp_state rp;
+static __thread int rp_owner;  /* 1 in the thread that called MPI_Init, while active */
+static __thread int rp_depth;  /* re-entry guard */
+
+static inline uint64_t rp_now(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+static uint64_t rp_env_u64(const char *name, uint64_t dflt) {
+    const char *v = getenv(name);
+    if (!v || !*v) return dflt;
+    char *end;
+    errno = 0;
+    unsigned long long x = strtoull(v, &end, 10);
+    if (errno || *end) {
+        fprintf(stderr, "rankpack shim: ignoring %s=%s (not a whole number)\n", name, v);
+        return dflt;
+    }
+    return x;
+}
+
+static void rp_read_config(void) {
+    const char *mode = getenv("RANKPACK_SHIM_WAIT");
+    rp_cfg.wait_mode = RP_WAIT_SPIN;
+    if (mode && strcmp(mode, "polite") == 0)
+        rp_cfg.wait_mode = RP_WAIT_POLITE;
+    else if (mode && strcmp(mode, "adaptive") == 0)
+        rp_cfg.wait_mode = RP_WAIT_ADAPTIVE;
+    else if (mode && *mode && strcmp(mode, "spin") != 0)
+        fprintf(stderr, "rankpack shim: unknown RANKPACK_SHIM_WAIT=%s, using spin\n", mode);
+    rp_cfg.interval_ns = rp_env_u64("RANKPACK_SHIM_INTERVAL_US", 2000) * 1000;
+    rp_cfg.window_ns = rp_env_u64("RANKPACK_SHIM_WINDOW_MS", 1000) * 1000000;
+    if (rp_cfg.window_ns < rp_cfg.interval_ns) rp_cfg.window_ns = rp_cfg.interval_ns;
+    rp_cfg.spin_ns = rp_env_u64("RANKPACK_SHIM_SPIN_US", 20) * 1000;
+    rp_cfg.spin_max_ns = rp_env_u64("RANKPACK_SHIM_SPIN_MAX_US", 200) * 1000;
+    rp_cfg.sleep_min_ns = rp_env_u64("RANKPACK_SHIM_SLEEP_MIN_US", 1) * 1000;
+    rp_cfg.sleep_max_ns = rp_env_u64("RANKPACK_SHIM_SLEEP_MAX_US", 50) * 1000;
+    if (rp_cfg.sleep_min_ns == 0) rp_cfg.sleep_min_ns = 1;
+    if (rp_cfg.sleep_max_ns < rp_cfg.sleep_min_ns) rp_cfg.sleep_max_ns = rp_cfg.sleep_min_ns;
+    rp_cfg.use_yield = rp_env_u64("RANKPACK_SHIM_YIELD", 0) != 0;
+    const char *slack = getenv("RANKPACK_SHIM_TIMER_SLACK_NS");
+    rp_cfg.timer_slack_ns = (slack && *slack) ? (long)rp_env_u64("RANKPACK_SHIM_TIMER_SLACK_NS", 1000)
+                                              : 1000;
+    const char *dir = getenv("RANKPACK_SHIM_DIR");
+    if (dir && *dir)
+        snprintf(rp_cfg.dir, sizeof rp_cfg.dir, "%s", dir);
+    else /* ranks of one job on one node share their parent (mpirun/orted/hydra proxy) */
+        snprintf(rp_cfg.dir, sizeof rp_cfg.dir, "/dev/shm/rankpack-shim/job-%d", (int)getppid());
+    const char *trace = getenv("RANKPACK_SHIM_TRACE");
+    if (trace && *trace) snprintf(rp_cfg.trace_dir, sizeof rp_cfg.trace_dir, "%s", trace);
+    rp_cfg.trace_max = rp_env_u64("RANKPACK_SHIM_TRACE_MAX", 1000000);
+}
+
+static int rp_mkdirs(const char *path) {
+    char buf[512];
+    snprintf(buf, sizeof buf, "%s", path);
+    for (char *p = buf + 1; *p; p++) {
+        if (*p == '/') {
+            *p = 0;
+            if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+            *p = '/';
+        }
+    }
+    if (mkdir(buf, 0777) != 0 && errno != EEXIST) return -1;
+    return 0;
+}
+
+/* ---- publishing ------------------------------------------------------------------------ */
+
+static void rp_publish(uint64_t now) {
+    struct rp_record *l = &rp.local;
+    l->t_update_ns = now;
+    l->updates++;
+    if (now - rp.window_start_ns >= rp_cfg.window_ns) {
+        l->window_end_ns = now;
+        l->window_compute_ns = l->compute_ns - rp.window_start_compute_ns;
+        l->window_mpi_ns = l->mpi_ns - rp.window_start_mpi_ns;
+        rp.window_start_ns = now;
+        rp.window_start_compute_ns = l->compute_ns;
+        rp.window_start_mpi_ns = l->mpi_ns;
+    }
+    rp.last_publish_ns = now;
+    struct rp_record *r = rp.rec;
+    if (!r) return;
+    rp_record_write_begin(r);
+    /* Dynamic part only: from t_update_ns to the end of the struct. */
+    memcpy((char *)r + offsetof(struct rp_record, t_update_ns),
+           (const char *)l + offsetof(struct rp_record, t_update_ns),
+           sizeof(struct rp_record) - offsetof(struct rp_record, t_update_ns));
+    rp_record_write_end(r);
+}
+
+static inline void rp_maybe_publish(uint64_t now) {
+    if (now - rp.last_publish_ns >= rp_cfg.interval_ns) rp_publish(now);
+}
+
+/* ---- hot path -------------------------------------------------------------------------- */
+
+static inline uint64_t rp_enter(int id) {
+    uint64_t now = rp_now();
+    rp.local.compute_ns += now - rp.last_exit_ns;
+    rp.local.in_func = id + 1;
+    rp.local.t_last_change_ns = now;
+    rp_maybe_publish(now);
+    return now;
+}
+
+static inline void rp_exit(int id, uint64_t t0) {
+    uint64_t now = rp_now();
+    uint64_t d = now - t0;
+    rp.local.mpi_ns += d;
+    rp.local.funcs[id].calls++;
+    rp.local.funcs[id].ns += d;
+    rp.local.in_func = 0;
+    rp.local.t_last_change_ns = now;
+    rp.last_exit_ns = now;
+    if (rp.trace) {
+        if (rp.trace_n < rp_cfg.trace_max) {
+            struct rp_trace_event *e = &rp.trace[rp.trace_n++];
+            e->enter_ns = t0;
+            e->exit_ns = now;
+            e->func = (uint32_t)id;
+            rp.local.trace_events = rp.trace_n;
+        } else {
+            rp.local.trace_dropped++;
+        }
+    }
+    rp_maybe_publish(now);
+}
+
+/* ---- polite waiting -------------------------------------------------------------------- */
+
+struct rp_backoff {
+    uint64_t t0;
+    uint64_t spin_ns;
+    uint64_t sleep_ns;
+    int sleeping;
+};
+
+static inline void rp_backoff_init(struct rp_backoff *b) {
+    b->t0 = rp_now();
+    b->spin_ns = rp.local.spin_limit_ns;
+    b->sleeping = 0;
+    b->sleep_ns = rp_cfg.sleep_min_ns;
+}
+
+static inline void rp_cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#endif
+}
+
+/* Called after a test found the operation incomplete. */
+static void rp_backoff_step(struct rp_backoff *b) {
+    if (!b->sleeping) {
+        if (rp_now() - b->t0 < b->spin_ns) {
+            rp_cpu_relax();
+            return;
+        }
+        b->sleeping = 1;
+    }
+    rp.local.sleeps++;
+    if (rp_cfg.use_yield) {
+        sched_yield();
+        return;
+    }
+    struct timespec ts = {(time_t)(b->sleep_ns / 1000000000ull), (long)(b->sleep_ns % 1000000000ull)};
+    nanosleep(&ts, NULL);
+    rp.local.sleep_ns += b->sleep_ns;
+    b->sleep_ns *= 2;
+    if (b->sleep_ns > rp_cfg.sleep_max_ns) b->sleep_ns = rp_cfg.sleep_max_ns;
+}
+
+static int rp_log2(uint64_t x) {
+    return x ? 63 - __builtin_clzll(x) : 0;
+}
+
+/*
+ * Adaptive mode: spin as long as most waits last, sleep beyond that. Waits that end while
+ * spinning cost no wake-up latency; waits longer than the budget waste at most the budget.
+ * The budget is the 60th percentile of recent wait durations (decayed log2 histogram),
+ * bounded by RANKPACK_SHIM_SPIN_MAX_US, retuned every 256 waits.
+ */
+static void rp_backoff_done(struct rp_backoff *b) {
+    if (rp_cfg.wait_mode != RP_WAIT_ADAPTIVE) return;
+    uint64_t d = rp_now() - b->t0;
+    int k = rp_log2(d);
+    if (k > 39) k = 39;
+    rp.wait_hist[k] += 1.0;
+    if (++rp.waits_since_tune < 256) return;
+    rp.waits_since_tune = 0;
+    double total = 0;
+    for (int i = 0; i < 40; i++) total += rp.wait_hist[i];
+    double acc = 0;
+    uint64_t budget = rp_cfg.spin_max_ns;
+    for (int i = 0; i < 40; i++) {
+        acc += rp.wait_hist[i];
+        if (acc >= 0.6 * total) {
+            budget = 2ull << i; /* upper edge of the bucket */
+            break;
+        }
+    }
+    if (budget > rp_cfg.spin_max_ns) budget = rp_cfg.spin_max_ns;
+    rp.local.spin_limit_ns = budget;
+    for (int i = 0; i < 40; i++) rp.wait_hist[i] *= 0.5;
+}
+
+static int rp_polite_Wait(MPI_Request *request, MPI_Status *status) {
+    struct rp_backoff b;
+    int flag = 0, rc;
+    rp_backoff_init(&b);
+    while ((rc = PMPI_Test(request, &flag, status)) == MPI_SUCCESS && !flag) rp_backoff_step(&b);
+    rp_backoff_done(&b);
+    return rc;
+}
+
+static int rp_polite_Waitall(int count, MPI_Request reqs[], MPI_Status statuses[]) {
+    struct rp_backoff b;
+    int flag = 0, rc;
+    rp_backoff_init(&b);
+    while ((rc = PMPI_Testall(count, reqs, &flag, statuses)) == MPI_SUCCESS && !flag)
+        rp_backoff_step(&b);
+    rp_backoff_done(&b);
+    return rc;
+}
+
+static int rp_polite_Waitany(int count, MPI_Request reqs[], int *indx, MPI_Status *status) {
+    struct rp_backoff b;
+    int flag = 0, rc;
+    rp_backoff_init(&b);
+    while ((rc = PMPI_Testany(count, reqs, indx, &flag, status)) == MPI_SUCCESS && !flag)
+        rp_backoff_step(&b);
+    rp_backoff_done(&b);
+    return rc;
+}
+
+static int rp_polite_Waitsome(int incount, MPI_Request reqs[], int *outcount, int indices[],
+                              MPI_Status statuses[]) {
+    struct rp_backoff b;
+    int rc;
+    rp_backoff_init(&b);
+    while ((rc = PMPI_Testsome(incount, reqs, outcount, indices, statuses)) == MPI_SUCCESS &&
+           *outcount == 0)
+        rp_backoff_step(&b);
+    rp_backoff_done(&b);
+    return rc;
+}
+
+static int rp_polite_Probe(int source, int tag, MPI_Comm comm, MPI_Status *status) {
+    struct rp_backoff b;
+    int flag = 0, rc;
+    rp_backoff_init(&b);
+    while ((rc = PMPI_Iprobe(source, tag, comm, &flag, status)) == MPI_SUCCESS && !flag)
+        rp_backoff_step(&b);
+    rp_backoff_done(&b);
+    return rc;
+}
+
+static int rp_polite_Recv(void *buf, int count, MPI_Datatype datatype, int source, int tag,
+                          MPI_Comm comm, MPI_Status *status) {
+    MPI_Request rq;
+    int rc = PMPI_Irecv(buf, count, datatype, source, tag, comm, &rq);
+    if (rc != MPI_SUCCESS) return rc;
+    return rp_polite_Wait(&rq, status);
+}
+
+static int rp_polite_Sendrecv(const void *sendbuf, int sendcount, MPI_Datatype sendtype,
+                              int dest, int sendtag, void *recvbuf, int recvcount,
+                              MPI_Datatype recvtype, int source, int recvtag, MPI_Comm comm,
+                              MPI_Status *status) {
+    MPI_Request rq[2];
+    MPI_Status st[2];
+    int rc = PMPI_Irecv(recvbuf, recvcount, recvtype, source, recvtag, comm, &rq[0]);
+    if (rc != MPI_SUCCESS) return rc;
+    rc = PMPI_Isend(sendbuf, sendcount, sendtype, dest, sendtag, comm, &rq[1]);
+    if (rc != MPI_SUCCESS) {
+        PMPI_Cancel(&rq[0]);
+        PMPI_Request_free(&rq[0]);
+        return rc;
+    }
+    rc = rp_polite_Waitall(2, rq, st);
+    if (status != MPI_STATUS_IGNORE) *status = st[0];
+    return rc;
+}
+
+/* NB kind: the non-blocking variant plus the polite wait (generated from the table). */
+#define RP_WITH_REQ(...) __VA_ARGS__, &rp_req
+#define RP_POLITE_NB(name, params, args, nb)                                                 \
+    static int rp_polite_##name params {                                                    \
+        MPI_Request rp_req;                                                                 \
+        int rc = PMPI_##nb(RP_WITH_REQ args);                                               \
+        if (rc != MPI_SUCCESS) return rc;                                                   \
+        return rp_polite_Wait(&rp_req, MPI_STATUS_IGNORE);                                  \
+    }
+#define RP_POLITE_CUSTOM(name, params, args, nb) /* hand-written above */
+#define RP_FN(kind, name, params, args, nb) RP_POLITE_##kind(name, params, args, nb)
+#include "mpi_functions.def"
+#undef RP_FN
+
+/* ---- the wrappers, generated from the table ---------------------------------------------- */
+
+#define RP_FN(kind, name, params, args, nb)                                                   \
+    int MPI_##name params {                                                                   \
+        if (!rp_owner || rp_depth) return PMPI_##name args;                                   \
+        rp_depth = 1;                                                                         \
+        uint64_t rp_t0 = rp_enter(RP_ID_##name);                                              \
+        int rc = rp_cfg.wait_mode == RP_WAIT_SPIN ? PMPI_##name args : rp_polite_##name args; \
+        rp_exit(RP_ID_##name, rp_t0);                                                         \
+        rp_depth = 0;                                                                         \
+        return rc;                                                                            \
+    }
+#include "mpi_functions.def"
+#undef RP_FN
+
+/* ---- set-up and tear-down ---------------------------------------------------------------- */
+
+static void rp_setup(void) {
+    rp_read_config();
+    memset(&rp, 0, sizeof rp);
+    struct rp_record *l = &rp.local;
+    l->magic = RP_RECORD_MAGIC;
+    l->version = RP_RECORD_VERSION;
+    l->record_size = sizeof(struct rp_record);
+    l->n_funcs = RP_N_FUNCS;
+    int rank = 0, size = 1;
+    PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
+    PMPI_Comm_size(MPI_COMM_WORLD, &size);
+    l->rank = rank;
+    l->world_size = size;
+    l->pid = (int32_t)getpid();
+    l->wait_mode = rp_cfg.wait_mode;
+    gethostname(l->host, RP_HOST_LEN - 1);
+    for (int i = 0; i < RP_N_FUNCS; i++)
+        snprintf(l->func_names[i], RP_FUNC_NAME_LEN, "%s", rp_func_names[i]);
+    l->window_ns = rp_cfg.window_ns;
+    l->interval_ns = rp_cfg.interval_ns;
+    l->spin_limit_ns = rp_cfg.wait_mode == RP_WAIT_SPIN ? 0 : rp_cfg.spin_ns;
+    if (rp_cfg.wait_mode != RP_WAIT_SPIN && rp_cfg.timer_slack_ns >= 0)
+        prctl(PR_SET_TIMERSLACK, rp_cfg.timer_slack_ns > 0 ? rp_cfg.timer_slack_ns : 1, 0, 0, 0);
+
+    if (rp_cfg.trace_dir[0]) {
+        rp.trace = malloc(rp_cfg.trace_max * sizeof *rp.trace);
+        if (!rp.trace) fprintf(stderr, "rankpack shim: rank %d: no memory for the trace\n", rank);
+    }
+
+    char path[600];
+    snprintf(path, sizeof path, "%s/rank-%d.rec", rp_cfg.dir, rank);
+    int fd = -1;
+    if (rp_mkdirs(rp_cfg.dir) == 0) fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (fd >= 0 && ftruncate(fd, sizeof(struct rp_record)) == 0) {
+        void *m = mmap(NULL, sizeof(struct rp_record), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+        if (m != MAP_FAILED) rp.rec = m;
+    }
+    if (fd >= 0) close(fd);
+    if (!rp.rec)
+        fprintf(stderr, "rankpack shim: rank %d: cannot create live record %s: %s\n", rank, path,
+                strerror(errno));
+
+    uint64_t now = rp_now();
+    l->t_start_ns = now;
+    l->t_last_change_ns = now;
+    rp.last_exit_ns = now;
+    rp.window_start_ns = now;
+    if (rp.rec) {
+        /* Header first (seq stays 0, updates 0: "not published yet"), then a first publish. */
+        memcpy(rp.rec, l, sizeof *l);
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+    }
+    rp_publish(now);
+    rp_owner = 1;
+}
+
+static void rp_write_trace(void) {
+    if (!rp.trace) return;
+    if (rp_mkdirs(rp_cfg.trace_dir) != 0) {
+        fprintf(stderr, "rankpack shim: cannot create trace directory %s\n", rp_cfg.trace_dir);
+        return;
+    }
+    char path[600];
+    int fd = -1;
+    /* Never overwrite: rank-R.csv, then rank-R.1.csv, rank-R.2.csv, ... */
+    for (int k = 0; k < 10000 && fd < 0; k++) {
+        if (k == 0)
+            snprintf(path, sizeof path, "%s/rank-%d.csv", rp_cfg.trace_dir, rp.local.rank);
+        else
+            snprintf(path, sizeof path, "%s/rank-%d.%d.csv", rp_cfg.trace_dir, rp.local.rank, k);
+        fd = open(path, O_WRONLY | O_CREAT | O_EXCL, 0644);
+        if (fd < 0 && errno != EEXIST) break;
+    }
+    FILE *f = fd >= 0 ? fdopen(fd, "w") : NULL;
+    if (!f) {
+        fprintf(stderr, "rankpack shim: cannot write trace in %s: %s\n", rp_cfg.trace_dir,
+                strerror(errno));
+        if (fd >= 0) close(fd);
+        return;
+    }
+    fprintf(f, "rank,function,enter_us,exit_us\n");
+    for (uint64_t i = 0; i < rp.trace_n; i++) {
+        const struct rp_trace_event *e = &rp.trace[i];
+        fprintf(f, "%d,%s,%llu.%03llu,%llu.%03llu\n", rp.local.rank, rp_func_names[e->func],
+                (unsigned long long)(e->enter_ns / 1000), (unsigned long long)(e->enter_ns % 1000),
+                (unsigned long long)(e->exit_ns / 1000), (unsigned long long)(e->exit_ns % 1000));
+    }
+    fclose(f);
+    if (rp.local.trace_dropped)
+        fprintf(stderr,
+                "rankpack shim: rank %d: trace buffer full, %llu events not recorded "
+                "(raise RANKPACK_SHIM_TRACE_MAX)\n",
+                rp.local.rank, (unsigned long long)rp.local.trace_dropped);
+    free(rp.trace);
+    rp.trace = NULL;
+}
+
+int MPI_Init(int *argc, char ***argv) {
+    int rc = PMPI_Init(argc, argv);
+    if (rc == MPI_SUCCESS) rp_setup();
+    return rc;
+}
+
+int MPI_Init_thread(int *argc, char ***argv, int required, int *provided) {
+    int rc = PMPI_Init_thread(argc, argv, required, provided);
+    if (rc == MPI_SUCCESS) rp_setup();
+    return rc;
+}
+
+int MPI_Finalize(void) {
+    if (rp_owner) {
+        uint64_t now = rp_now();
+        rp.local.compute_ns += now - rp.last_exit_ns;
+        rp.last_exit_ns = now;
+        rp.local.finalized = 1;
+        rp_publish(now);
+        rp_owner = 0;
+        rp_write_trace();
+    }
+    return PMPI_Finalize();
+}

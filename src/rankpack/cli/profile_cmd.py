@@ -1,0 +1,174 @@
+"""`rankpack profile -- PROGRAM ARGS`: run an MPI program under the PMPI shim, sample its
+ranks' live records and print per-rank duty cycles and reclaimable CPU (seed 001 §3).
+
+The sampling and summarising live in `rankpack.profile.sampling`, so the case form
+(`rankpack profile CASE`, wired with the run driver) reuses them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rankpack.cli.common import parse_millis, print_json
+from rankpack.errors import UserError
+from rankpack.profile.sampling import ProfileSummary, sample_live, summarise
+from rankpack.profile.shim import WAIT_MODES, shim_env
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "profile",
+        help="per-rank MPI duty cycles of a running program (PMPI shim)",
+        description=(
+            "Run PROGRAM under mpirun with the rankpack PMPI shim preloaded, sample every "
+            "rank's live record about once a second and report the steady-state duty cycle "
+            "(compute / (compute + MPI)), the times and the reclaimable CPU r(1-d) per rank. "
+            "Example: rankpack profile --ranks 4 --seconds 10 -- ./my_mpi_app args"
+        ),
+    )
+    p.add_argument("--ranks", type=int, required=True, help="number of MPI ranks")
+    p.add_argument("--seconds", type=float, default=10.0, help="stop after this long (default 10)")
+    p.add_argument("--mpi", choices=["openmpi", "mpich"], default="openmpi", help="MPI flavour")
+    p.add_argument(
+        "--wait", choices=list(WAIT_MODES), default="spin", help="shim wait mode (default spin)"
+    )
+    p.add_argument(
+        "--request",
+        type=parse_millis,
+        default=1000,
+        metavar="MILLIS",
+        help="CPU request of every rank, r_i in c_i = r_i(1-d_i) (default 1000m)",
+    )
+    p.add_argument(
+        "--skip",
+        type=float,
+        default=0.1,
+        metavar="FRACTION",
+        help="initial fraction of the run left out of the steady state (default 0.1)",
+    )
+    p.add_argument(
+        "--workdir",
+        type=Path,
+        default=None,
+        help="working directory of the ranks (default: a new temporary directory)",
+    )
+    p.add_argument("--trace", type=Path, default=None, metavar="DIR", help="write per-call CSVs")
+    p.add_argument("--no-cgroups", action="store_true", help="do not put ranks in cgroups")
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.add_argument("--plot", type=Path, default=None, metavar="PNG", help="bar chart (Fig. 1)")
+    p.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
+    p.set_defaults(handler=handle)
+
+
+def _resolve_program(argv: list[str]) -> tuple[str, ...]:
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UserError(
+            "no program given; put it after --, e.g. rankpack profile --ranks 4 -- ./app"
+        )
+    exe = argv[0]
+    found = os.path.abspath(exe) if "/" in exe else shutil.which(exe)
+    if not found or not os.access(found, os.X_OK):
+        raise UserError(f"program '{exe}' not found or not executable")
+    return (found, *argv[1:])
+
+
+def handle(args: argparse.Namespace) -> int:
+    from rankpack.backend.local import LocalBackend
+    from rankpack.backend.protocol import RankResources, SimSpec
+
+    if args.ranks < 1:
+        raise UserError(f"--ranks must be at least 1 (got {args.ranks})")
+    if args.seconds <= 0:
+        raise UserError(f"--seconds must be positive (got {args.seconds})")
+    if not 0 <= args.skip < 1:
+        raise UserError(f"--skip must be in [0, 1) (got {args.skip})")
+    command = _resolve_program(list(args.program))
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="rankpack-profile-"))
+    if not workdir.is_dir():
+        raise UserError(f"--workdir {workdir} is not a directory")
+    live_dir = Path(tempfile.mkdtemp(prefix="rankpack-live-", dir=_live_root()))
+    env = shim_env(live_dir, args.wait, args.trace, flavour=args.mpi)
+    requests = [float(args.request)] * args.ranks
+    spec = SimSpec(
+        sim_id=f"profile-{os.getpid()}",
+        case_dir=workdir.resolve(),
+        command=command,
+        ranks=tuple(RankResources(args.request) for _ in range(args.ranks)),
+        log_path=workdir.resolve() / "profile.log",
+        env=env,
+    )
+    backend = LocalBackend(use_cgroups=not args.no_cgroups, mpi=args.mpi)
+    handle_ = backend.launch(spec)
+    try:
+        history = sample_live(
+            live_dir,
+            args.ranks,
+            seconds=args.seconds,
+            wait_for_exit=lambda t: backend.wait(handle_, t) is not None,
+        )
+        exit_code = backend.wait(handle_, 0)
+    finally:
+        backend.release(handle_)
+        shutil.rmtree(live_dir, ignore_errors=True)
+    if not any(history.values()):
+        raise UserError(
+            f"no rank published a live record (exit code {exit_code}); "
+            f"is it an MPI program built with {args.mpi}? See {spec.log_path}"
+        )
+    summary = summarise(history, requests, args.skip)
+    if args.plot:
+        from rankpack.profile.plot import plot_duty
+
+        plot_duty(summary, args.plot, title=f"Per-rank duty cycle: {Path(command[0]).name}")
+    if args.json:
+        out = summary.to_json()
+        out["exit_code"] = exit_code
+        out["wait_mode"] = args.wait
+        print_json(out)
+    else:
+        _print_table(summary, args, exit_code, spec.log_path)
+    return 0
+
+
+def _live_root() -> str | None:
+    return "/dev/shm" if os.path.isdir("/dev/shm") else None
+
+
+def _print_table(
+    summary: ProfileSummary, args: argparse.Namespace, exit_code: int | None, log: Path
+) -> None:
+    state = "still running, stopped" if exit_code is None else f"exit code {exit_code}"
+    table = Table(title=f"Duty cycles ({args.ranks} ranks, {args.mpi}, wait {args.wait}; {state})")
+    for col in ("rank", "duty", "compute_s", "mpi_s", "request", "reclaimable"):
+        table.add_column(col, justify="right")
+    for r in summary.ranks:
+        duty = "-" if r.duty is None else f"{100 * r.duty:.1f}%"
+        table.add_row(
+            str(r.rank),
+            duty,
+            f"{r.compute_s:.3f}",
+            f"{r.mpi_s:.3f}",
+            f"{r.request_millis:.0f}m",
+            f"{r.reclaimable_millis:.0f}m",
+        )
+    table.add_row(
+        "total",
+        "",
+        "",
+        "",
+        f"{sum(r.request_millis for r in summary.ranks):.0f}m",
+        f"{summary.reclaimable_millis_total:.0f}m",
+        style="bold",
+    )
+    console = Console()
+    console.print(table)
+    console.print(f"program output: {log}")

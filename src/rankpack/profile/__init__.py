@@ -1,0 +1,32 @@
+"""Live MPI profiling through the PMPI shim (``shim/``): where the library is, the records it
+publishes, and the duty-cycle arithmetic of seed 001 §3.
+
+Data flow: the shim (C, in every rank) -> `records` (consistent snapshots of the per-rank
+memory-mapped records) -> `duty` (pure maths) -> `sampling` (sample a live run, summarise)
+-> the CLI (`rankpack profile`) and, later, the run driver and the controller.
+"""
+
+from rankpack.profile.duty import (
+    Counters,
+    duty_between,
+    iteration_duties,
+    reclaimable_millis,
+    steady_state_duty,
+)
+from rankpack.profile.records import FuncStats, RankRecord, read_record, read_records
+from rankpack.profile.shim import WAIT_MODES, shim_env, shim_library
+
+__all__ = [
+    "WAIT_MODES",
+    "Counters",
+    "FuncStats",
+    "RankRecord",
+    "duty_between",
+    "iteration_duties",
+    "read_record",
+    "read_records",
+    "reclaimable_millis",
+    "shim_env",
+    "shim_library",
+    "steady_state_duty",
+]

@@ -1,0 +1,62 @@
+"""Where the built PMPI shim is, and the environment a launcher adds to every rank to use it.
+
+Called by `rankpack profile` and the run driver. The libraries are built by
+``make -C shim install`` into ``rankpack/_lib/`` (package data, not in git).
+"""
+
+from __future__ import annotations
+
+import os
+from importlib import resources
+from pathlib import Path
+
+from rankpack.errors import UserError
+
+FLAVOURS = ("openmpi", "mpich")
+WAIT_MODES = ("spin", "polite", "adaptive")
+
+
+def shim_library(flavour: str) -> Path:
+    """The shim built for an MPI flavour (``openmpi`` or ``mpich``)."""
+    if flavour not in FLAVOURS:
+        raise UserError(f"unknown MPI flavour '{flavour}'; use one of: {', '.join(FLAVOURS)}")
+    path = Path(str(resources.files("rankpack"))) / "_lib" / f"librankpack_pmpi.{flavour}.so"
+    if not path.is_file():
+        raise UserError(
+            f"the PMPI shim for {flavour} is not built ({path} missing); "
+            "run `make -C shim install` in the rankpack source tree"
+        )
+    return path
+
+
+def shim_env(
+    live_dir: Path,
+    wait_mode: str = "spin",
+    trace_dir: Path | None = None,
+    flavour: str = "openmpi",
+    *,
+    interval_us: int | None = None,
+    window_ms: int | None = None,
+) -> dict[str, str]:
+    """Environment for every rank: LD_PRELOAD of the shim plus its RANKPACK_SHIM_* settings.
+
+    An LD_PRELOAD already in this process's environment is kept after the shim.
+    """
+    if wait_mode not in WAIT_MODES:
+        raise UserError(f"unknown wait mode '{wait_mode}'; use one of: {', '.join(WAIT_MODES)}")
+    preload = str(shim_library(flavour))
+    existing = os.environ.get("LD_PRELOAD", "")
+    if existing and preload not in existing.split(":"):
+        preload = f"{preload}:{existing}"
+    env = {
+        "LD_PRELOAD": preload,
+        "RANKPACK_SHIM_DIR": str(live_dir),
+        "RANKPACK_SHIM_WAIT": wait_mode,
+    }
+    if trace_dir is not None:
+        env["RANKPACK_SHIM_TRACE"] = str(trace_dir)
+    if interval_us is not None:
+        env["RANKPACK_SHIM_INTERVAL_US"] = str(interval_us)
+    if window_ms is not None:
+        env["RANKPACK_SHIM_WINDOW_MS"] = str(window_ms)
+    return env
