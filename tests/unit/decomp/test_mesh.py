@@ -109,3 +109,31 @@ def test_garbage_file_is_reported(tmp_path: Path) -> None:
     (tmp_path / "constant" / "polyMesh" / "owner").write_text("FoamFile { format ascii; }\n3 ( 0 x")
     with pytest.raises(UserError):
         read_polymesh(tmp_path)
+
+
+def test_fast_ascii_faces_matches_foamlib_on_mixed_faces(tmp_path: Path) -> None:
+    from foamlib import FoamFile
+
+    from rankpack.case.mesh import _faces_csr, _fast_ascii_faces
+
+    path = tmp_path / "faces"
+    path.write_text(
+        "FoamFile\n{\n    format ascii;\n    class faceList;\n    object faces;\n}\n"
+        "// comment\n\n4\n(\n3(0 1 2)\n4(2 3 4 5)\n5(5 6 7 8 9)\n3(9 10 0)\n)\n"
+    )
+    fast = _fast_ascii_faces(path)
+    assert fast is not None
+    offsets, verts = _faces_csr(FoamFile(path)[None], path)
+    np.testing.assert_array_equal(fast[0], offsets)
+    np.testing.assert_array_equal(fast[1], verts)
+    assert fast[0].tolist() == [0, 3, 7, 12, 15]
+
+
+def test_fast_reader_declines_what_it_does_not_know(tmp_path: Path) -> None:
+    from rankpack.case.mesh import _fast_ascii_faces
+
+    path = tmp_path / "faces"
+    path.write_text(  # the declared length does not match: leave it to foamlib
+        "FoamFile\n{\n    format ascii;\n    class faceList;\n}\n3\n(\n3(0 1 2)\n)\n"
+    )
+    assert _fast_ascii_faces(path) is None
