@@ -84,10 +84,14 @@ def main() -> None:
             med = {k: statistics.median(v) for k, v in samples.items()}
             label = f"{method} {len(weights)}"
             rows.append((name, result.n_cells, label, med, cut))
-    print(f"\nmachine: {platform.machine()}, {platform.processor() or '?'}; "
-          f"medians of {args.repeat} runs, seconds\n")
-    print("| case | cells | method, ranks | read mesh + centres | partition | write | "
-          "decomposePar | total | edge cut |")
+    print(
+        f"\nmachine: {platform.machine()}, {platform.processor() or '?'}; "
+        f"medians of {args.repeat} runs, seconds\n"
+    )
+    print(
+        "| case | cells | method, ranks | read mesh + centres | partition | write | "
+        "decomposePar | total | edge cut |"
+    )
     print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
     for name, cells, label, med, cut in rows:
         print(
