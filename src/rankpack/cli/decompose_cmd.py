@@ -1,0 +1,218 @@
+"""`rankpack decompose`: split a case's mesh into ranks whose cell counts follow weights.
+
+A case directory is decomposed in place; a tutorial name is first copied into --output
+and meshed. The work is done by `rankpack.case.decomposition`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import shutil
+import sys
+from pathlib import Path
+
+from rich.console import Console
+from rich.table import Table
+
+from rankpack.case.decomposition import (
+    DecompositionResult,
+    decompose_case,
+    parse_center,
+    write_processor_weights,
+)
+from rankpack.case.openfoam import copy_case, ensure_mesh, resolve_case
+from rankpack.case.partition import Method
+from rankpack.cli.common import print_json
+from rankpack.errors import UserError
+from rankpack.plan.allocation import parse_weights
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "decompose",
+        help="decompose a case so cells per rank follow weights (method manual)",
+        description=(
+            "Partition the mesh of CASE into ranks whose cell counts follow --weights, "
+            "write system/decomposeParDict (method manual) and constant/cellDecomposition, "
+            "and run decomposePar. CASE is a case directory (decomposed in place) or a "
+            "tutorial name (copied into --output and meshed first)."
+        ),
+    )
+    p.add_argument("case", metavar="CASE", help="case directory or tutorial name")
+    p.add_argument("--ranks", type=int, help="number of ranks (default: number of weights)")
+    p.add_argument(
+        "--method",
+        choices=[m.value for m in Method],
+        help=(
+            "equal: METIS, equal cells; weighted: METIS with target fractions = weights; "
+            "concentric: radial zones by distance from --center, heaviest weight innermost "
+            "(default: weighted if --weights is given, else equal)"
+        ),
+    )
+    p.add_argument("--weights", help="per-rank weights: 1,1,5,15 or grouped 8x1,4x5,4x15")
+    p.add_argument(
+        "--center",
+        metavar="X,Y,Z",
+        help="centre for concentric zones and mean distances "
+        "(default: centre of the wall patches, else of the mesh)",
+    )
+    p.add_argument("--output", metavar="DIR", help="where to copy a tutorial case (new directory)")
+    p.add_argument("--plot", metavar="PNG", help="draw cell centres coloured by rank")
+    p.add_argument(
+        "--write-processor-weights",
+        action="store_true",
+        help="instead write method scotch with processorWeights (for an OpenFOAM with Scotch)",
+    )
+    p.add_argument(
+        "--no-decompose-par",
+        action="store_true",
+        help="write the files but do not run decomposePar",
+    )
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    p.set_defaults(handler=handle)
+
+
+def _weights_and_method(args: argparse.Namespace) -> tuple[Method, int, list[float] | None]:
+    weights = parse_weights(args.weights) if args.weights is not None else None
+    method = Method(args.method) if args.method else (Method.WEIGHTED if weights else Method.EQUAL)
+    if method is Method.EQUAL and weights is not None:
+        raise UserError(
+            "--method equal splits cells equally; drop --weights or use --method weighted"
+        )
+    if method is not Method.EQUAL and weights is None:
+        raise UserError(f"--method {method.value} needs --weights, e.g. --weights 4,3,2,1")
+    ranks = args.ranks if args.ranks is not None else (len(weights) if weights else None)
+    if ranks is None:
+        raise UserError("give --ranks N (or --weights, one per rank)")
+    if ranks < 1:
+        raise UserError(f"--ranks must be at least 1, got {ranks}")
+    if weights is not None and len(weights) != ranks:
+        raise UserError(
+            f"--weights has {len(weights)} values but --ranks is {ranks}; give one weight per rank"
+        )
+    return method, ranks, weights
+
+
+def _case_dir(args: argparse.Namespace) -> tuple[Path, bool]:
+    """The case to decompose, and whether this command created it (a tutorial copy)."""
+    source = resolve_case(args.case)
+    if not source.tutorial:
+        if args.output:
+            raise UserError(
+                "--output is only for a tutorial name; a case directory is decomposed in place"
+            )
+        return source.path, False
+    if not args.output:
+        raise UserError(
+            f"{args.case} is a tutorial; give --output DIR to copy it there (it is not "
+            "decomposed in the installed examples)"
+        )
+    dest = Path(args.output).expanduser()
+    if dest.exists():
+        raise UserError(f"--output {dest} already exists; give a new directory")
+    if not dest.parent.is_dir():
+        raise UserError(f"--output {dest}: parent directory {dest.parent} does not exist")
+    try:
+        copy_case(source, dest)
+        ensure_mesh(dest)
+    except BaseException:
+        shutil.rmtree(dest, ignore_errors=True)
+        raise
+    return dest.resolve(), True
+
+
+def handle(args: argparse.Namespace) -> int:
+    method, ranks, weights = _weights_and_method(args)
+    center = parse_center(args.center) if args.center else None
+    plot = Path(args.plot).expanduser() if args.plot else None
+    if plot is not None and not plot.parent.is_dir():
+        raise UserError(f"--plot {plot}: directory {plot.parent} does not exist")
+    if args.write_processor_weights:
+        if method is Method.CONCENTRIC:
+            raise UserError(
+                "--write-processor-weights writes a Scotch dict; Scotch cannot make "
+                "concentric zones (use --method weighted)"
+            )
+        if plot is not None:
+            raise UserError("--plot needs rankpack's own partition; drop --write-processor-weights")
+        case_dir, created = _case_dir(args)
+        try:
+            pw = write_processor_weights(
+                case_dir, weights or [1.0] * ranks, run_decompose_par=not args.no_decompose_par
+            )
+        except BaseException:
+            if created:
+                shutil.rmtree(case_dir, ignore_errors=True)
+            raise
+        if args.json:
+            print_json(
+                {
+                    "method": "scotch",
+                    "case": str(case_dir),
+                    "processor_weights": list(pw.weights),
+                    "openfoam_cells": (
+                        None if pw.openfoam_cells is None else list(pw.openfoam_cells)
+                    ),
+                    "message": pw.message,
+                }
+            )
+        else:
+            print(pw.message)
+        return 0
+
+    case_dir, created = _case_dir(args)
+    try:
+        result = decompose_case(
+            case_dir,
+            ranks,
+            method,
+            weights,
+            center,
+            run_decompose_par=not args.no_decompose_par,
+        )
+    except BaseException:
+        if created:  # a tutorial copy this command made: do not leave it half-decomposed
+            shutil.rmtree(case_dir, ignore_errors=True)
+        raise
+    for line in result.warnings:
+        print(f"rankpack: warning: {line}", file=sys.stderr)
+    if plot is not None:
+        from rankpack.case.decomp_plot import plot_decomposition
+
+        plot_decomposition(result, plot)
+    if args.json:
+        print_json(result.to_json())
+    else:
+        _print_table(result, plot)
+    return 0
+
+
+def _print_table(result: DecompositionResult, plot: Path | None) -> None:
+    counted = "decomposePar" if result.openfoam_cells is not None else "rankpack (not decomposed)"
+    table = Table(
+        title=(
+            f"{result.method.value} decomposition of {result.case_dir} "
+            f"({result.n_cells} cells, cells as counted by {counted})"
+        )
+    )
+    for col in ("rank", "weight", "target", "cells", "share", "mean distance"):
+        table.add_column(col, justify="right")
+    for r in result.ranks:
+        table.add_row(
+            str(r.rank),
+            f"{r.weight:g}",
+            str(r.target_cells),
+            str(r.cells),
+            f"{100 * r.cells / result.n_cells:.1f}%",
+            f"{r.mean_distance:.4g}",
+        )
+    console = Console()
+    console.print(table)
+    c = ", ".join(f"{v:.4g}" for v in result.center)
+    console.print(f"edge cut: {result.edge_cut} internal faces between ranks")
+    console.print(f"centre: ({c}) from {result.center_source}")
+    console.print(
+        f"wrote system/decomposeParDict and constant/cellDecomposition in {result.case_dir}"
+    )
+    if plot is not None:
+        console.print(f"plot: {plot}")
