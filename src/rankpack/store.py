@@ -268,7 +268,8 @@ class Store:
 
     def submit(self, case_name: str, n_ranks: int, options: dict[str, Any]) -> int:
         cur = self.conn.execute(
-            "INSERT INTO queue (submitted_at, case_name, n_ranks, options_json) VALUES (?, ?, ?, ?)",
+            "INSERT INTO queue (submitted_at, case_name, n_ranks, options_json)"
+            " VALUES (?, ?, ?, ?)",
             (_now(), case_name, n_ranks, json.dumps(options)),
         )
         assert cur.lastrowid is not None

@@ -18,7 +18,12 @@ from rankpack.controller.multiplex import (
     MultiplexOptions,
     single_run_baseline,
 )
-from rankpack.controller.observations import ControllerSettings, ControllerState, Observations, QueuedSim
+from rankpack.controller.observations import (
+    ControllerSettings,
+    ControllerState,
+    Observations,
+    QueuedSim,
+)
 from rankpack.controller.policy import decide
 from rankpack.controller.single import execute, prepare
 from rankpack.controller.submission import Submission

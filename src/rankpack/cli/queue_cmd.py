@@ -89,7 +89,9 @@ def handle_submit(args: argparse.Namespace) -> int:
 
 
 def handle_queue(args: argparse.Namespace) -> int:
-    statuses = ("queued", "running", "completed", "failed", "interrupted") if args.all else ("queued",)
+    statuses = (
+        ("queued", "running", "completed", "failed", "interrupted") if args.all else ("queued",)
+    )
     rows = Store(db_path(args)).queue(statuses)
     if args.json:
         print_json(rows)
@@ -98,7 +100,16 @@ def handle_queue(args: argparse.Namespace) -> int:
         Console().print("the queue is empty; add simulations with `rankpack submit CASE`")
         return 0
     table = Table(title="queue")
-    for col in ("id", "submitted", "case", "ranks", "initial requests", "iterations", "status", "run"):
+    for col in (
+        "id",
+        "submitted",
+        "case",
+        "ranks",
+        "initial requests",
+        "iterations",
+        "status",
+        "run",
+    ):
         table.add_column(col)
     for r in rows:
         sub = Submission.from_json(r["options"])

@@ -14,9 +14,16 @@ from rich.console import Console
 from rankpack.backend.local import LocalBackend
 from rankpack.case.openfoam import resolve_case
 from rankpack.cli.common import data_dir, db_path, parse_cores, parse_millis, print_json
-from rankpack.controller.single import RunOptions, check_options, execute, prepare
+from rankpack.controller.single import (
+    RunOptions,
+    attach_shim,
+    check_options,
+    execute,
+    prepare,
+)
 from rankpack.errors import UserError
 from rankpack.plan.allocation import QoS, budget_to_millis, make_plan, resolve_weights
+from rankpack.profile.shim import shim_library
 from rankpack.report.live import RunDisplay
 from rankpack.report.results import RunResult
 from rankpack.report.tables import run_table
@@ -55,6 +62,18 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--center", help="X,Y,Z centre for --decompose concentric")
     p.add_argument("--workdir", type=Path, help="run directory (default: a new one under data dir)")
+    p.add_argument(
+        "--no-shim",
+        action="store_true",
+        help="do not load the PMPI shim (no duty cycles are measured)",
+    )
+    p.add_argument(
+        "--wait",
+        choices=["spin", "polite", "adaptive"],
+        default="spin",
+        help="how ranks wait inside MPI (shim): spin (MPI's own, default), polite (sleep, "
+        "gives the CPU back), adaptive",
+    )
     p.add_argument(
         "--no-cgroups",
         action="store_true",
@@ -130,10 +149,19 @@ def run_one(
     *,
     show: bool,
     stop: threading.Event,
+    shim: bool = True,
+    wait_mode: str = "spin",
 ) -> RunResult:
     """Prepare and execute one run. ``store`` may be a factory, so that bad input found
     while preparing leaves no database behind."""
+    if shim:
+        shim_library("openmpi")  # fail before preparing anything if it is not built
     prepared = prepare(options, data_dir() / "runs")
+    duty_source = None
+    extra: dict[str, object] = {"shim": shim}
+    if shim:
+        prepared, duty_source = attach_shim(prepared, wait_mode)
+        extra["wait_mode"] = wait_mode
     db = store if isinstance(store, Store) else store()
     title = f"{prepared.source.name} ({prepared.solver}, {options.plan.n_ranks} ranks)"
     display = RunDisplay(title) if show else None
@@ -144,6 +172,8 @@ def run_one(
         cgroups=backend.cgroup_version,
         display=display,
         stop=stop,
+        duty_source=duty_source,
+        extra=extra,
     )
 
 
@@ -153,7 +183,15 @@ def handle(args: argparse.Namespace) -> int:
     path = db_path(args)
     backend = LocalBackend(use_cgroups=not args.no_cgroups)
     with stop_on_signals() as stop:
-        result = run_one(options, backend, lambda: Store(path), show=not args.json, stop=stop)
+        result = run_one(
+            options,
+            backend,
+            lambda: Store(path),
+            show=not args.json,
+            stop=stop,
+            shim=not args.no_shim,
+            wait_mode=args.wait,
+        )
     if args.json:
         print_json(result.to_json())
     else:

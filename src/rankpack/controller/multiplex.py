@@ -156,9 +156,9 @@ class Multiplexer:
     def now(self) -> float:
         return self.clock() - self.t0
 
-    def event(self, run_id: int | None, kind: str, **detail: Any) -> None:
+    def event(self, run_id: int | None, name: str, **detail: Any) -> None:
         self.store.add_event(
-            run_id, kind, detail, multiplex_id=self.multiplex_id, t_s=round(self.now(), 3)
+            run_id, name, detail, multiplex_id=self.multiplex_id, t_s=round(self.now(), 3)
         )
 
     def run(self) -> MultiplexResult:
@@ -281,7 +281,9 @@ class Multiplexer:
             if row is not None:
                 self._launch(row, action.reason)
         else:
-            run_id = self.running[action.sim_id].run.run_id if action.sim_id in self.running else None
+            run_id = (
+                self.running[action.sim_id].run.run_id if action.sim_id in self.running else None
+            )
             self.event(run_id, action.kind, reason=action.reason)
 
     def _launch(self, row: dict[str, Any], reason: str) -> None:
@@ -344,7 +346,9 @@ class Multiplexer:
     def _result(self, status: str) -> MultiplexResult:
         sims = tuple(sorted(self.outcomes, key=lambda s: s.started_s))
         done = [s for s in sims if s.status == "completed"]
-        makespan = (max(s.finished_s for s in sims) - min(s.started_s for s in sims)) if sims else 0.0
+        makespan = (
+            (max(s.finished_s for s in sims) - min(s.started_s for s in sims)) if sims else 0.0
+        )
         walls = [s.wall_s for s in done]
         fairness = max(walls) / min(walls) if len(walls) >= 2 and min(walls) > 0 else None
         sequential, source = self._sequential_s(done) if status == "completed" else (None, "none")

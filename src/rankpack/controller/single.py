@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import re
 import shutil
+import sys
 import threading
 import time
 import uuid
@@ -137,14 +138,14 @@ def _decompose(case_dir: Path, options: RunOptions) -> list[int]:
     if options.decompose == "equal":
         openfoam.write_decompose_dict(case_dir, n)
         return openfoam.decompose(case_dir)
-    try:
-        from rankpack.case import partition  # type: ignore[attr-defined,unused-ignore]
-    except ModuleNotFoundError:
-        raise UserError(
-            f"--decompose {options.decompose} is not available in this build; use equal"
-        ) from None
+    from rankpack.case.decomposition import decompose_case
+
     weights = options.decompose_weights or [r.weight for r in options.plan.ranks]
-    result = partition.decompose_case(case_dir, n, options.decompose, weights, options.center)
+    result = decompose_case(case_dir, n, options.decompose, weights, options.center)
+    if result.openfoam_cells is None:
+        raise UserError(f"decomposePar did not run for {case_dir}")
+    for warning in result.warnings:
+        print(f"rankpack: warning: {warning}", file=sys.stderr)
     return list(result.openfoam_cells)
 
 
@@ -177,7 +178,12 @@ class NullDisplay:
         pass
 
 
-DutySource = Callable[[], tuple[float | None, ...]]
+class DutySource(Protocol):
+    """Per-rank duty cycles of the running simulation (the PMPI shim's records)."""
+
+    def live(self) -> tuple[float | None, ...]: ...
+    def steady(self) -> tuple[float | None, ...]: ...
+    def close(self) -> None: ...
 
 
 class ActiveRun:
@@ -278,7 +284,7 @@ class ActiveRun:
             log=state,
             expected_iterations=self.prepared.expected_iterations,
             cpu_cores=cores,
-            duty=self._duty() if self._duty else (),
+            duty=self._duty.live() if self._duty else (),
         )
 
     def resize(self, rank: int, resources: RankResources) -> None:
@@ -328,7 +334,9 @@ class ActiveRun:
                 message = state.fatal or (
                     f"the MPI job exited with code {exit_code}; see {prepared.log_path}"
                 )
-        duty = self._duty() if self._duty else ()
+        duty = self._duty.steady() if self._duty else ()
+        if self._duty is not None:
+            self._duty.close()
         ranks = []
         for r in plan.ranks:
             obs_rank = last.ranks[r.rank] if last else None
@@ -385,9 +393,7 @@ def execute(
     ``extra`` is stored with the run's options (e.g. the wait mode it ran with)."""
     display = display or NullDisplay()
     stop = stop or threading.Event()
-    run = ActiveRun(
-        backend, store, prepared, cgroups=cgroups, duty_source=duty_source, extra=extra
-    )
+    run = ActiveRun(backend, store, prepared, cgroups=cgroups, duty_source=duty_source, extra=extra)
     interrupted: str | None = None
     try:
         run.start()
@@ -409,6 +415,23 @@ def execute(
         finally:
             display.close()
     return result
+
+
+def attach_shim(
+    prepared: PreparedRun, wait_mode: str
+) -> tuple[PreparedRun, Callable[[Path], DutySource]]:
+    """Load the PMPI shim into every rank: live records go to ``<run>/.rankpack/shim``."""
+    from dataclasses import replace
+
+    from rankpack.profile.shim import shim_env
+    from rankpack.profile.tracker import DutyTracker
+
+    live_dir = prepared.run_dir / ".rankpack" / "shim"
+    live_dir.mkdir(parents=True, exist_ok=True)
+    env = {**prepared.options.env, **shim_env(live_dir, wait_mode)}
+    prepared = replace(prepared, options=replace(prepared.options, env=env))
+    n = prepared.options.plan.n_ranks
+    return prepared, lambda run_dir: DutyTracker(live_dir, n)
 
 
 def _wait_or_stop(backend: Backend, handle: Any, stop: threading.Event, interval_s: float) -> bool:

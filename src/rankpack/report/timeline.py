@@ -9,7 +9,7 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.pyplot as plt
 
 
 def plot_timeline(events: list[dict[str, Any]], path: Path, title: str) -> None:
@@ -36,7 +36,12 @@ def plot_timeline(events: list[dict[str, Any]], path: Path, title: str) -> None:
         s = sims[rid]
         start = s["launch"] or 0.0
         end = s["end"] or end_all
-        ax.broken_barh([(start, end - start)], (y - 0.3, 0.6), color="#aec7e8", label="solver" if y == 0 else None)
+        ax.broken_barh(
+            [(start, end - start)],
+            (y - 0.3, 0.6),
+            color="#aec7e8",
+            label="solver" if y == 0 else None,
+        )
         sized = [t for t, k in s["resizes"] if k == "size"]
         for p in s["profile"]:
             stop = min([t for t in sized if t >= p] or [p])
