@@ -23,12 +23,14 @@ Per simulation (seed 001 §5.4, the issue's pipeline):
   total may not exceed min(budget, its current total + the node's unrequested capacity):
   above it the allowed total is split in proportion to the targets (`proportional_millis`,
   floors kept, exact sum). Only ranks whose request changes get a ``Resize(kind="size")``.
+  If even n x floor does not fit, the requests stay and a ``resize-skipped`` note says why.
   If a rank lost its shim data by the end of the window, the simulation goes back to
   warmup (``profile-restart`` note).
 * Phases (seed 000 §3.2.3). A ``scheduled`` simulation skips (A), (B) and fairness. When
   its progress reaches the ``start_fraction`` of a phase past ``phase_index`` it jumps to
   the latest phase reached (never back) and its ranks get that phase's requests (a rank
   beyond the phase's list keeps its request), raised to the floor and capped like (B).
+  A phase whose requests equal the current ones emits nothing but still advances.
 * Resize ordering. Within one simulation, decreases are emitted before increases, and
   every total is checked against the requests left by the earlier actions of the step,
   so the sum of requests stays within capacity after every prefix of the action list
@@ -114,9 +116,7 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
         elif mem.stage == "profiling":
             memory[sim.sim_id] = _maybe_size(sim, mem, step)
 
-    if step.resized:
-        memory = _restart_marks(obs, memory)
-
+    # fairness skips a step that already resized (its rates would be stale)
     fairness_engaged = _fairness(step, memory, state.fairness_engaged)
     if step.resized:
         memory = _restart_marks(obs, memory)
@@ -288,7 +288,9 @@ def _maybe_size(sim: SimSnapshot, mem: SimMemory, step: _Step) -> SimMemory:
                 reason="shim data or ranks changed during the profiling window; warming up again",
             )
         )
-        return replace(mem, stage="warmup", profile_start_s=None, profile_start=())
+        return replace(
+            mem, stage="warmup", profile_start_s=None, profile_start=(), profile_start_usage=()
+        )
 
     duties: list[float] = []
     compute_millis: list[float] = []
@@ -303,10 +305,8 @@ def _maybe_size(sim: SimSnapshot, mem: SimMemory, step: _Step) -> SimMemory:
     targets, cap_note = _fit(sim, wanted, step)
     current = step.requests[sim.sim_id]
     reasons = [
-        (
-            f"duty {d:.3f} over {window_s:g} s: compute {c:.0f}m x headroom {s.headroom:g}"
-            f" -> {w}m{cap_note} -> {t}m (was {cur}m)"
-        )
+        f"duty {d:.3f} over {window_s:g} s: compute {c:.0f}m x headroom {s.headroom:g}"
+        + _tail(w, t, cur, cap_note)
         for d, c, w, t, cur in zip(duties, compute_millis, wanted, targets, current, strict=True)
     ]
     step.resize(sim, targets, "size", reasons)
@@ -316,19 +316,35 @@ def _maybe_size(sim: SimSnapshot, mem: SimMemory, step: _Step) -> SimMemory:
 def _fit(sim: SimSnapshot, wanted: list[int], step: _Step) -> tuple[list[int], str]:
     """``wanted`` capped to the simulation's budget and the node's unrequested capacity.
 
-    Returns the targets and a note for the reasons ("" when nothing was capped). When even
-    the floors do not fit, the requests stay as they are.
+    Returns the targets and what the cap did, for the reasons ("" when nothing was capped).
+    When even the floors do not fit, the requests stay as they are and a
+    ``resize-skipped`` note says so.
     """
     allowed = step.room_for(sim)
     if sum(wanted) <= allowed:
         return wanted, ""
     floor = step.settings.floor_millis
     if floor * len(wanted) > allowed:
-        return list(step.requests[sim.sim_id]), f", no room for the floors in {allowed}m"
+        step.actions.append(
+            Note(
+                sim_id=sim.sim_id,
+                kind="resize-skipped",
+                reason=(
+                    f"wanted {sum(wanted)}m but only {allowed}m fits the budget and the node,"
+                    f" less than {len(wanted)} x the {floor}m floor: requests unchanged"
+                ),
+            )
+        )
+        return list(step.requests[sim.sim_id]), ""
     return (
         proportional_millis([float(w) for w in wanted], allowed, floor),
-        f" (sum {sum(wanted)}m capped to {allowed}m)",
+        f"sum {sum(wanted)}m capped to {allowed}m",
     )
+
+
+def _tail(wanted: int, target: int, current: int, cap_note: str) -> str:
+    capped = f" ({cap_note}) -> {target}m" if target != wanted else ""
+    return f" -> {wanted}m{capped} (was {current}m)"
 
 
 def _follow_phases(sim: SimSnapshot, mem: SimMemory, step: _Step) -> SimMemory:
@@ -345,10 +361,8 @@ def _follow_phases(sim: SimSnapshot, mem: SimMemory, step: _Step) -> SimMemory:
     ]
     targets, cap_note = _fit(sim, wanted, step)
     reasons = [
-        (
-            f"phase {index + 1}/{len(sim.phases)} from progress {phase.start_fraction:.1%}"
-            f" (progress {sim.progress:.1%}): {w}m{cap_note} -> {t}m (was {cur}m)"
-        )
+        f"phase {index + 1}/{len(sim.phases)} from progress {phase.start_fraction:.1%}"
+        f" (progress {sim.progress:.1%})" + _tail(w, t, cur, cap_note)
         for w, t, cur in zip(wanted, targets, current, strict=True)
     ]
     step.resize(sim, targets, "phase", reasons)

@@ -1,0 +1,106 @@
+"""Builders shared by the controller policy tests: snapshots, observations, action filters."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+from rankpack.controller.observations import (
+    Action,
+    ControllerSettings,
+    ControllerState,
+    Decision,
+    Launch,
+    Note,
+    Observations,
+    Phase,
+    QueuedSim,
+    RankSnapshot,
+    Resize,
+    SimMemory,
+    SimSnapshot,
+)
+
+S = ControllerSettings()
+GIGA = 1_000_000_000
+
+
+def snap(
+    sim_id: str = "a",
+    requests: Sequence[int] = (1000, 1000),
+    *,
+    iterations: int = 50,
+    expected: int = 100,
+    budget: int = 8000,
+    usage_ns: Sequence[int] | None = None,
+    compute_ns: Sequence[int | None] | None = None,
+    mpi_ns: Sequence[int | None] | None = None,
+    phases: tuple[Phase, ...] = (),
+) -> SimSnapshot:
+    """A simulation snapshot; shim counters default to 0 (present), usage to 0."""
+    n = len(requests)
+    usage = list(usage_ns) if usage_ns is not None else [0] * n
+    comp = list(compute_ns) if compute_ns is not None else [0] * n
+    mpi = list(mpi_ns) if mpi_ns is not None else [0] * n
+    ranks = tuple(
+        RankSnapshot(
+            rank=i,
+            request_millis=requests[i],
+            usage_ns=usage[i],
+            compute_ns=comp[i],
+            mpi_ns=mpi[i],
+        )
+        for i in range(n)
+    )
+    return SimSnapshot(
+        sim_id=sim_id,
+        started_s=0.0,
+        iterations=iterations,
+        expected_iterations=expected,
+        budget_millis=budget,
+        ranks=ranks,
+        phases=phases,
+    )
+
+
+def observe(
+    now_s: float,
+    *sims: SimSnapshot,
+    queue: Sequence[QueuedSim] = (),
+    capacity: int = 8000,
+) -> Observations:
+    return Observations(now_s=now_s, capacity_millis=capacity, sims=sims, queue=tuple(queue))
+
+
+def resizes(d: Decision) -> list[Resize]:
+    return [a for a in d.actions if isinstance(a, Resize)]
+
+
+def notes(d: Decision, kind: str | None = None) -> list[Note]:
+    return [a for a in d.actions if isinstance(a, Note) and (kind is None or a.kind == kind)]
+
+
+def launches(d: Decision) -> list[Launch]:
+    return [a for a in d.actions if isinstance(a, Launch)]
+
+
+def apply(sims: Sequence[SimSnapshot], actions: Sequence[Action]) -> list[SimSnapshot]:
+    """The snapshots with the Resizes applied (what the driver would observe next)."""
+    out = []
+    for sim in sims:
+        ranks = list(sim.ranks)
+        for a in actions:
+            if isinstance(a, Resize) and a.sim_id == sim.sim_id:
+                ranks = [
+                    replace(r, request_millis=a.request_millis) if r.rank == a.rank else r
+                    for r in ranks
+                ]
+        out.append(replace(sim, ranks=tuple(ranks)))
+    return out
+
+
+def state_of(**mems: SimMemory) -> ControllerState:
+    return ControllerState(sims=dict(mems))
+
+
+SIZED = SimMemory(stage="sized", duty=(0.1, 0.1))
