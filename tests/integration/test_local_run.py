@@ -211,3 +211,11 @@ def test_demo_compares_equal_and_proportional() -> None:
     assert equal["iterations"] == prop["iterations"] == 20
     assert prop["wall_vs_equal"] > 0
     assert time.monotonic() - start < 240
+
+
+def test_iterations_not_on_a_write_interval_still_write_the_last_step() -> None:
+    data = run_json("run", "pitzDaily", "--ranks", "2", "--iterations", "7", "--no-shim")
+    assert data["status"] == "completed" and data["iterations"] == 7
+    run_dir = Path(data["run_dir"])
+    assert (run_dir / "processor0" / "7" / "U").is_file()
+    assert (run_dir / "processor1" / "7" / "p").is_file()

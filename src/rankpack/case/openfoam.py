@@ -226,13 +226,24 @@ def read_time_control(case_dir: Path) -> TimeControl:
 
 
 def set_iterations(case_dir: Path, iterations: int) -> TimeControl:
-    """Stop after ``iterations`` time steps; no extra field writes in between."""
+    """Stop after ``iterations`` time steps, with the last step written.
+
+    OpenFOAM writes fields only at multiples of ``writeInterval``; when the last step would
+    not be one, the write interval becomes the whole run (one write, at the end), so the
+    result a user asked for is on disk.
+    """
     tc = read_time_control(case_dir)
     end = tc.start + iterations * tc.delta_t
     cd = FoamFile(case_dir / "system" / "controlDict")
     with cd:
         cd["endTime"] = int(end) if float(end).is_integer() else end
         cd["stopAt"] = "endTime"
+        control = cd.get("writeControl", "timeStep")
+        interval = float(cd.get("writeInterval", 1))  # type: ignore[arg-type]
+        steps = interval if control == "timeStep" else interval / tc.delta_t
+        if steps <= 0 or abs(iterations / steps - round(iterations / steps)) > 1e-9:
+            cd["writeControl"] = "timeStep"
+            cd["writeInterval"] = iterations
     return TimeControl(tc.start, end, tc.delta_t)
 
 

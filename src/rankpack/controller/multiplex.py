@@ -420,7 +420,8 @@ def phases_from_text(text: str, n_ranks: int) -> tuple[Phase, ...]:
             millis = tuple(int(x.strip().rstrip("m")) for x in millis_text.split(","))
         except ValueError:
             raise UserError(
-                f"phase '{part}' must look like 0.34:1000,1000,1000,1000 (fraction:per-rank millicores)"
+                f"phase '{part}' must look like 0.34:1000,1000,1000,1000 "
+                "(fraction:per-rank millicores)"
             ) from None
         if not 0 <= frac < 1:
             raise UserError(f"phase start {frac:g} must be in [0, 1)")

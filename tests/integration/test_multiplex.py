@@ -1,0 +1,130 @@
+"""`rankpack submit` + `rankpack multiplex` on this machine with real OpenFOAM runs."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from tests.integration.helpers import processes_in, rankpack, run_cgroups, run_json, wait_for
+
+pytestmark = pytest.mark.integration
+
+
+def _cpu_shares_of(owner_pid: int) -> dict[str, list[int]]:
+    out: dict[str, list[int]] = {}
+    for run in run_cgroups(owner_pid):
+        shares = []
+        for rank in sorted(run.glob("rank-*")):
+            try:
+                shares.append(int((rank / "cpu.shares").read_text()))
+            except OSError:
+                continue
+        out[run.name] = shares
+    return out
+
+
+def test_three_pitzdaily_simulations_multiplexed(isolated_home: Path) -> None:
+    sub = rankpack(
+        "submit", "pitzDaily", "--ranks", "4", "--budget", "1", "--iterations", "120",
+        "--count", "3", "--json",
+    )  # fmt: skip
+    assert sub.returncode == 0, sub.stderr
+    assert json.loads(sub.stdout)["queued"] == [1, 2, 3]
+    queue = json.loads(rankpack("queue", "--json").stdout)
+    assert [q["status"] for q in queue] == ["queued"] * 3
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankpack", "multiplex", "--max-concurrent", "3",
+         "--profile-s", "2", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    seen: list[dict[str, list[int]]] = []
+    done = threading.Event()
+
+    def watch() -> None:  # read the cgroup files while the multiplexer runs
+        while not done.wait(0.5):
+            seen.append(_cpu_shares_of(proc.pid))
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    try:
+        out, err = proc.communicate(timeout=900)
+    finally:
+        done.set()
+        watcher.join()
+    assert proc.returncode == 0, err[-3000:]
+    data = json.loads(out)
+    sims = data["simulations"]
+    assert len(sims) == 3
+    assert all(s["status"] == "completed" and s["iterations"] == 120 for s in sims)
+    assert data["restarts"] == 0
+    assert data["resizes"] >= 12  # every rank of every simulation sized at least once
+    assert data["makespan_s"] > 0 and data["fairness_ratio"] >= 1.0
+    assert data["throughput_gain"] is not None and data["throughput_gain"] > 0
+    assert Path(data["timeline_png"]).stat().st_size > 10_000
+    # the initial 250m (256 shares) changed in place while the ranks ran
+    all_shares = {s for snap in seen for shares in snap.values() for s in shares}
+    assert 256 in all_shares and len(all_shares) > 1
+    # results intact: every run directory has its log and its last time directory
+    for s in sims:
+        run_dir = Path(s["run_dir"])
+        assert "End" in (run_dir / "log.simpleFoam").read_text()
+        assert (run_dir / "processor0" / "120").is_dir()
+    # overlap: at least two simulations ran at the same time
+    spans = sorted((s["started_s"], s["finished_s"]) for s in sims)
+    assert any(b[0] < a[1] for a, b in itertools.pairwise(spans))
+    events = json.loads(rankpack("events", "--json").stdout)
+    kinds = {e["kind"] for e in events}
+    assert {"launch", "profile-start", "resize", "finished"} <= kinds
+    sizes = [e for e in events if e["kind"] == "resize" and e["detail"]["kind"] == "size"]
+    assert all("duty" in e["detail"]["reason"] for e in sizes)
+    sim_events = json.loads(rankpack("events", "--sim", str(sims[0]["id"]), "--json").stdout)
+    assert sim_events and all(e["run_id"] == sims[0]["id"] for e in sim_events)
+    assert [q["status"] for q in json.loads(rankpack("queue", "--all", "--json").stdout)] == [
+        "completed"
+    ] * 3
+    assert not run_cgroups(proc.pid)
+
+
+def test_ctrl_c_stops_the_multiplexer_cleanly(isolated_home: Path) -> None:
+    assert rankpack("submit", "pitzDaily", "--budget", "1", "--iterations", "5000",
+                    "--count", "2").returncode == 0  # fmt: skip
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankpack", "multiplex", "--baseline", "none", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    runs = isolated_home / "runs"
+    wait_for(lambda: any(runs.glob("*/log.simpleFoam")), 120, "the first simulation")
+    run_dir = next(p for p in runs.iterdir() if (p / "log.simpleFoam").exists())
+    wait_for(lambda: "ExecutionTime" in (run_dir / "log.simpleFoam").read_text(), 60, "iterations")
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 130, err[-2000:]
+    data = json.loads(out)
+    assert data["status"] == "interrupted"
+    assert data["simulations"] and all(s["status"] == "interrupted" for s in data["simulations"])
+    assert not processes_in(run_dir) and not run_cgroups(proc.pid)
+    assert (run_dir / "log.simpleFoam").is_file()
+    statuses = [q["status"] for q in json.loads(rankpack("queue", "--all", "--json").stdout)]
+    assert "interrupted" in statuses
+    assert os.path.isdir(run_dir)
+
+
+def test_multiplex_bad_input(isolated_home: Path) -> None:
+    empty = rankpack("multiplex")
+    assert empty.returncode == 2 and "queue is empty" in empty.stderr
+    assert rankpack("submit", "pitzDaily", "--iterations", "10").returncode == 0
+    bad = rankpack("multiplex", "--max-concurrent", "0")
+    assert bad.returncode == 2 and "--max-concurrent" in bad.stderr
+    dry = run_json("multiplex", "--dry-run")
+    assert dry["dry_run"] is True and dry["actions"][0]["action"] == "launch"
+    # a dry run applied nothing
+    assert json.loads(rankpack("queue", "--json").stdout)[0]["status"] == "queued"
