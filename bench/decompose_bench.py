@@ -94,9 +94,9 @@ def main() -> None:
     )
     print(
         "| case | cells | method, ranks | read mesh + centres | partition | write | "
-        "decomposePar | total | edge cut |"
+        "decomposePar | total | rankpack CPU | edge cut |"
     )
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, cells, label, med, cut in rows:
         print(
             f"| {name} | {cells} | {label} | {med['read_mesh']:.2f} | {med['partition']:.2f} | "
