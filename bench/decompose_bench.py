@@ -12,6 +12,7 @@ decomposePar; the columns split that time.
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import re
 import statistics
@@ -76,27 +77,31 @@ def main() -> None:
             cut = 0
             for _ in range(args.repeat):
                 t = time.perf_counter()
+                cpu = time.process_time()  # this process only: excludes decomposePar
                 result = decompose_case(case, len(weights), method, weights)
                 total = time.perf_counter() - t
-                for key, value in {**result.timings_s, "total": total}.items():
+                cpu = time.process_time() - cpu
+                for key, value in {**result.timings_s, "total": total, "cpu": cpu}.items():
                     samples.setdefault(key, []).append(value)
                 cut = result.edge_cut
             med = {k: statistics.median(v) for k, v in samples.items()}
             label = f"{method} {len(weights)}"
             rows.append((name, result.n_cells, label, med, cut))
     print(
-        f"\nmachine: {platform.machine()}, {platform.processor() or '?'}; "
+        f"\nmachine: {platform.machine()}, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f}; "
         f"medians of {args.repeat} runs, seconds\n"
     )
     print(
         "| case | cells | method, ranks | read mesh + centres | partition | write | "
-        "decomposePar | total | edge cut |"
+        "decomposePar | total | rankpack CPU | edge cut |"
     )
-    print("|---|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("|---|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, cells, label, med, cut in rows:
         print(
             f"| {name} | {cells} | {label} | {med['read_mesh']:.2f} | {med['partition']:.2f} | "
-            f"{med['write']:.2f} | {med['decompose_par']:.2f} | {med['total']:.2f} | {cut} |"
+            f"{med['write']:.2f} | {med['decompose_par']:.2f} | {med['total']:.2f} | "
+            f"{med['cpu']:.2f} | {cut} |"
         )
 
 
