@@ -68,9 +68,13 @@ def test_proportional_shares_in_cgroups_while_running_and_resize_in_place(tmp_pa
     pids_before: dict[int, str] = {}
     resized: list[int] = []
 
+    run_shares: list[int] = []
+
     def on_tick(tick: Tick, handle: object) -> None:
         shares = [backend.settings(handle, r).shares or 0 for r in range(4)]  # type: ignore[arg-type]
         seen_shares.append(shares)
+        run_dir = Path("/sys/fs/cgroup/cpu") / handle.cgroup_rel  # type: ignore[attr-defined]
+        run_shares.append(int((run_dir / "cpu.shares").read_text()))
         pid_dir = prepared.run_dir / ".rankpack" / "pids"
         if not resized and len(list(pid_dir.glob("*.pid"))) == 4 and tick.log.iterations > 0:
             pids_before.update({i: (pid_dir / f"rank-{i}.pid").read_text() for i in range(4)})
@@ -80,6 +84,11 @@ def test_proportional_shares_in_cgroups_while_running_and_resize_in_place(tmp_pa
     result = execute(backend, store, prepared, cgroups="v1", on_tick=on_tick)
     assert result.status == "completed" and result.iterations == 150
     assert seen_shares[0] == [186, 186, 930, 2792]  # kubelet: millis * 1024 // 1000
+    # like a pod's cgroup, the run weighs the sum of its requests (4000m, then 4318m)
+    assert run_shares[0] == 4096 and run_shares[-1] == (500 + 182 + 909 + 2727) * 1024 // 1000
+    # like kubepods, the parent of all rank pods weighs the machine's CPUs
+    parent = int(Path("/sys/fs/cgroup/cpu/rankpack/cpu.shares").read_text())
+    assert parent == backend.capacity_millis() * 1024 // 1000
     assert resized, "the run ended before a resize could be made"
     assert [186 * 0 + 512, 186, 930, 2792] in seen_shares  # rank 0 resized to 500m in place
     pid_dir = prepared.run_dir / ".rankpack" / "pids"

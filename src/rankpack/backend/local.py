@@ -132,6 +132,12 @@ class LocalBackend:
         if self.driver is not None:
             cgroup_rel = f"{cgroups.SUBTREE}/run-{spec.sim_id}-{os.getpid()}"
             try:
+                # Like the kubelet: the parent of all rank pods weighs the machine's CPUs
+                # (kubepods = allocatable) and a run weighs the sum of its ranks' requests,
+                # so rank pods compete with the rest of the host as they would on a node.
+                self.driver.create(cgroup_rel)
+                self.driver.set_cpu(cgroups.SUBTREE, self.capacity_millis(), None)
+                self.driver.set_cpu(cgroup_rel, sum(r.request_millis for r in spec.ranks), None)
                 for i, res in enumerate(spec.ranks):
                     rel = f"{cgroup_rel}/rank-{i}"
                     self.driver.create(rel)
@@ -187,6 +193,7 @@ class LocalBackend:
             f"{sim.cgroup_rel}/rank-{rank}", resources.request_millis, resources.limit_millis
         )
         sim.resources[rank] = resources
+        self.driver.set_cpu(sim.cgroup_rel, sum(r.request_millis for r in sim.resources), None)
 
     def observe(self, handle: SimHandle) -> SimObservation:
         sim = _local(handle)
