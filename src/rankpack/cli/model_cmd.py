@@ -7,7 +7,6 @@ Warnings (extrapolation) go to stderr, one line each, and into the JSON ``warnin
 from __future__ import annotations
 
 import argparse
-import sqlite3
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -160,29 +159,38 @@ def _warn(warnings: Sequence[str]) -> None:
 
 
 def load_multiplex_points(db: Path) -> list[MeasuredPoint]:
-    """Makespans of recorded multiplex runs, one point per N.
+    """Makespans of recorded `rankpack multiplex` sessions, one point per N (the median
+    when several sessions ran N simulations), plus N = 1 from their single-run baselines
+    (median of sequential time / N) when no session ran a single simulation.
 
-    The multiplex controller's schema is not there yet: this looks for its tables and
-    fails with a one-line error until it can read them. Never creates the database.
+    N counts the simulations a session completed; its makespan runs from the first launch
+    to the last finish, so staggered launches (profiling before packing) are included.
+    Never creates the database.
     """
+    import statistics
+
+    from rankpack.store import Store
+
     if not db.exists():
         raise UserError(f"{NO_DB_RUNS} (database {db} does not exist)")
-    try:
-        con = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
-            names = [
-                r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type = 'table'")
-            ]
-        finally:
-            con.close()
-    except sqlite3.DatabaseError as exc:
-        raise UserError(f"cannot read database {db}: {exc}; give points as N:makespan_s") from None
-    if not any("multiplex" in n.lower() for n in names):
+    sessions = [
+        m for m in Store(db).multiplex_sessions()
+        if m["status"] == "completed" and m["summary"].get("simulations")
+        and all(s["status"] == "completed" for s in m["summary"]["simulations"])
+    ]  # fmt: skip
+    if not sessions:
         raise UserError(NO_DB_RUNS)
-    raise UserError(
-        f"database {db} has multiplex tables this rankpack cannot read yet; "
-        "give points as N:makespan_s"
-    )
+    by_n: dict[int, list[float]] = {}
+    t1: list[float] = []
+    for m in sessions:
+        summary = m["summary"]
+        n = len(summary["simulations"])
+        by_n.setdefault(n, []).append(float(summary["makespan_s"]))
+        if summary.get("sequential_s"):
+            t1.append(float(summary["sequential_s"]) / n)
+    if 1 not in by_n and t1:
+        by_n[1] = [statistics.median(t1)]
+    return [parse_point(f"{n}:{statistics.median(v)}") for n, v in sorted(by_n.items())]
 
 
 def _points(args: argparse.Namespace) -> list[MeasuredPoint]:
