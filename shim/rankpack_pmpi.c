@@ -57,7 +57,7 @@ struct rp_config {
     uint64_t sleep_min_ns; /* first sleep; doubles up to sleep_max_ns */
     uint64_t sleep_max_ns;
     uint64_t spin_max_ns;  /* adaptive: upper bound of the tuned spin budget */
-    int use_yield;         /* sleep phase calls sched_yield() instead of nanosleep() */
+    uint64_t yield_ns;     /* after spinning, sched_yield() until this long into the wait */
     long timer_slack_ns;   /* <0: leave the kernel default */
     char dir[512];
     char trace_dir[512];
@@ -125,13 +125,13 @@ static void rp_read_config(void) {
     rp_cfg.interval_ns = rp_env_u64("RANKPACK_SHIM_INTERVAL_US", 2000) * 1000;
     rp_cfg.window_ns = rp_env_u64("RANKPACK_SHIM_WINDOW_MS", 1000) * 1000000;
     if (rp_cfg.window_ns < rp_cfg.interval_ns) rp_cfg.window_ns = rp_cfg.interval_ns;
-    rp_cfg.spin_ns = rp_env_u64("RANKPACK_SHIM_SPIN_US", 20) * 1000;
-    rp_cfg.spin_max_ns = rp_env_u64("RANKPACK_SHIM_SPIN_MAX_US", 200) * 1000;
+    rp_cfg.spin_ns = rp_env_u64("RANKPACK_SHIM_SPIN_US", 5) * 1000;
+    rp_cfg.spin_max_ns = rp_env_u64("RANKPACK_SHIM_SPIN_MAX_US", 50) * 1000;
+    rp_cfg.yield_ns = rp_env_u64("RANKPACK_SHIM_YIELD_US", 1000) * 1000;
     rp_cfg.sleep_min_ns = rp_env_u64("RANKPACK_SHIM_SLEEP_MIN_US", 1) * 1000;
     rp_cfg.sleep_max_ns = rp_env_u64("RANKPACK_SHIM_SLEEP_MAX_US", 50) * 1000;
     if (rp_cfg.sleep_min_ns == 0) rp_cfg.sleep_min_ns = 1;
     if (rp_cfg.sleep_max_ns < rp_cfg.sleep_min_ns) rp_cfg.sleep_max_ns = rp_cfg.sleep_min_ns;
-    rp_cfg.use_yield = rp_env_u64("RANKPACK_SHIM_YIELD", 0) != 0;
     const char *slack = getenv("RANKPACK_SHIM_TIMER_SLACK_NS");
     rp_cfg.timer_slack_ns = (slack && *slack) ? (long)rp_env_u64("RANKPACK_SHIM_TIMER_SLACK_NS", 1000)
                                               : 1000;
@@ -244,20 +244,29 @@ static inline void rp_cpu_relax(void) {
 #endif
 }
 
-/* Called after a test found the operation incomplete. */
+/*
+ * Called after a test found the operation incomplete. Three phases:
+ *   spin  (spin budget): re-test at once; a peer that is running answers within microseconds.
+ *   yield (until yield_ns into the wait): sched_yield() hands the core to any other runnable
+ *         task on it (often the very peer we wait for, or a co-located simulation) and
+ *         returns at once if there is none, so no wake-up latency is added.
+ *   sleep (after that): nanosleep with doubling back-off, releasing the core even where a
+ *         yield cannot (a rank alone in its cgroup: yield only reorders within the group).
+ */
 static void rp_backoff_step(struct rp_backoff *b) {
     if (!b->sleeping) {
-        if (rp_now() - b->t0 < b->spin_ns) {
+        uint64_t waited = rp_now() - b->t0;
+        if (waited < b->spin_ns) {
             rp_cpu_relax();
+            return;
+        }
+        if (waited < rp_cfg.yield_ns) {
+            sched_yield();
             return;
         }
         b->sleeping = 1;
     }
     rp.local.sleeps++;
-    if (rp_cfg.use_yield) {
-        sched_yield();
-        return;
-    }
     struct timespec ts = {(time_t)(b->sleep_ns / 1000000000ull), (long)(b->sleep_ns % 1000000000ull)};
     nanosleep(&ts, NULL);
     rp.local.sleep_ns += b->sleep_ns;
