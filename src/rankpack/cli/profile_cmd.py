@@ -21,6 +21,8 @@ from rankpack.errors import UserError
 from rankpack.profile.sampling import ProfileSummary, sample_live, summarise
 from rankpack.profile.shim import WAIT_MODES, shim_env
 
+DEFAULT_SECONDS = 10.0
+
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
@@ -33,8 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "Example: rankpack profile --ranks 4 --seconds 10 -- ./my_mpi_app args"
         ),
     )
-    p.add_argument("--ranks", type=int, required=True, help="number of MPI ranks")
-    p.add_argument("--seconds", type=float, default=10.0, help="stop after this long (default 10)")
+    p.add_argument("--ranks", type=int, default=None, help="number of MPI ranks (default 4)")
+    p.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="stop after this long (default: a program or --attach 10 s, a CASE runs to its end)",
+    )
     p.add_argument("--mpi", choices=["openmpi", "mpich"], default="openmpi", help="MPI flavour")
     p.add_argument(
         "--wait", choices=list(WAIT_MODES), default="spin", help="shim wait mode (default spin)"
@@ -63,7 +70,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--no-cgroups", action="store_true", help="do not put ranks in cgroups")
     p.add_argument("--json", action="store_true", help="machine-readable output")
     p.add_argument("--plot", type=Path, default=None, metavar="PNG", help="bar chart (Fig. 1)")
-    p.add_argument("program", nargs=argparse.REMAINDER, help="-- PROGRAM [ARGS...]")
+    p.add_argument(
+        "--attach",
+        type=int,
+        metavar="RUN_ID",
+        help="profile a `rankpack run` that is running now (for --seconds) instead",
+    )
+    p.add_argument(
+        "program",
+        nargs=argparse.REMAINDER,
+        metavar="CASE | -- PROGRAM [ARGS...]",
+        help="an OpenFOAM case directory or tutorial name (options of `rankpack run` may "
+        "follow it, plus --iterations/--seconds), or any MPI program after --",
+    )
     p.set_defaults(handler=handle)
 
 
@@ -82,9 +101,23 @@ def _resolve_program(argv: list[str]) -> tuple[str, ...]:
 
 
 def handle(args: argparse.Namespace) -> int:
+    from rankpack.cli.profile_case import handle_attach, handle_case
+
+    if args.attach is not None:
+        return handle_attach(args)
+    if args.program and args.program[0] != "--":
+        return handle_case(args)
+    return handle_program(args)
+
+
+def handle_program(args: argparse.Namespace) -> int:
     from rankpack.backend.local import LocalBackend
     from rankpack.backend.protocol import RankResources, SimSpec
 
+    if args.ranks is None:
+        raise UserError(
+            "--ranks is required with a program, e.g. rankpack profile --ranks 4 -- ./app"
+        )
     if args.ranks < 1:
         raise UserError(f"--ranks must be at least 1 (got {args.ranks})")
     if args.seconds <= 0:
@@ -135,7 +168,7 @@ def handle(args: argparse.Namespace) -> int:
         out["wait_mode"] = args.wait
         print_json(out)
     else:
-        _print_table(summary, args, exit_code, spec.log_path)
+        print_summary_table(summary, args.ranks, args.mpi, args.wait, exit_code, spec.log_path)
     return 0
 
 
@@ -143,11 +176,11 @@ def _live_root() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") else None
 
 
-def _print_table(
-    summary: ProfileSummary, args: argparse.Namespace, exit_code: int | None, log: Path
+def print_summary_table(
+    summary: ProfileSummary, ranks: int, mpi: str, wait: str, exit_code: int | None, log: Path
 ) -> None:
     state = "still running, stopped" if exit_code is None else f"exit code {exit_code}"
-    table = Table(title=f"Duty cycles ({args.ranks} ranks, {args.mpi}, wait {args.wait}; {state})")
+    table = Table(title=f"Duty cycles ({ranks} ranks, {mpi}, wait {wait}; {state})")
     for col in ("rank", "duty", "compute_s", "mpi_s", "request", "reclaimable"):
         table.add_column(col, justify="right")
     for r in summary.ranks:
@@ -171,4 +204,4 @@ def _print_table(
     )
     console = Console()
     console.print(table)
-    console.print(f"program output: {log}")
+    console.print(f"output: {log}")

@@ -60,6 +60,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         default="equal",
         help="domain decomposition (default equal); weighted/concentric follow --weights",
     )
+    p.add_argument(
+        "--decompose-weights",
+        metavar="WEIGHTS",
+        help="weights for the decomposition only (default: the same as --weights)",
+    )
     p.add_argument("--center", help="X,Y,Z centre for --decompose concentric")
     p.add_argument("--workdir", type=Path, help="run directory (default: a new one under data dir)")
     p.add_argument(
@@ -118,6 +123,11 @@ def options_from_args(args: argparse.Namespace, *, label: str | None = None) -> 
         plan=plan,
         iterations=args.iterations,
         decompose=args.decompose,
+        decompose_weights=(
+            resolve_weights(args.decompose_weights, args.ranks, False)
+            if args.decompose_weights
+            else None
+        ),
         center=parse_center(args.center),
         workdir=args.workdir,
         label=label,

@@ -39,20 +39,20 @@ def sample_live(
     deadline = clock() + seconds
     try:
         while True:
-            _take(readers, history)
+            take_snapshots(readers, history)
             remaining = deadline - clock()
             if remaining <= 0:
                 break
             if wait_for_exit(min(interval_s, remaining)):
                 break
-        _take(readers, history)
+        take_snapshots(readers, history)
     finally:
         for reader in readers:
             reader.close()
     return history
 
 
-def _take(readers: Sequence[RecordReader], history: dict[int, list[RankRecord]]) -> None:
+def take_snapshots(readers: Sequence[RecordReader], history: dict[int, list[RankRecord]]) -> None:
     for rank, reader in enumerate(readers):
         rec = reader.snapshot()
         if rec is None:
