@@ -102,9 +102,10 @@ def main() -> None:
     print("rep,config,single_s,concurrent_s", flush=True)
     for rep in range(args.reps):
         k = rep % len(configs)
-        for label, (_, shim) in list(zip(labels, configs, strict=True))[k:] + list(
-            zip(labels, configs, strict=True)
-        )[:k]:
+        for label, (_, shim) in (
+            list(zip(labels, configs, strict=True))[k:]
+            + list(zip(labels, configs, strict=True))[:k]
+        ):
             s = timed(cases[:1], shim, args.work)
             c = float("nan") if args.single_only else timed(cases, shim, args.work)
             single[label].append(s)
@@ -112,7 +113,9 @@ def main() -> None:
             print(f"{rep},{label},{s:.3f},{c:.3f}", flush=True)
     spin_label = labels[[n for n, _ in configs].index("spin")]
     print()
-    print("| config | n | single s | concurrent s | penalty vs spin | gain vs sequential spin | gain vs sequential same mode |")
+    print(
+        "| config | n | single s | concurrent s | penalty vs spin | gain vs sequential spin | gain vs sequential same mode |"
+    )
     print("|---|---|---|---|---|---|---|")
     for label in labels:
         pen = [s / b for s, b in zip(single[label], single[spin_label], strict=True)]

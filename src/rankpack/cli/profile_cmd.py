@@ -114,6 +114,8 @@ def handle_program(args: argparse.Namespace) -> int:
     from rankpack.backend.local import LocalBackend
     from rankpack.backend.protocol import RankResources, SimSpec
 
+    if args.seconds is None:
+        args.seconds = DEFAULT_SECONDS
     if args.ranks is None:
         raise UserError(
             "--ranks is required with a program, e.g. rankpack profile --ranks 4 -- ./app"

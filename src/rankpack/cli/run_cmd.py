@@ -82,7 +82,8 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--no-cgroups",
         action="store_true",
-        help="run uncontained (no per-rank CPU control); recorded as such",
+        help="run uncontained (no per-rank CPU control; CPU-seconds then come from /proc "
+        "samples, a lower bound); recorded as such",
     )
 
 
