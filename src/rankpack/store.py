@@ -176,10 +176,12 @@ class Store:
         return cur.lastrowid
 
     def update_run(self, run_id: int, **fields: Any) -> None:
-        if not fields:
-            return
-        sets = ", ".join(f"{k} = ?" for k in fields)
-        self.conn.execute(f"UPDATE runs SET {sets} WHERE id = ?", [*fields.values(), run_id])
+        self._update("runs", run_id, fields)
+
+    def _update(self, table: str, row_id: int, fields: dict[str, Any]) -> None:
+        if fields:
+            sets = ", ".join(f"{k} = ?" for k in fields)
+            self.conn.execute(f"UPDATE {table} SET {sets} WHERE id = ?", [*fields.values(), row_id])
 
     def set_plan(
         self, run_id: int, ranks: Iterable[tuple[int, float, int, int | None, int | None]]
@@ -280,16 +282,10 @@ class Store:
         rows = self.conn.execute(
             f"SELECT * FROM queue WHERE status IN ({marks}) ORDER BY id", statuses
         ).fetchall()
-        out = []
-        for r in rows:
-            d = dict(r)
-            d["options"] = json.loads(d.pop("options_json"))
-            out.append(d)
-        return out
+        return [_decoded(r, "options_json", "options") for r in rows]
 
     def update_queue(self, queue_id: int, **fields: Any) -> None:
-        sets = ", ".join(f"{k} = ?" for k in fields)
-        self.conn.execute(f"UPDATE queue SET {sets} WHERE id = ?", [*fields.values(), queue_id])
+        self._update("queue", queue_id, fields)
 
     def start_multiplex(self, capacity_millis: int, max_concurrent: int, wait_mode: str) -> int:
         cur = self.conn.execute(
@@ -308,12 +304,7 @@ class Store:
 
     def multiplex_sessions(self) -> list[dict[str, Any]]:
         rows = self.conn.execute("SELECT * FROM multiplex ORDER BY id").fetchall()
-        out = []
-        for r in rows:
-            d = dict(r)
-            d["summary"] = json.loads(d.pop("summary_json"))
-            out.append(d)
-        return out
+        return [_decoded(r, "summary_json", "summary") for r in rows]
 
     def _repair_orphans(self) -> None:
         rows = self.conn.execute(
@@ -369,18 +360,18 @@ class Store:
             query += " AND multiplex_id = ?"
             params.append(multiplex_id)
         rows = self.conn.execute(query + " ORDER BY id", params).fetchall()
-        out = []
-        for r in rows:
-            d = dict(r)
-            d["detail"] = json.loads(d.pop("detail_json"))
-            out.append(d)
-        return out
+        return [_decoded(r, "detail_json", "detail") for r in rows]
+
+
+def _decoded(row: sqlite3.Row, column: str, key: str) -> dict[str, Any]:
+    """The row as a dict with its JSON ``column`` decoded under ``key``."""
+    data = dict(row)
+    data[key] = json.loads(data.pop(column) or "{}")
+    return data
 
 
 def _run_row(row: sqlite3.Row) -> dict[str, Any]:
-    data = dict(row)
-    data["options"] = json.loads(data.pop("options_json") or "{}")
-    return data
+    return _decoded(row, "options_json", "options")
 
 
 def rank_result_from_row(row: dict[str, Any]) -> RankResult:
