@@ -27,12 +27,16 @@ DEFAULT_SECONDS = 10.0
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "profile",
-        help="per-rank MPI duty cycles of a running program (PMPI shim)",
+        help="per-rank MPI duty cycles of a case, a program, or a running run (PMPI shim)",
         description=(
-            "Run PROGRAM under mpirun with the rankpack PMPI shim preloaded, sample every "
-            "rank's live record about once a second and report the steady-state duty cycle "
-            "(compute / (compute + MPI)), the times and the reclaimable CPU r(1-d) per rank. "
-            "Example: rankpack profile --ranks 4 --seconds 10 -- ./my_mpi_app args"
+            "Run an OpenFOAM CASE (options of `rankpack run` may follow it) or any MPI "
+            "PROGRAM (after --) with the rankpack PMPI shim preloaded, or --attach to a "
+            "`rankpack run` in progress; sample every rank's live record about once a second "
+            "and report the steady-state duty cycle (compute / (compute + MPI)), the times "
+            "and the reclaimable CPU r(1-d) per rank, as a table, --json, and a --plot PNG. "
+            "Examples: rankpack profile pitzDaily --ranks 4 --iterations 100; "
+            "rankpack profile --ranks 4 --seconds 10 -- ./my_mpi_app args; "
+            "rankpack profile --attach 12 --seconds 5"
         ),
     )
     p.add_argument("--ranks", type=int, default=None, help="number of MPI ranks (default 4)")
