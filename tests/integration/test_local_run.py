@@ -231,3 +231,24 @@ def test_iterations_not_on_a_write_interval_still_write_the_last_step() -> None:
     run_dir = Path(data["run_dir"])
     assert (run_dir / "processor0" / "7" / "U").is_file()
     assert (run_dir / "processor1" / "7" / "p").is_file()
+
+
+def test_a_rank_that_dies_fails_the_run_cleanly(isolated_home: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankpack", "run", "pitzDaily", "--iterations", "5000", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    runs = isolated_home / "runs"
+    wait_for(lambda: len(list(runs.glob("*/.rankpack/pids/rank-*.pid"))) == 4, 90, "4 ranks")
+    run_dir = next(runs.glob("*/.rankpack")).parent
+    wait_for(lambda: "ExecutionTime" in (run_dir / "log.simpleFoam").read_text(), 60, "iterations")
+    victim = int((run_dir / ".rankpack" / "pids" / "rank-2.pid").read_text())
+    os.kill(victim, signal.SIGKILL)
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 1, err[-2000:]
+    data = json.loads(out)
+    assert data["status"] == "failed" and data["message"]
+    assert 0 < data["iterations"] < 5000
+    assert not processes_in(run_dir) and not run_cgroups(proc.pid)
+    assert (run_dir / "log.simpleFoam").is_file() and (run_dir / "processor2").is_dir()
+    assert run_json("runs", "show", str(data["id"]))["status"] == "failed"

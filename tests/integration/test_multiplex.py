@@ -13,6 +13,12 @@ from pathlib import Path
 
 import pytest
 
+from rankpack.backend.local import LocalBackend
+from rankpack.backend.protocol import RankResources
+from rankpack.controller.multiplex import Multiplexer, MultiplexOptions
+from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.submission import Submission
+from rankpack.store import Store
 from tests.integration.helpers import processes_in, rankpack, run_cgroups, run_json, wait_for
 
 pytestmark = pytest.mark.integration
@@ -128,3 +134,36 @@ def test_multiplex_bad_input(isolated_home: Path) -> None:
     assert dry["dry_run"] is True and dry["actions"][0]["action"] == "launch"
     # a dry run applied nothing
     assert json.loads(rankpack("queue", "--json").stdout)[0]["status"] == "queued"
+
+
+class RejectingBackend(LocalBackend):
+    """The real local backend, except that every resize is refused — a FAKE of the one
+    boundary we cannot provoke here on demand (a kubelet or API server refusing a
+    `pods/resize`, a cgroup write failing)."""
+
+    def resize(self, handle: object, rank: int, resources: RankResources) -> None:  # type: ignore[override]
+        raise OSError(13, "resize refused by the test")
+
+
+def test_rejected_resizes_are_recorded_and_the_simulation_completes(tmp_path: Path) -> None:
+    store = Store(tmp_path / "r.db")
+    sub = Submission("pitzDaily", (1.0,) * 4, 1000, iterations=120)
+    store.submit(sub.case, sub.n_ranks, sub.to_json())
+    backend = RejectingBackend()
+    options = MultiplexOptions(
+        capacity_millis=2000, max_concurrent=1, wait_mode="spin",
+        controller=ControllerSettings(max_concurrent=1, profile_s=1.0), baseline="none",
+    )  # fmt: skip
+    mux = Multiplexer(
+        backend, store, options, runs_root=tmp_path / "runs", cgroups=backend.cgroup_version
+    )
+    result = mux.run()
+    assert result.status == "completed"
+    assert [s.status for s in result.simulations] == ["completed"]
+    assert result.simulations[0].iterations == 120
+    assert result.resizes == 0 and result.resizes_rejected >= 1 and result.restarts == 0
+    events = store.events(multiplex_id=result.multiplex_id)
+    rejected = [e for e in events if e["kind"] == "resize-rejected"]
+    assert rejected and "refused" in rejected[0]["detail"]["reason"]
+    # the ranks kept their initial requests
+    assert [r["cpu_millis"] for r in store.get_run(result.simulations[0].id)["ranks"]] == [250] * 4

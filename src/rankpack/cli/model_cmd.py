@@ -25,6 +25,7 @@ from rankpack.model.contention import (
     check_time,
     fit_beta,
     parse_point,
+    points_from_sessions,
     slowdown,
 )
 from rankpack.model.overlap import (
@@ -159,38 +160,15 @@ def _warn(warnings: Sequence[str]) -> None:
 
 
 def load_multiplex_points(db: Path) -> list[MeasuredPoint]:
-    """Makespans of recorded `rankpack multiplex` sessions, one point per N (the median
-    when several sessions ran N simulations), plus N = 1 from their single-run baselines
-    (median of sequential time / N) when no session ran a single simulation.
-
-    N counts the simulations a session completed; its makespan runs from the first launch
-    to the last finish, so staggered launches (profiling before packing) are included.
-    Never creates the database.
-    """
-    import statistics
-
+    """Points from the `rankpack multiplex` sessions recorded in ``db`` (never creates it)."""
     from rankpack.store import Store
 
     if not db.exists():
         raise UserError(f"{NO_DB_RUNS} (database {db} does not exist)")
-    sessions = [
-        m for m in Store(db).multiplex_sessions()
-        if m["status"] == "completed" and m["summary"].get("simulations")
-        and all(s["status"] == "completed" for s in m["summary"]["simulations"])
-    ]  # fmt: skip
-    if not sessions:
+    points = points_from_sessions(Store(db).multiplex_sessions())
+    if not points:
         raise UserError(NO_DB_RUNS)
-    by_n: dict[int, list[float]] = {}
-    t1: list[float] = []
-    for m in sessions:
-        summary = m["summary"]
-        n = len(summary["simulations"])
-        by_n.setdefault(n, []).append(float(summary["makespan_s"]))
-        if summary.get("sequential_s"):
-            t1.append(float(summary["sequential_s"]) / n)
-    if 1 not in by_n and t1:
-        by_n[1] = [statistics.median(t1)]
-    return [parse_point(f"{n}:{statistics.median(v)}") for n, v in sorted(by_n.items())]
+    return points
 
 
 def _points(args: argparse.Namespace) -> list[MeasuredPoint]:

@@ -16,6 +16,7 @@ from rankpack.cli.run_cmd import stop_on_signals
 from rankpack.controller.multiplex import (
     Multiplexer,
     MultiplexOptions,
+    fitted_beta_from_sessions,
     single_run_baseline,
 )
 from rankpack.controller.observations import (
@@ -67,6 +68,19 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "simulation alone first (measure), db then measure what is missing (auto, default)",
     )
     p.add_argument("--profile-s", type=float, default=5.0, help="profiling window (default 5 s)")
+    p.add_argument(
+        "--beta",
+        type=float,
+        help="gate launches with this contention coefficient (seed 001 eq. 5); default: "
+        "fitted from this machine's recorded sessions with the same capacity, wait mode "
+        "and ranks when there are any, else the duty-cycle model",
+    )
+    p.add_argument(
+        "--gate",
+        choices=["auto", "duty"],
+        default="auto",
+        help="auto (default): fitted beta when available; duty: always the duty-cycle model",
+    )
     p.add_argument("--plot", type=Path, help="timeline PNG (default: next to the run directories)")
     p.add_argument("--dry-run", action="store_true", help="print the first decisions, apply none")
     p.add_argument("--json", action="store_true")
@@ -92,7 +106,22 @@ def handle_multiplex(args: argparse.Namespace) -> int:
     capacity = (
         budget_to_millis(args.budget) if args.budget is not None else backend.capacity_millis()
     )
-    settings = ControllerSettings(max_concurrent=args.max_concurrent, profile_s=args.profile_s)
+    beta = args.beta
+    if beta is not None and beta < 0:
+        raise UserError(f"--beta must be >= 0, got {beta:g}")
+    if beta is None and args.gate == "auto":
+        head = Submission.from_json(queue[0]["options"])
+        beta = fitted_beta_from_sessions(
+            store.multiplex_sessions(), capacity_millis=capacity, wait_mode=args.wait,
+            n_ranks=head.n_ranks,
+        )  # fmt: skip
+        if beta is not None and not args.json:
+            Console(stderr=True).print(
+                f"launch gate: beta {beta:.3f} fitted from this machine's recorded sessions"
+            )
+    settings = ControllerSettings(
+        max_concurrent=args.max_concurrent, profile_s=args.profile_s, fitted_beta=beta
+    )
     if args.dry_run:
         return dry_run(queue, capacity, settings, args.json)
     options = MultiplexOptions(

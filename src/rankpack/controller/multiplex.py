@@ -70,6 +70,7 @@ class SimOutcome:
     id: int
     queue_id: int
     case: str
+    n_ranks: int
     status: str
     iterations: int
     expected_iterations: int
@@ -92,6 +93,7 @@ class MultiplexResult:
     restarts: int
     max_concurrent_seen: int
     simulations: tuple[SimOutcome, ...]
+    resizes_rejected: int = 0
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -103,6 +105,7 @@ class MultiplexResult:
             "baseline": self.baseline_source,
             "fairness_ratio": self.fairness_ratio,
             "resizes": self.resizes,
+            "resizes_rejected": self.resizes_rejected,
             "restarts": self.restarts,
             "max_concurrent_seen": self.max_concurrent_seen,
             "simulations": [s.__dict__ for s in self.simulations],
@@ -148,6 +151,7 @@ class Multiplexer:
         self.running: dict[str, Running] = {}
         self.outcomes: list[SimOutcome] = []
         self.resizes = 0
+        self.rejected = 0
         self.restarts = 0
         self.max_seen = 0
 
@@ -286,7 +290,17 @@ class Multiplexer:
             r = self.running.get(action.sim_id)
             if r is None:
                 return
-            r.run.resize(action.rank, RankResources(action.request_millis))
+            try:
+                r.run.resize(action.rank, RankResources(action.request_millis))
+            except (OSError, UserError) as exc:
+                # A rejected resize (cgroup write refused, API server says no) changes
+                # nothing: the rank keeps running with its old request; record and go on.
+                self.rejected += 1
+                self.event(
+                    r.run.run_id, "resize-rejected", rank=action.rank,
+                    request_millis=action.request_millis, reason=str(exc),
+                )  # fmt: skip
+                return
             self.resizes += 1
             self.event(
                 r.run.run_id, "resize", kind=action.kind, rank=action.rank,
@@ -347,6 +361,7 @@ class Multiplexer:
                 id=result.id,
                 queue_id=r.queue_id,
                 case=result.case,
+                n_ranks=result.n_ranks,
                 status=result.status,
                 iterations=result.iterations,
                 expected_iterations=result.expected_iterations or 0,
@@ -380,6 +395,7 @@ class Multiplexer:
             resizes=self.resizes,
             restarts=self.restarts,
             max_concurrent_seen=self.max_seen,
+            resizes_rejected=self.rejected,
             simulations=sims,
         )
         self.store.finish_multiplex(self.multiplex_id, status, result.to_json())
@@ -451,3 +467,25 @@ def phases_from_text(text: str, n_ranks: int) -> tuple[Phase, ...]:
     if not phases:
         raise UserError("--phases is empty; give e.g. 0:500,500,1200,1800;0.5:1000,1000,1000,1000")
     return tuple(phases)
+
+
+def fitted_beta_from_sessions(
+    sessions: list[dict[str, Any]], *, capacity_millis: int, wait_mode: str, n_ranks: int
+) -> float | None:
+    """beta fitted on the recorded sessions comparable with this one (same capacity, wait
+    mode and ranks per simulation), or None when they do not give two distinct N."""
+    from rankpack.model.contention import ClusterShape, fit_beta, points_from_sessions
+
+    comparable = [
+        m for m in sessions
+        if m["capacity_millis"] == capacity_millis and m.get("wait_mode") == wait_mode
+        and all(s.get("n_ranks") == n_ranks for s in m["summary"].get("simulations", []))
+    ]  # fmt: skip
+    points = points_from_sessions(comparable)
+    if len(points) < 2 or points[0].n != 1:
+        return None
+    shape = ClusterShape(ranks=n_ranks, nodes=1, cpus_per_node=capacity_millis / 1000)
+    try:
+        return fit_beta(points, shape).beta
+    except UserError:
+        return None

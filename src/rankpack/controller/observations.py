@@ -133,6 +133,11 @@ class ControllerSettings:
     """Wait this long after a launch before the next one."""
     min_predicted_gain: float = 0.05
     """Launch only if the model predicts throughput(N+1) >= (1 + this) x throughput(N)."""
+    fitted_beta: float | None = None
+    """Contention coefficient fitted from sessions recorded on this machine with the same
+    ranks per simulation and capacity. When set, launches are gated by the fitted linear
+    model (seed 001 eq. 5) instead of the duty-cycle predictor, which assumes that waiting
+    ranks leave their CPU free."""
     fairness_threshold: float = 0.10
     """Act when the slowest simulation's progress rate is this far behind the fastest."""
     fairness_step: float = 0.10

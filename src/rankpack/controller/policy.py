@@ -90,7 +90,7 @@ from rankpack.controller.observations import (
     SimMemory,
     SimSnapshot,
 )
-from rankpack.model.contention import ClusterShape
+from rankpack.model.contention import ClusterShape, throughput
 from rankpack.model.overlap import predict_from_duty_cycles
 from rankpack.plan.allocation import proportional_millis
 
@@ -506,13 +506,20 @@ def _hold_reason(
     if gain is None or gain < 1 + s.min_predicted_gain:
         shown = "n/a" if gain is None else f"{gain:.3f}"
         return "no-gain", (
-            f"{name} fits ({need}m of {free}m free) but the model predicts throughput x{shown}"
+            f"{name} fits ({need}m of {free}m free) but {_model_name(s)} predicts throughput"
+            f" x{shown}"
             f" with {len(obs.sims) + 1} simulations (needs x{1 + s.min_predicted_gain:.3f})"
         )
     return None, (
-        f"{need}m of {free}m unrequested fits {name}; the model predicts throughput"
+        f"{need}m of {free}m unrequested fits {name}; {_model_name(s)} predicts throughput"
         f" x{gain:.3f} with {len(obs.sims) + 1} simulations"
     )
+
+
+def _model_name(s: ControllerSettings) -> str:
+    if s.fitted_beta is None:
+        return "the duty-cycle model"
+    return f"the model fitted on this machine's sessions (beta {s.fitted_beta:.3f})"
 
 
 def _running_duties(sim: SimSnapshot, mem: SimMemory) -> list[float]:
@@ -541,6 +548,9 @@ def _predicted_gain(step: _Step, memory: dict[str, SimMemory], head: QueuedSim) 
     duties = [min(1.0, max(0.0, d)) for d in duties]
     shape = ClusterShape(ranks=ranks, nodes=1, cpus_per_node=obs.capacity_millis / 1000)
     n = len(obs.sims)
+    beta = step.settings.fitted_beta
+    if beta is not None:
+        return throughput(n + 1, beta, shape) / throughput(n, beta, shape)
     now = predict_from_duty_cycles(n, duties, shape)
     then = predict_from_duty_cycles(n + 1, duties, shape)
     return then.throughput / now.throughput

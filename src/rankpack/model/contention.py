@@ -16,8 +16,10 @@ quantity the paper fitted; see docs/model.md for why this and not the makespan).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+import statistics
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 from scipy.optimize import curve_fit
@@ -310,3 +312,30 @@ def fit_beta(
         points=tuple(fitted),
         warnings=tuple(dict.fromkeys(warns)),
     )
+
+
+def points_from_sessions(sessions: Sequence[Mapping[str, Any]]) -> list[MeasuredPoint]:
+    """Measured points from recorded `rankpack multiplex` sessions: one per N (the median
+    makespan when several sessions ran N simulations), plus N = 1 from their single-run
+    baselines (median of sequential time / N) when no session ran a single simulation.
+
+    Only completed sessions whose simulations all completed count. N is the number of
+    simulations a session ran; its makespan runs from the first launch to the last
+    finish, so staggered launches are included.
+    """
+    by_n: dict[int, list[float]] = {}
+    t1: list[float] = []
+    for m in sessions:
+        summary = m.get("summary") or {}
+        sims = summary.get("simulations") or []
+        if m.get("status") != "completed" or not sims:
+            continue
+        if any(s.get("status") != "completed" for s in sims):
+            continue
+        n = len(sims)
+        by_n.setdefault(n, []).append(float(summary["makespan_s"]))
+        if summary.get("sequential_s"):
+            t1.append(float(summary["sequential_s"]) / n)
+    if 1 not in by_n and t1:
+        by_n[1] = [statistics.median(t1)]
+    return [MeasuredPoint(n, statistics.median(v)) for n, v in sorted(by_n.items())]
