@@ -57,8 +57,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--wait",
         choices=WAIT_MODES,
-        default="polite",
-        help="how ranks wait inside MPI (PMPI shim): spin, polite (default) or adaptive",
+        default="spin",
+        help="how ranks wait inside MPI (PMPI shim): spin (default; measured best here, see "
+        "docs/benchmarks.md), polite or adaptive",
     )
     p.add_argument(
         "--baseline",

@@ -45,7 +45,7 @@ from rankpack.store import Store
 class MultiplexOptions:
     capacity_millis: int
     max_concurrent: int
-    wait_mode: str = "polite"
+    wait_mode: str = "spin"
     sample_interval_s: float = 1.0
     controller: ControllerSettings = field(default_factory=ControllerSettings)
     baseline: str = "auto"
