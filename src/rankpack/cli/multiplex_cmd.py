@@ -16,8 +16,9 @@ from rankpack.cli.run_cmd import stop_on_signals
 from rankpack.controller.multiplex import (
     Multiplexer,
     MultiplexOptions,
+    baseline_for_key,
     fitted_beta_from_sessions,
-    single_run_baseline,
+    submission_key,
 )
 from rankpack.controller.observations import (
     ControllerSettings,
@@ -190,18 +191,7 @@ def measure_baselines(
 
 
 def _has_baseline(store: Store, sub: Submission, wait: str) -> bool:
-    for r in store.list_runs(limit=10_000):
-        o = r["options"]
-        if (
-            r["status"] == "completed" and "multiplex_id" not in o
-            and o.get("wait_mode", "spin") == wait and r["case_name"] == Path(sub.case).name
-            and r["n_ranks"] == sub.n_ranks and r["total_millis"] == sub.budget_millis
-            and r["decompose"] == sub.decompose
-            and tuple(o.get("weights") or ()) == sub.weights
-            and o.get("iterations") == sub.iterations
-        ):  # fmt: skip
-            return single_run_baseline(store, r["id"]) is not None
-    return False
+    return baseline_for_key(store, submission_key(sub, wait)) is not None
 
 
 def dry_run(

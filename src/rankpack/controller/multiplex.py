@@ -418,8 +418,10 @@ class Multiplexer:
 def single_run_baseline(store: Store, run_id: int) -> float | None:
     """Median wall time of recorded single (non-multiplexed) completed runs with the same
     case, ranks, iterations, decomposition, weights, budget and wait mode as ``run_id``."""
-    me = store.get_run(run_id)
-    key = _config_key(me)
+    return baseline_for_key(store, _config_key(store.get_run(run_id)))
+
+
+def baseline_for_key(store: Store, key: tuple[Any, ...]) -> float | None:
     walls = [
         r["wall_s"]
         for r in store.list_runs(limit=10_000)
@@ -431,10 +433,18 @@ def single_run_baseline(store: Store, run_id: int) -> float | None:
     return statistics.median(walls) if walls else None
 
 
+def submission_key(sub: Submission, wait_mode: str) -> tuple[Any, ...]:
+    """The key of the single runs that are a baseline for ``sub`` (see `_config_key`)."""
+    return (
+        Path(sub.case).name, sub.n_ranks, sub.iterations, sub.decompose,
+        sub.plan().total_millis, tuple(sub.weights), wait_mode,
+    )  # fmt: skip
+
+
 def _config_key(r: dict[str, Any]) -> tuple[Any, ...]:
     o = r["options"]
     return (
-        r["case_name"], r["n_ranks"], r["expected_iterations"], r["decompose"],
+        r["case_name"], r["n_ranks"], o.get("iterations"), r["decompose"],
         r["total_millis"], tuple(o.get("weights") or ()), o.get("wait_mode", "spin"),
     )  # fmt: skip
 
