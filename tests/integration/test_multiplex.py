@@ -167,3 +167,38 @@ def test_rejected_resizes_are_recorded_and_the_simulation_completes(tmp_path: Pa
     assert rejected and "refused" in rejected[0]["detail"]["reason"]
     # the ranks kept their initial requests
     assert [r["cpu_millis"] for r in store.get_run(result.simulations[0].id)["ranks"]] == [250] * 4
+
+
+def test_phase_schedule_follows_the_solver_log(isolated_home: Path) -> None:
+    phases = "0:400,400,400,400;0.5:150,150,600,700"
+    sub = rankpack("submit", "pitzDaily", "--ranks", "4", "--budget", "2", "--iterations",
+                   "200", "--phases", phases, "--json")  # fmt: skip
+    assert sub.returncode == 0, sub.stderr
+    assert json.loads(sub.stdout)["submission"]["phases"][1]["request_millis"] == [
+        150,
+        150,
+        600,
+        700,
+    ]
+    data = run_json("multiplex", "--baseline", "none")
+    assert data["_returncode"] == 0, data
+    (sim,) = data["simulations"]
+    assert sim["status"] == "completed" and sim["iterations"] == 200
+    events = json.loads(rankpack("events", "--sim", str(sim["id"]), "--json").stdout)
+    phase = [e for e in events if e["kind"] == "resize" and e["detail"]["kind"] == "phase"]
+    # only the phase at 50 % changes anything (the first phase is the initial request)
+    assert sorted((e["detail"]["rank"], e["detail"]["request_millis"]) for e in phase) == [
+        (0, 150), (1, 150), (2, 600), (3, 700),
+    ]  # fmt: skip
+    assert all("50" in e["detail"]["reason"] or "0.5" in e["detail"]["reason"] for e in phase)
+    # no duty-cycle sizing for a scheduled simulation
+    assert not [e for e in events if e["kind"] == "resize" and e["detail"]["kind"] == "size"]
+    # the transition happened mid-run, detected from the log: recorded samples show the
+    # old requests before and the new ones after, with the iteration count at each sample
+    store = Store(isolated_home / "rankpack.db")
+    rows = store.samples(sim["id"])
+    before = [r["iterations"] for r in rows if r["rank"] == 3 and r["request_millis"] == 400]
+    after = [r["iterations"] for r in rows if r["rank"] == 3 and r["request_millis"] == 700]
+    assert before and after and max(before) <= min(after)
+    assert min(after) >= 100  # 50 % of 200 iterations
+    assert data["restarts"] == 0
