@@ -39,7 +39,7 @@ def _cpu_shares_of(owner_pid: int) -> dict[str, list[int]]:
 
 def test_three_pitzdaily_simulations_multiplexed(isolated_home: Path) -> None:
     sub = rankpack(
-        "submit", "pitzDaily", "--ranks", "4", "--budget", "1", "--iterations", "120",
+        "submit", "pitzDaily", "--ranks", "4", "--budget", "1", "--iterations", "280",
         "--count", "3", "--json",
     )  # fmt: skip
     assert sub.returncode == 0, sub.stderr
@@ -49,7 +49,7 @@ def test_three_pitzdaily_simulations_multiplexed(isolated_home: Path) -> None:
 
     proc = subprocess.Popen(
         [sys.executable, "-m", "rankpack", "multiplex", "--max-concurrent", "3",
-         "--profile-s", "2", "--json"],
+         "--profile-s", "1", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
     seen: list[dict[str, list[int]]] = []
@@ -70,7 +70,8 @@ def test_three_pitzdaily_simulations_multiplexed(isolated_home: Path) -> None:
     data = json.loads(out)
     sims = data["simulations"]
     assert len(sims) == 3
-    assert all(s["status"] == "completed" and s["iterations"] == 120 for s in sims)
+    # runs must outlast warm-up + profiling (1 Hz ticks) to be sized: ~8 s each here
+    assert all(s["status"] == "completed" and s["iterations"] == 280 for s in sims)
     assert data["restarts"] == 0
     assert data["resizes"] >= 12  # every rank of every simulation sized at least once
     assert data["makespan_s"] > 0 and data["fairness_ratio"] >= 1.0
@@ -83,7 +84,7 @@ def test_three_pitzdaily_simulations_multiplexed(isolated_home: Path) -> None:
     for s in sims:
         run_dir = Path(s["run_dir"])
         assert "End" in (run_dir / "log.simpleFoam").read_text()
-        assert (run_dir / "processor0" / "120").is_dir()
+        assert (run_dir / "processor0" / "280").is_dir()
     # overlap: at least two simulations ran at the same time
     spans = sorted((s["started_s"], s["finished_s"]) for s in sims)
     assert any(b[0] < a[1] for a, b in itertools.pairwise(spans))
@@ -147,7 +148,7 @@ class RejectingBackend(LocalBackend):
 
 def test_rejected_resizes_are_recorded_and_the_simulation_completes(tmp_path: Path) -> None:
     store = Store(tmp_path / "r.db")
-    sub = Submission("pitzDaily", (1.0,) * 4, 1000, iterations=120)
+    sub = Submission("pitzDaily", (1.0,) * 4, 1000, iterations=280)
     store.submit(sub.case, sub.n_ranks, sub.to_json())
     backend = RejectingBackend()
     options = MultiplexOptions(
@@ -160,7 +161,7 @@ def test_rejected_resizes_are_recorded_and_the_simulation_completes(tmp_path: Pa
     result = mux.run()
     assert result.status == "completed"
     assert [s.status for s in result.simulations] == ["completed"]
-    assert result.simulations[0].iterations == 120
+    assert result.simulations[0].iterations == 280
     assert result.resizes == 0 and result.resizes_rejected >= 1 and result.restarts == 0
     events = store.events(multiplex_id=result.multiplex_id)
     rejected = [e for e in events if e["kind"] == "resize-rejected"]
