@@ -84,6 +84,8 @@ def test_three_pitzdaily_simulations_multiplexed(isolated_home: Path) -> None:
     for s in sims:
         run_dir = Path(s["run_dir"])
         assert "End" in (run_dir / "log.simpleFoam").read_text()
+        shown = run_json("runs", "show", str(s["id"]))
+        assert all(r["duty"] is not None and 0 < r["duty"] < 1 for r in shown["ranks"])
         assert (run_dir / "processor0" / "280").is_dir()
     # overlap: at least two simulations ran at the same time
     spans = sorted((s["started_s"], s["finished_s"]) for s in sims)

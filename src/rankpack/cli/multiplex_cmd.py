@@ -27,11 +27,11 @@ from rankpack.controller.observations import (
     QueuedSim,
 )
 from rankpack.controller.policy import decide
-from rankpack.controller.single import execute, prepare
+from rankpack.controller.single import attach_shim, execute, prepare
 from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
 from rankpack.plan.allocation import budget_to_millis
-from rankpack.profile.shim import WAIT_MODES, shim_env
+from rankpack.profile.shim import WAIT_MODES
 from rankpack.report.multiplex_live import MultiplexLive
 from rankpack.report.timeline import plot_timeline
 from rankpack.store import Store
@@ -180,14 +180,11 @@ def measure_baselines(
             continue
         if not quiet:
             Console(stderr=True).print(f"measuring the single-run baseline of {sub.case} ...")
-        prepared = prepare(sub.run_options(label="baseline"), runs_root)
-        live = prepared.run_dir / ".rankpack" / "shim"
-        live.mkdir(parents=True, exist_ok=True)
-        from dataclasses import replace
-
-        prepared = replace(prepared, options=replace(prepared.options, env=shim_env(live, wait)))
+        prepared, duty_source = attach_shim(
+            prepare(sub.run_options(label="baseline"), runs_root), wait
+        )
         execute(backend, store, prepared, cgroups=backend.cgroup_version, stop=stop,  # type: ignore[arg-type]
-                extra={"wait_mode": wait, "baseline": True})  # fmt: skip
+                duty_source=duty_source, extra={"wait_mode": wait, "baseline": True})  # fmt: skip
 
 
 def _has_baseline(store: Store, sub: Submission, wait: str) -> bool:

@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from rankpack.backend.local import LocalBackend
+from rankpack.case import decomposition
 from rankpack.case.openfoam import resolve_case
 from rankpack.cli.common import data_dir, db_path, parse_cores, parse_millis, print_json
 from rankpack.controller.single import (
@@ -21,7 +22,6 @@ from rankpack.controller.single import (
     execute,
     prepare,
 )
-from rankpack.errors import UserError
 from rankpack.plan.allocation import QoS, budget_to_millis, make_plan, resolve_weights
 from rankpack.profile.shim import shim_library
 from rankpack.report.live import RunDisplay
@@ -106,13 +106,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def parse_center(text: str | None) -> tuple[float, float, float] | None:
-    if text is None:
-        return None
-    try:
-        x, y, z = (float(v) for v in text.split(","))
-    except ValueError:
-        raise UserError(f"--center '{text}' must be three numbers X,Y,Z") from None
-    return (x, y, z)
+    return None if text is None else decomposition.parse_center(text)
 
 
 def options_from_args(args: argparse.Namespace, *, label: str | None = None) -> RunOptions:

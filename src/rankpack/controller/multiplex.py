@@ -33,11 +33,9 @@ from rankpack.controller.observations import (
     SimSnapshot,
 )
 from rankpack.controller.policy import decide
-from rankpack.controller.single import ActiveRun, Tick, prepare
+from rankpack.controller.single import ActiveRun, Tick, attach_shim, prepare
 from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
-from rankpack.profile.records import read_records
-from rankpack.profile.shim import shim_env
 from rankpack.store import Store
 
 
@@ -57,7 +55,6 @@ class Running:
     queue_id: int
     submission: Submission
     run: ActiveRun
-    live_dir: Path
     started_s: float
     last_tick: Tick | None = None
     pids: dict[int, str] = field(default_factory=dict)
@@ -246,14 +243,16 @@ class Multiplexer:
             tick = r.last_tick
             if tick is None:
                 continue
-            records = read_records(r.live_dir, len(tick.observation.ranks))
+            # the run's shim reader took this tick's snapshots in `sample`
+            duty = r.run.duty_source
+            counters = duty.counters() if duty is not None else ()
             ranks = tuple(
                 RankSnapshot(
                     rank=o.rank,
                     request_millis=o.request_millis,
                     usage_ns=o.usage_ns,
-                    compute_ns=records[o.rank].compute_ns if o.rank in records else None,
-                    mpi_ns=records[o.rank].mpi_ns if o.rank in records else None,
+                    compute_ns=c[0] if (c := _at(counters, o.rank)) else None,
+                    mpi_ns=c[1] if c else None,
                 )
                 for o in tick.observation.ranks
             )
@@ -325,20 +324,15 @@ class Multiplexer:
             self.store.update_queue(row["id"], status="failed", multiplex_id=self.multiplex_id)
             self.event(None, "launch-failed", queue_id=row["id"], reason=str(exc))
             return
-        live_dir = prepared.run_dir / ".rankpack" / "shim"
-        live_dir.mkdir(parents=True, exist_ok=True)
-        env = shim_env(live_dir, self.options.wait_mode)
-        from dataclasses import replace
-
-        prepared = replace(prepared, options=replace(prepared.options, env=env))
+        prepared, duty_source = attach_shim(prepared, self.options.wait_mode)
         run = ActiveRun(
-            self.backend, self.store, prepared, cgroups=self.cgroups,
+            self.backend, self.store, prepared, cgroups=self.cgroups, duty_source=duty_source,
             extra={"multiplex_id": self.multiplex_id, "queue_id": row["id"],
                    "wait_mode": self.options.wait_mode},
         )  # fmt: skip
         run.start()
         started = self.now()
-        self.running[run.sim_id] = Running(row["id"], sub, run, live_dir, started)
+        self.running[run.sim_id] = Running(row["id"], sub, run, started)
         self.store.update_queue(
             row["id"], status="running", run_id=run.run_id, multiplex_id=self.multiplex_id
         )
@@ -413,6 +407,10 @@ class Multiplexer:
                 return None, "missing"
             total += wall
         return total, "db"
+
+
+def _at(values: tuple[tuple[int, int] | None, ...], i: int) -> tuple[int, int] | None:
+    return values[i] if i < len(values) else None
 
 
 def single_run_baseline(store: Store, run_id: int) -> float | None:

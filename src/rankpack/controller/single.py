@@ -182,6 +182,7 @@ class DutySource(Protocol):
     """Per-rank duty cycles of the running simulation (the PMPI shim's records)."""
 
     def live(self) -> tuple[float | None, ...]: ...
+    def counters(self) -> tuple[tuple[int, int] | None, ...]: ...
     def steady(self) -> tuple[float | None, ...]: ...
     def close(self) -> None: ...
 
@@ -256,6 +257,11 @@ class ActiveRun:
         self.usages: list[list[int]] = [[] for _ in plan.ranks]
         self._pending: list[tuple[float, int, int, int, int, int | None]] = []
         self.result: RunResult | None = None
+
+    @property
+    def duty_source(self) -> DutySource | None:
+        """The shim reader of this run (after `start`), or None without the shim."""
+        return self._duty
 
     @property
     def running(self) -> bool:

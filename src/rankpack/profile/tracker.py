@@ -37,6 +37,13 @@ class DutyTracker:
             out.append(rec.window_duty if rec.window_duty is not None else rec.duty)
         return tuple(out)
 
+    def counters(self) -> tuple[tuple[int, int] | None, ...]:
+        """(compute_ns, mpi_ns) per rank from the latest record `live` read, or None."""
+        return tuple(
+            (h[-1].compute_ns, h[-1].mpi_ns) if h else None
+            for h in (self.history[r] for r in range(self.n_ranks))
+        )
+
     def summary(self, requests_millis: Sequence[float]) -> ProfileSummary:
         self.live()
         return summarise(self.history, requests_millis, self.skip_fraction)
