@@ -154,7 +154,7 @@ def test_rejected_resizes_are_recorded_and_the_simulation_completes(tmp_path: Pa
     store.submit(sub.case, sub.n_ranks, sub.to_json())
     backend = RejectingBackend()
     options = MultiplexOptions(
-        capacity_millis=2000, max_concurrent=1, wait_mode="spin",
+        capacity_millis=2000, wait_mode="spin",
         controller=ControllerSettings(max_concurrent=1, profile_s=1.0), baseline="none",
     )  # fmt: skip
     mux = Multiplexer(

@@ -128,7 +128,6 @@ def handle_multiplex(args: argparse.Namespace) -> int:
         return dry_run(queue, capacity, settings, args.json)
     options = MultiplexOptions(
         capacity_millis=capacity,
-        max_concurrent=args.max_concurrent,
         wait_mode=args.wait,
         controller=settings,
         baseline=args.baseline,

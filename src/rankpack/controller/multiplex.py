@@ -42,7 +42,6 @@ from rankpack.store import Store
 @dataclass(frozen=True)
 class MultiplexOptions:
     capacity_millis: int
-    max_concurrent: int
     wait_mode: str = "spin"
     sample_interval_s: float = 1.0
     controller: ControllerSettings = field(default_factory=ControllerSettings)
@@ -142,7 +141,7 @@ class Multiplexer:
         self.clock = clock
         self.t0 = clock()
         self.multiplex_id = store.start_multiplex(
-            options.capacity_millis, options.max_concurrent, options.wait_mode
+            options.capacity_millis, options.controller.max_concurrent, options.wait_mode
         )
         self.state = ControllerState()
         self.running: dict[str, Running] = {}
@@ -165,7 +164,7 @@ class Multiplexer:
     def run(self) -> MultiplexResult:
         status = "completed"
         self.event(None, "start", capacity_millis=self.options.capacity_millis,
-                   max_concurrent=self.options.max_concurrent,
+                   max_concurrent=self.options.controller.max_concurrent,
                    wait_mode=self.options.wait_mode)  # fmt: skip
         try:
             while True:
@@ -174,7 +173,7 @@ class Multiplexer:
                 if not queue and not self.running:
                     break
                 obs = self._observations(queue)
-                decision = decide(obs, self.state, self._settings())
+                decision = decide(obs, self.state, self.options.controller)
                 self.state = decision.state
                 for action in decision.actions:
                     self._apply(action, queue)
@@ -206,14 +205,6 @@ class Multiplexer:
             if not self.running:
                 self.stop.wait(min(0.05, left))
         return True
-
-    def _settings(self) -> ControllerSettings:
-        c = self.options.controller
-        if c.max_concurrent != self.options.max_concurrent:
-            from dataclasses import replace
-
-            c = replace(c, max_concurrent=self.options.max_concurrent)
-        return c
 
     # -- observations ----------------------------------------------------------------------
 
