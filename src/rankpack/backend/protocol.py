@@ -1,16 +1,70 @@
-"""The interface every backend implements, and the typed values that cross it.
+"""Backend protocol v2: the interface every backend implements, and the values that cross it.
 
-The run driver and the multiplexing controller only see these types, so the local backend
-(one cgroup per rank) and a Kubernetes backend (one pod per rank, resized through
-``pods/resize``) are interchangeable. Backends carry out actions; they decide nothing.
+The control loop (`rankpack.controller.loop`) only sees these types, so the local backend
+(one cgroup per rank), the simulated backend (virtual time, for fast tests of the loop) and
+the Kubernetes backend (one pod per rank, resized through ``pods/resize``) are driven by the
+same code. Backends carry out actions and report what they see; they decide nothing.
+
+Simulations are named by ``sim_id`` (not by in-process handles), so a controller process
+can `Backend.list` and `Backend.adopt` what an earlier one started. Every call returns
+quickly: staging (copy, mesh, decompose) and resizes run asynchronously and their outcome
+arrives in later observations; `Backend.wait` blocks until the next event of *any*
+simulation (or the timeout), so the loop never polls simulations one by one.
+See ``docs/decisions/0005-backend-protocol-v2.md``.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
+
+from rankpack.case.staging import StagedCase, StageSpec
+
+__all__ = ["StageSpec", "StagedCase"]
+
+
+class SimPhase(enum.StrEnum):
+    STAGING = "staging"
+    """The case is being copied, meshed and decomposed."""
+    STAGED = "staged"
+    """Ready to launch."""
+    PENDING = "pending"
+    """Launched, ranks not all running yet (scheduling, image, container start)."""
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+    @property
+    def ended(self) -> bool:
+        return self in (SimPhase.SUCCEEDED, SimPhase.FAILED)
+
+
+class RankPhase(enum.StrEnum):
+    PENDING = "pending"
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+class ResizeState(enum.StrEnum):
+    PENDING = "pending"
+    """Asked for; the backend has not started applying it."""
+    IN_PROGRESS = "in-progress"
+    COMPLETED = "completed"
+    DEFERRED = "deferred"
+    """Accepted but cannot be applied now (node busy); may complete later."""
+    INFEASIBLE = "infeasible"
+    """Can never be applied on this node."""
+    REJECTED = "rejected"
+    """Refused outright (validation, admission, a cgroup write refused)."""
+    FAILED = "failed"
+
+    @property
+    def final(self) -> bool:
+        return self not in (ResizeState.PENDING, ResizeState.IN_PROGRESS, ResizeState.DEFERRED)
 
 
 @dataclass(frozen=True)
@@ -22,11 +76,24 @@ class RankResources:
 
 
 @dataclass(frozen=True)
+class ShimSpec:
+    """Load the PMPI shim into every rank; the backend delivers its counters."""
+
+    wait_mode: str = "spin"
+    flavour: str = "openmpi"
+
+
+@dataclass(frozen=True)
 class SimSpec:
-    """Everything a backend needs to start one MPI simulation."""
+    """Everything a backend needs to start one MPI simulation.
+
+    The local backend uses ``case_dir`` on this machine; a cluster backend mounts ``volume``
+    (a PersistentVolumeClaim, or a host directory on the dev cluster) at the same path in
+    every rank pod, and runs ``image``.
+    """
 
     sim_id: str
-    """Unique within the database, e.g. ``run-12``; names the rank pods / cgroups."""
+    """Unique within the database, e.g. ``r12``; names the rank pods / cgroups."""
     case_dir: Path
     """The prepared (meshed, decomposed) case; the working directory of every rank."""
     command: tuple[str, ...]
@@ -35,57 +102,177 @@ class SimSpec:
     log_path: Path
     """Where the MPI job's stdout and stderr go (rank 0 prints the solver log)."""
     env: Mapping[str, str] = field(default_factory=dict)
-    """Extra environment for every rank (e.g. the PMPI shim's variables)."""
+    """Extra environment for every rank."""
+    mpi: str = "openmpi"
+    shim: ShimSpec | None = None
+    image: str | None = None
+    volume: str | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    """Put on everything the backend creates for this simulation."""
+    placement: Mapping[str, str] = field(default_factory=dict)
+    """Hints: e.g. a node selector."""
+
+
+@dataclass(frozen=True)
+class ResizeStatus:
+    """The state of the last resize of one rank."""
+
+    state: ResizeState
+    from_millis: int
+    to_millis: int
+    requested_t_s: float
+    """Backend clock (monotonic) when the resize was asked for."""
+    latency_s: float | None = None
+    """Request to confirmation, once final."""
+    reason: str = ""
 
 
 @dataclass(frozen=True)
 class RankObservation:
     rank: int
+    phase: RankPhase
+    desired: RankResources
+    """What was last asked for."""
+    allocated: RankResources | None
+    """What is in force on the node (None while unknown)."""
     usage_ns: int
     """Cumulative CPU time of the rank pod."""
-    nr_throttled: int
-    throttled_ns: int
-    request_millis: int
-    limit_millis: int | None
+    nr_throttled: int = 0
+    throttled_ns: int = 0
+    restarts: int = 0
+    """How often the rank's process was (re)started beyond the first time."""
+    reason: str = ""
+    node: str | None = None
+    pod: str | None = None
+    resize: ResizeStatus | None = None
+    compute_ns: int | None = None
+    """The shim's cumulative time outside MPI (None: no shim data yet)."""
+    mpi_ns: int | None = None
+    duty_window: float | None = None
+    """The shim's duty cycle over its latest window."""
+
+    @property
+    def request_millis(self) -> int:
+        return self.desired.request_millis
+
+    @property
+    def limit_millis(self) -> int | None:
+        return self.desired.limit_millis
 
 
 @dataclass(frozen=True)
 class SimObservation:
     sim_id: str
     t_s: float
-    """Monotonic seconds when the counters were read."""
+    """Backend clock (monotonic seconds) when the counters were read."""
+    phase: SimPhase
     ranks: tuple[RankObservation, ...]
-    exit_code: int | None
-    """None while running; the MPI launcher's exit code once it has ended."""
+    exit_code: int | None = None
+    """The MPI launcher's exit code once it has ended."""
+    reason: str = ""
+    """Why it failed or is pending (e.g. ``rank 2 killed by signal 9``)."""
+    log_text: str = ""
+    """Solver log text appended since the previous `observe` of this simulation."""
+    staged: StagedCase | None = None
+    stage_error: str | None = None
+    """Why staging failed (the case is bad); set with phase FAILED before any launch."""
 
 
-class SimHandle(Protocol):
+@dataclass(frozen=True)
+class NodeCapacity:
+    name: str
+    allocatable_millis: int
+    requested_millis: int
+    """Requests already placed on the node (by anyone)."""
+
+    @property
+    def free_millis(self) -> int:
+        return max(0, self.allocatable_millis - self.requested_millis)
+
+
+@dataclass(frozen=True)
+class Inventory:
+    nodes: tuple[NodeCapacity, ...]
+
+    @property
+    def allocatable_millis(self) -> int:
+        return sum(n.allocatable_millis for n in self.nodes)
+
+
+@dataclass(frozen=True)
+class SimRef:
+    """A simulation the backend knows of (possibly started by an earlier process)."""
+
     sim_id: str
+    phase: SimPhase
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+
+class BackendError(Exception):
+    """A backend could not carry out an action (the cluster refused, a write failed)."""
+
+
+class UnknownSimulation(BackendError):
+    """No simulation with that id exists in this backend."""
+
+
+class LaunchFailed(BackendError):
+    """The simulation could not be started; nothing of it is left running."""
 
 
 class Backend(Protocol):
     name: str
 
-    def capacity_millis(self) -> int:
-        """Allocatable CPU of the node(s) this backend places ranks on."""
+    def inventory(self) -> Inventory:
+        """Nodes this backend places ranks on, with allocatable and requested CPU."""
         ...
 
-    def launch(self, spec: SimSpec) -> SimHandle: ...
-
-    def resize(self, handle: SimHandle, rank: int, resources: RankResources) -> None:
-        """Change one rank's CPU in place; the rank keeps running."""
+    def placement(self) -> dict[str, str]:
+        """Backend-specific facts recorded with every run (cgroup version, namespace, ...)."""
         ...
 
-    def observe(self, handle: SimHandle) -> SimObservation: ...
-
-    def wait(self, handle: SimHandle, timeout_s: float) -> int | None:
-        """Block up to ``timeout_s`` for the simulation to end; its exit code, or None."""
+    def clock(self) -> float:
+        """The backend's clock (monotonic seconds; virtual for the simulated backend)."""
         ...
 
-    def stop(self, handle: SimHandle) -> None:
+    def stage(self, spec: StageSpec) -> None:
+        """Start preparing a case; returns at once. The outcome arrives in `observe`."""
+        ...
+
+    def launch(self, spec: SimSpec) -> None:
+        """Start the ranks; returns once they are created (not necessarily running)."""
+        ...
+
+    def resize(self, sim_id: str, rank: int, resources: RankResources) -> ResizeStatus:
+        """Ask for a rank's new CPU in place; the rank keeps running. Returns the state
+        known at once (completed for a cgroup write, pending for an API request); later
+        states arrive in `observe`."""
+        ...
+
+    def set_wait_mode(self, sim_id: str, mode: str) -> None:
+        """Tell the shim in every rank how to wait inside MPI from now on."""
+        ...
+
+    def observe(self, sim_id: str) -> SimObservation: ...
+
+    def wait(self, timeout_s: float) -> None:
+        """Block until any simulation has news (staged, ended, a resize settled) or the
+        timeout passes. The simulated backend advances its virtual clock instead."""
+        ...
+
+    def stop(self, sim_id: str) -> None:
         """Terminate every process of the simulation (idempotent)."""
         ...
 
-    def release(self, handle: SimHandle) -> None:
-        """Remove what `launch` created (cgroups, pods); call after the final `observe`."""
+    def release(self, sim_id: str) -> None:
+        """Remove what `launch` created (cgroups, pods); after the final `observe`.
+        Idempotent; the run directory and logs stay."""
+        ...
+
+    def list(self) -> tuple[SimRef, ...]:
+        """Simulations this backend holds, including ones an earlier process launched."""
+        ...
+
+    def adopt(self, sim_id: str, spec: SimSpec) -> None:
+        """Take over a simulation an earlier controller process launched (see `list`)."""
         ...

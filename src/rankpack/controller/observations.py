@@ -14,6 +14,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
+from rankpack.core.actions import Action, Launch, Note, Resize
+
+__all__ = ["Action", "Launch", "Note", "Resize"]
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -49,6 +53,11 @@ class SimSnapshot:
     ranks: tuple[RankSnapshot, ...]
     phases: tuple[Phase, ...] = ()
     """A user-given phase schedule; when present it replaces duty-cycle sizing."""
+    sizing: Literal["duty", "fixed"] = "duty"
+    """duty: profile, then size ranks to their duty cycles; fixed: keep the planned requests
+    (``rankpack run`` without ``--resize duty``)."""
+    starting: bool = False
+    """Still being staged or scheduled: no rank runs yet, its requests are reserved."""
 
     @property
     def progress(self) -> float:
@@ -80,7 +89,7 @@ class Observations:
     """Waiting simulations, first to launch first."""
 
 
-SimStage = Literal["warmup", "profiling", "sized", "scheduled"]
+SimStage = Literal["warmup", "profiling", "sized", "scheduled", "fixed"]
 
 
 @dataclass(frozen=True)
@@ -148,31 +157,6 @@ class ControllerSettings:
     """Progress rates are measured over this trailing window."""
 
 
-@dataclass(frozen=True)
-class Resize:
-    sim_id: str
-    rank: int
-    request_millis: int
-    reason: str
-    kind: Literal["size", "fairness", "phase"] = "size"
-
-
-@dataclass(frozen=True)
-class Launch:
-    queue_id: int
-    reason: str
-
-
-@dataclass(frozen=True)
-class Note:
-    """Something worth recording that changes nothing (profiling started, launch held back)."""
-
-    sim_id: str | None
-    kind: str
-    reason: str
-
-
-Action = Resize | Launch | Note
 
 
 @dataclass(frozen=True)

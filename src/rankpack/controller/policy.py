@@ -89,6 +89,7 @@ from rankpack.controller.observations import (
     Resize,
     SimMemory,
     SimSnapshot,
+    SimStage,
 )
 from rankpack.model.contention import ClusterShape, throughput
 from rankpack.model.overlap import predict_from_duty_cycles
@@ -192,7 +193,12 @@ def _with_mark(
     sim: SimSnapshot, mem: SimMemory | None, now_s: float, settings: ControllerSettings
 ) -> SimMemory:
     if mem is None:
-        mem = SimMemory(stage="scheduled" if sim.phases else "warmup")
+        stage: SimStage = "warmup"
+        if sim.phases:
+            stage = "scheduled"
+        elif sim.sizing == "fixed":
+            stage = "fixed"
+        mem = SimMemory(stage=stage)
     marks = list(mem.rate_marks)
     if marks and marks[-1][0] > now_s:
         marks = []
@@ -486,7 +492,9 @@ def _hold_reason(
     if not obs.sims:
         return None, f"nothing is running: launching {name}"
     measuring = [
-        sim.sim_id for sim in obs.sims if memory[sim.sim_id].stage in ("warmup", "profiling")
+        sim.sim_id
+        for sim in obs.sims
+        if sim.starting or memory[sim.sim_id].stage in ("warmup", "profiling")
     ]
     if measuring:
         return "measuring", f"{name} waits for {', '.join(measuring)} to be profiled and sized"

@@ -1,64 +1,14 @@
-"""Typed results of a finished run, and the CPU accounting that produces them.
+"""CPU accounting: CPU-seconds and rates from cumulative usage samples.
 
 CPU-seconds per rank are integrated from the ~1 Hz usage samples with the trapezoidal rule
-(seed 000 eq. 7, what a user of `kubectl top` would do) and checked against the cgroup's
-own cumulative counter, which is exact; both are kept.
+(seed 000 eq. 7, what a user of `kubectl top` would do) and checked against the rank pod's
+own cumulative counter, which is exact; both are kept. Called by the controller while it
+records a run and by the report to draw CPU use over time.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
-from typing import Any
-
 import numpy as np
-
-
-@dataclass(frozen=True)
-class RankResult:
-    rank: int
-    weight: float
-    cpu_millis: int
-    """The request in force at the end of the run."""
-    limit_millis: int | None
-    cpu_s: float
-    """Integrated from samples (trapezoidal rule)."""
-    cpu_s_counter: float
-    """From the cgroup's cumulative usage counter."""
-    nr_throttled: int
-    throttled_s: float
-    cells: int | None = None
-    duty: float | None = None
-    """Fraction of time computing rather than inside MPI (PMPI shim), if measured."""
-
-
-@dataclass(frozen=True)
-class RunResult:
-    id: int
-    status: str
-    """completed | failed | interrupted"""
-    case: str
-    solver: str
-    run_dir: str
-    n_ranks: int
-    qos: str
-    total_millis: int
-    iterations: int
-    expected_iterations: int | None
-    wall_s: float
-    cpu_s: float
-    exit_code: int | None
-    cgroups: str
-    message: str | None
-    ranks: tuple[RankResult, ...]
-    decompose: str = "equal"
-
-    def to_json(self, *, with_ranks: bool = True) -> dict[str, Any]:
-        data = asdict(self)
-        if with_ranks:
-            data["ranks"] = [asdict(r) for r in self.ranks]
-        else:
-            data.pop("ranks")
-        return data
 
 
 def rates_from_usage(times_s: list[float], usage_ns: list[int]) -> tuple[np.ndarray, np.ndarray]:

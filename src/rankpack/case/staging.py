@@ -1,0 +1,144 @@
+"""Staging: a case copied into a fresh run directory, meshed and decomposed, ready to run.
+
+Called by backends as their asynchronous `stage` action (the local backend runs it in a
+worker thread; a cluster backend may run it where the case volume is). `check` validates
+everything that needs no files before anything is created; `stage` builds the run
+directory in a staging folder (copy, mesh, decompose) and renames it into place, so a
+failure leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+
+from rankpack.case import openfoam
+from rankpack.errors import UserError
+
+DECOMPOSITIONS = ("equal", "weighted", "concentric")
+
+
+@dataclass(frozen=True)
+class StageSpec:
+    """What to prepare before a launch: a case copied, meshed and decomposed."""
+
+    sim_id: str
+    case: str
+    """A case directory or an installed tutorial name."""
+    n_ranks: int
+    runs_root: Path
+    """Where the run directory is created (a new, unique directory below it)."""
+    iterations: int | None = None
+    decompose: str = "equal"
+    decompose_weights: tuple[float, ...] = ()
+    center: tuple[float, float, float] | None = None
+    workdir: Path | None = None
+    """An exact run directory (must not exist or be empty) instead of one under runs_root."""
+
+
+@dataclass(frozen=True)
+class StagedCase:
+    """A prepared case, ready to launch."""
+
+    run_dir: Path
+    case_name: str
+    case_source: str
+    solver: str
+    cells_per_rank: tuple[int, ...]
+    expected_iterations: int
+    warnings: tuple[str, ...] = ()
+
+    @property
+    def log_path(self) -> Path:
+        return self.run_dir / f"log.{self.solver}"
+
+
+def check(spec: StageSpec) -> openfoam.CaseSource:
+    """Validation that reads no more than the source case: done before anything is created."""
+    if spec.iterations is not None and spec.iterations < 1:
+        raise UserError(f"the iteration count must be at least 1, got {spec.iterations}")
+    if spec.decompose not in DECOMPOSITIONS:
+        raise UserError(
+            f"unknown decomposition '{spec.decompose}'; use one of {', '.join(DECOMPOSITIONS)}"
+        )
+    if spec.n_ranks < 1:
+        raise UserError(f"a simulation needs at least one rank, got {spec.n_ranks}")
+    source = openfoam.resolve_case(spec.case)
+    if openfoam.has_mesh(source.path):
+        _check_cells(openfoam.n_cells(source.path), spec.n_ranks, source.name)
+    if spec.workdir is not None:
+        final = spec.workdir.expanduser().resolve()
+        if final.exists() and (not final.is_dir() or any(final.iterdir())):
+            raise UserError(f"run directory {final} exists and is not empty; give a new one")
+    return source
+
+
+def stage(spec: StageSpec) -> StagedCase:
+    """Copy, mesh and decompose; the run directory appears only when all of it worked."""
+    source = check(spec)
+    if spec.workdir is not None:
+        final = spec.workdir.expanduser().resolve()
+    else:
+        final = _new_run_dir(spec.runs_root, source.name, spec.n_ranks)
+    staging = final.parent / f".staging-{uuid.uuid4().hex[:8]}-{final.name}"
+    warnings: tuple[str, ...] = ()
+    try:
+        final.parent.mkdir(parents=True, exist_ok=True)
+        openfoam.copy_case(source, staging)
+        solver = openfoam.read_application(staging)
+        openfoam.ensure_mesh(staging)
+        _check_cells(openfoam.n_cells(staging), spec.n_ranks, source.name)
+        if spec.iterations is not None:
+            tc = openfoam.set_iterations(staging, spec.iterations)
+        else:
+            tc = openfoam.read_time_control(staging)
+        cells, warnings = _decompose(staging, spec)
+        if final.exists():
+            final.rmdir()
+        staging.rename(final)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return StagedCase(
+        run_dir=final,
+        case_name=source.name,
+        case_source=str(source.path),
+        solver=solver,
+        cells_per_rank=tuple(cells),
+        expected_iterations=tc.steps,
+        warnings=warnings,
+    )
+
+
+def _new_run_dir(runs_root: Path, name: str, n_ranks: int) -> Path:
+    stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
+    base = runs_root / f"{stamp}-{safe}-{n_ranks}r"
+    candidate, i = base, 1
+    while candidate.exists():
+        i += 1
+        candidate = base.with_name(f"{base.name}-{i}")
+    return candidate
+
+
+def _check_cells(cells: int, n_ranks: int, name: str) -> None:
+    if n_ranks > cells:
+        raise UserError(f"{n_ranks} ranks but {name} has only {cells} cells; use fewer ranks")
+
+
+def _decompose(case_dir: Path, spec: StageSpec) -> tuple[list[int], tuple[str, ...]]:
+    n = spec.n_ranks
+    if spec.decompose == "equal":
+        openfoam.write_decompose_dict(case_dir, n)
+        return openfoam.decompose(case_dir), ()
+    from rankpack.case.decomposition import decompose_case
+
+    weights = list(spec.decompose_weights) or [1.0] * n
+    result = decompose_case(case_dir, n, spec.decompose, weights, spec.center)
+    if result.openfoam_cells is None:
+        raise UserError(f"decomposePar did not run for {case_dir}")
+    return list(result.openfoam_cells), tuple(result.warnings)

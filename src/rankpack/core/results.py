@@ -1,0 +1,92 @@
+"""Typed results of a finished run: what the controller records and the report renders.
+
+Produced by `rankpack.controller` from backend observations, stored by `rankpack.store`,
+printed by `rankpack.report`. Keys of `to_json` are part of the CLI's machine-readable
+output (`rankpack run --json`, `rankpack runs show --json`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Any, Literal
+
+ResizeOutcome = Literal["pending", "completed", "deferred", "infeasible", "rejected", "failed"]
+"""How a resize ended (``pending``: still in flight when the run ended)."""
+
+RunStatus = Literal["running", "completed", "failed", "interrupted"]
+
+
+@dataclass(frozen=True)
+class ResizeRecord:
+    """One in-place resize of one rank, from the request to its outcome."""
+
+    rank: int
+    t_s: float
+    """Seconds since the run started when the resize was asked for."""
+    from_millis: int
+    to_millis: int
+    status: ResizeOutcome
+    latency_s: float | None
+    """From the request to the backend's confirmation (cgroup written, pod status allocated)."""
+    reason: str = ""
+    """Why the controller resized (or, for a refused resize, why it was refused)."""
+    kind: str = "size"
+    """size | fairness | phase: which part of the policy asked for it."""
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class RankResult:
+    rank: int
+    weight: float
+    cpu_millis: int
+    """The request in force at the end of the run."""
+    limit_millis: int | None
+    cpu_s: float
+    """Integrated from samples (trapezoidal rule)."""
+    cpu_s_counter: float
+    """From the rank pod's cumulative usage counter."""
+    nr_throttled: int
+    throttled_s: float
+    cells: int | None = None
+    duty: float | None = None
+    """Fraction of time computing rather than inside MPI (PMPI shim), if measured."""
+    pod: str | None = None
+    """Where the rank ran: its pod (Kubernetes) or cgroup (local)."""
+    node: str | None = None
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class RunResult:
+    id: int
+    status: str
+    """completed | failed | interrupted"""
+    case: str
+    solver: str
+    run_dir: str
+    n_ranks: int
+    qos: str
+    total_millis: int
+    iterations: int
+    expected_iterations: int | None
+    wall_s: float
+    cpu_s: float
+    exit_code: int | None
+    message: str | None
+    ranks: tuple[RankResult, ...]
+    decompose: str = "equal"
+    backend: str = "local"
+    placement: dict[str, Any] = field(default_factory=dict)
+    """Backend-specific facts of where it ran (local: the cgroup version; Kubernetes: the
+    namespace and nodes)."""
+    resizes: tuple[ResizeRecord, ...] = ()
+    restarts: int = 0
+
+    def to_json(self, *, with_ranks: bool = True) -> dict[str, Any]:
+        data = asdict(self)
+        if not with_ranks:
+            data.pop("ranks")
+        return data
