@@ -1,27 +1,38 @@
-"""The results database: one SQLite file (runs, per-rank results, samples, events, queue).
+"""The results database: one SQLite file (runs, per-rank results, samples, resizes, events,
+the queue and multiplex sessions), with typed rows.
 
-Written by the run driver and the controller; read by `rankpack runs` and the report layer.
-WAL mode lets `rankpack runs list` read while a run is writing. A run whose owning process
-has disappeared (killed with SIGKILL) is marked ``interrupted`` the next time it is read.
+Written by the control loop; read by `rankpack runs`, `queue`, `events`, `model --from-db`
+and the report. WAL mode lets readers work while a run writes. The file identifies itself
+(SQLite ``application_id`` and ``user_version``): a database made by another program is
+refused untouched, one written by an older rankpack is migrated in place. Read-only
+commands open it with `Store.open_existing` and never create one.
+
+Queue entries are claimed atomically with a lease (owner process and heartbeat): two
+sessions never run one entry, and the entries of a session that died go back to the queue.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import socket
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 from rankpack._proc import alive
+from rankpack.core.results import RankResult, ResizeRecord, RunResult
 from rankpack.errors import UserError
-from rankpack.report.results import RankResult, RunResult
 
-SCHEMA_VERSION = 1
+APPLICATION_ID = 0x524B5043  # "RKPC"
+SCHEMA_VERSION = 2
+LEASE_S = 30.0
+"""A claimed queue entry whose heartbeat is older than this goes back to the queue."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS runs (
@@ -36,7 +47,8 @@ CREATE TABLE IF NOT EXISTS runs (
     qos TEXT NOT NULL,
     total_millis INTEGER NOT NULL,
     decompose TEXT NOT NULL DEFAULT 'equal',
-    cgroups TEXT NOT NULL,
+    backend TEXT NOT NULL DEFAULT 'local',
+    placement_json TEXT NOT NULL DEFAULT '{}',
     status TEXT NOT NULL,
     exit_code INTEGER,
     iterations INTEGER NOT NULL DEFAULT 0,
@@ -45,10 +57,11 @@ CREATE TABLE IF NOT EXISTS runs (
     cpu_s REAL,
     message TEXT,
     owner_pid INTEGER,
+    restarts INTEGER NOT NULL DEFAULT 0,
     options_json TEXT NOT NULL DEFAULT '{}'
 );
 CREATE TABLE IF NOT EXISTS run_ranks (
-    run_id INTEGER NOT NULL REFERENCES runs(id),
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     rank INTEGER NOT NULL,
     weight REAL NOT NULL,
     cpu_millis INTEGER NOT NULL,
@@ -59,10 +72,13 @@ CREATE TABLE IF NOT EXISTS run_ranks (
     nr_throttled INTEGER,
     throttled_s REAL,
     duty REAL,
+    pod TEXT,
+    node TEXT,
+    restarts INTEGER NOT NULL DEFAULT 0,
     PRIMARY KEY (run_id, rank)
 );
 CREATE TABLE IF NOT EXISTS samples (
-    run_id INTEGER NOT NULL REFERENCES runs(id),
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
     t_s REAL NOT NULL,
     rank INTEGER NOT NULL,
     usage_ns INTEGER NOT NULL,
@@ -71,6 +87,18 @@ CREATE TABLE IF NOT EXISTS samples (
     iterations INTEGER
 );
 CREATE INDEX IF NOT EXISTS samples_run ON samples(run_id, rank, t_s);
+CREATE TABLE IF NOT EXISTS resizes (
+    run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
+    rank INTEGER NOT NULL,
+    t_s REAL NOT NULL,
+    from_millis INTEGER NOT NULL,
+    to_millis INTEGER NOT NULL,
+    status TEXT NOT NULL,
+    latency_s REAL,
+    reason TEXT NOT NULL DEFAULT '',
+    kind TEXT NOT NULL DEFAULT 'size'
+);
+CREATE INDEX IF NOT EXISTS resizes_run ON resizes(run_id, t_s);
 CREATE TABLE IF NOT EXISTS events (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     run_id INTEGER,
@@ -88,8 +116,11 @@ CREATE TABLE IF NOT EXISTS queue (
     n_ranks INTEGER NOT NULL,
     options_json TEXT NOT NULL,
     status TEXT NOT NULL DEFAULT 'queued',
-    run_id INTEGER REFERENCES runs(id),
-    multiplex_id INTEGER
+    run_id INTEGER REFERENCES runs(id) ON DELETE SET NULL,
+    multiplex_id INTEGER,
+    owner_pid INTEGER,
+    owner_host TEXT,
+    heartbeat REAL
 );
 CREATE TABLE IF NOT EXISTS multiplex (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -100,27 +131,199 @@ CREATE TABLE IF NOT EXISTS multiplex (
     capacity_millis INTEGER NOT NULL,
     max_concurrent INTEGER NOT NULL,
     wait_mode TEXT,
+    backend TEXT NOT NULL DEFAULT 'local',
     summary_json TEXT NOT NULL DEFAULT '{}'
 );
 """
 
-_RUN_COLUMNS = (
-    "id", "created_at", "finished_at", "case_name", "case_source", "run_dir", "solver",
-    "n_ranks", "qos", "total_millis", "decompose", "cgroups", "status", "exit_code",
-    "iterations", "expected_iterations", "wall_s", "cpu_s", "message", "owner_pid",
-    "options_json",
-)  # fmt: skip
+_RANKPACK_TABLES = {"runs", "run_ranks", "samples", "events", "queue", "multiplex"}
 
 
 def _now() -> str:
     return datetime.now(UTC).isoformat(timespec="seconds")
 
 
+# -- typed rows -----------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class RankRow:
+    rank: int
+    weight: float
+    cpu_millis: int
+    limit_millis: int | None
+    cells: int | None
+    cpu_s: float | None = None
+    cpu_s_counter: float | None = None
+    nr_throttled: int | None = None
+    throttled_s: float | None = None
+    duty: float | None = None
+    pod: str | None = None
+    node: str | None = None
+    restarts: int = 0
+
+
+@dataclass(frozen=True)
+class NewRun:
+    """What is known of a run when it is launched."""
+
+    case_name: str
+    case_source: str
+    run_dir: str
+    solver: str
+    n_ranks: int
+    qos: str
+    total_millis: int
+    decompose: str
+    backend: str
+    placement: dict[str, Any]
+    expected_iterations: int | None
+    options: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class RunRow:
+    id: int
+    created_at: str
+    finished_at: str | None
+    case_name: str
+    case_source: str
+    run_dir: str
+    solver: str
+    n_ranks: int
+    qos: str
+    total_millis: int
+    decompose: str
+    backend: str
+    placement: dict[str, Any]
+    status: str
+    exit_code: int | None
+    iterations: int
+    expected_iterations: int | None
+    wall_s: float | None
+    cpu_s: float | None
+    message: str | None
+    owner_pid: int | None
+    restarts: int
+    options: dict[str, Any]
+    ranks: tuple[RankRow, ...] = ()
+    resizes: tuple[ResizeRecord, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        data = {k: getattr(self, k) for k in self.__dataclass_fields__}
+        data["ranks"] = [r.__dict__ for r in self.ranks]
+        data["resizes"] = [r.to_json() for r in self.resizes]
+        return data
+
+    def result(self) -> RunResult:
+        return RunResult(
+            id=self.id,
+            status=self.status,
+            case=self.case_name,
+            solver=self.solver,
+            run_dir=self.run_dir,
+            n_ranks=self.n_ranks,
+            qos=self.qos,
+            total_millis=self.total_millis,
+            iterations=self.iterations,
+            expected_iterations=self.expected_iterations,
+            wall_s=self.wall_s or 0.0,
+            cpu_s=self.cpu_s or 0.0,
+            exit_code=self.exit_code,
+            message=self.message,
+            ranks=tuple(
+                RankResult(
+                    rank=r.rank,
+                    weight=r.weight,
+                    cpu_millis=r.cpu_millis,
+                    limit_millis=r.limit_millis,
+                    cpu_s=r.cpu_s or 0.0,
+                    cpu_s_counter=r.cpu_s_counter or 0.0,
+                    nr_throttled=r.nr_throttled or 0,
+                    throttled_s=r.throttled_s or 0.0,
+                    cells=r.cells,
+                    duty=r.duty,
+                    pod=r.pod,
+                    node=r.node,
+                    restarts=r.restarts,
+                )
+                for r in self.ranks
+            ),
+            decompose=self.decompose,
+            backend=self.backend,
+            placement=self.placement,
+            resizes=self.resizes,
+            restarts=self.restarts,
+        )
+
+
+@dataclass(frozen=True)
+class SampleRow:
+    t_s: float
+    rank: int
+    usage_ns: int
+    request_millis: int
+    nr_throttled: int
+    iterations: int | None
+
+
+@dataclass(frozen=True)
+class EventRow:
+    id: int
+    run_id: int | None
+    at: str
+    t_s: float
+    kind: str
+    detail: dict[str, Any]
+    multiplex_id: int | None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class QueueRow:
+    id: int
+    submitted_at: str
+    case_name: str
+    n_ranks: int
+    options: dict[str, Any]
+    status: str
+    run_id: int | None
+    multiplex_id: int | None
+    owner_pid: int | None = None
+    owner_host: str | None = None
+    heartbeat: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: getattr(self, k) for k in self.__dataclass_fields__}
+
+
+@dataclass(frozen=True)
+class SessionRow:
+    id: int
+    started_at: str
+    finished_at: str | None
+    status: str
+    owner_pid: int | None
+    capacity_millis: int
+    max_concurrent: int
+    wait_mode: str | None
+    backend: str
+    summary: dict[str, Any] = field(default_factory=dict)
+
+
+# -- the store ------------------------------------------------------------------------------
+
+
 class Store:
-    def __init__(self, path: Path) -> None:
+    def __init__(self, path: Path, *, create: bool = True) -> None:
         self.path = path
+        if not create and not path.exists():
+            raise UserError(f"no rankpack database at {path}; nothing has been recorded there")
         try:
-            path.parent.mkdir(parents=True, exist_ok=True)
+            if create:
+                path.parent.mkdir(parents=True, exist_ok=True)
             self.conn = sqlite3.connect(path, timeout=30, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise UserError(
@@ -128,27 +331,80 @@ class Store:
             ) from None
         self.conn.row_factory = sqlite3.Row
         try:
-            self.conn.execute("PRAGMA journal_mode=WAL")
-            self.conn.execute("PRAGMA foreign_keys=ON")
-            version = self.conn.execute("PRAGMA user_version").fetchone()[0]
-            if version > SCHEMA_VERSION:
-                raise UserError(
-                    f"database {path} was written by a newer rankpack (schema {version}); "
-                    "upgrade rankpack or use another --db"
-                )
-            self.conn.executescript(_SCHEMA)
-            self._add_missing_columns()
-            self.conn.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            self._identify_and_migrate()
         except sqlite3.DatabaseError as exc:
+            self.conn.close()
             raise UserError(
-                f"{path} is not a rankpack database ({exc}); use another --db"
+                f"{path} is not a usable rankpack database ({exc}); use another --db"
             ) from None
+        except BaseException:
+            self.conn.close()
+            raise
 
-    def _add_missing_columns(self) -> None:
-        # Databases written before a column existed get it added (no data is rewritten).
-        columns = {r[1] for r in self.conn.execute("PRAGMA table_info(events)")}
-        if "multiplex_id" not in columns:
-            self.conn.execute("ALTER TABLE events ADD COLUMN multiplex_id INTEGER")
+    @classmethod
+    def open_existing(cls, path: Path) -> Store | None:
+        """The database if it exists (read-only commands never create one), else None."""
+        return cls(path, create=False) if path.exists() else None
+
+    def _identify_and_migrate(self) -> None:
+        app = self.conn.execute("PRAGMA application_id").fetchone()[0]
+        version = self.conn.execute("PRAGMA user_version").fetchone()[0]
+        tables = {
+            r[0] for r in self.conn.execute("SELECT name FROM sqlite_master WHERE type='table'")
+        }
+        tables.discard("sqlite_sequence")
+        if app not in (0, APPLICATION_ID) or (
+            app == 0 and tables and not (version == 1 and tables >= _RANKPACK_TABLES)
+        ):
+            raise UserError(
+                f"{self.path} belongs to another program (application id {app:#x}, tables "
+                f"{', '.join(sorted(tables)) or 'none'}); it was left untouched: use another --db"
+            )
+        if version > SCHEMA_VERSION:
+            raise UserError(
+                f"database {self.path} was written by a newer rankpack (schema {version}); "
+                "upgrade rankpack or use another --db"
+            )
+        self.conn.execute("PRAGMA journal_mode=WAL")
+        self.conn.execute("PRAGMA foreign_keys=ON")
+        if version == 1:
+            self._migrate_v1()
+        with self.transaction() as c:
+            for statement in _SCHEMA.split(";"):
+                if statement.strip():
+                    c.execute(statement)
+            c.execute(f"PRAGMA application_id={APPLICATION_ID}")
+            c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
+    def _migrate_v1(self) -> None:
+        """Schema 1 -> 2: backend-neutral run columns (backend, placement) replace the
+        cgroup-only one; ranks get pod/node/restarts; the queue gets leases."""
+        with self.transaction() as c:
+            cols = {r[1] for r in c.execute("PRAGMA table_info(runs)")}
+            if "backend" not in cols:
+                c.execute("ALTER TABLE runs ADD COLUMN backend TEXT NOT NULL DEFAULT 'local'")
+                c.execute("ALTER TABLE runs ADD COLUMN placement_json TEXT NOT NULL DEFAULT '{}'")
+                c.execute("ALTER TABLE runs ADD COLUMN restarts INTEGER NOT NULL DEFAULT 0")
+            if "cgroups" in cols:
+                c.execute("UPDATE runs SET placement_json = json_object('cgroups', cgroups)")
+                c.execute("ALTER TABLE runs DROP COLUMN cgroups")
+            rank_cols = {r[1] for r in c.execute("PRAGMA table_info(run_ranks)")}
+            for name, decl in (("pod", "TEXT"), ("node", "TEXT"),
+                               ("restarts", "INTEGER NOT NULL DEFAULT 0")):  # fmt: skip
+                if name not in rank_cols:
+                    c.execute(f"ALTER TABLE run_ranks ADD COLUMN {name} {decl}")
+            event_cols = {r[1] for r in c.execute("PRAGMA table_info(events)")}
+            if "multiplex_id" not in event_cols:
+                c.execute("ALTER TABLE events ADD COLUMN multiplex_id INTEGER")
+            queue_cols = {r[1] for r in c.execute("PRAGMA table_info(queue)")}
+            for name, decl in (("owner_pid", "INTEGER"), ("owner_host", "TEXT"),
+                               ("heartbeat", "REAL")):  # fmt: skip
+                if name not in queue_cols:
+                    c.execute(f"ALTER TABLE queue ADD COLUMN {name} {decl}")
+            mux_cols = {r[1] for r in c.execute("PRAGMA table_info(multiplex)")}
+            if "backend" not in mux_cols:
+                c.execute("ALTER TABLE multiplex ADD COLUMN backend TEXT NOT NULL DEFAULT 'local'")
+            c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
         self.conn.close()
@@ -165,55 +421,47 @@ class Store:
 
     # -- runs ------------------------------------------------------------------------------
 
-    def create_run(self, fields: dict[str, Any]) -> int:
-        row = {"created_at": _now(), "status": "running", "owner_pid": os.getpid(), **fields}
-        if isinstance(row.get("options_json"), dict):
-            row["options_json"] = json.dumps(row["options_json"])
-        cols = ", ".join(row)
-        marks = ", ".join("?" for _ in row)
-        cur = self.conn.execute(f"INSERT INTO runs ({cols}) VALUES ({marks})", list(row.values()))
-        assert cur.lastrowid is not None
-        return cur.lastrowid
-
-    def update_run(self, run_id: int, **fields: Any) -> None:
-        self._update("runs", run_id, fields)
-
-    def _update(self, table: str, row_id: int, fields: dict[str, Any]) -> None:
-        if fields:
-            sets = ", ".join(f"{k} = ?" for k in fields)
-            self.conn.execute(f"UPDATE {table} SET {sets} WHERE id = ?", [*fields.values(), row_id])
-
-    def set_plan(
-        self, run_id: int, ranks: Iterable[tuple[int, float, int, int | None, int | None]]
-    ) -> None:
-        """(rank, weight, cpu_millis, limit_millis, cells) before the run starts."""
+    def create_run(self, run: NewRun, ranks: Sequence[RankRow]) -> int:
         with self.transaction() as c:
+            cur = c.execute(
+                "INSERT INTO runs (created_at, status, owner_pid, case_name, case_source,"
+                " run_dir, solver, n_ranks, qos, total_millis, decompose, backend,"
+                " placement_json, expected_iterations, options_json)"
+                " VALUES (?, 'running', ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                (
+                    _now(), os.getpid(), run.case_name, run.case_source, run.run_dir,
+                    run.solver, run.n_ranks, run.qos, run.total_millis, run.decompose,
+                    run.backend, json.dumps(run.placement), run.expected_iterations,
+                    json.dumps(run.options, default=str),
+                ),
+            )  # fmt: skip
+            assert cur.lastrowid is not None
+            run_id = cur.lastrowid
             c.executemany(
-                "INSERT OR REPLACE INTO run_ranks (run_id, rank, weight, cpu_millis, limit_millis,"
-                " cells) VALUES (?, ?, ?, ?, ?, ?)",
-                [(run_id, *r) for r in ranks],
+                "INSERT INTO run_ranks (run_id, rank, weight, cpu_millis, limit_millis, cells)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                [(run_id, r.rank, r.weight, r.cpu_millis, r.limit_millis, r.cells) for r in ranks],
             )
+        return run_id
+
+    def update_progress(self, run_id: int, iterations: int) -> None:
+        self.conn.execute("UPDATE runs SET iterations = ? WHERE id = ?", (iterations, run_id))
 
     def finish_run(self, result: RunResult) -> None:
         with self.transaction() as c:
             c.execute(
                 "UPDATE runs SET status=?, exit_code=?, iterations=?, wall_s=?, cpu_s=?, message=?,"
-                " finished_at=? WHERE id=?",
+                " finished_at=?, restarts=?, placement_json=? WHERE id=?",
                 (
-                    result.status,
-                    result.exit_code,
-                    result.iterations,
-                    result.wall_s,
-                    result.cpu_s,
-                    result.message,
-                    _now(),
-                    result.id,
+                    result.status, result.exit_code, result.iterations, result.wall_s,
+                    result.cpu_s, result.message, _now(), result.restarts,
+                    json.dumps(result.placement), result.id,
                 ),
-            )
+            )  # fmt: skip
             c.executemany(
                 "INSERT OR REPLACE INTO run_ranks (run_id, rank, weight, cpu_millis, limit_millis,"
-                " cells, cpu_s, cpu_s_counter, nr_throttled, throttled_s, duty)"
-                " VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                " cells, cpu_s, cpu_s_counter, nr_throttled, throttled_s, duty, pod, node,"
+                " restarts) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                 [
                     (
                         result.id,
@@ -227,21 +475,31 @@ class Store:
                         r.nr_throttled,
                         r.throttled_s,
                         r.duty,
+                        r.pod,
+                        r.node,
+                        r.restarts,
                     )
                     for r in result.ranks
                 ],
             )
 
-    def add_samples(
-        self, run_id: int, rows: list[tuple[float, int, int, int, int, int | None]]
-    ) -> None:
-        """(t_s, rank, usage_ns, request_millis, nr_throttled, iterations) rows."""
-        if rows:
-            self.conn.executemany(
-                "INSERT INTO samples (run_id, t_s, rank, usage_ns, request_millis, nr_throttled,"
-                " iterations) VALUES (?, ?, ?, ?, ?, ?, ?)",
-                [(run_id, *r) for r in rows],
-            )
+    def add_samples(self, run_id: int, rows: Iterable[SampleRow]) -> None:
+        self.conn.executemany(
+            "INSERT INTO samples (run_id, t_s, rank, usage_ns, request_millis, nr_throttled,"
+            " iterations) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            [
+                (run_id, r.t_s, r.rank, r.usage_ns, r.request_millis, r.nr_throttled, r.iterations)
+                for r in rows
+            ],
+        )
+
+    def add_resize(self, run_id: int, r: ResizeRecord) -> None:
+        self.conn.execute(
+            "INSERT INTO resizes (run_id, rank, t_s, from_millis, to_millis, status, latency_s,"
+            " reason, kind) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (run_id, r.rank, r.t_s, r.from_millis, r.to_millis, r.status, r.latency_s,
+             r.reason, r.kind),
+        )  # fmt: skip
 
     def add_event(
         self,
@@ -266,32 +524,193 @@ class Store:
             ),
         )
 
-    # -- queue and multiplex sessions --------------------------------------------------------
+    def _repair_orphans(self) -> None:
+        rows = self.conn.execute(
+            "SELECT id, owner_pid FROM runs WHERE status = 'running'"
+        ).fetchall()
+        for row in rows:
+            pid = row["owner_pid"]
+            if pid is None or not alive(pid):
+                self.conn.execute(
+                    "UPDATE runs SET status = 'interrupted', message = ? WHERE id = ?",
+                    ("the rankpack process that ran it disappeared", row["id"]),
+                )
+
+    def list_runs(self, limit: int = 50) -> list[RunRow]:
+        self._repair_orphans()
+        rows = self.conn.execute("SELECT * FROM runs ORDER BY id DESC LIMIT ?", (limit,))
+        return [_run_row(r) for r in rows.fetchall()]
+
+    def all_runs(self) -> list[RunRow]:
+        self._repair_orphans()
+        return [_run_row(r) for r in self.conn.execute("SELECT * FROM runs ORDER BY id")]
+
+    def get_run(self, run_id: int) -> RunRow:
+        self._repair_orphans()
+        row = self.conn.execute("SELECT * FROM runs WHERE id = ?", (run_id,)).fetchone()
+        if row is None:
+            raise UserError(f"no run with id {run_id} in {self.path}; see `rankpack runs list`")
+        ranks = self.conn.execute(
+            "SELECT rank, weight, cpu_millis, limit_millis, cells, cpu_s, cpu_s_counter,"
+            " nr_throttled, throttled_s, duty, pod, node, restarts FROM run_ranks"
+            " WHERE run_id = ? ORDER BY rank",
+            (run_id,),
+        ).fetchall()
+        resizes = self.conn.execute(
+            "SELECT rank, t_s, from_millis, to_millis, status, latency_s, reason, kind"
+            " FROM resizes WHERE run_id = ? ORDER BY t_s, rank",
+            (run_id,),
+        ).fetchall()
+        base = _run_row(row)
+        return RunRow(
+            **{k: getattr(base, k) for k in base.__dataclass_fields__
+               if k not in ("ranks", "resizes")},
+            ranks=tuple(RankRow(**dict(r)) for r in ranks),
+            resizes=tuple(ResizeRecord(**dict(r)) for r in resizes),
+        )  # fmt: skip
+
+    def samples(self, run_id: int) -> list[SampleRow]:
+        rows = self.conn.execute(
+            "SELECT t_s, rank, usage_ns, request_millis, nr_throttled, iterations FROM samples"
+            " WHERE run_id = ? ORDER BY t_s, rank",
+            (run_id,),
+        )
+        return [SampleRow(**dict(r)) for r in rows.fetchall()]
+
+    def events(self, run_id: int | None = None, multiplex_id: int | None = None) -> list[EventRow]:
+        query, params = "SELECT * FROM events WHERE 1=1", []
+        if run_id is not None:
+            query += " AND run_id = ?"
+            params.append(run_id)
+        if multiplex_id is not None:
+            query += " AND multiplex_id = ?"
+            params.append(multiplex_id)
+        rows = self.conn.execute(query + " ORDER BY id", params).fetchall()
+        return [
+            EventRow(
+                id=r["id"],
+                run_id=r["run_id"],
+                at=r["at"],
+                t_s=r["t_s"],
+                kind=r["kind"],
+                detail=json.loads(r["detail_json"] or "{}"),
+                multiplex_id=r["multiplex_id"],
+            )
+            for r in rows
+        ]
+
+    # -- queue -----------------------------------------------------------------------------
+
+    def submit_many(
+        self, case_name: str, n_ranks: int, options: dict[str, Any], count: int
+    ) -> list[int]:
+        """Queue ``count`` copies in one transaction: all or none."""
+        with self.transaction() as c:
+            ids = []
+            for _ in range(count):
+                cur = c.execute(
+                    "INSERT INTO queue (submitted_at, case_name, n_ranks, options_json)"
+                    " VALUES (?, ?, ?, ?)",
+                    (_now(), case_name, n_ranks, json.dumps(options)),
+                )
+                assert cur.lastrowid is not None
+                ids.append(cur.lastrowid)
+        return ids
 
     def submit(self, case_name: str, n_ranks: int, options: dict[str, Any]) -> int:
-        cur = self.conn.execute(
-            "INSERT INTO queue (submitted_at, case_name, n_ranks, options_json)"
-            " VALUES (?, ?, ?, ?)",
-            (_now(), case_name, n_ranks, json.dumps(options)),
-        )
-        assert cur.lastrowid is not None
-        return cur.lastrowid
+        return self.submit_many(case_name, n_ranks, options, 1)[0]
 
-    def queue(self, statuses: tuple[str, ...] = ("queued",)) -> list[dict[str, Any]]:
+    def queue(self, statuses: tuple[str, ...] = ("queued",)) -> list[QueueRow]:
         marks = ", ".join("?" for _ in statuses)
         rows = self.conn.execute(
             f"SELECT * FROM queue WHERE status IN ({marks}) ORDER BY id", statuses
         ).fetchall()
-        return [_decoded(r, "options_json", "options") for r in rows]
+        return [_queue_row(r) for r in rows]
 
-    def update_queue(self, queue_id: int, **fields: Any) -> None:
-        self._update("queue", queue_id, fields)
+    def claim(self, queue_id: int, multiplex_id: int | None) -> bool:
+        """Take a queued entry for this process (atomic); False if someone else has it."""
+        cur = self.conn.execute(
+            "UPDATE queue SET status = 'running', owner_pid = ?, owner_host = ?, heartbeat = ?,"
+            " multiplex_id = ? WHERE id = ? AND status = 'queued'",
+            (os.getpid(), socket.gethostname(), time.time(), multiplex_id, queue_id),
+        )
+        return cur.rowcount == 1
 
-    def start_multiplex(self, capacity_millis: int, max_concurrent: int, wait_mode: str) -> int:
+    def heartbeat(self, queue_ids: Sequence[int]) -> None:
+        if queue_ids:
+            marks = ", ".join("?" for _ in queue_ids)
+            self.conn.execute(
+                f"UPDATE queue SET heartbeat = ? WHERE owner_pid = ? AND id IN ({marks})",
+                (time.time(), os.getpid(), *queue_ids),
+            )
+
+    def set_queue_run(self, queue_id: int, run_id: int) -> None:
+        self.conn.execute("UPDATE queue SET run_id = ? WHERE id = ?", (run_id, queue_id))
+
+    def finish_queue(self, queue_id: int, status: str) -> None:
+        self.conn.execute(
+            "UPDATE queue SET status = ?, owner_pid = NULL, heartbeat = NULL WHERE id = ?",
+            (status, queue_id),
+        )
+
+    def requeue_orphans(self, lease_s: float = LEASE_S) -> list[QueueRow]:
+        """Entries claimed by a session that died go back to the queue (returned)."""
+        host = socket.gethostname()
+        back: list[QueueRow] = []
+        with self.transaction() as c:
+            for row in c.execute("SELECT * FROM queue WHERE status = 'running'").fetchall():
+                q = _queue_row(row)
+                local_dead = q.owner_host == host and (
+                    q.owner_pid is None or not alive(q.owner_pid)
+                )
+                stale = q.heartbeat is None or time.time() - q.heartbeat > lease_s
+                if (q.owner_host == host and local_dead) or (q.owner_host != host and stale):
+                    c.execute(
+                        "UPDATE queue SET status = 'queued', owner_pid = NULL, heartbeat = NULL,"
+                        " run_id = NULL WHERE id = ?",
+                        (q.id,),
+                    )
+                    back.append(q)
+            for s in c.execute(
+                "SELECT id, owner_pid FROM multiplex WHERE status = 'running'"
+            ).fetchall():
+                if s["owner_pid"] is None or not alive(s["owner_pid"]):
+                    c.execute(
+                        "UPDATE multiplex SET status = 'interrupted', finished_at = ? WHERE id = ?",
+                        (_now(), s["id"]),
+                    )
+        return back
+
+    def set_queue_status(
+        self, queue_ids: Sequence[int], status: str, only_from: tuple[str, ...]
+    ) -> list[int]:
+        """Move entries in one of ``only_from`` to ``status``; the ids that moved."""
+        moved = []
+        with self.transaction() as c:
+            for qid in queue_ids:
+                marks = ", ".join("?" for _ in only_from)
+                cur = c.execute(
+                    f"UPDATE queue SET status = ?, owner_pid = NULL, heartbeat = NULL"
+                    f" WHERE id = ? AND status IN ({marks})",
+                    (status, qid, *only_from),
+                )
+                if cur.rowcount:
+                    moved.append(qid)
+        return moved
+
+    def get_queue(self, queue_id: int) -> QueueRow | None:
+        row = self.conn.execute("SELECT * FROM queue WHERE id = ?", (queue_id,)).fetchone()
+        return _queue_row(row) if row else None
+
+    # -- multiplex sessions ------------------------------------------------------------------
+
+    def start_multiplex(
+        self, capacity_millis: int, max_concurrent: int, wait_mode: str, backend: str = "local"
+    ) -> int:
         cur = self.conn.execute(
             "INSERT INTO multiplex (started_at, owner_pid, capacity_millis, max_concurrent,"
-            " wait_mode) VALUES (?, ?, ?, ?, ?)",
-            (_now(), os.getpid(), capacity_millis, max_concurrent, wait_mode),
+            " wait_mode, backend) VALUES (?, ?, ?, ?, ?, ?)",
+            (_now(), os.getpid(), capacity_millis, max_concurrent, wait_mode, backend),
         )
         assert cur.lastrowid is not None
         return cur.lastrowid
@@ -302,77 +721,45 @@ class Store:
             (_now(), status, json.dumps(summary, default=str), multiplex_id),
         )
 
-    def multiplex_sessions(self) -> list[dict[str, Any]]:
+    def multiplex_sessions(self) -> list[SessionRow]:
         rows = self.conn.execute("SELECT * FROM multiplex ORDER BY id").fetchall()
-        return [_decoded(r, "summary_json", "summary") for r in rows]
-
-    def _repair_orphans(self) -> None:
-        rows = self.conn.execute(
-            "SELECT id, owner_pid FROM runs WHERE status = 'running'"
-        ).fetchall()
-        for row in rows:
-            pid = row["owner_pid"]
-            if pid is None or not alive(pid):
-                self.update_run(
-                    row["id"],
-                    status="interrupted",
-                    message="the rankpack process that ran it disappeared",
-                )
-
-    def list_runs(self, limit: int = 50) -> list[dict[str, Any]]:
-        self._repair_orphans()
-        rows = self.conn.execute(
-            f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs ORDER BY id DESC LIMIT ?", (limit,)
-        ).fetchall()
-        return [_run_row(r) for r in rows]
-
-    def get_run(self, run_id: int) -> dict[str, Any]:
-        self._repair_orphans()
-        row = self.conn.execute(
-            f"SELECT {', '.join(_RUN_COLUMNS)} FROM runs WHERE id = ?", (run_id,)
-        ).fetchone()
-        if row is None:
-            raise UserError(f"no run with id {run_id} in {self.path}; see `rankpack runs list`")
-        data = _run_row(row)
-        ranks = self.conn.execute(
-            "SELECT rank, weight, cpu_millis, limit_millis, cells, cpu_s, cpu_s_counter,"
-            " nr_throttled, throttled_s, duty FROM run_ranks WHERE run_id = ? ORDER BY rank",
-            (run_id,),
-        ).fetchall()
-        data["ranks"] = [dict(r) for r in ranks]
-        return data
-
-    def samples(self, run_id: int) -> list[sqlite3.Row]:
-        return self.conn.execute(
-            "SELECT t_s, rank, usage_ns, request_millis, nr_throttled, iterations FROM samples"
-            " WHERE run_id = ? ORDER BY t_s, rank",
-            (run_id,),
-        ).fetchall()
-
-    def events(
-        self, run_id: int | None = None, multiplex_id: int | None = None
-    ) -> list[dict[str, Any]]:
-        query, params = "SELECT * FROM events WHERE 1=1", []
-        if run_id is not None:
-            query += " AND run_id = ?"
-            params.append(run_id)
-        if multiplex_id is not None:
-            query += " AND multiplex_id = ?"
-            params.append(multiplex_id)
-        rows = self.conn.execute(query + " ORDER BY id", params).fetchall()
-        return [_decoded(r, "detail_json", "detail") for r in rows]
+        return [
+            SessionRow(
+                id=r["id"],
+                started_at=r["started_at"],
+                finished_at=r["finished_at"],
+                status=r["status"],
+                owner_pid=r["owner_pid"],
+                capacity_millis=r["capacity_millis"],
+                max_concurrent=r["max_concurrent"],
+                wait_mode=r["wait_mode"],
+                backend=r["backend"],
+                summary=json.loads(r["summary_json"] or "{}"),
+            )
+            for r in rows
+        ]
 
 
-def _decoded(row: sqlite3.Row, column: str, key: str) -> dict[str, Any]:
-    """The row as a dict with its JSON ``column`` decoded under ``key``."""
-    data = dict(row)
-    data[key] = json.loads(data.pop(column) or "{}")
-    return data
+def _run_row(row: sqlite3.Row) -> RunRow:
+    d = dict(row)
+    return RunRow(
+        id=d["id"], created_at=d["created_at"], finished_at=d["finished_at"],
+        case_name=d["case_name"], case_source=d["case_source"], run_dir=d["run_dir"],
+        solver=d["solver"], n_ranks=d["n_ranks"], qos=d["qos"], total_millis=d["total_millis"],
+        decompose=d["decompose"], backend=d["backend"],
+        placement=json.loads(d["placement_json"] or "{}"), status=d["status"],
+        exit_code=d["exit_code"], iterations=d["iterations"],
+        expected_iterations=d["expected_iterations"], wall_s=d["wall_s"], cpu_s=d["cpu_s"],
+        message=d["message"], owner_pid=d["owner_pid"], restarts=d["restarts"],
+        options=json.loads(d["options_json"] or "{}"),
+    )  # fmt: skip
 
 
-def _run_row(row: sqlite3.Row) -> dict[str, Any]:
-    return _decoded(row, "options_json", "options")
-
-
-def rank_result_from_row(row: dict[str, Any]) -> RankResult:
-    return RankResult(**{k: row.get(k) for k in RankResult.__dataclass_fields__})  # type: ignore[arg-type]
+def _queue_row(row: sqlite3.Row) -> QueueRow:
+    d = dict(row)
+    return QueueRow(
+        id=d["id"], submitted_at=d["submitted_at"], case_name=d["case_name"],
+        n_ranks=d["n_ranks"], options=json.loads(d["options_json"] or "{}"), status=d["status"],
+        run_id=d["run_id"], multiplex_id=d["multiplex_id"], owner_pid=d.get("owner_pid"),
+        owner_host=d.get("owner_host"), heartbeat=d.get("heartbeat"),
+    )  # fmt: skip

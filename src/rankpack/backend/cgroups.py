@@ -76,6 +76,21 @@ class CpuSettings:
     period_us: int
 
 
+def request_millis_of(settings: CpuSettings) -> int:
+    """The CPU request (millicores) that the cgroup's weight stands for (inverse of the
+    kubelet's mapping, exact to the rounding of shares)."""
+    shares = settings.shares
+    if shares is None and settings.weight is not None:
+        shares = 2 + (settings.weight - 1) * 262142 // 9999
+    return round((shares or 2) * 1000 / 1024)
+
+
+def limit_millis_of(settings: CpuSettings) -> int | None:
+    if settings.quota_us is None:
+        return None
+    return round(settings.quota_us * 1000 / settings.period_us)
+
+
 class CgroupDriver(Protocol):
     version: Literal["v1", "v2"]
 

@@ -3,7 +3,13 @@
 `mpirun` (Open MPI by default) starts `rank_launcher.sh` once per rank; the launcher writes
 its pid into ``rankpack/run-<sim>-<owner pid>/rank-<i>/cgroup.procs`` and execs the solver,
 so the rank is contained before its first instruction. Resizing is a write to the rank's
-cgroup files, exactly what the kubelet does for an in-place pod resize.
+cgroup files, exactly what the kubelet does for an in-place pod resize, so a resize is
+complete when the write returns.
+
+Implements backend protocol v2 (`rankpack.backend.protocol`): staging runs in a worker
+thread, a waiter thread per launched simulation notices its end, and `wait` wakes on the
+first event of any simulation. The backend reads the solver log, the cgroup counters and
+the PMPI shim's memory-mapped records itself and delivers them in observations.
 """
 
 from __future__ import annotations
@@ -11,25 +17,43 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import os
+import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
+from typing import IO
 
 from rankpack.backend import cgroups
 from rankpack.backend.protocol import (
+    BackendError,
+    Inventory,
+    LaunchFailed,
+    NodeCapacity,
     RankObservation,
+    RankPhase,
     RankResources,
-    SimHandle,
+    ResizeState,
+    ResizeStatus,
     SimObservation,
+    SimPhase,
+    SimRef,
     SimSpec,
+    StagedCase,
+    StageSpec,
+    UnknownSimulation,
 )
+from rankpack.case import staging
 from rankpack.errors import UserError
+from rankpack.profile.records import RecordReader, record_path
+from rankpack.profile.shim import shim_env
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
+_RUN_CGROUP = re.compile(r"^run-(?P<sim>.+)-(?P<pid>\d+)$")
 
 
 def launcher_path() -> Path:
@@ -65,30 +89,47 @@ def mpirun_argv(mpirun: str, flavour: str, n_ranks: int, env_names: list[str]) -
         for name in env_names:
             argv += ["-x", name]
         return argv
-    return (
-        [mpirun, "-np", str(n_ranks), "-envlist", ",".join(env_names)]
-        if env_names
-        else [
-            mpirun,
-            "-np",
-            str(n_ranks),
-        ]
-    )
+    argv = [mpirun, "-np", str(n_ranks)]
+    if env_names:
+        argv += ["-envlist", ",".join(env_names)]
+    return argv
+
+
+def shim_dir(case_dir: Path) -> Path:
+    """Where the shim's live records of a run go."""
+    return case_dir / ".rankpack" / "shim"
 
 
 @dataclass
-class LocalSim:
+class _Stage:
+    spec: StageSpec
+    thread: threading.Thread
+    result: StagedCase | None = None
+    error: str | None = None
+    done: bool = False
+    cancelled: bool = False
+
+
+@dataclass
+class _Sim:
     sim_id: str
     spec: SimSpec
-    process: subprocess.Popen[bytes]
     cgroup_rel: str | None
     pid_dir: Path
-    resources: list[RankResources]
-    log_file: object = field(repr=False)
+    desired: list[RankResources]
+    process: subprocess.Popen[bytes] | None = None
+    """None for a simulation adopted from an earlier rankpack process."""
+    log_file: IO[bytes] | None = field(default=None, repr=False)
     exit_code: int | None = None
+    ended: bool = False
     released: bool = False
+    log_offset: int = 0
+    pids: dict[int, str] = field(default_factory=dict)
+    restarts: dict[int, int] = field(default_factory=dict)
+    resizes: dict[int, ResizeStatus] = field(default_factory=dict)
     last_usage_ns: dict[int, int] = field(default_factory=dict)
-    """Uncontained mode: the last /proc reading per rank (kept after the process exits)."""
+    readers: list[RecordReader] = field(default_factory=list)
+    stopped: bool = False
 
 
 class LocalBackend:
@@ -101,32 +142,103 @@ class LocalBackend:
         *,
         use_cgroups: bool = True,
         driver: cgroups.CgroupDriver | None = None,
-        mpi: str = "openmpi",
+        reap: bool = True,
     ) -> None:
-        self.mpi = mpi
         self.driver: cgroups.CgroupDriver | None = None
         if use_cgroups:
             self.driver = driver or cgroups.detect()
             cgroups.check_writable(self.driver)
-            cgroups.reap_stale_runs(self.driver)
+            if reap:
+                cgroups.reap_stale_runs(self.driver)
+        self._stages: dict[str, _Stage] = {}
+        self._sims: dict[str, _Sim] = {}
+        self._news = threading.Condition()
+        self._pending_news = False
 
     @property
     def cgroup_version(self) -> str:
         return self.driver.version if self.driver else "none"
 
+    # -- capacity and facts ------------------------------------------------------------------
+
     def capacity_millis(self) -> int:
         return len(os.sched_getaffinity(0)) * 1000
 
-    # -- actions ---------------------------------------------------------------------------
+    def inventory(self) -> Inventory:
+        """One node: this machine. Requested CPU counts every live rankpack run on it, also
+        those of other rankpack processes (their run cgroups weigh their requests)."""
+        requested = sum(
+            r.request_millis for s in self._sims.values() if not s.released for r in s.desired
+        )
+        if self.driver is not None:
+            ours = {s.cgroup_rel for s in self._sims.values()}
+            for name in self.driver.children(cgroups.SUBTREE):
+                rel = f"{cgroups.SUBTREE}/{name}"
+                if _RUN_CGROUP.match(name) is None or rel in ours:
+                    continue
+                with contextlib.suppress(OSError):
+                    requested += cgroups.request_millis_of(self.driver.read_settings(rel))
+        return Inventory((NodeCapacity(os.uname().nodename, self.capacity_millis(), requested),))
 
-    def launch(self, spec: SimSpec) -> LocalSim:
-        mpirun = find_mpirun(self.mpi)
+    def placement(self) -> dict[str, str]:
+        return {"cgroups": self.cgroup_version, "node": os.uname().nodename}
+
+    def clock(self) -> float:
+        return time.monotonic()
+
+    # -- events ------------------------------------------------------------------------------
+
+    def _notify(self) -> None:
+        with self._news:
+            self._pending_news = True
+            self._news.notify_all()
+
+    def wait(self, timeout_s: float) -> None:
+        with self._news:
+            if not self._pending_news:
+                self._news.wait(max(0.0, timeout_s))
+            self._pending_news = False
+
+    # -- staging -----------------------------------------------------------------------------
+
+    def stage(self, spec: StageSpec) -> None:
+        if spec.sim_id in self._stages or spec.sim_id in self._sims:
+            raise BackendError(f"simulation {spec.sim_id} exists already")
+        staging.check(spec)  # bad input fails here, before a thread or a directory exists
+        entry = _Stage(spec, threading.Thread(target=self._run_stage, args=(spec,), daemon=True))
+        self._stages[spec.sim_id] = entry
+        entry.thread.start()
+
+    def _run_stage(self, spec: StageSpec) -> None:
+        entry = self._stages[spec.sim_id]
+        try:
+            entry.result = staging.stage(spec)
+        except UserError as exc:
+            entry.error = str(exc)
+        except Exception as exc:  # a staging bug must not kill the loop: report it
+            entry.error = f"staging failed: {exc!r}"
+        entry.done = True
+        if entry.cancelled and entry.result is not None:
+            shutil.rmtree(entry.result.run_dir, ignore_errors=True)
+        self._notify()
+
+    # -- launch ------------------------------------------------------------------------------
+
+    def launch(self, spec: SimSpec) -> None:
+        if spec.sim_id in self._sims:
+            raise BackendError(f"simulation {spec.sim_id} was launched already")
+        self._stages.pop(spec.sim_id, None)
+        mpirun = find_mpirun(spec.mpi)
         pid_dir = spec.case_dir / ".rankpack" / "pids"
         pid_dir.mkdir(parents=True, exist_ok=True)
         for stale in pid_dir.glob("rank-*.pid"):
             stale.unlink()
         env = dict(os.environ)
         env.update(spec.env)
+        if spec.shim is not None:
+            live = shim_dir(spec.case_dir)
+            live.mkdir(parents=True, exist_ok=True)
+            env.update(shim_env(live, spec.shim.wait_mode, flavour=spec.shim.flavour))
         env["RANKPACK_PID_DIR"] = str(pid_dir)
         cgroup_rel: str | None = None
         if self.driver is not None:
@@ -142,19 +254,22 @@ class LocalBackend:
                     rel = f"{cgroup_rel}/rank-{i}"
                     self.driver.create(rel)
                     self.driver.set_cpu(rel, res.request_millis, res.limit_millis)
-            except BaseException:
+            except OSError as exc:
                 cgroups.remove_tree(self.driver, cgroup_rel)
-                raise
+                raise LaunchFailed(f"cannot create the rank cgroups: {exc}") from exc
             env["RANKPACK_CGROUP_DIRS"] = ":".join(
                 str(d) for d in self.driver.join_dirs(cgroup_rel)
             )
         else:
             env.pop("RANKPACK_CGROUP_DIRS", None)
-        if self.mpi == "openmpi" and os.geteuid() == 0:
+        if spec.mpi == "openmpi" and os.geteuid() == 0:
             env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
             env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
-        forwarded = sorted({"RANKPACK_PID_DIR", "RANKPACK_CGROUP_DIRS", *spec.env} & set(env))
-        argv = mpirun_argv(mpirun, self.mpi, len(spec.ranks), forwarded)
+        forwarded_names = {"RANKPACK_PID_DIR", "RANKPACK_CGROUP_DIRS", *spec.env}
+        if spec.shim is not None:
+            forwarded_names |= {k for k in env if k.startswith("RANKPACK_SHIM_")} | {"LD_PRELOAD"}
+        forwarded = sorted(forwarded_names & set(env))
+        argv = mpirun_argv(mpirun, spec.mpi, len(spec.ranks), forwarded)
         argv += [str(launcher_path()), *spec.command]
         log_file = open(spec.log_path, "ab")  # noqa: SIM115 - closed in release()
         try:
@@ -168,106 +283,285 @@ class LocalBackend:
                 start_new_session=True,
                 preexec_fn=_terminate_with_parent,
             )
-        except BaseException:
+        except OSError as exc:
             log_file.close()
             if self.driver is not None and cgroup_rel is not None:
                 cgroups.remove_tree(self.driver, cgroup_rel)
-            raise
-        return LocalSim(
+            raise LaunchFailed(f"cannot start {argv[0]}: {exc}") from exc
+        sim = _Sim(
             sim_id=spec.sim_id,
             spec=spec,
-            process=process,
             cgroup_rel=cgroup_rel,
             pid_dir=pid_dir,
-            resources=list(spec.ranks),
+            desired=list(spec.ranks),
+            process=process,
             log_file=log_file,
         )
+        self._attach_readers(sim)
+        self._sims[spec.sim_id] = sim
+        threading.Thread(target=self._watch, args=(sim,), daemon=True).start()
 
-    def resize(self, handle: SimHandle, rank: int, resources: RankResources) -> None:
-        sim = _local(handle)
+    def _attach_readers(self, sim: _Sim) -> None:
+        if sim.spec.shim is not None:
+            live = shim_dir(sim.spec.case_dir)
+            sim.readers = [RecordReader(record_path(live, r)) for r in range(len(sim.desired))]
+
+    def _watch(self, sim: _Sim) -> None:
+        assert sim.process is not None
+        sim.exit_code = sim.process.wait()
+        sim.ended = True
+        self._notify()
+
+    # -- resize ------------------------------------------------------------------------------
+
+    def resize(self, sim_id: str, rank: int, resources: RankResources) -> ResizeStatus:
+        sim = self._sim(sim_id)
+        if not 0 <= rank < len(sim.desired):
+            raise BackendError(f"rank {rank} does not exist in {sim_id}")
+        t0 = time.monotonic()
+        old = sim.desired[rank]
         if self.driver is None or sim.cgroup_rel is None:
-            raise UserError("cannot resize a rank that runs without cgroups (--no-cgroups)")
-        if not 0 <= rank < len(sim.resources):
-            raise UserError(f"rank {rank} does not exist in {sim.sim_id}")
-        self.driver.set_cpu(
-            f"{sim.cgroup_rel}/rank-{rank}", resources.request_millis, resources.limit_millis
-        )
-        sim.resources[rank] = resources
-        self.driver.set_cpu(sim.cgroup_rel, sum(r.request_millis for r in sim.resources), None)
-
-    def observe(self, handle: SimHandle) -> SimObservation:
-        sim = _local(handle)
-        if sim.exit_code is None:
-            sim.exit_code = sim.process.poll()
-        now = time.monotonic()
-        ranks = []
-        for i, res in enumerate(sim.resources):
-            if self.driver is not None and sim.cgroup_rel is not None:
-                stat = self.driver.read_stat(f"{sim.cgroup_rel}/rank-{i}")
-                usage, nthr, thr_ns = stat.usage_ns, stat.nr_throttled, stat.throttled_ns
-            else:
-                usage = max(
-                    _proc_usage_ns(sim.pid_dir / f"rank-{i}.pid"), sim.last_usage_ns.get(i, 0)
-                )
-                sim.last_usage_ns[i] = usage
-                nthr, thr_ns = 0, 0
-            ranks.append(
-                RankObservation(
-                    rank=i,
-                    usage_ns=usage,
-                    nr_throttled=nthr,
-                    throttled_ns=thr_ns,
-                    request_millis=res.request_millis,
-                    limit_millis=res.limit_millis,
-                )
-            )
-        return SimObservation(sim.sim_id, now, tuple(ranks), sim.exit_code)
-
-    def stop(self, handle: SimHandle) -> None:
-        sim = _local(handle)
-        if sim.process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(sim.process.pid, signal.SIGTERM)
+            status = ResizeStatus(
+                ResizeState.REJECTED, old.request_millis, resources.request_millis, t0,
+                reason="this simulation runs without cgroups (--no-cgroups)",
+            )  # fmt: skip
+        else:
             try:
-                sim.process.wait(timeout=5)
+                self.driver.set_cpu(
+                    f"{sim.cgroup_rel}/rank-{rank}",
+                    resources.request_millis,
+                    resources.limit_millis,
+                )
+                sim.desired[rank] = resources
+                self.driver.set_cpu(
+                    sim.cgroup_rel, sum(r.request_millis for r in sim.desired), None
+                )
+            except OSError as exc:
+                status = ResizeStatus(
+                    ResizeState.REJECTED, old.request_millis, resources.request_millis, t0,
+                    reason=f"the cgroup write was refused: {exc}",
+                )  # fmt: skip
+            else:
+                status = ResizeStatus(
+                    ResizeState.COMPLETED, old.request_millis, resources.request_millis, t0,
+                    latency_s=time.monotonic() - t0,
+                )  # fmt: skip
+        sim.resizes[rank] = status
+        return status
+
+    def settings(self, sim_id: str, rank: int) -> cgroups.CpuSettings:
+        """The cgroup values in force for a rank (for display and checks)."""
+        sim = self._sim(sim_id)
+        if self.driver is None or sim.cgroup_rel is None:
+            raise UserError("this simulation runs without cgroups")
+        return self.driver.read_settings(f"{sim.cgroup_rel}/rank-{rank}")
+
+    # -- observe -----------------------------------------------------------------------------
+
+    def observe(self, sim_id: str) -> SimObservation:
+        now = time.monotonic()
+        entry = self._stages.get(sim_id)
+        if entry is not None and sim_id not in self._sims:
+            if not entry.done:
+                return SimObservation(sim_id, now, SimPhase.STAGING, ())
+            if entry.error is not None:
+                return SimObservation(
+                    sim_id, now, SimPhase.FAILED, (), reason=entry.error, stage_error=entry.error
+                )
+            return SimObservation(sim_id, now, SimPhase.STAGED, (), staged=entry.result)
+        sim = self._sim(sim_id)
+        if sim.process is not None and sim.exit_code is None:
+            sim.exit_code = sim.process.poll()
+            sim.ended = sim.exit_code is not None
+        ended = sim.ended
+        ranks = tuple(self._observe_rank(sim, i, ended) for i in range(len(sim.desired)))
+        log_text = self._read_log(sim)
+        if not ended:
+            phase, reason = (SimPhase.RUNNING if sim.pids else SimPhase.PENDING), ""
+        elif sim.exit_code == 0 or (sim.process is None and sim.exit_code is None):
+            phase, reason = SimPhase.SUCCEEDED, ""
+        else:
+            phase, reason = SimPhase.FAILED, _exit_reason(sim.exit_code, sim.stopped)
+        return SimObservation(
+            sim_id, now, phase, ranks, exit_code=sim.exit_code, reason=reason, log_text=log_text
+        )
+
+    def _observe_rank(self, sim: _Sim, i: int, ended: bool) -> RankObservation:
+        pid = _read_pid(sim.pid_dir / f"rank-{i}.pid")
+        if pid is not None:
+            if i in sim.pids and sim.pids[i] != pid:
+                sim.restarts[i] = sim.restarts.get(i, 0) + 1
+            sim.pids[i] = pid
+        if self.driver is not None and sim.cgroup_rel is not None:
+            stat = self.driver.read_stat(f"{sim.cgroup_rel}/rank-{i}")
+            usage, nthr, thr_ns = stat.usage_ns, stat.nr_throttled, stat.throttled_ns
+            alive = bool(self.driver.pids(f"{sim.cgroup_rel}/rank-{i}"))
+        else:
+            usage = max(_proc_usage_ns(pid), sim.last_usage_ns.get(i, 0))
+            sim.last_usage_ns[i] = usage
+            nthr, thr_ns = 0, 0
+            alive = pid is not None and _pid_alive(pid)
+        if ended:
+            phase = RankPhase.SUCCEEDED if sim.exit_code in (0, None) else RankPhase.FAILED
+        else:
+            phase = RankPhase.RUNNING if alive else RankPhase.PENDING
+        compute = mpi = None
+        duty_window = None
+        if i < len(sim.readers):
+            with contextlib.suppress(UserError, OSError, ValueError):
+                rec = sim.readers[i].snapshot()
+                if rec is not None:
+                    compute, mpi = rec.compute_ns, rec.mpi_ns
+                    duty_window = rec.window_duty
+        desired = sim.desired[i]
+        return RankObservation(
+            rank=i,
+            phase=phase,
+            desired=desired,
+            allocated=desired if sim.cgroup_rel is not None else None,
+            usage_ns=usage,
+            nr_throttled=nthr,
+            throttled_ns=thr_ns,
+            restarts=sim.restarts.get(i, 0),
+            node=os.uname().nodename,
+            pod=f"{sim.cgroup_rel}/rank-{i}" if sim.cgroup_rel else None,
+            resize=sim.resizes.get(i),
+            compute_ns=compute,
+            mpi_ns=mpi,
+            duty_window=duty_window,
+        )
+
+    def _read_log(self, sim: _Sim) -> str:
+        try:
+            with open(sim.spec.log_path, "rb") as fh:
+                fh.seek(sim.log_offset)
+                chunk = fh.read(8 << 20)
+        except FileNotFoundError:
+            return ""
+        # only whole lines: a partial last line waits for the next call
+        cut = chunk.rfind(b"\n") + 1 if not sim.ended else len(chunk)
+        sim.log_offset += cut
+        return chunk[:cut].decode("utf-8", errors="replace")
+
+    # -- stop and release ----------------------------------------------------------------------
+
+    def stop(self, sim_id: str) -> None:
+        entry = self._stages.get(sim_id)
+        if entry is not None and sim_id not in self._sims:
+            entry.cancelled = True
+            return
+        sim = self._sim(sim_id)
+        sim.stopped = True
+        process = sim.process
+        if process is not None and process.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+            try:
+                process.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 with contextlib.suppress(ProcessLookupError):
-                    os.killpg(sim.process.pid, signal.SIGKILL)
-                sim.process.wait(timeout=5)
-        sim.exit_code = sim.process.returncode
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=5)
+        if process is not None:
+            sim.exit_code = process.returncode
         # Ranks that escaped the process group (or outlived mpirun) are still in their cgroups.
         if self.driver is not None and sim.cgroup_rel is not None:
-            for i in range(len(sim.resources)):
+            for i in range(len(sim.desired)):
                 cgroups.kill_all(self.driver, f"{sim.cgroup_rel}/rank-{i}", grace_s=1.0)
         else:
             for pid_file in sim.pid_dir.glob("rank-*.pid"):
                 with contextlib.suppress(ValueError, ProcessLookupError, FileNotFoundError):
                     os.kill(int(pid_file.read_text().strip()), signal.SIGKILL)
+        sim.ended = True
+        self._notify()
 
-    def wait(self, handle: SimHandle, timeout_s: float) -> int | None:
-        sim = _local(handle)
-        try:
-            sim.exit_code = sim.process.wait(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            return None
-        return sim.exit_code
-
-    def release(self, handle: SimHandle) -> None:
-        sim = _local(handle)
-        if sim.released:
+    def release(self, sim_id: str) -> None:
+        entry = self._stages.pop(sim_id, None)
+        if entry is not None and sim_id not in self._sims:
+            entry.cancelled = True
+            entry.thread.join(timeout=600)
+            if entry.result is not None:
+                # staged but never launched: the copy holds no results
+                shutil.rmtree(entry.result.run_dir, ignore_errors=True)
             return
-        self.stop(sim)
+        sim = self._sims.get(sim_id)
+        if sim is None or sim.released:
+            return
+        self.stop(sim_id)
         if self.driver is not None and sim.cgroup_rel is not None:
             cgroups.remove_tree(self.driver, sim.cgroup_rel)
-        sim.log_file.close()  # type: ignore[attr-defined]
+        if sim.log_file is not None:
+            sim.log_file.close()
+        for reader in sim.readers:
+            reader.close()
         sim.released = True
 
-    def settings(self, handle: SimHandle, rank: int) -> cgroups.CpuSettings:
-        """The cgroup values in force for a rank (for display and checks)."""
-        sim = _local(handle)
-        if self.driver is None or sim.cgroup_rel is None:
-            raise UserError("this simulation runs without cgroups")
-        return self.driver.read_settings(f"{sim.cgroup_rel}/rank-{rank}")
+    # -- earlier processes' simulations ------------------------------------------------------
+
+    def list(self) -> tuple[SimRef, ...]:
+        refs = [
+            SimRef(s.sim_id, SimPhase.FAILED if s.ended else SimPhase.RUNNING)
+            for s in self._sims.values()
+            if not s.released
+        ]
+        known = {r.sim_id for r in refs}
+        if self.driver is not None:
+            for name in self.driver.children(cgroups.SUBTREE):
+                m = _RUN_CGROUP.match(name)
+                if m is None or m.group("sim") in known:
+                    continue
+                rel = f"{cgroups.SUBTREE}/{name}"
+                running = any(self.driver.pids(f"{rel}/{c}") for c in self.driver.children(rel))
+                phase = SimPhase.RUNNING if running else SimPhase.SUCCEEDED
+                refs.append(SimRef(m.group("sim"), phase, {"owner_pid": m.group("pid")}))
+        return tuple(refs)
+
+    def adopt(self, sim_id: str, spec: SimSpec) -> None:
+        """Take over the cgroups of a simulation another rankpack process launched. Its
+        mpirun is not our child: its end is seen when the rank cgroups empty."""
+        if self.driver is None:
+            raise BackendError("adopting needs cgroups")
+        match = [
+            n for n in self.driver.children(cgroups.SUBTREE)
+            if (m := _RUN_CGROUP.match(n)) is not None and m.group("sim") == sim_id
+        ]  # fmt: skip
+        if not match:
+            raise UnknownSimulation(f"no simulation {sim_id} on this machine")
+        rel = f"{cgroups.SUBTREE}/{match[0]}"
+        sim = _Sim(
+            sim_id=sim_id,
+            spec=spec,
+            cgroup_rel=rel,
+            pid_dir=spec.case_dir / ".rankpack" / "pids",
+            desired=list(spec.ranks),
+        )
+        for i in range(len(sim.desired)):
+            with contextlib.suppress(OSError):
+                s = self.driver.read_settings(f"{rel}/rank-{i}")
+                sim.desired[i] = RankResources(
+                    cgroups.request_millis_of(s), cgroups.limit_millis_of(s)
+                )
+        self._attach_readers(sim)
+        with contextlib.suppress(OSError):
+            sim.log_offset = spec.log_path.stat().st_size
+        self._sims[sim_id] = sim
+        threading.Thread(target=self._watch_adopted, args=(sim,), daemon=True).start()
+
+    def _watch_adopted(self, sim: _Sim) -> None:
+        assert self.driver is not None and sim.cgroup_rel is not None
+        while not sim.ended:
+            ranks = [f"{sim.cgroup_rel}/rank-{i}" for i in range(len(sim.desired))]
+            if not any(self.driver.pids(r) for r in ranks if self.driver.exists(r)):
+                sim.ended = True
+                self._notify()
+                return
+            time.sleep(0.2)
+
+    def _sim(self, sim_id: str) -> _Sim:
+        sim = self._sims.get(sim_id)
+        if sim is None:
+            raise UnknownSimulation(f"no simulation {sim_id} in this backend")
+        return sim
 
 
 _PR_SET_PDEATHSIG = 1
@@ -283,17 +577,40 @@ def _terminate_with_parent() -> None:
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
 
 
-def _local(handle: SimHandle) -> LocalSim:
-    if not isinstance(handle, LocalSim):
-        raise TypeError(f"not a local simulation handle: {handle!r}")
-    return handle
+def _exit_reason(code: int | None, stopped: bool) -> str:
+    if stopped:
+        return "stopped"
+    if code is None:
+        return "ended with an unknown status"
+    if code < 0:
+        return f"mpirun was killed by signal {-code}"
+    return f"the MPI job exited with code {code}"
 
 
-def _proc_usage_ns(pid_file: Path) -> int:
+def _read_pid(pid_file: Path) -> str | None:
     try:
-        pid = int(pid_file.read_text().strip())
+        text = pid_file.read_text().strip()
+    except OSError:
+        return None
+    return text or None
+
+
+def _pid_alive(pid: str) -> bool:
+    try:
+        os.kill(int(pid), 0)
+    except (ValueError, ProcessLookupError):
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _proc_usage_ns(pid: str | None) -> int:
+    if pid is None:
+        return 0
+    try:
         fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except (FileNotFoundError, ValueError, ProcessLookupError):
+    except (FileNotFoundError, ValueError, ProcessLookupError, IndexError):
         return 0
     utime, stime = int(fields[11]), int(fields[12])
     return (utime + stime) * 1_000_000_000 // CLK_TCK

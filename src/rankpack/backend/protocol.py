@@ -249,10 +249,6 @@ class Backend(Protocol):
         states arrive in `observe`."""
         ...
 
-    def set_wait_mode(self, sim_id: str, mode: str) -> None:
-        """Tell the shim in every rank how to wait inside MPI from now on."""
-        ...
-
     def observe(self, sim_id: str) -> SimObservation: ...
 
     def wait(self, timeout_s: float) -> None:

@@ -53,6 +53,12 @@ def foam_env(base: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
+def rank_env() -> dict[str, str]:
+    """OpenFOAM's variables every rank needs (Debian layout), forwarded to the ranks."""
+    env = foam_env()
+    return {k: v for k, v in env.items() if k in ("WM_PROJECT_DIR", "LD_LIBRARY_PATH")}
+
+
 def _is_case(path: Path) -> bool:
     system = path / "system"
     return (system / "controlDict").is_file() or (system / "controlDict.gz").is_file()

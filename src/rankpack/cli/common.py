@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rankpack.controller.observations import Phase
 from rankpack.errors import UserError
 
 
@@ -67,3 +68,33 @@ def data_dir() -> Path:
     from platformdirs import user_data_dir
 
     return Path(user_data_dir("rankpack"))
+
+
+def phases_from_text(text: str, n_ranks: int) -> tuple[Phase, ...]:
+    """``0:500,500,1200,1800;0.34:1000,1000,1000,1000`` -> phases (fraction: per-rank millis)."""
+    phases: list[Phase] = []
+    for part in text.split(";"):
+        part = part.strip()
+        if not part:
+            continue
+        try:
+            frac_text, millis_text = part.split(":", 1)
+            frac = float(frac_text)
+            millis = tuple(int(x.strip().rstrip("m")) for x in millis_text.split(","))
+        except ValueError:
+            raise UserError(
+                f"phase '{part}' must look like 0.34:1000,1000,1000,1000 "
+                "(fraction:per-rank millicores)"
+            ) from None
+        if not 0 <= frac < 1:
+            raise UserError(f"phase start {frac:g} must be in [0, 1)")
+        if len(millis) != n_ranks:
+            raise UserError(f"phase '{part}' has {len(millis)} requests for {n_ranks} ranks")
+        if any(m < 1 for m in millis):
+            raise UserError(f"phase '{part}' has a request below 1 millicore")
+        if phases and frac <= phases[-1].start_fraction:
+            raise UserError("phases must be given in increasing order of their start fraction")
+        phases.append(Phase(frac, millis))
+    if not phases:
+        raise UserError("--phases is empty; give e.g. 0:500,500,1200,1800;0.5:1000,1000,1000,1000")
+    return tuple(phases)

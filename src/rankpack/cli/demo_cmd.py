@@ -12,10 +12,10 @@ from rich.table import Table
 
 from rankpack.backend.local import LocalBackend
 from rankpack.cli.common import db_path, print_json
-from rankpack.cli.run_cmd import run_one, stop_on_signals
-from rankpack.controller.single import RunOptions
+from rankpack.cli.run_cmd import check_submission, run_one, stop_on_signals
+from rankpack.controller.submission import Submission
+from rankpack.core.results import RunResult
 from rankpack.plan.allocation import budget_to_millis, make_plan, resolve_weights
-from rankpack.report.results import RunResult
 from rankpack.store import Store
 
 
@@ -46,25 +46,29 @@ def handle(args: argparse.Namespace) -> int:
 
         raise UserError(f"--repeat must be at least 1, got {args.repeat}")
     weighted = importlib.util.find_spec("rankpack.case.partition") is not None
+    make_plan(weights, budget)
     configs = [
-        ("equal", RunOptions(args.case, make_plan([1.0] * args.ranks, budget),
-                             iterations=args.iterations, label="demo-equal")),
-        ("proportional", RunOptions(args.case, make_plan(weights, budget),
+        ("equal", Submission(args.case, (1.0,) * args.ranks, budget, iterations=args.iterations,
+                             sizing="fixed")),
+        ("proportional", Submission(args.case, tuple(weights), budget,
                                     iterations=args.iterations,
                                     decompose="weighted" if weighted else "equal",
-                                    label="demo-proportional")),
+                                    sizing="fixed")),
     ]  # fmt: skip
+    for _, sub in configs:
+        check_submission(sub)
     store = Store(db_path(args))
     backend = LocalBackend()
     results: dict[str, list[RunResult]] = {name: [] for name, _ in configs}
     with stop_on_signals() as stop:
         for _ in range(args.repeat):
-            for name, options in configs:  # interleaved: noise hits both alike
+            for name, sub in configs:  # interleaved: noise hits both alike
                 if stop.is_set():
                     break
                 results[name].append(
-                    run_one(options, backend, store, show=not args.json, stop=stop)
-                )
+                    run_one(sub, backend, store, show=not args.json, stop=stop,
+                            label=f"demo-{name}")
+                )  # fmt: skip
     summary = summarise(results)
     if args.json:
         print_json(summary)

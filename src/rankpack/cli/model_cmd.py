@@ -165,7 +165,8 @@ def load_multiplex_points(db: Path) -> list[MeasuredPoint]:
 
     if not db.exists():
         raise UserError(f"{NO_DB_RUNS} (database {db} does not exist)")
-    points = points_from_sessions(Store(db).multiplex_sessions())
+    sessions = Store(db, create=False).multiplex_sessions()
+    points = points_from_sessions([{"status": m.status, "summary": m.summary} for m in sessions])
     if not points:
         raise UserError(NO_DB_RUNS)
     return points

@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rich.console import Console
@@ -13,13 +12,7 @@ from rich.table import Table
 from rankpack.backend.local import LocalBackend
 from rankpack.cli.common import data_dir, db_path, parse_cores, print_json
 from rankpack.cli.run_cmd import stop_on_signals
-from rankpack.controller.multiplex import (
-    Multiplexer,
-    MultiplexOptions,
-    baseline_for_key,
-    fitted_beta_from_sessions,
-    submission_key,
-)
+from rankpack.controller.loop import LoopSettings
 from rankpack.controller.observations import (
     ControllerSettings,
     ControllerState,
@@ -27,14 +20,14 @@ from rankpack.controller.observations import (
     QueuedSim,
 )
 from rankpack.controller.policy import decide
-from rankpack.controller.single import attach_shim, execute, prepare
+from rankpack.controller.session import choose_gate, measure_baselines, run_session
 from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
 from rankpack.plan.allocation import budget_to_millis
 from rankpack.profile.shim import WAIT_MODES
 from rankpack.report.multiplex_live import MultiplexLive
 from rankpack.report.timeline import plot_timeline
-from rankpack.store import Store
+from rankpack.store import QueueRow, Store
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -100,51 +93,60 @@ def handle_multiplex(args: argparse.Namespace) -> int:
         raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
     if args.profile_s <= 0:
         raise UserError(f"--profile-s must be positive, got {args.profile_s:g}")
+    if args.beta is not None and args.beta < 0:
+        raise UserError(f"--beta must be >= 0, got {args.beta:g}")
     store = Store(db_path(args))
+    for q in store.requeue_orphans():
+        why = f"its session (pid {q.owner_pid}) ended without finishing it"
+        store.add_event(None, "requeued", {"queue_id": q.id, "reason": why})
     queue = store.queue()
     if not queue:
         raise UserError("the queue is empty; add simulations with `rankpack submit CASE`")
     backend = LocalBackend()
     capacity = (
-        budget_to_millis(args.budget) if args.budget is not None else backend.capacity_millis()
+        budget_to_millis(args.budget)
+        if args.budget is not None
+        else backend.inventory().allocatable_millis
     )
-    beta = args.beta
-    if beta is not None and beta < 0:
-        raise UserError(f"--beta must be >= 0, got {beta:g}")
-    if beta is None and args.gate == "auto":
-        head = Submission.from_json(queue[0]["options"])
-        beta = fitted_beta_from_sessions(
-            store.multiplex_sessions(), capacity_millis=capacity, wait_mode=args.wait,
-            n_ranks=head.n_ranks,
-        )  # fmt: skip
-        if beta is not None and not args.json:
-            Console(stderr=True).print(
-                f"launch gate: beta {beta:.3f} fitted from this machine's recorded sessions"
-            )
-    settings = ControllerSettings(
+    beta = choose_gate(
+        store, Submission.from_json(queue[0].options), capacity_millis=capacity,
+        wait_mode=args.wait, beta=args.beta, gate=args.gate,
+    )  # fmt: skip
+    if beta is not None and args.beta is None and not args.json:
+        Console(stderr=True).print(
+            f"launch gate: beta {beta:.3f} fitted from this machine's recorded sessions"
+        )
+    controller = ControllerSettings(
         max_concurrent=args.max_concurrent, profile_s=args.profile_s, fitted_beta=beta
     )
     if args.dry_run:
-        return dry_run(queue, capacity, settings, args.json)
-    options = MultiplexOptions(
-        capacity_millis=capacity,
-        wait_mode=args.wait,
-        controller=settings,
-        baseline=args.baseline,
-    )
+        return dry_run(queue, capacity, controller, args.json)
     runs_root = data_dir() / "runs"
+    settings = LoopSettings(
+        runs_root=runs_root, controller=controller, wait_mode=args.wait,
+        capacity_millis=capacity,
+    )  # fmt: skip
     with stop_on_signals() as stop:
         if args.baseline in ("auto", "measure"):
-            measure_baselines(store, backend, queue, args.wait, runs_root, args.json, stop,
-                              force=args.baseline == "measure")  # fmt: skip
+
+            def say(sub: Submission) -> None:
+                if not args.json:
+                    Console(stderr=True).print(
+                        f"measuring the single-run baseline of {sub.case} ..."
+                    )
+
+            measure_baselines(
+                backend, store,
+                LoopSettings(runs_root=runs_root, controller=ControllerSettings(max_concurrent=1),
+                             wait_mode=args.wait),
+                force=args.baseline == "measure", stop=stop, on_measure=say,
+            )  # fmt: skip
         if stop.is_set():
             return 130
         display = None if args.json else MultiplexLive()
-        mux = Multiplexer(
-            backend, store, options, runs_root=runs_root, cgroups=backend.cgroup_version,
-            display=display, stop=stop,
-        )  # fmt: skip
-        result = mux.run()
+        result = run_session(
+            backend, store, settings, baseline=args.baseline, display=display, stop=stop
+        )
     plot = args.plot or runs_root / f"multiplex-{result.multiplex_id}-timeline.png"
     plot.parent.mkdir(parents=True, exist_ok=True)
     plot_timeline(
@@ -159,50 +161,22 @@ def handle_multiplex(args: argparse.Namespace) -> int:
         print_summary(data)
     if result.status == "interrupted":
         return 130
-    return 0 if all(s.status == "completed" for s in result.simulations) else 1
-
-
-def measure_baselines(
-    store: Store, backend: LocalBackend, queue: list[dict[str, object]], wait: str,
-    runs_root: Path, quiet: bool, stop: object, *, force: bool,
-) -> None:  # fmt: skip
-    """Run each distinct queued simulation alone once (same settings, same wait mode) unless
-    the database already has such a run, so the throughput gain compares like with like."""
-    seen: set[str] = set()
-    for row in queue:
-        sub = Submission.from_json(row["options"])  # type: ignore[arg-type]
-        key = json.dumps(sub.to_json(), sort_keys=True)
-        if key in seen:
-            continue
-        seen.add(key)
-        if not force and _has_baseline(store, sub, wait):
-            continue
-        if not quiet:
-            Console(stderr=True).print(f"measuring the single-run baseline of {sub.case} ...")
-        prepared, duty_source = attach_shim(
-            prepare(sub.run_options(label="baseline"), runs_root), wait
-        )
-        execute(backend, store, prepared, cgroups=backend.cgroup_version, stop=stop,  # type: ignore[arg-type]
-                duty_source=duty_source, extra={"wait_mode": wait, "baseline": True})  # fmt: skip
-
-
-def _has_baseline(store: Store, sub: Submission, wait: str) -> bool:
-    return baseline_for_key(store, submission_key(sub, wait)) is not None
+    ok = all(s.status == "completed" for s in result.simulations) and not result.launch_failures
+    return 0 if ok else 1
 
 
 def dry_run(
-    queue: list[dict[str, object]], capacity: int, settings: ControllerSettings, as_json: bool
+    queue: list[QueueRow], capacity: int, settings: ControllerSettings, as_json: bool
 ) -> int:
     obs = Observations(
         now_s=0.0,
         capacity_millis=capacity,
         sims=(),
         queue=tuple(
-            QueuedSim(int(q["id"]), int(q["n_ranks"]),  # type: ignore[call-overload]
-                      Submission.from_json(q["options"]).initial_millis)  # type: ignore[arg-type]
+            QueuedSim(q.id, q.n_ranks, Submission.from_json(q.options).initial_millis)
             for q in queue
         ),
-    )  # fmt: skip
+    )
     decision = decide(obs, ControllerState(), settings)
     actions = [{"action": type(a).__name__.lower(), **a.__dict__} for a in decision.actions]
     if as_json:
@@ -244,9 +218,10 @@ def print_summary(data: dict[str, object]) -> None:
 
 
 def handle_events(args: argparse.Namespace) -> int:
-    events = Store(db_path(args)).events(run_id=args.sim, multiplex_id=args.multiplex)
+    store = Store.open_existing(db_path(args))
+    events = store.events(run_id=args.sim, multiplex_id=args.multiplex) if store else []
     if args.json:
-        print_json(events)
+        print_json([e.to_json() for e in events])
         return 0
     if not events:
         Console().print("no events recorded; they come from `rankpack multiplex`")
@@ -255,14 +230,14 @@ def handle_events(args: argparse.Namespace) -> int:
     for col in ("t s", "multiplex", "run", "event", "detail"):
         table.add_column(col, justify="right" if col in ("t s", "multiplex", "run") else "left")
     for e in events:
-        detail = e["detail"]
+        detail = dict(e.detail)
         reason = detail.pop("reason", None)
         text = ", ".join(f"{k}={v}" for k, v in detail.items())
         if reason:
             text = f"{reason}" + (f" ({text})" if text else "")
         table.add_row(
-            f"{e['t_s']:.1f}", str(e.get("multiplex_id") or "-"),
-            str(e["run_id"] or "-"), e["kind"], text,
+            f"{e.t_s:.1f}", str(e.multiplex_id or "-"),
+            str(e.run_id or "-"), e.kind, text,
         )  # fmt: skip
     Console().print(table)
     return 0

@@ -6,14 +6,20 @@ from __future__ import annotations
 import argparse
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
-from rankpack.backend.local import LocalBackend
+from rankpack.backend.local import LocalBackend, shim_dir
 from rankpack.cli import OneLineArgumentParser
 from rankpack.cli.common import db_path, print_json
 from rankpack.cli.profile_cmd import DEFAULT_SECONDS, print_summary_table
-from rankpack.cli.run_cmd import add_plan_arguments, add_run_arguments, options_from_args
-from rankpack.controller.single import DutySource, attach_shim, execute, prepare
+from rankpack.cli.run_cmd import (
+    add_plan_arguments,
+    add_run_arguments,
+    run_one,
+    submission_from_args,
+)
+from rankpack.controller.loop import SimView
 from rankpack.errors import UserError
 from rankpack.profile.sampling import ProfileSummary, sample_live, summarise
 from rankpack.profile.tracker import DutyTracker
@@ -58,51 +64,64 @@ def handle_case(args: argparse.Namespace) -> int:
         raise UserError(f"--seconds must be positive (got {cargs.seconds:g})")
     if not 0 <= cargs.skip < 1:
         raise UserError(f"--skip must be in [0, 1) (got {cargs.skip})")
-    options = options_from_args(cargs, label="profile")
+    sub = submission_from_args(cargs)
     backend = LocalBackend(use_cgroups=not cargs.no_cgroups)
-    from rankpack.cli.common import data_dir
-
-    prepared = prepare(options, data_dir() / "runs")
-    prepared, factory = attach_shim(prepared, cargs.wait)
-    trackers: list[DutySource] = []
-
-    def keep(run_dir: Path) -> DutySource:
-        tracker = factory(run_dir)
-        trackers.append(tracker)
-        return tracker
-
+    follower = _DutyFollower(sub.n_ranks, cargs.skip)
     stop = threading.Event()
     timer = threading.Timer(cargs.seconds, stop.set) if cargs.seconds else None
     if timer:
         timer.start()
     try:
-        result = execute(
-            backend, Store(db_path(args)), prepared, cgroups=backend.cgroup_version, stop=stop,
-            duty_source=keep, extra={"shim": True, "wait_mode": cargs.wait, "profile": True},
+        result = run_one(
+            sub, backend, Store(db_path(args)), show=False, stop=stop, wait_mode=cargs.wait,
+            label="profile", extra={"profile": True}, display=follower,
         )  # fmt: skip
     finally:
         if timer:
             timer.cancel()
-    tracker = trackers[0]
-    assert isinstance(tracker, DutyTracker)
-    tracker.skip_fraction = cargs.skip
-    summary = tracker.summary([float(r.cpu_millis) for r in options.plan.ranks])
+    follower.take(result.run_dir)
+    tracker = follower.tracker
+    if tracker is None:
+        raise UserError(f"the run {result.id} ended before the shim published anything")
+    summary = tracker.summary([float(r.cpu_millis) for r in sub.plan().ranks])
+    tracker.close()
     _output(
-        summary, cargs, f"Per-rank duty cycle: {prepared.source.name}",
+        summary, cargs, f"Per-rank duty cycle: {result.case}",
         run_id=result.id, status=result.status, iterations=result.iterations,
         exit_code=result.exit_code, run_dir=result.run_dir,
     )  # fmt: skip
     return 0 if result.status in ("completed", "interrupted") else 1
 
 
+class _DutyFollower:
+    """A display that keeps every new shim record of the run (for the steady-state duty)."""
+
+    def __init__(self, n_ranks: int, skip: float) -> None:
+        self.n_ranks = n_ranks
+        self.skip = skip
+        self.tracker: DutyTracker | None = None
+
+    def take(self, run_dir: str | None) -> None:
+        if run_dir is None:
+            return
+        if self.tracker is None:
+            self.tracker = DutyTracker(shim_dir(Path(run_dir)), self.n_ranks, self.skip)
+        self.tracker.live()
+
+    def update(self, now_s: float, sims: Sequence[SimView]) -> None:
+        for sim in sims:
+            self.take(sim.run_dir)
+
+    def close(self) -> None:
+        pass
+
+
 def handle_attach(args: argparse.Namespace) -> int:
     store = Store(db_path(args))
     run = store.get_run(args.attach)
-    if run["status"] != "running":
-        raise UserError(
-            f"run {args.attach} is {run['status']}, not running; see `rankpack runs show`"
-        )
-    live = Path(run["run_dir"]) / ".rankpack" / "shim"
+    if run.status != "running":
+        raise UserError(f"run {args.attach} is {run.status}, not running; see `rankpack runs show`")
+    live = shim_dir(Path(run.run_dir))
     if not live.is_dir():
         raise UserError(f"run {args.attach} was started without the shim (--no-shim)")
     if args.seconds is None:
@@ -112,12 +131,12 @@ def handle_attach(args: argparse.Namespace) -> int:
 
     def ended(timeout_s: float) -> bool:
         time.sleep(timeout_s)
-        return bool(store.get_run(args.attach)["status"] != "running")
+        return store.get_run(args.attach).status != "running"
 
-    history = sample_live(live, run["n_ranks"], seconds=args.seconds, wait_for_exit=ended)
-    requests = [float(r["cpu_millis"]) for r in run["ranks"]]
+    history = sample_live(live, run.n_ranks, seconds=args.seconds, wait_for_exit=ended)
+    requests = [float(r.cpu_millis) for r in run.ranks]
     summary = summarise(history, requests, args.skip)
-    args.wait = run["options"].get("wait_mode", "spin")
+    args.wait = run.options.get("wait_mode", "spin")
     _output(summary, args, f"Per-rank duty cycle: run {args.attach}", run_id=args.attach,
-            run_dir=run["run_dir"], exit_code=None)  # fmt: skip
+            run_dir=run.run_dir, exit_code=None)  # fmt: skip
     return 0

@@ -144,19 +144,20 @@ def handle_program(args: argparse.Namespace) -> int:
         ranks=tuple(RankResources(args.request) for _ in range(args.ranks)),
         log_path=workdir.resolve() / "profile.log",
         env=env,
+        mpi=args.mpi,
     )
-    backend = LocalBackend(use_cgroups=not args.no_cgroups, mpi=args.mpi)
-    handle_ = backend.launch(spec)
+    backend = LocalBackend(use_cgroups=not args.no_cgroups)
+    backend.launch(spec)
+
+    def ended(timeout_s: float) -> bool:
+        backend.wait(timeout_s)
+        return backend.observe(spec.sim_id).phase.ended
+
     try:
-        history = sample_live(
-            live_dir,
-            args.ranks,
-            seconds=args.seconds,
-            wait_for_exit=lambda t: backend.wait(handle_, t) is not None,
-        )
-        exit_code = backend.wait(handle_, 0)
+        history = sample_live(live_dir, args.ranks, seconds=args.seconds, wait_for_exit=ended)
+        exit_code = backend.observe(spec.sim_id).exit_code
     finally:
-        backend.release(handle_)
+        backend.release(spec.sim_id)
         shutil.rmtree(live_dir, ignore_errors=True)
     if not any(history.values()):
         raise UserError(

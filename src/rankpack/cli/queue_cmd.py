@@ -8,9 +8,8 @@ from rich.console import Console
 from rich.table import Table
 
 from rankpack.case.openfoam import resolve_case
-from rankpack.cli.common import db_path, parse_cores, parse_millis, print_json
+from rankpack.cli.common import db_path, parse_cores, parse_millis, phases_from_text, print_json
 from rankpack.cli.run_cmd import parse_center
-from rankpack.controller.multiplex import phases_from_text
 from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
 from rankpack.plan.allocation import budget_to_millis, make_plan, resolve_weights
@@ -46,10 +45,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=handle_submit)
 
-    q = sub.add_parser("queue", help="list queued (and with --all, past) simulations")
+    q = sub.add_parser(
+        "queue",
+        help="list queued (and with --all, past) simulations; cancel or requeue entries",
+        description="Without a sub-command: list the queue. `queue cancel ID...` takes "
+        "queued entries out; `queue requeue ID...` puts failed, interrupted or cancelled "
+        "entries back.",
+    )
     q.add_argument("--all", action="store_true", help="include launched and finished entries")
     q.add_argument("--json", action="store_true")
     q.set_defaults(handler=handle_queue)
+    actions = q.add_subparsers(dest="queue_command", metavar="{cancel,requeue}",
+                               parser_class=type(q))  # fmt: skip
+    for name, text in (
+        ("cancel", "take queued entries out of the queue"),
+        ("requeue", "put failed, interrupted or cancelled entries back"),
+    ):
+        a = actions.add_parser(name, help=text)
+        a.add_argument("ids", type=int, nargs="+", metavar="ID")
+        a.add_argument("--json", action="store_true")
+        a.set_defaults(handler=handle_queue_change, queue_command=name)
 
 
 def submission_from_args(args: argparse.Namespace) -> Submission:
@@ -77,7 +92,7 @@ def submission_from_args(args: argparse.Namespace) -> Submission:
 def handle_submit(args: argparse.Namespace) -> int:
     sub = submission_from_args(args)
     store = Store(db_path(args))
-    ids = [store.submit(sub.case, sub.n_ranks, sub.to_json()) for _ in range(args.count)]
+    ids = store.submit_many(sub.case, sub.n_ranks, sub.to_json(), args.count)
     if args.json:
         print_json({"queued": ids, "submission": sub.to_json()})
     else:
@@ -92,9 +107,10 @@ def handle_queue(args: argparse.Namespace) -> int:
     statuses = (
         ("queued", "running", "completed", "failed", "interrupted") if args.all else ("queued",)
     )
-    rows = Store(db_path(args)).queue(statuses)
+    store = Store.open_existing(db_path(args))
+    rows = store.queue(statuses) if store is not None else []
     if args.json:
-        print_json(rows)
+        print_json([r.to_json() for r in rows])
         return 0
     if not rows:
         Console().print("the queue is empty; add simulations with `rankpack submit CASE`")
@@ -112,11 +128,36 @@ def handle_queue(args: argparse.Namespace) -> int:
     ):
         table.add_column(col)
     for r in rows:
-        sub = Submission.from_json(r["options"])
+        sub = Submission.from_json(r.options)
         table.add_row(
-            str(r["id"]), r["submitted_at"].replace("T", " ")[:19], r["case_name"],
-            str(r["n_ranks"]), " ".join(f"{m}m" for m in sub.initial_millis),
-            str(sub.iterations or "endTime"), r["status"], str(r["run_id"] or "-"),
+            str(r.id), r.submitted_at.replace("T", " ")[:19], r.case_name,
+            str(r.n_ranks), " ".join(f"{m}m" for m in sub.initial_millis),
+            str(sub.iterations or "endTime"), r.status, str(r.run_id or "-"),
         )  # fmt: skip
     Console().print(table)
     return 0
+
+
+def handle_queue_change(args: argparse.Namespace) -> int:
+    store = Store(db_path(args), create=False)
+    known = {i for i in args.ids if store.get_queue(i) is not None}
+    missing = sorted(set(args.ids) - known)
+    if missing:
+        raise UserError(
+            f"no queue entry {', '.join(map(str, missing))}; see `rankpack queue --all`"
+        )
+    if args.queue_command == "cancel":
+        moved = store.set_queue_status(args.ids, "cancelled", ("queued",))
+    else:
+        moved = store.set_queue_status(args.ids, "queued", ("failed", "interrupted", "cancelled"))
+    skipped = [i for i in args.ids if i not in moved]
+    for qid in moved:
+        store.add_event(None, f"queue-{args.queue_command}", {"queue_id": qid})
+    if args.json:
+        print_json({args.queue_command: moved, "unchanged": skipped})
+    else:
+        Console().print(
+            f"{args.queue_command}: {', '.join(map(str, moved)) or 'none'}"
+            + (f"; unchanged (not in a state that allows it): {skipped}" if skipped else "")
+        )
+    return 0 if moved else 1

@@ -1,4 +1,9 @@
-"""`rankpack run`: one OpenFOAM case, each MPI rank in its own cgroup with its planned CPU."""
+"""`rankpack run`: one OpenFOAM case, each MPI rank in its own rank pod with its planned CPU.
+
+A queue of one for the control loop (`rankpack.controller.loop`): the same loop, policy and
+backend protocol as `rankpack multiplex`, so a run can follow a phase schedule (`--phases`)
+or be sized to its measured duty cycles (`--resize duty`) in place.
+"""
 
 from __future__ import annotations
 
@@ -6,28 +11,38 @@ import argparse
 import contextlib
 import signal
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 from rich.console import Console
 
 from rankpack.backend.local import LocalBackend
-from rankpack.case import decomposition
-from rankpack.case.openfoam import resolve_case
-from rankpack.cli.common import data_dir, db_path, parse_cores, parse_millis, print_json
-from rankpack.controller.single import (
-    RunOptions,
-    attach_shim,
-    check_options,
-    execute,
-    prepare,
+from rankpack.backend.protocol import Backend
+from rankpack.case import decomposition, staging
+from rankpack.cli.common import (
+    data_dir,
+    db_path,
+    parse_cores,
+    parse_millis,
+    phases_from_text,
+    print_json,
 )
+from rankpack.controller.loop import Display, LoopSettings, OneJob, run_jobs
+from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.submission import Submission
+from rankpack.core.results import RunResult
+from rankpack.errors import UserError
 from rankpack.plan.allocation import QoS, budget_to_millis, make_plan, resolve_weights
 from rankpack.profile.shim import shim_library
 from rankpack.report.live import RunDisplay
-from rankpack.report.results import RunResult
 from rankpack.report.tables import run_table
 from rankpack.store import Store
+
+LIMITS_HAZARD = (
+    "hard CPU limits (--qos limits) throttle ranks at MPI barriers and can multiply wall "
+    "time by orders of magnitude (1900x measured here on pitzDaily); use the default "
+    "--qos requests, or add --allow-limits if you really want quotas"
+)
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
@@ -95,12 +110,26 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "Copy CASE (a case directory or an installed tutorial name such as pitzDaily or "
             "aerofoilNACA0012) into a fresh run directory, mesh and decompose it, and run its "
             "solver with mpirun, each rank in its own cgroup with a CPU request from the plan. "
-            "Results go to the SQLite database (see `rankpack runs`)."
+            "--phases or --resize duty change the requests in place while it runs (no "
+            "restart); --json lists every resize. Results go to the SQLite database (see "
+            "`rankpack runs`)."
         ),
     )
     p.add_argument("case", metavar="CASE", help="case directory or tutorial name")
     add_plan_arguments(p)
     add_run_arguments(p)
+    p.add_argument(
+        "--phases",
+        help="phase schedule: FRACTION:R0,R1,..;FRACTION:.. e.g. 0:500,1500;0.5:1500,500 "
+        "(per-rank millicores from that fraction of the run on, resized in place)",
+    )
+    p.add_argument(
+        "--resize",
+        choices=["none", "duty"],
+        default="none",
+        help="none (default): keep the plan's requests; duty: profile the ranks once past "
+        "start-up and resize them in place to their measured duty cycles",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(handler=handle)
 
@@ -109,31 +138,59 @@ def parse_center(text: str | None) -> tuple[float, float, float] | None:
     return None if text is None else decomposition.parse_center(text)
 
 
-def options_from_args(args: argparse.Namespace, *, label: str | None = None) -> RunOptions:
+def submission_from_args(args: argparse.Namespace) -> Submission:
+    """The job `run` (and `demo`, `profile CASE`) hands to the control loop; validated
+    before anything is created."""
+    if QoS(args.qos) is QoS.LIMITS and not args.allow_limits:
+        raise UserError(LIMITS_HAZARD)
     weights = resolve_weights(args.weights, args.ranks, args.weights is None)
     budget = budget_to_millis(args.budget if args.budget is not None else float(len(weights)))
-    plan = make_plan(weights, budget, floor_millis=args.floor, qos=QoS(args.qos))
-    options = RunOptions(
+    make_plan(weights, budget, floor_millis=args.floor, qos=QoS(args.qos))
+    if args.iterations is not None and args.iterations < 1:
+        raise UserError(f"--iterations must be at least 1, got {args.iterations}")
+    phases = phases_from_text(args.phases, len(weights)) if getattr(args, "phases", None) else ()
+    resize = getattr(args, "resize", "none")
+    if phases and resize == "duty":
+        raise UserError("--phases and --resize duty both set the requests; give one of them")
+    sub = Submission(
         case=args.case,
-        plan=plan,
+        weights=tuple(weights),
+        budget_millis=budget,
+        floor_millis=args.floor,
         iterations=args.iterations,
         decompose=args.decompose,
         decompose_weights=(
-            resolve_weights(args.decompose_weights, args.ranks, False)
+            tuple(resolve_weights(args.decompose_weights, args.ranks, False))
             if args.decompose_weights
-            else None
+            else ()
         ),
         center=parse_center(args.center),
-        workdir=args.workdir,
-        label=label,
+        phases=phases,
+        qos=args.qos,
+        sizing="duty" if resize == "duty" else "fixed",
+        workdir=str(args.workdir) if args.workdir else None,
     )
-    check_options(options, args.allow_limits)
-    return options
+    check_submission(sub)
+    return sub
+
+
+def check_submission(sub: Submission) -> None:
+    staging.check(
+        staging.StageSpec(
+            sim_id="check",
+            case=sub.case,
+            n_ranks=sub.n_ranks,
+            runs_root=data_dir() / "runs",
+            iterations=sub.iterations,
+            decompose=sub.decompose,
+            workdir=Path(sub.workdir) if sub.workdir else None,
+        )
+    )
 
 
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[threading.Event]:
-    """Ctrl-C and SIGTERM ask the driver to stop; it then cleans up and records the run."""
+    """Ctrl-C and SIGTERM ask the loop to stop; it then cleans up and records the run."""
     stop = threading.Event()
 
     def handler(signum: int, frame: object) -> None:
@@ -148,55 +205,50 @@ def stop_on_signals() -> Iterator[threading.Event]:
 
 
 def run_one(
-    options: RunOptions,
-    backend: LocalBackend,
-    store: Store | Callable[[], Store],
+    sub: Submission,
+    backend: Backend,
+    store: Store,
     *,
     show: bool,
     stop: threading.Event,
     shim: bool = True,
     wait_mode: str = "spin",
+    label: str | None = None,
+    extra: dict[str, object] | None = None,
+    controller: ControllerSettings | None = None,
+    display: Display | None = None,
 ) -> RunResult:
-    """Prepare and execute one run. ``store`` may be a factory, so that bad input found
-    while preparing leaves no database behind."""
+    """Run one job to its end through the control loop; a case that cannot be staged is a
+    UserError (exit 2)."""
     if shim:
-        shim_library("openmpi")  # fail before preparing anything if it is not built
-    prepared = prepare(options, data_dir() / "runs")
-    duty_source = None
-    extra: dict[str, object] = {"shim": shim}
-    if shim:
-        prepared, duty_source = attach_shim(prepared, wait_mode)
-        extra["wait_mode"] = wait_mode
-    db = store if isinstance(store, Store) else store()
-    title = f"{prepared.source.name} ({prepared.solver}, {options.plan.n_ranks} ranks)"
-    display = RunDisplay(title) if show else None
-    return execute(
-        backend,
-        db,
-        prepared,
-        cgroups=backend.cgroup_version,
-        display=display,
-        stop=stop,
-        duty_source=duty_source,
-        extra=extra,
+        shim_library("openmpi")  # fail before anything is created if it is not built
+    settings = LoopSettings(
+        runs_root=data_dir() / "runs",
+        controller=controller or ControllerSettings(max_concurrent=1),
+        shim=shim,
+        wait_mode=wait_mode,
+        label=label,
+        extra=dict(extra or {}),
     )
+    if show:
+        display = RunDisplay(f"{Path(sub.case).name} ({sub.n_ranks} ranks)")
+    result = run_jobs(backend, store, OneJob(sub), settings, display=display, stop=stop)
+    if result.stage_failures:
+        raise UserError(result.stage_failures[0].reason)
+    if not result.results:
+        raise KeyboardInterrupt
+    return result.results[0]
 
 
 def handle(args: argparse.Namespace) -> int:
-    options = options_from_args(args)
-    resolve_case(options.case)
-    path = db_path(args)
+    sub = submission_from_args(args)
     backend = LocalBackend(use_cgroups=not args.no_cgroups)
+    store = Store(db_path(args))
     with stop_on_signals() as stop:
         result = run_one(
-            options,
-            backend,
-            lambda: Store(path),
-            show=not args.json,
-            stop=stop,
-            shim=not args.no_shim,
+            sub, backend, store, show=not args.json, stop=stop, shim=not args.no_shim,
             wait_mode=args.wait,
-        )
+        )  # fmt: skip
     if args.json:
         print_json(result.to_json())
     else:

@@ -157,8 +157,6 @@ class ControllerSettings:
     """Progress rates are measured over this trailing window."""
 
 
-
-
 @dataclass(frozen=True)
 class Decision:
     state: ControllerState

@@ -1,13 +1,16 @@
-"""A queued simulation: what `rankpack submit` stores and the multiplexer launches."""
+"""A job: one simulation to run, as `rankpack run` builds it and `rankpack submit` queues it.
+
+The control loop stages and launches it; its plan (per-rank requests) comes from the
+weights and budget. Stored as JSON in the queue (`to_json` / `from_json`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, replace
+from typing import Any, Literal
 
 from rankpack.controller.observations import Phase
-from rankpack.controller.single import RunOptions
-from rankpack.plan.allocation import Plan, make_plan
+from rankpack.plan.allocation import Plan, QoS, make_plan
 
 
 @dataclass(frozen=True)
@@ -21,17 +24,25 @@ class Submission:
     decompose: str = "equal"
     center: tuple[float, float, float] | None = None
     phases: tuple[Phase, ...] = ()
+    decompose_weights: tuple[float, ...] = ()
+    """Weights of the decomposition (default: the CPU weights)."""
+    qos: str = QoS.REQUESTS.value
+    sizing: Literal["duty", "fixed"] = "duty"
+    """duty: profile and size ranks to their duty cycles; fixed: keep the plan's requests."""
+    workdir: str | None = None
+    """An exact run directory instead of a new one under the data directory."""
 
     @property
     def n_ranks(self) -> int:
         return len(self.weights)
 
     def plan(self) -> Plan:
-        plan = make_plan(list(self.weights), self.budget_millis, floor_millis=self.floor_millis)
+        plan = make_plan(
+            list(self.weights), self.budget_millis, floor_millis=self.floor_millis,
+            qos=QoS(self.qos),
+        )  # fmt: skip
         if self.phases and self.phases[0].start_fraction == 0:
             # A schedule that starts at 0 sets the initial requests itself.
-            from dataclasses import replace
-
             ranks = tuple(
                 replace(r, cpu_millis=m)
                 for r, m in zip(plan.ranks, self.phases[0].request_millis, strict=True)
@@ -42,16 +53,6 @@ class Submission:
     @property
     def initial_millis(self) -> tuple[int, ...]:
         return tuple(r.cpu_millis for r in self.plan().ranks)
-
-    def run_options(self, *, label: str | None = None) -> RunOptions:
-        return RunOptions(
-            case=self.case,
-            plan=self.plan(),
-            iterations=self.iterations,
-            decompose=self.decompose,
-            center=self.center,
-            label=label,
-        )
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -66,11 +67,16 @@ class Submission:
                 {"start_fraction": p.start_fraction, "request_millis": list(p.request_millis)}
                 for p in self.phases
             ],
+            "decompose_weights": list(self.decompose_weights),
+            "qos": self.qos,
+            "sizing": self.sizing,
+            "workdir": self.workdir,
         }
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> Submission:
         center = d.get("center")
+        sizing = d.get("sizing", "duty")
         return Submission(
             case=d["case"],
             weights=tuple(float(w) for w in d["weights"]),
@@ -83,4 +89,8 @@ class Submission:
                 Phase(float(p["start_fraction"]), tuple(int(m) for m in p["request_millis"]))
                 for p in d.get("phases", [])
             ),
+            decompose_weights=tuple(float(w) for w in d.get("decompose_weights") or ()),
+            qos=d.get("qos", QoS.REQUESTS.value),
+            sizing="fixed" if sizing == "fixed" else "duty",
+            workdir=d.get("workdir"),
         )

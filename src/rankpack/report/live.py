@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from rich.console import Console, Group
 from rich.live import Live
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from rankpack.controller.single import Tick
+from rankpack.controller.loop import SimView
 
 
 class RunDisplay:
@@ -28,7 +30,7 @@ class RunDisplay:
         self.live = Live(self._render(None), console=self.console, refresh_per_second=4)
         self.live.start()
 
-    def _render(self, tick: Tick | None) -> Group:
+    def _render(self, tick: SimView | None) -> Group:
         if tick is None:
             return Group(self.progress)
         log = tick.log
@@ -46,23 +48,26 @@ class RunDisplay:
         table.add_column("limit", justify="right")
         table.add_column("CPU now", justify="right")
         table.add_column("throttled", justify="right")
-        if tick.duty:
+        with_duty = any(r.duty is not None for r in tick.ranks)
+        if with_duty:
             table.add_column("duty", justify="right")
-        for r, cores in zip(tick.observation.ranks, tick.cpu_cores, strict=True):
+        for r in tick.ranks:
             row = [
                 str(r.rank),
                 f"{r.request_millis}m",
                 f"{r.limit_millis}m" if r.limit_millis is not None else "-",
-                f"{cores * 1000:.0f}m",
+                f"{r.cpu_cores * 1000:.0f}m",
                 str(r.nr_throttled),
             ]
-            if tick.duty:
-                d = tick.duty[r.rank] if r.rank < len(tick.duty) else None
-                row.append(f"{d:.0%}" if d is not None else "?")
+            if with_duty:
+                row.append(f"{r.duty:.0%}" if r.duty is not None else "?")
             table.add_row(*row)
-        return Group(self.progress, *info, table)
+        return Group(self.progress, f"stage: {tick.stage}", *info, table)
 
-    def update(self, tick: Tick) -> None:
+    def update(self, now_s: float, sims: Sequence[SimView]) -> None:
+        if not sims:
+            return
+        tick = sims[0]
         total = tick.expected_iterations or None
         self.progress.update(self.task, total=total, completed=tick.log.iterations)
         self.live.update(self._render(tick))

@@ -2,11 +2,10 @@
 
 from __future__ import annotations
 
-from typing import Any
-
 from rich.table import Table
 
-from rankpack.report.results import RunResult
+from rankpack.core.results import RunResult
+from rankpack.store import RunRow
 
 
 def run_table(result: RunResult) -> Table:
@@ -14,11 +13,13 @@ def run_table(result: RunResult) -> Table:
         title=(
             f"run {result.id}: {result.case} ({result.solver}), {result.status}, "
             f"{result.iterations} iterations in {result.wall_s:.1f} s, "
-            f"{result.cpu_s:.1f} CPU-s, qos {result.qos}, cgroups {result.cgroups}"
+            f"{result.cpu_s:.1f} CPU-s, qos {result.qos}, backend {result.backend}"
+            f"{_placement(result.placement)}, {len(result.resizes)} resizes,"
+            f" {result.restarts} restarts"
         ),
         caption=(
             f"run directory: {result.run_dir}\nCPU-s: trapezoidal integral of ~1 Hz samples; "
-            "counter: the cgroup's usage counter; thr.: CFS throttling events"
+            "counter: the rank pod's usage counter; thr.: CFS throttling events"
         ),
     )
     for col in ("rank", "weight", "cells", "request", "limit", "CPU-s", "counter",
@@ -40,23 +41,28 @@ def run_table(result: RunResult) -> Table:
     return table
 
 
-def runs_list_table(runs: list[dict[str, Any]]) -> Table:
+def _placement(placement: dict[str, object]) -> str:
+    shown = ", ".join(f"{k} {v}" for k, v in placement.items() if k != "node")
+    return f" ({shown})" if shown else ""
+
+
+def runs_list_table(runs: list[RunRow]) -> Table:
     table = Table(title="runs")
     for col in ("id", "created", "case", "ranks", "qos", "request", "decompose", "status",
                 "iterations", "wall s", "CPU-s"):  # fmt: skip
         table.add_column(col, justify="right" if col not in ("case", "status") else "left")
     for r in runs:
         table.add_row(
-            str(r["id"]),
-            str(r["created_at"]).replace("T", " ")[:19],
-            r["case_name"],
-            str(r["n_ranks"]),
-            r["qos"],
-            f"{r['total_millis']}m",
-            r["decompose"],
-            r["status"],
-            str(r["iterations"]),
-            f"{r['wall_s']:.1f}" if r["wall_s"] is not None else "-",
-            f"{r['cpu_s']:.1f}" if r["cpu_s"] is not None else "-",
+            str(r.id),
+            r.created_at.replace("T", " ")[:19],
+            r.case_name,
+            str(r.n_ranks),
+            r.qos,
+            f"{r.total_millis}m",
+            r.decompose,
+            r.status,
+            str(r.iterations),
+            f"{r.wall_s:.1f}" if r.wall_s is not None else "-",
+            f"{r.cpu_s:.1f}" if r.cpu_s is not None else "-",
         )
     return table

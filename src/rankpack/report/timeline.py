@@ -11,23 +11,25 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 
+from rankpack.store import EventRow
 
-def plot_timeline(events: list[dict[str, Any]], path: Path, title: str) -> None:
+
+def plot_timeline(events: list[EventRow], path: Path, title: str) -> None:
     sims: dict[int, dict[str, Any]] = {}
     for e in events:
-        rid = e["run_id"]
+        rid = e.run_id
         if rid is None:
             continue
         s = sims.setdefault(rid, {"launch": None, "end": None, "profile": [], "resizes": []})
-        t = float(e["t_s"])
-        if e["kind"] == "launch":
+        t = float(e.t_s)
+        if e.kind == "launch":
             s["launch"] = t
-        elif e["kind"] == "finished":
+        elif e.kind == "finished":
             s["end"] = t
-        elif e["kind"] == "profile-start":
+        elif e.kind == "profile-start":
             s["profile"].append(t)
-        elif e["kind"] == "resize":
-            s["resizes"].append((t, e["detail"].get("kind", "size")))
+        elif e.kind == "resize":
+            s["resizes"].append((t, e.detail.get("kind", "size")))
     order = sorted(sims, key=lambda r: sims[r]["launch"] or 0.0)
     fig, ax = plt.subplots(figsize=(10, 1.0 + 0.6 * max(1, len(order))))
     end_all = max([s["end"] or 0.0 for s in sims.values()] + [1.0])

@@ -1,0 +1,791 @@
+"""The one control loop: policy x backend x clock, for `rankpack run` and `multiplex` alike.
+
+Every tick (about once a second, earlier when the backend reports an event) the loop
+
+1. observes every simulation it holds through the backend (phase, per-rank counters, the
+   shim's duty counters, new solver-log text, the state of in-flight resizes),
+2. records samples, resizes, restarts and ends in the store,
+3. builds `Observations` and calls the pure decision step `policy.decide`,
+4. applies the actions: `Launch` claims the queue entry and asks the backend to *stage* it
+   (asynchronous: a staging simulation never blocks the others; it is launched on a later
+   tick once staged), `Resize` asks the backend for an in-place resize whose outcome is
+   followed in later observations, `Note` is recorded as an event,
+5. waits on the backend's clock for the next event of any simulation.
+
+`rankpack run` is a queue of one (`OneJob`) with the same loop; `rankpack multiplex` reads
+the store's queue (`StoreQueue`). The loop owns no backend-specific notion: cgroups, pods,
+pid files and record files are the backends' business.
+"""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from rankpack.backend.protocol import (
+    Backend,
+    BackendError,
+    RankResources,
+    ResizeState,
+    ShimSpec,
+    SimObservation,
+    SimPhase,
+    SimSpec,
+    StagedCase,
+    StageSpec,
+)
+from rankpack.case.foamlog import LogParser, LogState
+from rankpack.case.openfoam import rank_env
+from rankpack.controller.observations import (
+    ControllerSettings,
+    ControllerState,
+    Observations,
+    QueuedSim,
+    RankSnapshot,
+    SimSnapshot,
+)
+from rankpack.controller.policy import decide
+from rankpack.controller.submission import Submission
+from rankpack.core.accounting import trapezoid_cpu_s
+from rankpack.core.actions import Action, Launch, Note, Resize
+from rankpack.core.results import RankResult, ResizeRecord, RunResult
+from rankpack.errors import UserError
+from rankpack.plan.allocation import Plan
+from rankpack.store import NewRun, RankRow, SampleRow, Store
+
+# -- the queue the loop takes work from ---------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Job:
+    queue_id: int
+    submission: Submission
+
+
+class JobSource(Protocol):
+    def pending(self) -> list[Job]:
+        """Waiting jobs, first to launch first."""
+        ...
+
+    def claim(self, job: Job) -> bool:
+        """Take the job for this loop; False if another session has it."""
+        ...
+
+    def started(self, job: Job, run_id: int) -> None: ...
+    def finished(self, job: Job, status: str) -> None: ...
+    def heartbeat(self, jobs: Sequence[Job]) -> None: ...
+
+
+class OneJob:
+    """A queue of one, in memory: `rankpack run`."""
+
+    def __init__(self, submission: Submission) -> None:
+        self.job = Job(0, submission)
+        self.taken = False
+
+    def pending(self) -> list[Job]:
+        return [] if self.taken else [self.job]
+
+    def claim(self, job: Job) -> bool:
+        if self.taken:
+            return False
+        self.taken = True
+        return True
+
+    def started(self, job: Job, run_id: int) -> None:
+        pass
+
+    def finished(self, job: Job, status: str) -> None:
+        pass
+
+    def heartbeat(self, jobs: Sequence[Job]) -> None:
+        pass
+
+
+class StoreQueue:
+    """The database's queue (`rankpack submit`), claimed with leases."""
+
+    def __init__(self, store: Store, multiplex_id: int | None) -> None:
+        self.store = store
+        self.multiplex_id = multiplex_id
+
+    def pending(self) -> list[Job]:
+        return [Job(q.id, Submission.from_json(q.options)) for q in self.store.queue()]
+
+    def claim(self, job: Job) -> bool:
+        return self.store.claim(job.queue_id, self.multiplex_id)
+
+    def started(self, job: Job, run_id: int) -> None:
+        self.store.set_queue_run(job.queue_id, run_id)
+
+    def finished(self, job: Job, status: str) -> None:
+        self.store.finish_queue(job.queue_id, status)
+
+    def heartbeat(self, jobs: Sequence[Job]) -> None:
+        self.store.heartbeat([j.queue_id for j in jobs])
+
+
+# -- settings, views and results ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class LoopSettings:
+    runs_root: Path
+    """Run directories are created below this."""
+    controller: ControllerSettings = field(default_factory=ControllerSettings)
+    tick_s: float = 1.0
+    shim: bool = True
+    wait_mode: str = "spin"
+    mpi: str = "openmpi"
+    capacity_millis: int | None = None
+    """The budget of all requests together; default: the backend's allocatable CPU."""
+    label: str | None = None
+    extra: dict[str, Any] = field(default_factory=dict)
+    """Stored with every run's options (e.g. the multiplex session it belongs to)."""
+    multiplex_id: int | None = None
+    """Events and runs of a multiplex session carry its id."""
+    image: str | None = None
+    volume: str | None = None
+
+
+@dataclass(frozen=True)
+class RankView:
+    rank: int
+    request_millis: int
+    limit_millis: int | None
+    cpu_cores: float
+    """CPU use over the last tick, in cores."""
+    nr_throttled: int
+    duty: float | None
+
+
+@dataclass(frozen=True)
+class SimView:
+    """What a display shows of one simulation each tick."""
+
+    sim_id: str
+    run_id: int | None
+    run_dir: str | None
+    case: str
+    stage: str
+    elapsed_s: float
+    log: LogState
+    expected_iterations: int
+    ranks: tuple[RankView, ...]
+
+
+class Display(Protocol):
+    def update(self, now_s: float, sims: Sequence[SimView]) -> None: ...
+    def close(self) -> None: ...
+
+
+class NullDisplay:
+    def update(self, now_s: float, sims: Sequence[SimView]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class SimOutcome:
+    id: int
+    queue_id: int
+    case: str
+    n_ranks: int
+    status: str
+    iterations: int
+    expected_iterations: int
+    wall_s: float
+    started_s: float
+    finished_s: float
+    run_dir: str
+
+
+@dataclass(frozen=True)
+class StageFailure:
+    queue_id: int
+    case: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    status: str
+    """completed (the queue ran out) | interrupted"""
+    results: tuple[RunResult, ...]
+    outcomes: tuple[SimOutcome, ...]
+    stage_failures: tuple[StageFailure, ...]
+    resizes: int
+    resizes_rejected: int
+    restarts: int
+    max_concurrent_seen: int
+
+
+# -- one simulation as the loop holds it --------------------------------------------------
+
+
+@dataclass
+class _Sim:
+    job: Job
+    sim_id: str
+    plan: Plan
+    queued_s: float
+    staged: StagedCase | None = None
+    run_id: int | None = None
+    started_s: float = 0.0
+    t0: float = 0.0
+    """Backend clock at launch."""
+    end_t: float | None = None
+    parser: LogParser = field(default_factory=LogParser)
+    last: SimObservation | None = None
+    times: list[float] = field(default_factory=list)
+    usages: list[list[int]] = field(default_factory=list)
+    pending_samples: list[SampleRow] = field(default_factory=list)
+    resizes: list[ResizeRecord] = field(default_factory=list)
+    inflight: dict[int, tuple[float, int, int, str, str]] = field(default_factory=dict)
+    """rank -> (t_s, from, to, kind, reason) of a resize not settled yet."""
+    restarts: dict[int, int] = field(default_factory=dict)
+    duty_marks: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
+    """rank -> [(iterations, compute_ns, mpi_ns)], for the steady-state duty."""
+    cores: tuple[float, ...] = ()
+
+    @property
+    def launched(self) -> bool:
+        return self.run_id is not None
+
+
+class ControlLoop:
+    def __init__(
+        self,
+        backend: Backend,
+        store: Store,
+        jobs: JobSource,
+        settings: LoopSettings,
+        *,
+        display: Display | None = None,
+        stop: threading.Event | None = None,
+    ) -> None:
+        self.backend = backend
+        self.store = store
+        self.jobs = jobs
+        self.settings = settings
+        self.display = display or NullDisplay()
+        self.stop = stop or threading.Event()
+        self.t0 = backend.clock()
+        self.state = ControllerState()
+        self.sims: dict[str, _Sim] = {}
+        self.results: list[RunResult] = []
+        self.outcomes: list[SimOutcome] = []
+        self.stage_failures: list[StageFailure] = []
+        self.resizes = 0
+        self.rejected = 0
+        self.restarts = 0
+        self.max_seen = 0
+
+    def now(self) -> float:
+        return self.backend.clock() - self.t0
+
+    def event(self, run_id: int | None, name: str, **detail: Any) -> None:
+        self.store.add_event(
+            run_id, name, detail, multiplex_id=self.settings.multiplex_id, t_s=round(self.now(), 3)
+        )
+
+    # -- the loop ------------------------------------------------------------------------------
+
+    def run(self) -> LoopResult:
+        status = "completed"
+        try:
+            while True:
+                self._observe_all()
+                pending = self.jobs.pending()
+                if not pending and not self.sims:
+                    break
+                obs = self._observations(pending)
+                decision = decide(obs, self.state, self.settings.controller)
+                self.state = decision.state
+                for action in decision.actions:
+                    self._apply(action, pending)
+                self.max_seen = max(self.max_seen, len(self.sims))
+                self.jobs.heartbeat([s.job for s in self.sims.values()])
+                self.display.update(obs.now_s, self._views())
+                if self.stop.is_set():
+                    status = "interrupted"
+                    break
+                self.backend.wait(self.settings.tick_s)
+                if self.stop.is_set():
+                    status = "interrupted"
+                    break
+        except KeyboardInterrupt:
+            status = "interrupted"
+        finally:
+            for sim in list(self.sims.values()):
+                self._end(sim, interrupted="stopped by the user (Ctrl-C or SIGTERM)")
+            self.display.close()
+        return LoopResult(
+            status=status,
+            results=tuple(self.results),
+            outcomes=tuple(sorted(self.outcomes, key=lambda o: o.started_s)),
+            stage_failures=tuple(self.stage_failures),
+            resizes=self.resizes,
+            resizes_rejected=self.rejected,
+            restarts=self.restarts,
+            max_concurrent_seen=self.max_seen,
+        )
+
+    # -- observing -------------------------------------------------------------------------
+
+    def _observe_all(self) -> None:
+        for sim in list(self.sims.values()):
+            obs = self.backend.observe(sim.sim_id)
+            if not sim.launched:
+                self._staging_progress(sim, obs)
+                continue
+            self._record(sim, obs)
+            if obs.phase.ended:
+                self._end(sim)
+
+    def _staging_progress(self, sim: _Sim, obs: SimObservation) -> None:
+        if obs.phase is SimPhase.STAGED and obs.staged is not None:
+            self._launch_staged(sim, obs.staged)
+        elif obs.phase is SimPhase.FAILED:
+            reason = obs.stage_error or obs.reason or "staging failed"
+            self.backend.release(sim.sim_id)
+            del self.sims[sim.sim_id]
+            self.stage_failures.append(
+                StageFailure(sim.job.queue_id, sim.job.submission.case, reason)
+            )
+            self.jobs.finished(sim.job, "failed")
+            self.event(None, "launch-failed", queue_id=sim.job.queue_id, reason=reason)
+
+    def _record(self, sim: _Sim, obs: SimObservation) -> None:
+        if obs.log_text:
+            sim.parser.feed(obs.log_text)
+        iterations = sim.parser.state.iterations
+        t = obs.t_s - sim.t0
+        cores: list[float] = []
+        for r in obs.ranks:
+            series = sim.usages[r.rank]
+            if series and sim.times and t > sim.times[-1]:
+                cores.append((r.usage_ns - series[-1]) / 1e9 / (t - sim.times[-1]))
+            else:
+                cores.append(0.0)
+            series.append(r.usage_ns)
+            sim.pending_samples.append(
+                SampleRow(t, r.rank, r.usage_ns, r.request_millis, r.nr_throttled, iterations)
+            )
+            if r.compute_ns is not None and r.mpi_ns is not None:
+                sim.duty_marks.setdefault(r.rank, []).append((iterations, r.compute_ns, r.mpi_ns))
+            if r.restarts > sim.restarts.get(r.rank, 0):
+                self.restarts += r.restarts - sim.restarts.get(r.rank, 0)
+                self.event(sim.run_id, "restart", rank=r.rank, restarts=r.restarts)
+                sim.restarts[r.rank] = r.restarts
+            if r.rank in sim.inflight and r.resize is not None:
+                self._follow_resize(
+                    sim, r.rank, r.resize.state, r.resize.latency_s, r.resize.reason
+                )
+        sim.times.append(t)
+        sim.cores = tuple(cores)
+        sim.last = obs
+        if len(sim.pending_samples) >= 8 * len(sim.usages):
+            self._flush(sim)
+        if obs.phase.ended and sim.end_t is None:
+            sim.end_t = obs.t_s
+
+    def _flush(self, sim: _Sim) -> None:
+        if sim.run_id is not None and sim.pending_samples:
+            self.store.add_samples(sim.run_id, sim.pending_samples)
+            self.store.update_progress(sim.run_id, sim.parser.state.iterations)
+        sim.pending_samples = []
+
+    # -- the policy's view -----------------------------------------------------------------
+
+    def _capacity(self) -> int:
+        inventory = self.backend.inventory()
+        ours = sum(
+            sum(r.request_millis for r in s.last.ranks) if s.last else s.plan.total_millis
+            for s in self.sims.values()
+            if s.launched
+        )
+        others = max(0, sum(n.requested_millis for n in inventory.nodes) - ours)
+        base = self.settings.capacity_millis or inventory.allocatable_millis
+        return max(0, min(base, inventory.allocatable_millis - others))
+
+    def _observations(self, pending: list[Job]) -> Observations:
+        sims = []
+        for sim in self.sims.values():
+            sub = sim.job.submission
+            if sim.last is None:
+                ranks = tuple(
+                    RankSnapshot(r.rank, r.cpu_millis, 0, None, None) for r in sim.plan.ranks
+                )
+                sims.append(
+                    SimSnapshot(
+                        sim_id=sim.sim_id,
+                        started_s=sim.queued_s,
+                        iterations=0,
+                        expected_iterations=sim.staged.expected_iterations if sim.staged else 0,
+                        budget_millis=sub.budget_millis,
+                        ranks=ranks,
+                        phases=sub.phases,
+                        sizing=sub.sizing,
+                        starting=True,
+                    )
+                )
+                continue
+            assert sim.staged is not None
+            sims.append(
+                SimSnapshot(
+                    sim_id=sim.sim_id,
+                    started_s=sim.started_s,
+                    iterations=sim.parser.state.iterations,
+                    expected_iterations=sim.staged.expected_iterations,
+                    budget_millis=sub.budget_millis,
+                    ranks=tuple(
+                        RankSnapshot(
+                            rank=r.rank,
+                            request_millis=r.request_millis,
+                            usage_ns=r.usage_ns,
+                            compute_ns=r.compute_ns,
+                            mpi_ns=r.mpi_ns,
+                        )
+                        for r in sim.last.ranks
+                    ),
+                    phases=sub.phases,
+                    sizing=sub.sizing,
+                    starting=sim.last.phase is SimPhase.PENDING,
+                )
+            )
+        queued = tuple(
+            QueuedSim(j.queue_id, j.submission.n_ranks, j.submission.initial_millis)
+            for j in pending
+        )
+        return Observations(
+            now_s=self.now(), capacity_millis=self._capacity(), sims=tuple(sims), queue=queued
+        )
+
+    # -- actions ---------------------------------------------------------------------------
+
+    def _apply(self, action: Action, pending: list[Job]) -> None:
+        if isinstance(action, Resize):
+            self._resize(action)
+        elif isinstance(action, Launch):
+            job = next((j for j in pending if j.queue_id == action.queue_id), None)
+            if job is not None:
+                self._stage(job, action.reason)
+        elif isinstance(action, Note):
+            sim = self.sims.get(action.sim_id) if action.sim_id else None
+            self.event(sim.run_id if sim else None, action.kind, reason=action.reason)
+
+    def _stage(self, job: Job, reason: str) -> None:
+        if not self.jobs.claim(job):
+            self.event(None, "launch-skipped", queue_id=job.queue_id,
+                       reason="another session claimed it first")  # fmt: skip
+            return
+        sub = job.submission
+        sim_id = f"s{uuid.uuid4().hex[:10]}"
+        spec = StageSpec(
+            sim_id=sim_id,
+            case=sub.case,
+            n_ranks=sub.n_ranks,
+            runs_root=self.settings.runs_root,
+            iterations=sub.iterations,
+            decompose=sub.decompose,
+            decompose_weights=sub.decompose_weights or sub.weights,
+            center=sub.center,
+            workdir=Path(sub.workdir) if sub.workdir else None,
+        )
+        try:
+            self.backend.stage(spec)
+        except (UserError, BackendError) as exc:
+            self.stage_failures.append(StageFailure(job.queue_id, sub.case, str(exc)))
+            self.jobs.finished(job, "failed")
+            self.event(None, "launch-failed", queue_id=job.queue_id, reason=str(exc))
+            return
+        self.sims[sim_id] = _Sim(job=job, sim_id=sim_id, plan=sub.plan(), queued_s=self.now())
+        self.event(None, "stage", queue_id=job.queue_id, case=sub.case, sim=sim_id, reason=reason)
+
+    def _launch_staged(self, sim: _Sim, staged: StagedCase) -> None:
+        sim.staged = staged
+        sub = sim.job.submission
+        s = self.settings
+        for warning in staged.warnings:
+            self.event(None, "warning", sim=sim.sim_id, reason=warning)
+        options = {
+            **sub.to_json(),
+            "label": s.label,
+            "shim": s.shim,
+            "wait_mode": s.wait_mode,
+            "sim_id": sim.sim_id,
+            "queue_id": sim.job.queue_id,
+            **s.extra,
+        }
+        sim.run_id = self.store.create_run(
+            NewRun(
+                case_name=staged.case_name,
+                case_source=staged.case_source,
+                run_dir=str(staged.run_dir),
+                solver=staged.solver,
+                n_ranks=sub.n_ranks,
+                qos=sim.plan.qos.value,
+                total_millis=sim.plan.total_millis,
+                decompose=sub.decompose,
+                backend=self.backend.name,
+                placement=self.backend.placement(),
+                expected_iterations=staged.expected_iterations,
+                options=options,
+            ),
+            [
+                RankRow(
+                    r.rank, r.weight, r.cpu_millis, r.limit_millis, staged.cells_per_rank[r.rank]
+                )
+                for r in sim.plan.ranks
+            ],
+        )
+        self.jobs.started(sim.job, sim.run_id)
+        sim.usages = [[] for _ in sim.plan.ranks]
+        spec = SimSpec(
+            sim_id=sim.sim_id,
+            case_dir=staged.run_dir,
+            command=(staged.solver, "-parallel"),
+            ranks=tuple(RankResources(r.cpu_millis, r.limit_millis) for r in sim.plan.ranks),
+            log_path=staged.log_path,
+            env=rank_env(),
+            mpi=s.mpi,
+            shim=ShimSpec(s.wait_mode, s.mpi) if s.shim else None,
+            image=s.image,
+            volume=s.volume,
+            labels={"rankpack.dev/run-id": str(sim.run_id)},
+        )
+        sim.t0 = self.backend.clock()
+        sim.started_s = self.now()
+        try:
+            self.backend.launch(spec)
+        except (BackendError, UserError) as exc:
+            sim.end_t = sim.t0
+            self._end(sim, failure=f"launch failed: {exc}")
+            return
+        self.event(
+            sim.run_id, "launch", queue_id=sim.job.queue_id, case=sub.case, sim=sim.sim_id,
+            request_millis=[r.cpu_millis for r in sim.plan.ranks],
+        )  # fmt: skip
+
+    def _resize(self, action: Resize) -> None:
+        sim = self.sims.get(action.sim_id)
+        if sim is None or not sim.launched or sim.last is None:
+            return
+        rank = action.rank
+        old = sim.last.ranks[rank].desired
+        t_s = self.backend.clock() - sim.t0
+        new = RankResources(action.request_millis, old.limit_millis)
+        try:
+            status = self.backend.resize(sim.sim_id, rank, new)
+            state, latency, why = status.state, status.latency_s, status.reason
+        except BackendError as exc:
+            state, latency, why = ResizeState.REJECTED, None, str(exc)
+        sim.inflight[rank] = (t_s, old.request_millis, action.request_millis, action.kind,
+                              action.reason)  # fmt: skip
+        self._follow_resize(sim, rank, state, latency, why)
+        if rank in sim.inflight:
+            self.event(sim.run_id, "resize-requested", rank=rank, kind=action.kind,
+                       request_millis=action.request_millis, reason=action.reason)  # fmt: skip
+
+    def _follow_resize(
+        self, sim: _Sim, rank: int, state: ResizeState, latency_s: float | None, why: str
+    ) -> None:
+        if not state.final:
+            return
+        t_s, old, new, kind, reason = sim.inflight.pop(rank)
+        outcome = str(state) if state is not ResizeState.COMPLETED else "completed"
+        record = ResizeRecord(
+            rank=rank, t_s=round(t_s, 3), from_millis=old, to_millis=new, status=outcome,  # type: ignore[arg-type]
+            latency_s=latency_s, reason=reason if state is ResizeState.COMPLETED else why,
+            kind=kind,
+        )  # fmt: skip
+        sim.resizes.append(record)
+        assert sim.run_id is not None
+        self.store.add_resize(sim.run_id, record)
+        if state is ResizeState.COMPLETED:
+            self.resizes += 1
+            self.event(sim.run_id, "resize", kind=kind, rank=rank, request_millis=new,
+                       reason=reason, latency_s=latency_s)  # fmt: skip
+        else:
+            # The rank keeps running with its old request; the policy sees that next tick.
+            self.rejected += 1
+            self.event(sim.run_id, f"resize-{outcome}", rank=rank, request_millis=new,
+                       reason=why)  # fmt: skip
+
+    # -- the end of a simulation ------------------------------------------------------------
+
+    def _end(
+        self, sim: _Sim, *, interrupted: str | None = None, failure: str | None = None
+    ) -> None:
+        if not sim.launched:
+            self.backend.release(sim.sim_id)
+            self.sims.pop(sim.sim_id, None)
+            self.jobs.finished(sim.job, "queued" if interrupted and sim.job.queue_id else "failed")
+            return
+        try:
+            if interrupted is not None and sim.end_t is None:
+                self.backend.stop(sim.sim_id)
+            if failure is None:
+                final = self.backend.observe(sim.sim_id)
+                self._record(sim, final)
+                if sim.end_t is None:
+                    sim.end_t = final.t_s
+            self._flush(sim)
+        finally:
+            self.backend.release(sim.sim_id)
+        for rank in list(sim.inflight):
+            self._follow_resize(sim, rank, ResizeState.FAILED, None, "the run ended first")
+        result = self._result(sim, interrupted, failure)
+        assert sim.run_id is not None
+        self.store.finish_run(result)
+        self.results.append(result)
+        self.sims.pop(sim.sim_id, None)
+        self.jobs.finished(sim.job, result.status)
+        finished = self.now()
+        self.event(result.id, "finished", status=result.status, iterations=result.iterations,
+                   wall_s=round(result.wall_s, 3), reason=result.message or "")  # fmt: skip
+        self.outcomes.append(
+            SimOutcome(
+                id=result.id,
+                queue_id=sim.job.queue_id,
+                case=result.case,
+                n_ranks=result.n_ranks,
+                status=result.status,
+                iterations=result.iterations,
+                expected_iterations=result.expected_iterations or 0,
+                wall_s=result.wall_s,
+                started_s=sim.started_s,
+                finished_s=finished,
+                run_dir=result.run_dir,
+            )
+        )
+
+    def _result(self, sim: _Sim, interrupted: str | None, failure: str | None) -> RunResult:
+        assert sim.staged is not None and sim.run_id is not None
+        staged, last, plan = sim.staged, sim.last, sim.plan
+        state = sim.parser.state
+        wall_s = (sim.end_t if sim.end_t is not None else self.backend.clock()) - sim.t0
+        exit_code = last.exit_code if last else None
+        if interrupted is not None:
+            status, message = "interrupted", interrupted
+        elif failure is not None:
+            status, message = "failed", failure
+        elif last is not None and last.phase is SimPhase.SUCCEEDED and state.ended:
+            status, message = "completed", None
+        else:
+            status = "failed"
+            why = last.reason if last and last.reason else f"exit code {exit_code}"
+            message = state.fatal or f"{why}; see {staged.log_path}"
+        ranks = []
+        for r in plan.ranks:
+            o = last.ranks[r.rank] if last and r.rank < len(last.ranks) else None
+            ranks.append(
+                RankResult(
+                    rank=r.rank,
+                    weight=r.weight,
+                    cpu_millis=o.request_millis if o else r.cpu_millis,
+                    limit_millis=o.limit_millis if o else r.limit_millis,
+                    cpu_s=trapezoid_cpu_s(sim.times, sim.usages[r.rank]) if sim.usages else 0.0,
+                    cpu_s_counter=(o.usage_ns / 1e9) if o else 0.0,
+                    nr_throttled=o.nr_throttled if o else 0,
+                    throttled_s=(o.throttled_ns / 1e9) if o else 0.0,
+                    cells=staged.cells_per_rank[r.rank],
+                    duty=_steady_duty(sim.duty_marks.get(r.rank, []), staged.expected_iterations),
+                    pod=o.pod if o else None,
+                    node=o.node if o else None,
+                    restarts=o.restarts if o else 0,
+                )
+            )
+        return RunResult(
+            id=sim.run_id,
+            status=status,
+            case=staged.case_name,
+            solver=staged.solver,
+            run_dir=str(staged.run_dir),
+            n_ranks=plan.n_ranks,
+            qos=plan.qos.value,
+            total_millis=plan.total_millis,
+            iterations=state.iterations,
+            expected_iterations=staged.expected_iterations,
+            wall_s=max(0.0, wall_s),
+            cpu_s=sum(r.cpu_s for r in ranks),
+            exit_code=exit_code,
+            message=message,
+            ranks=tuple(ranks),
+            decompose=sim.job.submission.decompose,
+            backend=self.backend.name,
+            placement=self.backend.placement(),
+            resizes=tuple(sim.resizes),
+            restarts=sum(r.restarts for r in ranks),
+        )
+
+    # -- display -----------------------------------------------------------------------------
+
+    def _views(self) -> list[SimView]:
+        views = []
+        for sim in self.sims.values():
+            mem = self.state.sims.get(sim.sim_id)
+            if sim.last is None:
+                stage = "staging" if sim.staged is None else "starting"
+                ranks: tuple[RankView, ...] = ()
+            else:
+                stage = mem.stage if mem else "starting"
+                ranks = tuple(
+                    RankView(
+                        rank=r.rank,
+                        request_millis=r.request_millis,
+                        limit_millis=r.limit_millis,
+                        cpu_cores=sim.cores[r.rank] if r.rank < len(sim.cores) else 0.0,
+                        nr_throttled=r.nr_throttled,
+                        duty=r.duty_window,
+                    )
+                    for r in sim.last.ranks
+                )
+            views.append(
+                SimView(
+                    sim_id=sim.sim_id,
+                    run_id=sim.run_id,
+                    run_dir=str(sim.staged.run_dir) if sim.staged else None,
+                    case=sim.staged.case_name if sim.staged else sim.job.submission.case,
+                    stage=stage,
+                    elapsed_s=(self.backend.clock() - sim.t0) if sim.launched else 0.0,
+                    log=sim.parser.state,
+                    expected_iterations=sim.staged.expected_iterations if sim.staged else 0,
+                    ranks=ranks,
+                )
+            )
+        return views
+
+
+def _steady_duty(
+    marks: list[tuple[int, int, int]], expected: int, skip: float = 0.1
+) -> float | None:
+    """Duty cycle over the run with its first ``skip`` fraction left out (start-up)."""
+    if len(marks) < 2:
+        return None
+    start = next((m for m in marks if m[0] >= skip * expected), marks[0])
+    if start is marks[-1]:
+        start = marks[0]
+    end = marks[-1]
+    compute, mpi = end[1] - start[1], end[2] - start[2]
+    return compute / (compute + mpi) if compute + mpi > 0 else None
+
+
+def run_jobs(
+    backend: Backend,
+    store: Store,
+    jobs: JobSource,
+    settings: LoopSettings,
+    *,
+    display: Display | None = None,
+    stop: threading.Event | None = None,
+) -> LoopResult:
+    """Drive ``jobs`` to the end on ``backend`` (the one entry point of every command)."""
+    return ControlLoop(backend, store, jobs, settings, display=display, stop=stop).run()

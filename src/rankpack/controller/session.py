@@ -1,0 +1,247 @@
+"""Multiplex sessions: the queue run by the control loop, and what a session is worth.
+
+`run_session` records a session, runs the store's queue through the one control loop and
+summarises it: makespan, the sequential time of the same simulations from recorded single
+runs (the baseline), the throughput gain and fairness. `measure_baselines` runs each
+distinct queued simulation alone first when no baseline is recorded, through the same
+loop. `choose_gate` decides how launches are gated (a contention coefficient fitted on
+this machine's recorded sessions, or the duty-cycle model). Called by `rankpack multiplex`.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import threading
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from rankpack.backend.protocol import Backend
+from rankpack.controller.loop import (
+    Display,
+    LoopResult,
+    LoopSettings,
+    OneJob,
+    SimOutcome,
+    StoreQueue,
+    run_jobs,
+)
+from rankpack.controller.submission import Submission
+from rankpack.errors import UserError
+from rankpack.store import RunRow, SessionRow, Store
+
+
+@dataclass(frozen=True)
+class SessionResult:
+    multiplex_id: int
+    status: str
+    makespan_s: float
+    sequential_s: float | None
+    throughput_gain: float | None
+    baseline_source: str
+    fairness_ratio: float | None
+    resizes: int
+    restarts: int
+    max_concurrent_seen: int
+    simulations: tuple[SimOutcome, ...]
+    resizes_rejected: int = 0
+    launch_failures: tuple[dict[str, Any], ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "multiplex_id": self.multiplex_id,
+            "status": self.status,
+            "makespan_s": self.makespan_s,
+            "sequential_s": self.sequential_s,
+            "throughput_gain": self.throughput_gain,
+            "baseline": self.baseline_source,
+            "fairness_ratio": self.fairness_ratio,
+            "resizes": self.resizes,
+            "resizes_rejected": self.resizes_rejected,
+            "restarts": self.restarts,
+            "max_concurrent_seen": self.max_concurrent_seen,
+            "simulations": [asdict(s) for s in self.simulations],
+            "launch_failures": list(self.launch_failures),
+        }
+
+
+def run_session(
+    backend: Backend,
+    store: Store,
+    settings: LoopSettings,
+    *,
+    baseline: str = "auto",
+    display: Display | None = None,
+    stop: threading.Event | None = None,
+) -> SessionResult:
+    """Run the queue until it is empty (or stopped) as one recorded multiplex session."""
+    capacity = settings.capacity_millis or backend.inventory().allocatable_millis
+    multiplex_id = store.start_multiplex(
+        capacity, settings.controller.max_concurrent, settings.wait_mode, backend.name
+    )
+    settings = replace(
+        settings,
+        multiplex_id=multiplex_id,
+        label=f"multiplex-{multiplex_id}",
+        extra={**settings.extra, "multiplex_id": multiplex_id},
+    )
+    store.add_event(None, "start", {"capacity_millis": capacity,
+                    "max_concurrent": settings.controller.max_concurrent,
+                    "wait_mode": settings.wait_mode, "backend": backend.name},
+                    multiplex_id=multiplex_id, t_s=0.0)  # fmt: skip
+    loop = run_jobs(
+        backend, store, StoreQueue(store, multiplex_id), settings, display=display, stop=stop
+    )
+    result = summarise(store, multiplex_id, loop, baseline)
+    store.finish_multiplex(multiplex_id, result.status, result.to_json())
+    store.add_event(None, "end", {"status": result.status,
+                    "makespan_s": round(result.makespan_s, 3)},
+                    multiplex_id=multiplex_id, t_s=round(result.makespan_s, 3))  # fmt: skip
+    return result
+
+
+def summarise(store: Store, multiplex_id: int, loop: LoopResult, baseline: str) -> SessionResult:
+    sims = loop.outcomes
+    done = [s for s in sims if s.status == "completed"]
+    makespan = (max(s.finished_s for s in sims) - min(s.started_s for s in sims)) if sims else 0.0
+    walls = [s.wall_s for s in done]
+    fairness = max(walls) / min(walls) if len(walls) >= 2 and min(walls) > 0 else None
+    if loop.status == "completed" and baseline != "none" and done:
+        sequential, source = sequential_s(store, done)
+    else:
+        sequential, source = None, "none"
+    gain = sequential / makespan if sequential and makespan > 0 else None
+    return SessionResult(
+        multiplex_id=multiplex_id,
+        status=loop.status,
+        makespan_s=makespan,
+        sequential_s=sequential,
+        throughput_gain=gain,
+        baseline_source=source,
+        fairness_ratio=fairness,
+        resizes=loop.resizes,
+        restarts=loop.restarts,
+        max_concurrent_seen=loop.max_concurrent_seen,
+        simulations=sims,
+        resizes_rejected=loop.resizes_rejected,
+        launch_failures=tuple(
+            {"queue_id": f.queue_id, "case": f.case, "reason": f.reason}
+            for f in loop.stage_failures
+        ),
+    )
+
+
+# -- single-run baselines ------------------------------------------------------------------
+
+
+def sequential_s(store: Store, done: list[SimOutcome]) -> tuple[float | None, str]:
+    """Time to run the same simulations one after another, from recorded single runs."""
+    runs = store.all_runs()
+    total = 0.0
+    for s in done:
+        wall = baseline_for_key(runs, config_key(store.get_run(s.id)))
+        if wall is None:
+            return None, "missing"
+        total += wall
+    return total, "db"
+
+
+def baseline_for_key(runs: list[RunRow], key: tuple[Any, ...]) -> float | None:
+    """Median wall time of recorded single (non-multiplexed) completed runs with this key."""
+    walls = [
+        r.wall_s
+        for r in runs
+        if r.status == "completed"
+        and "multiplex_id" not in r.options
+        and config_key(r) == key
+        and r.wall_s
+    ]
+    return statistics.median(walls) if walls else None
+
+
+def submission_key(sub: Submission, wait_mode: str, backend: str) -> tuple[Any, ...]:
+    """The key of the single runs that are a baseline for ``sub`` (see `config_key`)."""
+    from pathlib import Path
+
+    return (
+        Path(sub.case).name, sub.n_ranks, sub.iterations, sub.decompose,
+        sub.plan().total_millis, tuple(sub.weights), wait_mode, backend,
+    )  # fmt: skip
+
+
+def config_key(r: RunRow) -> tuple[Any, ...]:
+    o = r.options
+    return (
+        r.case_name, r.n_ranks, o.get("iterations"), r.decompose, r.total_millis,
+        tuple(o.get("weights") or ()), o.get("wait_mode", "spin"), r.backend,
+    )  # fmt: skip
+
+
+def measure_baselines(
+    backend: Backend,
+    store: Store,
+    settings: LoopSettings,
+    *,
+    force: bool,
+    stop: threading.Event | None = None,
+    on_measure: Any = None,
+) -> None:
+    """Run each distinct queued simulation alone once (same settings, same wait mode) unless
+    the database already has such a run, so the throughput gain compares like with like."""
+    seen: set[str] = set()
+    runs = store.all_runs()
+    for row in store.queue():
+        sub = Submission.from_json(row.options)
+        key = json.dumps(sub.to_json(), sort_keys=True)
+        if key in seen or (stop is not None and stop.is_set()):
+            continue
+        seen.add(key)
+        found = baseline_for_key(runs, submission_key(sub, settings.wait_mode, backend.name))
+        if not force and found is not None:
+            continue
+        if on_measure is not None:
+            on_measure(sub)
+        run_jobs(
+            backend, store, OneJob(sub),
+            replace(settings, label="baseline", extra={**settings.extra, "baseline": True}),
+            stop=stop,
+        )  # fmt: skip
+
+
+# -- the launch gate -----------------------------------------------------------------------
+
+
+def fitted_beta_from_sessions(
+    sessions: list[SessionRow], *, capacity_millis: int, wait_mode: str, n_ranks: int
+) -> float | None:
+    """beta fitted on the recorded sessions comparable with this one (same capacity, wait
+    mode and ranks per simulation), or None when they do not give two distinct N."""
+    from rankpack.model.contention import ClusterShape, fit_beta, points_from_sessions
+
+    comparable = [
+        {"status": m.status, "summary": m.summary}
+        for m in sessions
+        if m.capacity_millis == capacity_millis and m.wait_mode == wait_mode
+        and all(s.get("n_ranks") == n_ranks for s in m.summary.get("simulations", []))
+    ]  # fmt: skip
+    points = points_from_sessions(comparable)
+    if len(points) < 2 or points[0].n != 1:
+        return None
+    shape = ClusterShape(ranks=n_ranks, nodes=1, cpus_per_node=capacity_millis / 1000)
+    try:
+        return fit_beta(points, shape).beta
+    except UserError:
+        return None
+
+
+def choose_gate(
+    store: Store, head: Submission, *, capacity_millis: int, wait_mode: str,
+    beta: float | None, gate: str,
+) -> float | None:  # fmt: skip
+    """The contention coefficient that gates launches: given, fitted, or None (duty model)."""
+    if beta is not None or gate != "auto":
+        return beta
+    return fitted_beta_from_sessions(
+        store.multiplex_sessions(), capacity_millis=capacity_millis, wait_mode=wait_mode,
+        n_ranks=head.n_ranks,
+    )  # fmt: skip
