@@ -56,6 +56,7 @@ case "$mode" in
     .venv/bin/ruff check src tests
     .venv/bin/ruff format --check src tests
     .venv/bin/mypy
+    .venv/bin/lint-imports
     exec .venv/bin/python -m pytest -q -p no:cacheprovider
     ;;
 esac

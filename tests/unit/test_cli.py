@@ -49,7 +49,7 @@ BAD_INPUT = [
     (["run", "noSuchTutorial"], "unknown tutorial 'noSuchTutorial'"),
     (["run", "/no/such/dir"], "does not exist"),
     (["run", "pitzDaily", "--ranks", "0"], "--ranks must be at least 1"),
-    (["runs", "show", "12345"], "no run with id 12345"),
+    (["runs", "show", "12345"], "no rankpack database"),
 ]
 
 

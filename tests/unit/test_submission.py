@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 from rankpack.cli import main
-from rankpack.controller.multiplex import phases_from_text
+from rankpack.cli.common import phases_from_text
 from rankpack.controller.observations import Phase
 from rankpack.controller.submission import Submission
 from rankpack.errors import UserError

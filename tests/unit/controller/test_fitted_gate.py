@@ -6,9 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from rankpack.controller.multiplex import fitted_beta_from_sessions
+from rankpack.controller.session import fitted_beta_from_sessions
 from rankpack.controller.observations import QueuedSim
 from rankpack.controller.policy import decide
+from rankpack.store import SessionRow
 
 from ._helpers import GIGA, SIZED, S, launches, notes, observe, snap, state_of
 
@@ -38,12 +39,13 @@ def test_fitted_beta_overrides_an_optimistic_duty_model() -> None:
 
 
 def _session(n: int, makespan: float, t1: float, *, ranks: int = 4, cap: int = 2000,
-             wait: str = "spin", status: str = "completed") -> dict[str, object]:  # fmt: skip
+             wait: str = "spin", status: str = "completed") -> SessionRow:  # fmt: skip
     sims = [{"status": "completed", "n_ranks": ranks} for _ in range(n)]
-    return {
-        "status": status, "capacity_millis": cap, "wait_mode": wait,
-        "summary": {"makespan_s": makespan, "sequential_s": n * t1, "simulations": sims},
-    }  # fmt: skip
+    return SessionRow(
+        id=1, started_at="", finished_at=None, status=status, owner_pid=None,
+        capacity_millis=cap, max_concurrent=n, wait_mode=wait, backend="local",
+        summary={"makespan_s": makespan, "sequential_s": n * t1, "simulations": sims},
+    )  # fmt: skip
 
 
 def test_beta_from_comparable_sessions_only() -> None:

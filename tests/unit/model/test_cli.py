@@ -83,7 +83,8 @@ def test_fit_from_db_without_runs(capsys: pytest.CaptureFixture[str], tmp_path: 
     assert not db.exists()  # never creates the database
     sqlite3.connect(db).execute("CREATE TABLE runs (id INTEGER)").connection.close()
     code, _, err = run(capsys, "--db", str(db), "model", "fit", *SHAPE, "--from-db")
-    assert code == 2 and "no recorded multiplex runs in DB; give points as N:makespan_s" in err
+    # a database rankpack did not make is refused untouched (issue 12), not read
+    assert code == 2 and "belongs to another program" in err
 
 
 def test_predict_warns_beyond_rho_one(capsys: pytest.CaptureFixture[str]) -> None:
