@@ -10,7 +10,7 @@ can `Backend.list` and `Backend.adopt` what an earlier one started. Every call r
 quickly: staging (copy, mesh, decompose) and resizes run asynchronously and their outcome
 arrives in later observations; `Backend.wait` blocks until the next event of *any*
 simulation (or the timeout), so the loop never polls simulations one by one.
-See ``docs/decisions/0005-backend-protocol-v2.md``.
+See ``docs/decisions/0007-backend-protocol-v2.md``.
 """
 
 from __future__ import annotations
