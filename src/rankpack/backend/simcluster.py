@@ -575,7 +575,7 @@ class SimulatedCluster:
         grows = f.target.request_millis > r.allocated.request_millis
         if f.outcome is ResizeState.COMPLETED and grows and not self._fits(r, f.target):
             node = self._node(r.node)
-            free = node.allocatable_millis - self._requested(node.name)
+            free = max(0, node.allocatable_millis - self._requested(node.name))
             f.deferred_until = math.inf
             f.reason = f"node {node.name} has {free}m free"
             r.resize = replace(f.status, state=ResizeState.DEFERRED, reason=f.reason)

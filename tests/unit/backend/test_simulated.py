@@ -326,6 +326,22 @@ def test_an_increase_that_does_not_fit_is_deferred_until_capacity_frees() -> Non
     assert r0.allocated == RankResources(2000)
 
 
+def test_a_deferred_increase_proceeds_when_a_decrease_or_a_stop_frees_room() -> None:
+    b = SimulatedBackend(
+        cluster(SimulatedCase("long", 100, 100_000), cores=4)  # resizes settle at once
+    )
+    start(b, "a", "long", (2000, 2000))
+    assert b.resize("a", 0, RankResources(2500)).state is ResizeState.DEFERRED
+    assert b.resize("a", 1, RankResources(1000)).state is ResizeState.COMPLETED
+    r0 = b.observe("a").ranks[0]
+    assert r0.resize is not None and r0.resize.state is ResizeState.COMPLETED
+    start(b, "b", "long", (1000,) * 3)  # overcommitted: 6500m on 4000m
+    assert b.resize("a", 1, RankResources(1400)).state is ResizeState.DEFERRED
+    b.stop("b")
+    r1 = b.observe("a").ranks[1]
+    assert r1.resize is not None and r1.resize.state is ResizeState.COMPLETED
+
+
 def test_scripted_outcomes() -> None:
     timing = SimTiming(stage_s=0.0, start_s=0.0, resize_latency_s=1.0)
     c = cluster(SimulatedCase("c", 100, 100_000), timing=timing)
