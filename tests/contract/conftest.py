@@ -11,14 +11,19 @@ from pathlib import Path
 
 import pytest
 
-from tests.contract.env import ContractEnv, SimulatedEnv
+from tests.contract.env import ContractEnv, LocalEnv, SimulatedEnv
 
-BACKENDS = [pytest.param("simulated", id="simulated")]
+BACKENDS = [
+    pytest.param("simulated", id="simulated"),
+    pytest.param("local", id="local", marks=pytest.mark.integration),
+]
 
 
 def _make_env(name: str, root: Path) -> ContractEnv:
     if name == "simulated":
         return SimulatedEnv(root)
+    if name == "local":
+        return LocalEnv(root)
     raise ValueError(f"no contract env for backend {name}")
 
 

@@ -201,3 +201,66 @@ def running(env: ContractEnv, sim_id: str) -> tuple[SimSpec, Watch]:
         env.run_timeout_s,
     )
     return spec, watch
+
+
+@dataclass
+class LocalEnv:
+    """The local backend on this machine: real pitzDaily, Open MPI and cgroups."""
+
+    root: Path
+    n_ranks: int = 2
+    request_millis: int = 500
+    tick_s: float = 0.5
+    stage_timeout_s: float = 300.0
+    run_timeout_s: float = 300.0
+    wait_slack_s: float = 1.0
+    created: list[str] = field(default_factory=list)
+    backends: list[Backend] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        from rankpack.backend.local import LocalBackend
+
+        self._backend = LocalBackend()
+        self.backends.append(self._backend)
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend
+
+    def stage_spec(self, sim_id: str, length: Length = "short") -> StageSpec:
+        self.created.append(sim_id)
+        return StageSpec(
+            sim_id=sim_id, case="pitzDaily", n_ranks=self.n_ranks, runs_root=self.root,
+            iterations=20 if length == "short" else 1_000_000,
+        )  # fmt: skip
+
+    def bad_stage_spec(self, sim_id: str) -> StageSpec:
+        self.created.append(sim_id)
+        return StageSpec(
+            sim_id=sim_id, case=str(self.root / "no-such-case"), n_ranks=1, runs_root=self.root
+        )
+
+    def sim_spec(self, sim_id: str, staged: StagedCase) -> SimSpec:
+        from dataclasses import replace
+
+        from rankpack.case.openfoam import rank_env
+
+        spec = _default_sim_spec(sim_id, staged, self.n_ranks, self.request_millis)
+        return replace(spec, env=rank_env())
+
+    def new_backend(self) -> Backend:
+        from rankpack.backend.local import LocalBackend
+
+        other = LocalBackend(reap=False)
+        self.backends.append(other)
+        return other
+
+    def cleanup(self) -> None:
+        import contextlib
+
+        from rankpack.backend.protocol import UnknownSimulation
+
+        for backend in reversed(self.backends):
+            for sim_id in self.created:
+                with contextlib.suppress(UnknownSimulation):
+                    backend.release(sim_id)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rankpack.errors import UserError
 from rankpack.core.accounting import trapezoid_cpu_s
 from rankpack.core.results import RankResult, ResizeRecord, RunResult
+from rankpack.errors import UserError
 from rankpack.store import APPLICATION_ID, SCHEMA_VERSION, NewRun, RankRow, SampleRow, Store
 
 
