@@ -377,7 +377,8 @@ def test_resize_duty_sizes_the_ranks_in_place() -> None:
         timeout=600,
     )  # fmt: skip
     assert data["_returncode"] == 0, data
-    assert data["status"] == "completed" and data["iterations"] == 400
+    # pitzDaily converges (residualControl) after ~285 iterations: it may end before 400
+    assert data["status"] == "completed" and 40 < data["iterations"] <= 400
     sized = [r for r in data["resizes"] if r["kind"] == "size" and r["status"] == "completed"]
     assert sized, data["resizes"]
     assert all("duty" in r["reason"] and r["latency_s"] is not None for r in sized)
