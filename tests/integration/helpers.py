@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-CGROUP_CPU = Path("/sys/fs/cgroup/cpu/rankpack")
+from rankpack.backend import cgroups
 
 
 def rankpack(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
@@ -31,11 +31,26 @@ def run_json(*argv: str, timeout: float = 300) -> dict[str, Any]:
     return data
 
 
+def cgroup_subtree() -> Path:
+    """rankpack's subtree under the detected driver's root (the cpu hierarchy on v1, the
+    unified hierarchy on v2): where the run cgroups ``run-<sim>-<owner pid>`` live."""
+    driver = cgroups.detect()
+    if isinstance(driver, cgroups.CgroupV1):
+        return driver.cpu_root / cgroups.SUBTREE
+    assert isinstance(driver, cgroups.CgroupV2), driver
+    return driver.root / cgroups.SUBTREE
+
+
 def run_cgroups(owner_pid: int) -> list[Path]:
-    """The run cgroups an owner process has left (v1 layout on this machine)."""
-    if not CGROUP_CPU.is_dir():
+    """The run cgroups (``rankpack/run-*-<owner_pid>``) an owner process has, on v1 or v2."""
+    subtree = cgroup_subtree()
+    if not subtree.is_dir():
         return []
-    return [p for p in CGROUP_CPU.iterdir() if p.name.endswith(f"-{owner_pid}")]
+    return [
+        p
+        for p in subtree.iterdir()
+        if p.is_dir() and p.name.startswith("run-") and p.name.endswith(f"-{owner_pid}")
+    ]
 
 
 def processes_in(directory: Path) -> list[int]:

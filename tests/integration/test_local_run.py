@@ -9,16 +9,27 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import pytest
 
+from rankpack.backend import cgroups
 from rankpack.backend.local import LocalBackend
 from rankpack.backend.protocol import RankResources
-from rankpack.controller.single import RunOptions, Tick, execute, prepare
-from rankpack.plan.allocation import QoS, make_plan
+from rankpack.controller.loop import LoopResult, LoopSettings, OneJob, SimView, run_jobs
+from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.submission import Submission
+from rankpack.plan.allocation import QoS
 from rankpack.store import Store
-from tests.integration.helpers import processes_in, rankpack, run_cgroups, run_json, wait_for
+from tests.integration.helpers import (
+    cgroup_subtree,
+    processes_in,
+    rankpack,
+    run_cgroups,
+    run_json,
+    wait_for,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -28,7 +39,8 @@ def test_pitzdaily_four_ranks_completes_and_is_recorded() -> None:
     assert data["_returncode"] == 0, data
     assert data["status"] == "completed"
     assert data["iterations"] == 40
-    assert data["cgroups"] == "v1"
+    assert data["backend"] == "local"
+    assert data["placement"]["cgroups"] == cgroups.detect().version
     assert len(data["ranks"]) == 4
     assert sum(r["cells"] for r in data["ranks"]) == 12225
     assert [r["cpu_millis"] for r in data["ranks"]] == [1000] * 4
@@ -54,71 +66,125 @@ def test_source_tutorial_is_never_modified() -> None:
     assert sorted(str(p.relative_to(src)) for p in src.rglob("*")) == before
 
 
-def _prepared(tmp_path: Path, weights: list[float], qos: QoS = QoS.REQUESTS, iters: int = 60):
-    plan = make_plan(weights, 4000, qos=qos)
-    options = RunOptions("pitzDaily", plan, iterations=iters)
-    return prepare(options, tmp_path / "runs")
+def _submission(weights: list[float], qos: QoS = QoS.REQUESTS, iters: int = 60) -> Submission:
+    return Submission(
+        "pitzDaily", tuple(weights), 4000, iterations=iters, qos=qos.value, sizing="fixed"
+    )
+
+
+class OnTick:
+    """A display that runs a check on every tick once the simulation's ranks are observed."""
+
+    def __init__(self, check: Callable[[SimView], None]) -> None:
+        self.check = check
+
+    def update(self, now_s: float, sims: Sequence[SimView]) -> None:
+        for view in sims:
+            if view.ranks:
+                self.check(view)
+
+    def close(self) -> None:
+        pass
+
+
+def _run(
+    tmp_path: Path, backend: LocalBackend, sub: Submission, check: Callable[[SimView], None],
+    stop: threading.Event | None = None,
+) -> LoopResult:  # fmt: skip
+    settings = LoopSettings(
+        runs_root=tmp_path / "runs", controller=ControllerSettings(max_concurrent=1)
+    )
+    store = Store(tmp_path / "r.db")
+    return run_jobs(backend, store, OneJob(sub), settings, display=OnTick(check), stop=stop)
+
+
+def _weights(settings: cgroups.CpuSettings) -> int:
+    """The cgroup's CPU weight as written: cpu.shares on v1, cpu.weight on v2."""
+    value = settings.shares if settings.shares is not None else settings.weight
+    assert value is not None
+    return value
+
+
+def _kubelet_weight(driver: cgroups.CgroupDriver, millis: int) -> int:
+    if driver.version == "v1":
+        return cgroups.millis_to_shares(millis)
+    return cgroups.millis_to_weight(millis)
 
 
 def test_proportional_shares_in_cgroups_while_running_and_resize_in_place(tmp_path: Path) -> None:
     backend = LocalBackend()
-    store = Store(tmp_path / "r.db")
-    prepared = _prepared(tmp_path, [1, 1, 5, 15], iters=150)
+    assert backend.driver is not None
+    driver = backend.driver
     seen_shares: list[list[int]] = []
     pids_before: dict[int, str] = {}
     resized: list[int] = []
-
     run_shares: list[int] = []
+    run_cgroup_seen: list[bool] = []
 
-    def on_tick(tick: Tick, handle: object) -> None:
-        shares = [backend.settings(handle, r).shares or 0 for r in range(4)]  # type: ignore[arg-type]
+    def check(view: SimView) -> None:
+        shares = [_weights(backend.settings(view.sim_id, r)) for r in range(4)]
         seen_shares.append(shares)
-        run_dir = Path("/sys/fs/cgroup/cpu") / handle.cgroup_rel  # type: ignore[attr-defined]
-        run_shares.append(int((run_dir / "cpu.shares").read_text()))
-        pid_dir = prepared.run_dir / ".rankpack" / "pids"
-        if not resized and len(list(pid_dir.glob("*.pid"))) == 4 and tick.log.iterations > 0:
+        run_rel = f"{cgroups.SUBTREE}/run-{view.sim_id}-{os.getpid()}"
+        run_shares.append(_weights(driver.read_settings(run_rel)))
+        run_cgroup_seen.append(cgroup_subtree() / run_rel.split("/")[1] in run_cgroups(os.getpid()))
+        assert view.run_dir is not None
+        pid_dir = Path(view.run_dir) / ".rankpack" / "pids"
+        if not resized and len(list(pid_dir.glob("*.pid"))) == 4 and view.log.iterations > 0:
             pids_before.update({i: (pid_dir / f"rank-{i}.pid").read_text() for i in range(4)})
-            backend.resize(handle, 0, RankResources(500))  # type: ignore[arg-type]
-            resized.append(tick.log.iterations)
+            backend.resize(view.sim_id, 0, RankResources(500))
+            resized.append(view.log.iterations)
 
-    result = execute(backend, store, prepared, cgroups="v1", on_tick=on_tick)
-    assert result.status == "completed" and result.iterations == 150
-    assert seen_shares[0] == [186, 186, 930, 2792]  # kubelet: millis * 1024 // 1000
+    loop = _run(tmp_path, backend, _submission([1, 1, 5, 15], iters=150), check)
+    (result,) = loop.results
+    assert result.status == "completed" and result.iterations == 150, result.message
+    # the run's own cgroup existed (under the detected driver's root) while it ran
+    assert run_cgroup_seen and all(run_cgroup_seen)
+    # kubelet: millis * 1024 // 1000 (v1 shares; the kubelet's weight on v2)
+    expected = [_kubelet_weight(driver, m) for m in (182, 182, 909, 2727)]
+    if driver.version == "v1":
+        assert expected == [186, 186, 930, 2792]
+    assert seen_shares[0] == expected
     # like a pod's cgroup, the run weighs the sum of its requests (4000m, then 4318m)
-    assert run_shares[0] == 4096 and run_shares[-1] == (500 + 182 + 909 + 2727) * 1024 // 1000
+    assert run_shares[0] == _kubelet_weight(driver, 4000)
+    assert run_shares[-1] == _kubelet_weight(driver, 500 + 182 + 909 + 2727)
     # like kubepods, the parent of all rank pods weighs the machine's CPUs
-    parent = int(Path("/sys/fs/cgroup/cpu/rankpack/cpu.shares").read_text())
-    assert parent == backend.capacity_millis() * 1024 // 1000
+    parent = _weights(driver.read_settings(cgroups.SUBTREE))
+    assert parent == _kubelet_weight(driver, backend.capacity_millis())
     assert resized, "the run ended before a resize could be made"
-    assert [186 * 0 + 512, 186, 930, 2792] in seen_shares  # rank 0 resized to 500m in place
-    pid_dir = prepared.run_dir / ".rankpack" / "pids"
+    # rank 0 resized to 500m in place
+    assert [_kubelet_weight(driver, 500), *expected[1:]] in seen_shares
+    pid_dir = Path(result.run_dir) / ".rankpack" / "pids"
     # zero restarts: the same rank processes before and after the resize
     assert {i: (pid_dir / f"rank-{i}.pid").read_text() for i in range(4)} == pids_before
     assert result.ranks[0].cpu_millis == 500
+    assert result.restarts == 0
     assert not run_cgroups(os.getpid())
 
 
 def test_hard_limits_throttle_the_small_ranks(tmp_path: Path) -> None:
     backend = LocalBackend()
-    store = Store(tmp_path / "r.db")
-    prepared = _prepared(tmp_path, [1, 1, 5, 15], qos=QoS.LIMITS, iters=500)
     stop = threading.Event()
     quotas: list[list[int | None]] = []
+    timers: list[threading.Timer] = []
 
-    def on_tick(tick: Tick, handle: object) -> None:
-        quotas.append([backend.settings(handle, r).quota_us for r in range(4)])  # type: ignore[arg-type]
+    def check(view: SimView) -> None:
+        quotas.append([backend.settings(view.sim_id, r).quota_us for r in range(4)])
+        if not timers:  # bounded in time once running: limits make MPI crawl
+            timers.append(threading.Timer(8.0, stop.set))
+            timers[0].start()
 
-    timer = threading.Timer(8.0, stop.set)  # bounded in time: limits make MPI crawl
-    timer.start()
     try:
-        result = execute(backend, store, prepared, cgroups="v1", stop=stop, on_tick=on_tick)
+        loop = _run(tmp_path, backend, _submission([1, 1, 5, 15], QoS.LIMITS, 500), check, stop)
     finally:
-        timer.cancel()
+        for timer in timers:
+            timer.cancel()
     assert quotas[0] == [18200, 18200, 90900, 272700]
+    assert loop.status == "interrupted"
+    (result,) = loop.results
     assert result.status == "interrupted"
     assert result.ranks[0].nr_throttled > 0 and result.ranks[1].nr_throttled > 0
     assert result.ranks[0].throttled_s > 0
-    assert not processes_in(prepared.run_dir)
+    assert not processes_in(Path(result.run_dir))
     assert not run_cgroups(os.getpid())
 
 
@@ -200,13 +266,17 @@ def test_more_ranks_than_cells_leaves_nothing(isolated_home: Path, tmp_path: Pat
     runs = isolated_home / "runs"
     assert not runs.exists() or not any(runs.iterdir())
     assert not (isolated_home / "rankpack.db").exists()
+    # read-only commands do not create one either
+    shown = rankpack("runs", "show", "1")
+    assert shown.returncode == 2 and "no rankpack database" in shown.stderr
+    assert not (isolated_home / "rankpack.db").exists()
 
 
 def test_no_cgroups_runs_uncontained_and_says_so() -> None:
     # Uncontained, CPU comes from /proc at ~1 Hz: a lower bound (the last second of a rank
     # is not seen once its process is gone), so the run must outlast a few samples.
     data = run_json("run", "pitzDaily", "--ranks", "2", "--iterations", "150", "--no-cgroups")
-    assert data["status"] == "completed" and data["cgroups"] == "none"
+    assert data["status"] == "completed" and data["placement"]["cgroups"] == "none"
     assert all(r["cpu_s_counter"] > 0 for r in data["ranks"])
     assert all(r["nr_throttled"] == 0 for r in data["ranks"])
 
@@ -252,3 +322,69 @@ def test_a_rank_that_dies_fails_the_run_cleanly(isolated_home: Path) -> None:
     assert not processes_in(run_dir) and not run_cgroups(proc.pid)
     assert (run_dir / "log.simpleFoam").is_file() and (run_dir / "processor2").is_dir()
     assert run_json("runs", "show", str(data["id"]))["status"] == "failed"
+
+
+def _iterations_in(log: Path) -> int:
+    try:
+        return log.read_text(errors="replace").count("\nExecutionTime")
+    except FileNotFoundError:
+        return 0
+
+
+def test_phase_schedule_resizes_in_place_without_restarts(isolated_home: Path) -> None:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "rankpack", "run", "pitzDaily", "--ranks", "2", "--iterations",
+         "250", "--phases", "0:500,1500;0.5:1500,500", "--json"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    runs = isolated_home / "runs"
+
+    def pid_files() -> list[Path]:
+        return sorted(runs.glob("*/.rankpack/pids/rank-*.pid"))
+
+    wait_for(lambda: len(pid_files()) == 2 and all(p.read_text().strip() for p in pid_files()),
+             120, "2 rank pid files")  # fmt: skip
+    pids_before = {p.name: p.read_text() for p in pid_files()}
+    # read before the phase at 50 % (125 iterations) could have been applied
+    run_dir = pid_files()[0].parents[2]
+    assert _iterations_in(run_dir / "log.simpleFoam") < 125
+    out, err = proc.communicate(timeout=600)
+    assert proc.returncode == 0, err[-3000:]
+    data = json.loads(out)
+    assert data["status"] == "completed" and data["iterations"] == 250
+    assert Path(data["run_dir"]) == run_dir
+    resizes = data["resizes"]
+    # exactly the two resizes of the phase at 50 %, each completed, with the requests swapped
+    assert sorted((r["rank"], r["from_millis"], r["to_millis"]) for r in resizes) == [
+        (0, 500, 1500), (1, 1500, 500),
+    ]  # fmt: skip
+    assert all(r["status"] == "completed" and r["kind"] == "phase" for r in resizes), resizes
+    assert all(r["latency_s"] is not None and r["latency_s"] >= 0 for r in resizes), resizes
+    assert all(r["t_s"] > 0 for r in resizes)
+    assert data["restarts"] == 0 and all(r["restarts"] == 0 for r in data["ranks"])
+    assert [r["cpu_millis"] for r in data["ranks"]] == [1500, 500]
+    # the same rank processes before and after the resizes
+    assert {p.name: p.read_text() for p in pid_files()} == pids_before
+    shown = run_json("runs", "show", str(data["id"]))
+    assert shown["resizes"] == resizes
+    assert shown["restarts"] == 0
+
+
+def test_resize_duty_sizes_the_ranks_in_place() -> None:
+    # long enough to be profiled: warm-up (10 %) then a 5 s window at 1 Hz ticks
+    data = run_json(
+        "run", "pitzDaily", "--ranks", "2", "--iterations", "400", "--resize", "duty",
+        timeout=600,
+    )  # fmt: skip
+    assert data["_returncode"] == 0, data
+    # pitzDaily converges (residualControl) after ~285 iterations: it may end before 400
+    assert data["status"] == "completed" and 40 < data["iterations"] <= 400
+    sized = [r for r in data["resizes"] if r["kind"] == "size" and r["status"] == "completed"]
+    assert sized, data["resizes"]
+    assert all("duty" in r["reason"] and r["latency_s"] is not None for r in sized)
+    # the requests in force at the end are the sized ones
+    last = {r["rank"]: r["to_millis"] for r in sized}
+    assert all(data["ranks"][rank]["cpu_millis"] == m for rank, m in last.items())
+    assert data["restarts"] == 0
+    shown = run_json("runs", "show", str(data["id"]))
+    assert shown["resizes"] == data["resizes"]

@@ -13,15 +13,26 @@ from pathlib import Path
 
 import pytest
 
+from rankpack.backend import cgroups
 from rankpack.backend.local import LocalBackend
-from rankpack.backend.protocol import RankResources
-from rankpack.controller.multiplex import Multiplexer, MultiplexOptions
+from rankpack.controller.loop import LoopSettings
 from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.session import run_session
 from rankpack.controller.submission import Submission
 from rankpack.store import Store
 from tests.integration.helpers import processes_in, rankpack, run_cgroups, run_json, wait_for
 
 pytestmark = pytest.mark.integration
+
+
+WEIGHT_FILE = "cpu.shares" if cgroups.detect().version == "v1" else "cpu.weight"
+
+
+def _kubelet_weight(millis: int) -> int:
+    """What the cgroup weight file holds for a request: shares on v1, weight on v2."""
+    if WEIGHT_FILE == "cpu.shares":
+        return cgroups.millis_to_shares(millis)
+    return cgroups.millis_to_weight(millis)
 
 
 def _cpu_shares_of(owner_pid: int) -> dict[str, list[int]]:
@@ -30,7 +41,7 @@ def _cpu_shares_of(owner_pid: int) -> dict[str, list[int]]:
         shares = []
         for rank in sorted(run.glob("rank-*")):
             try:
-                shares.append(int((rank / "cpu.shares").read_text()))
+                shares.append(int((rank / WEIGHT_FILE).read_text()))
             except OSError:
                 continue
         out[run.name] = shares
@@ -52,6 +63,8 @@ def test_three_pitzdaily_simulations_multiplexed(isolated_home: Path) -> None:
          "--profile-s", "1", "--json"],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
+    # the sessions' run cgroups exist while it runs, so "none left" below means something
+    wait_for(lambda: bool(run_cgroups(proc.pid)), 300, "the multiplexer's run cgroups")
     seen: list[dict[str, list[int]]] = []
     done = threading.Event()
 
@@ -74,12 +87,28 @@ def test_three_pitzdaily_simulations_multiplexed(isolated_home: Path) -> None:
     assert all(s["status"] == "completed" and s["iterations"] == 280 for s in sims)
     assert data["restarts"] == 0
     assert data["resizes"] >= 12  # every rank of every simulation sized at least once
-    assert data["makespan_s"] > 0 and data["fairness_ratio"] >= 1.0
-    assert data["throughput_gain"] is not None and data["throughput_gain"] > 0
     assert Path(data["timeline_png"]).stat().st_size > 10_000
-    # the initial 250m (256 shares) changed in place while the ranks ran
+    # the session's figures are those of its recorded runs, not just well-formed numbers:
+    # makespan from the first start to the last end, fairness = max/min of the recorded
+    # wall times, gain = the recorded single (baseline) runs back to back / makespan
+    spans = [(s["started_s"], s["finished_s"]) for s in sims]
+    makespan = max(b for _, b in spans) - min(a for a, _ in spans)
+    assert data["makespan_s"] == pytest.approx(makespan) and makespan > 0
+    recorded = {s["id"]: run_json("runs", "show", str(s["id"])) for s in sims}
+    walls = [r["wall_s"] for r in recorded.values()]
+    assert walls == pytest.approx([s["wall_s"] for s in sims])
+    assert data["fairness_ratio"] == pytest.approx(max(walls) / min(walls))
+    listed = json.loads(rankpack("runs", "list", "--json").stdout)
+    baselines = [
+        r["wall_s"] for r in listed
+        if r["status"] == "completed" and "multiplex_id" not in r["options"]
+    ]  # fmt: skip
+    assert len(baselines) == 1 and data["baseline"] == "db"  # measured once, before the session
+    assert data["sequential_s"] == pytest.approx(3 * baselines[0])
+    assert data["throughput_gain"] == pytest.approx(3 * baselines[0] / makespan)
+    # the initial 250m changed in place while the ranks ran
     all_shares = {s for snap in seen for shares in snap.values() for s in shares}
-    assert 256 in all_shares and len(all_shares) > 1
+    assert _kubelet_weight(250) in all_shares and len(all_shares) > 1
     # results intact: every run directory has its log and its last time directory
     for s in sims:
         run_dir = Path(s["run_dir"])
@@ -88,7 +117,7 @@ def test_three_pitzdaily_simulations_multiplexed(isolated_home: Path) -> None:
         assert all(r["duty"] is not None and 0 < r["duty"] < 1 for r in shown["ranks"])
         assert (run_dir / "processor0" / "280").is_dir()
     # overlap: at least two simulations ran at the same time
-    spans = sorted((s["started_s"], s["finished_s"]) for s in sims)
+    spans = sorted(spans)
     assert any(b[0] < a[1] for a, b in itertools.pairwise(spans))
     events = json.loads(rankpack("events", "--json").stdout)
     kinds = {e["kind"] for e in events}
@@ -139,37 +168,51 @@ def test_multiplex_bad_input(isolated_home: Path) -> None:
     assert json.loads(rankpack("queue", "--json").stdout)[0]["status"] == "queued"
 
 
-class RejectingBackend(LocalBackend):
-    """The real local backend, except that every resize is refused — a FAKE of the one
-    boundary we cannot provoke here on demand (a kubelet or API server refusing a
-    `pods/resize`, a cgroup write failing)."""
+class RefusingDriver:
+    """The real cgroup driver, except that a rank cgroup's CPU can be written only once
+    (at launch): every in-place resize is refused, as a FAKE of the one boundary we cannot
+    provoke here on demand (a kubelet or API server refusing a `pods/resize`, a cgroup write
+    failing). The local backend itself is not faked."""
 
-    def resize(self, handle: object, rank: int, resources: RankResources) -> None:  # type: ignore[override]
-        raise OSError(13, "resize refused by the test")
+    def __init__(self, inner: cgroups.CgroupDriver) -> None:
+        self.inner = inner
+        self.version = inner.version
+        self.written: set[str] = set()
+
+    def set_cpu(self, rel: str, request_millis: int, limit_millis: int | None) -> object:
+        if "/rank-" in rel and rel in self.written:
+            raise PermissionError(13, "resize refused by the test")
+        self.written.add(rel)
+        return self.inner.set_cpu(rel, request_millis, limit_millis)
+
+    def __getattr__(self, name: str) -> object:
+        return getattr(self.inner, name)
 
 
 def test_rejected_resizes_are_recorded_and_the_simulation_completes(tmp_path: Path) -> None:
     store = Store(tmp_path / "r.db")
     sub = Submission("pitzDaily", (1.0,) * 4, 1000, iterations=280)
     store.submit(sub.case, sub.n_ranks, sub.to_json())
-    backend = RejectingBackend()
-    options = MultiplexOptions(
-        capacity_millis=2000, wait_mode="spin",
-        controller=ControllerSettings(max_concurrent=1, profile_s=1.0), baseline="none",
+    backend = LocalBackend(driver=RefusingDriver(cgroups.detect()))  # type: ignore[arg-type]
+    settings = LoopSettings(
+        runs_root=tmp_path / "runs", capacity_millis=2000, wait_mode="spin",
+        controller=ControllerSettings(max_concurrent=1, profile_s=1.0),
     )  # fmt: skip
-    mux = Multiplexer(
-        backend, store, options, runs_root=tmp_path / "runs", cgroups=backend.cgroup_version
-    )
-    result = mux.run()
+    result = run_session(backend, store, settings, baseline="none")
     assert result.status == "completed"
     assert [s.status for s in result.simulations] == ["completed"]
     assert result.simulations[0].iterations == 280
     assert result.resizes == 0 and result.resizes_rejected >= 1 and result.restarts == 0
     events = store.events(multiplex_id=result.multiplex_id)
-    rejected = [e for e in events if e["kind"] == "resize-rejected"]
-    assert rejected and "refused" in rejected[0]["detail"]["reason"]
+    rejected = [e for e in events if e.kind == "resize-rejected"]
+    assert rejected and "refused" in rejected[0].detail["reason"]
+    run = store.get_run(result.simulations[0].id)
+    # every refused resize is recorded with the run, none as completed
+    assert run.resizes and all(r.status == "rejected" for r in run.resizes)
+    assert len(run.resizes) == result.resizes_rejected
     # the ranks kept their initial requests
-    assert [r["cpu_millis"] for r in store.get_run(result.simulations[0].id)["ranks"]] == [250] * 4
+    assert [r.cpu_millis for r in run.ranks] == [250] * 4
+    assert not run_cgroups(os.getpid())
 
 
 def test_phase_schedule_follows_the_solver_log(isolated_home: Path) -> None:
@@ -200,8 +243,8 @@ def test_phase_schedule_follows_the_solver_log(isolated_home: Path) -> None:
     # old requests before and the new ones after, with the iteration count at each sample
     store = Store(isolated_home / "rankpack.db")
     rows = store.samples(sim["id"])
-    before = [r["iterations"] for r in rows if r["rank"] == 3 and r["request_millis"] == 400]
-    after = [r["iterations"] for r in rows if r["rank"] == 3 and r["request_millis"] == 700]
+    before = [r.iterations for r in rows if r.rank == 3 and r.request_millis == 400]
+    after = [r.iterations for r in rows if r.rank == 3 and r.request_millis == 700]
     assert before and after and max(before) <= min(after)
     assert min(after) >= 100  # 50 % of 200 iterations
     assert data["restarts"] == 0

@@ -243,12 +243,23 @@ def run_one(
 def handle(args: argparse.Namespace) -> int:
     sub = submission_from_args(args)
     backend = LocalBackend(use_cgroups=not args.no_cgroups)
-    store = Store(db_path(args))
-    with stop_on_signals() as stop:
-        result = run_one(
-            sub, backend, store, show=not args.json, stop=stop, shim=not args.no_shim,
-            wait_mode=args.wait,
-        )  # fmt: skip
+    db = db_path(args)
+    new_db = not db.exists()
+    store = Store(db)
+    try:
+        with stop_on_signals() as stop:
+            result = run_one(
+                sub, backend, store, show=not args.json, stop=stop, shim=not args.no_shim,
+                wait_mode=args.wait,
+            )  # fmt: skip
+    except UserError:
+        # Bad input found while staging (e.g. more ranks than cells): nothing ran, so leave
+        # no database behind, as when the input is refused before staging.
+        if new_db and not store.list_runs(1):
+            store.close()
+            for suffix in ("", "-wal", "-shm", "-journal"):
+                Path(f"{db}{suffix}").unlink(missing_ok=True)
+        raise
     if args.json:
         print_json(result.to_json())
     else:

@@ -28,6 +28,7 @@ class RunDisplay:
         self.task = self.progress.add_task(title, total=None)
         self.table = Table()
         self.live = Live(self._render(None), console=self.console, refresh_per_second=4)
+        self.launched = False
         self.live.start()
 
     def _render(self, tick: SimView | None) -> Group:
@@ -68,9 +69,13 @@ class RunDisplay:
         if not sims:
             return
         tick = sims[0]
+        self.launched = self.launched or tick.run_id is not None
         total = tick.expected_iterations or None
         self.progress.update(self.task, total=total, completed=tick.log.iterations)
         self.live.update(self._render(tick))
 
     def close(self) -> None:
+        # A case that failed staging never ran: leave only its error message behind.
+        if not self.launched:
+            self.live.transient = True
         self.live.stop()
