@@ -14,6 +14,9 @@ flavours=("$@")
 version="${RANKPACK_MPI4PY_VERSION:-4.1.2}"
 cache="${RANKPACK_PEER_CACHE:-/var/cache/rankpack/mpi4py}"
 mkdir -p "$cache"
+# One build at a time (setup.sh and a pytest fixture may both ask for it).
+exec 9>"$cache/.lock"
+flock 9
 
 src="$cache/$version-src"
 if [ ! -f "$src/.complete" ]; then

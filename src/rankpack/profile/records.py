@@ -281,19 +281,26 @@ def set_wait_mode(record_path: Path, mode: str) -> None:
     """
     if mode not in WAIT_MODE_NAMES:
         raise UserError(f"unknown wait mode '{mode}'; use one of: {', '.join(WAIT_MODE_NAMES)}")
-    offset, size = RECORD_OFFSETS["wait_ctl"]
     try:
-        f = open(record_path, "r+b")  # noqa: SIM115 - the mapping must outlive the `with`
+        f = open(record_path, "r+b")  # noqa: SIM115 - closed by `with f` below
     except FileNotFoundError:
         raise UserError(f"{record_path}: no live record (has the rank called MPI_Init?)") from None
-    with f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_WRITE) as mm:
-        if len(mm) < RECORD_SIZE or _SEQ.unpack_from(mm, 0)[0] < 2:
+    with f:
+        if os.fstat(f.fileno()).st_size < RECORD_SIZE:
+            raise UserError(f"{record_path}: the record is not published yet; try again")
+        _write_wait_ctl(f.fileno(), record_path, WAIT_MODE_NAMES.index(mode))
+
+
+def _write_wait_ctl(fd: int, record_path: Path, word: int) -> None:
+    offset, size = RECORD_OFFSETS["wait_ctl"]
+    with mmap.mmap(fd, RECORD_SIZE, access=mmap.ACCESS_WRITE) as mm:
+        if _SEQ.unpack_from(mm, 0)[0] < 2:
             raise UserError(f"{record_path}: the record is not published yet; try again")
         _check_header(mm[:RECORD_SIZE], record_path)
         # One aligned 4-byte store through a typed view (CPython packs an "I" item with a
         # fixed-size memcpy), so the shim never sees a torn word.
-        with memoryview(mm) as view, view[offset : offset + size].cast("I") as word:
-            word[0] = WAIT_MODE_NAMES.index(mode)
+        with memoryview(mm) as view, view[offset : offset + size].cast("I") as ctl:
+            ctl[0] = word
 
 
 def read_record(path: Path, max_tries: int = 1000) -> RankRecord | None:
