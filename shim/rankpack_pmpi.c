@@ -531,18 +531,26 @@ static void rp_setup(void) {
         if (!rp.trace) fprintf(stderr, "rankpack shim: rank %d: no memory for the trace\n", rank);
     }
 
-    char path[600];
+    /*
+     * A new file renamed into place, never an existing one truncated: another process of the
+     * same rank number (an MPI_Comm_spawn child, a second job sharing the directory) may
+     * still have the old file mapped, and truncating a mapped file kills it with SIGBUS.
+     */
+    char path[600], tmp[640];
     snprintf(path, sizeof path, "%s/rank-%d.rec", rp_cfg.dir, rank);
+    snprintf(tmp, sizeof tmp, "%s/.rank-%d.rec.%d", rp_cfg.dir, rank, (int)getpid());
     int fd = -1;
-    if (rp_mkdirs(rp_cfg.dir) == 0) fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (rp_mkdirs(rp_cfg.dir) == 0) fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0 && ftruncate(fd, sizeof(struct rp_record)) == 0) {
         void *m = mmap(NULL, sizeof(struct rp_record), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (m != MAP_FAILED) rp.rec = m;
     }
     if (fd >= 0) close(fd);
-    if (!rp.rec)
+    if (!rp.rec) {
         fprintf(stderr, "rankpack shim: rank %d: cannot create live record %s: %s\n", rank, path,
                 strerror(errno));
+        if (fd >= 0) unlink(tmp);
+    }
 
     uint64_t now = rp_now();
     l->t_start_ns = now;
@@ -553,6 +561,11 @@ static void rp_setup(void) {
         /* Header first (seq stays 0, updates 0: "not published yet"), then a first publish. */
         memcpy(rp.rec, l, sizeof *l);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        if (rename(tmp, path) != 0) {
+            fprintf(stderr, "rankpack shim: rank %d: cannot create live record %s: %s\n", rank,
+                    path, strerror(errno));
+            unlink(tmp);
+        }
     }
     rp.ctl = rp.rec ? &rp.rec->wait_ctl : &l->wait_ctl;
     rp_hook_register();
