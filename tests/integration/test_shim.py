@@ -8,11 +8,18 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from rankpack.profile.records import RecordReader, read_records
+from rankpack.profile.records import (
+    RankRecord,
+    RecordReader,
+    read_record,
+    read_records,
+    set_wait_mode,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -186,3 +193,56 @@ def test_profile_cli_bad_input_is_one_line(built: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "not found" in out.stderr
+
+
+def _wait_for(path: Path, cond: Callable[[RankRecord], bool], timeout_s: float) -> RankRecord:
+    """The first snapshot of `path` that satisfies `cond`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rec = read_record(path)
+        if rec is not None and cond(rec):
+            return rec
+        time.sleep(0.02)
+    raise AssertionError(f"{path}: condition not met within {timeout_s} s")
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_wait_mode_switches_live(built: Path, tmp_path: Path, flavour: str) -> None:
+    """The controller's control word switches a running program spin -> polite -> spin.
+
+    Rank 1 waits ~3 ms in every Allreduce. Under Open MPI (progress hook) polite waiting
+    sleeps there, so `sleeps` grows only while the word says polite; MPICH's collectives stay
+    spinning (no hook), but its ranks still take up the mode at the next wait.
+    """
+    env = {"LD_PRELOAD": str(BUILD / f"librankpack_pmpi.{flavour}.so"),
+           "RANKPACK_SHIM_DIR": str(tmp_path), "RANKPACK_SHIM_WAIT": "spin"}  # fmt: skip
+    argv = [str(built / flavour / "imbalance"), "-k", "4", "-n", "1500", "-c", "1000",
+            "-m", "sleep"]  # fmt: skip
+    proc = subprocess.Popen(
+        mpirun(flavour, 2, env, argv), env={**os.environ, **env}, stdout=subprocess.DEVNULL
+    )
+    paths = [tmp_path / f"rank-{r}.rec" for r in range(2)]
+    try:
+        rec = _wait_for(paths[1], lambda r: r.updates > 10, 30)
+        assert (rec.wait_mode, rec.wait_mode_requested, rec.sleeps) == ("spin", "spin", 0)
+        for path in paths:
+            set_wait_mode(path, "polite")
+        polite = _wait_for(paths[1], lambda r: r.wait_mode == "polite", 10)
+        assert polite.wait_mode_requested == "polite" and polite.wait_switches == 1
+        if flavour == "openmpi":
+            _wait_for(paths[1], lambda r: r.sleeps > 0, 10)
+        for path in paths:
+            set_wait_mode(path, "spin")
+        spin = _wait_for(paths[1], lambda r: r.wait_mode == "spin", 10)
+        time.sleep(0.3)  # several more waits, all spinning
+        later = read_record(paths[1])
+        assert later is not None and later.updates > spin.updates
+        assert later.sleeps == spin.sleeps
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    final = [read_record(p) for p in paths]
+    assert all(r is not None and r.finalized for r in final)
+    assert [(r.wait_mode, r.wait_switches) for r in final if r] == [("spin", 2)] * 2
