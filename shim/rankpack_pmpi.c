@@ -9,7 +9,7 @@
  *   co-located simulations can use idle time, without changing what the program sees
  *   (docs/decisions/0005-shim-transparency.md): blocking collectives always stay the
  *   library's blocking calls, made polite only through the library's progress hook (Open
- *   MPI's opal_progress callbacks); blocking point-to-point calls use the same hook, or,
+ *   MPI's opal_progress, interposed); blocking point-to-point calls use the same hook, or,
  *   without it (MPICH), their nonblocking form plus test-and-back-off.
  * - The wait mode is live: the shim reads the control word `wait_ctl` of its record (a
  *   relaxed atomic load, no syscall) at the start of every wait; the controller writes it.
@@ -114,9 +114,7 @@ static struct rp_state rp;
 static __thread int rp_owner;  /* 1 in the thread that called MPI_Init, while active */
 static __thread int rp_depth;  /* re-entry guard */
 static __thread int rp_armed;  /* the progress hook may back off: an owner's polite wait */
-static int rp_hooked;          /* the progress hook is registered (set once at MPI_Init) */
-typedef int (*rp_progress_cb_t)(void);
-static int (*rp_hook_unregister)(rp_progress_cb_t);
+static int rp_hooked;          /* the progress hook works here (set once at MPI_Init) */
 
 static inline uint64_t rp_now(void) {
     struct timespec ts;
@@ -441,23 +439,37 @@ static int rp_polite_Sendrecv(const void *sendbuf, int sendcount, MPI_Datatype s
 #undef RP_FN
 
 /*
- * The progress hook (Open MPI): called by opal_progress(), i.e. on every turn of the
- * library's own wait loop inside any blocking call. While the owner thread is in a polite
- * wait it backs off there, so the library's blocking call - algorithm, matching, error
- * handling, everything - stays exactly what the program called. Other threads, and
- * progress made outside a polite wait (MPI_Test*, nonblocking calls), pass straight on.
+ * The progress hook (Open MPI). Every wait loop in Open MPI - inside any blocking call -
+ * turns on opal_progress(), which polls the transports and returns the number of events
+ * it found. libmpi calls it in libopen-pal through the PLT, so the shim interposes it: the
+ * real opal_progress() runs first, and only if that poll found nothing and the MPI_Init
+ * thread is in a polite wait does the shim take one back-off step. That is exactly the
+ * old test loop (poll, back off only after a fruitless poll), but inside the library's own
+ * blocking call, so the call - algorithm, matching, error handling - stays what the
+ * program called. Other threads, and progress outside a polite wait (MPI_Test*,
+ * nonblocking calls), pass straight through. Under MPICH nobody calls it.
  */
-static int rp_progress_cb(void) {
-    if (rp_armed) rp_backoff_step(&rp.wait);
-    return 0;
+typedef int (*rp_progress_fn)(void);
+static rp_progress_fn rp_real_progress;
+
+static rp_progress_fn rp_find_real_progress(void) {
+    rp_progress_fn f = __atomic_load_n(&rp_real_progress, __ATOMIC_RELAXED);
+    if (!f) { /* first call (during MPI_Init): every thread finds the same address */
+        *(void **)&f = dlsym(RTLD_NEXT, "opal_progress");
+        __atomic_store_n(&rp_real_progress, f, __ATOMIC_RELAXED);
+    }
+    return f;
+}
+
+int opal_progress(void) {
+    rp_progress_fn real = rp_find_real_progress();
+    int events = real ? real() : 0;
+    if (rp_armed && events <= 0) rp_backoff_step(&rp.wait);
+    return events;
 }
 
 static void rp_hook_register(void) {
-    if (!rp_cfg.use_hook) return;
-    int (*reg)(rp_progress_cb_t);
-    *(void **)&reg = dlsym(RTLD_DEFAULT, "opal_progress_register");
-    *(void **)&rp_hook_unregister = dlsym(RTLD_DEFAULT, "opal_progress_unregister");
-    if (reg && rp_hook_unregister && reg(rp_progress_cb) == 0) rp_hooked = 1;
+    if (rp_cfg.use_hook && rp_find_real_progress()) rp_hooked = 1;
 }
 
 /* ---- the wrappers, generated from the table ---------------------------------------------- */
@@ -636,9 +648,6 @@ int MPI_Finalize(void) {
         rp_owner = 0;
         rp_write_trace();
     }
-    if (rp_hooked) {
-        rp_hooked = 0;
-        rp_hook_unregister(rp_progress_cb);
-    }
+    rp_hooked = 0;
     return PMPI_Finalize();
 }
