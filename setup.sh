@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # rankpack set-up for Debian 12 (run as root). Installs everything rankpack needs, then
 #   bash setup.sh demo   runs the main job: `rankpack demo` (pitzDaily, local backend)
-#   bash setup.sh test   runs the full test suite (lint, types, unit and integration tests)
+#   bash setup.sh test   runs the full test suite (lint, types, unit, integration and peer tests)
 # Safe to run again: installed packages are skipped, the virtualenv is reused.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -46,6 +46,12 @@ fi
 # The PMPI shim (C), built for Open MPI and MPICH and installed into the package.
 if [ -f shim/Makefile ]; then
   make -s -C shim install
+fi
+
+# The peer test tier (tests/peer): mpi4py built from its sdist against Open MPI and MPICH,
+# cached in /var/cache/rankpack/mpi4py (RANKPACK_PEER_CACHE); only the first run builds.
+if [ "$mode" = test ]; then
+  bash tests/peer/install_mpi4py.sh .venv/bin/python openmpi mpich
 fi
 
 case "$mode" in

@@ -15,7 +15,9 @@ and reports, per configuration, medians and min-max over repetitions of
       --config 'yield:WAIT=polite,YIELD=1,SPIN_US=10'
 
 A configuration is NAME or NAME:KEY=VALUE,... where keys are RANKPACK_SHIM_* suffixes;
-NAME alone means RANKPACK_SHIM_WAIT=NAME, and `noshim` runs without the library.
+NAME alone means RANKPACK_SHIM_WAIT=NAME, and `noshim` runs without the library. The key
+LIB=PATH preloads another build of the library (e.g. the previous commit's, for a
+before/after comparison in the same session).
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ def parse_config(text: str) -> tuple[str, dict[str, str] | None]:
     env = {"RANKPACK_SHIM_WAIT": name}
     for item in filter(None, rest.split(",")):
         key, _, value = item.partition("=")
-        env[f"RANKPACK_SHIM_{key}"] = value
+        env["LIB" if key == "LIB" else f"RANKPACK_SHIM_{key}"] = value
     return name, env
 
 
@@ -53,8 +55,10 @@ def launch(case: Path, shim: dict[str, str] | None, live: Path) -> subprocess.Po
     )
     names = ["WM_PROJECT_DIR", "LD_LIBRARY_PATH"]
     if shim is not None:
+        shim = dict(shim)
+        lib = shim.pop("LIB", str(LIB))
         env.update(shim)
-        env["LD_PRELOAD"] = str(LIB)
+        env["LD_PRELOAD"] = lib
         env["RANKPACK_SHIM_DIR"] = str(live)
         names += ["LD_PRELOAD", "RANKPACK_SHIM_DIR", *shim]
     argv = ["mpirun.openmpi", "-np", "4", "--oversubscribe", "--bind-to", "none"]

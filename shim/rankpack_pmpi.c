@@ -5,17 +5,25 @@
  *   between calls; publishes a live record (rankpack_record.h) in a memory-mapped file per
  *   rank, at most every RANKPACK_SHIM_INTERVAL_US, under a sequence lock.
  * - Optionally keeps per-call trace events, written to a per-rank CSV at MPI_Finalize.
- * - Optionally replaces MPI's busy-polling waits by test + back-off that releases the core
- *   (RANKPACK_SHIM_WAIT=polite|adaptive), so co-located simulations can use idle time.
+ * - Optionally makes MPI's busy-polling waits release the core (polite/adaptive), so
+ *   co-located simulations can use idle time, without changing what the program sees
+ *   (docs/decisions/0005-shim-transparency.md): blocking collectives always stay the
+ *   library's blocking calls, made polite only through the library's progress hook (Open
+ *   MPI's opal_progress, interposed); blocking point-to-point calls use the same hook, or,
+ *   without it (MPICH), their nonblocking form plus test-and-back-off.
+ * - The wait mode is live: the shim reads the control word `wait_ctl` of its record (a
+ *   relaxed atomic load, no syscall) at the start of every wait; the controller writes it.
  *
  * Hot path (every intercepted call): a thread-local enable/re-entry check, two
- * clock_gettime(CLOCK_MONOTONIC) reads, additions into fixed arrays, and a memcpy of the
- * record at most every interval. No malloc, lock or I/O. Only the thread that called
- * MPI_Init is measured; calls from other threads pass straight through.
+ * clock_gettime(CLOCK_MONOTONIC) reads, one relaxed load of the control word, additions
+ * into fixed arrays, and a memcpy of the record at most every interval. No malloc, lock or
+ * I/O. Only the thread that called MPI_Init is measured (and owns the global state below);
+ * calls from other threads pass straight through.
  *
  * Configuration: RANKPACK_SHIM_* environment variables, documented in docs/shim.md.
  */
 #define _GNU_SOURCE
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <mpi.h>
@@ -50,7 +58,8 @@ static const char *const rp_func_names[RP_N_FUNCS] = {
 /* ---- configuration --------------------------------------------------------------------- */
 
 struct rp_config {
-    unsigned wait_mode;
+    unsigned wait_mode;    /* initial mode (RANKPACK_SHIM_WAIT) */
+    int use_hook;          /* RANKPACK_SHIM_HOOK: use the MPI library's progress hook */
     uint64_t interval_ns;
     uint64_t window_ns;
     uint64_t spin_ns;      /* polite: spin (test) this long before the first sleep */
@@ -75,9 +84,20 @@ struct rp_trace_event {
     uint32_t pad;
 };
 
+struct rp_backoff {
+    uint64_t t0;
+    uint64_t spin_ns;
+    uint64_t sleep_ns;
+    int sleeping;
+};
+
 struct rp_state {
     struct rp_record *rec; /* mmapped live record, or NULL if it could not be created */
     struct rp_record local; /* private copy updated on the hot path */
+    uint32_t *ctl;          /* the control word: &rec->wait_ctl (or &local.wait_ctl) */
+    struct rp_backoff wait; /* the wait in progress (polite/adaptive) */
+    uint64_t adaptive_spin_ns; /* adaptive: the tuned spin budget */
+    int slack_set;          /* timer slack lowered (first polite wait) */
     uint64_t last_exit_ns;
     uint64_t last_publish_ns;
     uint64_t window_start_ns;
@@ -93,6 +113,8 @@ struct rp_state {
 static struct rp_state rp;
 static __thread int rp_owner;  /* 1 in the thread that called MPI_Init, while active */
 static __thread int rp_depth;  /* re-entry guard */
+static __thread int rp_armed;  /* the progress hook may back off: an owner's polite wait */
+static int rp_hooked;          /* the progress hook works here (set once at MPI_Init) */
 
 static inline uint64_t rp_now(void) {
     struct timespec ts;
@@ -122,6 +144,7 @@ static void rp_read_config(void) {
         rp_cfg.wait_mode = RP_WAIT_ADAPTIVE;
     else if (mode && *mode && strcmp(mode, "spin") != 0)
         fprintf(stderr, "rankpack shim: unknown RANKPACK_SHIM_WAIT=%s, using spin\n", mode);
+    rp_cfg.use_hook = rp_env_u64("RANKPACK_SHIM_HOOK", 1) != 0;
     rp_cfg.interval_ns = rp_env_u64("RANKPACK_SHIM_INTERVAL_US", 2000) * 1000;
     rp_cfg.window_ns = rp_env_u64("RANKPACK_SHIM_WINDOW_MS", 1000) * 1000000;
     if (rp_cfg.window_ns < rp_cfg.interval_ns) rp_cfg.window_ns = rp_cfg.interval_ns;
@@ -224,18 +247,36 @@ static inline void rp_exit(int id, uint64_t t0) {
 
 /* ---- polite waiting -------------------------------------------------------------------- */
 
-struct rp_backoff {
-    uint64_t t0;
-    uint64_t spin_ns;
-    uint64_t sleep_ns;
-    int sleeping;
-};
+static void rp_switch_mode(unsigned m) {
+    rp.local.wait_mode = m;
+    rp.local.wait_switches++;
+    rp.local.spin_limit_ns = m == RP_WAIT_SPIN     ? 0
+                             : m == RP_WAIT_POLITE ? rp_cfg.spin_ns
+                                                   : rp.adaptive_spin_ns;
+    if (m != RP_WAIT_SPIN && !rp.slack_set) {
+        rp.slack_set = 1;
+        if (rp_cfg.timer_slack_ns >= 0)
+            prctl(PR_SET_TIMERSLACK, rp_cfg.timer_slack_ns > 0 ? rp_cfg.timer_slack_ns : 1, 0, 0,
+                  0);
+    }
+}
 
-static inline void rp_backoff_init(struct rp_backoff *b) {
-    b->t0 = rp_now();
-    b->spin_ns = rp.local.spin_limit_ns;
-    b->sleeping = 0;
-    b->sleep_ns = rp_cfg.sleep_min_ns;
+/*
+ * Start of every wait (any intercepted call that can block): read the control word (one
+ * relaxed load; the controller may have changed it since the last wait) and, if the mode is
+ * polite/adaptive and this call can wait politely, start the back-off. Returns 1 if the
+ * call should wait politely.
+ */
+static inline int rp_wait_begin(uint64_t t0, int can_polite) {
+    unsigned m = __atomic_load_n(rp.ctl, __ATOMIC_RELAXED);
+    if (m > RP_WAIT_ADAPTIVE) m = RP_WAIT_SPIN;
+    if (__builtin_expect(m != rp.local.wait_mode, 0)) rp_switch_mode(m);
+    if (m == RP_WAIT_SPIN || !can_polite) return 0;
+    rp.wait.t0 = t0;
+    rp.wait.spin_ns = rp.local.spin_limit_ns;
+    rp.wait.sleeping = 0;
+    rp.wait.sleep_ns = rp_cfg.sleep_min_ns;
+    return 1;
 }
 
 static inline void rp_cpu_relax(void) {
@@ -285,7 +326,7 @@ static int rp_log2(uint64_t x) {
  * bounded by RANKPACK_SHIM_SPIN_MAX_US, retuned every 256 waits.
  */
 static void rp_backoff_done(struct rp_backoff *b) {
-    if (rp_cfg.wait_mode != RP_WAIT_ADAPTIVE) return;
+    if (rp.local.wait_mode != RP_WAIT_ADAPTIVE) return;
     uint64_t d = rp_now() - b->t0;
     int k = rp_log2(d);
     if (k > 39) k = 39;
@@ -304,58 +345,49 @@ static void rp_backoff_done(struct rp_backoff *b) {
         }
     }
     if (budget > rp_cfg.spin_max_ns) budget = rp_cfg.spin_max_ns;
+    rp.adaptive_spin_ns = budget;
     rp.local.spin_limit_ns = budget;
     for (int i = 0; i < 40; i++) rp.wait_hist[i] *= 0.5;
 }
 
 static int rp_polite_Wait(MPI_Request *request, MPI_Status *status) {
-    struct rp_backoff b;
+    struct rp_backoff *b = &rp.wait;
     int flag = 0, rc;
-    rp_backoff_init(&b);
-    while ((rc = PMPI_Test(request, &flag, status)) == MPI_SUCCESS && !flag) rp_backoff_step(&b);
-    rp_backoff_done(&b);
+    while ((rc = PMPI_Test(request, &flag, status)) == MPI_SUCCESS && !flag) rp_backoff_step(b);
     return rc;
 }
 
 static int rp_polite_Waitall(int count, MPI_Request reqs[], MPI_Status statuses[]) {
-    struct rp_backoff b;
+    struct rp_backoff *b = &rp.wait;
     int flag = 0, rc;
-    rp_backoff_init(&b);
     while ((rc = PMPI_Testall(count, reqs, &flag, statuses)) == MPI_SUCCESS && !flag)
-        rp_backoff_step(&b);
-    rp_backoff_done(&b);
+        rp_backoff_step(b);
     return rc;
 }
 
 static int rp_polite_Waitany(int count, MPI_Request reqs[], int *indx, MPI_Status *status) {
-    struct rp_backoff b;
+    struct rp_backoff *b = &rp.wait;
     int flag = 0, rc;
-    rp_backoff_init(&b);
     while ((rc = PMPI_Testany(count, reqs, indx, &flag, status)) == MPI_SUCCESS && !flag)
-        rp_backoff_step(&b);
-    rp_backoff_done(&b);
+        rp_backoff_step(b);
     return rc;
 }
 
 static int rp_polite_Waitsome(int incount, MPI_Request reqs[], int *outcount, int indices[],
                               MPI_Status statuses[]) {
-    struct rp_backoff b;
+    struct rp_backoff *b = &rp.wait;
     int rc;
-    rp_backoff_init(&b);
     while ((rc = PMPI_Testsome(incount, reqs, outcount, indices, statuses)) == MPI_SUCCESS &&
            *outcount == 0)
-        rp_backoff_step(&b);
-    rp_backoff_done(&b);
+        rp_backoff_step(b);
     return rc;
 }
 
 static int rp_polite_Probe(int source, int tag, MPI_Comm comm, MPI_Status *status) {
-    struct rp_backoff b;
+    struct rp_backoff *b = &rp.wait;
     int flag = 0, rc;
-    rp_backoff_init(&b);
     while ((rc = PMPI_Iprobe(source, tag, comm, &flag, status)) == MPI_SUCCESS && !flag)
-        rp_backoff_step(&b);
-    rp_backoff_done(&b);
+        rp_backoff_step(b);
     return rc;
 }
 
@@ -367,23 +399,27 @@ static int rp_polite_Recv(void *buf, int count, MPI_Datatype datatype, int sourc
     return rp_polite_Wait(&rq, status);
 }
 
+/*
+ * The receive and the send are completed one after the other, each with its own wait, so
+ * that an error comes back with its own code (a Waitall would turn it into
+ * MPI_ERR_IN_STATUS, which MPI_Sendrecv never returns) and the status is the receive's.
+ */
 static int rp_polite_Sendrecv(const void *sendbuf, int sendcount, MPI_Datatype sendtype,
                               int dest, int sendtag, void *recvbuf, int recvcount,
                               MPI_Datatype recvtype, int source, int recvtag, MPI_Comm comm,
                               MPI_Status *status) {
-    MPI_Request rq[2];
-    MPI_Status st[2];
-    int rc = PMPI_Irecv(recvbuf, recvcount, recvtype, source, recvtag, comm, &rq[0]);
+    MPI_Request rrq, srq;
+    int rc = PMPI_Irecv(recvbuf, recvcount, recvtype, source, recvtag, comm, &rrq);
     if (rc != MPI_SUCCESS) return rc;
-    rc = PMPI_Isend(sendbuf, sendcount, sendtype, dest, sendtag, comm, &rq[1]);
+    rc = PMPI_Isend(sendbuf, sendcount, sendtype, dest, sendtag, comm, &srq);
     if (rc != MPI_SUCCESS) {
-        PMPI_Cancel(&rq[0]);
-        PMPI_Request_free(&rq[0]);
+        PMPI_Cancel(&rrq);
+        PMPI_Request_free(&rrq);
         return rc;
     }
-    rc = rp_polite_Waitall(2, rq, st);
-    if (status != MPI_STATUS_IGNORE) *status = st[0];
-    return rc;
+    rc = rp_polite_Wait(&rrq, status);
+    int rc_send = rp_polite_Wait(&srq, MPI_STATUS_IGNORE);
+    return rc != MPI_SUCCESS ? rc : rc_send;
 }
 
 /* NB kind: the non-blocking variant plus the polite wait (generated from the table). */
@@ -396,18 +432,76 @@ static int rp_polite_Sendrecv(const void *sendbuf, int sendcount, MPI_Datatype s
         return rp_polite_Wait(&rp_req, MPI_STATUS_IGNORE);                                  \
     }
 #define RP_POLITE_CUSTOM(name, params, args, nb) /* hand-written above */
+#define RP_POLITE_COLL(name, params, args, nb)   /* always the blocking call */
+#define RP_POLITE_LOCAL(name, params, args, nb)  /* never waits */
 #define RP_FN(kind, name, params, args, nb) RP_POLITE_##kind(name, params, args, nb)
 #include "mpi_functions.def"
 #undef RP_FN
 
+/*
+ * The progress hook (Open MPI). Every wait loop in Open MPI - inside any blocking call -
+ * turns on opal_progress(), which polls the transports and returns the number of events
+ * it found. libmpi calls it in libopen-pal through the PLT, so the shim interposes it: the
+ * real opal_progress() runs first, and only if that poll found nothing and the MPI_Init
+ * thread is in a polite wait does the shim take one back-off step. That is exactly the
+ * old test loop (poll, back off only after a fruitless poll), but inside the library's own
+ * blocking call, so the call - algorithm, matching, error handling - stays what the
+ * program called. Other threads, and progress outside a polite wait (MPI_Test*,
+ * nonblocking calls), pass straight through. Under MPICH nobody calls it.
+ */
+typedef int (*rp_progress_fn)(void);
+static rp_progress_fn rp_real_progress;
+
+static rp_progress_fn rp_find_real_progress(void) {
+    rp_progress_fn f = __atomic_load_n(&rp_real_progress, __ATOMIC_RELAXED);
+    if (!f) { /* first call (during MPI_Init): every thread finds the same address */
+        *(void **)&f = dlsym(RTLD_NEXT, "opal_progress");
+        __atomic_store_n(&rp_real_progress, f, __ATOMIC_RELAXED);
+    }
+    return f;
+}
+
+int opal_progress(void) {
+    rp_progress_fn real = rp_find_real_progress();
+    int events = real ? real() : 0;
+    if (rp_armed && events <= 0) rp_backoff_step(&rp.wait);
+    return events;
+}
+
+static void rp_hook_register(void) {
+    if (rp_cfg.use_hook && rp_find_real_progress()) rp_hooked = 1;
+}
+
 /* ---- the wrappers, generated from the table ---------------------------------------------- */
+
+/* Can the call block (read the mode)? Can it wait politely (hook or test loop)? How? */
+#define RP_WAITS_COLL 1
+#define RP_WAITS_NB 1
+#define RP_WAITS_CUSTOM 1
+#define RP_WAITS_LOCAL 0
+#define RP_CAN_POLITE_COLL rp_hooked
+#define RP_CAN_POLITE_NB 1
+#define RP_CAN_POLITE_CUSTOM 1
+#define RP_CAN_POLITE_LOCAL 0
+#define RP_POLITE_CALL_COLL(name, args) PMPI_##name args
+#define RP_POLITE_CALL_NB(name, args) (rp_hooked ? PMPI_##name args : rp_polite_##name args)
+#define RP_POLITE_CALL_CUSTOM(name, args) RP_POLITE_CALL_NB(name, args)
+#define RP_POLITE_CALL_LOCAL(name, args) PMPI_##name args
 
 #define RP_FN(kind, name, params, args, nb)                                                   \
     int MPI_##name params {                                                                   \
         if (!rp_owner || rp_depth) return PMPI_##name args;                                   \
         rp_depth = 1;                                                                         \
         uint64_t rp_t0 = rp_enter(RP_ID_##name);                                              \
-        int rc = rp_cfg.wait_mode == RP_WAIT_SPIN ? PMPI_##name args : rp_polite_##name args; \
+        int rc;                                                                               \
+        if (RP_WAITS_##kind && rp_wait_begin(rp_t0, RP_CAN_POLITE_##kind)) {                  \
+            rp_armed = rp_hooked;                                                             \
+            rc = RP_POLITE_CALL_##kind(name, args);                                           \
+            rp_armed = 0;                                                                     \
+            rp_backoff_done(&rp.wait);                                                        \
+        } else {                                                                              \
+            rc = PMPI_##name args;                                                            \
+        }                                                                                     \
         rp_exit(RP_ID_##name, rp_t0);                                                         \
         rp_depth = 0;                                                                         \
         return rc;                                                                            \
@@ -431,33 +525,44 @@ static void rp_setup(void) {
     l->rank = rank;
     l->world_size = size;
     l->pid = (int32_t)getpid();
-    l->wait_mode = rp_cfg.wait_mode;
+    l->wait_ctl = rp_cfg.wait_mode;
+    l->wait_mode = RP_WAIT_SPIN;
     gethostname(l->host, RP_HOST_LEN - 1);
     for (int i = 0; i < RP_N_FUNCS; i++)
         snprintf(l->func_names[i], RP_FUNC_NAME_LEN, "%s", rp_func_names[i]);
     l->window_ns = rp_cfg.window_ns;
     l->interval_ns = rp_cfg.interval_ns;
-    l->spin_limit_ns = rp_cfg.wait_mode == RP_WAIT_SPIN ? 0 : rp_cfg.spin_ns;
-    if (rp_cfg.wait_mode != RP_WAIT_SPIN && rp_cfg.timer_slack_ns >= 0)
-        prctl(PR_SET_TIMERSLACK, rp_cfg.timer_slack_ns > 0 ? rp_cfg.timer_slack_ns : 1, 0, 0, 0);
+    rp.adaptive_spin_ns = rp_cfg.spin_ns;
+    if (rp_cfg.wait_mode != RP_WAIT_SPIN) {
+        rp_switch_mode(rp_cfg.wait_mode);
+        l->wait_switches = 0; /* the initial mode is not a switch */
+    }
 
     if (rp_cfg.trace_dir[0]) {
         rp.trace = malloc(rp_cfg.trace_max * sizeof *rp.trace);
         if (!rp.trace) fprintf(stderr, "rankpack shim: rank %d: no memory for the trace\n", rank);
     }
 
-    char path[600];
+    /*
+     * A new file renamed into place, never an existing one truncated: another process of the
+     * same rank number (an MPI_Comm_spawn child, a second job sharing the directory) may
+     * still have the old file mapped, and truncating a mapped file kills it with SIGBUS.
+     */
+    char path[600], tmp[640];
     snprintf(path, sizeof path, "%s/rank-%d.rec", rp_cfg.dir, rank);
+    snprintf(tmp, sizeof tmp, "%s/.rank-%d.rec.%d", rp_cfg.dir, rank, (int)getpid());
     int fd = -1;
-    if (rp_mkdirs(rp_cfg.dir) == 0) fd = open(path, O_RDWR | O_CREAT | O_TRUNC, 0644);
+    if (rp_mkdirs(rp_cfg.dir) == 0) fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC, 0644);
     if (fd >= 0 && ftruncate(fd, sizeof(struct rp_record)) == 0) {
         void *m = mmap(NULL, sizeof(struct rp_record), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
         if (m != MAP_FAILED) rp.rec = m;
     }
     if (fd >= 0) close(fd);
-    if (!rp.rec)
+    if (!rp.rec) {
         fprintf(stderr, "rankpack shim: rank %d: cannot create live record %s: %s\n", rank, path,
                 strerror(errno));
+        if (fd >= 0) unlink(tmp);
+    }
 
     uint64_t now = rp_now();
     l->t_start_ns = now;
@@ -468,7 +573,14 @@ static void rp_setup(void) {
         /* Header first (seq stays 0, updates 0: "not published yet"), then a first publish. */
         memcpy(rp.rec, l, sizeof *l);
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        if (rename(tmp, path) != 0) {
+            fprintf(stderr, "rankpack shim: rank %d: cannot create live record %s: %s\n", rank,
+                    path, strerror(errno));
+            unlink(tmp);
+        }
     }
+    rp.ctl = rp.rec ? &rp.rec->wait_ctl : &l->wait_ctl;
+    rp_hook_register();
     rp_publish(now);
     rp_owner = 1;
 }
@@ -536,5 +648,6 @@ int MPI_Finalize(void) {
         rp_owner = 0;
         rp_write_trace();
     }
+    rp_hooked = 0;
     return PMPI_Finalize();
 }

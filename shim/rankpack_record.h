@@ -22,12 +22,12 @@
 #include <stdint.h>
 
 #define RP_RECORD_MAGIC 0x4b505052u /* "RPPK" little-endian */
-#define RP_RECORD_VERSION 1u
-#define RP_MAX_FUNCS 32
+#define RP_RECORD_VERSION 2u
+#define RP_MAX_FUNCS 48
 #define RP_FUNC_NAME_LEN 24
 #define RP_HOST_LEN 64
 
-/* Wait modes (RANKPACK_SHIM_WAIT). */
+/* Wait modes (RANKPACK_SHIM_WAIT, the control word `wait_ctl`, the effective `wait_mode`). */
 #define RP_WAIT_SPIN 0u
 #define RP_WAIT_POLITE 1u
 #define RP_WAIT_ADAPTIVE 2u
@@ -47,7 +47,12 @@ struct rp_record {
     int32_t rank;          /* rank in MPI_COMM_WORLD */
     int32_t world_size;
     int32_t pid;
-    uint32_t wait_mode;    /* RP_WAIT_* */
+    /* Control word, the only field written by the reader side: the wait mode asked for
+     * (RP_WAIT_*). The shim sets it from RANKPACK_SHIM_WAIT before the first publish;
+     * afterwards only the controller writes it (rankpack.profile.records.set_wait_mode),
+     * and the shim reads it with a relaxed atomic load at the start of every wait. Not
+     * covered by the seqlock: one aligned 32-bit word, written and read whole. */
+    uint32_t wait_ctl;
     char host[RP_HOST_LEN];                         /* NUL-terminated */
     char func_names[RP_MAX_FUNCS][RP_FUNC_NAME_LEN]; /* "MPI_Allreduce", NUL-terminated */
     uint64_t t_start_ns;   /* when MPI_Init returned: compute time is counted from here */
@@ -65,6 +70,8 @@ struct rp_record {
     uint64_t t_last_change_ns;  /* last entry into or exit from an MPI call */
     int32_t in_func;       /* function id + 1 while inside an MPI call, 0 while computing */
     uint32_t finalized;    /* 1 once MPI_Finalize was called */
+    uint32_t wait_mode;    /* RP_WAIT_* in effect at the last wait (wait_ctl as last read) */
+    uint32_t wait_switches; /* number of times the shim saw wait_ctl change */
     uint64_t sleeps;       /* polite/adaptive: number of sleeps while waiting */
     uint64_t sleep_ns;     /* polite/adaptive: time requested in those sleeps */
     uint64_t spin_limit_ns; /* current spin budget before sleeping (adaptive: tuned) */
@@ -75,9 +82,10 @@ struct rp_record {
 
 _Static_assert(sizeof(struct rp_record) ==
                    8 + 4 * 8 + RP_HOST_LEN + RP_MAX_FUNCS * RP_FUNC_NAME_LEN + 3 * 8 +
-                       8 * 8 + 4 + 4 + 5 * 8 + RP_MAX_FUNCS * 16,
+                       8 * 8 + 4 * 4 + 5 * 8 + RP_MAX_FUNCS * 16,
                "struct rp_record must have no implicit padding");
 _Static_assert(offsetof(struct rp_record, funcs) % 8 == 0, "funcs must be 8-byte aligned");
+_Static_assert(offsetof(struct rp_record, wait_ctl) % 4 == 0, "wait_ctl must be aligned");
 
 /* Seqlock write side. The caller is the only writer of `r`. */
 static inline void rp_record_write_begin(struct rp_record *r) {

@@ -60,7 +60,7 @@ int main(int argc, char **argv) {
     r->rank = 2;
     r->world_size = 4;
     r->pid = 4242;
-    r->wait_mode = RP_WAIT_ADAPTIVE;
+    r->wait_ctl = RP_WAIT_POLITE;
     snprintf(r->host, RP_HOST_LEN, "node-a");
     snprintf(r->func_names[0], RP_FUNC_NAME_LEN, "MPI_Barrier");
     snprintf(r->func_names[1], RP_FUNC_NAME_LEN, "MPI_Allreduce");
@@ -72,6 +72,8 @@ int main(int argc, char **argv) {
         rp_record_write_begin(r);
         fill(r, 1000);
         r->finalized = 1;
+        r->wait_mode = RP_WAIT_ADAPTIVE;
+        r->wait_switches = 1;
         rp_record_write_end(r);
         return 0;
     }

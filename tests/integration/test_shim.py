@@ -8,11 +8,18 @@ import re
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from rankpack.profile.records import RecordReader, read_records
+from rankpack.profile.records import (
+    RankRecord,
+    RecordReader,
+    read_record,
+    read_records,
+    set_wait_mode,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -64,10 +71,12 @@ def test_imbalance_duty_cycles(built: Path, tmp_path: Path, flavour: str, wait: 
     must match the program's own clock within 2 points, and the design within 5. Spinning
     ranks are 2 (one per core): 4 spinning ranks on 2 cores time-share inside every
     Allreduce, which distorts rank 0's designed duty (measured ~0.8) - that is the problem
-    polite waiting solves, so the polite case uses 4 ranks.
+    polite waiting solves, so the polite case uses 4 ranks where collectives can wait politely
+    (Open MPI's progress hook). MPICH has no such hook and its blocking collectives stay
+    spinning (docs/decisions/0005-shim-transparency.md), so it gets 2 ranks in every mode.
     """
     k, n, compute_us = 4, 120, 2000
-    n_ranks = 2 if wait == "spin" else 4
+    n_ranks = 4 if (wait, flavour) == ("polite", "openmpi") else 2
     out = run_mpi(
         flavour,
         n_ranks,
@@ -184,3 +193,56 @@ def test_profile_cli_bad_input_is_one_line(built: Path) -> None:
     )  # fmt: skip
     assert out.returncode == 2
     assert out.stderr.count("\n") == 1 and "not found" in out.stderr
+
+
+def _wait_for(path: Path, cond: Callable[[RankRecord], bool], timeout_s: float) -> RankRecord:
+    """The first snapshot of `path` that satisfies `cond`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        rec = read_record(path)
+        if rec is not None and cond(rec):
+            return rec
+        time.sleep(0.02)
+    raise AssertionError(f"{path}: condition not met within {timeout_s} s")
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_wait_mode_switches_live(built: Path, tmp_path: Path, flavour: str) -> None:
+    """The controller's control word switches a running program spin -> polite -> spin.
+
+    Rank 1 waits ~3 ms in every Allreduce. Under Open MPI (progress hook) polite waiting
+    sleeps there, so `sleeps` grows only while the word says polite; MPICH's collectives stay
+    spinning (no hook), but its ranks still take up the mode at the next wait.
+    """
+    env = {"LD_PRELOAD": str(BUILD / f"librankpack_pmpi.{flavour}.so"),
+           "RANKPACK_SHIM_DIR": str(tmp_path), "RANKPACK_SHIM_WAIT": "spin"}  # fmt: skip
+    argv = [str(built / flavour / "imbalance"), "-k", "4", "-n", "1500", "-c", "1000",
+            "-m", "sleep"]  # fmt: skip
+    proc = subprocess.Popen(
+        mpirun(flavour, 2, env, argv), env={**os.environ, **env}, stdout=subprocess.DEVNULL
+    )
+    paths = [tmp_path / f"rank-{r}.rec" for r in range(2)]
+    try:
+        rec = _wait_for(paths[1], lambda r: r.updates > 10, 30)
+        assert (rec.wait_mode, rec.wait_mode_requested, rec.sleeps) == ("spin", "spin", 0)
+        for path in paths:
+            set_wait_mode(path, "polite")
+        polite = _wait_for(paths[1], lambda r: r.wait_mode == "polite", 10)
+        assert polite.wait_mode_requested == "polite" and polite.wait_switches == 1
+        if flavour == "openmpi":
+            _wait_for(paths[1], lambda r: r.sleeps > 0, 10)
+        for path in paths:
+            set_wait_mode(path, "spin")
+        spin = _wait_for(paths[1], lambda r: r.wait_mode == "spin", 10)
+        time.sleep(0.3)  # several more waits, all spinning
+        later = read_record(paths[1])
+        assert later is not None and later.updates > spin.updates
+        assert later.sleeps == spin.sleeps
+        assert proc.wait(timeout=60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    final = [read_record(p) for p in paths]
+    assert all(r is not None and r.finalized for r in final)
+    assert [(r.wait_mode, r.wait_switches) for r in final if r] == [("spin", 2)] * 2

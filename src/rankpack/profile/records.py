@@ -7,6 +7,10 @@ wait, so reading never blocks (or slows) the solver. Called by `rankpack.profile
 
 `RECORD_FIELDS` is the one Python copy of the C layout; a unit test compares it with the
 offsets the C compiler gives (``shim/tests/record_layout.c``).
+
+`set_wait_mode` is the one write in the other direction: it changes the record's control word
+``wait_ctl``, which the shim reads at the start of every wait, so a running simulation's
+ranks switch between spin, polite and adaptive waiting without a restart.
 """
 
 from __future__ import annotations
@@ -21,8 +25,8 @@ from typing import Any
 from rankpack.errors import UserError
 
 RECORD_MAGIC = 0x4B505052
-RECORD_VERSION = 1
-MAX_FUNCS = 32
+RECORD_VERSION = 2
+MAX_FUNCS = 48
 FUNC_NAME_LEN = 24
 HOST_LEN = 64
 WAIT_MODE_NAMES = ("spin", "polite", "adaptive")
@@ -37,7 +41,7 @@ RECORD_FIELDS: tuple[tuple[str, str], ...] = (
     ("rank", "i"),
     ("world_size", "i"),
     ("pid", "i"),
-    ("wait_mode", "I"),
+    ("wait_ctl", "I"),
     ("host", f"{HOST_LEN}s"),
     ("func_names", f"{MAX_FUNCS * FUNC_NAME_LEN}s"),
     ("t_start_ns", "Q"),
@@ -53,6 +57,8 @@ RECORD_FIELDS: tuple[tuple[str, str], ...] = (
     ("t_last_change_ns", "Q"),
     ("in_func", "i"),
     ("finalized", "I"),
+    ("wait_mode", "I"),
+    ("wait_switches", "I"),
     ("sleeps", "Q"),
     ("sleep_ns", "Q"),
     ("spin_limit_ns", "Q"),
@@ -95,6 +101,7 @@ class RankRecord:
     pid: int
     host: str
     wait_mode: str
+    """The wait mode in effect at the rank's last wait (before its first wait: spin)."""
     seq: int
     t_start_ns: int
     """When MPI_Init returned in the rank."""
@@ -119,6 +126,10 @@ class RankRecord:
     trace_events: int
     trace_dropped: int
     funcs: tuple[FuncStats, ...]
+    wait_mode_requested: str = "spin"
+    """The control word: the mode asked for (RANKPACK_SHIM_WAIT, then `set_wait_mode`)."""
+    wait_switches: int = 0
+    """How many times the rank saw the requested mode change."""
 
     @property
     def window_duty(self) -> float | None:
@@ -135,6 +146,10 @@ class RankRecord:
 
 def _cstr(raw: bytes) -> str:
     return raw.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def _mode_name(mode: int) -> str:
+    return WAIT_MODE_NAMES[mode] if mode < len(WAIT_MODE_NAMES) else str(mode)
 
 
 def parse_record(data: bytes) -> RankRecord:
@@ -159,7 +174,9 @@ def parse_record(data: bytes) -> RankRecord:
         world_size=int(values["world_size"]),
         pid=int(values["pid"]),
         host=_cstr(host),
-        wait_mode=WAIT_MODE_NAMES[mode] if mode < len(WAIT_MODE_NAMES) else str(mode),
+        wait_mode=_mode_name(mode),
+        wait_mode_requested=_mode_name(int(values["wait_ctl"])),
+        wait_switches=int(values["wait_switches"]),
         seq=int(values["seq"]),
         t_start_ns=int(values["t_start_ns"]),
         t_update_ns=int(values["t_update_ns"]),
@@ -253,6 +270,37 @@ def _check_header(data: bytes, path: Path) -> None:
             f"{path} has record version {version} ({size} bytes); this rankpack reads version "
             f"{RECORD_VERSION} ({RECORD_SIZE} bytes): rebuild the shim with `make -C shim install`"
         )
+
+
+def set_wait_mode(record_path: Path, mode: str) -> None:
+    """Ask the rank that publishes `record_path` to wait in `mode` (spin, polite, adaptive).
+
+    Writes the record's control word through a shared mapping: one aligned 32-bit store that
+    the shim picks up at the start of its next wait (no restart, no signal). Raises UserError
+    if the file is not a published record of this version.
+    """
+    if mode not in WAIT_MODE_NAMES:
+        raise UserError(f"unknown wait mode '{mode}'; use one of: {', '.join(WAIT_MODE_NAMES)}")
+    try:
+        f = open(record_path, "r+b")  # noqa: SIM115 - closed by `with f` below
+    except FileNotFoundError:
+        raise UserError(f"{record_path}: no live record (has the rank called MPI_Init?)") from None
+    with f:
+        if os.fstat(f.fileno()).st_size < RECORD_SIZE:
+            raise UserError(f"{record_path}: the record is not published yet; try again")
+        _write_wait_ctl(f.fileno(), record_path, WAIT_MODE_NAMES.index(mode))
+
+
+def _write_wait_ctl(fd: int, record_path: Path, word: int) -> None:
+    offset, size = RECORD_OFFSETS["wait_ctl"]
+    with mmap.mmap(fd, RECORD_SIZE, access=mmap.ACCESS_WRITE) as mm:
+        if _SEQ.unpack_from(mm, 0)[0] < 2:
+            raise UserError(f"{record_path}: the record is not published yet; try again")
+        _check_header(mm[:RECORD_SIZE], record_path)
+        # One aligned 4-byte store through a typed view (CPython packs an "I" item with a
+        # fixed-size memcpy), so the shim never sees a torn word.
+        with memoryview(mm) as view, view[offset : offset + size].cast("I") as ctl:
+            ctl[0] = word
 
 
 def read_record(path: Path, max_tries: int = 1000) -> RankRecord | None:

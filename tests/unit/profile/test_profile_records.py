@@ -9,7 +9,7 @@ import pytest
 
 from rankpack.errors import UserError
 from rankpack.profile import records
-from rankpack.profile.records import RecordReader, read_record, read_records
+from rankpack.profile.records import RecordReader, read_record, read_records, set_wait_mode
 
 REPO = Path(__file__).resolve().parents[3]
 SHIM = REPO / "shim"
@@ -46,7 +46,7 @@ def test_parse_record_written_by_c(tools: Path, tmp_path: Path) -> None:
     rec = read_record(path)
     assert rec is not None
     assert (rec.rank, rec.world_size, rec.pid, rec.host) == (2, 4, 4242, "node-a")
-    assert rec.wait_mode == "adaptive"
+    assert (rec.wait_mode, rec.wait_mode_requested, rec.wait_switches) == ("adaptive", "polite", 1)
     assert rec.seq == 2
     assert (rec.updates, rec.compute_ns, rec.mpi_ns) == (1000, 3000, 5000)
     assert rec.window_duty == pytest.approx(7 / 18)
@@ -83,3 +83,36 @@ def test_wrong_version_is_a_user_error(tools: Path, tmp_path: Path) -> None:
     path.write_bytes(bytes(raw))
     with pytest.raises(UserError, match="make -C shim install"):
         read_record(path)
+
+
+def test_set_wait_mode_writes_only_the_control_word(tools: Path, tmp_path: Path) -> None:
+    path = tmp_path / "rank-2.rec"
+    subprocess.run([str(tools / "record_writer"), "once", str(path)], check=True)
+    before = path.read_bytes()
+    off, size = records.RECORD_OFFSETS["wait_ctl"]
+    for mode, word in [("spin", 0), ("adaptive", 2), ("polite", 1)]:
+        set_wait_mode(path, mode)
+        after = path.read_bytes()
+        assert int.from_bytes(after[off : off + size], "little") == word
+        assert after[:off] + after[off + size :] == before[:off] + before[off + size :]
+        rec = read_record(path)
+        assert rec is not None and rec.wait_mode_requested == mode
+        assert rec.wait_mode == "adaptive"  # what the rank last used: unchanged until it waits
+
+
+def test_set_wait_mode_refuses_bad_input(tools: Path, tmp_path: Path) -> None:
+    path = tmp_path / "rank-0.rec"
+    with pytest.raises(UserError, match="no live record"):
+        set_wait_mode(path, "polite")
+    path.write_bytes(bytes(records.RECORD_SIZE))
+    with pytest.raises(UserError, match="not published"):
+        set_wait_mode(path, "polite")
+    subprocess.run([str(tools / "record_writer"), "once", str(path)], check=True)
+    with pytest.raises(UserError, match="unknown wait mode"):
+        set_wait_mode(path, "sleepy")
+    raw = bytearray(path.read_bytes())
+    off = records.RECORD_OFFSETS["magic"][0]
+    raw[off : off + 4] = (1).to_bytes(4, "little")
+    path.write_bytes(bytes(raw))
+    with pytest.raises(UserError, match="not a rankpack live record"):
+        set_wait_mode(path, "spin")

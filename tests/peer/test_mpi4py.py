@@ -1,0 +1,228 @@
+"""The peer tier: mpi4py's own test suite must give the same result with the shim as without.
+
+mpi4py (built from its PyPI sdist against the system Open MPI and MPICH by
+``tests/peer/install_mpi4py.sh``, cached outside the checkout) runs its whole suite under
+``mpirun -np N`` for N = 2 and 4: once without the shim (the reference), then with the
+installed shim preloaded in every wait mode - spin, polite, adaptive - and once while a
+thread flips every rank's control word among the three every 50 ms ("switching"). Every
+test's outcome on every rank must equal the reference's; a hang is a failure at the run's
+timeout. Nothing is excluded: the suite runs with its own default options (quiet).
+
+Settings: RANKPACK_PEER_CACHE (build cache), RANKPACK_PEER_TIMEOUT_S (per run, default 150 s
+per rank), RANKPACK_PEER_SUMMARY (a file to which one JSON line per run is appended: counts,
+wall time, mode switches, sleeps), RANKPACK_PEER_ARGS (development only: extra options for
+mpi4py's test/main.py, e.g. "--no-numpy -i test_ulfm" to run a part of the suite quickly;
+the tier's definition is the whole suite, without it).
+"""
+
+from __future__ import annotations
+
+import collections
+import itertools
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rankpack.errors import UserError
+from rankpack.profile.records import RankRecord, read_record, set_wait_mode
+from rankpack.profile.shim import shim_env
+
+pytestmark = pytest.mark.peer
+
+HERE = Path(__file__).resolve().parent
+VERSION = "4.1.2"
+CACHE = Path(os.environ.get("RANKPACK_PEER_CACHE", "/var/cache/rankpack/mpi4py"))
+FLAVOURS = ("openmpi", "mpich")
+RANKS = (2, 4)
+SHIM_MODES = ("spin", "polite", "adaptive", "switching")
+TIMEOUT_S = {n: float(os.environ.get("RANKPACK_PEER_TIMEOUT_S", 150 * n)) for n in RANKS}
+"""Per run. The suite takes ~16 s (2 ranks) and ~32 s (4 ranks) on a quiet 2-core machine;
+a machine shared with other work needs more (RANKPACK_PEER_TIMEOUT_S)."""
+SWITCH_EVERY_S = 0.05
+EXTRA_ARGS = shlex.split(os.environ.get("RANKPACK_PEER_ARGS", ""))
+
+
+@dataclass
+class SuiteRun:
+    outcomes: dict[int, dict[str, str]]
+    """rank -> test id -> pass/fail/error/skip/xfail/xpass."""
+    tests_run: dict[int, int]
+    wall_s: float
+    records: list[RankRecord]
+    switch_writes: int
+    log: str
+
+    def counts(self) -> dict[int, dict[str, int]]:
+        return {r: dict(collections.Counter(o.values())) for r, o in self.outcomes.items()}
+
+
+def mpi4py_site(flavour: str) -> Path:
+    """The cached build for a flavour; built (minutes, once) if it is missing."""
+    dest = CACHE / f"{VERSION}-{flavour}"
+    if not (dest / ".complete").is_file():
+        subprocess.run(
+            ["bash", str(HERE / "install_mpi4py.sh"), sys.executable, flavour],
+            check=True,
+            timeout=3600,
+            env={**os.environ, "RANKPACK_PEER_CACHE": str(CACHE)},
+        )
+    return dest / "site"
+
+
+def _mpirun(flavour: str, n: int, env: dict[str, str], argv: list[str]) -> list[str]:
+    if flavour == "openmpi":
+        cmd = ["mpirun.openmpi", "-np", str(n), "--oversubscribe", "--bind-to", "none"]
+        if os.geteuid() == 0:
+            cmd.append("--allow-run-as-root")
+        for name, value in env.items():
+            cmd += ["-x", f"{name}={value}"]
+    else:
+        cmd = ["mpirun.mpich", "-np", str(n)]
+        for name, value in env.items():
+            cmd += ["-genv", name, value]
+    return cmd + argv
+
+
+def _flip_modes(live: Path, stop: threading.Event, writes: list[int]) -> None:
+    for mode in itertools.cycle(("polite", "adaptive", "spin")):
+        if stop.wait(SWITCH_EVERY_S):
+            return
+        for path in live.glob("rank-*.rec"):
+            try:
+                set_wait_mode(path, mode)
+                writes[0] += 1
+            except (UserError, OSError):
+                pass  # not published yet, or replaced meanwhile: the next turn gets it
+
+
+def run_suite(flavour: str, n: int, workdir: Path, mode: str | None) -> SuiteRun:
+    """mpi4py's suite under mpirun; `mode` None: without the shim."""
+    out, live = workdir / "out", workdir / "live"
+    out.mkdir(parents=True)
+    env = {"PYTHONPATH": str(mpi4py_site(flavour))}
+    if mode is not None:
+        initial = "spin" if mode == "switching" else mode
+        env.update(shim_env(live, initial, flavour=flavour))
+    test_dir = CACHE / f"{VERSION}-src" / "test"
+    argv = [sys.executable, str(HERE / "run_mpi4py.py"), str(test_dir), str(out), "-q"]
+    argv += EXTRA_ARGS
+    log_path = workdir / "log.txt"
+    stop, writes = threading.Event(), [0]
+    flipper = threading.Thread(target=_flip_modes, args=(live, stop, writes), daemon=True)
+    t0 = time.monotonic()
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            _mpirun(flavour, n, env, argv),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            env={**os.environ, "PYTHONPATH": env["PYTHONPATH"]},
+            start_new_session=True,
+        )
+        if mode == "switching":
+            flipper.start()
+        try:
+            proc.wait(timeout=TIMEOUT_S[n])
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            pytest.fail(
+                f"mpi4py suite ({flavour}, {n} ranks, shim {mode}) hung: killed after "
+                f"{TIMEOUT_S[n]} s\n{_tail(log_path)}"
+            )
+        finally:
+            stop.set()
+            if flipper.is_alive():
+                flipper.join()
+    wall_s = time.monotonic() - t0
+    outcomes, tests_run = {}, {}
+    for rank in range(n):
+        path = out / f"rank-{rank}.json"
+        if not path.is_file():
+            pytest.fail(
+                f"rank {rank} wrote no results ({flavour}, {n} ranks, shim {mode}, exit code "
+                f"{proc.returncode})\n{_tail(log_path)}"
+            )
+        data = json.loads(path.read_text())
+        outcomes[rank], tests_run[rank] = data["outcomes"], data["tests_run"]
+    records = [r for p in sorted(live.glob("rank-*.rec")) if (r := read_record(p)) is not None]
+    run = SuiteRun(outcomes, tests_run, wall_s, records, writes[0], _tail(log_path))
+    _summary(flavour, n, mode or "none", run, proc.returncode)
+    return run
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+
+
+def _summary(flavour: str, n: int, mode: str, run: SuiteRun, code: int) -> None:
+    target = os.environ.get("RANKPACK_PEER_SUMMARY")
+    if not target:
+        return
+    line = {
+        "flavour": flavour, "ranks": n, "mode": mode, "wall_s": round(run.wall_s, 1),
+        "exit_code": code, "counts": run.counts(), "switch_writes": run.switch_writes,
+        "switches": sum(r.wait_switches for r in run.records),
+        "sleeps": sum(r.sleeps for r in run.records),
+    }  # fmt: skip
+    with open(target, "a") as f:
+        f.write(json.dumps(line) + "\n")
+
+
+_REFERENCE: dict[tuple[str, int], SuiteRun] = {}
+
+
+@pytest.fixture
+def reference(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> SuiteRun:
+    flavour, n = request.node.callspec.params["flavour"], request.node.callspec.params["n"]
+    if (flavour, n) not in _REFERENCE:
+        work = tmp_path_factory.mktemp(f"mpi4py-{flavour}-{n}-none")
+        _REFERENCE[flavour, n] = run_suite(flavour, n, work, None)
+    return _REFERENCE[flavour, n]
+
+
+@pytest.mark.parametrize("n", RANKS)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_reference_run_is_complete(flavour: str, n: int, reference: SuiteRun) -> None:
+    """Without the shim every rank runs the whole suite (the reference is not empty)."""
+    least = 1 if EXTRA_ARGS else 1000
+    assert len(reference.outcomes) == n
+    for rank, outcomes in reference.outcomes.items():
+        assert reference.tests_run[rank] >= least, reference.log
+        assert collections.Counter(outcomes.values())["pass"] >= least
+
+
+@pytest.mark.parametrize("mode", SHIM_MODES)
+@pytest.mark.parametrize("n", RANKS)
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_same_results_with_the_shim(
+    flavour: str, n: int, mode: str, reference: SuiteRun, tmp_path: Path
+) -> None:
+    run = run_suite(flavour, n, tmp_path, mode)
+    for rank in range(n):
+        want, got = reference.outcomes[rank], run.outcomes[rank]
+        diff = sorted(
+            (t, want.get(t, "absent"), got.get(t, "absent"))
+            for t in want.keys() | got.keys()
+            if want.get(t) != got.get(t)
+        )
+        assert not diff, (
+            f"rank {rank}: {len(diff)} tests differ from the run without the shim "
+            f"(test, without, with): {diff[:20]}\n{run.log}"
+        )
+    # The shim really was there, in the mode asked for (every world rank has a record).
+    assert len(run.records) >= n
+    if mode == "switching":
+        assert run.switch_writes > 0
+        assert sum(r.wait_switches for r in run.records) > 0
+    else:
+        assert {r.wait_mode for r in run.records} == {mode}
