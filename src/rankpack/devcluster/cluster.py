@@ -15,7 +15,6 @@ import contextlib
 import fcntl
 import json
 import os
-import shutil
 import socket
 import ssl
 import time
@@ -286,8 +285,8 @@ def up(opts: UpOptions, say: Callable[[str], None] = print) -> UpResult:
 
 
 def _prepare_state(layout: Layout, opts: UpOptions) -> pki.Credentials:
-    if layout.root.exists():
-        shutil.rmtree(layout.root)
+    if layout.root.exists() and not host.safe_rmtree(layout.root):
+        raise UserError(f"cannot clear {layout.root}: something is still mounted below it")
     layout.root.mkdir(parents=True, mode=0o700)
     _write(layout.host_record, json.dumps(host.record(), indent=2) + "\n")
     _write(layout.version_file, opts.version.tag + "\n")
@@ -422,7 +421,11 @@ def _teardown(layout: Layout) -> DownReport:
     processes.stop(stray, timeout_s=5)
     _reap(report.stopped_pids)
 
-    created_paths = [p for p in HOST_PATHS if p not in record.get("existing_paths", HOST_PATHS)]
+    created_paths = [
+        p
+        for p in HOST_PATHS
+        if p not in record.get("existing_paths", HOST_PATHS) and os.path.lexists(p)
+    ]
     mount_roots = [str(layout.root), "/var/lib/kubelet", "/run/containerd", "/run/netns"]
     mount_roots += [p for p in ("/var/run/netns",) if not os.path.islink("/var/run")]
     before = len(host.mounts_under(mount_roots))
@@ -449,10 +452,7 @@ def _teardown(layout: Layout) -> DownReport:
         for entry in layout.root.iterdir():
             if entry == layout.logs:
                 continue
-            if entry.is_dir() and not entry.is_symlink():
-                shutil.rmtree(entry, ignore_errors=True)
-            else:
-                entry.unlink(missing_ok=True)
+            host.safe_rmtree(entry)
     report.leftovers = leftovers(layout, record)
     return report
 

@@ -179,14 +179,18 @@ def remove_cgroup_tree(root: Path, timeout_s: float = 20) -> bool:
     return not root.exists()
 
 
+def safe_rmtree(path: Path | str) -> bool:
+    """Remove a tree unless anything is still mounted below it (rmtree would cross into a
+    mount and delete the files of whatever is mounted there). True if it is gone."""
+    if mounts_under([path]):
+        return False
+    if os.path.islink(path) or os.path.isfile(path):
+        os.unlink(path)
+    elif os.path.isdir(path):
+        shutil.rmtree(path, ignore_errors=True)
+    return not os.path.lexists(path)
+
+
 def remove_paths(paths: Iterable[str]) -> list[str]:
     """Remove files/trees (after unmounting); return the ones that remain."""
-    left = []
-    for p in paths:
-        if os.path.islink(p) or os.path.isfile(p):
-            os.unlink(p)
-        elif os.path.isdir(p):
-            shutil.rmtree(p, ignore_errors=True)
-        if os.path.lexists(p):
-            left.append(p)
-    return left
+    return [p for p in paths if not safe_rmtree(p)]
