@@ -22,6 +22,7 @@ interrupted build never leaves a half-filled ``bin/``.
 from __future__ import annotations
 
 import base64
+import fcntl
 import hashlib
 import io
 import os
@@ -270,10 +271,23 @@ def ensure(
         return bin_dir(version, cache_root)
     if os.geteuid() != 0 and not os.access(cache_root.parent, os.W_OK):
         raise UserError(f"cannot write the binary cache {cache_root}: run as root")
-    go_mod_text = _fetch(f"{GO_PROXY}/k8s.io/kubernetes/@v/{version.tag}.mod", 60).decode()
-    go = find_go(required_go(go_mod_text), cache_root)
     target = bin_dir(version, cache_root)
     target.parent.mkdir(parents=True, exist_ok=True)
+    # One build per version at a time; under the lock, what a killed build left is stale.
+    with open(target.parent / ".lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if cached(version, cache_root):
+            return target
+        for stale in target.parent.glob(".build-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        return _build(version, cache_root, target, log, timeout_s)
+
+
+def _build(
+    version: KubeVersion, cache_root: Path, target: Path, log: Path | None, timeout_s: float
+) -> Path:
+    go_mod_text = _fetch(f"{GO_PROXY}/k8s.io/kubernetes/@v/{version.tag}.mod", 60).decode()
+    go = find_go(required_go(go_mod_text), cache_root)
     work = Path(tempfile.mkdtemp(prefix=".build-", dir=target.parent))
     log = log or target.parent / "build.log"
     started = time.monotonic()
