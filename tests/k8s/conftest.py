@@ -1,9 +1,10 @@
 """The `k8s` tier: a real single-node cluster (`rankpack dev-cluster`), up once per session.
 
-The session fixture records the host as it was, brings the dev cluster up with the cached
-binaries (`setup.sh test` builds them before pytest starts; a cold build inside a test
-would exceed the per-test timeout) and takes it down at the end. `test_zz_down.py` takes it
-down itself and checks that nothing is left; the fixture then has nothing to do.
+The session fixture takes down a cluster that is already up, records the host, brings the
+dev cluster up with the cached binaries (`setup.sh test` builds them before pytest starts;
+a cold build inside a test would exceed the per-test timeout) and takes it down at the end.
+`test_zz_down.py` takes it down itself and checks that nothing is left; the fixture then
+has nothing to do.
 """
 
 from __future__ import annotations
@@ -72,6 +73,10 @@ def dev_cluster() -> Iterator[DevCluster]:
     if os.geteuid() != 0:
         pytest.fail("the k8s tier needs root (run `bash setup.sh test` as root)")
     state_dir = default_state_dir()
+    if cluster.running_components(cluster.Layout(state_dir)):
+        # Start from a clean host so that `before` is the host without any cluster.
+        report = cluster.down(state_dir)
+        assert not report.leftovers, report.leftovers
     before = host.record()
     links_before = set(os.listdir("/sys/class/net"))
     version = binaries.KubeVersion.parse(binaries.DEFAULT_VERSION)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from tests.k8s.conftest import DevCluster
@@ -17,7 +18,9 @@ def read_int(path: Path) -> int:
     return int(path.read_text().strip())
 
 
-def test_cpu_request_resized_in_place(k8s: DevCluster) -> None:
+def test_cpu_request_resized_in_place(
+    k8s: DevCluster, record_property: Callable[[str, object], None]
+) -> None:
     from kubernetes import client
 
     core = client.CoreV1Api(k8s.backend_api())  # the backend's ServiceAccount, not admin
@@ -42,6 +45,7 @@ def test_cpu_request_resized_in_place(k8s: DevCluster) -> None:
             time.sleep(0.01)
         latency_s = time.monotonic() - started
         print(f"\nresize 500m -> 1200m reached cpu.shares={want} in {latency_s:.3f} s")
+        record_property("resize_latency_s", round(latency_s, 4))
         assert read_int(cgroup / "cpu.shares") == want, f"cpu.shares unchanged after {latency_s}"
 
         # Same container, same process, no restart; the pod status follows.
