@@ -93,3 +93,12 @@ def dev_cluster() -> Iterator[DevCluster]:
 def k8s(dev_cluster: DevCluster) -> DevCluster:
     dev_cluster.ensure_up()
     return dev_cluster
+
+
+@pytest.fixture
+def k8s_down(dev_cluster: DevCluster) -> DevCluster:
+    """The session's cluster, taken down (for tests of starting and failing to start)."""
+    if cluster.running_components(cluster.Layout(dev_cluster.state_dir)):
+        report = cluster.down(dev_cluster.state_dir)
+        assert not report.leftovers, report.leftovers
+    return dev_cluster

@@ -83,3 +83,26 @@ def test_down_leaves_no_process_mount_cgroup_address_or_path(k8s: DevCluster) ->
         check=False,
     )
     assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+def test_a_failed_up_names_the_log_and_leaves_nothing(k8s_down: DevCluster) -> None:
+    """A start that cannot finish (here: a 0.05 s budget per phase) is taken down again."""
+    proc = subprocess.run(
+        [sys.executable, "-m", "rankpack", "dev-cluster", "up", "--timeout", "0.05"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    err = proc.stderr.strip()
+    assert err.count("\n") == 0, err
+    assert "timed out" in err and "/logs" in err, err
+    assert "taking down what was started" in proc.stdout
+    from rankpack.devcluster import cluster
+
+    layout = cluster.Layout(k8s_down.state_dir)
+    assert cluster.running_components(layout) == {}
+    assert cluster.leftovers(layout, k8s_down.before) == []
+    assert not list(Path("/sys/fs/cgroup").glob("*/kubepods"))
+    assert not host.node_address_present()
