@@ -240,9 +240,7 @@ def up(opts: UpOptions, say: Callable[[str], None] = print) -> UpResult:
     with _locked(layout):
         live = running_components(layout)
         if live:
-            recorded = (
-                layout.version_file.read_text().strip() if layout.version_file.exists() else "?"
-            )
+            recorded = _recorded_version(layout) or "?"
             if len(live) < len(COMPONENTS):
                 missing = sorted(set(COMPONENTS) - set(live))
                 raise UserError(
@@ -270,10 +268,16 @@ def up(opts: UpOptions, say: Callable[[str], None] = print) -> UpResult:
         bin_dir = binaries.ensure(opts.version)
         try:
             _start(layout, opts, bin_dir, say)
-        except BaseException:
+        except BaseException as exc:
             say(f"rankpack: start failed; taking down what was started (logs: {layout.logs})")
             _teardown(layout)
-            raise
+            if isinstance(exc, UserError | KeyboardInterrupt | SystemExit):
+                raise
+            first_line = (str(exc).splitlines() or [""])[0][:200]
+            raise UserError(
+                f"the dev cluster did not start ({type(exc).__name__}: {first_line}); "
+                f"see the logs in {layout.logs}"
+            ) from exc
     return UpResult(
         False,
         opts.version.tag,
