@@ -54,8 +54,16 @@ HOST_PATHS = (
     "/etc/kubernetes",
 )
 
-# Sysctls the kubelet (overcommit, panic) and the bridge plugin (ip_forward) change.
-SYSCTLS = ("vm.overcommit_memory", "kernel.panic", "kernel.panic_on_oops", "net.ipv4.ip_forward")
+# Sysctls the kubelet (its "kernel tunables") and the bridge plugin (ip_forward) may change.
+SYSCTLS = (
+    "vm.overcommit_memory",
+    "vm.panic_on_oom",
+    "kernel.panic",
+    "kernel.panic_on_oops",
+    "kernel.keys.root_maxkeys",
+    "kernel.keys.root_maxbytes",
+    "net.ipv4.ip_forward",
+)
 
 # The order processes start in (and the reverse of the order they stop in).
 COMPONENTS = (
