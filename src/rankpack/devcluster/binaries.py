@@ -42,7 +42,17 @@ from rankpack.errors import UserError
 
 DEFAULT_VERSION = "v1.36.3"
 CACHE_ROOT = Path(os.environ.get("RANKPACK_CACHE", "/var/cache/rankpack"))
-GO_PROXY = "https://proxy.golang.org"
+
+
+def _go_proxy() -> str:
+    """The first HTTP(S) entry of $GOPROXY (a site mirror), else the public proxy."""
+    for entry in os.environ.get("GOPROXY", "").replace("|", ",").split(","):
+        if entry.startswith(("https://", "http://")):
+            return entry.rstrip("/")
+    return "https://proxy.golang.org"
+
+
+GO_PROXY = _go_proxy()
 # Go release used when the machine has no Go new enough for the Kubernetes go.mod.
 BOOTSTRAP_GO = "go1.26.11"
 
