@@ -508,6 +508,8 @@ def down(state_dir: Path) -> DownReport:
 def status(state_dir: Path) -> dict[str, Any]:
     """The cluster as `status --json` reports it."""
     layout = Layout(state_dir)
+    if layout.root.exists() and not os.access(layout.root, os.R_OK | os.X_OK):
+        raise UserError(f"cannot read {layout.root}: run `rankpack dev-cluster status` as root")
     live = running_components(layout)
     version = _recorded_version(layout)
     result: dict[str, Any] = {
