@@ -22,7 +22,7 @@ from rankpack.case.decomposition import (
 )
 from rankpack.case.openfoam import copy_case, ensure_mesh, resolve_case
 from rankpack.case.partition import Method
-from rankpack.cli.common import print_json
+from rankpack.cli.common import parse_ranks, print_json
 from rankpack.errors import UserError
 from rankpack.plan.allocation import parse_weights
 
@@ -39,7 +39,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         ),
     )
     p.add_argument("case", metavar="CASE", help="case directory or tutorial name")
-    p.add_argument("--ranks", type=int, help="number of ranks (default: number of weights)")
+    p.add_argument("--ranks", type=parse_ranks, help="number of ranks (default: number of weights)")
     p.add_argument(
         "--method",
         choices=[m.value for m in Method],

@@ -11,7 +11,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rankpack.backend.local import LocalBackend
-from rankpack.cli.common import db_path, print_json
+from rankpack.cli.common import db_path, parse_iterations, parse_ranks, parse_repeat, print_json
 from rankpack.cli.run_cmd import run_one, stop_on_signals
 from rankpack.controller.single import RunOptions
 from rankpack.plan.allocation import budget_to_millis, make_plan, resolve_weights
@@ -30,10 +30,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         ),
     )
     p.add_argument("--case", default="pitzDaily", help="tutorial or case directory")
-    p.add_argument("--ranks", type=int, default=4)
+    p.add_argument("--ranks", type=parse_ranks, default=4)
     p.add_argument("--weights", default="1,1,5,15", help="weights of the proportional run")
-    p.add_argument("--iterations", type=int, default=None, help="default: the case's own end")
-    p.add_argument("--repeat", type=int, default=1, help="run each configuration N times")
+    p.add_argument(
+        "--iterations", type=parse_iterations, default=None, help="default: the case's own end"
+    )
+    p.add_argument("--repeat", type=parse_repeat, default=1, help="run each configuration N times")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=handle)
 

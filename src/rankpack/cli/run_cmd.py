@@ -7,14 +7,22 @@ import contextlib
 import signal
 import threading
 from collections.abc import Callable, Iterator
-from pathlib import Path
 
 from rich.console import Console
 
 from rankpack.backend.local import LocalBackend
 from rankpack.case import decomposition
 from rankpack.case.openfoam import resolve_case
-from rankpack.cli.common import data_dir, db_path, parse_cores, parse_millis, print_json
+from rankpack.cli.common import (
+    data_dir,
+    db_path,
+    parse_cores,
+    parse_iterations,
+    parse_millis,
+    parse_ranks,
+    parse_workdir,
+    print_json,
+)
 from rankpack.controller.single import (
     RunOptions,
     attach_shim,
@@ -31,7 +39,7 @@ from rankpack.store import Store
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", type=int, default=4, help="number of MPI ranks (default 4)")
+    p.add_argument("--ranks", type=parse_ranks, default=4, help="number of MPI ranks (default 4)")
     p.add_argument("--weights", help="per-rank weights: 1,1,5,15 or grouped 8x1,4x5,4x15")
     p.add_argument(
         "--budget", type=parse_cores, help="total CPU request in cores (default: one per rank)"
@@ -52,7 +60,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--allow-limits", action="store_true", help="accept --qos limits")
     p.add_argument(
-        "--iterations", type=int, help="stop after K time steps (default: the case's endTime)"
+        "--iterations",
+        type=parse_iterations,
+        help="stop after K time steps (default: the case's endTime)",
     )
     p.add_argument(
         "--decompose",
@@ -66,7 +76,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         help="weights for the decomposition only (default: the same as --weights)",
     )
     p.add_argument("--center", help="X,Y,Z centre for --decompose concentric")
-    p.add_argument("--workdir", type=Path, help="run directory (default: a new one under data dir)")
+    p.add_argument(
+        "--workdir", type=parse_workdir, help="run directory (default: a new one under data dir)"
+    )
     p.add_argument(
         "--no-shim",
         action="store_true",
