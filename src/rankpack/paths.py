@@ -208,6 +208,21 @@ def output_file(
     return path
 
 
+PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp")
+
+
+def plot_file(text: str | os.PathLike[str], name: str) -> Path:
+    """An image to write: `output_file` plus a format matplotlib writes (from the suffix)."""
+    path = output_file(text, name)
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix and suffix not in PLOT_FORMATS:
+        raise InvalidQuantity(
+            f"{{{name}}} {literal(os.fspath(text), 80)}: cannot draw a '.{suffix}' image; "
+            f"use one of .{', .'.join(PLOT_FORMATS)}"
+        )
+    return path
+
+
 def check_tree(root: Path, *, skip_top: tuple[str, ...] = ()) -> None:
     """A directory to be copied or read whole (an OpenFOAM case): refuse FIFOs, sockets,
     devices, broken symlinks and symlink loops, which would hang or crash a copy.
