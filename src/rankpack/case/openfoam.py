@@ -160,7 +160,7 @@ def copy_case(source: CaseSource, dest: Path) -> None:
 
     def ignore(directory: str, names: list[str]) -> list[str]:
         if Path(directory) == source.path:
-            return [n for n in names if n.startswith("processor") or n.startswith("log.")]
+            return [n for n in names if n.startswith(COPY_SKIPS)]
         return []
 
     shutil.copytree(source.path, dest, ignore=ignore, symlinks=False)

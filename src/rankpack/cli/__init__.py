@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
 
+from rankpack.cli.common import parse_db
 from rankpack.errors import UserError
 from rankpack.quantities import InvalidQuantity
 
@@ -62,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--db",
         metavar="PATH",
+        type=parse_db,
         default=None,
         help="SQLite results database (default: $RANKPACK_DB or the user data directory)",
     )
@@ -135,9 +137,10 @@ def main(argv: Sequence[str] | None = None) -> int:
 
 
 def _main(args_list: list[str], debug: bool) -> int:
-    parser = build_parser()
+    parser: argparse.ArgumentParser | None = None
     args: argparse.Namespace | None = None
     try:
+        parser = build_parser()
         try:
             args = parser.parse_args(args_list)
         except SystemExit as exc:  # --help (0) or a usage error (2), already printed
@@ -147,7 +150,7 @@ def _main(args_list: list[str], debug: bool) -> int:
     except InvalidQuantity as exc:
         if debug:
             raise
-        labels = flag_labels(parser, args) if args is not None else {}
+        labels = flag_labels(parser, args) if parser is not None and args is not None else {}
         message = " ".join(exc.render(lambda n: _label(labels, n)).split())
         print(f"rankpack: error: {message}", file=sys.stderr)
         return 2

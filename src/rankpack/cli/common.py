@@ -88,6 +88,10 @@ parse_workdir = _argparse_type(lambda t: paths.output_dir(t, "x", must_be_empty=
 """A run's working directory: new or empty, on a writable disk."""
 parse_new_dir = _argparse_type(lambda t: paths.new_dir(t, "x"), "directory")
 """A directory to create (it must not exist; its parent must)."""
+parse_list = _argparse_type(lambda t: quantities.list_text(t, "x"), "list")
+"""A list-valued option (weights, duty cycles): not empty, at most MAX_TEXT characters."""
+parse_db = _argparse_type(lambda t: paths.output_file(t, "x", parent_must_exist=False), "database")
+"""The database file: not a directory, on a writable disk (its directory may be created)."""
 parse_path_text = _argparse_type(lambda t: quantities.path_text(t, "x"), "path")
 
 
@@ -107,7 +111,8 @@ def db_path(args: argparse.Namespace) -> Path:
     return _database_file(str(Path(user_data_dir("rankpack")) / "rankpack.db"), "database")
 
 
-def _database_file(text: str, name: str) -> Path:
+def _database_file(given: str | os.PathLike[str], name: str) -> Path:
+    text = os.fspath(given)
     path = Path(text).expanduser()
     quantities.path_text(text, name)
     if path.is_dir():

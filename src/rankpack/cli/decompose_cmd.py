@@ -32,7 +32,13 @@ from rankpack.case.decomposition import (
 )
 from rankpack.case.openfoam import copy_case, ensure_mesh, resolve_case
 from rankpack.case.partition import Method
-from rankpack.cli.common import parse_new_dir, parse_output_file, parse_ranks, print_json
+from rankpack.cli.common import (
+    parse_list,
+    parse_new_dir,
+    parse_output_file,
+    parse_ranks,
+    print_json,
+)
 from rankpack.errors import UserError
 from rankpack.plan.allocation import parse_weights
 
@@ -59,7 +65,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "(default: weighted if --weights is given, else equal)"
         ),
     )
-    p.add_argument("--weights", help="per-rank weights: 1,1,5,15 or grouped 8x1,4x5,4x15")
+    p.add_argument(
+        "--weights", type=parse_list, help="per-rank weights: 1,1,5,15 or grouped 8x1,4x5,4x15"
+    )
     p.add_argument(
         "--center",
         metavar="X,Y,Z",

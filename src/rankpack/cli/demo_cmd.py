@@ -6,12 +6,22 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import statistics
+import sys
 
 from rich.console import Console
 from rich.table import Table
 
 from rankpack.backend.local import LocalBackend
-from rankpack.cli.common import db_path, parse_iterations, parse_ranks, parse_repeat, print_json
+from rankpack.case.openfoam import resolve_case
+from rankpack.cli.common import (
+    data_dir,
+    db_path,
+    parse_iterations,
+    parse_list,
+    parse_ranks,
+    parse_repeat,
+    print_json,
+)
 from rankpack.cli.run_cmd import run_one, stop_on_signals
 from rankpack.controller.single import RunOptions
 from rankpack.plan.allocation import budget_to_millis, make_plan, resolve_weights
@@ -31,7 +41,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("--case", default="pitzDaily", help="tutorial or case directory")
     p.add_argument("--ranks", type=parse_ranks, default=4)
-    p.add_argument("--weights", default="1,1,5,15", help="weights of the proportional run")
+    p.add_argument(
+        "--weights", type=parse_list, default="1,1,5,15", help="weights of the proportional run"
+    )
     p.add_argument(
         "--iterations", type=parse_iterations, default=None, help="default: the case's own end"
     )
@@ -43,10 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def handle(args: argparse.Namespace) -> int:
     weights = resolve_weights(args.weights, args.ranks, False)
     budget = budget_to_millis(float(args.ranks))
-    if args.repeat < 1:
-        from rankpack.errors import UserError
-
-        raise UserError(f"--repeat must be at least 1, got {args.repeat}")
+    resolve_case(args.case)  # a bad case or solver: one line before anything is created
+    data_dir()
+    path = db_path(args)
     weighted = importlib.util.find_spec("rankpack.case.partition") is not None
     configs = [
         ("equal", RunOptions(args.case, make_plan([1.0] * args.ranks, budget),
@@ -56,25 +67,56 @@ def handle(args: argparse.Namespace) -> int:
                                     decompose="weighted" if weighted else "equal",
                                     label="demo-proportional")),
     ]  # fmt: skip
-    store = Store(db_path(args))
+    opened: list[Store] = []
+
+    def store() -> Store:  # opened by the first run that gets past its checks
+        if not opened:
+            opened.append(Store(path))
+        return opened[0]
+
     backend = LocalBackend()
     results: dict[str, list[RunResult]] = {name: [] for name, _ in configs}
+    interrupted: list[int] = []
     with stop_on_signals() as stop:
         for _ in range(args.repeat):
             for name, options in configs:  # interleaved: noise hits both alike
                 if stop.is_set():
                     break
-                results[name].append(
-                    run_one(options, backend, store, show=not args.json, stop=stop)
-                )
+                result = run_one(options, backend, store, show=not args.json, stop=stop)
+                if result.status == "interrupted" or stop.is_set():
+                    interrupted.append(result.id)  # recorded as such, not compared
+                    break
+                results[name].append(result)
+            if stop.is_set() or interrupted:
+                break
+    stopped = bool(interrupted) or stop.is_set()
+    if not any(results.values()):
+        if stopped:
+            _say_interrupted(interrupted)
+            return 130
+        return 1
     summary = summarise(results)
+    summary["interrupted"] = stopped
+    summary["interrupted_run_ids"] = interrupted
     if args.json:
         print_json(summary)
     else:
         for table in comparison_tables(summary):
             Console().print(table)
+    if stopped:
+        _say_interrupted(interrupted)
+        return 130
     ok = all(r.status == "completed" for rs in results.values() for r in rs)
     return 0 if ok else 1
+
+
+def _say_interrupted(run_ids: list[int]) -> None:
+    which = f" (run {', '.join(map(str, run_ids))} recorded as interrupted)" if run_ids else ""
+    print(
+        f"rankpack: demo interrupted{which}; the comparison is incomplete: only finished "
+        "runs are shown",
+        file=sys.stderr,
+    )
 
 
 def summarise(results: dict[str, list[RunResult]]) -> dict[str, object]:
@@ -113,14 +155,16 @@ def summarise(results: dict[str, list[RunResult]]) -> dict[str, object]:
                 ],
             }
         )
-    return {"case": next(iter(results.values()))[0].case, "configs": configs}
+    case = next(r.case for rs in results.values() for r in rs)
+    return {"case": case, "configs": configs}
 
 
 def comparison_tables(summary: dict[str, object]) -> list[Table]:
     configs = summary["configs"]
     assert isinstance(configs, list)
+    note = " - INTERRUPTED, incomplete" if summary.get("interrupted") else ""
     overview = Table(
-        title=f"rankpack demo: {summary['case']}, equal vs proportional CPU (requests only)",
+        title=f"rankpack demo: {summary['case']}, equal vs proportional CPU (requests only){note}",
         caption="wall: median (min-max) over repeats; CPU-s: trapezoidal integral of ~1 Hz "
         "cgroup samples; throttled: CFS throttling events, 0 without limits",
     )

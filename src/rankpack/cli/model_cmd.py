@@ -21,6 +21,7 @@ from rankpack.cli.common import (
     parse_cores,
     parse_cpus_per_node,
     parse_fraction,
+    parse_list,
     parse_nodes,
     parse_output_dir,
     parse_positive_coefficient,
@@ -135,7 +136,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     _add_duty(plan)
     plan.add_argument(
-        "--weights", help="per-rank weights for proportional requests, e.g. 8x1,4x5,4x15"
+        "--weights",
+        type=parse_list,
+        help="per-rank weights for proportional requests, e.g. 8x1,4x5,4x15",
     )
     plan.add_argument(
         "--rank-millis",
@@ -181,6 +184,7 @@ def _add_shape(p: argparse.ArgumentParser) -> None:
 def _add_duty(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--duty-cycles",
+        type=parse_list,
         metavar="LIST",
         help="measured per-rank duty cycles, e.g. 8x0.05,4x0.115,4x0.194 (duty-cycle predictor)",
     )

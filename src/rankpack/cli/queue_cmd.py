@@ -12,6 +12,7 @@ from rankpack.cli.common import (
     db_path,
     parse_cores,
     parse_iterations,
+    parse_list,
     parse_millis,
     parse_ranks,
     parse_submit_count,
@@ -34,7 +35,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument("case", metavar="CASE")
     p.add_argument("--ranks", type=parse_ranks, default=4, help="MPI ranks (default 4)")
-    p.add_argument("--weights", help="initial per-rank weights (default equal)")
+    p.add_argument("--weights", type=parse_list, help="initial per-rank weights (default equal)")
     p.add_argument(
         "--budget",
         type=parse_cores,

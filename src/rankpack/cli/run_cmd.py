@@ -18,6 +18,7 @@ from rankpack.cli.common import (
     db_path,
     parse_cores,
     parse_iterations,
+    parse_list,
     parse_millis,
     parse_ranks,
     parse_workdir,
@@ -40,7 +41,9 @@ from rankpack.store import Store
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--ranks", type=parse_ranks, default=4, help="number of MPI ranks (default 4)")
-    p.add_argument("--weights", help="per-rank weights: 1,1,5,15 or grouped 8x1,4x5,4x15")
+    p.add_argument(
+        "--weights", type=parse_list, help="per-rank weights: 1,1,5,15 or grouped 8x1,4x5,4x15"
+    )
     p.add_argument(
         "--budget", type=parse_cores, help="total CPU request in cores (default: one per rank)"
     )
@@ -72,6 +75,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--decompose-weights",
+        type=parse_list,
         metavar="WEIGHTS",
         help="weights for the decomposition only (default: the same as --weights)",
     )
