@@ -6,13 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 
 def plot_timeline(events: list[dict[str, Any]], path: Path, title: str) -> None:
+    # matplotlib is imported here, not at module level: importing it writes a font cache
+    # under ~/.cache, which a command that fails on bad input must not do.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     sims: dict[int, dict[str, Any]] = {}
     for e in events:
         rid = e["run_id"]
