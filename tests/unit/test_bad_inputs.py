@@ -308,3 +308,39 @@ def test_bad_input(
     assert "Traceback" not in err
     assert err.count("\n") == 1 and err.endswith("\n"), err
     assert snapshot(tmp_path) == before, "something was created or changed on exit 2"
+
+
+ENV_ROWS: list[tuple[dict[str, str], list[str]]] = [
+    ({"RANKPACK_HOME": "@FILE"}, ["run", "pitzDaily"]),
+    ({"RANKPACK_HOME": "@FILE/sub"}, ["run", "pitzDaily"]),
+    ({"RANKPACK_HOME": "/proc/rankpack"}, ["run", "pitzDaily"]),
+    ({"RANKPACK_HOME": "/sys/rankpack"}, ["demo"]),
+    ({"RANKPACK_HOME": "@FILE"}, ["profile", "pitzDaily", "--ranks", "2"]),
+    ({"RANKPACK_DB": "@W"}, ["run", "pitzDaily"]),
+    ({"RANKPACK_DB": "@W"}, ["demo"]),
+    ({"RANKPACK_DB": "@W"}, ["submit", "pitzDaily"]),
+    ({"RANKPACK_DB": "/proc/x.db"}, ["run", "pitzDaily"]),
+    ({"RANKPACK_DB": "/proc/x.db"}, ["queue"]),
+    ({"RANKPACK_DB": "@FILE/x.db"}, ["runs", "list"]),
+    ({"RANKPACK_DB": "@FILE/x.db"}, ["model", "fit", *MODEL_SHAPE, "--from-db"]),
+]
+
+
+@pytest.mark.parametrize(("env", "argv"), ENV_ROWS, ids=[" ".join(a) for _, a in ENV_ROWS])
+def test_bad_environment(
+    env: dict[str, str],
+    argv: list[str],
+    scratch: dict[str, str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for key, value in env.items():
+        monkeypatch.setenv(key, substitute([value], scratch)[0])
+    before = snapshot(tmp_path)
+    code = main(substitute(argv, scratch))
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert "Traceback" not in err and err.count("\n") == 1, err
+    assert next(iter(env)) in err, err  # the message names the variable
+    assert snapshot(tmp_path) == before
