@@ -49,7 +49,7 @@ MAX_COEFFICIENT = 1_000_000.0
 """Model coefficients such as beta or memory streams."""
 MAX_ID = 2**63 - 1
 """Database ids are SQLite integers."""
-MAX_TEXT = 10_000
+MAX_TEXT = 100_000
 """Longest text a list-valued option is parsed from (weights, duty cycles, points)."""
 PATH_MAX = 4096
 NAME_MAX = 255

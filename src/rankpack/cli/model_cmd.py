@@ -53,7 +53,7 @@ from rankpack.model.overlap import (
     predict_from_duty_cycles,
 )
 from rankpack.model.pareto import CapacityPlan, PlanInputs, plan_capacity, request_budget
-from rankpack.model.warnings import extrapolation_warnings
+from rankpack.model.warnings import collapse, extrapolation_warnings
 from rankpack.plan.allocation import parse_weights
 from rankpack.quantities import MAX_SIMULATIONS
 
@@ -405,7 +405,7 @@ def handle_predict(args: argparse.Namespace) -> int:
             row["p_overlap"] = p_overlap(shape.pods_per_node(n), mean_duty)
         warnings += extrapolation_warnings(n, shape, beta=args.beta, max_fitted_n=args.fitted_max_n)
         rows.append(row)
-    warnings = list(dict.fromkeys(warnings))
+    warnings = collapse(list(dict.fromkeys(warnings)))
     _warn(warnings)
     if args.json:
         print_json({"beta": args.beta, "t1_s": args.t1, "rows": rows, "warnings": warnings})
@@ -486,7 +486,7 @@ def handle_plan(args: argparse.Namespace) -> int:
     for n in range(1, n_max + 1):
         warnings += extrapolation_warnings(n, shape, beta=beta, max_fitted_n=fitted_max_n)
     warnings += plan.warnings
-    warnings = list(dict.fromkeys(warnings))
+    warnings = collapse(list(dict.fromkeys(warnings)))
     out = plan.to_json()
     out["beta"] = beta
     out["source"] = source

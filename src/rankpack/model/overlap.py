@@ -114,11 +114,31 @@ def _stretch_pmf(others: float, duty: float, cpus: float, mem_streams: float) ->
     for k, w in ((lo, 1.0 - frac), (lo + 1, frac)):
         if w <= 0:
             continue
+        if k > _EXACT_BINOMIAL_MAX:  # math.comb would overflow a float: scipy's pmf
+            _add_binomial(pmf, k, w, duty, cpus, mem_streams)
+            continue
         for j in range(k + 1):
             p = w * math.comb(k, j) * duty**j * (1.0 - duty) ** (k - j)
             s = max(1.0, (1.0 + j) / mem_streams, (1.0 + j) / cpus)
             pmf[s] = pmf.get(s, 0.0) + p
     return pmf
+
+
+_EXACT_BINOMIAL_MAX = 1000
+"""Up to this many other pods the binomial terms are computed exactly with math.comb."""
+
+
+def _add_binomial(
+    pmf: dict[float, float], k: int, w: float, duty: float, cpus: float, mem_streams: float
+) -> None:
+    from scipy.stats import binom
+
+    j = np.arange(k + 1, dtype=np.float64)
+    probs = w * binom.pmf(j, k, duty)
+    stretch = np.maximum(1.0, np.maximum((1.0 + j) / mem_streams, (1.0 + j) / cpus))
+    keep = probs > 0
+    for s, p in zip(stretch[keep].tolist(), probs[keep].tolist(), strict=True):
+        pmf[s] = pmf.get(s, 0.0) + p
 
 
 def _expected_slowest_compute(duty_cycles: Sequence[float], pmf: dict[float, float]) -> float:
@@ -149,7 +169,7 @@ def predictor_work(n_max: int, duty_cycles: Sequence[float], shape: ClusterShape
     distinct = len(set(duty_cycles))
     per_node = shape.ranks / shape.nodes
     stretches = n_max + per_node * n_max * (n_max + 1) / 2
-    return float(distinct) * distinct * stretches + n_max * len(duty_cycles)
+    return float(distinct) * distinct * stretches + 50.0 * stretches + n_max * len(duty_cycles)
 
 
 def check_predictor_size(n_max: int, duty_cycles: Sequence[float], shape: ClusterShape) -> None:
