@@ -211,6 +211,7 @@ def _rows() -> list[tuple[str, list[str]]]:
         ["decompose", "pitzDaily", "--ranks", "2"],
         ["profile", "--mpi", "bogus", "--ranks", "2", *PROGRAM],
         ["profile", "--ranks", "2", "--", "/no/such/program"],
+        ["profile", "--attach", "5"],
         ["profile", "--ranks", "2"],
         ["profile", "--seconds", "1", *PROGRAM],
         ["model", "predict", *MODEL_SHAPE],

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
 from .decomp.meshgen import grid_mesh, write_case
@@ -256,6 +256,7 @@ def test_fuzz_every_subcommand(argv: list[str], worker: Worker) -> None:
         before = _snapshot(root, skip_db)
         reply = worker.call(real, env, names["@W"])
         code, err = reply["code"], reply["stderr"]
+        event(f"{' '.join(argv[2:4] if argv[0] == '--db' else argv[:2])[:20]} -> exit {code}")
         assert code in (0, 2, "work"), (real, code, err)
         assert "Traceback" not in err, (real, err)
         assert reply["maxrss_kb"] < MAX_RSS_KB, (real, reply["maxrss_kb"])

@@ -96,7 +96,10 @@ def handle_case(args: argparse.Namespace) -> int:
 
 
 def handle_attach(args: argparse.Namespace) -> int:
-    store = Store(db_path(args))
+    db = db_path(args)
+    if not db.exists():  # reading must not create a database
+        raise UserError(f"no run with id {args.attach}: database {db} does not exist")
+    store = Store(db)
     run = store.get_run(args.attach)
     if run["status"] != "running":
         raise UserError(
