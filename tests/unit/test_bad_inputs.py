@@ -207,6 +207,8 @@ def _rows() -> list[tuple[str, list[str]]]:
         ["decompose", "@CASE", "--method", "equal", "--weights", "1,2"],
         ["decompose", "@CASE", "--ranks", "300"],
         ["decompose", "@CASE", "--weights", "1,1", "--center", "inf,0,0"],
+        ["decompose", "@CASE", "--weights", "1,1", "--center", "1e300,0,0"],
+        ["run", "pitzDaily", "--decompose", "concentric", "--center", "0,0,-1e300"],
         ["decompose", "@CASE", "--ranks", "2", "--output", "@W/new"],
         ["decompose", "pitzDaily", "--ranks", "2"],
         ["profile", "--mpi", "bogus", "--ranks", "2", *PROGRAM],

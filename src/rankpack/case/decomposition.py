@@ -50,6 +50,7 @@ from rankpack.case.openfoam import COPY_SKIPS, keep_log
 from rankpack.case.openfoam import decompose as openfoam_decompose
 from rankpack.case.partition import Method
 from rankpack.errors import UserError
+from rankpack.quantities import literal
 
 DICT_PATH = Path("system") / "decomposeParDict"
 DATA_FILE = "cellDecomposition"
@@ -122,8 +123,11 @@ def parse_center(text: str) -> tuple[float, float, float]:
         values = [float(p) for p in parts]
     except ValueError:
         values = []
-    if len(values) != 3 or not all(math.isfinite(v) for v in values):
-        raise UserError(f"--center '{text}' is not a point; give X,Y,Z such as 0.5,0,0")
+    if len(values) != 3 or not all(math.isfinite(v) and abs(v) <= 1e15 for v in values):
+        raise UserError(
+            f"--center {literal(text)} is not a point; give X,Y,Z such as 0.5,0,0 "
+            "(finite, |v| <= 1e15)"
+        )
     return values[0], values[1], values[2]
 
 
