@@ -208,6 +208,31 @@ def output_file(
     return path
 
 
+SQLITE_MAGIC = b"SQLite format 3\x00"
+
+
+def database_file(text: str | os.PathLike[str], name: str) -> Path:
+    """The SQLite database: `output_file` (its directory may be created), and an existing
+    non-empty file must be an SQLite database; anything else is refused untouched (SQLite
+    would otherwise turn a short text file into a database)."""
+    path = output_file(text, name, parent_must_exist=False)
+    try:
+        with open(path, "rb") as fh:
+            head = fh.read(len(SQLITE_MAGIC))
+    except FileNotFoundError:
+        return path
+    except OSError as exc:
+        raise InvalidQuantity(
+            f"{{{name}}} {literal(os.fspath(text), 80)} cannot be read ({exc.strerror})"
+        ) from None
+    if head and head != SQLITE_MAGIC:
+        raise InvalidQuantity(
+            f"{{{name}}} {literal(os.fspath(text), 80)} is not an SQLite database; "
+            "give a new file or a rankpack database"
+        )
+    return path
+
+
 PLOT_FORMATS = ("png", "pdf", "svg", "svgz", "jpg", "jpeg", "eps", "ps", "tif", "tiff", "webp")
 
 

@@ -174,6 +174,15 @@ def _rows() -> list[tuple[str, list[str]]]:
     add("path", ["--db", "@W", "submit", "pitzDaily"], ["--db", "@W", "demo"])
     add("path", ["--db", "/proc/x.db", "queue"], ["--db", "@FILE/x.db", "runs", "list"])
     add("path", ["--db", "/proc/x.db", "events"])
+    for cmd in (
+        ["runs", "list"],
+        ["queue"],
+        ["events"],
+        ["runs", "show", "1"],
+        ["plan", "--equal"],
+    ):
+        add("path", ["--db", "@FILE", *cmd])  # a text file is not a database: left untouched
+    add("path", ["--db", "@CASE/system/controlDict", "submit", "pitzDaily"])
 
     # --- cases
     run_cases = ["@FIFOCASE", "@LOOPCASE", "@BROKENCASE", "@DIRLOOPCASE", "@FILE", "@NOCASE"]

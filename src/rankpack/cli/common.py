@@ -90,8 +90,9 @@ parse_new_dir = _argparse_type(lambda t: paths.new_dir(t, "x"), "directory")
 """A directory to create (it must not exist; its parent must)."""
 parse_list = _argparse_type(lambda t: quantities.list_text(t, "x"), "list")
 """A list-valued option (weights, duty cycles): not empty, at most MAX_TEXT characters."""
-parse_db = _argparse_type(lambda t: paths.output_file(t, "x", parent_must_exist=False), "database")
-"""The database file: not a directory, on a writable disk (its directory may be created)."""
+parse_db = _argparse_type(lambda t: paths.database_file(t, "x"), "database")
+"""The database file: not a directory, on a writable disk (its directory may be created),
+an SQLite file if it exists and is not empty."""
 parse_path_text = _argparse_type(lambda t: quantities.path_text(t, "x"), "path")
 
 
@@ -119,7 +120,7 @@ def _database_file(given: str | os.PathLike[str], name: str) -> Path:
         raise InvalidQuantity(
             f"{{{name}}} {quantities.literal(str(path), 80)} is a directory; give a file path"
         )
-    paths.output_file(str(path), name, parent_must_exist=False)
+    paths.database_file(str(path), name)
     return path
 
 
