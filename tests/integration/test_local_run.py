@@ -260,9 +260,15 @@ def test_aerofoil_runs_its_own_mesh_steps() -> None:
 
 
 def test_more_ranks_than_cells_leaves_nothing(isolated_home: Path, tmp_path: Path) -> None:
+    # pitzDaily's 12 225 cells are above the rank bound (4096), so the cell check is made on
+    # the cavity tutorial (400 cells, meshed in a staging directory first)
+    cavity = "/usr/share/doc/openfoam-examples/examples/incompressible/icoFoam/cavity/cavity"
+    proc = rankpack("run", cavity, "--ranks", "401", "--iterations", "1")
+    assert proc.returncode == 2
+    assert "only 400 cells" in proc.stderr and proc.stderr.count("\n") == 1
     proc = rankpack("run", "pitzDaily", "--ranks", "13000", "--iterations", "1")
     assert proc.returncode == 2
-    assert "only 12225 cells" in proc.stderr and proc.stderr.count("\n") == 1
+    assert "at most 4096" in proc.stderr and proc.stderr.count("\n") == 1
     runs = isolated_home / "runs"
     assert not runs.exists() or not any(runs.iterdir())
     assert not (isolated_home / "rankpack.db").exists()

@@ -65,13 +65,13 @@ def test_bad_weights(text: str, match: str) -> None:
 
 
 def test_weights_count_must_match_ranks() -> None:
-    with pytest.raises(UserError, match="3 values but --ranks is 4"):
+    with pytest.raises(UserError, match="3 values but ranks is 4"):
         resolve_weights("1,2,3", 4, False)
 
 
 def test_equal_needs_ranks() -> None:
     assert resolve_weights(None, 3, True) == [1.0, 1.0, 1.0]
-    with pytest.raises(UserError, match="--ranks"):
+    with pytest.raises(UserError, match="ranks"):
         resolve_weights(None, None, True)
 
 

@@ -5,10 +5,14 @@ Called by ``rankpack decompose`` and ``rankpack run --decompose``. The entry poi
 ``system/decomposeParDict`` (``method manual``) and ``constant/cellDecomposition``, run
 ``decomposePar`` and check that OpenFOAM counted the same cells per processor.
 
-Everything that can be checked is checked before a file is written. If a later step
-fails, the case is put back as it was: the previous decomposeParDict and
-cellDecomposition are restored and earlier ``processor*`` directories (which
-``decomposePar -force`` deletes first) are moved back.
+Everything that can be checked is checked before a file is written. ``decomposePar`` then
+runs in a staging copy of the case (``.rankpack-decompose-<pid>-<token>/`` inside it,
+hard links to the mesh, fresh copies of what is written), and only a complete result is
+moved into place: the new ``processor*`` directories, decomposeParDict, cellDecomposition
+and log replace the old ones by renames, with SIGINT/SIGTERM held off for those few
+renames. Any failure or interruption before that leaves the case untouched and removes the
+staging copy. After a SIGKILL the staging copy is a hidden directory named with the dead
+process's pid, removed by the next decomposition of that case (`clean_stale`).
 
 `write_processor_weights` is the other route, for OpenFOAM builds with a working Scotch:
 ``method scotch; scotchCoeffs { processorWeights (...); }``, decomposed by OpenFOAM itself.
@@ -17,15 +21,20 @@ cellDecomposition are restored and earlier ``processor*`` directories (which
 from __future__ import annotations
 
 import math
+import os
+import re
+import secrets
 import shutil
+import signal
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 
+from rankpack._proc import alive
 from rankpack.case import partition
 from rankpack.case.mesh import (
     FloatArray,
@@ -37,9 +46,11 @@ from rankpack.case.mesh import (
     read_polymesh,
     wall_bounds,
 )
+from rankpack.case.openfoam import COPY_SKIPS, keep_log
 from rankpack.case.openfoam import decompose as openfoam_decompose
 from rankpack.case.partition import Method
 from rankpack.errors import UserError
+from rankpack.quantities import literal
 
 DICT_PATH = Path("system") / "decomposeParDict"
 DATA_FILE = "cellDecomposition"
@@ -112,8 +123,11 @@ def parse_center(text: str) -> tuple[float, float, float]:
         values = [float(p) for p in parts]
     except ValueError:
         values = []
-    if len(values) != 3 or not all(math.isfinite(v) for v in values):
-        raise UserError(f"--center '{text}' is not a point; give X,Y,Z such as 0.5,0,0")
+    if len(values) != 3 or not all(math.isfinite(v) and abs(v) <= 1e15 for v in values):
+        raise UserError(
+            f"--center {literal(text)} is not a point; give X,Y,Z such as 0.5,0,0 "
+            "(finite, |v| <= 1e15)"
+        )
     return values[0], values[1], values[2]
 
 
@@ -197,18 +211,24 @@ def decompose_case(
     t_part = time.perf_counter()
 
     openfoam_cells: tuple[int, ...] | None = None
-    with _restorable(case_dir, [DICT_PATH, DATA_PATH], processors=run_decompose_par) as commit:
+    if not run_decompose_par:
         write_manual_dict(case_dir, n_ranks)
         write_cell_decomposition(case_dir, assignment)
         t_write = time.perf_counter()
-        if run_decompose_par:
-            openfoam_cells = tuple(openfoam_decompose(case_dir))
+    else:
+        with staged(case_dir) as stage:
+            write_manual_dict(stage, n_ranks)
+            write_cell_decomposition(stage, assignment)
+            t_write = time.perf_counter()
+            openfoam_cells = tuple(openfoam_decompose(stage))
             if list(openfoam_cells) != counts.tolist():
+                log = stage / "log.decomposePar"
+                where = keep_log(log, case_dir.name) if log.is_file() else log
                 raise UserError(
                     f"decomposePar counted {list(openfoam_cells)} cells per processor, "
-                    f"rankpack assigned {counts.tolist()}; see {case_dir}/log.decomposePar"
+                    f"rankpack assigned {counts.tolist()}; see {where}"
                 )
-        commit()
+            install(stage, case_dir, [DICT_PATH, DATA_PATH])
     t_end = time.perf_counter()
 
     ranks = tuple(
@@ -252,7 +272,7 @@ def write_manual_dict(case_dir: Path, n_ranks: int) -> None:
         f"numberOfSubdomains {n_ranks};\n\nmethod          manual;\n\n"
         f'manualCoeffs\n{{\n    dataFile    "{DATA_FILE}";\n}}\n'
     )
-    (case_dir / DICT_PATH).write_text(text)
+    _write_atomic(case_dir / DICT_PATH, text)
 
 
 def write_cell_decomposition(case_dir: Path, assignment: IntArray) -> None:
@@ -261,7 +281,7 @@ def write_cell_decomposition(case_dir: Path, assignment: IntArray) -> None:
     text = _HEADER.format(cls="labelList", loc="constant", obj=DATA_FILE) + (
         f"{len(assignment)}\n(\n{body}\n)\n"
     )
-    (case_dir / DATA_PATH).write_text(text)
+    _write_atomic(case_dir / DATA_PATH, text)
 
 
 def write_scotch_dict(case_dir: Path, weights: list[float]) -> None:
@@ -270,7 +290,19 @@ def write_scotch_dict(case_dir: Path, weights: list[float]) -> None:
         f"numberOfSubdomains {len(weights)};\n\nmethod          scotch;\n\n"
         f"scotchCoeffs\n{{\n    processorWeights ({wtext});\n}}\n"
     )
-    (case_dir / DICT_PATH).write_text(text)
+    _write_atomic(case_dir / DICT_PATH, text)
+
+
+def _write_atomic(path: Path, text: str) -> None:
+    """Write beside, then rename: a reader never sees half a file, and a hard link to the
+    old file (a staging copy's source) is never written through."""
+    tmp = path.with_name(f".{path.name}.rankpack-tmp-{os.getpid()}-{secrets.token_hex(3)}")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 @dataclass(frozen=True)
@@ -296,19 +328,22 @@ def write_processor_weights(
     if run_decompose_par:
         mesh = read_polymesh(case_dir)
         partition.target_counts(weights, mesh.n_cells)
-    with _restorable(case_dir, [DICT_PATH], processors=False) as commit:
-        write_scotch_dict(case_dir, weights)
-        commit()
+    write_scotch_dict(case_dir, weights)
     if not run_decompose_par:
         return ProcessorWeightsResult(
             case_dir, tuple(weights), None, f"wrote {case_dir / DICT_PATH} (method scotch)"
         )
+    log_text = ""
     try:
-        with _restorable(case_dir, []) as commit_processors:
-            counts = openfoam_decompose(case_dir)
-            commit_processors()
+        with staged(case_dir) as stage:
+            try:
+                counts = openfoam_decompose(stage)
+            finally:
+                log_path = stage / "log.decomposePar"
+                log_text = log_path.read_text(errors="replace") if log_path.is_file() else ""
+            install(stage, case_dir, [])
     except UserError as exc:
-        log = (case_dir / "log.decomposePar").read_text(errors="replace")
+        log = log_text
         why = (
             "this OpenFOAM's Scotch library is a stub"
             if "dummy" in log or "without the scotchDecomp" in log
@@ -326,46 +361,94 @@ def write_processor_weights(
     )
 
 
-@contextmanager
-def _restorable(
-    case_dir: Path, files: list[Path], *, processors: bool = True
-) -> Iterator[Callable[[], None]]:
-    """Put ``files`` (and ``processor*`` dirs) back as they were unless ``commit()`` is called."""
-    saved: dict[Path, bytes | None] = {}
-    for rel in files:
-        path = case_dir / rel
-        saved[path] = path.read_bytes() if path.is_file() else None
-    stash = case_dir / ".rankpack-stash"
-    moved: list[Path] = []
-    if stash.exists():
-        shutil.rmtree(stash)
-    for proc in sorted(case_dir.glob("processor*")) if processors else []:
-        if proc.is_dir():
-            stash.mkdir(exist_ok=True)
-            proc.rename(stash / proc.name)
-            moved.append(proc)
-    done = False
+STAGING_PREFIX = ".rankpack-decompose-"
+_OURS = re.compile(r"rankpack-(?:decompose|old|tmp)-(\d+)-[0-9a-f]+$")
+LEGACY_STASH = ".rankpack-stash"
 
-    def commit() -> None:
-        nonlocal done
-        done = True
 
+def clean_stale(directory: Path) -> list[Path]:
+    """Remove staging copies and temporaries that a killed rankpack left in ``directory``
+    (hidden entries named with a pid that no longer exists); return what was removed.
+
+    A ``.rankpack-stash`` from rankpack versions before the staged decomposition holds the
+    case's previous ``processor*`` directories: they are moved back if the case has none.
+    """
+    removed: list[Path] = []
     try:
-        yield commit
-    finally:
-        if done:
-            if stash.exists():
-                shutil.rmtree(stash)
+        entries = list(directory.iterdir())
+    except OSError:
+        return removed
+    for entry in entries:
+        m = _OURS.search(entry.name)
+        if not entry.name.startswith(".") or m is None or alive(int(m.group(1))):
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
         else:
-            for path, content in saved.items():
-                if content is None:
-                    path.unlink(missing_ok=True)
-                else:
-                    path.write_bytes(content)
-            for proc in case_dir.glob("processor*") if processors else []:
-                if proc.is_dir():
-                    shutil.rmtree(proc)
-            for proc in moved:
-                (stash / proc.name).rename(proc)
-            if stash.exists():
-                shutil.rmtree(stash)
+            entry.unlink(missing_ok=True)
+        removed.append(entry)
+    stash = directory / LEGACY_STASH
+    if stash.is_dir():
+        if not any(directory.glob("processor*")):
+            for proc in stash.glob("processor*"):
+                proc.rename(directory / proc.name)
+        shutil.rmtree(stash, ignore_errors=True)
+        removed.append(stash)
+    return removed
+
+
+def _link_or_copy(src: str, dst: str) -> str:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copy2(src, dst)
+    return dst
+
+
+@contextmanager
+def staged(case_dir: Path) -> Iterator[Path]:
+    """A staging copy of ``case_dir`` inside it (hard links where possible, without
+    ``processor*``, logs or other staging copies), removed on exit whatever happens.
+
+    Files are hard-linked, so whatever is written in the copy must be replaced (written
+    beside and renamed, as `_write_atomic` does), never written through.
+    """
+    clean_stale(case_dir)
+    stage = case_dir / f"{STAGING_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+    stage.mkdir()
+    try:
+        for entry in sorted(case_dir.iterdir()):
+            if entry.name.startswith(COPY_SKIPS) or entry == stage:
+                continue
+            if entry.is_dir():
+                shutil.copytree(entry, stage / entry.name, copy_function=_link_or_copy)
+            else:
+                _link_or_copy(str(entry), str(stage / entry.name))
+        yield stage
+    finally:
+        shutil.rmtree(stage, ignore_errors=True)
+
+
+def install(stage: Path, case_dir: Path, files: list[Path]) -> None:
+    """Move a finished decomposition from ``stage`` into ``case_dir``: ``processor*``
+    directories (the old ones go), ``files`` and log.decomposePar, by renames only.
+
+    SIGINT and SIGTERM are held off meanwhile, so an interrupted command leaves either the
+    old decomposition or the new one.
+    """
+    blocked = {signal.SIGINT, signal.SIGTERM}
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+    try:
+        old = case_dir / f".rankpack-old-{os.getpid()}-{secrets.token_hex(4)}"
+        old.mkdir()
+        for proc in sorted(case_dir.glob("processor*")):
+            if proc.is_dir():
+                proc.rename(old / proc.name)
+        for proc in sorted(stage.glob("processor*")):
+            proc.rename(case_dir / proc.name)
+        for rel in [*files, Path("log.decomposePar")]:
+            if (stage / rel).exists():
+                os.replace(stage / rel, case_dir / rel)
+        shutil.rmtree(old, ignore_errors=True)
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)

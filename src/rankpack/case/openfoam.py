@@ -8,17 +8,22 @@ never modified: everything happens in the run directory. File edits go through f
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import gzip
 import os
 import re
 import shlex
 import shutil
+import signal
 import subprocess
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 from foamlib import FoamFile
 
+from rankpack import paths, quantities
 from rankpack.errors import UserError
 
 EXAMPLES_ROOT = Path(
@@ -64,21 +69,75 @@ def _is_case(path: Path) -> bool:
     return (system / "controlDict").is_file() or (system / "controlDict.gz").is_file()
 
 
-def resolve_case(text: str) -> CaseSource:
-    """A case directory, or the name of an installed tutorial (e.g. pitzDaily)."""
+# Top-level entries a copy of the case leaves out (and rankpack's own staging directories).
+COPY_SKIPS = ("processor", "log.", ".rankpack-")
+
+
+def resolve_case(text: str, *, require_solver: bool = True) -> CaseSource:
+    """A case directory, or the name of an installed tutorial (e.g. pitzDaily).
+
+    A directory is walked first (`rankpack.paths.check_tree`): a FIFO, a device, a broken
+    symlink or a symlink loop is refused before anything reads or copies it. With
+    ``require_solver`` the controlDict's ``application`` must be an installed program,
+    so a misspelt solver is reported before any copying or meshing.
+    """
+    quantities.path_text(text, "case")
+    shown = quantities.literal(text, 80)
     path = Path(text).expanduser()
-    if path.exists():
-        if not path.is_dir():
-            raise UserError(f"{text} is a file; give an OpenFOAM case directory or a tutorial name")
+    try:
+        exists = path.exists()
+        is_dir = path.is_dir()
+    except OSError as exc:
+        raise UserError(f"case {shown} cannot be read ({exc.strerror})") from None
+    if exists or os.path.islink(path):
+        if not exists:
+            raise UserError(f"case {shown} is a broken symlink or a symlink loop")
+        if not is_dir:
+            raise UserError(
+                f"{shown} is a file; give an OpenFOAM case directory or a tutorial name"
+            )
+        if not os.access(path, os.R_OK | os.X_OK):
+            raise UserError(f"case directory {shown} cannot be read")
+        paths.check_tree(path, skip_top=COPY_SKIPS)
         if not _is_case(path):
             raise UserError(
-                f"{text} is not an OpenFOAM case (no system/controlDict); "
+                f"{shown} is not an OpenFOAM case (no system/controlDict); "
                 "give a case directory or a tutorial name such as pitzDaily"
             )
-        return CaseSource(path.resolve(), path.resolve().name, tutorial=False)
-    if "/" in text:
-        raise UserError(f"case directory {text} does not exist")
-    return CaseSource(find_tutorial(text), text, tutorial=True)
+        source = CaseSource(path.resolve(), path.resolve().name, tutorial=False)
+    elif "/" in text:
+        raise UserError(f"case directory {shown} does not exist")
+    else:
+        source = CaseSource(find_tutorial(text), text, tutorial=True)
+    if require_solver:
+        check_solver(source.path)
+    return source
+
+
+def _control_dict(case_dir: Path) -> Path:
+    plain = case_dir / "system" / "controlDict"
+    gz = case_dir / "system" / "controlDict.gz"
+    return plain if plain.is_file() or not gz.is_file() else gz
+
+
+def check_solver(case_dir: Path) -> str:
+    """The controlDict's application, which must be an installed OpenFOAM program."""
+    try:
+        application = FoamFile(_control_dict(case_dir)).get("application")
+    except Exception as exc:  # foamlib raises its own parse errors; the file is the user's
+        raise UserError(
+            f"{_control_dict(case_dir)} cannot be parsed ({type(exc).__name__}); "
+            "fix the controlDict"
+        ) from None
+    if not isinstance(application, str) or not application:
+        raise UserError(f"{case_dir}/system/controlDict has no 'application' entry")
+    if "/" in application or shutil.which(application, path=foam_env().get("PATH")) is None:
+        raise UserError(
+            f"the controlDict of {case_dir} names application '{application}', which is not "
+            "an installed OpenFOAM solver; fix 'application' in system/controlDict "
+            "(e.g. simpleFoam) or install it"
+        )
+    return application
 
 
 def find_tutorial(name: str) -> Path:
@@ -107,7 +166,7 @@ def copy_case(source: CaseSource, dest: Path) -> None:
 
     def ignore(directory: str, names: list[str]) -> list[str]:
         if Path(directory) == source.path:
-            return [n for n in names if n.startswith("processor") or n.startswith("log.")]
+            return [n for n in names if n.startswith(COPY_SKIPS)]
         return []
 
     shutil.copytree(source.path, dest, ignore=ignore, symlinks=False)
@@ -121,20 +180,97 @@ def copy_case(source: CaseSource, dest: Path) -> None:
         shutil.copytree(orig, dest / "0")
 
 
+_PR_SET_PDEATHSIG = 1
+STOP_GRACE_S = 5.0
+"""How long an OpenFOAM tool gets to exit after SIGTERM before it is SIGKILLed."""
+
+
+def _die_with_parent() -> None:
+    """In the forked child: SIGTERM it if rankpack dies, even by SIGKILL."""
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+def stop_group(process: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
+    """SIGTERM the tool's whole process group, then SIGKILL what is left after ``grace_s``."""
+    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
+        try:
+            os.killpg(process.pid, sig)
+        except ProcessLookupError:
+            break
+        try:
+            process.wait(timeout=wait_s)
+            # the leader is gone; members it left behind still get the signal next round
+        except subprocess.TimeoutExpired:
+            continue
+    with contextlib.suppress(ProcessLookupError):
+        os.killpg(process.pid, signal.SIGKILL)
+
+
 def run_tool(case_dir: Path, argv: list[str], log_name: str) -> None:
-    """Run an OpenFOAM utility in the case, logging to log.<name>; UserError on failure."""
+    """Run an OpenFOAM utility in the case, logging to log.<name>; UserError on failure.
+
+    The tool runs in its own process group with a parent-death signal: Ctrl-C, SIGTERM
+    (both arrive here as KeyboardInterrupt) or any other exception stops the whole group,
+    and if rankpack is SIGKILLed the tool gets SIGTERM from the kernel. A failed tool's
+    log is copied to a place that outlives staging directories, and the message names it.
+    """
     log = case_dir / f"log.{log_name}"
     if shutil.which(argv[0], path=foam_env().get("PATH")) is None:
         raise UserError(
             f"OpenFOAM tool {argv[0]} not found; install OpenFOAM (apt-get install openfoam)"
         )
     with open(log, "wb") as fh:
-        result = subprocess.run(
-            argv, cwd=case_dir, stdout=fh, stderr=subprocess.STDOUT, env=foam_env(), check=False
+        process = subprocess.Popen(
+            argv,
+            cwd=case_dir,
+            stdin=subprocess.DEVNULL,
+            stdout=fh,
+            stderr=subprocess.STDOUT,
+            env=foam_env(),
+            start_new_session=True,
+            preexec_fn=_die_with_parent,
         )
-    if result.returncode != 0:
+        try:
+            returncode = process.wait()
+        except BaseException:
+            # a second Ctrl-C/SIGTERM must not cut the cleanup short
+            blocked = {signal.SIGINT, signal.SIGTERM}
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+            try:
+                stop_group(process)
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+            raise
+    if returncode != 0:
         tail = _fatal_line(log)
-        raise UserError(f"{argv[0]} failed in {case_dir} ({tail}); see {log}")
+        kept = keep_log(log, case_dir.name)
+        raise UserError(f"{argv[0]} failed in {case_dir.name} ({tail}); see {kept}")
+
+
+def kept_logs_dir() -> Path:
+    """Where logs of failed tools are kept: $RANKPACK_HOME/logs (or the user data dir)."""
+    home = os.environ.get("RANKPACK_HOME")
+    if home:
+        return Path(home).expanduser() / "logs"
+    from platformdirs import user_data_dir
+
+    return Path(user_data_dir("rankpack")) / "logs"
+
+
+def keep_log(log: Path, case_name: str) -> Path:
+    """Copy ``log`` where a later cleanup of its directory cannot delete it; the copy's path
+    (or the original's, if no copy could be made)."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for directory in (kept_logs_dir(), Path("/tmp")):
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+            dest = directory / f"{case_name}-{stamp}-{os.getpid()}-{log.name}"
+            shutil.copyfile(log, dest)
+            return dest
+        except OSError:
+            continue
+    return log
 
 
 def _fatal_line(log: Path) -> str:
@@ -202,7 +338,7 @@ def n_cells(case_dir: Path) -> int:
 
 
 def read_application(case_dir: Path) -> str:
-    value = FoamFile(case_dir / "system" / "controlDict").get("application")
+    value = FoamFile(_control_dict(case_dir)).get("application")
     if not isinstance(value, str) or not value:
         raise UserError(f"{case_dir}/system/controlDict has no 'application' entry")
     return value

@@ -12,11 +12,16 @@ from __future__ import annotations
 import argparse
 import importlib
 import os
+import re
+import signal
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import NoReturn
 
+from rankpack.cli.common import parse_db
 from rankpack.errors import UserError
+from rankpack.quantities import InvalidQuantity
 
 # Sub-command modules, in the order `--help` lists them. A module not present in this
 # checkout is skipped (tests check that every released command registers).
@@ -38,6 +43,11 @@ class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse prints usage plus the error; we print only the error, on one line."""
 
     def error(self, message: str) -> NoReturn:
+        # Our validators write \x1f where the option's name belongs: "--ranks must be ...".
+        message = re.sub(r"^argument (\S+?)(?:/\S+)?: \x1f", r"\1", message).replace(
+            "\x1f", "value"
+        )
+        message = " ".join(message.split())  # one line, whatever the user typed
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
@@ -54,6 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--db",
         metavar="PATH",
+        type=parse_db,
         default=None,
         help="SQLite results database (default: $RANKPACK_DB or the user data directory)",
     )
@@ -72,21 +83,82 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def flag_labels(parser: argparse.ArgumentParser, args: argparse.Namespace) -> dict[str, str]:
+    """dest -> how the user wrote it ('--rank-millis', 'CASE'), for the chosen sub-command."""
+    labels: dict[str, str] = {}
+    current: argparse.ArgumentParser | None = parser
+    while current is not None:
+        chosen: argparse.ArgumentParser | None = None
+        for action in current._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                chosen = action.choices.get(getattr(args, action.dest, None) or "")
+            elif action.option_strings:
+                longs = [o for o in action.option_strings if o.startswith("--")]
+                labels[action.dest] = (longs or action.option_strings)[0]
+            elif isinstance(action.metavar, str):
+                labels[action.dest] = action.metavar
+        current = chosen
+    return labels
+
+
+def _label(labels: dict[str, str], name: str) -> str:
+    if name in labels:
+        return labels[name]
+    if name.isupper():  # an environment variable
+        return name
+    return name.replace("_", " ")
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    """SIGTERM is handled like Ctrl-C: KeyboardInterrupt, cleanup, exit code 130.
+
+    Commands that drive runs install their own handlers inside this (and restore ours).
+    """
+
+    def handler(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, handler)
+    except ValueError:  # not the main thread (tests): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_list or os.environ.get("RANKPACK_DEBUG") == "1"
-    parser = build_parser()
+    with sigterm_as_interrupt():
+        return _main(args_list, debug)
+
+
+def _main(args_list: list[str], debug: bool) -> int:
+    parser: argparse.ArgumentParser | None = None
+    args: argparse.Namespace | None = None
     try:
+        parser = build_parser()
         try:
             args = parser.parse_args(args_list)
         except SystemExit as exc:  # --help (0) or a usage error (2), already printed
             return exc.code if isinstance(exc.code, int) else 2
         code: int = args.handler(args)
         return code
+    except InvalidQuantity as exc:
+        if debug:
+            raise
+        labels = flag_labels(parser, args) if parser is not None and args is not None else {}
+        message = " ".join(exc.render(lambda n: _label(labels, n)).split())
+        print(f"rankpack: error: {message}", file=sys.stderr)
+        return 2
     except UserError as exc:
         if debug:
             raise
-        print(f"rankpack: error: {exc}", file=sys.stderr)
+        print(f"rankpack: error: {' '.join(str(exc).split())}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         if debug:

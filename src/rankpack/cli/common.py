@@ -1,4 +1,10 @@
-"""Helpers shared by sub-commands: option parsing of units, JSON output, the database path."""
+"""Helpers shared by sub-commands: argparse ``type=`` validators, JSON output, the database
+path and the data directory.
+
+Every ``parse_*`` below is a thin wrapper of `rankpack.quantities` / `rankpack.paths`: it
+turns their `InvalidQuantity` into argparse's error, which `OneLineArgumentParser` prints
+as one line naming the flag (exit 2). Nothing is created by a check.
+"""
 
 from __future__ import annotations
 
@@ -6,40 +12,90 @@ import argparse
 import json
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
+from rankpack import paths, quantities
 from rankpack.controller.observations import Phase
 from rankpack.errors import UserError
+from rankpack.quantities import InvalidQuantity
+
+T = TypeVar("T")
+
+SELF = "\x1f"
+"""Stands for the option's own name in a validator's message; the parser puts the flag there."""
 
 
-def parse_millis(text: str) -> int:
-    """'250m' or '250' -> 250 millicores; a bare number with a dot ('0.5') is cores."""
-    raw = text.strip().lower()
-    try:
-        if raw.endswith("m"):
-            value = float(raw[:-1])
-        elif "." in raw:
-            value = float(raw) * 1000
-        else:
-            value = float(raw)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"'{text}' is not a CPU amount; use millicores like 250m"
-        ) from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"'{text}' is negative; CPU amounts must be >= 0")
-    return round(value)
+def _argparse_type(check: Callable[[str], T], name: str) -> Callable[[str], T]:
+    def parse(text: str) -> T:
+        try:
+            return check(text)
+        except InvalidQuantity as exc:
+            raise argparse.ArgumentTypeError(exc.render(lambda _: SELF)) from None
+
+    parse.__name__ = name
+    return parse
 
 
-def parse_cores(text: str) -> float:
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"'{text}' is not a number of cores, e.g. 4 or 2.5"
-        ) from None
-    return value
+# Counts
+parse_ranks = _argparse_type(lambda t: quantities.ranks(t, "x"), "ranks")
+parse_iterations = _argparse_type(lambda t: quantities.iterations(t, "x"), "iterations")
+parse_submit_count = _argparse_type(
+    lambda t: quantities.count(t, "x", hi=quantities.MAX_SUBMIT_COUNT), "count"
+)
+parse_repeat = _argparse_type(
+    lambda t: quantities.count(t, "x", hi=quantities.MAX_REPEAT), "repeat"
+)
+parse_concurrent = _argparse_type(
+    lambda t: quantities.count(t, "x", hi=quantities.MAX_CONCURRENT), "max_concurrent"
+)
+parse_simulations = _argparse_type(
+    lambda t: quantities.count(t, "x", hi=quantities.MAX_SIMULATIONS), "simulations"
+)
+parse_nodes = _argparse_type(lambda t: quantities.count(t, "x", hi=quantities.MAX_NODES), "nodes")
+parse_limit = _argparse_type(lambda t: quantities.count(t, "x", hi=1_000_000), "limit")
+parse_id = _argparse_type(lambda t: quantities.record_id(t, "x"), "id")
+
+# CPU: Kubernetes quantities ('2', '1.5', '500m') everywhere
+parse_millis = _argparse_type(lambda t: quantities.cpu_millis(t, "x"), "millicores")
+"""A CPU amount in millicores: '500m' -> 500, '2' -> 2000, '1.5' -> 1500 (Kubernetes forms)."""
+parse_positive_millis = _argparse_type(lambda t: quantities.cpu_millis(t, "x", lo=1), "millicores")
+parse_cores = _argparse_type(lambda t: quantities.cpu_cores(t, "x"), "cores")
+"""A positive CPU amount in cores: '4' -> 4.0, '2.5' -> 2.5, '500m' -> 0.5."""
+parse_cpus_per_node = _argparse_type(
+    lambda t: quantities.real(
+        t, "x", lo=0.0, hi=quantities.MAX_CPUS_PER_NODE, lo_open=True, what="a number of vCPUs"
+    ),
+    "cpus",
+)
+
+# Durations, fractions, prices, coefficients
+parse_seconds = _argparse_type(lambda t: quantities.seconds(t, "x"), "seconds")
+parse_fraction = _argparse_type(lambda t: quantities.fraction(t, "x"), "fraction")
+parse_skip = _argparse_type(lambda t: quantities.fraction(t, "x", hi_open=True), "fraction")
+parse_price = _argparse_type(lambda t: quantities.price(t, "x"), "price")
+parse_coefficient = _argparse_type(lambda t: quantities.coefficient(t, "x"), "coefficient")
+parse_positive_coefficient = _argparse_type(
+    lambda t: quantities.coefficient(t, "x", positive=True), "coefficient"
+)
+
+# Paths (checked, never created)
+parse_output_file = _argparse_type(lambda t: paths.plot_file(t, "x"), "file")
+"""An image to write (a plot): not a directory, its directory exists and is writable, its
+suffix a format matplotlib writes."""
+parse_output_dir = _argparse_type(lambda t: paths.output_dir(t, "x"), "directory")
+"""A directory to write into (plot or trace directory), created if missing."""
+parse_workdir = _argparse_type(lambda t: paths.output_dir(t, "x", must_be_empty=True), "workdir")
+"""A run's working directory: new or empty, on a writable disk."""
+parse_new_dir = _argparse_type(lambda t: paths.new_dir(t, "x"), "directory")
+"""A directory to create (it must not exist; its parent must)."""
+parse_list = _argparse_type(lambda t: quantities.list_text(t, "x"), "list")
+"""A list-valued option (weights, duty cycles): not empty, at most MAX_TEXT characters."""
+parse_db = _argparse_type(lambda t: paths.database_file(t, "x"), "database")
+"""The database file: not a directory, on a writable disk (its directory may be created),
+an SQLite file if it exists and is not empty."""
+parse_path_text = _argparse_type(lambda t: quantities.path_text(t, "x"), "path")
 
 
 def print_json(obj: Any) -> None:
@@ -48,26 +104,40 @@ def print_json(obj: Any) -> None:
 
 
 def db_path(args: argparse.Namespace) -> Path:
-    """--db, else $RANKPACK_DB, else <user data dir>/rankpack.db."""
+    """--db, else $RANKPACK_DB, else <user data dir>/rankpack.db; checked (not created)."""
     explicit = getattr(args, "db", None) or os.environ.get("RANKPACK_DB")
     if explicit:
-        path = Path(explicit).expanduser()
-        if path.exists() and path.is_dir():
-            raise UserError(f"database path {path} is a directory; give a file path for --db")
-        return path
+        name = "db" if getattr(args, "db", None) else "RANKPACK_DB"
+        return _database_file(explicit, name)
     from platformdirs import user_data_dir
 
-    return Path(user_data_dir("rankpack")) / "rankpack.db"
+    return _database_file(str(Path(user_data_dir("rankpack")) / "rankpack.db"), "database")
+
+
+def _database_file(given: str | os.PathLike[str], name: str) -> Path:
+    text = os.fspath(given)
+    path = Path(text).expanduser()
+    quantities.path_text(text, name)
+    if path.is_dir():
+        raise InvalidQuantity(
+            f"{{{name}}} {quantities.literal(str(path), 80)} is a directory; give a file path"
+        )
+    paths.database_file(str(path), name)
+    return path
 
 
 def data_dir() -> Path:
-    """Where run directories go by default ($RANKPACK_HOME or the user data directory)."""
+    """Where run directories go by default ($RANKPACK_HOME or the user data directory);
+    checked (a file, a read-only or kernel filesystem are refused), not created."""
     explicit = os.environ.get("RANKPACK_HOME")
     if explicit:
+        paths.output_dir(explicit, "RANKPACK_HOME")
         return Path(explicit).expanduser()
     from platformdirs import user_data_dir
 
-    return Path(user_data_dir("rankpack"))
+    path = Path(user_data_dir("rankpack"))
+    paths.output_dir(str(path), "data_directory")
+    return path
 
 
 def phases_from_text(text: str, n_ranks: int) -> tuple[Phase, ...]:

@@ -2,11 +2,20 @@
 
 A case directory is decomposed in place; a tutorial name is first copied into --output
 and meshed. The work is done by `rankpack.case.decomposition`.
+
+Atomic: a tutorial is copied, meshed and decomposed in a hidden temporary directory next
+to --output (``.<name>.rankpack-tmp-<pid>-<token>``) that is renamed to --output only when
+everything (plot included) succeeded; a case directory is decomposed in a staging copy and
+the result moved in by renames (see `rankpack.case.decomposition`). Every output path is
+checked while the arguments are parsed, before the case is touched.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
+import secrets
 import shutil
 import sys
 from pathlib import Path
@@ -16,13 +25,20 @@ from rich.table import Table
 
 from rankpack.case.decomposition import (
     DecompositionResult,
+    clean_stale,
     decompose_case,
     parse_center,
     write_processor_weights,
 )
 from rankpack.case.openfoam import copy_case, ensure_mesh, resolve_case
 from rankpack.case.partition import Method
-from rankpack.cli.common import print_json
+from rankpack.cli.common import (
+    parse_list,
+    parse_new_dir,
+    parse_output_file,
+    parse_ranks,
+    print_json,
+)
 from rankpack.errors import UserError
 from rankpack.plan.allocation import parse_weights
 
@@ -39,7 +55,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         ),
     )
     p.add_argument("case", metavar="CASE", help="case directory or tutorial name")
-    p.add_argument("--ranks", type=int, help="number of ranks (default: number of weights)")
+    p.add_argument("--ranks", type=parse_ranks, help="number of ranks (default: number of weights)")
     p.add_argument(
         "--method",
         choices=[m.value for m in Method],
@@ -49,15 +65,24 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "(default: weighted if --weights is given, else equal)"
         ),
     )
-    p.add_argument("--weights", help="per-rank weights: 1,1,5,15 or grouped 8x1,4x5,4x15")
+    p.add_argument(
+        "--weights", type=parse_list, help="per-rank weights: 1,1,5,15 or grouped 8x1,4x5,4x15"
+    )
     p.add_argument(
         "--center",
         metavar="X,Y,Z",
         help="centre for concentric zones and mean distances "
         "(default: centre of the wall patches, else of the mesh)",
     )
-    p.add_argument("--output", metavar="DIR", help="where to copy a tutorial case (new directory)")
-    p.add_argument("--plot", metavar="PNG", help="draw cell centres coloured by rank")
+    p.add_argument(
+        "--output",
+        metavar="DIR",
+        type=parse_new_dir,
+        help="where to copy a tutorial case (new directory)",
+    )
+    p.add_argument(
+        "--plot", metavar="PNG", type=parse_output_file, help="draw cell centres coloured by rank"
+    )
     p.add_argument(
         "--write-processor-weights",
         action="store_true",
@@ -93,40 +118,57 @@ def _weights_and_method(args: argparse.Namespace) -> tuple[Method, int, list[flo
     return method, ranks, weights
 
 
-def _case_dir(args: argparse.Namespace) -> tuple[Path, bool]:
-    """The case to decompose, and whether this command created it (a tutorial copy)."""
-    source = resolve_case(args.case)
+def _check_case(args: argparse.Namespace) -> Path | None:
+    """Validate CASE and --output before anything is written; the --output path for a
+    tutorial (None for a case directory, which is decomposed in place)."""
+    source = resolve_case(args.case, require_solver=False)
     if not source.tutorial:
         if args.output:
             raise UserError(
                 "--output is only for a tutorial name; a case directory is decomposed in place"
             )
-        return source.path, False
+        return None
     if not args.output:
         raise UserError(
             f"{args.case} is a tutorial; give --output DIR to copy it there (it is not "
             "decomposed in the installed examples)"
         )
-    dest = Path(args.output).expanduser()
-    if dest.exists():
+    dest: Path = args.output
+    if os.path.lexists(dest):
         raise UserError(f"--output {dest} already exists; give a new directory")
-    if not dest.parent.is_dir():
-        raise UserError(f"--output {dest}: parent directory {dest.parent} does not exist")
+    return dest
+
+
+def _case_dir(args: argparse.Namespace, dest: Path | None) -> tuple[Path, bool]:
+    """The case to work on, and whether it is a temporary tutorial copy of this command
+    (to be renamed to ``dest`` by `_publish`)."""
+    source = resolve_case(args.case, require_solver=False)
+    if dest is None:
+        return source.path, False
+    clean_stale(dest.parent)
+    tmp = dest.parent / f".{dest.name[:100]}.rankpack-tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        copy_case(source, dest)
-        ensure_mesh(dest)
+        copy_case(source, tmp)
+        ensure_mesh(tmp)
     except BaseException:
-        shutil.rmtree(dest, ignore_errors=True)
+        shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return dest.resolve(), True
+    return tmp, True
+
+
+def _publish(tmp: Path, dest: Path) -> Path:
+    """Rename the finished temporary copy to --output (never over an existing path)."""
+    if os.path.lexists(dest):
+        raise UserError(f"--output {dest} was created meanwhile by someone else; not replaced")
+    tmp.rename(dest)
+    return dest.resolve()
 
 
 def handle(args: argparse.Namespace) -> int:
     method, ranks, weights = _weights_and_method(args)
     center = parse_center(args.center) if args.center else None
-    plot = Path(args.plot).expanduser() if args.plot else None
-    if plot is not None and not plot.parent.is_dir():
-        raise UserError(f"--plot {plot}: directory {plot.parent} does not exist")
+    plot: Path | None = args.plot
+    dest = _check_case(args)
     if args.write_processor_weights:
         if method is Method.CONCENTRIC:
             raise UserError(
@@ -135,11 +177,17 @@ def handle(args: argparse.Namespace) -> int:
             )
         if plot is not None:
             raise UserError("--plot needs rankpack's own partition; drop --write-processor-weights")
-        case_dir, created = _case_dir(args)
+        case_dir, created = _case_dir(args, dest)
         try:
             pw = write_processor_weights(
                 case_dir, weights or [1.0] * ranks, run_decompose_par=not args.no_decompose_par
             )
+            if created and dest is not None:
+                final = _publish(case_dir, dest)
+                pw = dataclasses.replace(
+                    pw, case_dir=final, message=pw.message.replace(str(case_dir), str(final))
+                )
+                case_dir = final
         except BaseException:
             if created:
                 shutil.rmtree(case_dir, ignore_errors=True)
@@ -160,7 +208,7 @@ def handle(args: argparse.Namespace) -> int:
             print(pw.message)
         return 0
 
-    case_dir, created = _case_dir(args)
+    case_dir, created = _case_dir(args, dest)
     try:
         result = decompose_case(
             case_dir,
@@ -170,16 +218,18 @@ def handle(args: argparse.Namespace) -> int:
             center,
             run_decompose_par=not args.no_decompose_par,
         )
+        if plot is not None:
+            from rankpack.case.decomp_plot import plot_decomposition
+
+            plot_decomposition(result, plot)
+        if created and dest is not None:
+            result = dataclasses.replace(result, case_dir=_publish(case_dir, dest))
     except BaseException:
         if created:  # a tutorial copy this command made: do not leave it half-decomposed
             shutil.rmtree(case_dir, ignore_errors=True)
         raise
     for line in result.warnings:
         print(f"rankpack: warning: {line}", file=sys.stderr)
-    if plot is not None:
-        from rankpack.case.decomp_plot import plot_decomposition
-
-        plot_decomposition(result, plot)
     if args.json:
         print_json(result.to_json())
     else:

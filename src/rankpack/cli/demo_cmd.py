@@ -6,12 +6,22 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import statistics
+import sys
 
 from rich.console import Console
 from rich.table import Table
 
 from rankpack.backend.local import LocalBackend
-from rankpack.cli.common import db_path, print_json
+from rankpack.case.openfoam import resolve_case
+from rankpack.cli.common import (
+    data_dir,
+    db_path,
+    parse_iterations,
+    parse_list,
+    parse_ranks,
+    parse_repeat,
+    print_json,
+)
 from rankpack.cli.run_cmd import check_submission, run_one, stop_on_signals
 from rankpack.controller.submission import Submission
 from rankpack.core.results import RunResult
@@ -30,10 +40,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         ),
     )
     p.add_argument("--case", default="pitzDaily", help="tutorial or case directory")
-    p.add_argument("--ranks", type=int, default=4)
-    p.add_argument("--weights", default="1,1,5,15", help="weights of the proportional run")
-    p.add_argument("--iterations", type=int, default=None, help="default: the case's own end")
-    p.add_argument("--repeat", type=int, default=1, help="run each configuration N times")
+    p.add_argument("--ranks", type=parse_ranks, default=4)
+    p.add_argument(
+        "--weights", type=parse_list, default="1,1,5,15", help="weights of the proportional run"
+    )
+    p.add_argument(
+        "--iterations", type=parse_iterations, default=None, help="default: the case's own end"
+    )
+    p.add_argument("--repeat", type=parse_repeat, default=1, help="run each configuration N times")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=handle)
 
@@ -41,10 +55,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 def handle(args: argparse.Namespace) -> int:
     weights = resolve_weights(args.weights, args.ranks, False)
     budget = budget_to_millis(float(args.ranks))
-    if args.repeat < 1:
-        from rankpack.errors import UserError
-
-        raise UserError(f"--repeat must be at least 1, got {args.repeat}")
+    resolve_case(args.case)  # a bad case or solver: one line before anything is created
+    data_dir()
+    path = db_path(args)
     weighted = importlib.util.find_spec("rankpack.case.partition") is not None
     make_plan(weights, budget)
     configs = [
@@ -57,26 +70,52 @@ def handle(args: argparse.Namespace) -> int:
     ]  # fmt: skip
     for _, sub in configs:
         check_submission(sub)
-    store = Store(db_path(args))
+    store = Store(path)
     backend = LocalBackend()
     results: dict[str, list[RunResult]] = {name: [] for name, _ in configs}
+    interrupted: list[int] = []
     with stop_on_signals() as stop:
         for _ in range(args.repeat):
             for name, sub in configs:  # interleaved: noise hits both alike
                 if stop.is_set():
                     break
-                results[name].append(
-                    run_one(sub, backend, store, show=not args.json, stop=stop,
-                            label=f"demo-{name}")
-                )  # fmt: skip
+                result = run_one(
+                    sub, backend, store, show=not args.json, stop=stop, label=f"demo-{name}"
+                )
+                if result.status == "interrupted" or stop.is_set():
+                    interrupted.append(result.id)  # recorded as such, not compared
+                    break
+                results[name].append(result)
+            if stop.is_set() or interrupted:
+                break
+    stopped = bool(interrupted) or stop.is_set()
+    if not any(results.values()):
+        if stopped:
+            _say_interrupted(interrupted)
+            return 130
+        return 1
     summary = summarise(results)
+    summary["interrupted"] = stopped
+    summary["interrupted_run_ids"] = interrupted
     if args.json:
         print_json(summary)
     else:
         for table in comparison_tables(summary):
             Console().print(table)
+    if stopped:
+        _say_interrupted(interrupted)
+        return 130
     ok = all(r.status == "completed" for rs in results.values() for r in rs)
     return 0 if ok else 1
+
+
+def _say_interrupted(run_ids: list[int]) -> None:
+    which = f" (run {', '.join(map(str, run_ids))} recorded as interrupted)" if run_ids else ""
+    print(
+        f"rankpack: demo interrupted{which}; the comparison is incomplete: only finished "
+        "runs are shown",
+        file=sys.stderr,
+    )
 
 
 def summarise(results: dict[str, list[RunResult]]) -> dict[str, object]:
@@ -115,14 +154,16 @@ def summarise(results: dict[str, list[RunResult]]) -> dict[str, object]:
                 ],
             }
         )
-    return {"case": next(iter(results.values()))[0].case, "configs": configs}
+    case = next(r.case for rs in results.values() for r in rs)
+    return {"case": case, "configs": configs}
 
 
 def comparison_tables(summary: dict[str, object]) -> list[Table]:
     configs = summary["configs"]
     assert isinstance(configs, list)
+    note = " - INTERRUPTED, incomplete" if summary.get("interrupted") else ""
     overview = Table(
-        title=f"rankpack demo: {summary['case']}, equal vs proportional CPU (requests only)",
+        title=f"rankpack demo: {summary['case']}, equal vs proportional CPU (requests only){note}",
         caption="wall: median (min-max) over repeats; CPU-s: trapezoidal integral of ~1 Hz "
         "cgroup samples; throttled: CFS throttling events, 0 without limits",
     )

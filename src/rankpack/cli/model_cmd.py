@@ -15,7 +15,23 @@ from rich.console import Console
 from rich.table import Table
 
 from rankpack.cli import OneLineArgumentParser
-from rankpack.cli.common import db_path, parse_cores, parse_millis, print_json
+from rankpack.cli.common import (
+    db_path,
+    parse_coefficient,
+    parse_cores,
+    parse_cpus_per_node,
+    parse_fraction,
+    parse_list,
+    parse_nodes,
+    parse_output_dir,
+    parse_positive_coefficient,
+    parse_positive_millis,
+    parse_price,
+    parse_ranks,
+    parse_seconds,
+    parse_simulations,
+    print_json,
+)
 from rankpack.errors import UserError
 from rankpack.model.contention import (
     ClusterShape,
@@ -30,14 +46,16 @@ from rankpack.model.contention import (
 )
 from rankpack.model.overlap import (
     DutyCyclePrediction,
+    check_predictor_size,
     implied_beta,
     p_overlap,
     parse_duty_cycles,
     predict_from_duty_cycles,
 )
 from rankpack.model.pareto import CapacityPlan, PlanInputs, plan_capacity, request_budget
-from rankpack.model.warnings import extrapolation_warnings
+from rankpack.model.warnings import collapse, extrapolation_warnings
 from rankpack.plan.allocation import parse_weights
+from rankpack.quantities import MAX_SIMULATIONS
 
 NO_DB_RUNS = "no recorded multiplex runs in DB; give points as N:makespan_s"
 
@@ -64,28 +82,42 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     fit.add_argument(
         "--calibrate-on",
-        type=int,
+        type=parse_simulations,
         action="append",
         metavar="N",
         help="fit on N = 1 and this N only (repeatable); predict the rest blind",
     )
     _add_duty(fit)
-    fit.add_argument("--plot-dir", type=Path, metavar="DIR", help="write throughput.png here")
+    fit.add_argument(
+        "--plot-dir", type=parse_output_dir, metavar="DIR", help="write throughput.png here"
+    )
     fit.add_argument("--json", action="store_true", help="machine-readable output")
     fit.set_defaults(handler=handle_fit)
 
     pred = msub.add_parser("predict", help="throughput and makespan for N = 1..max-n")
     _add_shape(pred)
-    pred.add_argument("--beta", type=float, help="contention coefficient (from `model fit`)")
-    pred.add_argument("--t1", type=float, metavar="SECONDS", help="single-simulation makespan")
     pred.add_argument(
-        "--max-n", type=int, help="largest N to predict (default: largest N with rho <= 1)"
+        "--beta", type=parse_coefficient, help="contention coefficient (from `model fit`)"
     )
     pred.add_argument(
-        "--fitted-max-n", type=int, metavar="N", help="largest N beta was fitted on (warns beyond)"
+        "--t1", type=parse_seconds, metavar="SECONDS", help="single-simulation makespan"
     )
     pred.add_argument(
-        "--duty", type=float, metavar="D", help="mean duty cycle for P(>=2) if no --duty-cycles"
+        "--max-n",
+        type=parse_simulations,
+        help=f"largest N to predict (default: largest N with rho <= 1, at most {MAX_SIMULATIONS})",
+    )
+    pred.add_argument(
+        "--fitted-max-n",
+        type=parse_simulations,
+        metavar="N",
+        help="largest N beta was fitted on (warns beyond)",
+    )
+    pred.add_argument(
+        "--duty",
+        type=parse_fraction,
+        metavar="D",
+        help="mean duty cycle for P(>=2) if no --duty-cycles",
     )
     _add_duty(pred)
     pred.add_argument("--json", action="store_true", help="machine-readable output")
@@ -96,15 +128,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     plan.add_argument(
         "points", nargs="*", metavar="N:MAKESPAN_S", help="measured points to fit beta from"
     )
-    plan.add_argument("--beta", type=float, help="contention coefficient instead of points")
-    plan.add_argument("--t1", type=float, metavar="SECONDS", help="single-simulation makespan")
+    plan.add_argument(
+        "--beta", type=parse_coefficient, help="contention coefficient instead of points"
+    )
+    plan.add_argument(
+        "--t1", type=parse_seconds, metavar="SECONDS", help="single-simulation makespan"
+    )
     _add_duty(plan)
     plan.add_argument(
-        "--weights", help="per-rank weights for proportional requests, e.g. 8x1,4x5,4x15"
+        "--weights",
+        type=parse_list,
+        help="per-rank weights for proportional requests, e.g. 8x1,4x5,4x15",
     )
     plan.add_argument(
         "--rank-millis",
-        type=parse_millis,
+        type=parse_positive_millis,
         default=1000,
         metavar="MILLIS",
         help="equal per-rank request; the heaviest rank keeps it when proportional (1000m)",
@@ -119,31 +157,40 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="which requests the recommendation must fit (default proportional)",
     )
     plan.add_argument(
-        "--price-per-node-hour", type=float, metavar="USD", help="e.g. 0.343 (c5.2xlarge)"
+        "--price-per-node-hour", type=parse_price, metavar="USD", help="e.g. 0.343 (c5.2xlarge)"
     )
     plan.add_argument(
-        "--max-n", type=int, help="largest N to consider (default: largest N with rho <= 1)"
+        "--max-n",
+        type=parse_simulations,
+        help=f"largest N to consider (default: largest N with rho <= 1, at most {MAX_SIMULATIONS})",
     )
-    plan.add_argument("--plot-dir", type=Path, metavar="DIR", help="write efficiency.png here")
+    plan.add_argument(
+        "--plot-dir", type=parse_output_dir, metavar="DIR", help="write efficiency.png here"
+    )
     plan.add_argument("--json", action="store_true", help="machine-readable output")
     plan.set_defaults(handler=handle_plan)
 
 
 def _add_shape(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", type=int, required=True, help="R: MPI ranks per simulation")
-    p.add_argument("--nodes", type=int, required=True, help="M: nodes shared by the simulations")
-    p.add_argument("--cpus", type=float, required=True, help="C: allocatable vCPUs per node")
+    p.add_argument("--ranks", type=parse_ranks, required=True, help="R: MPI ranks per simulation")
+    p.add_argument(
+        "--nodes", type=parse_nodes, required=True, help="M: nodes shared by the simulations"
+    )
+    p.add_argument(
+        "--cpus", type=parse_cpus_per_node, required=True, help="C: allocatable vCPUs per node"
+    )
 
 
 def _add_duty(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--duty-cycles",
+        type=parse_list,
         metavar="LIST",
         help="measured per-rank duty cycles, e.g. 8x0.05,4x0.115,4x0.194 (duty-cycle predictor)",
     )
     p.add_argument(
         "--mem-streams",
-        type=float,
+        type=parse_positive_coefficient,
         default=1.0,
         metavar="B",
         help="ranks a node's memory bandwidth feeds at full speed (default 1: bandwidth-bound)",
@@ -186,6 +233,7 @@ def _duty_predictions(
     if not args.duty_cycles:
         return None
     duty = parse_duty_cycles(args.duty_cycles)
+    check_predictor_size(n_max, duty, shape)
     return [
         predict_from_duty_cycles(n, duty, shape, mem_streams=args.mem_streams)
         for n in range(1, n_max + 1)
@@ -259,7 +307,7 @@ def _fit_plot(plot_dir: Path, result: FitResult, duty: list[DutyCyclePrediction]
     from rankpack.model.plots import ThetaCurve, plot_throughput
 
     shape = result.shape
-    n_hi = max(max(p.n for p in result.points) + 1, shape.max_n_within_rho())
+    n_hi = max(max(p.n for p in result.points) + 1, min(shape.max_n_within_rho(), MAX_SIMULATIONS))
     grid = [1 + i * (n_hi - 1) / 100 for i in range(101)]
     on = ",".join(map(str, result.calibrated_on))
     label = f"model β={result.beta:.3f} (N={on})"
@@ -324,7 +372,7 @@ def handle_predict(args: argparse.Namespace) -> int:
         check_beta(args.beta)
     if args.t1 is not None:
         check_time(args.t1, 1)
-    n_max = args.max_n if args.max_n is not None else shape.max_n_within_rho()
+    n_max = args.max_n if args.max_n is not None else min(shape.max_n_within_rho(), MAX_SIMULATIONS)
     if n_max < 1:
         raise UserError(f"--max-n must be >= 1, got {n_max}")
     duty_preds = _duty_predictions(args, shape, n_max)
@@ -358,7 +406,7 @@ def handle_predict(args: argparse.Namespace) -> int:
             row["p_overlap"] = p_overlap(shape.pods_per_node(n), mean_duty)
         warnings += extrapolation_warnings(n, shape, beta=args.beta, max_fitted_n=args.fitted_max_n)
         rows.append(row)
-    warnings = list(dict.fromkeys(warnings))
+    warnings = collapse(list(dict.fromkeys(warnings)))
     _warn(warnings)
     if args.json:
         print_json({"beta": args.beta, "t1_s": args.t1, "rows": rows, "warnings": warnings})
@@ -386,7 +434,7 @@ def _fmt(v: object) -> str:
 
 def handle_plan(args: argparse.Namespace) -> int:
     shape = _shape(args)
-    n_max = args.max_n if args.max_n is not None else shape.max_n_within_rho()
+    n_max = args.max_n if args.max_n is not None else min(shape.max_n_within_rho(), MAX_SIMULATIONS)
     if n_max < 1:
         raise UserError(f"--max-n must be >= 1, got {n_max}")
     warnings: list[str] = []
@@ -439,7 +487,7 @@ def handle_plan(args: argparse.Namespace) -> int:
     for n in range(1, n_max + 1):
         warnings += extrapolation_warnings(n, shape, beta=beta, max_fitted_n=fitted_max_n)
     warnings += plan.warnings
-    warnings = list(dict.fromkeys(warnings))
+    warnings = collapse(list(dict.fromkeys(warnings)))
     out = plan.to_json()
     out["beta"] = beta
     out["source"] = source

@@ -4,13 +4,21 @@
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from rankpack.backend.local import LocalBackend
-from rankpack.cli.common import data_dir, db_path, parse_cores, print_json
+from rankpack.cli.common import (
+    data_dir,
+    db_path,
+    parse_concurrent,
+    parse_cores,
+    parse_id,
+    parse_output_file,
+    parse_seconds,
+    print_json,
+)
 from rankpack.cli.run_cmd import stop_on_signals
 from rankpack.controller.loop import LoopSettings
 from rankpack.controller.observations import (
@@ -43,7 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "adjustments. Ctrl-C stops cleanly."
         ),
     )
-    p.add_argument("--max-concurrent", type=int, default=4, help="simulations at once (default 4)")
+    p.add_argument(
+        "--max-concurrent", type=parse_concurrent, default=4, help="simulations at once (default 4)"
+    )
     p.add_argument(
         "--budget", type=parse_cores, help="CPU requests of all simulations together, cores "
         "(default: this machine's CPUs)"
@@ -62,7 +72,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="single-run times for the throughput gain: recorded runs (db), run each distinct "
         "simulation alone first (measure), db then measure what is missing (auto, default)",
     )
-    p.add_argument("--profile-s", type=float, default=5.0, help="profiling window (default 5 s)")
+    p.add_argument(
+        "--profile-s", type=parse_seconds, default=5.0, help="profiling window (default 5 s)"
+    )
     p.add_argument(
         "--beta",
         type=float,
@@ -76,14 +88,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default="auto",
         help="auto (default): fitted beta when available; duty: always the duty-cycle model",
     )
-    p.add_argument("--plot", type=Path, help="timeline PNG (default: next to the run directories)")
+    p.add_argument(
+        "--plot", type=parse_output_file, help="timeline PNG (default: next to the run directories)"
+    )
     p.add_argument("--dry-run", action="store_true", help="print the first decisions, apply none")
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=handle_multiplex)
 
     e = sub.add_parser("events", help="the controller's recorded decisions and their reasons")
-    e.add_argument("--sim", type=int, metavar="RUN_ID", help="only this simulation (run id)")
-    e.add_argument("--multiplex", type=int, metavar="ID", help="only this multiplex session")
+    e.add_argument("--sim", type=parse_id, metavar="RUN_ID", help="only this simulation (run id)")
+    e.add_argument("--multiplex", type=parse_id, metavar="ID", help="only this multiplex session")
     e.add_argument("--json", action="store_true")
     e.set_defaults(handler=handle_events)
 

@@ -7,7 +7,7 @@ import argparse
 from rich.console import Console
 from rich.table import Table
 
-from rankpack.cli.common import parse_cores, parse_millis, print_json
+from rankpack.cli.common import parse_cores, parse_list, parse_millis, parse_ranks, print_json
 from rankpack.plan.allocation import QoS, budget_to_millis, make_plan, resolve_weights
 
 
@@ -20,9 +20,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "The requests sum exactly to the budget."
         ),
     )
-    p.add_argument("--weights", help="per-rank weights: 1,1,5,15 or grouped 8x1,4x5,4x15")
+    p.add_argument(
+        "--weights", type=parse_list, help="per-rank weights: 1,1,5,15 or grouped 8x1,4x5,4x15"
+    )
     p.add_argument("--equal", action="store_true", help="equal weights (needs --ranks)")
-    p.add_argument("--ranks", type=int, help="number of MPI ranks")
+    p.add_argument("--ranks", type=parse_ranks, help="number of MPI ranks")
     p.add_argument(
         "--budget",
         type=parse_cores,

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from rankpack.backend.local import LocalBackend, shim_dir
 from rankpack.cli import OneLineArgumentParser
-from rankpack.cli.common import db_path, print_json
+from rankpack.cli.common import db_path, parse_output_file, parse_seconds, parse_skip, print_json
 from rankpack.cli.profile_cmd import DEFAULT_SECONDS, print_summary_table
 from rankpack.cli.run_cmd import (
     add_plan_arguments,
@@ -30,9 +30,9 @@ def _case_parser(defaults: argparse.Namespace) -> argparse.ArgumentParser:
     p = OneLineArgumentParser(prog="rankpack profile CASE")
     add_plan_arguments(p)
     add_run_arguments(p)
-    p.add_argument("--seconds", type=float, help="stop the run after this long")
-    p.add_argument("--skip", type=float, default=0.1)
-    p.add_argument("--plot", type=Path)
+    p.add_argument("--seconds", type=parse_seconds, help="stop the run after this long")
+    p.add_argument("--skip", type=parse_skip, default=0.1)
+    p.add_argument("--plot", type=parse_output_file)
     p.add_argument("--json", action="store_true")
     # options given before CASE count too
     p.set_defaults(**{k: v for k, v in vars(defaults).items() if v not in (None, False)})
@@ -117,7 +117,10 @@ class _DutyFollower:
 
 
 def handle_attach(args: argparse.Namespace) -> int:
-    store = Store(db_path(args))
+    db = db_path(args)
+    if not db.exists():  # reading must not create a database
+        raise UserError(f"no run with id {args.attach}: database {db} does not exist")
+    store = Store(db)
     run = store.get_run(args.attach)
     if run.status != "running":
         raise UserError(f"run {args.attach} is {run.status}, not running; see `rankpack runs show`")

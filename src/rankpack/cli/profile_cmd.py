@@ -16,7 +16,16 @@ from pathlib import Path
 from rich.console import Console
 from rich.table import Table
 
-from rankpack.cli.common import parse_millis, print_json
+from rankpack.cli.common import (
+    parse_id,
+    parse_millis,
+    parse_output_dir,
+    parse_output_file,
+    parse_ranks,
+    parse_seconds,
+    parse_skip,
+    print_json,
+)
 from rankpack.errors import UserError
 from rankpack.profile.sampling import ProfileSummary, sample_live, summarise
 from rankpack.profile.shim import WAIT_MODES, shim_env
@@ -39,10 +48,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "rankpack profile --attach 12 --seconds 5"
         ),
     )
-    p.add_argument("--ranks", type=int, default=None, help="number of MPI ranks (default 4)")
+    p.add_argument(
+        "--ranks", type=parse_ranks, default=None, help="number of MPI ranks (default 4)"
+    )
     p.add_argument(
         "--seconds",
-        type=float,
+        type=parse_seconds,
         default=None,
         help="stop after this long (default: a program or --attach 10 s, a CASE runs to its end)",
     )
@@ -59,24 +70,28 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     p.add_argument(
         "--skip",
-        type=float,
+        type=parse_skip,
         default=0.1,
         metavar="FRACTION",
         help="initial fraction of the run left out of the steady state (default 0.1)",
     )
     p.add_argument(
         "--workdir",
-        type=Path,
+        type=parse_output_dir,
         default=None,
         help="working directory of the ranks (default: a new temporary directory)",
     )
-    p.add_argument("--trace", type=Path, default=None, metavar="DIR", help="write per-call CSVs")
+    p.add_argument(
+        "--trace", type=parse_output_dir, default=None, metavar="DIR", help="write per-call CSVs"
+    )
     p.add_argument("--no-cgroups", action="store_true", help="do not put ranks in cgroups")
     p.add_argument("--json", action="store_true", help="machine-readable output")
-    p.add_argument("--plot", type=Path, default=None, metavar="PNG", help="bar chart (Fig. 1)")
+    p.add_argument(
+        "--plot", type=parse_output_file, default=None, metavar="PNG", help="bar chart (Fig. 1)"
+    )
     p.add_argument(
         "--attach",
-        type=int,
+        type=parse_id,
         metavar="RUN_ID",
         help="profile a `rankpack run` that is running now (for --seconds) instead",
     )

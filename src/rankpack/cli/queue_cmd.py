@@ -8,7 +8,17 @@ from rich.console import Console
 from rich.table import Table
 
 from rankpack.case.openfoam import resolve_case
-from rankpack.cli.common import db_path, parse_cores, parse_millis, phases_from_text, print_json
+from rankpack.cli.common import (
+    db_path,
+    parse_cores,
+    parse_iterations,
+    parse_list,
+    parse_millis,
+    parse_ranks,
+    parse_submit_count,
+    phases_from_text,
+    print_json,
+)
 from rankpack.cli.run_cmd import parse_center
 from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
@@ -24,8 +34,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "the queue. Requests only: the multiplexer resizes ranks from measured duty cycles.",
     )
     p.add_argument("case", metavar="CASE")
-    p.add_argument("--ranks", type=int, default=4, help="MPI ranks (default 4)")
-    p.add_argument("--weights", help="initial per-rank weights (default equal)")
+    p.add_argument("--ranks", type=parse_ranks, default=4, help="MPI ranks (default 4)")
+    p.add_argument("--weights", type=parse_list, help="initial per-rank weights (default equal)")
     p.add_argument(
         "--budget",
         type=parse_cores,
@@ -33,7 +43,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "fairness never exceed it",
     )
     p.add_argument("--floor", type=parse_millis, default=0, metavar="MILLIS")
-    p.add_argument("--iterations", type=int, help="stop after K time steps")
+    p.add_argument("--iterations", type=parse_iterations, help="stop after K time steps")
     p.add_argument("--decompose", choices=["equal", "weighted", "concentric"], default="equal")
     p.add_argument("--center", help="X,Y,Z for --decompose concentric")
     p.add_argument(
@@ -41,7 +51,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="phase schedule replacing duty-cycle sizing: FRACTION:R0,R1,..;FRACTION:.. "
         "e.g. 0:500,500,1200,1800;0.34:1000,1000,1000,1000 (millicores by progress)",
     )
-    p.add_argument("--count", type=int, default=1, help="queue this many copies (default 1)")
+    p.add_argument(
+        "--count", type=parse_submit_count, default=1, help="queue this many copies (default 1)"
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=handle_submit)
 

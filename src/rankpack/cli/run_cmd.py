@@ -23,7 +23,11 @@ from rankpack.cli.common import (
     data_dir,
     db_path,
     parse_cores,
+    parse_iterations,
+    parse_list,
     parse_millis,
+    parse_ranks,
+    parse_workdir,
     phases_from_text,
     print_json,
 )
@@ -46,8 +50,10 @@ LIMITS_HAZARD = (
 
 
 def add_plan_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--ranks", type=int, default=4, help="number of MPI ranks (default 4)")
-    p.add_argument("--weights", help="per-rank weights: 1,1,5,15 or grouped 8x1,4x5,4x15")
+    p.add_argument("--ranks", type=parse_ranks, default=4, help="number of MPI ranks (default 4)")
+    p.add_argument(
+        "--weights", type=parse_list, help="per-rank weights: 1,1,5,15 or grouped 8x1,4x5,4x15"
+    )
     p.add_argument(
         "--budget", type=parse_cores, help="total CPU request in cores (default: one per rank)"
     )
@@ -67,7 +73,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--allow-limits", action="store_true", help="accept --qos limits")
     p.add_argument(
-        "--iterations", type=int, help="stop after K time steps (default: the case's endTime)"
+        "--iterations",
+        type=parse_iterations,
+        help="stop after K time steps (default: the case's endTime)",
     )
     p.add_argument(
         "--decompose",
@@ -77,11 +85,14 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--decompose-weights",
+        type=parse_list,
         metavar="WEIGHTS",
         help="weights for the decomposition only (default: the same as --weights)",
     )
     p.add_argument("--center", help="X,Y,Z centre for --decompose concentric")
-    p.add_argument("--workdir", type=Path, help="run directory (default: a new one under data dir)")
+    p.add_argument(
+        "--workdir", type=parse_workdir, help="run directory (default: a new one under data dir)"
+    )
     p.add_argument(
         "--no-shim",
         action="store_true",

@@ -6,7 +6,7 @@ import argparse
 
 from rich.console import Console
 
-from rankpack.cli.common import db_path, print_json
+from rankpack.cli.common import db_path, parse_id, parse_limit, print_json
 from rankpack.report.tables import run_table, runs_list_table
 from rankpack.store import Store
 
@@ -16,11 +16,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     runs_sub = p.add_subparsers(dest="runs_command", metavar="{list,show}", parser_class=type(p))
     runs_sub.required = True
     lp = runs_sub.add_parser("list", help="recorded runs, newest first")
-    lp.add_argument("--limit", type=int, default=50, help="at most this many (default 50)")
+    lp.add_argument("--limit", type=parse_limit, default=50, help="at most this many (default 50)")
     lp.add_argument("--json", action="store_true")
     lp.set_defaults(handler=handle_list)
     sp = runs_sub.add_parser("show", help="one run with per-rank results and its resizes")
-    sp.add_argument("id", type=int, metavar="ID")
+    sp.add_argument("id", type=parse_id, metavar="ID")
     sp.add_argument("--json", action="store_true")
     sp.set_defaults(handler=handle_show)
 

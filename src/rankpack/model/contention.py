@@ -24,7 +24,9 @@ from typing import Any
 import numpy as np
 from scipy.optimize import curve_fit
 
+from rankpack import quantities
 from rankpack.errors import UserError
+from rankpack.quantities import InvalidQuantity, literal
 
 RHO_VALIDATED = 1.0
 """Above this load there are more rank pods than vCPUs: the linear model is not validated."""
@@ -42,14 +44,16 @@ class ClusterShape:
     """C: allocatable vCPUs per node."""
 
     def __post_init__(self) -> None:
-        if self.ranks < 1:
-            raise UserError(f"--ranks must be at least 1, got {self.ranks}")
-        if self.nodes < 1:
-            raise UserError(f"--nodes must be at least 1, got {self.nodes}")
-        if not math.isfinite(self.cpus_per_node) or self.cpus_per_node <= 0:
-            raise UserError(
-                f"--cpus must be a positive number of vCPUs per node, got {self.cpus_per_node:g}"
-            )
+        quantities.ranks(self.ranks, "ranks")
+        quantities.count(self.nodes, "nodes", hi=quantities.MAX_NODES)
+        quantities.real(
+            self.cpus_per_node,
+            "cpus",
+            lo=0.0,
+            hi=quantities.MAX_CPUS_PER_NODE,
+            lo_open=True,
+            what="a positive number of vCPUs per node",
+        )
 
     @property
     def total_cpus(self) -> float:
@@ -76,12 +80,15 @@ class ClusterShape:
 
 def check_n(n: float) -> None:
     if not math.isfinite(n) or n < 1:
-        raise UserError(f"the number of simulations N must be >= 1, got {n:g}")
+        raise InvalidQuantity(f"the number of simulations N must be >= 1, got {n:g}")
 
 
 def check_beta(beta: float) -> None:
-    if not math.isfinite(beta) or beta < 0:
-        raise UserError(f"beta must be a finite number >= 0, got {beta:g}")
+    if not math.isfinite(beta) or beta < 0 or beta > quantities.MAX_COEFFICIENT:
+        raise InvalidQuantity(
+            f"{{beta}} must be a finite number >= 0 and <= {quantities.MAX_COEFFICIENT:g}, "
+            f"got {beta:g}"
+        )
 
 
 def slowdown(n: float, beta: float, shape: ClusterShape) -> float:
@@ -102,9 +109,10 @@ def makespan_s(n: float, beta: float, shape: ClusterShape, t1_s: float) -> float
 
 
 def check_time(makespan: float, n: float) -> None:
-    if not math.isfinite(makespan) or makespan <= 0:
-        raise UserError(
-            f"makespan for N={n:g} must be a positive number of seconds, got {makespan:g}"
+    if not math.isfinite(makespan) or makespan <= 0 or makespan > quantities.MAX_SECONDS:
+        raise InvalidQuantity(
+            f"makespan for N={n:g} must be a positive number of seconds (at most "
+            f"{quantities.MAX_SECONDS:g}), got {makespan:g}"
         )
 
 
@@ -120,18 +128,32 @@ def parse_point(text: str) -> MeasuredPoint:
     """'3:1446' -> MeasuredPoint(n=3, makespan_s=1446.0)."""
     parts = text.split(":")
     if len(parts) != 2:
-        raise UserError(f"point '{text}' is not N:makespan_s; write e.g. 2:1410")
+        raise InvalidQuantity(f"point {literal(text)} is not N:makespan_s; write e.g. 2:1410")
     try:
-        n = int(parts[0])
-        t = float(parts[1])
-    except ValueError:
-        raise UserError(
-            f"point '{text}' is not N:makespan_s with an integer N; write e.g. 2:1410"
+        n = quantities.parse_int(parts[0], "points")
+        t = _seconds_or_nan(parts[1])
+    except InvalidQuantity:
+        raise InvalidQuantity(
+            f"point {literal(text)} is not N:makespan_s with an integer N and a finite "
+            "makespan; write e.g. 2:1410"
         ) from None
-    if n <= 0:
-        raise UserError(f"point '{text}': N must be >= 1 (number of concurrent simulations)")
+    if n <= 0 or n > quantities.MAX_SIMULATIONS:
+        raise InvalidQuantity(
+            f"point {literal(text)}: N must be >= 1 and <= {quantities.MAX_SIMULATIONS} "
+            "(number of concurrent simulations)"
+        )
     check_time(t, n)
     return MeasuredPoint(n=n, makespan_s=t)
+
+
+def _seconds_or_nan(text: str) -> float:
+    """A makespan as written: a decimal number, or nan/inf (refused by `check_time`)."""
+    try:
+        return quantities.parse_real(text, "points")
+    except InvalidQuantity:
+        if text.strip().lower().lstrip("+-") in ("nan", "inf", "infinity"):
+            return math.nan
+        raise
 
 
 @dataclass(frozen=True)
@@ -239,13 +261,15 @@ def fit_beta(
     else:
         missing = [n for n in calibrate_on if n not in all_n]
         if missing:
-            raise UserError(
-                f"--calibrate-on {missing[0]}: no point with that N; "
+            raise InvalidQuantity(
+                f"{{calibrate_on}} {missing[0]}: no point with that N; "
                 f"give it as {missing[0]}:makespan_s"
             )
         used = {1, *calibrate_on}
         if used == {1}:
-            raise UserError("--calibrate-on needs at least one N >= 2 (N = 1 only anchors T_1)")
+            raise InvalidQuantity(
+                "{calibrate_on} needs at least one N >= 2 (N = 1 only anchors T_1)"
+            )
     fit_pts = [p for p in pts if p.n in used]
     x = np.array([shape.delta_rho(p.n) for p in fit_pts])
     n_arr = np.array([float(p.n) for p in fit_pts])

@@ -22,13 +22,15 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from rankpack import quantities
 from rankpack.errors import UserError
 from rankpack.model.contention import ClusterShape, check_n
+from rankpack.quantities import InvalidQuantity, literal
 
 
 def check_duty(d: float) -> None:
     if not math.isfinite(d) or d < 0 or d > 1:
-        raise UserError(f"a duty cycle must be a fraction between 0 and 1, got {d:g}")
+        raise InvalidQuantity(f"a duty cycle must be a fraction between 0 and 1, got {d:g}")
 
 
 def p_overlap(pods: float, duty: float) -> float:
@@ -49,28 +51,36 @@ def parse_duty_cycles(text: str) -> list[float]:
     for item in text.split(","):
         item = item.strip()
         if not item:
-            raise UserError("--duty-cycles has an empty item; write e.g. 8x0.05,4x0.115,4x0.194")
+            raise InvalidQuantity(
+                "{duty_cycles} has an empty item; write e.g. 8x0.05,4x0.115,4x0.194"
+            )
         count = 1
         value_text = item
         for sep in ("x", "*", "×"):
             if sep in item:
                 left, value_text = item.split(sep, 1)
                 try:
-                    count = int(left)
-                except ValueError:
-                    raise UserError(
-                        f"duty-cycle group '{item}' needs an integer count, e.g. 8x0.05"
+                    count = quantities.parse_int(left, "duty_cycles")
+                except InvalidQuantity:
+                    raise InvalidQuantity(
+                        f"duty-cycle group {literal(item)} needs an integer count, e.g. 8x0.05"
                     ) from None
                 break
         pct = value_text.endswith("%")
         try:
-            value = float(value_text.rstrip("%"))
-        except ValueError:
-            raise UserError(f"duty cycle '{item}' is not a number; write e.g. 0.05 or 5%") from None
+            value = quantities.parse_real(value_text.rstrip("%"), "duty_cycles")
+        except InvalidQuantity:
+            raise InvalidQuantity(
+                f"duty cycle {literal(item)} is not a number between 0 and 1; write e.g. 0.05 or 5%"
+            ) from None
         if pct:
             value /= 100.0
         if count < 1:
-            raise UserError(f"duty-cycle group '{item}' has a count below 1")
+            raise InvalidQuantity(f"duty-cycle group {literal(item)} has a count below 1")
+        if len(out) + count > quantities.MAX_RANKS:
+            raise InvalidQuantity(
+                f"{{duty_cycles}} gives more than {quantities.MAX_RANKS} values (one per rank)"
+            )
         check_duty(value)
         out.extend([value] * count)
     return out
@@ -104,6 +114,9 @@ def _stretch_pmf(others: float, duty: float, cpus: float, mem_streams: float) ->
     for k, w in ((lo, 1.0 - frac), (lo + 1, frac)):
         if w <= 0:
             continue
+        if k > _EXACT_BINOMIAL_MAX:  # math.comb would overflow a float: scipy's pmf
+            _add_binomial(pmf, k, w, duty, cpus, mem_streams)
+            continue
         for j in range(k + 1):
             p = w * math.comb(k, j) * duty**j * (1.0 - duty) ** (k - j)
             s = max(1.0, (1.0 + j) / mem_streams, (1.0 + j) / cpus)
@@ -111,21 +124,63 @@ def _stretch_pmf(others: float, duty: float, cpus: float, mem_streams: float) ->
     return pmf
 
 
+_EXACT_BINOMIAL_MAX = 1000
+"""Up to this many other pods the binomial terms are computed exactly with math.comb."""
+
+
+def _add_binomial(
+    pmf: dict[float, float], k: int, w: float, duty: float, cpus: float, mem_streams: float
+) -> None:
+    from scipy.stats import binom
+
+    j = np.arange(k + 1, dtype=np.float64)
+    probs = w * binom.pmf(j, k, duty)
+    stretch = np.maximum(1.0, np.maximum((1.0 + j) / mem_streams, (1.0 + j) / cpus))
+    keep = probs > 0
+    for s, p in zip(stretch[keep].tolist(), probs[keep].tolist(), strict=True):
+        pmf[s] = pmf.get(s, 0.0) + p
+
+
 def _expected_slowest_compute(duty_cycles: Sequence[float], pmf: dict[float, float]) -> float:
     """E[max_i d_i s_i] with the s_i independent, each distributed as ``pmf``."""
     stretches = np.array(sorted(pmf))
     probs = np.array([pmf[s] for s in stretches])
     cum = np.cumsum(probs)
-    values = np.unique(np.outer(np.unique(duty_cycles), stretches))
-    # P(max <= v) = prod_i P(s_i <= v / d_i)
+    distinct, counts = np.unique(np.asarray(duty_cycles, dtype=np.float64), return_counts=True)
+    values = np.unique(np.outer(distinct, stretches))
+    # P(max <= v) = prod_i P(s_i <= v / d_i); equal duty cycles give equal factors
     cdf = np.ones_like(values)
-    for d in duty_cycles:
+    for d, c in zip(distinct.tolist(), counts.tolist(), strict=True):
         if d == 0:
             continue
         idx = np.searchsorted(stretches, values / d * (1 + 1e-12), side="right") - 1
-        cdf *= np.where(idx >= 0, cum[np.clip(idx, 0, None)], 0.0)
+        cdf *= np.where(idx >= 0, cum[np.clip(idx, 0, None)], 0.0) ** c
     mass = np.diff(np.concatenate(([0.0], cdf)))
     return float(np.dot(values, mass))
+
+
+MAX_PREDICTOR_WORK = 2e8
+"""Array elements the duty-cycle predictor may touch for one N = 1..n_max sweep (~seconds)."""
+
+
+def predictor_work(n_max: int, duty_cycles: Sequence[float], shape: ClusterShape) -> float:
+    """Rough element count of predicting N = 1..n_max: distinct duty cycles squared times
+    the stretch values, summed over N (pods per node grow with N)."""
+    distinct = len(set(duty_cycles))
+    per_node = shape.ranks / shape.nodes
+    stretches = n_max + per_node * n_max * (n_max + 1) / 2
+    return float(distinct) * distinct * stretches + 50.0 * stretches + n_max * len(duty_cycles)
+
+
+def check_predictor_size(n_max: int, duty_cycles: Sequence[float], shape: ClusterShape) -> None:
+    """Refuse a duty-cycle prediction that would run for minutes (one line, before starting)."""
+    if predictor_work(n_max, duty_cycles, shape) > MAX_PREDICTOR_WORK:
+        raise InvalidQuantity(
+            f"the duty-cycle predictor for N = 1..{n_max} with {len(set(duty_cycles))} "
+            f"distinct {{duty_cycles}} and {shape.ranks / shape.nodes:g} rank pods per node "
+            "would take too long; lower {max_n} or give fewer distinct duty cycles "
+            "(groups like 8x0.05)"
+        )
 
 
 def predict_from_duty_cycles(
@@ -150,14 +205,15 @@ def predict_from_duty_cycles(
     """
     check_n(n)
     if len(duty_cycles) != shape.ranks:
-        raise UserError(
-            f"--duty-cycles has {len(duty_cycles)} values but --ranks is {shape.ranks}; "
+        raise InvalidQuantity(
+            f"{{duty_cycles}} has {len(duty_cycles)} values but {{ranks}} is {shape.ranks}; "
             "give one duty cycle per rank (groups like 8x0.05 allowed)"
         )
     for d in duty_cycles:
         check_duty(d)
     if not math.isfinite(mem_streams) or mem_streams <= 0:
-        raise UserError(f"--mem-streams must be > 0, got {mem_streams:g}")
+        raise InvalidQuantity(f"{{mem_streams}} must be > 0, got {mem_streams:g}")
+    quantities.coefficient(mem_streams, "mem_streams", positive=True)
     d_mean = float(np.mean(duty_cycles))
     cpus = shape.cpus_per_node
 

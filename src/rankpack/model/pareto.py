@@ -19,8 +19,10 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from rankpack import quantities
 from rankpack.errors import UserError
 from rankpack.model.contention import ClusterShape
+from rankpack.quantities import InvalidQuantity
 
 SECONDS_PER_HOUR = 3600.0
 
@@ -47,7 +49,8 @@ def cost_per_simulation(makespan_s: float, n: int, nodes: int, price_per_node_ho
     if n < 1:
         raise UserError(f"N must be >= 1, got {n}")
     if not math.isfinite(price_per_node_hour) or price_per_node_hour < 0:
-        raise UserError(f"--price-per-node-hour must be >= 0, got {price_per_node_hour:g}")
+        raise InvalidQuantity(f"{{price_per_node_hour}} must be >= 0, got {price_per_node_hour:g}")
+    quantities.price(price_per_node_hour, "price_per_node_hour")
     return nodes * price_per_node_hour * makespan_s / SECONDS_PER_HOUR / n
 
 
@@ -65,13 +68,15 @@ class RequestBudget:
 def request_budget(weights: Sequence[float] | None, ranks: int, rank_millis: int) -> RequestBudget:
     """Equal: R x rank_millis. Proportional: sum_i round(rank_millis x w_i / max w)."""
     if rank_millis < 1:
-        raise UserError(f"--rank-millis must be >= 1 millicore, got {rank_millis}")
+        raise InvalidQuantity(f"{{rank_millis}} must be >= 1 millicore, got {rank_millis}")
+    quantities.cpu_millis(rank_millis / 1000, "rank_millis", lo=1)
     equal = ranks * rank_millis
     if weights is None:
         return RequestBudget(equal_millis=equal, proportional_millis=equal)
     if len(weights) != ranks:
-        raise UserError(
-            f"--weights has {len(weights)} values but --ranks is {ranks}; give one weight per rank"
+        raise InvalidQuantity(
+            f"{{weights}} has {len(weights)} values but {{ranks}} is {ranks}; "
+            "give one weight per rank"
         )
     w_max = max(weights)
     prop = sum(max(1, round(rank_millis * w / w_max)) for w in weights)
@@ -155,12 +160,13 @@ def plan_capacity(slowdowns: Sequence[float], inputs: PlanInputs) -> CapacityPla
     The recommended N is the knee of the throughput curve over the N whose requests fit
     both the quota and the cluster's allocatable CPU under the chosen allocation.
     """
-    if inputs.n_max < 1:
-        raise UserError(f"--max-n must be >= 1, got {inputs.n_max}")
+    quantities.count(inputs.n_max, "max_n", hi=quantities.MAX_SIMULATIONS)
     if len(slowdowns) != inputs.n_max:
         raise ValueError("one slowdown per N = 1..n_max")
     if inputs.quota_millis is not None and inputs.quota_millis < 1:
-        raise UserError(f"--quota must be a positive CPU amount, got {inputs.quota_millis}m")
+        raise InvalidQuantity(
+            f"{{quota}} must be a positive CPU amount, got {inputs.quota_millis}m"
+        )
     shape = inputs.shape
     cluster_millis = round(shape.total_cpus * 1000)
     limit = (

@@ -8,6 +8,8 @@ prints each warning on stderr and lists them in the JSON.
 
 from __future__ import annotations
 
+import re
+
 from rankpack.model.contention import RHO_VALIDATED, ClusterShape
 
 DUTY_VALIDATED_MAX = 0.25
@@ -53,4 +55,29 @@ def extrapolation_warnings(
                 f"mean duty cycle {mean_duty:.0%} is above the 5-20% the linear model was "
                 "validated on; contention may grow faster than linearly"
             )
+    return out
+
+
+_N = re.compile(r"N=(\d+)")
+_RHO = re.compile(r"rho=([0-9.]+)")
+
+
+def collapse(warnings: list[str], keep: int = 3) -> list[str]:
+    """Per-N warnings that differ only in N (and rho) become one line for the whole range,
+    so predicting N = 1..1000 does not print a thousand lines."""
+    groups: dict[str, list[str]] = {}
+    for w in warnings:
+        key = _RHO.sub("rho=#", _N.sub("N=#", w))
+        groups.setdefault(key, []).append(w)
+    out: list[str] = []
+    for items in groups.values():
+        if len(items) <= keep:
+            out.extend(items)
+            continue
+        ns = [int(m.group(1)) for w in items if (m := _N.search(w))]
+        rhos = [m.group(1) for w in items if (m := _RHO.search(w))]
+        line = _N.sub(f"N={min(ns)}..{max(ns)}", items[0], count=1) if ns else items[0]
+        if rhos:
+            line = _RHO.sub(f"rho={rhos[0]}..{rhos[-1]}", line, count=1)
+        out.append(f"{line} ({len(items)} values of N)")
     return out

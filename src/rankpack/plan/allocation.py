@@ -17,7 +17,8 @@ import re
 from dataclasses import dataclass
 from enum import StrEnum
 
-from rankpack.errors import UserError
+from rankpack import quantities
+from rankpack.quantities import MAX_RANKS, InvalidQuantity
 
 
 class QoS(StrEnum):
@@ -66,10 +67,15 @@ class Plan:
 _GROUP = re.compile(r"^\s*(\d+)\s*[x*×]\s*([^\s]+)\s*$")
 
 
-def parse_weights(text: str) -> list[float]:
-    """Parse ``1,1,5,15`` or grouped ``8x1,4x5,4x15`` (also ``8*1``) into a weight list."""
+def parse_weights(text: str, name: str = "weights") -> list[float]:
+    """Parse ``1,1,5,15`` or grouped ``8x1,4x5,4x15`` (also ``8*1``) into a weight list.
+
+    At most `MAX_RANKS` weights (a group's count is checked before it is expanded); each
+    weight is finite and positive.
+    """
     if not text.strip():
-        raise UserError("--weights is empty; give a comma-separated list such as 1,1,5,15")
+        raise InvalidQuantity(f"{{{name}}} is empty; give a comma-separated list such as 1,1,5,15")
+    quantities.list_text(text, name)
     weights: list[float] = []
     for item in text.split(","):
         item = item.strip()
@@ -77,30 +83,51 @@ def parse_weights(text: str) -> list[float]:
         value_text = item
         match = _GROUP.match(item)
         if match:
-            count = int(match.group(1))
+            count = MAX_RANKS + 1 if len(match.group(1)) > 9 else int(match.group(1))
             value_text = match.group(2)
             if count < 1:
-                raise UserError(f"weight group '{item}' has a count below 1; use e.g. 8x1")
+                raise InvalidQuantity(
+                    f"{{{name}}}: group {quantities.literal(item)} has a count below 1; "
+                    "use e.g. 8x1"
+                )
+        if len(weights) + count > MAX_RANKS:
+            raise InvalidQuantity(
+                f"{{{name}}} gives more than {MAX_RANKS} weights (one per rank; at most "
+                f"{MAX_RANKS} ranks)"
+            )
+        value: float | None
         try:
-            value = float(value_text)
-        except ValueError:
-            raise UserError(
-                f"weight '{item}' is not a number; use numbers like 1,1,5,15 or groups like 8x1"
-            ) from None
-        if not math.isfinite(value) or value <= 0:
-            raise UserError(f"weight '{item}' must be a positive number (every rank needs CPU)")
+            value = quantities.parse_real(value_text, name)
+        except InvalidQuantity:
+            value = _non_finite(value_text)
+        if value is None:
+            raise InvalidQuantity(
+                f"{{{name}}}: weight {quantities.literal(item)} is not a number; use numbers "
+                "like 1,1,5,15 or groups like 8x1"
+            )
+        if not math.isfinite(value) or value <= 0 or value > 1e12:
+            raise InvalidQuantity(
+                f"{{{name}}}: weight {quantities.literal(item)} must be a positive number "
+                "(every rank needs CPU) of at most 1e12"
+            )
         weights.extend([value] * count)
     return weights
 
 
-def budget_to_millis(cores: float) -> int:
-    """Cores (e.g. 4 or 2.5) to millicores; the budget must be positive."""
+def _non_finite(text: str) -> float | None:
+    """nan, inf, 1e999: numbers Python reads, but not finite; None for non-numbers."""
+    try:
+        value = float(text) if len(text) <= 40 else None
+    except ValueError:
+        return None
+    return None if value is None or math.isfinite(value) else value
+
+
+def budget_to_millis(cores: float, name: str = "budget") -> int:
+    """Cores (e.g. 4 or 2.5) to millicores; positive and at most `quantities.MAX_CORES`."""
     if not math.isfinite(cores) or cores <= 0:
-        raise UserError(f"--budget must be a positive number of cores, got {cores:g}")
-    millis = round(cores * 1000)
-    if millis < 1:
-        raise UserError(f"--budget {cores:g} is below one millicore")
-    return millis
+        raise InvalidQuantity(f"{{{name}}} must be a positive number of cores, got {cores:g}")
+    return quantities.cpu_millis(cores, name, lo=1)
 
 
 def _largest_remainder(weights: list[float], total: int) -> list[int]:
@@ -120,13 +147,16 @@ def proportional_millis(
     """Split ``total_millis`` in proportion to ``weights`` with every rank at least the floor."""
     n = len(weights)
     if n == 0:
-        raise UserError("a plan needs at least one rank")
+        raise InvalidQuantity("a plan needs at least one rank ({ranks})")
+    if n > MAX_RANKS:
+        raise InvalidQuantity(f"{{ranks}} must be at most {MAX_RANKS}, got {n} weights")
+    quantities.count(total_millis, "budget", lo=0, hi=quantities.MAX_MILLIS)
     if floor_millis < 0:
-        raise UserError(f"--floor must be >= 0 millicores, got {floor_millis}")
+        raise InvalidQuantity(f"{{floor}} must be >= 0 millicores, got {floor_millis}")
     if floor_millis * n > total_millis:
-        raise UserError(
-            f"budget {total_millis}m is too small for {n} ranks with a floor of "
-            f"{floor_millis}m each (needs {floor_millis * n}m); raise --budget or lower --floor"
+        raise InvalidQuantity(
+            f"{{budget}} {total_millis}m is too small for {n} ranks with a {{floor}} of "
+            f"{floor_millis}m each (needs {floor_millis * n}m); raise the budget or lower the floor"
         )
     pinned: set[int] = set()
     while True:
@@ -165,17 +195,18 @@ def make_plan(
 
 def resolve_weights(weights_text: str | None, ranks: int | None, equal: bool) -> list[float]:
     """The weight vector from the CLI's --weights / --equal / --ranks, validated together."""
-    if ranks is not None and ranks < 1:
-        raise UserError(f"--ranks must be at least 1, got {ranks}")
+    if ranks is not None:
+        quantities.ranks(ranks)
     if equal or weights_text is None:
         if ranks is None:
-            raise UserError("give --weights W1,W2,... or --equal --ranks N")
+            raise InvalidQuantity("give {weights} W1,W2,... or {equal} {ranks} N")
         if weights_text is not None:
-            raise UserError("--equal and --weights exclude each other; give one of them")
+            raise InvalidQuantity("{equal} and {weights} exclude each other; give one of them")
         return [1.0] * ranks
     weights = parse_weights(weights_text)
     if ranks is not None and len(weights) != ranks:
-        raise UserError(
-            f"--weights has {len(weights)} values but --ranks is {ranks}; give one weight per rank"
+        raise InvalidQuantity(
+            f"{{weights}} has {len(weights)} values but {{ranks}} is {ranks}; "
+            "give one weight per rank"
         )
     return weights

@@ -6,15 +6,17 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-
 from rankpack.store import EventRow
 
 
 def plot_timeline(events: list[EventRow], path: Path, title: str) -> None:
+    # matplotlib is imported here, not at module level: importing it writes a font cache
+    # under ~/.cache, which a command that fails on bad input must not do.
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
     sims: dict[int, dict[str, Any]] = {}
     for e in events:
         rid = e.run_id

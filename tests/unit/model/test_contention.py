@@ -102,7 +102,7 @@ def test_fit_rejects_bad_points(points: list[MeasuredPoint], message: str) -> No
 
 def test_calibrate_on_unknown_n() -> None:
     pts = [MeasuredPoint(1, 100.0), MeasuredPoint(2, 110.0)]
-    with pytest.raises(UserError, match="--calibrate-on 3"):
+    with pytest.raises(UserError, match="calibrate on 3"):
         fit_beta(pts, PAPER, calibrate_on=[3])
     with pytest.raises(UserError, match="at least one N >= 2"):
         fit_beta(pts, PAPER, calibrate_on=[1])
@@ -110,7 +110,7 @@ def test_calibrate_on_unknown_n() -> None:
 
 @pytest.mark.parametrize(
     ("ranks", "nodes", "cpus", "message"),
-    [(0, 1, 8, "--ranks"), (1, 0, 8, "--nodes"), (1, 1, 0, "--cpus"), (1, 1, math.inf, "--cpus")],
+    [(0, 1, 8, "ranks"), (1, 0, 8, "nodes"), (1, 1, 0, "cpus"), (1, 1, math.inf, "cpus")],
 )
 def test_shape_rejects_bad_input(ranks: int, nodes: int, cpus: float, message: str) -> None:
     with pytest.raises(UserError, match=message):

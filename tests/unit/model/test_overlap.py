@@ -95,5 +95,5 @@ def test_duty_predictor_on_paper_data() -> None:
 def test_duty_predictor_needs_one_value_per_rank() -> None:
     with pytest.raises(UserError, match="one duty cycle per rank"):
         predict_from_duty_cycles(2, [0.1] * 3, PAPER)
-    with pytest.raises(UserError, match="--mem-streams"):
+    with pytest.raises(UserError, match="mem streams"):
         predict_from_duty_cycles(2, PAPER_DUTY, PAPER, mem_streams=0)

@@ -46,7 +46,7 @@ def test_request_budget() -> None:
     assert request_budget([1, 2], 2, 500) == RequestBudget(1000, 750)
     with pytest.raises(UserError, match="one weight per rank"):
         request_budget([1, 2], 3, 500)
-    with pytest.raises(UserError, match="--rank-millis"):
+    with pytest.raises(UserError, match="rank millis"):
         request_budget(None, 3, 0)
 
 
