@@ -48,6 +48,9 @@ TIMEOUT_S = {n: float(os.environ.get("RANKPACK_PEER_TIMEOUT_S", 150 * n)) for n 
 """Per run. The suite takes ~16 s (2 ranks) and ~32 s (4 ranks) on a quiet 2-core machine;
 a machine shared with other work needs more (RANKPACK_PEER_TIMEOUT_S)."""
 SWITCH_EVERY_S = 0.05
+PYTEST_TIMEOUT_S = 2 * max(TIMEOUT_S.values()) + 600
+"""pytest-timeout for one test (a reference run and a shim run, plus a build): above the
+runs' own timeouts, which kill the ranks and report the hang themselves."""
 EXTRA_ARGS = shlex.split(os.environ.get("RANKPACK_PEER_ARGS", ""))
 
 
@@ -133,13 +136,14 @@ def run_suite(flavour: str, n: int, workdir: Path, mode: str | None) -> SuiteRun
         try:
             proc.wait(timeout=TIMEOUT_S[n])
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
             pytest.fail(
                 f"mpi4py suite ({flavour}, {n} ranks, shim {mode}) hung: killed after "
                 f"{TIMEOUT_S[n]} s\n{_tail(log_path)}"
             )
-        finally:
+        finally:  # also on any other exception: never leave ranks behind
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
             stop.set()
             if flipper.is_alive():
                 flipper.join()
@@ -190,6 +194,7 @@ def reference(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathF
     return _REFERENCE[flavour, n]
 
 
+@pytest.mark.timeout(PYTEST_TIMEOUT_S + 3600)  # may build mpi4py first
 @pytest.mark.parametrize("n", RANKS)
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_reference_run_is_complete(flavour: str, n: int, reference: SuiteRun) -> None:
@@ -201,6 +206,7 @@ def test_reference_run_is_complete(flavour: str, n: int, reference: SuiteRun) ->
         assert collections.Counter(outcomes.values())["pass"] >= least
 
 
+@pytest.mark.timeout(PYTEST_TIMEOUT_S + 3600)
 @pytest.mark.parametrize("mode", SHIM_MODES)
 @pytest.mark.parametrize("n", RANKS)
 @pytest.mark.parametrize("flavour", FLAVOURS)
