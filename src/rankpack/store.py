@@ -681,6 +681,16 @@ class Store:
                     )
         return back
 
+    def delete_runs(self, run_ids: Sequence[int]) -> None:
+        """Forget runs: their rows, ranks, samples, resizes and events (one transaction).
+        Queue entries that launched them keep their status and lose the link."""
+        with self.transaction() as c:
+            for rid in run_ids:
+                for table in ("samples", "run_ranks", "resizes", "events"):
+                    c.execute(f"DELETE FROM {table} WHERE run_id = ?", (rid,))
+                c.execute("UPDATE queue SET run_id = NULL WHERE run_id = ?", (rid,))
+                c.execute("DELETE FROM runs WHERE id = ?", (rid,))
+
     def set_queue_status(
         self, queue_ids: Sequence[int], status: str, only_from: tuple[str, ...]
     ) -> list[int]:
