@@ -558,7 +558,7 @@ class Store:
         ).fetchall()
         resizes = self.conn.execute(
             "SELECT rank, t_s, from_millis, to_millis, status, latency_s, reason, kind"
-            " FROM resizes WHERE run_id = ? ORDER BY t_s, rank",
+            " FROM resizes WHERE run_id = ? ORDER BY rowid",
             (run_id,),
         ).fetchall()
         base = _run_row(row)

@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from rankpack.errors import UserError
 from rankpack.core.accounting import trapezoid_cpu_s
 from rankpack.core.results import RankResult, ResizeRecord, RunResult
+from rankpack.errors import UserError
 from rankpack.store import APPLICATION_ID, SCHEMA_VERSION, NewRun, RankRow, SampleRow, Store
 
 
@@ -60,7 +60,9 @@ def _new_run(store: Store) -> int:
 def test_store_round_trip_typed_rows(tmp_path: Path) -> None:
     store = Store(tmp_path / "db" / "r.db")
     run_id = _new_run(store)
-    store.add_samples(run_id, [SampleRow(0.0, 0, 0, 500, 0, 0), SampleRow(1.0, 0, 10**9, 500, 0, 3)])
+    store.add_samples(
+        run_id, [SampleRow(0.0, 0, 0, 500, 0, 0), SampleRow(1.0, 0, 10**9, 500, 0, 3)]
+    )
     store.add_resize(run_id, ResizeRecord(1, 2.5, 1500, 1000, "completed", 0.2, "phase", "phase"))
     store.finish_run(_result(run_id))
     record = store.get_run(run_id)

@@ -204,9 +204,14 @@ class LocalBackend:
     def stage(self, spec: StageSpec) -> None:
         if spec.sim_id in self._stages or spec.sim_id in self._sims:
             raise BackendError(f"simulation {spec.sim_id} exists already")
-        staging.check(spec)  # bad input fails here, before a thread or a directory exists
         entry = _Stage(spec, threading.Thread(target=self._run_stage, args=(spec,), daemon=True))
         self._stages[spec.sim_id] = entry
+        try:
+            staging.check(spec)  # bad input fails here, before a thread or a directory exists
+        except UserError as exc:
+            entry.error, entry.done = str(exc), True
+            self._notify()
+            return
         entry.thread.start()
 
     def _run_stage(self, spec: StageSpec) -> None:
@@ -320,7 +325,18 @@ class LocalBackend:
             raise BackendError(f"rank {rank} does not exist in {sim_id}")
         t0 = time.monotonic()
         old = sim.desired[rank]
-        if self.driver is None or sim.cgroup_rel is None:
+        if resources.request_millis > self.capacity_millis():
+            status = ResizeStatus(
+                ResizeState.REJECTED, old.request_millis, resources.request_millis, t0,
+                reason=f"{resources.request_millis}m is above this node's allocatable "
+                f"{self.capacity_millis()}m",
+            )  # fmt: skip
+        elif sim.ended:
+            status = ResizeStatus(
+                ResizeState.REJECTED, old.request_millis, resources.request_millis, t0,
+                reason="the simulation has ended",
+            )  # fmt: skip
+        elif self.driver is None or sim.cgroup_rel is None:
             status = ResizeStatus(
                 ResizeState.REJECTED, old.request_millis, resources.request_millis, t0,
                 reason="this simulation runs without cgroups (--no-cgroups)",
@@ -378,7 +394,9 @@ class LocalBackend:
         log_text = self._read_log(sim)
         if not ended:
             phase, reason = (SimPhase.RUNNING if sim.pids else SimPhase.PENDING), ""
-        elif sim.exit_code == 0 or (sim.process is None and sim.exit_code is None):
+        elif not sim.stopped and (
+            sim.exit_code == 0 or (sim.process is None and sim.exit_code is None)
+        ):
             phase, reason = SimPhase.SUCCEEDED, ""
         else:
             phase, reason = SimPhase.FAILED, _exit_reason(sim.exit_code, sim.stopped)
@@ -450,7 +468,11 @@ class LocalBackend:
         if entry is not None and sim_id not in self._sims:
             entry.cancelled = True
             return
-        sim = self._sim(sim_id)
+        sim = self._sims.get(sim_id)
+        if sim is None:
+            raise UnknownSimulation(f"no simulation {sim_id} in this backend")
+        if sim.released:
+            return
         sim.stopped = True
         process = sim.process
         if process is not None and process.poll() is None:
@@ -479,7 +501,8 @@ class LocalBackend:
         entry = self._stages.pop(sim_id, None)
         if entry is not None and sim_id not in self._sims:
             entry.cancelled = True
-            entry.thread.join(timeout=600)
+            if entry.thread.is_alive():
+                entry.thread.join(timeout=60)
             if entry.result is not None:
                 # staged but never launched: the copy holds no results
                 shutil.rmtree(entry.result.run_dir, ignore_errors=True)
@@ -500,7 +523,7 @@ class LocalBackend:
 
     def list(self) -> tuple[SimRef, ...]:
         refs = [
-            SimRef(s.sim_id, SimPhase.FAILED if s.ended else SimPhase.RUNNING)
+            SimRef(s.sim_id, SimPhase.FAILED if s.ended else SimPhase.RUNNING, s.spec.labels)
             for s in self._sims.values()
             if not s.released
         ]
@@ -559,7 +582,7 @@ class LocalBackend:
 
     def _sim(self, sim_id: str) -> _Sim:
         sim = self._sims.get(sim_id)
-        if sim is None:
+        if sim is None or sim.released:
             raise UnknownSimulation(f"no simulation {sim_id} in this backend")
         return sim
 

@@ -682,7 +682,9 @@ class ControlLoop:
         else:
             status = "failed"
             why = last.reason if last and last.reason else f"exit code {exit_code}"
-            message = state.fatal or f"{why}; see {staged.log_path}"
+            if state.fatal and state.fatal not in why:
+                why = f"{why} ({state.fatal})"
+            message = f"{why}; see {staged.log_path}"
         ranks = []
         for r in plan.ranks:
             o = last.ranks[r.rank] if last and r.rank < len(last.ranks) else None

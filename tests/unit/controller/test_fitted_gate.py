@@ -6,9 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from rankpack.controller.session import fitted_beta_from_sessions
 from rankpack.controller.observations import QueuedSim
 from rankpack.controller.policy import decide
+from rankpack.controller.session import fitted_beta_from_sessions
 from rankpack.store import SessionRow
 
 from ._helpers import GIGA, SIZED, S, launches, notes, observe, snap, state_of

@@ -1,0 +1,34 @@
+"""The ``env`` fixture: one param per backend that must pass the contract suite.
+
+Adding a backend: a `tests.contract.env.ContractEnv` implementation and a param here, e.g.
+``pytest.param("local", marks=pytest.mark.integration)`` built in `_make_env`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.contract.env import ContractEnv, LocalEnv, SimulatedEnv
+
+BACKENDS = [
+    pytest.param("simulated", id="simulated"),
+    pytest.param("local", id="local", marks=pytest.mark.integration),
+]
+
+
+def _make_env(name: str, root: Path) -> ContractEnv:
+    if name == "simulated":
+        return SimulatedEnv(root)
+    if name == "local":
+        return LocalEnv(root)
+    raise ValueError(f"no contract env for backend {name}")
+
+
+@pytest.fixture(params=BACKENDS)
+def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ContractEnv]:
+    made = _make_env(request.param, tmp_path / "runs")
+    yield made
+    made.cleanup()
