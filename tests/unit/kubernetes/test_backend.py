@@ -326,3 +326,43 @@ def test_unknown_simulation(tmp_path: Path) -> None:
         h.backend.observe("nope")
     with pytest.raises(UnknownSimulation):
         h.backend.resize("nope", 0, RankResources(1))
+
+
+def test_after_release_the_simulation_is_unknown_and_stop_is_a_no_op(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    h.backend.release(SIM)
+    h.backend.stop(SIM)
+    with pytest.raises(UnknownSimulation):
+        h.backend.observe(SIM)
+    assert h.backend.list() == ()
+
+
+def test_resize_of_an_ended_simulation_is_rejected_without_a_call(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    h.backend.stop(SIM)
+    h.api.actions.clear()
+    st = h.backend.resize(SIM, 0, RankResources(300))
+    assert st.state is ResizeState.REJECTED and h.api.actions == []
+
+
+def test_a_bad_case_is_a_stage_error_in_observe(tmp_path: Path) -> None:
+    from rankpack.backend.protocol import StageSpec
+
+    h = Harness(tmp_path)
+    h.backend.stage(StageSpec("s2", str(tmp_path / "missing"), 1, tmp_path / "runs"))
+    obs = h.backend.observe("s2")
+    assert obs.phase is SimPhase.FAILED and obs.stage_error and "does not exist" in obs.stage_error
+    assert h.api.actions == []
+
+
+def test_list_does_not_consume_the_log(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    (ref,) = h.backend.list()
+    assert ref.phase is SimPhase.RUNNING
+    assert h.backend.observe(SIM).log_text == "Time = 1\n"

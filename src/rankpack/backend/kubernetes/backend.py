@@ -253,9 +253,14 @@ class KubernetesBackend:
     def stage(self, spec: StageSpec) -> None:
         if spec.sim_id in self._stages or spec.sim_id in self._sims:
             raise BackendError(f"simulation {spec.sim_id} exists already")
-        staging.check(spec)
         entry = _Stage(spec, threading.Thread(target=self._run_stage, args=(spec,), daemon=True))
         self._stages[spec.sim_id] = entry
+        try:
+            staging.check(spec)  # bad input fails here, before a thread or a directory exists
+        except UserError as exc:
+            entry.error, entry.done = str(exc), True
+            self._notify()
+            return
         entry.thread.start()
 
     def _run_stage(self, spec: StageSpec) -> None:
@@ -536,6 +541,11 @@ class KubernetesBackend:
             return ResizeStatus(state, old.request_millis, resources.request_millis, t0,
                                 latency_s=latency, reason=reason)  # fmt: skip
 
+        if sim.ended or sim.failure is not None:
+            st = result(ResizeState.REJECTED, "the simulation has ended")
+            with self._lock:
+                sim.resizes[rank] = _Resize(st, resources, None)
+            return st
         name = builders.pod_name(sim_id, rank)
         try:
             pod = self.api.patch_resize(name, builders.resize_patch(resources))
@@ -582,28 +592,30 @@ class KubernetesBackend:
             ended = sim.ended or sim.failure is not None
             ranks = tuple(self._observe_rank(sim, i, ended) for i in range(sim.n))
             log_text = self._read_log(sim)
-            reason = ""
-            if not ended:
-                phase = SimPhase.RUNNING if sim.started else SimPhase.PENDING
-                if not sim.started:
-                    reason = "; ".join(
-                        f"rank {i}: {status.pending_reason(sim.pods.get(i))}"
-                        for i in range(sim.n)
-                        if not status.running(sim.pods.get(i) or {}, C)
-                    )
-                if self.poll_error:
-                    reason = f"the API is not answering: {self.poll_error}"
-            elif sim.failure is not None:
-                phase, reason = SimPhase.FAILED, sim.failure
-            elif sim.stopped:
-                phase, reason = SimPhase.FAILED, "stopped"
-            elif sim.exit_code == 0:
-                phase = SimPhase.SUCCEEDED
-            else:
-                phase, reason = SimPhase.FAILED, _exit_reason(sim.exit_code)
+            phase, reason = self._phase(sim)
         return SimObservation(
             sim_id, now, phase, ranks, exit_code=sim.exit_code, reason=reason, log_text=log_text
         )
+
+    def _phase(self, sim: _Sim) -> tuple[SimPhase, str]:
+        """The simulation's phase and why (no side effects: `list` uses it too)."""
+        if not (sim.ended or sim.failure is not None):
+            if sim.started:
+                return SimPhase.RUNNING, ""
+            if self.poll_error:
+                return SimPhase.PENDING, f"the API is not answering: {self.poll_error}"
+            return SimPhase.PENDING, "; ".join(
+                f"rank {i}: {status.pending_reason(sim.pods.get(i))}"
+                for i in range(sim.n)
+                if not status.running(sim.pods.get(i) or {}, C)
+            )
+        if sim.failure is not None:
+            return SimPhase.FAILED, sim.failure
+        if sim.stopped:
+            return SimPhase.FAILED, "stopped"
+        if sim.exit_code == 0:
+            return SimPhase.SUCCEEDED, ""
+        return SimPhase.FAILED, _exit_reason(sim.exit_code)
 
     def _observe_rank(self, sim: _Sim, i: int, ended: bool) -> RankObservation:
         pod = sim.pods.get(i)
@@ -667,7 +679,11 @@ class KubernetesBackend:
         if entry is not None and sim_id not in self._sims:
             entry.cancelled = True
             return
-        sim = self._sim(sim_id)
+        sim = self._sims.get(sim_id)
+        if sim is None:
+            raise UnknownSimulation(f"no simulation {sim_id} in this backend")
+        if sim.released:
+            return
         with self._lock:
             if not sim.ended:
                 sim.stopped = True
@@ -708,7 +724,8 @@ class KubernetesBackend:
         entry = self._stages.pop(sim_id, None)
         if entry is not None and sim_id not in self._sims:
             entry.cancelled = True
-            entry.thread.join(timeout=600)
+            if entry.thread.is_alive():
+                entry.thread.join(timeout=60)
             if entry.result is not None:
                 shutil.rmtree(entry.result.run_dir, ignore_errors=True)
             return
@@ -765,7 +782,7 @@ class KubernetesBackend:
             sim = self._sims.get(sim_id)
             if sim is not None and sim.released:
                 continue
-            phase = self.observe(sim_id).phase if sim is not None else _phase_from_exit(owner)
+            phase = self._phase(sim)[0] if sim is not None else _phase_from_exit(owner)
             refs.append(SimRef(sim_id, phase, lab))
         return tuple(refs)
 
@@ -797,6 +814,8 @@ class KubernetesBackend:
                 want = status.desired(pod, C)
                 if want is not None and 0 <= rank < sim.n:
                     sim.desired[rank] = want
+                    sim.pods[rank] = pod
+                    sim.seen.add(rank)
         self._attach_readers(sim)
         with contextlib.suppress(OSError):
             sim.log_offset = spec.log_path.stat().st_size
@@ -806,7 +825,7 @@ class KubernetesBackend:
 
     def _sim(self, sim_id: str) -> _Sim:
         sim = self._sims.get(sim_id)
-        if sim is None:
+        if sim is None or sim.released:
             raise UnknownSimulation(f"no simulation {sim_id} in this backend")
         return sim
 
