@@ -40,6 +40,7 @@ class FakeKubeApi:
     resize_limit_millis: int | None = None
     """Refuse resizes above this with Forbidden, like 1.36 above allocatable."""
     forbid_nodes: bool = False
+    events: list[Obj] = field(default_factory=list)
     _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # -- KubeApi ------------------------------------------------------------------------
@@ -63,6 +64,12 @@ class FakeKubeApi:
         return self.get("pods", name)
 
     def create(self, kind: str, body: Obj) -> Obj:
+        if kind == "events":
+            self.actions.append(
+                ("create", "events", body["involvedObject"]["name"], body["reason"])
+            )
+            self.events.append(copy.deepcopy(body))
+            return copy.deepcopy(body)
         name = body["metadata"]["name"]
         self.actions.append(("create", kind, name))
         if (kind, name) in self.objects:

@@ -229,6 +229,12 @@ def test_resize_forbidden_by_the_apiserver_is_rejected_at_once(tmp_path: Path) -
     st = h.backend.resize(SIM, 1, RankResources(5000))
     assert st.state is ResizeState.REJECTED
     assert "allocatable" in st.reason
+    assert h.api.writes()[-2:] == [
+        ("patch", "pods/resize", PODS[1]),
+        ("create", "events", PODS[1], "ResizeRejected"),
+    ]
+    (event,) = h.api.events
+    assert event["type"] == "Warning" and "250m -> 5000m" in event["message"]
     obs = h.backend.observe(SIM)
     assert obs.ranks[1].desired == RankResources(250)  # the rank keeps its CPU
     assert obs.phase is SimPhase.RUNNING
@@ -246,6 +252,11 @@ def test_a_deleted_rank_pod_fails_the_simulation(tmp_path: Path) -> None:
     assert obs.reason == f"rank pod {PODS[1]} was deleted"
     assert obs.ranks[1].phase is RankPhase.FAILED
     assert proc.signals  # mpirun was told to end
+    h.api.actions.clear()
+    h.backend.poll_once()  # the failure is acted on once
+    assert h.api.writes() == []
+    (event,) = h.api.events
+    assert (event["reason"], event["involvedObject"]["name"]) == ("SimulationFailed", PODS[1])
 
 
 def test_an_evicted_rank_pod_fails_the_simulation(tmp_path: Path) -> None:

@@ -58,7 +58,7 @@ class KubeApi(Protocol):
     def list_pods(self, label_selector: str) -> list[Obj]: ...
     def get_pod(self, name: str) -> Obj: ...
     def create(self, kind: str, body: Obj) -> Obj:
-        """``kind``: ``pods``, ``services`` or ``configmaps``."""
+        """``kind``: ``pods``, ``services``, ``configmaps`` or ``events``."""
         ...
 
     def get(self, kind: str, name: str) -> Obj: ...
@@ -73,7 +73,7 @@ class KubeApi(Protocol):
         ...
 
 
-_PATHS = {"pods": "pods", "services": "services", "configmaps": "configmaps"}
+_PATHS = {"pods": "pods", "services": "services", "configmaps": "configmaps", "events": "events"}
 
 
 class ClientKubeApi:

@@ -26,6 +26,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Protocol
 
@@ -137,6 +138,8 @@ class _Sim:
     exit_code: int | None = None
     ended: bool = False
     failure: str | None = None
+    failure_rank: int = 0
+    failure_handled: bool = False
     stopped: bool = False
     released: bool = False
     log_offset: int = 0
@@ -468,7 +471,7 @@ class KubernetesBackend:
                     news = True
                     if not sim.ended and not sim.stopped and sim.failure is None:
                         name = builders.pod_name(sim.spec.sim_id, rank)
-                        sim.failure = f"rank pod {name} was deleted"
+                        sim.failure, sim.failure_rank = f"rank pod {name} was deleted", rank
                 continue
             sim.seen.add(rank)
             if old is None or _version(old) != _version(pod):
@@ -476,11 +479,11 @@ class KubernetesBackend:
             sim.pods[rank] = pod
             why = status.failure(pod, C)
             if why is not None and not sim.ended and not sim.stopped and sim.failure is None:
-                sim.failure = why
+                sim.failure, sim.failure_rank = why, rank
             resize = sim.resizes.get(rank)
             if resize is not None and not resize.status.state.final:
                 news |= self._follow_resize(resize, pod)
-        if sim.failure is not None and not sim.ended:
+        if sim.failure is not None and not sim.failure_handled:
             self._fail(sim)
             return True
         if (
@@ -497,6 +500,17 @@ class KubernetesBackend:
             news |= self._check_adopted(sim)
         return news
 
+    def _event(self, sim: _Sim, rank: int, reason: str, message: str) -> None:
+        """Record a Warning Event on the rank pod; best effort (never fails the caller)."""
+        pod = sim.pods.get(rank) or {}
+        body = builders.event(
+            sim.spec.sim_id, builders.pod_name(sim.spec.sim_id, rank),
+            pod.get("metadata", {}).get("uid"), reason, message,
+            datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
+        )  # fmt: skip
+        with contextlib.suppress(KubeError):
+            self.api.create("events", body)
+
     def _follow_resize(self, resize: _Resize, pod: Obj) -> bool:
         reading = status.resize_state(pod, C, resize.target, resize.generation)
         old = resize.status
@@ -510,7 +524,9 @@ class KubernetesBackend:
         return True
 
     def _fail(self, sim: _Sim) -> None:
-        """A rank pod is gone or broken: the MPI job cannot go on; end it now."""
+        """A rank pod is gone or broken: the MPI job cannot go on; end it now (once)."""
+        sim.failure_handled = True
+        self._event(sim, sim.failure_rank, "SimulationFailed", sim.failure or "failed")
         if sim.process is not None and sim.process.poll() is None:
             sim.process.kill_group(signal.SIGTERM)
         if sim.process is None:
@@ -556,6 +572,8 @@ class KubernetesBackend:
             st = result(state, f"{exc.reason}: {exc.message}" if exc.message else str(exc))
             with self._lock:
                 sim.resizes[rank] = _Resize(st, resources, None)
+            change = f"cpu {old.request_millis}m -> {resources.request_millis}m"
+            self._event(sim, rank, "ResizeRejected", f"{change}: {st.reason}")
             return st
         generation = pod.get("metadata", {}).get("generation")
         gen = int(generation) if generation is not None else None

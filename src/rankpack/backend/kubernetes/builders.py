@@ -225,6 +225,32 @@ def resize_patch(res: RankResources) -> Obj:
     return {"spec": {"containers": [{"name": CONTAINER, "resources": resources(res)}]}}
 
 
+def event(
+    spec_sim_id: str, pod: str, pod_uid: str | None, reason: str, message: str, now_iso: str
+) -> Obj:
+    """A Warning Event on a rank pod: what the apiserver or the backend refused or saw fail
+    (the kubelet records its own resize events; a refused patch leaves no trace otherwise)."""
+    involved: Obj = {"apiVersion": "v1", "kind": "Pod", "name": pod}
+    if pod_uid:
+        involved["uid"] = pod_uid
+    return {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {
+            "generateName": f"{pod}.",
+            "labels": {MANAGED_BY: MANAGER, SIM_LABEL: spec_sim_id},
+        },
+        "involvedObject": involved,
+        "reason": reason,
+        "message": message[:1024],
+        "type": "Warning",
+        "source": {"component": "rankpack"},
+        "firstTimestamp": now_iso,
+        "lastTimestamp": now_iso,
+        "count": 1,
+    }
+
+
 # -- the launcher ---------------------------------------------------------------------------
 
 
