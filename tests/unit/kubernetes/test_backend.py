@@ -60,8 +60,8 @@ class FakeUsage:
     def __init__(self) -> None:
         self.by_uid: dict[str, int] = {}
 
-    def read(self, pod_uid: str) -> CpuCounters | None:
-        ns = self.by_uid.get(pod_uid)
+    def read(self, pod: dict[str, Any]) -> CpuCounters | None:
+        ns = self.by_uid.get(pod["metadata"]["uid"])
         return CpuCounters(ns, 3, 40) if ns is not None else None
 
 

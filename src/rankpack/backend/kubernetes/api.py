@@ -235,6 +235,10 @@ class ClientKubeApi:
                     on_err(ws.read_stderr().encode())
                 if deadline is not None and time.monotonic() > deadline:
                     raise KubeError(0, "Timeout", f"exec in pod {pod} took over {timeout_s} s")
+            for channel, sink in ((1, on_out), (2, on_err)):  # what arrived with the close
+                rest = ws.read_channel(channel)
+                if rest:
+                    sink(rest.encode() if isinstance(rest, str) else rest)
             status_text = ws.read_channel(ERROR_CHANNEL)
         finally:
             ws.close()

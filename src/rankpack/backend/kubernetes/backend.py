@@ -172,7 +172,7 @@ class KubernetesBackend:
     ) -> None:
         self.api = api
         self.config = config
-        self.usage = usage_source if usage_source is not None else usage.detect()
+        self.usage = usage_source if usage_source is not None else usage.detect(api, C)
         self.starter: Starter = starter if starter is not None else _Popen
         self.mpirun = mpirun
         self.background = background
@@ -637,8 +637,7 @@ class KubernetesBackend:
 
     def _observe_rank(self, sim: _Sim, i: int, ended: bool) -> RankObservation:
         pod = sim.pods.get(i)
-        uid = (pod or {}).get("metadata", {}).get("uid")
-        counters = self.usage.read(str(uid)) if uid else None
+        counters = self.usage.read(pod) if pod is not None and status.running(pod, C) else None
         last = sim.counters.get(i)
         if counters is not None and (last is None or counters.usage_ns >= last.usage_ns):
             sim.counters[i] = counters

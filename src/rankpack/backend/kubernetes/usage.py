@@ -19,9 +19,13 @@ where ``<qos>`` is ``burstable`` or ``besteffort``, and Guaranteed pods sit righ
 
 from __future__ import annotations
 
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import Any, Protocol
+
+Obj = dict[str, Any]
 
 QOS_DIRS = ("burstable", "", "besteffort")
 
@@ -36,18 +40,82 @@ class CpuCounters:
 class UsageSource(Protocol):
     name: str
 
-    def read(self, pod_uid: str) -> CpuCounters | None:
-        """The pod's cumulative CPU counters (None if they cannot be read)."""
+    def read(self, pod: Obj) -> CpuCounters | None:
+        """The rank pod's cumulative CPU counters (None if they cannot be read)."""
         ...
 
 
 class NoUsage:
-    """No counters (the controller does not run on the rank pods' node)."""
+    """No counters."""
 
     name = "none"
 
-    def read(self, pod_uid: str) -> CpuCounters | None:
+    def read(self, pod: Obj) -> CpuCounters | None:
         return None
+
+
+class Exec(Protocol):
+    def exec(self, pod: str, container: str, argv: Sequence[str], timeout_s: float) -> Any: ...
+
+
+READ_OWN_CGROUP = (
+    "/bin/sh",
+    "-c",
+    "cat /sys/fs/cgroup/cpu.stat 2>/dev/null && exit 0; "
+    "echo usage_ns $(cat /sys/fs/cgroup/cpuacct/cpuacct.usage); "
+    "cat /sys/fs/cgroup/cpu/cpu.stat",
+)
+"""Inside a container its cgroup is mounted at /sys/fs/cgroup (v2: one file; v1: cpuacct
+and cpu hierarchies)."""
+
+
+class PodExecUsage:
+    """The container's own cgroup read through ``pods/exec`` (any cluster, only the Role's
+    ``pods/exec``): slower (one exec per rank), so a reading is reused for ``interval_s``."""
+
+    name = "pod-exec"
+
+    def __init__(self, api: Exec, container: str, interval_s: float = 2.0) -> None:
+        self.api = api
+        self.container = container
+        self.interval_s = interval_s
+        self._cache: dict[str, tuple[float, CpuCounters]] = {}
+
+    def read(self, pod: Obj) -> CpuCounters | None:
+        name = str(pod.get("metadata", {}).get("name", ""))
+        now = time.monotonic()
+        cached = self._cache.get(name)
+        if cached is not None and now - cached[0] < self.interval_s:
+            return cached[1]
+        try:
+            out = self.api.exec(name, self.container, READ_OWN_CGROUP, 10.0)
+        except Exception:  # a pod that is going away: keep the last reading
+            return cached[1] if cached else None
+        counters = parse_cpu_stat(str(getattr(out, "stdout", "")))
+        if counters is None:
+            return cached[1] if cached else None
+        self._cache[name] = (now, counters)
+        return counters
+
+
+def parse_cpu_stat(text: str) -> CpuCounters | None:
+    """v2 ``cpu.stat`` (usage_usec, throttled_usec) or v1 (usage_ns line + cpu.stat)."""
+    stat: dict[str, int] = {}
+    for line in text.splitlines():
+        key, _, value = line.strip().partition(" ")
+        if value.strip().isdigit():
+            stat[key] = int(value)
+    if "usage_usec" in stat:
+        return CpuCounters(
+            stat["usage_usec"] * 1000,
+            stat.get("nr_throttled", 0),
+            stat.get("throttled_usec", 0) * 1000,
+        )
+    if "usage_ns" in stat:
+        return CpuCounters(
+            stat["usage_ns"], stat.get("nr_throttled", 0), stat.get("throttled_time", 0)
+        )
+    return None
 
 
 class NodeCgroupUsage:
@@ -83,7 +151,10 @@ class NodeCgroupUsage:
                 return d
         return None
 
-    def read(self, pod_uid: str) -> CpuCounters | None:
+    def read(self, pod: Obj) -> CpuCounters | None:
+        pod_uid = str(pod.get("metadata", {}).get("uid", ""))
+        if not pod_uid:
+            return None
         try:
             if self.v2:
                 d = self._pod_dir(self.root, pod_uid)
@@ -133,6 +204,8 @@ def _keyed(path: Path) -> dict[str, int]:
     return out
 
 
-def detect() -> UsageSource:
+def detect(api: Exec, container: str) -> UsageSource:
+    """The node's cgroups when this process runs on the rank pods' node (the dev cluster),
+    else the containers' own cgroups read through ``pods/exec``."""
     source = NodeCgroupUsage()
-    return source if source.available else NoUsage()
+    return source if source.available else PodExecUsage(api, container)
