@@ -377,3 +377,16 @@ def test_list_does_not_consume_the_log(tmp_path: Path) -> None:
     (ref,) = h.backend.list()
     assert ref.phase is SimPhase.RUNNING
     assert h.backend.observe(SIM).log_text == "Time = 1\n"
+
+
+def test_inventory_without_node_access_uses_the_given_capacity(tmp_path: Path) -> None:
+    import dataclasses
+
+    h = Harness(tmp_path, FakeKubeApi(forbid_nodes=True))
+    h.backend.config = dataclasses.replace(h.backend.config, allocatable_millis=2000)
+    h.backend.launch(h.spec())
+    (node,) = h.backend.inventory().nodes
+    assert (node.allocatable_millis, node.requested_millis) == (2000, 2000)
+    h.api.actions.clear()
+    h.backend.inventory()
+    assert ("list", "nodes") not in h.api.actions  # the refusal is remembered

@@ -184,6 +184,7 @@ class KubernetesBackend:
         self._poller: threading.Thread | None = None
         self._closed = threading.Event()
         self.poll_error: str | None = None
+        self._nodes_forbidden = False
 
     # -- capacity and facts ------------------------------------------------------------------
 
@@ -191,11 +192,14 @@ class KubernetesBackend:
         """Ready, schedulable nodes: allocatable minus the requests of every pod that is not
         terminated (all namespaces if the identity may list them, else this namespace)."""
         try:
+            if self._nodes_forbidden:
+                raise KubeError(403, "Forbidden", "nodes (remembered)")
             nodes = [
                 n for n in self.api.list_nodes()
                 if status.node_ready(n) and not n.get("spec", {}).get("unschedulable")
             ]  # fmt: skip
         except KubeError as exc:
+            self._nodes_forbidden = exc.status == 403
             if exc.status != 403 or self.config.allocatable_millis is None:
                 raise BackendError(
                     f"cannot read the cluster's nodes ({exc}); grant the rankpack-inventory "
