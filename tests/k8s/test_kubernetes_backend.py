@@ -350,3 +350,64 @@ def test_backend_reports_resize_states_directly(kube: Kube, tmp_path: Path) -> N
     finally:
         b.release("direct1")
     assert b.list() == ()
+
+
+def test_resize_latency_over_twenty_resizes(kube: Kube, tmp_path: Path) -> None:
+    """Patch → the container's cpu.shares, and patch → the backend's `completed`."""
+    import statistics
+
+    from rankpack.backend.protocol import SimSpec
+
+    case = tmp_path / "case"
+    case.mkdir()
+    spec = SimSpec(
+        sim_id="latency1",
+        case_dir=case,
+        command=("sleep", "600"),
+        ranks=(RankResources(300),),
+        log_path=case / "log",
+    )
+    b = kube.backend
+    b.launch(spec)
+    to_cgroup: list[float] = []
+    to_completed: list[float] = []
+    try:
+        deadline = time.monotonic() + 90
+        while b.observe("latency1").phase is not SimPhase.RUNNING:
+            assert time.monotonic() < deadline, b.observe("latency1").reason
+            b.wait(0.5)
+        pod = kube.admin.read_namespaced_pod("rankpack-latency1-0", kube.cluster.namespace)
+        shares = container_cgroup(pod) / "cpu.shares"
+        for i in range(20):
+            millis = 400 + 100 * (i % 8)
+            if millis == b.observe("latency1").ranks[0].desired.request_millis:
+                millis += 50
+            t0 = time.monotonic()
+            b.resize("latency1", 0, RankResources(millis))
+            while int(shares.read_text()) != shares_for(millis):
+                assert time.monotonic() - t0 < 30, f"cpu.shares never reached {millis}m"
+                time.sleep(0.005)
+            to_cgroup.append(time.monotonic() - t0)
+            while True:
+                r = b.observe("latency1").ranks[0].resize
+                assert r is not None
+                if r.state.final:
+                    break
+                assert time.monotonic() - t0 < 30
+                b.wait(0.05)
+            assert r.state is ResizeState.COMPLETED, r
+            assert r.latency_s is not None
+            to_completed.append(r.latency_s)
+    finally:
+        b.release("latency1")
+
+    def p(values: list[float], q: float) -> float:
+        return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+    print(
+        f"\n20 resizes: patch→cpu.shares p50 {statistics.median(to_cgroup):.3f} s "
+        f"p95 {p(to_cgroup, 95):.3f} s max {max(to_cgroup):.3f} s; "
+        f"patch→completed (backend) p50 {statistics.median(to_completed):.3f} s "
+        f"p95 {p(to_completed, 95):.3f} s"
+    )
+    assert statistics.median(to_cgroup) < 5
