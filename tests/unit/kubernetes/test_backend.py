@@ -390,3 +390,19 @@ def test_inventory_without_node_access_uses_the_given_capacity(tmp_path: Path) -
     h.api.actions.clear()
     h.backend.inventory()
     assert ("list", "nodes") not in h.api.actions  # the refusal is remembered
+
+
+def test_rank_pods_that_never_run_fail_the_simulation(tmp_path: Path) -> None:
+    import dataclasses
+
+    h = Harness(tmp_path)
+    h.backend.config = dataclasses.replace(h.backend.config, start_timeout_s=0.0)
+    h.backend.launch(h.spec())
+    pod = h.api.objects[("pods", PODS[0])]
+    unscheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    pod["status"]["conditions"] = [unscheduled]
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED
+    assert "not running after 0 s" in obs.reason and "Unschedulable" in obs.reason
+    assert h.procs == []

@@ -145,6 +145,7 @@ class _Sim:
     log_offset: int = 0
     readers: list[RecordReader] = field(default_factory=list)
     counters: dict[int, usage.CpuCounters] = field(default_factory=dict)
+    created_t: float = field(default_factory=time.monotonic)
 
     @property
     def n(self) -> int:
@@ -487,6 +488,15 @@ class KubernetesBackend:
             resize = sim.resizes.get(rank)
             if resize is not None and not resize.status.state.final:
                 news |= self._follow_resize(resize, pod)
+        if (
+            not sim.started
+            and sim.failure is None
+            and self.clock() - sim.created_t > self.config.start_timeout_s
+        ):
+            waiting = self._phase(sim)[1]
+            sim.failure = (
+                f"rank pods not running after {self.config.start_timeout_s:.0f} s: {waiting}"
+            )
         if sim.failure is not None and not sim.failure_handled:
             self._fail(sim)
             return True

@@ -41,6 +41,8 @@ class KubernetesConfig:
     """Capacity to assume when the identity may not read nodes (no ClusterRole)."""
     poll_s: float = 0.25
     """How often the pods of all simulations are listed (the backend's event source)."""
+    start_timeout_s: float = 300.0
+    """A simulation whose rank pods do not all run within this fails (e.g. unschedulable)."""
     release_timeout_s: float = 60.0
     """How long `release` waits for the garbage collector to remove the rank pods."""
 
