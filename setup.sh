@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # rankpack set-up for Debian 12 (run as root). Installs everything rankpack needs, then
 #   bash setup.sh demo   runs the main job: `rankpack demo` (pitzDaily, local backend)
-#   bash setup.sh test   runs the full test suite (lint, types, unit and integration tests)
+#   bash setup.sh test   runs the full test suite (lint, types, unit, integration and the k8s
+#                        tier on a real single-node cluster; the first run builds Kubernetes)
 # Safe to run again: installed packages are skipped, the virtualenv is reused.
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -19,8 +20,11 @@ fi
 
 # OpenFOAM v1912 + its tutorials, Open MPI (what OpenFOAM uses), MPICH (the shim is also
 # built and tested against it), a C toolchain for the PMPI shim, Python with venv.
+# The dev cluster (`rankpack dev-cluster`, the k8s test tier): containerd, runc, the CNI
+# plugins, etcd, a static busybox and umoci for the locally built images.
 packages=(openfoam openfoam-examples openmpi-bin libopenmpi-dev mpich libmpich-dev
-  build-essential make python3 python3-venv python3-dev)
+  build-essential make python3 python3-venv python3-dev
+  containerd runc containernetworking-plugins etcd-server busybox-static umoci)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -28,8 +32,27 @@ done
 if [ "${#missing[@]}" -gt 0 ]; then
   echo "setup.sh: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
-  apt-get update -qq
-  apt-get install -y -qq "${missing[@]}" >/dev/null
+  # etcd's and containerd's install scripts would start them as services; a policy-rc.d
+  # that exits 101 forbids that for the install (ours only: an existing one is kept).
+  own_policy=""
+  if [ ! -e /usr/sbin/policy-rc.d ]; then
+    printf '#!/bin/sh\nexit 101\n' >/usr/sbin/policy-rc.d
+    chmod 755 /usr/sbin/policy-rc.d
+    own_policy=1
+    trap 'rm -f /usr/sbin/policy-rc.d' EXIT
+  fi
+  for attempt in 1 2 3 4 5 6; do  # another apt may hold the lock for a while
+    if apt-get update -qq && apt-get install -y -qq "${missing[@]}" >/dev/null; then
+      break
+    fi
+    [ "$attempt" -lt 6 ] || exit 1
+    echo "setup.sh: apt failed (locked?), retrying in 20 s" >&2
+    sleep 20
+  done
+  if [ -n "$own_policy" ]; then
+    rm -f /usr/sbin/policy-rc.d
+    trap - EXIT
+  fi
 fi
 
 python="${RANKPACK_PYTHON:-python3}"
@@ -57,6 +80,10 @@ case "$mode" in
     .venv/bin/ruff format --check src tests
     .venv/bin/mypy
     .venv/bin/lint-imports
+    # The k8s tier's cluster: build the Kubernetes binaries from the Go module proxy once
+    # (about 10 minutes on 2 cores; cached by version under /var/cache/rankpack, fetching a
+    # Go toolchain from the proxy too if this machine has none new enough).
+    .venv/bin/python -m rankpack.devcluster.binaries
     exec .venv/bin/python -m pytest -q -p no:cacheprovider
     ;;
 esac

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.contract.env import ContractEnv, KubernetesEnv, LocalEnv, SimulatedEnv
+from tests.k8s.conftest import dev_cluster  # noqa: F401 - the k8s tier's session cluster
 
 BACKENDS = [
     pytest.param("simulated", id="simulated"),

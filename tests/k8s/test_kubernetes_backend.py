@@ -17,8 +17,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from tests.k8s.conftest import DevCluster
-from tests.k8s.pods import container_cgroup
 
 from rankpack.backend.kubernetes import KubernetesBackend, connect, load_config
 from rankpack.backend.kubernetes.status import cpu_millis
@@ -27,6 +25,8 @@ from rankpack.controller.loop import LoopResult, LoopSettings, OneJob, run_jobs
 from rankpack.controller.observations import ControllerSettings, Phase
 from rankpack.controller.submission import Submission
 from rankpack.store import Store
+from tests.k8s.conftest import DevCluster
+from tests.k8s.pods import container_cgroup
 
 POD_SUBNET = "10.201.0.0/24"
 SELECTOR = "app.kubernetes.io/managed-by=rankpack"

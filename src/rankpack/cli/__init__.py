@@ -30,6 +30,7 @@ COMMAND_MODULES = (
     "rankpack.cli.queue_cmd",
     "rankpack.cli.multiplex_cmd",
     "rankpack.cli.model_cmd",
+    "rankpack.cli.devcluster_cmd",
 )
 
 

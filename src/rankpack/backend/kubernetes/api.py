@@ -86,10 +86,10 @@ class ClientKubeApi:
         try:
             if config.kubeconfig is None:
                 configuration = client.Configuration()
-                kconfig.load_incluster_config(client_configuration=configuration)
+                kconfig.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
                 self.api_client = client.ApiClient(configuration)
             else:
-                self.api_client = kconfig.new_client_from_config(
+                self.api_client = kconfig.new_client_from_config(  # type: ignore[no-untyped-call]
                     config_file=str(config.kubeconfig), context=config.context
                 )
         except Exception as exc:  # ConfigException, YAML and file errors alike
@@ -125,7 +125,7 @@ class ClientKubeApi:
                 method, url, header_params=headers, body=body_s, post_params=post,
                 _request_timeout=self.timeout_s,
             )  # fmt: skip
-            data = response.read()
+            data = response.read()  # type: ignore[no-untyped-call]
         except ApiException as exc:
             raise _api_error(exc) from exc
         except Exception as exc:  # urllib3: connection refused, TLS, timeouts

@@ -99,7 +99,7 @@ def context_namespace(path: Path, context: str | None) -> str | None:
     from kubernetes import config as kconfig
 
     try:
-        contexts, active = kconfig.list_kube_config_contexts(config_file=str(path))
+        contexts, active = kconfig.list_kube_config_contexts(config_file=str(path))  # type: ignore[no-untyped-call]
     except Exception as exc:  # the client raises ConfigException and YAML errors alike
         raise UserError(f"cannot read kubeconfig {path}: {exc}") from exc
     chosen = active

@@ -1,0 +1,178 @@
+"""`rankpack dev-cluster up|down|status`: a real single-node Kubernetes on this machine.
+
+Thin layer over `rankpack.devcluster.cluster`: parses options, prints what happened.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from rankpack.cli.common import print_json
+from rankpack.devcluster.binaries import CACHE_ROOT, DEFAULT_VERSION, KubeVersion
+from rankpack.devcluster.layout import NAMESPACE, default_state_dir
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "dev-cluster",
+        help="a real single-node Kubernetes on this machine (up, down, status)",
+        description=(
+            "Stand up, inspect or remove a single-node Kubernetes cluster on this machine, "
+            "for trying the Kubernetes backend and for the k8s test tier. Needs root and "
+            "Debian's containerd, runc, containernetworking-plugins, etcd-server, "
+            "busybox-static and umoci (bash setup.sh installs them). The Kubernetes "
+            f"binaries are built once per version from the Go module proxy into {CACHE_ROOT} "
+            "(about 10 minutes on 2 cores; later starts take seconds)."
+        ),
+    )
+    p.add_argument(
+        "--state-dir",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help=(
+            "where the cluster keeps state, certificates and logs "
+            "(default: $RANKPACK_DEV_CLUSTER_DIR or /var/lib/rankpack/dev-cluster)"
+        ),
+    )
+    actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
+    actions.required = True
+
+    up = actions.add_parser(
+        "up",
+        help="start the cluster and wait until its node is Ready",
+        description=(
+            "Build or reuse the binaries, build the local images, start etcd, containerd, "
+            "kube-apiserver, controller-manager, scheduler and kubelet, wait until the node "
+            f"is Ready, create the namespace '{NAMESPACE}' with the backend's ServiceAccount, "
+            "Role and RoleBinding, and write an admin kubeconfig and a kubeconfig for that "
+            "ServiceAccount. If the cluster is already up, says so (and refreshes the "
+            "ServiceAccount token)."
+        ),
+    )
+    up.add_argument(
+        "--version",
+        default=DEFAULT_VERSION,
+        help=f"Kubernetes release to run, >= v1.35 (default {DEFAULT_VERSION})",
+    )
+    up.add_argument(
+        "--timeout",
+        type=float,
+        default=180.0,
+        metavar="SECONDS",
+        help="how long to wait for each start phase, e.g. node Ready (default 180)",
+    )
+    up.add_argument("--json", action="store_true", help="print the result as JSON")
+    up.set_defaults(handler=run_up)
+
+    down = actions.add_parser(
+        "down",
+        help="stop the cluster and remove everything it created",
+        description=(
+            "Stop the kubelet, the pods' containers and shims, containerd and the control "
+            "plane; unmount what they mounted; remove the kubepods cgroups, the node address, "
+            "the pod bridge and the fixed paths the cluster created; restore the sysctls; "
+            "then check that nothing is left. Keeps the binary cache and the last logs."
+        ),
+    )
+    down.add_argument("--json", action="store_true", help="print the result as JSON")
+    down.set_defaults(handler=run_down)
+
+    status = actions.add_parser(
+        "status",
+        help="is the cluster up and Ready; kubeconfig paths; nodes",
+        description="Report the cluster's state. Exit code 0 when Ready, 1 otherwise.",
+    )
+    status.add_argument("--json", action="store_true", help="print the result as JSON")
+    status.set_defaults(handler=run_status)
+
+
+def _state_dir(args: argparse.Namespace) -> Path:
+    explicit: Path | None = args.state_dir
+    return explicit if explicit is not None else default_state_dir()
+
+
+def run_up(args: argparse.Namespace) -> int:
+    from rankpack.devcluster import cluster
+
+    version = KubeVersion.parse(args.version)
+    if args.timeout <= 0:
+        from rankpack.errors import UserError
+
+        raise UserError("--timeout must be a positive number of seconds")
+    opts = cluster.UpOptions(
+        version=version, state_dir=_state_dir(args), ready_timeout_s=args.timeout
+    )
+    result = cluster.up(opts, say=(lambda _msg: None) if args.json else print)
+    if args.json:
+        print_json(
+            {
+                "already_up": result.already_up,
+                "version": result.version,
+                "kubeconfig": str(result.kubeconfig),
+                "service_account_kubeconfig": str(result.service_account_kubeconfig),
+                "state_dir": str(result.state_dir),
+                "elapsed_s": round(result.elapsed_s, 2),
+            }
+        )
+        return 0
+    if result.already_up:
+        print(f"rankpack: the dev cluster {result.version} is already up")
+    else:
+        print(f"rankpack: dev cluster {result.version} is Ready in {result.elapsed_s:.1f} s")
+    print(f"  admin kubeconfig:          {result.kubeconfig}")
+    print(f"  backend kubeconfig (RBAC): {result.service_account_kubeconfig}")
+    print(f"  try: KUBECONFIG={result.kubeconfig} kubectl get nodes")
+    return 0
+
+
+def run_down(args: argparse.Namespace) -> int:
+    from rankpack.devcluster import cluster
+    from rankpack.errors import UserError
+
+    report = cluster.down(_state_dir(args))
+    if args.json:
+        print_json(
+            {
+                "was_up": report.was_up,
+                "stopped_pids": report.stopped_pids,
+                "unmounted": report.unmounted,
+                "removed_cgroups": report.removed_cgroups,
+                "removed_paths": report.removed_paths,
+                "leftovers": report.leftovers,
+            }
+        )
+    elif not report.was_up and not report.stopped_pids and not report.leftovers:
+        print("rankpack: no dev cluster is up; nothing to do")
+    else:
+        print(
+            f"rankpack: dev cluster down: stopped {len(report.stopped_pids)} processes, "
+            f"unmounted {report.unmounted} mounts, removed {len(report.removed_cgroups)} "
+            f"cgroups and {len(report.removed_paths)} host paths"
+        )
+    if report.leftovers:
+        raise UserError(
+            "down left things behind: " + "; ".join(report.leftovers) + " (run it again)"
+        )
+    return 0
+
+
+def run_status(args: argparse.Namespace) -> int:
+    from rankpack.devcluster import cluster
+
+    result = cluster.status(_state_dir(args))
+    if args.json:
+        print_json(result)
+    elif not result["running"]:
+        print("rankpack: no dev cluster is up (start one with `rankpack dev-cluster up`)")
+    else:
+        state = "Ready" if result["ready"] else "not Ready"
+        print(f"rankpack: dev cluster {result['version']} is {state}")
+        for node in result["nodes"]:
+            print(f"  node {node['name']}: allocatable {node['allocatable_millis']}m CPU")
+        print(f"  kubeconfig: {result['kubeconfig']}")
+        print(f"  backend kubeconfig: {result['service_account_kubeconfig']}")
+        if "error" in result:
+            print(f"  error: {result['error']}")
+    return 0 if result["ready"] else 1

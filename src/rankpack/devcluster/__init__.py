@@ -1,0 +1,18 @@
+"""A real single-node Kubernetes on this machine: `rankpack dev-cluster up|down|status`.
+
+For users who want to try the Kubernetes backend without a cluster, and for the `k8s`
+test tier (`tests/k8s/conftest.py`). Called by `rankpack.cli.devcluster_cmd`.
+
+Modules, in the order `up` uses them:
+
+- `layout`: state directory paths, node address, ports, image names (pure values);
+- `packages`: the Debian packages it needs and which are missing;
+- `binaries`: Kubernetes built from the Go module proxy, cached by version;
+- `configs`: pure builders of argv lists, config files and kubeconfigs;
+- `pki`: certificates, keys and static tokens;
+- `images`: the pause and host-/usr images, built with umoci, imported with ctr;
+- `processes`: detached daemons with pid files;
+- `host`: what the cluster changes on the host, recorded and undone;
+- `rbac`: the backend's ServiceAccount/Role/RoleBinding (= ``deploy/``) and its kubeconfig;
+- `cluster`: `up`, `down`, `status`.
+"""

@@ -1,0 +1,308 @@
+"""Pure builders of the dev cluster's configuration: command lines, config files, kubeconfigs.
+
+Spec in, object or text out; nothing here touches the machine, so every builder is unit
+tested without a cluster (`tests/unit/devcluster/`). `rankpack.devcluster.cluster` writes
+what these return and starts the processes with the argv lists (never a shell string).
+
+The settings follow what a single-node cluster on this kind of machine needed (cgroup v1,
+root without CAP_SYS_RESOURCE, no systemd): see docs/kubernetes.md.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from rankpack.devcluster.layout import (
+    APISERVER_PORT,
+    BRIDGE,
+    CNI_NETWORK,
+    NODE_IP,
+    NODE_NAME,
+    PAUSE_IMAGE,
+    POD_GATEWAY,
+    POD_SUBNET,
+    SERVICE_SUBNET,
+    Layout,
+)
+
+SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
+CNI_BIN_DIR = Path("/usr/lib/cni")
+
+
+@dataclass(frozen=True)
+class Identity:
+    """A static-token identity of the apiserver's token file."""
+
+    user: str
+    groups: tuple[str, ...]
+    token: str
+
+
+def api_server_url() -> str:
+    return f"https://127.0.0.1:{APISERVER_PORT}"
+
+
+def token_file(identities: list[Identity]) -> str:
+    """kube-apiserver --token-auth-file: `token,user,uid,"group1,group2"` per line."""
+    lines = []
+    for ident in identities:
+        groups = ",".join(ident.groups)
+        lines.append(f'{ident.token},{ident.user},{ident.user},"{groups}"')
+    return "\n".join(lines) + "\n"
+
+
+def kubeconfig(
+    *, server: str, ca_pem: str, user: str, token: str, namespace: str | None = None
+) -> dict[str, Any]:
+    """A kubeconfig with one cluster, one user (bearer token) and one current context."""
+    import base64
+
+    context: dict[str, Any] = {"cluster": "rankpack-dev", "user": user}
+    if namespace:
+        context["namespace"] = namespace
+    return {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [
+            {
+                "name": "rankpack-dev",
+                "cluster": {
+                    "server": server,
+                    "certificate-authority-data": base64.b64encode(ca_pem.encode()).decode(),
+                },
+            }
+        ],
+        "users": [{"name": user, "user": {"token": token}}],
+        "contexts": [{"name": "rankpack-dev", "context": context}],
+        "current-context": "rankpack-dev",
+        "preferences": {},
+    }
+
+
+def etcd_argv(layout: Layout, etcd: str = "etcd") -> list[str]:
+    return [
+        etcd,
+        "--name=rankpack",
+        f"--data-dir={layout.etcd_data}",
+        "--listen-client-urls=http://127.0.0.1:2379",
+        "--advertise-client-urls=http://127.0.0.1:2379",
+        "--listen-peer-urls=http://127.0.0.1:2380",
+        "--initial-advertise-peer-urls=http://127.0.0.1:2380",
+        "--initial-cluster=rankpack=http://127.0.0.1:2380",
+        "--initial-cluster-state=new",
+        # A throw-away cluster: losing the last writes on a crash is fine, fsync is not.
+        "--unsafe-no-fsync",
+    ]
+
+
+def apiserver_argv(layout: Layout, bin_dir: Path) -> list[str]:
+    pki = layout.pki
+    return [
+        str(bin_dir / "kube-apiserver"),
+        "--etcd-servers=http://127.0.0.1:2379",
+        "--bind-address=127.0.0.1",
+        f"--secure-port={APISERVER_PORT}",
+        f"--advertise-address={NODE_IP}",
+        f"--cert-dir={pki / 'apiserver-generated'}",
+        f"--tls-cert-file={pki / 'apiserver.crt'}",
+        f"--tls-private-key-file={pki / 'apiserver.key'}",
+        f"--client-ca-file={pki / 'ca.crt'}",
+        f"--token-auth-file={layout.tokens_file}",
+        f"--service-account-key-file={pki / 'sa.pub'}",
+        f"--service-account-signing-key-file={pki / 'sa.key'}",
+        f"--service-account-issuer={SERVICE_ACCOUNT_ISSUER}",
+        "--authorization-mode=Node,RBAC",
+        "--enable-admission-plugins=NodeRestriction",
+        f"--service-cluster-ip-range={SERVICE_SUBNET}",
+        "--kubelet-preferred-address-types=InternalIP,Hostname",
+        f"--kubelet-client-certificate={pki / 'apiserver-kubelet-client.crt'}",
+        f"--kubelet-client-key={pki / 'apiserver-kubelet-client.key'}",
+        f"--kubelet-certificate-authority={pki / 'ca.crt'}",
+        "--profiling=false",
+        "--endpoint-reconciler-type=none",
+    ]
+
+
+def controller_manager_argv(layout: Layout, bin_dir: Path) -> list[str]:
+    return [
+        str(bin_dir / "kube-controller-manager"),
+        f"--kubeconfig={layout.kubeconfig_for('kube-controller-manager')}",
+        "--bind-address=127.0.0.1",
+        "--leader-elect=false",
+        "--use-service-account-credentials=true",
+        f"--service-account-private-key-file={layout.pki / 'sa.key'}",
+        f"--root-ca-file={layout.pki / 'ca.crt'}",
+        # No cloud, and the pod CIDR comes from the CNI config, not from the node object.
+        "--controllers=*,-nodeipam,-cloud-node-lifecycle",
+        "--profiling=false",
+    ]
+
+
+def scheduler_argv(layout: Layout, bin_dir: Path) -> list[str]:
+    return [
+        str(bin_dir / "kube-scheduler"),
+        f"--kubeconfig={layout.kubeconfig_for('kube-scheduler')}",
+        "--bind-address=127.0.0.1",
+        "--leader-elect=false",
+        "--profiling=false",
+    ]
+
+
+def kubelet_argv(layout: Layout, bin_dir: Path) -> list[str]:
+    return [
+        str(bin_dir / "kubelet"),
+        f"--config={layout.kubelet_config}",
+        f"--kubeconfig={layout.kubeconfig_for('kubelet')}",
+        f"--root-dir={layout.kubelet_root}",
+        f"--cert-dir={layout.kubelet_root / 'pki'}",
+        f"--node-ip={NODE_IP}",
+        f"--hostname-override={NODE_NAME}",
+    ]
+
+
+def containerd_argv(layout: Layout, containerd: str = "containerd") -> list[str]:
+    return [containerd, f"--config={layout.containerd_config}"]
+
+
+def _toml_value(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, str):
+        return json.dumps(value)  # a TOML basic string is a JSON string for these values
+    if isinstance(value, list):
+        return "[" + ", ".join(_toml_value(v) for v in value) + "]"
+    raise TypeError(f"no TOML form for {value!r}")
+
+
+def toml_text(tables: dict[str, dict[str, object]], top: dict[str, object]) -> str:
+    """A small TOML writer: top-level keys, then `[table]` sections of scalar keys."""
+    out = [f"{k} = {_toml_value(v)}" for k, v in top.items()]
+    for name, keys in tables.items():
+        out += ["", f"[{name}]"]
+        out += [f"{k} = {_toml_value(v)}" for k, v in keys.items()]
+    return "\n".join(out) + "\n"
+
+
+def containerd_config(layout: Layout, runc: str = "/usr/sbin/runc") -> str:
+    """containerd 1.6 config (version 2): everything under the state directory."""
+    cri = 'plugins."io.containerd.grpc.v1.cri"'
+    root = layout.containerd
+    return toml_text(
+        top={
+            "version": 2,
+            "root": str(root / "root"),
+            "state": str(root / "state"),
+            "disabled_plugins": [
+                "io.containerd.snapshotter.v1.aufs",
+                "io.containerd.snapshotter.v1.btrfs",
+                "io.containerd.snapshotter.v1.zfs",
+                "io.containerd.snapshotter.v1.devmapper",
+            ],
+        },
+        tables={
+            "grpc": {"address": str(layout.containerd_socket)},
+            "ttrpc": {"address": str(layout.containerd_socket) + ".ttrpc"},
+            'plugins."io.containerd.internal.v1.opt"': {"path": str(root / "opt")},
+            cri: {
+                "sandbox_image": PAUSE_IMAGE,
+                # Required without CAP_SYS_RESOURCE: runc cannot lower oom_score_adj, and
+                # every container failed with "can't get final child's PID from pipe".
+                "restrict_oom_score_adj": True,
+                "stream_server_address": "127.0.0.1",
+                "stream_server_port": "0",
+                "enable_selinux": False,
+            },
+            f"{cri}.containerd": {"snapshotter": "overlayfs", "default_runtime_name": "runc"},
+            f"{cri}.containerd.runtimes.runc": {"runtime_type": "io.containerd.runc.v2"},
+            f"{cri}.containerd.runtimes.runc.options": {
+                "SystemdCgroup": False,
+                "BinaryName": runc,
+                "Root": str(root / "runc"),
+            },
+            f"{cri}.cni": {
+                "bin_dir": str(CNI_BIN_DIR),
+                "conf_dir": str(layout.cni_conf_dir),
+                "max_conf_num": 1,
+            },
+        },
+    )
+
+
+def cni_conflist(layout: Layout) -> dict[str, Any]:
+    """A bridge + host-local network: the node is NotReady until a CNI config exists."""
+    return {
+        "cniVersion": "1.0.0",
+        "name": CNI_NETWORK,
+        "plugins": [
+            {
+                "type": "bridge",
+                "bridge": BRIDGE,
+                "isGateway": True,
+                # No masquerading: pods talk to each other and to the host, nothing else,
+                # and no iptables rules are left behind.
+                "ipMasq": False,
+                "hairpinMode": True,
+                "ipam": {
+                    "type": "host-local",
+                    "dataDir": str(layout.cni_data_dir),
+                    "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]],
+                    "routes": [{"dst": "0.0.0.0/0"}],
+                },
+            },
+            {"type": "loopback"},
+        ],
+    }
+
+
+def kubelet_config(layout: Layout) -> dict[str, Any]:
+    """KubeletConfiguration (JSON is valid YAML) for a cgroup v1, cgroupfs, no-swap-check node."""
+    pki = layout.pki
+    return {
+        "apiVersion": "kubelet.config.k8s.io/v1beta1",
+        "kind": "KubeletConfiguration",
+        "address": NODE_IP,
+        "port": 10250,
+        "readOnlyPort": 0,
+        "healthzBindAddress": "127.0.0.1",
+        "healthzPort": 10248,
+        "tlsCertFile": str(pki / "kubelet.crt"),
+        "tlsPrivateKeyFile": str(pki / "kubelet.key"),
+        # Only the apiserver (a client certificate signed by the cluster CA) may call the
+        # kubelet; what it forwards (exec, logs) the apiserver has already authorized.
+        "authentication": {
+            "anonymous": {"enabled": False},
+            "webhook": {"enabled": False},
+            "x509": {"clientCAFile": str(pki / "ca.crt")},
+        },
+        "authorization": {"mode": "AlwaysAllow"},
+        "containerRuntimeEndpoint": f"unix://{layout.containerd_socket}",
+        "cgroupDriver": "cgroupfs",
+        # Kubernetes >= 1.35 refuses cgroup v1 unless told otherwise; this machine is v1.
+        "failCgroupV1": False,
+        "failSwapOn": False,
+        "makeIPTablesUtilChains": False,
+        "podLogsDir": str(layout.pod_logs),
+        "clusterDomain": "cluster.local",
+        "resolvConf": "/etc/resolv.conf",
+        # Locally imported images cannot be pulled again: never garbage-collect them.
+        "imageGCHighThresholdPercent": 100,
+        "imageGCLowThresholdPercent": 99,
+        "evictionHard": {
+            "memory.available": "100Mi",
+            "nodefs.available": "1%",
+            "nodefs.inodesFree": "1%",
+            "imagefs.available": "1%",
+        },
+        "maxPods": 110,
+        "serializeImagePulls": False,
+        "registerNode": True,
+    }
+
+
+def dumps(obj: object) -> str:
+    return json.dumps(obj, indent=2, sort_keys=False) + "\n"

@@ -1,0 +1,146 @@
+"""Container images for the dev cluster, built locally (there is no registry to pull from).
+
+Called by `rankpack.devcluster.cluster.up` once containerd runs:
+
+- `PAUSE_IMAGE`: the pod sandbox, a static C program that sleeps until SIGTERM/SIGINT and
+  reaps children; containerd's ``sandbox_image`` names it.
+- `HOST_USR_IMAGE`: an empty root filesystem whose ``bin lib lib64 sbin`` link into
+  ``usr/`` (this host is merged-/usr) plus copies of /etc/passwd, /etc/group,
+  /etc/alternatives and /etc/openmpi. A pod mounts the host's /usr read-only over ``/usr``
+  and so runs the host's OpenFOAM and Open MPI. On a real cluster a real image replaces it.
+
+Each image is an OCI layout made with umoci, archived with tar and imported with
+``ctr -n k8s.io images import``; pods use ``imagePullPolicy: Never``.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import tarfile
+from pathlib import Path
+
+from rankpack.devcluster.layout import HOST_USR_IMAGE, PAUSE_IMAGE, Layout
+from rankpack.devcluster.packages import tool
+from rankpack.errors import UserError
+
+PAUSE_C = r"""/* rankpack dev-cluster pod sandbox: hold the pod's namespaces, reap orphans. */
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+static void on_term(int sig) { (void)sig; _exit(0); }
+static void on_child(int sig) { (void)sig; while (waitpid(-1, 0, WNOHANG) > 0) {} }
+
+int main(void) {
+    signal(SIGTERM, on_term);
+    signal(SIGINT, on_term);
+    signal(SIGCHLD, on_child);
+    for (;;) pause();
+}
+"""
+
+HOST_ETC_COPIES = ("passwd", "group", "alternatives", "openmpi", "ld.so.cache", "ld.so.conf")
+MERGED_USR_LINKS = ("bin", "lib", "lib64", "sbin")
+
+
+def _run(argv: list[str], log: Path, timeout_s: float = 120) -> None:
+    with open(log, "a") as out:
+        out.write(f"$ {' '.join(argv)}\n")
+        out.flush()
+        proc = subprocess.run(
+            argv, stdout=out, stderr=subprocess.STDOUT, timeout=timeout_s, check=False
+        )
+    if proc.returncode != 0:
+        raise UserError(f"image build step {argv[0]} failed; see {log}")
+
+
+def _split_ref(ref: str) -> tuple[str, str]:
+    name, _, tag = ref.rpartition(":")
+    return name, tag
+
+
+def build_image(
+    ref: str, rootfs_files: Path, workdir: Path, log: Path, entrypoint: list[str] | None
+) -> Path:
+    """An OCI archive (tar of an OCI layout) with one layer holding `rootfs_files`' tree."""
+    umoci = tool("umoci")
+    _name, tag = _split_ref(ref)
+    layout_dir = workdir / "oci"
+    bundle = workdir / "bundle"
+    for d in (layout_dir, bundle):
+        shutil.rmtree(d, ignore_errors=True)
+    _run([umoci, "init", "--layout", str(layout_dir)], log)
+    _run([umoci, "new", "--image", f"{layout_dir}:{tag}"], log)
+    _run([umoci, "unpack", "--image", f"{layout_dir}:{tag}", str(bundle)], log)
+    rootfs = bundle / "rootfs"
+    shutil.copytree(rootfs_files, rootfs, symlinks=True, dirs_exist_ok=True)
+    _run([umoci, "repack", "--image", f"{layout_dir}:{tag}", str(bundle)], log)
+    config = [umoci, "config", "--image", f"{layout_dir}:{tag}"]
+    if entrypoint:
+        for part in entrypoint:
+            config += ["--config.entrypoint", part]
+    else:
+        config += ["--config.cmd", "/bin/sh"]
+    _run(config, log)
+    _run([umoci, "gc", "--layout", str(layout_dir)], log)
+    archive = workdir / "image.tar"
+    with tarfile.open(archive, "w") as tar:
+        for entry in sorted(layout_dir.iterdir()):
+            tar.add(entry, arcname=entry.name)
+    shutil.rmtree(bundle, ignore_errors=True)
+    return archive
+
+
+def pause_rootfs(workdir: Path, log: Path) -> Path:
+    src = workdir / "pause.c"
+    src.write_text(PAUSE_C)
+    rootfs = workdir / "files"
+    rootfs.mkdir(parents=True, exist_ok=True)
+    _run([tool("gcc"), "-static", "-O2", "-Wall", "-o", str(rootfs / "pause"), str(src)], log)
+    return rootfs
+
+
+def host_usr_rootfs(workdir: Path, etc: Path = Path("/etc")) -> Path:
+    rootfs = workdir / "files"
+    rootfs.mkdir(parents=True, exist_ok=True)
+    for d in ("usr", "etc", "tmp", "dev", "proc", "sys", "root", "run", "var/tmp", "home"):
+        (rootfs / d).mkdir(parents=True, exist_ok=True)
+    (rootfs / "tmp").chmod(0o1777)
+    (rootfs / "var" / "tmp").chmod(0o1777)
+    for name in MERGED_USR_LINKS:
+        link = rootfs / name
+        if not link.is_symlink():
+            link.symlink_to(f"usr/{name}")
+    for name in HOST_ETC_COPIES:
+        src = etc / name
+        dst = rootfs / "etc" / name
+        if src.is_dir():
+            shutil.copytree(src, dst, symlinks=True, dirs_exist_ok=True)
+        elif src.is_file():
+            shutil.copy2(src, dst)
+    return rootfs
+
+
+def import_image(archive: Path, ref: str, socket: Path, log: Path) -> None:
+    name, _tag = _split_ref(ref)
+    argv = [tool("ctr"), "--address", str(socket), "--namespace", "k8s.io", "images", "import"]
+    argv += ["--base-name", name, str(archive)]
+    _run(argv, log, timeout_s=180)
+
+
+def build_and_import(layout: Layout) -> None:
+    """Build both images and load them into the cluster's containerd."""
+    log = layout.logs / "images.log"
+    for ref, make, entrypoint in (
+        (PAUSE_IMAGE, "pause", ["/pause"]),
+        (HOST_USR_IMAGE, "host-usr", None),
+    ):
+        workdir = layout.images / make
+        shutil.rmtree(workdir, ignore_errors=True)
+        workdir.mkdir(parents=True)
+        files = pause_rootfs(workdir, log) if make == "pause" else host_usr_rootfs(workdir)
+        archive = build_image(ref, files, workdir, log, entrypoint)
+        import_image(archive, ref, layout.containerd_socket, log)
+        os.unlink(archive)

@@ -1,0 +1,63 @@
+"""The dev cluster as a user meets it: Ready node, status JSON, idempotent `up`."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from rankpack.devcluster import cluster
+from rankpack.devcluster.layout import NODE_NAME
+from tests.k8s.conftest import DevCluster
+
+
+def rankpack(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rankpack", *argv],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+def test_status_json_reports_ready_node_and_allocatable(k8s: DevCluster) -> None:
+    proc = rankpack("dev-cluster", "status", "--json")
+    assert proc.returncode == 0, proc.stderr
+    data = json.loads(proc.stdout)
+    assert data["ready"] is True
+    assert data["version"] == "v1.36.3"
+    assert data["kubeconfig"] == str(k8s.up_result.kubeconfig)
+    assert data["service_account_kubeconfig"] == str(k8s.up_result.service_account_kubeconfig)
+    [node] = data["nodes"]
+    assert node["name"] == NODE_NAME
+    assert node["kubelet_version"] == "v1.36.3"
+    # No reservations are configured: allocatable is every core of this machine.
+    assert node["allocatable_millis"] == (os.cpu_count() or 0) * 1000
+
+
+def test_node_is_ready_through_the_api(k8s: DevCluster) -> None:
+    from kubernetes import client
+
+    node = client.CoreV1Api(k8s.admin_api()).read_node(NODE_NAME)
+    ready = [c for c in node.status.conditions if c.type == "Ready"]
+    assert ready and ready[0].status == "True"
+    assert node.status.node_info.kubelet_version == "v1.36.3"
+    addresses = {a.type: a.address for a in node.status.addresses}
+    assert addresses["InternalIP"] == "10.200.0.1"
+
+
+def test_up_again_says_already_up_and_exits_0(k8s: DevCluster) -> None:
+    proc = rankpack("dev-cluster", "up")
+    assert proc.returncode == 0, proc.stderr
+    assert "already up" in proc.stdout
+    assert cluster.status(k8s.state_dir)["ready"] is True
+
+
+def test_a_second_cluster_is_refused_with_one_line(k8s: DevCluster, tmp_path: object) -> None:
+    proc = rankpack("dev-cluster", "--state-dir", str(tmp_path), "up")
+    assert proc.returncode == 2
+    err = proc.stderr.strip()
+    assert err.count("\n") == 0, err
+    assert "another cluster" in err or "ports in use" in err or "kubepods" in err

@@ -1,0 +1,237 @@
+"""The dev cluster's pure builders: spec in, object/text out. No cluster, no root needed."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+import tomllib
+import zipfile
+from pathlib import Path
+
+import pytest
+import yaml
+
+from rankpack.devcluster import binaries, configs, rbac
+from rankpack.devcluster.binaries import KubeVersion
+from rankpack.devcluster.layout import NODE_IP, PAUSE_IMAGE, PORTS, Layout
+from rankpack.errors import UserError
+
+REPO = Path(__file__).resolve().parents[3]
+LAYOUT = Layout(Path("/srv/state"))
+
+GO_MOD = """module k8s.io/kubernetes
+
+go 1.26.0
+
+require (
+\tk8s.io/api v0.0.0
+)
+
+replace (
+\tk8s.io/api => ./staging/src/k8s.io/api
+\tk8s.io/client-go => ./staging/src/k8s.io/client-go
+\tk8s.io/sample-cli-plugin => ./staging/src/k8s.io/sample-cli-plugin
+\tgithub.com/example/other => github.com/example/fork v1.2.3
+)
+"""
+
+
+@pytest.mark.parametrize(
+    ("text", "tag", "staging"),
+    [("v1.36.3", "v1.36.3", "v0.36.3"), (" v1.35.0 ", "v1.35.0", "v0.35.0")],
+)
+def test_version_parse(text: str, tag: str, staging: str) -> None:
+    v = KubeVersion.parse(text)
+    assert (v.tag, v.staging_tag) == (tag, staging)
+
+
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [
+        ("1.36.3", "not a Kubernetes release"),
+        ("v1.36", "not a Kubernetes release"),
+        ("v1.34.2", ">= v1.35"),
+        ("v2.0.0", "not a Kubernetes release"),
+    ],
+)
+def test_version_rejects(text: str, message: str) -> None:
+    with pytest.raises(UserError, match=message):
+        KubeVersion.parse(text)
+
+
+def test_staging_modules_only_from_the_staging_replace_block() -> None:
+    assert binaries.staging_modules(GO_MOD) == [
+        "k8s.io/api",
+        "k8s.io/client-go",
+        "k8s.io/sample-cli-plugin",
+    ]
+    assert binaries.required_go(GO_MOD) == (1, 26)
+
+
+def test_build_module_replaces_staging_with_published_versions() -> None:
+    v = KubeVersion.parse("v1.36.3")
+    text = binaries.build_module_go_mod(v, binaries.staging_modules(GO_MOD), (1, 26))
+    assert "require k8s.io/kubernetes v1.36.3" in text
+    assert "\tk8s.io/api => k8s.io/api v0.36.3" in text
+    assert "\tk8s.io/client-go => k8s.io/client-go v0.36.3" in text
+    assert "sample-cli-plugin" not in text
+    assert "go 1.26\n" in text
+
+
+def test_ldflags_stamp_both_version_packages() -> None:
+    flags = binaries.ldflags(KubeVersion.parse("v1.36.3")).split(" -X ")
+    assert flags[0] == "-s -w"
+    stamped = dict(f.split("=", 1) for f in flags[1:])
+    for pkg in ("k8s.io/component-base/version", "k8s.io/client-go/pkg/version"):
+        assert stamped[f"{pkg}.gitVersion"] == "v1.36.3"
+        assert stamped[f"{pkg}.gitMajor"] == "1"
+        assert stamped[f"{pkg}.gitMinor"] == "36"
+
+
+def test_cache_is_keyed_by_version_outside_checkout(tmp_path: Path) -> None:
+    v = KubeVersion.parse("v1.36.3")
+    assert binaries.bin_dir(v, tmp_path) == tmp_path / "kubernetes" / "v1.36.3" / "bin"
+    assert not binaries.cached(v, tmp_path)
+    d = binaries.bin_dir(v, tmp_path)
+    d.mkdir(parents=True)
+    for c in binaries.COMMANDS[:-1]:
+        (d / c).write_text("")
+        (d / c).chmod(0o755)
+    assert not binaries.cached(v, tmp_path)  # one missing: a half cache is no cache
+    (d / binaries.COMMANDS[-1]).write_text("")
+    (d / binaries.COMMANDS[-1]).chmod(0o755)
+    assert binaries.cached(v, tmp_path)
+    assert not str(binaries.CACHE_ROOT).startswith(str(REPO))
+
+
+def test_dirhash_matches_go_algorithm() -> None:
+    # Go's dirhash.Hash1: sha256 over "<sha256 hex>  <name>\n" lines of the sorted file names.
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as zf:
+        zf.writestr("m@v1/b.txt", b"bee\n")
+        zf.writestr("m@v1/a.txt", b"ay\n")
+    import hashlib
+
+    lines = "".join(
+        f"{hashlib.sha256(data).hexdigest()}  {name}\n"
+        for name, data in sorted([("m@v1/a.txt", b"ay\n"), ("m@v1/b.txt", b"bee\n")])
+    )
+    want = "h1:" + base64.b64encode(hashlib.sha256(lines.encode()).digest()).decode()
+    assert binaries.dirhash_h1(buf.getvalue()) == want
+
+
+def test_containerd_config_is_toml_with_the_settings_that_matter() -> None:
+    cfg = tomllib.loads(configs.containerd_config(LAYOUT, "/usr/sbin/runc"))
+    assert cfg["version"] == 2
+    assert cfg["root"].startswith("/srv/state/") and cfg["state"].startswith("/srv/state/")
+    assert cfg["grpc"]["address"] == "/srv/state/containerd/containerd.sock"
+    cri = cfg["plugins"]["io.containerd.grpc.v1.cri"]
+    assert cri["restrict_oom_score_adj"] is True
+    assert cri["sandbox_image"] == PAUSE_IMAGE
+    assert cri["containerd"]["snapshotter"] == "overlayfs"
+    opts = cri["containerd"]["runtimes"]["runc"]["options"]
+    assert opts["SystemdCgroup"] is False and opts["Root"].startswith("/srv/state/")
+    assert cri["cni"]["conf_dir"] == "/srv/state/cni/net.d"
+
+
+def test_kubelet_config_for_cgroup_v1_without_systemd() -> None:
+    cfg = configs.kubelet_config(LAYOUT)
+    assert cfg["kind"] == "KubeletConfiguration"
+    assert cfg["failCgroupV1"] is False
+    assert cfg["cgroupDriver"] == "cgroupfs"
+    assert cfg["failSwapOn"] is False
+    assert cfg["imageGCHighThresholdPercent"] == 100
+    assert cfg["authentication"]["anonymous"]["enabled"] is False
+    assert cfg["address"] == NODE_IP
+    assert cfg["containerRuntimeEndpoint"] == "unix:///srv/state/containerd/containerd.sock"
+    json.loads(configs.dumps(cfg))
+
+
+def test_cni_conflist_bridge_host_local_under_state() -> None:
+    cfg = configs.cni_conflist(LAYOUT)
+    bridge = cfg["plugins"][0]
+    assert bridge["type"] == "bridge" and bridge["ipMasq"] is False
+    assert bridge["ipam"]["type"] == "host-local"
+    assert bridge["ipam"]["dataDir"].startswith("/srv/state/")
+
+
+def test_component_argv_are_lists_with_state_paths() -> None:
+    bin_dir = Path("/cache/bin")
+    api = configs.apiserver_argv(LAYOUT, bin_dir)
+    assert api[0] == "/cache/bin/kube-apiserver"
+    assert "--authorization-mode=Node,RBAC" in api
+    assert "--bind-address=127.0.0.1" in api
+    assert any(a.startswith("--service-account-signing-key-file=/srv/state/") for a in api)
+    assert "--unsafe-no-fsync" in configs.etcd_argv(LAYOUT)
+    cm = configs.controller_manager_argv(LAYOUT, bin_dir)
+    assert "--controllers=*,-nodeipam,-cloud-node-lifecycle" in cm
+    assert "--leader-elect=false" in configs.scheduler_argv(LAYOUT, bin_dir)
+    assert f"--node-ip={NODE_IP}" in configs.kubelet_argv(LAYOUT, bin_dir)
+    assert {2379, 6443, 10250} <= set(PORTS)
+
+
+def test_token_file_and_kubeconfig() -> None:
+    idents = [
+        configs.Identity("admin", ("system:masters",), "t1"),
+        configs.Identity("system:kube-scheduler", (), "t2"),
+    ]
+    assert configs.token_file(idents) == (
+        't1,admin,admin,"system:masters"\nt2,system:kube-scheduler,system:kube-scheduler,""\n'
+    )
+    kc = configs.kubeconfig(
+        server="https://127.0.0.1:6443", ca_pem="PEM", user="u", token="t", namespace="ns"
+    )
+    assert kc["users"] == [{"name": "u", "user": {"token": "t"}}]
+    assert kc["contexts"][0]["context"]["namespace"] == "ns"
+    ca = kc["clusters"][0]["cluster"]["certificate-authority-data"]
+    assert base64.b64decode(ca) == b"PEM"
+
+
+def _deploy_objects() -> list[dict[str, object]]:
+    kustomization = yaml.safe_load((REPO / "deploy" / "kustomization.yaml").read_text())
+    objects = []
+    for name in kustomization["resources"]:
+        objects += list(yaml.safe_load_all((REPO / "deploy" / name).read_text()))
+    return objects
+
+
+def test_deploy_manifests_match_the_rbac_builder() -> None:
+    kustomization = yaml.safe_load((REPO / "deploy" / "kustomization.yaml").read_text())
+    assert kustomization["kind"] == "Kustomization"
+    assert kustomization["namespace"] == "rankpack"
+    assert _deploy_objects() == rbac.backend_rbac()
+
+
+def test_rbac_is_least_privilege() -> None:
+    objects = rbac.backend_rbac("ns")
+    kinds = [o["kind"] for o in objects]
+    assert kinds == ["ServiceAccount", "Role", "RoleBinding"]  # never a ClusterRole
+    role = objects[1]
+    rules = {r: set(rule["verbs"]) for rule in role["rules"] for r in rule["resources"]}
+    assert rules["pods/resize"] == {"get", "patch"}
+    assert rules["pods/exec"] == {"create", "get"}
+    assert "secrets" not in rules and "nodes" not in rules
+    assert all("*" not in verbs for verbs in rules.values())
+    binding = objects[2]
+    assert binding["roleRef"]["kind"] == "Role"
+    assert binding["subjects"] == [
+        {"kind": "ServiceAccount", "name": rbac.SERVICE_ACCOUNT, "namespace": "ns"}
+    ]
+    assert all(o["metadata"]["namespace"] == "ns" for o in objects)
+
+
+def test_cli_registers_dev_cluster(capsys: pytest.CaptureFixture[str]) -> None:
+    from rankpack.cli import main
+
+    assert main(["dev-cluster", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "up" in out and "down" in out and "status" in out
+
+
+def test_cli_bad_version_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    from rankpack.cli import main
+
+    assert main(["dev-cluster", "up", "--version", "latest"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "not a Kubernetes release" in err

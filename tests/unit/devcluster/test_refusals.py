@@ -1,0 +1,63 @@
+"""`rankpack dev-cluster` refuses, in one line with exit code 2, when it cannot run."""
+
+from __future__ import annotations
+
+import shutil
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from rankpack.devcluster import cluster, packages
+
+
+def test_not_root_is_refused() -> None:
+    setpriv = shutil.which("setpriv")
+    if setpriv is None:
+        pytest.skip("setpriv (util-linux) not installed")
+    proc = subprocess.run(
+        [
+            setpriv,
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            sys.executable,
+            "-m",
+            "rankpack",
+            "dev-cluster",
+            "up",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        env={"PATH": "/usr/bin:/bin", "HOME": "/tmp"},
+    )
+    assert proc.returncode == 2, proc.stderr
+    err = proc.stderr.strip()
+    assert err.count("\n") == 0 and "must run as root" in err
+
+
+def test_a_taken_port_is_named() -> None:
+    with socket.socket() as s:
+        try:
+            s.bind(("127.0.0.1", 10259))
+        except OSError:
+            pytest.skip("port 10259 is in use (a dev cluster is up)")
+        s.listen()
+        assert "10259 (kube-scheduler)" in cluster._ports_taken()
+
+
+def test_missing_packages_hint_names_the_install_command() -> None:
+    hint = packages.install_hint(["umoci", "etcd-server"])
+    assert "umoci etcd-server" in hint and "apt-get install umoci etcd-server" in hint
+    assert "\n" not in hint
+    assert set(packages.REQUIRED) >= {
+        "containerd",
+        "runc",
+        "containernetworking-plugins",
+        "etcd-server",
+        "busybox-static",
+        "umoci",
+    }
