@@ -204,13 +204,18 @@ class ClientKubeApi:
     ) -> int:
         import time
 
+        from kubernetes import client
         from kubernetes.client.exceptions import ApiException
         from kubernetes.stream import stream
         from kubernetes.stream.ws_client import ERROR_CHANNEL
 
+        # `stream` swaps the request method of the ApiClient it is given for a websocket
+        # while it runs: a private client per exec keeps concurrent REST calls (the poller,
+        # other execs) on plain HTTP.
+        core = client.CoreV1Api(client.ApiClient(self.api_client.configuration))
         try:
             ws = stream(
-                self.core.connect_get_namespaced_pod_exec,
+                core.connect_get_namespaced_pod_exec,
                 pod,
                 self.namespace,
                 container=container,

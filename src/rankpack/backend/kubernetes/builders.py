@@ -39,9 +39,10 @@ SIM_LABEL = "rankpack.dev/sim"
 RANK_LABEL = "rankpack.dev/rank"
 ROLE_LABEL = "rankpack.dev/role"
 CONTAINER = "rank"
-IDLE_COMMAND = ("/bin/sh", "-c", "trap 'exit 0' TERM INT; sleep infinity & wait")
+IDLE_COMMAND = ("/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done")
 """The rank container's entrypoint: idle (the launcher starts the rank into the container),
-and end at once on SIGTERM (a shell as pid 1 ignores signals it does not trap)."""
+end at once on SIGTERM (a shell as pid 1 ignores signals it does not trap), and outlive a
+``kill -9 -1`` of everything else in the container (`stop`)."""
 GRACE_S = 2
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
