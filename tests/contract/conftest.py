@@ -11,24 +11,33 @@ from pathlib import Path
 
 import pytest
 
-from tests.contract.env import ContractEnv, LocalEnv, SimulatedEnv
+from tests.contract.env import ContractEnv, KubernetesEnv, LocalEnv, SimulatedEnv
+from tests.k8s.conftest import dev_cluster  # noqa: F401 - the k8s tier's session cluster
 
 BACKENDS = [
     pytest.param("simulated", id="simulated"),
     pytest.param("local", id="local", marks=pytest.mark.integration),
+    pytest.param("kubernetes", id="kubernetes", marks=[pytest.mark.k8s, pytest.mark.timeout(900)]),
 ]
 
 
-def _make_env(name: str, root: Path) -> ContractEnv:
+def _make_env(name: str, root: Path, request: pytest.FixtureRequest) -> ContractEnv:
     if name == "simulated":
         return SimulatedEnv(root)
     if name == "local":
         return LocalEnv(root)
+    if name == "kubernetes":
+        # the k8s tier's session cluster (tests/k8s/conftest.py), up once per session
+        from tests.k8s.conftest import DevCluster
+
+        cluster: DevCluster = request.getfixturevalue("dev_cluster")
+        cluster.ensure_up()
+        return KubernetesEnv(root, cluster)
     raise ValueError(f"no contract env for backend {name}")
 
 
 @pytest.fixture(params=BACKENDS)
 def env(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[ContractEnv]:
-    made = _make_env(request.param, tmp_path / "runs")
+    made = _make_env(request.param, tmp_path / "runs", request)
     yield made
     made.cleanup()

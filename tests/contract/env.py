@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 from rankpack.backend.protocol import (
     Backend,
@@ -264,3 +264,82 @@ class LocalEnv:
             for sim_id in self.created:
                 with contextlib.suppress(UnknownSimulation):
                     backend.release(sim_id)
+
+
+@dataclass
+class KubernetesEnv:
+    """The Kubernetes backend on the dev cluster, as the rankpack-backend ServiceAccount:
+    real pitzDaily in rank pods, mpirun through `pods/exec`, resizes through `pods/resize`."""
+
+    root: Path
+    cluster: Any
+    """`tests.k8s.conftest.DevCluster` (up)."""
+    n_ranks: int = 2
+    request_millis: int = 500
+    tick_s: float = 0.5
+    stage_timeout_s: float = 300.0
+    run_timeout_s: float = 300.0
+    wait_slack_s: float = 1.0
+    created: list[str] = field(default_factory=list)
+    backends: list[Any] = field(default_factory=list)
+
+    def __post_init__(self) -> None:
+        self._backend = self.new_backend()
+
+    @property
+    def backend(self) -> Backend:
+        return self._backend  # type: ignore[no-any-return]
+
+    def new_backend(self) -> Backend:
+        import dataclasses
+
+        from kubernetes import client
+
+        from rankpack.backend.kubernetes import connect, load_config
+        from rankpack.backend.kubernetes.status import cpu_millis
+
+        admin = client.CoreV1Api(self.cluster.admin_api())
+        (node,) = admin.list_node().items
+        config = load_config(
+            self.cluster.up_result.service_account_kubeconfig,
+            namespace=self.cluster.namespace,
+            pod_subnet="10.201.0.0/24",
+        )
+        config = dataclasses.replace(
+            config, allocatable_millis=cpu_millis(node.status.allocatable["cpu"])
+        )
+        backend = connect(config)
+        self.backends.append(backend)
+        return backend
+
+    def stage_spec(self, sim_id: str, length: Length = "short") -> StageSpec:
+        self.created.append(sim_id)
+        return StageSpec(
+            sim_id=sim_id, case="pitzDaily", n_ranks=self.n_ranks, runs_root=self.root,
+            iterations=20 if length == "short" else 1_000_000,
+        )  # fmt: skip
+
+    def bad_stage_spec(self, sim_id: str) -> StageSpec:
+        self.created.append(sim_id)
+        return StageSpec(
+            sim_id=sim_id, case=str(self.root / "no-such-case"), n_ranks=1, runs_root=self.root
+        )
+
+    def sim_spec(self, sim_id: str, staged: StagedCase) -> SimSpec:
+        from dataclasses import replace
+
+        from rankpack.case.openfoam import rank_env
+
+        spec = _default_sim_spec(sim_id, staged, self.n_ranks, self.request_millis)
+        return replace(spec, env=rank_env())
+
+    def cleanup(self) -> None:
+        import contextlib
+
+        from rankpack.backend.protocol import UnknownSimulation
+
+        for backend in reversed(self.backends):
+            for sim_id in self.created:
+                with contextlib.suppress(UnknownSimulation):
+                    backend.release(sim_id)
+            backend.close()

@@ -1,0 +1,56 @@
+"""The Kubernetes backend: one pod per MPI rank, CPU requests resized in place (pods/resize).
+
+Public surface: `KubernetesBackend`, `KubernetesConfig`, `load_config` (kubectl's defaults
+for ``--kubeconfig``/``--context``/``--namespace``) and `connect` (a backend on the
+official client, with a clear error when the apiserver cannot be reached). Pure builders
+live in `builders`, pod-status readings in `status`, the API boundary in `api`, the rsh
+agent mpirun uses in `rsh`. See ``docs/decisions/0008-kubernetes-launcher.md``.
+"""
+
+from __future__ import annotations
+
+from rankpack.backend.kubernetes.api import ClientKubeApi, KubeApi, KubeError
+from rankpack.backend.kubernetes.backend import KubernetesBackend
+from rankpack.backend.kubernetes.config import (
+    DEV_IMAGE,
+    HostPathVolume,
+    KubernetesConfig,
+    PvcVolume,
+    VolumeSource,
+    load_config,
+    parse_volume,
+)
+from rankpack.backend.protocol import BackendError
+
+__all__ = [
+    "DEV_IMAGE",
+    "ClientKubeApi",
+    "HostPathVolume",
+    "KubeApi",
+    "KubeError",
+    "KubernetesBackend",
+    "KubernetesConfig",
+    "PvcVolume",
+    "VolumeSource",
+    "connect",
+    "load_config",
+    "parse_volume",
+]
+
+
+def connect(config: KubernetesConfig) -> KubernetesBackend:
+    """A backend on the official client; fails at once, in one line, if the apiserver does
+    not answer or the identity may not use the namespace."""
+    api = ClientKubeApi(config)
+    try:
+        api.list_pods("app.kubernetes.io/managed-by=rankpack")
+    except KubeError as exc:
+        if exc.status == 0:
+            raise BackendError(
+                f"the Kubernetes API at {api.host} is unreachable ({exc.message}); "
+                "is the cluster up (rankpack dev-cluster status)?"
+            ) from exc
+        raise BackendError(
+            f"cannot list pods in namespace {config.namespace} at {api.host}: {exc}"
+        ) from exc
+    return KubernetesBackend(api, config)

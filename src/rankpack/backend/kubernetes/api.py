@@ -1,0 +1,294 @@
+"""The project's boundary to the Kubernetes API: `KubeApi`, and `ClientKubeApi` behind it.
+
+The backend calls only `KubeApi` (plain JSON dicts in and out, as the API spells them), so
+unit tests replace it with a fake that records the list of actions (mpi-operator's style),
+and the real implementation is the only code that imports the official ``kubernetes``
+client. Objects are read as raw JSON rather than through the client's generated models: the
+models of a client older than the server drop fields the backend needs (the resize
+conditions, ``status.observedGeneration``, ``containerStatuses[].resources``).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, BinaryIO, Protocol
+
+from rankpack.backend.kubernetes.config import KubernetesConfig
+from rankpack.backend.protocol import BackendError
+
+Obj = dict[str, Any]
+
+
+class KubeError(BackendError):
+    """The apiserver answered with an error status (or could not be reached: status 0)."""
+
+    def __init__(self, status: int, reason: str, message: str) -> None:
+        super().__init__(f"{reason or status}: {message}" if message else str(reason or status))
+        self.status = status
+        self.reason = reason
+        self.message = message
+
+    @property
+    def not_found(self) -> bool:
+        return self.status == 404
+
+    @property
+    def conflict(self) -> bool:
+        return self.status == 409
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    exit_code: int
+    stdout: str
+    stderr: str
+
+
+class KubeApi(Protocol):
+    """What the backend does with the API, in the API's own words (namespace-scoped but
+    `list_nodes` and `list_pods_all_namespaces`)."""
+
+    namespace: str
+
+    def list_nodes(self) -> list[Obj]: ...
+    def list_pods_all_namespaces(self, field_selector: str = "") -> list[Obj]: ...
+    def list_pods(self, label_selector: str) -> list[Obj]: ...
+    def get_pod(self, name: str) -> Obj: ...
+    def create(self, kind: str, body: Obj) -> Obj:
+        """``kind``: ``pods``, ``services``, ``configmaps`` or ``events``."""
+        ...
+
+    def get(self, kind: str, name: str) -> Obj: ...
+    def list(self, kind: str, label_selector: str) -> list[Obj]: ...
+    def delete(self, kind: str, name: str, propagation: str = "Background") -> None: ...
+    def patch_resize(self, name: str, patch: Obj) -> Obj:
+        """Strategic-merge patch of the ``pods/resize`` subresource."""
+        ...
+
+    def exec(self, pod: str, container: str, argv: Sequence[str], timeout_s: float) -> ExecResult:
+        """Run ``argv`` in a container (``pods/exec``) and collect its output."""
+        ...
+
+
+_PATHS = {"pods": "pods", "services": "services", "configmaps": "configmaps", "events": "events"}
+
+
+class ClientKubeApi:
+    """`KubeApi` through the official ``kubernetes`` client."""
+
+    def __init__(self, config: KubernetesConfig, *, request_timeout_s: float = 30.0) -> None:
+        from kubernetes import client
+        from kubernetes import config as kconfig
+
+        try:
+            if config.kubeconfig is None:
+                configuration = client.Configuration()
+                kconfig.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
+                self.api_client = client.ApiClient(configuration)
+            else:
+                self.api_client = kconfig.new_client_from_config(  # type: ignore[no-untyped-call]
+                    config_file=str(config.kubeconfig), context=config.context
+                )
+        except Exception as exc:  # ConfigException, YAML and file errors alike
+            raise BackendError(f"cannot load the Kubernetes configuration: {exc}") from exc
+        self.core = client.CoreV1Api(self.api_client)
+        self.namespace = config.namespace
+        self.timeout_s = request_timeout_s
+        self.host = str(self.api_client.configuration.host)
+
+    # -- plumbing --------------------------------------------------------------------------
+
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        query: Mapping[str, str] | None = None,
+        body: Obj | None = None,
+        content_type: str = "application/json",
+    ) -> Obj:
+        from kubernetes.client.exceptions import ApiException
+
+        try:
+            method, url, headers, body_s, post = self.api_client.param_serialize(
+                method=method,
+                resource_path=path,
+                query_params=list(query.items()) if query else None,
+                header_params={"Accept": "application/json", "Content-Type": content_type},
+                body=body,
+                auth_settings=["BearerToken"],
+            )
+            response = self.api_client.call_api(
+                method, url, header_params=headers, body=body_s, post_params=post,
+                _request_timeout=self.timeout_s,
+            )  # fmt: skip
+            data = response.read()  # type: ignore[no-untyped-call]
+        except ApiException as exc:
+            raise _api_error(exc) from exc
+        except Exception as exc:  # urllib3: connection refused, TLS, timeouts
+            raise KubeError(
+                0, "Unreachable", f"cannot reach the apiserver {self.host}: {exc}"
+            ) from exc
+        if not 200 <= int(response.status) < 300:
+            raise _error_from(int(response.status), str(response.reason or ""), data)
+        if not data:
+            return {}
+        result: Obj = json.loads(data)
+        return result
+
+    def _ns(self, kind: str, name: str = "") -> str:
+        base = f"/api/v1/namespaces/{self.namespace}/{_PATHS[kind]}"
+        return f"{base}/{name}" if name else base
+
+    # -- KubeApi ---------------------------------------------------------------------------
+
+    def list_nodes(self) -> list[Obj]:
+        return list(self._call("GET", "/api/v1/nodes").get("items", []))
+
+    def list_pods_all_namespaces(self, field_selector: str = "") -> list[Obj]:
+        query = {"fieldSelector": field_selector} if field_selector else None
+        return list(self._call("GET", "/api/v1/pods", query=query).get("items", []))
+
+    def list_pods(self, label_selector: str) -> list[Obj]:
+        return self.list("pods", label_selector)
+
+    def get_pod(self, name: str) -> Obj:
+        return self.get("pods", name)
+
+    def create(self, kind: str, body: Obj) -> Obj:
+        return self._call("POST", self._ns(kind), body=body)
+
+    def get(self, kind: str, name: str) -> Obj:
+        return self._call("GET", self._ns(kind, name))
+
+    def list(self, kind: str, label_selector: str) -> list[Obj]:
+        query = {"labelSelector": label_selector}
+        return list(self._call("GET", self._ns(kind), query=query).get("items", []))
+
+    def delete(self, kind: str, name: str, propagation: str = "Background") -> None:
+        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        self._call("DELETE", self._ns(kind, name), body=body)
+
+    def patch_resize(self, name: str, patch: Obj) -> Obj:
+        return self._call(
+            "PATCH",
+            self._ns("pods", name) + "/resize",
+            body=patch,
+            content_type="application/strategic-merge-patch+json",
+        )
+
+    def exec(self, pod: str, container: str, argv: Sequence[str], timeout_s: float) -> ExecResult:
+        out: list[bytes] = []
+        err: list[bytes] = []
+        code = self._exec_stream(pod, container, argv, out.append, err.append, timeout_s)
+        return ExecResult(code, b"".join(out).decode(errors="replace"),
+                          b"".join(err).decode(errors="replace"))  # fmt: skip
+
+    def exec_attached(self, pod: str, container: str, argv: Sequence[str]) -> int:
+        """Run ``argv`` in a container with its output streamed to ours (the rsh agent)."""
+        return self._exec_stream(
+            pod, container, argv, _writer(sys.stdout.buffer), _writer(sys.stderr.buffer), None
+        )
+
+    def _exec_stream(
+        self,
+        pod: str,
+        container: str,
+        argv: Sequence[str],
+        on_out: Any,
+        on_err: Any,
+        timeout_s: float | None,
+    ) -> int:
+        import time
+
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.stream import stream
+        from kubernetes.stream.ws_client import ERROR_CHANNEL
+
+        # `stream` swaps the request method of the ApiClient it is given for a websocket
+        # while it runs: a private client per exec keeps concurrent REST calls (the poller,
+        # other execs) on plain HTTP.
+        core = client.CoreV1Api(client.ApiClient(self.api_client.configuration))
+        try:
+            ws = stream(
+                core.connect_get_namespaced_pod_exec,
+                pod,
+                self.namespace,
+                container=container,
+                command=list(argv),
+                stdin=False,
+                stdout=True,
+                stderr=True,
+                tty=False,
+                _preload_content=False,
+            )
+        except ApiException as exc:
+            raise _api_error(exc) from exc
+        except Exception as exc:
+            raise KubeError(0, "Unreachable", f"cannot exec in pod {pod}: {exc}") from exc
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            while ws.is_open():
+                ws.update(timeout=1)
+                if ws.peek_stdout():
+                    on_out(ws.read_stdout().encode())
+                if ws.peek_stderr():
+                    on_err(ws.read_stderr().encode())
+                if deadline is not None and time.monotonic() > deadline:
+                    raise KubeError(0, "Timeout", f"exec in pod {pod} took over {timeout_s} s")
+            for channel, sink in ((1, on_out), (2, on_err)):  # what arrived with the close
+                rest = ws.read_channel(channel)
+                if rest:
+                    sink(rest.encode() if isinstance(rest, str) else rest)
+            status_text = ws.read_channel(ERROR_CHANNEL)
+        finally:
+            ws.close()
+        return _exec_code(status_text)
+
+
+def _writer(stream: BinaryIO) -> Any:
+    def write(data: bytes) -> None:
+        stream.write(data)
+        stream.flush()
+
+    return write
+
+
+def _exec_code(status_text: str) -> int:
+    """The exit code in the exec error channel's Status (Success → 0)."""
+    if not status_text:
+        return 0
+    try:
+        status = json.loads(status_text)
+    except ValueError:
+        return 1
+    if status.get("status") == "Success":
+        return 0
+    for cause in status.get("details", {}).get("causes", []):
+        if cause.get("reason") == "ExitCode":
+            try:
+                return int(cause.get("message", "1"))
+            except ValueError:
+                return 1
+    return 1
+
+
+def _api_error(exc: Any) -> KubeError:
+    status = int(getattr(exc, "status", 0) or 0)
+    return _error_from(status, str(getattr(exc, "reason", "") or ""), getattr(exc, "body", None))
+
+
+def _error_from(status: int, reason: str, body: Any) -> KubeError:
+    message = ""
+    if body:
+        try:
+            parsed = json.loads(body)
+            message = str(parsed.get("message", ""))
+            reason = str(parsed.get("reason", reason))
+        except (ValueError, AttributeError):
+            message = str(body)[:500]
+    return KubeError(status, reason, message)

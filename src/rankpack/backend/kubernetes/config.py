@@ -1,0 +1,176 @@
+"""Where the Kubernetes backend connects, and the case volume's shape: settings, no I/O but reads.
+
+`KubernetesConfig` is what the CLI builds from ``--kubeconfig``/``--context``/``--namespace``
+(`load_config` resolves them the way kubectl does: the flag, else ``$KUBECONFIG``, else
+``~/.kube/config``, else the in-cluster ServiceAccount). `VolumeSource` is the typed choice
+of where the case lives in a rank pod (`parse_volume` reads ``SimSpec.volume``).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from rankpack.errors import UserError
+
+IN_CLUSTER_DIR = Path("/var/run/secrets/kubernetes.io/serviceaccount")
+DEV_IMAGE = "rankpack.local/host-usr:1"
+"""The dev cluster's "host /usr" image (`rankpack dev-cluster`): mounts this host's /usr."""
+DEV_IMAGE_PREFIX = "rankpack.local/"
+"""Images built locally by the dev cluster: never pulled (``imagePullPolicy: Never``)."""
+
+
+@dataclass(frozen=True)
+class KubernetesConfig:
+    """How to reach the cluster and what to run there."""
+
+    kubeconfig: Path | None = None
+    """A kubeconfig file; None: in-cluster configuration (a pod's ServiceAccount)."""
+    context: str | None = None
+    """The kubeconfig context; None: its current context."""
+    namespace: str = "default"
+    """Where every object of a simulation is created."""
+    image: str = DEV_IMAGE
+    """The rank pods' image when the simulation names none (it must hold the solver, Open
+    MPI's orted, /bin/sh and sleep)."""
+    pod_subnet: str | None = None
+    """The pod network (CIDR) Open MPI's TCP traffic uses (``oob/btl_tcp_if_include``);
+    None: let Open MPI pick interfaces."""
+    allocatable_millis: int | None = None
+    """Capacity to assume when the identity may not read nodes (no ClusterRole)."""
+    poll_s: float = 0.25
+    """How often the pods of all simulations are listed (the backend's event source)."""
+    start_timeout_s: float = 300.0
+    """A simulation whose rank pods do not all run within this fails (e.g. unschedulable)."""
+    release_timeout_s: float = 60.0
+    """How long `release` waits for the garbage collector to remove the rank pods."""
+
+
+def default_kubeconfig() -> Path | None:
+    """kubectl's order: ``$KUBECONFIG`` (first entry), ``~/.kube/config``, in-cluster."""
+    env = os.environ.get("KUBECONFIG")
+    if env:
+        first = next((p for p in env.split(os.pathsep) if p), None)
+        if first:
+            return Path(first).expanduser()
+    home = Path("~/.kube/config").expanduser()
+    if home.is_file():
+        return home
+    return None
+
+
+def load_config(
+    kubeconfig: str | Path | None = None,
+    context: str | None = None,
+    namespace: str | None = None,
+    *,
+    image: str | None = None,
+    pod_subnet: str | None = None,
+) -> KubernetesConfig:
+    """Settings from the CLI flags, filled in the way kubectl does.
+
+    The namespace is the flag, else the context's namespace, else (in a pod) the pod's
+    namespace, else ``default``.
+    """
+    path = Path(kubeconfig).expanduser() if kubeconfig else default_kubeconfig()
+    if path is None:
+        if not (IN_CLUSTER_DIR / "token").is_file():
+            raise UserError(
+                "no kubeconfig: give --kubeconfig, set KUBECONFIG, create ~/.kube/config, "
+                "or run inside a pod with a ServiceAccount"
+            )
+        ns = namespace or _read(IN_CLUSTER_DIR / "namespace") or "default"
+    else:
+        if not path.is_file():
+            raise UserError(f"kubeconfig {path} does not exist; give --kubeconfig or KUBECONFIG")
+        ns = namespace or context_namespace(path, context) or "default"
+    return KubernetesConfig(
+        kubeconfig=path,
+        context=context,
+        namespace=ns,
+        image=image or DEV_IMAGE,
+        pod_subnet=pod_subnet,
+    )
+
+
+def context_namespace(path: Path, context: str | None) -> str | None:
+    """The namespace a kubeconfig context names (None if it names none)."""
+    from kubernetes import config as kconfig
+
+    try:
+        contexts, active = kconfig.list_kube_config_contexts(config_file=str(path))  # type: ignore[no-untyped-call]
+    except Exception as exc:  # the client raises ConfigException and YAML errors alike
+        raise UserError(f"cannot read kubeconfig {path}: {exc}") from exc
+    chosen = active
+    if context is not None:
+        chosen = next((c for c in contexts if c.get("name") == context), None)
+        if chosen is None:
+            names = ", ".join(str(c.get("name")) for c in contexts)
+            raise UserError(f"no context '{context}' in {path}; it has: {names}")
+    if not chosen:
+        return None
+    ns = chosen.get("context", {}).get("namespace")
+    return str(ns) if ns else None
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip() or None
+    except OSError:
+        return None
+
+
+# -- the case volume ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class HostPathVolume:
+    """A directory of the node (the dev cluster: the controller runs on the node itself).
+
+    Mounted at the same path in every rank pod, so ``case_dir`` means the same everywhere.
+    """
+
+    path: Path
+
+
+@dataclass(frozen=True)
+class PvcVolume:
+    """A PersistentVolumeClaim (ReadWriteMany) holding the runs root on a real cluster.
+
+    It is mounted at ``mount_path`` in every rank pod; the controller must see the same
+    volume at the same path (e.g. it runs in a pod that mounts it, or on an NFS client).
+    """
+
+    claim: str
+    mount_path: Path
+
+
+VolumeSource = HostPathVolume | PvcVolume
+
+
+def parse_volume(text: str | None, case_dir: Path) -> VolumeSource:
+    """``SimSpec.volume``: None → the case directory as a host path; ``host:DIR`` → a host
+    directory holding the case; ``pvc:CLAIM[:MOUNT]`` → a claim mounted at MOUNT (default:
+    the case directory's parent, the runs root). The case must lie inside the mount."""
+    if not text:
+        return HostPathVolume(case_dir)
+    kind, _, rest = text.partition(":")
+    if kind == "host" and rest:
+        volume: VolumeSource = HostPathVolume(Path(rest))
+        mount = Path(rest)
+    elif kind == "pvc" and rest:
+        claim, _, mount_text = rest.partition(":")
+        mount = Path(mount_text) if mount_text else case_dir.parent
+        volume = PvcVolume(claim, mount)
+    else:
+        raise UserError(f"volume '{text}' not understood; use host:DIR or pvc:CLAIM[:MOUNT_PATH]")
+    if not mount.is_absolute():
+        raise UserError(f"the volume's mount path {mount} must be absolute")
+    if not case_dir.is_relative_to(mount):
+        raise UserError(f"the case {case_dir} is not inside the volume mounted at {mount}")
+    return volume
+
+
+def mount_path(volume: VolumeSource) -> Path:
+    return volume.path if isinstance(volume, HostPathVolume) else volume.mount_path

@@ -1,0 +1,415 @@
+"""The Kubernetes backend on the real dev cluster, driven by the one control loop.
+
+Every test runs the backend with the rankpack-backend ServiceAccount's kubeconfig (never
+admin); the admin client only watches from the side (pods, their cgroups) and checks that
+nothing is left. The ServiceAccount may not read nodes, so the backend is told the node's
+allocatable CPU (read here as admin), as a user of a namespace-scoped Role would be.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankpack.backend.kubernetes import KubernetesBackend, connect, load_config
+from rankpack.backend.kubernetes.status import cpu_millis
+from rankpack.backend.protocol import RankResources, ResizeState, SimPhase
+from rankpack.controller.loop import LoopResult, LoopSettings, OneJob, run_jobs
+from rankpack.controller.observations import ControllerSettings, Phase
+from rankpack.controller.submission import Submission
+from rankpack.store import Store
+from tests.k8s.conftest import DevCluster
+from tests.k8s.pods import container_cgroup
+
+POD_SUBNET = "10.201.0.0/24"
+SELECTOR = "app.kubernetes.io/managed-by=rankpack"
+
+
+def shares_for(millis: int) -> int:
+    return max(2, millis * 1024 // 1000)
+
+
+@dataclass
+class Sample:
+    t: float
+    rank: int
+    pod_uid: str
+    spec_millis: int
+    status_millis: int | None
+    restarts: int
+    shares: int | None
+    solver_pids: tuple[int, ...]
+
+
+@dataclass
+class Watcher:
+    """Samples the rank pods (as admin) and their container cgroups every 0.1 s."""
+
+    core: Any
+    namespace: str
+    solver: str = "simpleFoam"
+    samples: list[Sample] = field(default_factory=list)
+    stop: threading.Event = field(default_factory=threading.Event)
+    sim_id: str | None = None
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            try:
+                pods = self.core.list_namespaced_pod(self.namespace, label_selector=SELECTOR)
+            except Exception:
+                time.sleep(0.1)
+                continue
+            for pod in pods.items:
+                self.sim_id = pod.metadata.labels.get("rankpack.dev/sim", self.sim_id)
+                statuses = pod.status.container_statuses or []
+                if not statuses or not statuses[0].container_id:
+                    continue
+                st = statuses[0]
+                cgroup = container_cgroup(pod)
+                shares: int | None = None
+                pids: list[int] = []
+                try:
+                    shares = int((cgroup / "cpu.shares").read_text())
+                    for pid in (cgroup / "cgroup.procs").read_text().split():
+                        comm = Path(f"/proc/{pid}/comm").read_text().strip()
+                        if comm == self.solver:
+                            pids.append(int(pid))
+                except (OSError, ValueError):
+                    pass
+                status_cpu = (st.resources.requests or {}).get("cpu") if st.resources else None
+                self.samples.append(
+                    Sample(
+                        t=time.monotonic(),
+                        rank=int(pod.metadata.labels["rankpack.dev/rank"]),
+                        pod_uid=pod.metadata.uid,
+                        spec_millis=cpu_millis(pod.spec.containers[0].resources.requests["cpu"])
+                        or 0,
+                        status_millis=cpu_millis(status_cpu),
+                        restarts=st.restart_count,
+                        shares=shares,
+                        solver_pids=tuple(sorted(pids)),
+                    )
+                )
+            time.sleep(0.1)
+
+    def of_rank(self, rank: int) -> list[Sample]:
+        return [s for s in self.samples if s.rank == rank]
+
+
+@dataclass
+class Kube:
+    cluster: DevCluster
+    admin: Any
+    """CoreV1Api as admin: for watching and checking only."""
+    allocatable_millis: int
+    backend: KubernetesBackend
+
+    def run(
+        self,
+        sub: Submission,
+        runs_root: Path,
+        *,
+        during: Callable[[Watcher, threading.Event], None] | None = None,
+        settings: ControllerSettings | None = None,
+    ) -> tuple[LoopResult, Watcher, Store]:
+        store = Store(runs_root / "rankpack.db")
+        watcher = Watcher(self.admin, self.cluster.namespace)
+        stop = threading.Event()
+        threads = [threading.Thread(target=watcher.run, daemon=True)]
+        if during is not None:
+            threads.append(threading.Thread(target=during, args=(watcher, stop), daemon=True))
+        for t in threads:
+            t.start()
+        loop_settings = LoopSettings(
+            runs_root=runs_root,
+            controller=settings or ControllerSettings(max_concurrent=1),
+            tick_s=0.5,
+            shim=True,
+            # this 2-core machine is shared: ranks with ~70m requests must not spin in MPI
+            wait_mode="polite",
+        )
+        try:
+            result = run_jobs(self.backend, store, OneJob(sub), loop_settings, stop=stop)
+        finally:
+            watcher.stop.set()
+            for t in threads:
+                t.join(timeout=30)
+        return result, watcher, store
+
+    def leftovers(self) -> list[str]:
+        found = []
+        for lister in (
+            self.admin.list_namespaced_pod,
+            self.admin.list_namespaced_service,
+            self.admin.list_namespaced_config_map,
+        ):
+            items = lister(self.cluster.namespace, label_selector=SELECTOR).items
+            found += [f"{i.kind or lister.__name__}/{i.metadata.name}" for i in items]
+        return found
+
+
+@pytest.fixture
+def kube(k8s: DevCluster) -> Iterator[Kube]:
+    from kubernetes import client
+
+    admin = client.CoreV1Api(k8s.admin_api())
+    (node,) = admin.list_node().items
+    allocatable = cpu_millis(node.status.allocatable["cpu"]) or 0
+    config = load_config(
+        k8s.up_result.service_account_kubeconfig, namespace=k8s.namespace, pod_subnet=POD_SUBNET
+    )
+    config = dataclasses.replace(config, allocatable_millis=allocatable)
+    backend = connect(config)
+    kube = Kube(k8s, admin, allocatable, backend)
+    yield kube
+    backend.close()
+    deadline = time.monotonic() + 60
+    while kube.leftovers() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert kube.leftovers() == []
+
+
+def test_identity_is_the_service_account(kube: Kube) -> None:
+    from rankpack.backend.kubernetes.api import KubeError
+
+    with pytest.raises(KubeError) as info:
+        kube.backend.api.list_nodes()
+    assert info.value.status == 403
+    inv = kube.backend.inventory()  # the given allocatable, requests of the namespace's pods
+    assert inv.allocatable_millis == kube.allocatable_millis
+
+
+def test_four_ranks_with_planned_requests(kube: Kube, tmp_path: Path) -> None:
+    sub = Submission(
+        case="pitzDaily", weights=(1, 1, 5, 15), budget_millis=1600, iterations=10,
+        sizing="fixed",
+    )  # fmt: skip
+    planned = [r.cpu_millis for r in sub.plan().ranks]
+    result, watcher, store = kube.run(sub, tmp_path / "runs")
+    (run,) = result.results
+    print(f"\nplanned {planned}; wall {run.wall_s:.1f} s; iterations {run.iterations}")
+    assert run.status == "completed", run.message
+    assert run.backend == "kubernetes"
+    row = store.get_run(run.id)
+    assert (row.backend, row.status) == ("kubernetes", "completed")
+    assert run.iterations == run.expected_iterations == 10
+    assert [r.pod for r in run.ranks] == [f"rankpack-{watcher.sim_id}-{i}" for i in range(4)]
+    assert {r.node for r in run.ranks} == {"rankpack-node"}
+    assert [r.restarts for r in run.ranks] == [0, 0, 0, 0]
+    assert [r.cpu_millis for r in run.ranks] == planned
+    for rank, millis in enumerate(planned):
+        seen = {(s.spec_millis, s.status_millis, s.shares) for s in watcher.of_rank(rank)
+                if s.shares is not None and s.status_millis is not None}  # fmt: skip
+        assert seen == {(millis, millis, shares_for(millis))}, (rank, seen)
+    assert all(r.cpu_s > 0 for r in run.ranks), [r.cpu_s for r in run.ranks]
+    assert all(r.duty is not None for r in run.ranks), "shim records reached the backend"
+    log = Path(run.run_dir, "log.simpleFoam").read_text()
+    assert "End" in log
+
+
+def test_phase_schedule_resizes_running_ranks_in_place(kube: Kube, tmp_path: Path) -> None:
+    before, after = (250, 250, 500, 800), (800, 500, 250, 250)
+    sub = Submission(
+        case="pitzDaily", weights=(1, 1, 1, 1), budget_millis=1800, iterations=40,
+        phases=(Phase(0.0, before), Phase(0.3, after)), sizing="fixed",
+    )  # fmt: skip
+    result, watcher, _ = kube.run(sub, tmp_path / "runs")
+    (run,) = result.results
+    assert run.status == "completed", run.message
+    done = [r for r in run.resizes if r.status == "completed"]
+    assert sorted((r.rank, r.from_millis, r.to_millis) for r in done) == [
+        (0, 250, 800), (1, 250, 500), (2, 500, 250), (3, 800, 250),
+    ]  # fmt: skip
+    latencies = sorted(r.latency_s or 0 for r in done)
+    print(f"\nresize latencies (patch → status completed): {latencies}")
+    assert all(0 < lat < 10 for lat in latencies)
+    assert [r.restarts for r in run.ranks] == [0, 0, 0, 0]
+    for rank in range(4):
+        samples = [s for s in watcher.of_rank(rank) if s.solver_pids and s.shares]
+        old = [s for s in samples if s.shares == shares_for(before[rank])]
+        new = [s for s in samples if s.shares == shares_for(after[rank])]
+        assert old and new, (rank, {s.shares for s in samples})
+        assert old[-1].t < new[0].t
+        # the same solver process, in the same container, saw its cgroup change
+        assert old[-1].solver_pids == new[0].solver_pids == samples[-1].solver_pids
+        assert {s.pod_uid for s in samples} == {samples[0].pod_uid}
+        assert {s.restarts for s in samples} == {0}
+        print(
+            f"rank {rank}: cpu.shares {old[-1].shares} -> {new[0].shares}, "
+            f"solver pid {new[0].solver_pids}, restarts 0"
+        )
+
+
+def test_resize_above_allocatable_is_rejected_and_the_run_completes(
+    kube: Kube, tmp_path: Path
+) -> None:
+    # The backend is told of far more CPU than the node has, so the policy asks for a
+    # request the node cannot give: the apiserver (1.36) refuses it.
+    big = kube.allocatable_millis + 3000
+    kube.backend.config = dataclasses.replace(kube.backend.config, allocatable_millis=big + 2000)
+    first, second = (100, 100, 400, 1000), (100, 100, 400, big)
+    sub = Submission(
+        case="pitzDaily", weights=(1, 1, 1, 1), budget_millis=sum(second), iterations=20,
+        phases=(Phase(0.0, first), Phase(0.3, second)), sizing="fixed",
+    )  # fmt: skip
+    result, watcher, _ = kube.run(sub, tmp_path / "runs")
+    (run,) = result.results
+    assert run.status == "completed", run.message
+    (rejected,) = [r for r in run.resizes if r.rank == 3]
+    print(f"\nresize to {big}m: {rejected.status}: {rejected.reason}")
+    assert rejected.status == "rejected"
+    assert "allocatable" in (rejected.reason or "")
+    assert run.ranks[3].cpu_millis == 1000  # kept its request
+    assert {s.spec_millis for s in watcher.of_rank(3)} == {1000}
+
+
+def test_rank_pod_deleted_mid_run_fails_the_simulation(kube: Kube, tmp_path: Path) -> None:
+    def delete_rank_2(watcher: Watcher, stop: threading.Event) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if any(s.solver_pids for s in watcher.of_rank(2)) and watcher.sim_id:
+                time.sleep(2)
+                kube.admin.delete_namespaced_pod(
+                    f"rankpack-{watcher.sim_id}-2", kube.cluster.namespace
+                )
+                return
+            time.sleep(0.2)
+
+    sub = Submission(
+        case="pitzDaily", weights=(1, 1, 1, 1), budget_millis=1600, iterations=2000,
+        sizing="fixed",
+    )  # fmt: skip
+    result, watcher, _ = kube.run(sub, tmp_path / "runs", during=delete_rank_2)
+    (run,) = result.results
+    print(f"\n{run.status}: {run.message}")
+    assert run.status == "failed"
+    assert f"rank pod rankpack-{watcher.sim_id}-2" in (run.message or "")
+    assert run.iterations < 2000
+
+
+def test_interrupt_deletes_everything(kube: Kube, tmp_path: Path) -> None:
+    def interrupt(watcher: Watcher, stop: threading.Event) -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if all(any(s.solver_pids for s in watcher.of_rank(r)) for r in range(2)):
+                time.sleep(2)
+                stop.set()
+                return
+            time.sleep(0.2)
+
+    sub = Submission(
+        case="pitzDaily", weights=(1, 1), budget_millis=1000, iterations=2000, sizing="fixed"
+    )
+    result, _, _ = kube.run(sub, tmp_path / "runs", during=interrupt)
+    assert result.status == "interrupted"
+    (run,) = result.results
+    assert run.status == "interrupted"
+    assert kube.leftovers() == []  # release waited for the garbage collector
+
+
+def test_backend_reports_resize_states_directly(kube: Kube, tmp_path: Path) -> None:
+    """The protocol seen without the loop: pending at once, completed from the status."""
+    from rankpack.backend.protocol import SimSpec
+
+    case = tmp_path / "case"
+    case.mkdir()
+    spec = SimSpec(
+        sim_id="direct1",
+        case_dir=case,
+        command=("sleep", "60"),
+        ranks=(RankResources(200), RankResources(300)),
+        log_path=case / "log",
+    )
+    b = kube.backend
+    b.launch(spec)
+    try:
+        deadline = time.monotonic() + 90
+        while b.observe("direct1").phase is not SimPhase.RUNNING:
+            assert time.monotonic() < deadline, b.observe("direct1").reason
+            b.wait(0.5)
+        st = b.resize("direct1", 1, RankResources(700))
+        assert st.state in (ResizeState.PENDING, ResizeState.COMPLETED)
+        deadline = time.monotonic() + 30
+        while True:
+            r = b.observe("direct1").ranks[1]
+            if r.resize is not None and r.resize.state.final:
+                break
+            assert time.monotonic() < deadline
+            b.wait(0.2)
+        print(f"\ndirect resize 300m -> 700m: {r.resize.state}, {r.resize.latency_s:.3f} s")
+        assert r.resize.state is ResizeState.COMPLETED
+        assert r.allocated == RankResources(700)
+        assert r.usage_ns >= 0 and r.restarts == 0
+        refs = {ref.sim_id: ref for ref in b.list()}
+        assert refs["direct1"].phase is SimPhase.RUNNING
+    finally:
+        b.release("direct1")
+    assert b.list() == ()
+
+
+def test_resize_latency_over_twenty_resizes(kube: Kube, tmp_path: Path) -> None:
+    """Patch → the container's cpu.shares, and patch → the backend's `completed`."""
+    import statistics
+
+    from rankpack.backend.protocol import SimSpec
+
+    case = tmp_path / "case"
+    case.mkdir()
+    spec = SimSpec(
+        sim_id="latency1",
+        case_dir=case,
+        command=("sleep", "600"),
+        ranks=(RankResources(300),),
+        log_path=case / "log",
+    )
+    b = kube.backend
+    b.launch(spec)
+    to_cgroup: list[float] = []
+    to_completed: list[float] = []
+    try:
+        deadline = time.monotonic() + 90
+        while b.observe("latency1").phase is not SimPhase.RUNNING:
+            assert time.monotonic() < deadline, b.observe("latency1").reason
+            b.wait(0.5)
+        pod = kube.admin.read_namespaced_pod("rankpack-latency1-0", kube.cluster.namespace)
+        shares = container_cgroup(pod) / "cpu.shares"
+        for i in range(20):
+            millis = 400 + 100 * (i % 8)
+            if millis == b.observe("latency1").ranks[0].desired.request_millis:
+                millis += 50
+            t0 = time.monotonic()
+            b.resize("latency1", 0, RankResources(millis))
+            while int(shares.read_text()) != shares_for(millis):
+                assert time.monotonic() - t0 < 30, f"cpu.shares never reached {millis}m"
+                time.sleep(0.005)
+            to_cgroup.append(time.monotonic() - t0)
+            while True:
+                r = b.observe("latency1").ranks[0].resize
+                assert r is not None
+                if r.state.final:
+                    break
+                assert time.monotonic() - t0 < 30
+                b.wait(0.05)
+            assert r.state is ResizeState.COMPLETED, r
+            assert r.latency_s is not None
+            to_completed.append(r.latency_s)
+    finally:
+        b.release("latency1")
+
+    def p(values: list[float], q: float) -> float:
+        return statistics.quantiles(values, n=100, method="inclusive")[int(q) - 1]
+
+    print(
+        f"\n20 resizes: patch→cpu.shares p50 {statistics.median(to_cgroup):.3f} s "
+        f"p95 {p(to_cgroup, 95):.3f} s max {max(to_cgroup):.3f} s; "
+        f"patch→completed (backend) p50 {statistics.median(to_completed):.3f} s "
+        f"p95 {p(to_completed, 95):.3f} s"
+    )
+    assert statistics.median(to_cgroup) < 5

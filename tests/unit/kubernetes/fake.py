@@ -1,0 +1,187 @@
+"""FakeKubeApi: the `KubeApi` boundary in memory, recording every action (mpi-operator style).
+
+Tests move pods through their lives themselves (`run_pod`, `settle_resize`), as the
+kubelet and the scheduler would; deleting an owner garbage-collects its dependents.
+"""
+
+from __future__ import annotations
+
+import copy
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from rankpack.backend.kubernetes.api import ExecResult, KubeError
+from rankpack.backend.kubernetes.status import cpu_millis
+
+Obj = dict[str, Any]
+
+
+def _matches(obj: Obj, selector: str) -> bool:
+    labels = obj.get("metadata", {}).get("labels") or {}
+    for term in filter(None, selector.split(",")):
+        key, eq, value = term.partition("=")
+        if eq and labels.get(key) != value:
+            return False
+        if not eq and key not in labels:
+            return False
+    return True
+
+
+@dataclass
+class FakeKubeApi:
+    namespace: str = "rankpack"
+    objects: dict[tuple[str, str], Obj] = field(default_factory=dict)
+    actions: list[tuple[str, ...]] = field(default_factory=list)
+    nodes: list[Obj] = field(default_factory=list)
+    other_pods: list[Obj] = field(default_factory=list)
+    """Pods of other namespaces (counted by `inventory`)."""
+    resize_limit_millis: int | None = None
+    """Refuse resizes above this with Forbidden, like 1.36 above allocatable."""
+    forbid_nodes: bool = False
+    events: list[Obj] = field(default_factory=list)
+    _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+
+    # -- KubeApi ------------------------------------------------------------------------
+
+    def list_nodes(self) -> list[Obj]:
+        self.actions.append(("list", "nodes"))
+        if self.forbid_nodes:
+            raise KubeError(403, "Forbidden", "nodes is forbidden")
+        return copy.deepcopy(self.nodes)
+
+    def list_pods_all_namespaces(self, field_selector: str = "") -> list[Obj]:
+        self.actions.append(("list", "pods", "*"))
+        return [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == "pods"] + [
+            copy.deepcopy(p) for p in self.other_pods
+        ]
+
+    def list_pods(self, label_selector: str) -> list[Obj]:
+        return self.list("pods", label_selector)
+
+    def get_pod(self, name: str) -> Obj:
+        return self.get("pods", name)
+
+    def create(self, kind: str, body: Obj) -> Obj:
+        if kind == "events":
+            self.actions.append(
+                ("create", "events", body["involvedObject"]["name"], body["reason"])
+            )
+            self.events.append(copy.deepcopy(body))
+            return copy.deepcopy(body)
+        name = body["metadata"]["name"]
+        self.actions.append(("create", kind, name))
+        if (kind, name) in self.objects:
+            raise KubeError(409, "AlreadyExists", f"{kind} {name} exists")
+        obj = copy.deepcopy(body)
+        meta = obj["metadata"]
+        meta["uid"] = f"uid-{next(self._uids)}"
+        meta["resourceVersion"] = "1"
+        meta["generation"] = 1
+        meta["namespace"] = self.namespace
+        if kind == "pods":
+            obj["status"] = {"phase": "Pending"}
+        self.objects[(kind, name)] = obj
+        return copy.deepcopy(obj)
+
+    def get(self, kind: str, name: str) -> Obj:
+        self.actions.append(("get", kind, name))
+        if (kind, name) not in self.objects:
+            raise KubeError(404, "NotFound", f"{kind} {name} not found")
+        return copy.deepcopy(self.objects[(kind, name)])
+
+    def list(self, kind: str, label_selector: str) -> list[Obj]:
+        self.actions.append(("list", kind, label_selector))
+        return [
+            copy.deepcopy(o)
+            for (k, _), o in sorted(self.objects.items())
+            if k == kind and _matches(o, label_selector)
+        ]
+
+    def delete(self, kind: str, name: str, propagation: str = "Background") -> None:
+        self.actions.append(("delete", kind, name, propagation))
+        obj = self.objects.pop((kind, name), None)
+        if obj is None:
+            raise KubeError(404, "NotFound", f"{kind} {name} not found")
+        uid = obj["metadata"]["uid"]
+        for key, dep in list(self.objects.items()):  # the garbage collector
+            owners = dep["metadata"].get("ownerReferences") or []
+            if any(o["uid"] == uid for o in owners):
+                del self.objects[key]
+
+    def patch_resize(self, name: str, patch: Obj) -> Obj:
+        self.actions.append(("patch", "pods/resize", name))
+        pod = self.objects.get(("pods", name))
+        if pod is None:
+            raise KubeError(404, "NotFound", f"pods {name} not found")
+        new = patch["spec"]["containers"][0]["resources"]
+        want = cpu_millis(new["requests"]["cpu"]) or 0
+        if self.resize_limit_millis is not None and want > self.resize_limit_millis:
+            raise KubeError(
+                403, "Forbidden", "pod resize: node didn't have enough allocatable resources"
+            )
+        container = pod["spec"]["containers"][0]
+        if container["resources"] != new:
+            container["resources"] = copy.deepcopy(new)
+            pod["metadata"]["generation"] += 1
+            self._bump(pod)
+        return copy.deepcopy(pod)
+
+    def exec(self, pod: str, container: str, argv: Sequence[str], timeout_s: float) -> ExecResult:
+        self.actions.append(("exec", pod, " ".join(argv)))
+        return ExecResult(0, "", "")
+
+    # -- what the kubelet and the scheduler would do -------------------------------------
+
+    def _bump(self, obj: Obj) -> None:
+        obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+
+    def run_pod(self, name: str, node: str = "node-1", ip: str = "10.201.0.5") -> None:
+        pod = self.objects[("pods", name)]
+        res = pod["spec"]["containers"][0]["resources"]
+        pod["spec"]["nodeName"] = node
+        pod["status"] = {
+            "phase": "Running",
+            "podIP": ip,
+            "observedGeneration": pod["metadata"]["generation"],
+            "containerStatuses": [
+                {
+                    "name": "rank",
+                    "restartCount": 0,
+                    "state": {"running": {"startedAt": "now"}},
+                    "containerID": f"containerd://{name}",
+                    "allocatedResources": {"cpu": res["requests"]["cpu"]},
+                    "resources": copy.deepcopy(res),
+                }
+            ],
+        }
+        self._bump(pod)
+
+    def set_conditions(self, name: str, *conditions: Obj) -> None:
+        pod = self.objects[("pods", name)]
+        pod["status"]["conditions"] = list(conditions)
+        pod["status"]["observedGeneration"] = pod["metadata"]["generation"]
+        self._bump(pod)
+
+    def settle_resize(self, name: str) -> None:
+        """The kubelet applied the spec's resources."""
+        pod = self.objects[("pods", name)]
+        res = pod["spec"]["containers"][0]["resources"]
+        cs = pod["status"]["containerStatuses"][0]
+        cs["resources"] = copy.deepcopy(res)
+        cs["allocatedResources"] = {"cpu": res["requests"]["cpu"]}
+        pod["status"]["conditions"] = []
+        pod["status"]["observedGeneration"] = pod["metadata"]["generation"]
+        self._bump(pod)
+
+    def evict(self, name: str) -> None:
+        pod = self.objects[("pods", name)]
+        pod["status"]["phase"] = "Failed"
+        pod["status"]["reason"] = "Evicted"
+        pod["status"]["message"] = "The node was low on resource: memory."
+        self._bump(pod)
+
+    def writes(self) -> list[tuple[str, ...]]:
+        """The actions that change something (no get/list)."""
+        return [a for a in self.actions if a[0] not in ("get", "list")]

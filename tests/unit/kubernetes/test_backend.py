@@ -1,0 +1,408 @@
+"""KubernetesBackend against FakeKubeApi: the list of API actions each step performs."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+from typing import IO, Any
+
+import pytest
+
+from rankpack.backend.kubernetes import KubernetesBackend, KubernetesConfig
+from rankpack.backend.kubernetes.usage import CpuCounters
+from rankpack.backend.protocol import (
+    BackendError,
+    LaunchFailed,
+    RankPhase,
+    RankResources,
+    ResizeState,
+    SimPhase,
+    SimSpec,
+    UnknownSimulation,
+)
+
+from .fake import FakeKubeApi
+
+pytestmark = pytest.mark.timeout(20)
+
+SIM = "s1"
+PODS = [f"rankpack-{SIM}-{i}" for i in range(3)]
+
+
+class FakeProc:
+    def __init__(self, argv: list[str], env: dict[str, str]) -> None:
+        self.argv = argv
+        self.env = env
+        self.returncode: int | None = None
+        self.signals: list[int] = []
+        self.done = threading.Event()
+
+    def poll(self) -> int | None:
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        self.done.wait(timeout)
+        assert self.returncode is not None
+        return self.returncode
+
+    def kill_group(self, sig: int) -> None:
+        self.signals.append(sig)
+        self.exit(-sig)
+
+    def exit(self, code: int) -> None:
+        self.returncode = code
+        self.done.set()
+
+
+class FakeUsage:
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.by_uid: dict[str, int] = {}
+
+    def read(self, pod: dict[str, Any]) -> CpuCounters | None:
+        ns = self.by_uid.get(pod["metadata"]["uid"])
+        return CpuCounters(ns, 3, 40) if ns is not None else None
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, api: FakeKubeApi | None = None) -> None:
+        self.api = api or FakeKubeApi()
+        self.usage = FakeUsage()
+        self.procs: list[FakeProc] = []
+        self.case = tmp_path / "run"
+        self.case.mkdir(exist_ok=True)
+        self.backend = self.make()
+
+    def make(self) -> KubernetesBackend:
+        return KubernetesBackend(
+            self.api,
+            KubernetesConfig(kubeconfig=Path("/k"), namespace="rankpack", release_timeout_s=2),
+            usage_source=self.usage,
+            starter=self.start,
+            mpirun="/usr/bin/mpirun",
+            background=False,
+        )
+
+    def start(self, argv: list[str], cwd: Path, env: dict[str, str], log: IO[bytes]) -> FakeProc:
+        log.write(b"Time = 1\n")
+        log.flush()
+        proc = FakeProc(argv, env)
+        self.procs.append(proc)
+        return proc
+
+    def spec(self, **kw: Any) -> SimSpec:
+        base: dict[str, Any] = {
+            "sim_id": SIM,
+            "case_dir": self.case,
+            "command": ("simpleFoam", "-parallel"),
+            "ranks": (RankResources(250), RankResources(250), RankResources(1500)),
+            "log_path": self.case / "log.simpleFoam",
+        }
+        base.update(kw)
+        return SimSpec(**base)
+
+    def run_all(self) -> None:
+        for i, name in enumerate(PODS):
+            self.api.run_pod(name, ip=f"10.201.0.{10 + i}")
+        self.backend.poll_once()
+
+
+def test_launch_creates_owner_then_service_then_pods(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    assert h.api.actions == [
+        ("get", "configmaps", "rankpack-s1"),
+        ("create", "configmaps", "rankpack-s1"),
+        ("get", "services", "rankpack-s1"),
+        ("create", "services", "rankpack-s1"),
+        *[a for p in PODS for a in (("get", "pods", p), ("create", "pods", p))],
+    ]
+    owner_uid = h.api.objects[("configmaps", "rankpack-s1")]["metadata"]["uid"]
+    for p in PODS:
+        refs = h.api.objects[("pods", p)]["metadata"]["ownerReferences"]
+        assert refs[0]["uid"] == owner_uid
+    assert (h.case / ".rankpack" / "hostfile").read_text().splitlines() == [
+        f"{p} slots=1" for p in PODS
+    ]
+    assert (h.case / ".rankpack" / "rsh-agent").stat().st_mode & 0o111
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.PENDING
+    assert {r.phase for r in obs.ranks} == {RankPhase.PENDING}
+
+
+def test_launch_is_idempotent_across_processes(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.api.actions.clear()
+    again = h.make()  # a second controller process over the same cluster
+    again.launch(h.spec())
+    assert h.api.writes() == []  # everything exists already: nothing is created
+    with pytest.raises(BackendError):
+        again.launch(h.spec())  # the same process launching twice is a bug of the caller
+
+
+def test_someone_elses_object_is_not_taken(tmp_path: Path) -> None:
+    api = FakeKubeApi()
+    api.create("configmaps", {"metadata": {"name": "rankpack-s1", "labels": {"x": "y"}}})
+    h = Harness(tmp_path, api)
+    with pytest.raises(LaunchFailed, match="does not belong"):
+        h.backend.launch(h.spec())
+
+
+def test_mpirun_starts_only_when_every_rank_pod_runs(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.api.run_pod(PODS[0])
+    h.api.run_pod(PODS[1])
+    h.backend.poll_once()
+    assert h.procs == []
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.PENDING and "rank 2" in obs.reason
+    h.api.run_pod(PODS[2], ip="10.201.0.9")
+    h.backend.poll_once()
+    (proc,) = h.procs
+    text = " ".join(proc.argv)
+    assert "--mca plm_rsh_agent " + str(h.case / ".rankpack" / "rsh-agent") in text
+    assert "--mca btl_tcp_if_include 10.201.0.0/24" in text
+    assert proc.env["RANKPACK_NAMESPACE"] == "rankpack"
+    assert proc.env["RANKPACK_KUBECONFIG"] == "/k"
+    assert "LD_PRELOAD" not in proc.env
+    h.usage.by_uid = {h.api.objects[("pods", p)]["metadata"]["uid"]: 10**9 for p in PODS}
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.RUNNING
+    assert [r.phase for r in obs.ranks] == [RankPhase.RUNNING] * 3
+    assert [r.pod for r in obs.ranks] == PODS
+    assert obs.ranks[2].node == "node-1"
+    assert obs.ranks[2].allocated == RankResources(1500)
+    assert (obs.ranks[0].usage_ns, obs.ranks[0].nr_throttled) == (10**9, 3)
+    assert obs.log_text == "Time = 1\n"
+    proc.exit(0)
+    h.backend._sims[SIM].exit_code = None  # the waiter thread may not have run yet
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.SUCCEEDED and obs.exit_code == 0
+    assert [r.phase for r in obs.ranks] == [RankPhase.SUCCEEDED] * 3
+
+
+def test_resize_pending_then_completed_from_status(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    h.api.actions.clear()
+    st = h.backend.resize(SIM, 2, RankResources(750))
+    assert st.state is ResizeState.PENDING and (st.from_millis, st.to_millis) == (1500, 750)
+    assert h.api.writes() == [("patch", "pods/resize", PODS[2])]
+    h.backend.poll_once()
+    assert h.backend.observe(SIM).ranks[2].resize.state is ResizeState.PENDING  # type: ignore[union-attr]
+    h.api.set_conditions(PODS[2], {"type": "PodResizeInProgress", "status": "True"})
+    h.backend.poll_once()
+    assert h.backend.observe(SIM).ranks[2].resize.state is ResizeState.IN_PROGRESS  # type: ignore[union-attr]
+    h.api.settle_resize(PODS[2])
+    h.backend.poll_once()
+    rank = h.backend.observe(SIM).ranks[2]
+    assert rank.resize is not None and rank.resize.state is ResizeState.COMPLETED
+    assert rank.resize.latency_s is not None and rank.resize.latency_s >= 0
+    assert rank.desired == rank.allocated == RankResources(750)
+
+
+def test_resize_deferred_then_infeasible_is_reported(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    h.backend.resize(SIM, 0, RankResources(900))
+    h.api.set_conditions(PODS[0], {"type": "PodResizePending", "status": "True",
+                                   "reason": "Deferred", "message": "busy"})  # fmt: skip
+    h.backend.poll_once()
+    r = h.backend.observe(SIM).ranks[0].resize
+    assert r is not None and r.state is ResizeState.DEFERRED and r.reason == "busy"
+    h.api.set_conditions(PODS[0], {"type": "PodResizePending", "status": "True",
+                                   "reason": "Infeasible", "message": "too big"})  # fmt: skip
+    h.backend.poll_once()
+    r = h.backend.observe(SIM).ranks[0].resize
+    assert r is not None and r.state is ResizeState.INFEASIBLE and r.latency_s is not None
+
+
+def test_resize_forbidden_by_the_apiserver_is_rejected_at_once(tmp_path: Path) -> None:
+    h = Harness(tmp_path, FakeKubeApi(resize_limit_millis=2000))
+    h.backend.launch(h.spec())
+    h.run_all()
+    st = h.backend.resize(SIM, 1, RankResources(5000))
+    assert st.state is ResizeState.REJECTED
+    assert "allocatable" in st.reason
+    assert h.api.writes()[-2:] == [
+        ("patch", "pods/resize", PODS[1]),
+        ("create", "events", PODS[1], "ResizeRejected"),
+    ]
+    (event,) = h.api.events
+    assert event["type"] == "Warning" and "250m -> 5000m" in event["message"]
+    obs = h.backend.observe(SIM)
+    assert obs.ranks[1].desired == RankResources(250)  # the rank keeps its CPU
+    assert obs.phase is SimPhase.RUNNING
+
+
+def test_a_deleted_rank_pod_fails_the_simulation(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    (proc,) = h.procs
+    del h.api.objects[("pods", PODS[1])]
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED
+    assert obs.reason == f"rank pod {PODS[1]} was deleted"
+    assert obs.ranks[1].phase is RankPhase.FAILED
+    assert proc.signals  # mpirun was told to end
+    h.api.actions.clear()
+    h.backend.poll_once()  # the failure is acted on once
+    assert h.api.writes() == []
+    (event,) = h.api.events
+    assert (event["reason"], event["involvedObject"]["name"]) == ("SimulationFailed", PODS[1])
+
+
+def test_an_evicted_rank_pod_fails_the_simulation(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    h.api.evict(PODS[0])
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and "evicted" in obs.reason
+
+
+def test_stop_and_release_delete_everything_through_the_owner(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    h.api.actions.clear()
+    h.backend.release(SIM)
+    writes = h.api.writes()
+    assert writes[:3] == [("exec", p, "/bin/sh -c kill -9 -1 2>/dev/null; true") for p in PODS]
+    assert writes[3:] == [("delete", "configmaps", "rankpack-s1", "Foreground")]
+    assert h.api.objects == {}  # the garbage collector took the service and the pods
+    assert h.procs[0].signals
+    h.backend.release(SIM)  # idempotent
+    assert h.api.writes() == writes
+
+
+def test_list_and_adopt(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    h.backend.resize(SIM, 2, RankResources(500))
+    later = h.make()
+    (ref,) = later.list()
+    assert ref.sim_id == SIM and ref.phase is SimPhase.RUNNING
+    with pytest.raises(UnknownSimulation):
+        later.adopt("nope", h.spec(sim_id="nope"))
+    later.adopt(SIM, h.spec())
+    later.poll_once()
+    obs = later.observe(SIM)
+    assert obs.phase is SimPhase.RUNNING
+    assert obs.ranks[2].desired == RankResources(500)  # read back from the pod
+    (h.case / ".rankpack" / "mpirun.exit").write_text("0\n")
+    later.poll_once()
+    assert later.observe(SIM).phase is SimPhase.SUCCEEDED
+
+
+def test_inventory_subtracts_every_live_pod(tmp_path: Path) -> None:
+    api = FakeKubeApi()
+    api.nodes = [
+        {"metadata": {"name": "n1"}, "spec": {},
+         "status": {"allocatable": {"cpu": "2"},
+                    "conditions": [{"type": "Ready", "status": "True"}]}},
+        {"metadata": {"name": "n2"}, "spec": {"unschedulable": True},
+         "status": {"allocatable": {"cpu": "8"},
+                    "conditions": [{"type": "Ready", "status": "True"}]}},
+    ]  # fmt: skip
+    api.other_pods = [
+        {"spec": {"nodeName": "n1", "containers": [{"resources": {"requests": {"cpu": "300m"}}}]},
+         "status": {"phase": "Running"}},
+    ]  # fmt: skip
+    h = Harness(tmp_path, api)
+    inv = h.backend.inventory()
+    assert [(n.name, n.allocatable_millis, n.requested_millis) for n in inv.nodes] == [
+        ("n1", 2000, 300)
+    ]
+
+
+def test_inventory_without_node_access_needs_a_given_capacity(tmp_path: Path) -> None:
+    h = Harness(tmp_path, FakeKubeApi(forbid_nodes=True))
+    with pytest.raises(BackendError, match="ClusterRole"):
+        h.backend.inventory()
+
+
+def test_unknown_simulation(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    with pytest.raises(UnknownSimulation):
+        h.backend.observe("nope")
+    with pytest.raises(UnknownSimulation):
+        h.backend.resize("nope", 0, RankResources(1))
+
+
+def test_after_release_the_simulation_is_unknown_and_stop_is_a_no_op(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    h.backend.release(SIM)
+    h.backend.stop(SIM)
+    with pytest.raises(UnknownSimulation):
+        h.backend.observe(SIM)
+    assert h.backend.list() == ()
+
+
+def test_resize_of_an_ended_simulation_is_rejected_without_a_call(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    h.backend.stop(SIM)
+    h.api.actions.clear()
+    st = h.backend.resize(SIM, 0, RankResources(300))
+    assert st.state is ResizeState.REJECTED and h.api.actions == []
+
+
+def test_a_bad_case_is_a_stage_error_in_observe(tmp_path: Path) -> None:
+    from rankpack.backend.protocol import StageSpec
+
+    h = Harness(tmp_path)
+    h.backend.stage(StageSpec("s2", str(tmp_path / "missing"), 1, tmp_path / "runs"))
+    obs = h.backend.observe("s2")
+    assert obs.phase is SimPhase.FAILED and obs.stage_error and "does not exist" in obs.stage_error
+    assert h.api.actions == []
+
+
+def test_list_does_not_consume_the_log(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    (ref,) = h.backend.list()
+    assert ref.phase is SimPhase.RUNNING
+    assert h.backend.observe(SIM).log_text == "Time = 1\n"
+
+
+def test_inventory_without_node_access_uses_the_given_capacity(tmp_path: Path) -> None:
+    import dataclasses
+
+    h = Harness(tmp_path, FakeKubeApi(forbid_nodes=True))
+    h.backend.config = dataclasses.replace(h.backend.config, allocatable_millis=2000)
+    h.backend.launch(h.spec())
+    (node,) = h.backend.inventory().nodes
+    assert (node.allocatable_millis, node.requested_millis) == (2000, 2000)
+    h.api.actions.clear()
+    h.backend.inventory()
+    assert ("list", "nodes") not in h.api.actions  # the refusal is remembered
+
+
+def test_rank_pods_that_never_run_fail_the_simulation(tmp_path: Path) -> None:
+    import dataclasses
+
+    h = Harness(tmp_path)
+    h.backend.config = dataclasses.replace(h.backend.config, start_timeout_s=0.0)
+    h.backend.launch(h.spec())
+    pod = h.api.objects[("pods", PODS[0])]
+    unscheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
+    pod["status"]["conditions"] = [unscheduled]
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED
+    assert "not running after 0 s" in obs.reason and "Unschedulable" in obs.reason
+    assert h.procs == []

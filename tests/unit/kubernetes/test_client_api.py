@@ -1,0 +1,109 @@
+"""ClientKubeApi over HTTP against a tiny local stand-in for the apiserver: the official
+client's wiring (paths, verbs, content types, the bearer token, error statuses)."""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import pytest
+
+from rankpack.backend.kubernetes import ClientKubeApi, KubeError, load_config
+
+pytestmark = pytest.mark.timeout(30)
+
+
+class Recorder(BaseHTTPRequestHandler):
+    seen: ClassVar[list[dict[str, Any]]] = []
+
+    def _answer(self) -> None:
+        length = int(self.headers.get("Content-Length") or 0)
+        body = json.loads(self.rfile.read(length)) if length else None
+        self.seen.append({
+            "method": self.command, "path": self.path, "body": body,
+            "content_type": self.headers.get("Content-Type"),
+            "auth": self.headers.get("Authorization"),
+        })  # fmt: skip
+        if "forbidden" in self.path:
+            why = "node didn't have enough allocatable resources"
+            code, out = 403, {"kind": "Status", "reason": "Forbidden", "message": why}
+        elif "missing" in self.path:
+            code, out = 404, {"kind": "Status", "reason": "NotFound", "message": "not found"}
+        else:
+            code, out = 200, {"items": [{"metadata": {"name": "p"}}], "metadata": {"uid": "u"}}
+        data = json.dumps(out).encode()
+        self.send_response(code)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(data)))
+        self.end_headers()
+        self.wfile.write(data)
+
+    do_GET = do_POST = do_PATCH = do_DELETE = _answer
+
+    def log_message(self, *args: Any) -> None:
+        pass
+
+
+@pytest.fixture
+def server() -> Iterator[str]:
+    httpd = HTTPServer(("127.0.0.1", 0), Recorder)
+    Recorder.seen = []
+    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
+    thread.start()
+    yield f"http://127.0.0.1:{httpd.server_address[1]}"
+    httpd.shutdown()
+
+
+def kubeconfig(tmp_path: Path, server: str) -> Path:
+    path = tmp_path / "kubeconfig"
+    path.write_text(
+        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
+        f"clusters: [{{name: k, cluster: {{server: '{server}'}}}}]\n"
+        "users: [{name: u, user: {token: sekrit}}]\n"
+        "contexts: [{name: c, context: {cluster: k, user: u, namespace: rankpack}}]\n"
+    )
+    return path
+
+
+def test_requests_as_the_api_spells_them(tmp_path: Path, server: str) -> None:
+    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server)))
+    assert api.list_pods("a=b,c") == [{"metadata": {"name": "p"}}]
+    api.create("pods", {"metadata": {"name": "p"}})
+    api.patch_resize("p", {"spec": {"containers": []}})
+    api.delete("configmaps", "rankpack-s1", "Foreground")
+    api.list_pods_all_namespaces("status.phase!=Failed")
+    seen = [(s["method"], s["path"]) for s in Recorder.seen]
+    assert seen == [
+        ("GET", "/api/v1/namespaces/rankpack/pods?labelSelector=a%3Db%2Cc"),
+        ("POST", "/api/v1/namespaces/rankpack/pods"),
+        ("PATCH", "/api/v1/namespaces/rankpack/pods/p/resize"),
+        ("DELETE", "/api/v1/namespaces/rankpack/configmaps/rankpack-s1"),
+        ("GET", "/api/v1/pods?fieldSelector=status.phase%21%3DFailed"),
+    ]
+    assert {s["auth"] for s in Recorder.seen} == {"Bearer sekrit"}
+    assert Recorder.seen[2]["content_type"] == "application/strategic-merge-patch+json"
+    assert Recorder.seen[3]["body"]["propagationPolicy"] == "Foreground"
+
+
+def test_error_statuses_become_kube_errors(tmp_path: Path, server: str) -> None:
+    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server)))
+    with pytest.raises(KubeError) as info:
+        api.patch_resize("forbidden", {})
+    assert (info.value.status, info.value.reason) == (403, "Forbidden")
+    assert "allocatable" in info.value.message
+    with pytest.raises(KubeError) as info:
+        api.get("pods", "missing")
+    assert info.value.not_found
+
+
+def test_an_unreachable_apiserver_is_a_clear_error(tmp_path: Path) -> None:
+    from rankpack.backend.kubernetes import connect
+    from rankpack.backend.protocol import BackendError
+
+    config = load_config(kubeconfig(tmp_path, "http://127.0.0.1:9"))
+    with pytest.raises(BackendError, match="unreachable"):
+        connect(config)
