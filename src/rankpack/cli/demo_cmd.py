@@ -11,8 +11,8 @@ import sys
 from rich.console import Console
 from rich.table import Table
 
-from rankpack.backend.local import LocalBackend
 from rankpack.case.openfoam import resolve_case
+from rankpack.cli.backends import add_backend_arguments, make_backend
 from rankpack.cli.common import (
     data_dir,
     db_path,
@@ -48,6 +48,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--iterations", type=parse_iterations, default=None, help="default: the case's own end"
     )
     p.add_argument("--repeat", type=parse_repeat, default=1, help="run each configuration N times")
+    add_backend_arguments(p)
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=handle)
 
@@ -71,7 +72,7 @@ def handle(args: argparse.Namespace) -> int:
     for _, sub in configs:
         check_submission(sub)
     store = Store(path)
-    backend = LocalBackend()
+    backend = make_backend(args)
     results: dict[str, list[RunResult]] = {name: [] for name, _ in configs}
     interrupted: list[int] = []
     with stop_on_signals() as stop:

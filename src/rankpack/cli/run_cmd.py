@@ -16,9 +16,9 @@ from pathlib import Path
 
 from rich.console import Console
 
-from rankpack.backend.local import LocalBackend
 from rankpack.backend.protocol import Backend
 from rankpack.case import decomposition, staging
+from rankpack.cli.backends import add_backend_arguments, make_backend
 from rankpack.cli.common import (
     data_dir,
     db_path,
@@ -134,6 +134,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="phase schedule: FRACTION:R0,R1,..;FRACTION:.. e.g. 0:500,1500;0.5:1500,500 "
         "(per-rank millicores from that fraction of the run on, resized in place)",
     )
+    add_backend_arguments(p)
     p.add_argument(
         "--resize",
         choices=["none", "duty"],
@@ -228,6 +229,8 @@ def run_one(
     extra: dict[str, object] | None = None,
     controller: ControllerSettings | None = None,
     display: Display | None = None,
+    image: str | None = None,
+    volume: str | None = None,
 ) -> RunResult:
     """Run one job to its end through the control loop; a case that cannot be staged is a
     UserError (exit 2)."""
@@ -240,6 +243,8 @@ def run_one(
         wait_mode=wait_mode,
         label=label,
         extra=dict(extra or {}),
+        image=image,
+        volume=volume,
     )
     if show:
         display = RunDisplay(f"{Path(sub.case).name} ({sub.n_ranks} ranks)")
@@ -253,7 +258,7 @@ def run_one(
 
 def handle(args: argparse.Namespace) -> int:
     sub = submission_from_args(args)
-    backend = LocalBackend(use_cgroups=not args.no_cgroups)
+    backend = make_backend(args, use_cgroups=not args.no_cgroups)
     db = db_path(args)
     new_db = not db.exists()
     store = Store(db)
@@ -261,7 +266,7 @@ def handle(args: argparse.Namespace) -> int:
         with stop_on_signals() as stop:
             result = run_one(
                 sub, backend, store, show=not args.json, stop=stop, shim=not args.no_shim,
-                wait_mode=args.wait,
+                wait_mode=args.wait, image=args.image, volume=args.volume,
             )  # fmt: skip
     except UserError:
         # Bad input found while staging (e.g. more ranks than cells): nothing ran, so leave

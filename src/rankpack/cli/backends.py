@@ -1,0 +1,49 @@
+"""Which backend a command runs on: `--backend local|kubernetes` and the Kubernetes flags.
+
+`--kubeconfig`, `--context` and `--namespace` default the way kubectl does (KUBECONFIG,
+~/.kube/config, the context's namespace, in-cluster). For the dev cluster, use the backend's
+least-privilege identity: `--kubeconfig "$(rankpack dev-cluster status --json | jq -r
+.service_account_kubeconfig)"`.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from rankpack.backend.local import LocalBackend
+from rankpack.backend.protocol import Backend, BackendError
+from rankpack.errors import UserError
+
+
+def add_backend_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--backend",
+        choices=["local", "kubernetes"],
+        default="local",
+        help="local (default): each rank in a cgroup on this machine; kubernetes: each rank "
+        "in its own pod, resized through pods/resize",
+    )
+    p.add_argument("--kubeconfig", help="kubernetes: kubeconfig file (default: as kubectl)")
+    p.add_argument("--context", help="kubernetes: kubeconfig context (default: current)")
+    p.add_argument("--namespace", help="kubernetes: namespace (default: the context's)")
+    p.add_argument(
+        "--image", help="kubernetes: rank pod image with the solver and MPI (default: the dev "
+        "cluster's host-usr image)"
+    )  # fmt: skip
+    p.add_argument(
+        "--volume",
+        help="kubernetes: where the case lives in the pods: pvc:CLAIM[:MOUNT_PATH] or "
+        "host:DIR (default: the run directory as a host path, for the dev cluster)",
+    )
+
+
+def make_backend(args: argparse.Namespace, *, use_cgroups: bool = True) -> Backend:
+    if getattr(args, "backend", "local") == "local":
+        return LocalBackend(use_cgroups=use_cgroups)
+    from rankpack.backend.kubernetes import connect, load_config
+
+    config = load_config(args.kubeconfig, args.context, args.namespace, image=args.image)
+    try:
+        return connect(config)
+    except BackendError as exc:
+        raise UserError(str(exc)) from None
