@@ -44,8 +44,9 @@ def _start(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Pop
     )
 
 
-def _tools_under(root: Path) -> list[int]:
-    """Pids of blockMesh/decomposePar processes (not zombies) working under ``root``."""
+def _tools_under(root: Path, *, any_name: bool = False) -> list[int]:
+    """Pids of blockMesh/decomposePar processes (with ``any_name``: of any process) that
+    are not zombies and work under ``root``."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -56,7 +57,7 @@ def _tools_under(root: Path) -> list[int]:
             cwd = os.readlink(entry / "cwd")
         except OSError:
             continue
-        if comm in TOOLS and state != "Z" and cwd.startswith(str(root)):
+        if (any_name or comm in TOOLS) and state != "Z" and cwd.startswith(str(root)):
             found.append(int(entry.name))
     return found
 
@@ -67,7 +68,8 @@ def _wait_for(what: Callable[[], bool], proc: subprocess.Popen[str], timeout: fl
         if what():
             return
         if proc.poll() is not None:
-            pytest.fail(f"rankpack ended (exit {proc.returncode}) before the fault: {proc.stderr}")
+            err = proc.stderr.read() if proc.stderr else ""
+            pytest.fail(f"rankpack ended (exit {proc.returncode}) before the fault: {err}")
         time.sleep(0.02)
     proc.kill()
     pytest.fail("the phase to interrupt never started")
@@ -86,11 +88,32 @@ def _tool_running(name: str, root: Path) -> Callable[[], bool]:
     return check
 
 
-def _no_orphans(root: Path, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while _tools_under(root) and time.monotonic() < deadline:
+def _no_orphans(root: Path, sig: signal.Signals) -> None:
+    """No tool still works under ``root``. After SIGINT/SIGTERM rankpack stopped the tool's
+    whole process group before exiting: nothing at all may be left, at once. After SIGKILL
+    the kernel's parent-death signal stops the tool itself (not children it may have
+    started; OpenFOAM's tools start none), which takes a moment."""
+    killed = sig == signal.SIGKILL
+    deadline = time.monotonic() + (20 if killed else 1)
+    while _tools_under(root, any_name=not killed) and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert _tools_under(root) == [], "OpenFOAM tools outlived rankpack"
+    assert _tools_under(root, any_name=not killed) == [], "OpenFOAM tools outlived rankpack"
+
+
+@pytest.fixture
+def slow_tools(tmp_path: Path) -> dict[str, str]:
+    """PATH with blockMesh/decomposePar wrappers that wait 3 s before exec'ing the real
+    tool (a window wide enough to hit on a loaded machine) and meanwhile keep a background
+    child, which an interrupt must stop too (only the whole process group reaches it)."""
+    bin_dir = tmp_path / "slow-bin"
+    bin_dir.mkdir()
+    for tool in TOOLS:
+        real = shutil.which(tool)
+        assert real is not None
+        wrapper = bin_dir / tool
+        wrapper.write_text(f'#!/bin/sh\nsleep 30 &\nbg=$!\nsleep 3\nkill $bg\nexec {real} "$@"\n')
+        wrapper.chmod(0o755)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}"}
 
 
 def _listing(root: Path) -> dict[str, tuple[int, float]]:
@@ -113,12 +136,13 @@ def test_decompose_tutorial_interrupted_leaves_nothing(
     sig: signal.Signals,
     phase: str,
     tutorial_listing: tuple[Path, dict[str, tuple[int, float]]],
+    slow_tools: dict[str, str],
 ) -> None:
     parent = tmp_path / "out"
     parent.mkdir()
     out = parent / "pd"
     argv = ["decompose", "pitzDaily", "--output", str(out), "--weights", "1,1,5,15"]
-    proc = _start(argv)
+    proc = _start(argv, env=slow_tools)
     _wait_for(_tool_running(phase, parent), proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
@@ -127,7 +151,7 @@ def test_decompose_tutorial_interrupted_leaves_nothing(
     else:
         assert proc.returncode == 130, err
         assert err == "rankpack: interrupted\n"
-    _no_orphans(parent)
+    _no_orphans(parent, sig)
     assert not out.exists()
     left = sorted(p.name for p in parent.iterdir())
     if sig != signal.SIGKILL:
@@ -168,16 +192,16 @@ def _state(case: Path) -> dict[str, object]:
 
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL], ids=str)
 def test_decompose_in_place_interrupted_keeps_old_decomposition(
-    decomposed: Path, sig: signal.Signals
+    decomposed: Path, sig: signal.Signals, slow_tools: dict[str, str]
 ) -> None:
     before = _state(decomposed)
     assert before["processor1"] and "processor2" not in before
-    proc = _start(["decompose", str(decomposed), "--weights", "1,1,5,15"])
+    proc = _start(["decompose", str(decomposed), "--weights", "1,1,5,15"], env=slow_tools)
     _wait_for(_tool_running("decomposePar", decomposed), proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == (-signal.SIGKILL if sig == signal.SIGKILL else 130), err
-    _no_orphans(decomposed)
+    _no_orphans(decomposed, sig)
     after = _state(decomposed)
     if sig == signal.SIGKILL:
         hidden = [n for n in after.pop("entries") if n.startswith(".rankpack-decompose-")]  # type: ignore[attr-defined]

@@ -185,10 +185,15 @@ STOP_GRACE_S = 5.0
 """How long an OpenFOAM tool gets to exit after SIGTERM before it is SIGKILLed."""
 
 
+_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
+
+
 def _die_with_parent() -> None:
-    """In the forked child: SIGTERM it if rankpack dies, even by SIGKILL."""
+    """In the forked child: SIGTERM it if rankpack dies, even by SIGKILL, and take back
+    the signals the parent held off while starting it (the mask survives exec)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
 
 
 def stop_group(process: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
@@ -221,22 +226,29 @@ def run_tool(case_dir: Path, argv: list[str], log_name: str) -> None:
             f"OpenFOAM tool {argv[0]} not found; install OpenFOAM (apt-get install openfoam)"
         )
     with open(log, "wb") as fh:
-        process = subprocess.Popen(
-            argv,
-            cwd=case_dir,
-            stdin=subprocess.DEVNULL,
-            stdout=fh,
-            stderr=subprocess.STDOUT,
-            env=foam_env(),
-            start_new_session=True,
-            preexec_fn=_die_with_parent,
-        )
+        # Ctrl-C/SIGTERM are held off while the child starts: arriving inside Popen they
+        # would leave a tool running that nobody stops; pending, they land in the wait.
+        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
         try:
+            process = subprocess.Popen(
+                argv,
+                cwd=case_dir,
+                stdin=subprocess.DEVNULL,
+                stdout=fh,
+                stderr=subprocess.STDOUT,
+                env=foam_env(),
+                start_new_session=True,
+                preexec_fn=_die_with_parent,
+            )
+        except BaseException:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
+            raise
+        try:
+            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
             returncode = process.wait()
         except BaseException:
             # a second Ctrl-C/SIGTERM must not cut the cleanup short
-            blocked = {signal.SIGINT, signal.SIGTERM}
-            previous = signal.pthread_sigmask(signal.SIG_BLOCK, blocked)
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
             try:
                 stop_group(process)
             finally:
