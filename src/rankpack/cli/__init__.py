@@ -19,6 +19,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
 
+from rankpack.backend.protocol import BackendError
 from rankpack.cli.common import parse_db
 from rankpack.errors import UserError
 from rankpack.quantities import InvalidQuantity
@@ -156,6 +157,12 @@ def _main(args_list: list[str], debug: bool) -> int:
         print(f"rankpack: error: {message}", file=sys.stderr)
         return 2
     except UserError as exc:
+        if debug:
+            raise
+        print(f"rankpack: error: {' '.join(str(exc).split())}", file=sys.stderr)
+        return 2
+    except BackendError as exc:
+        # the cluster or the machine refused (unreachable apiserver, forbidden, ...)
         if debug:
             raise
         print(f"rankpack: error: {' '.join(str(exc).split())}", file=sys.stderr)

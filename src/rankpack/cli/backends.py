@@ -12,6 +12,7 @@ import argparse
 
 from rankpack.backend.local import LocalBackend
 from rankpack.backend.protocol import Backend, BackendError
+from rankpack.cli.common import parse_cores
 from rankpack.errors import UserError
 
 
@@ -31,6 +32,12 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
         "cluster's host-usr image)"
     )  # fmt: skip
     p.add_argument(
+        "--allocatable",
+        type=parse_cores,
+        help="kubernetes: CPU (cores) rankpack may place on, when its identity may not read "
+        "nodes (the least-privilege Role in deploy/ may not); e.g. 2 on the dev cluster",
+    )
+    p.add_argument(
         "--volume",
         help="kubernetes: where the case lives in the pods: pvc:CLAIM[:MOUNT_PATH] or "
         "host:DIR (default: the run directory as a host path, for the dev cluster)",
@@ -40,9 +47,14 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
 def make_backend(args: argparse.Namespace, *, use_cgroups: bool = True) -> Backend:
     if getattr(args, "backend", "local") == "local":
         return LocalBackend(use_cgroups=use_cgroups)
+    from dataclasses import replace
+
     from rankpack.backend.kubernetes import connect, load_config
+    from rankpack.plan.allocation import budget_to_millis
 
     config = load_config(args.kubeconfig, args.context, args.namespace, image=args.image)
+    if args.allocatable is not None:
+        config = replace(config, allocatable_millis=budget_to_millis(args.allocatable))
     try:
         return connect(config)
     except BackendError as exc:

@@ -203,8 +203,9 @@ class KubernetesBackend:
             self._nodes_forbidden = exc.status == 403
             if exc.status != 403 or self.config.allocatable_millis is None:
                 raise BackendError(
-                    f"cannot read the cluster's nodes ({exc}); grant the rankpack-inventory "
-                    "ClusterRole (deploy/) or give the allocatable CPU"
+                    f"cannot read the cluster's nodes ({exc}); give the CPU the namespace may "
+                    "use with --allocatable (e.g. --allocatable 2 on the dev cluster), or "
+                    "grant this identity get/list on nodes"
                 ) from exc
             ours = self.api.list_pods("")
             total = sum(status.pod_request_millis(p) for p in ours if _live(p))
