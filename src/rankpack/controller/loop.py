@@ -569,6 +569,11 @@ class ControlLoop:
             sim.end_t = sim.t0
             self._end(sim, failure=f"launch failed: {exc}")
             return
+        # Every rank's counter is 0 at launch: the CPU-seconds integral starts there, so
+        # start-up before the first sample is counted (short runs are mostly start-up).
+        sim.times.append(0.0)
+        for series in sim.usages:
+            series.append(0)
         self.event(
             sim.run_id, "launch", queue_id=sim.job.queue_id, case=sub.case, sim=sim.sim_id,
             request_millis=[r.cpu_millis for r in sim.plan.ranks],

@@ -102,6 +102,8 @@ class SimMemory:
     """(compute_ns, mpi_ns) per rank at the start of the profiling window."""
     profile_start_usage: tuple[int, ...] = ()
     """usage_ns per rank at the start of the profiling window."""
+    profile_start_progress: float = 0.0
+    """The simulation's progress (0..1) at the start of the profiling window."""
     duty: tuple[float, ...] = ()
     """Duty cycle per rank measured over the profiling window."""
     phase_index: int = -1
@@ -132,7 +134,12 @@ class ControllerSettings:
     warmup_min_iterations: int = 3
     """...and at least this many iterations."""
     profile_s: float = 5.0
-    """Length of the profiling window, seconds."""
+    """Length of the profiling window, seconds..."""
+    profile_progress: float = 0.1
+    """...or shorter, once this fraction of the run has been profiled (a short run is sized
+    while there is still time for it to matter)..."""
+    profile_min_s: float = 1.0
+    """...but never shorter than this."""
     floor_millis: int = 50
     """No rank is sized below this request."""
     headroom: float = 1.25

@@ -16,7 +16,8 @@ Per simulation (seed 001 §5.4, the issue's pipeline):
 * (A) warmup -> profiling when ``progress >= warmup_fraction``, ``iterations >=
   warmup_min_iterations`` and every rank has shim data. The window's start counters
   (compute, MPI, usage) are stored; a ``profile-start`` note is emitted.
-* (B) profiling -> sized once ``now_s - profile_start_s >= profile_s``. Per rank,
+* (B) profiling -> sized once ``now_s - profile_start_s >= profile_s``, or earlier once
+  the window is ``profile_min_s`` long and covers ``profile_progress`` of the run. Per rank,
   duty = dcompute / (dcompute + dmpi) (1.0 when both are 0: conservative); compute CPU =
   duty x dusage / window, in millicores; target = max(floor, ceil(compute x headroom))
   (ceil with a 1e-6 tolerance so float noise does not add a millicore). The simulation's
@@ -259,7 +260,8 @@ def _maybe_start_profiling(sim: SimSnapshot, mem: SimMemory, step: _Step) -> Sim
             kind="profile-start",
             reason=(
                 f"past warm-up (progress {sim.progress:.1%}, {sim.iterations} iterations): "
-                f"profiling duty cycles for {s.profile_s:g} s"
+                f"profiling duty cycles for {s.profile_s:g} s or {s.profile_progress:.0%} of"
+                f" the run, whichever is shorter (at least {s.profile_min_s:g} s)"
             ),
         )
     )
@@ -269,6 +271,7 @@ def _maybe_start_profiling(sim: SimSnapshot, mem: SimMemory, step: _Step) -> Sim
         profile_start_s=step.obs.now_s,
         profile_start=tuple((r.compute_ns or 0, r.mpi_ns or 0) for r in sim.ranks),
         profile_start_usage=tuple(r.usage_ns for r in sim.ranks),
+        profile_start_progress=sim.progress,
     )
 
 
@@ -278,7 +281,8 @@ def _maybe_size(sim: SimSnapshot, mem: SimMemory, step: _Step) -> SimMemory:
     if mem.profile_start_s is None:
         return replace(mem, stage="warmup")
     window_s = now - mem.profile_start_s
-    if window_s < s.profile_s:
+    profiled = sim.progress - mem.profile_start_progress
+    if window_s < s.profile_s and (window_s < s.profile_min_s or profiled < s.profile_progress):
         return mem
     n = len(sim.ranks)
     if (

@@ -92,13 +92,18 @@ def test_warmup_to_profiling(
 # --- (B) profiling -> sized --------------------------------------------------------------
 
 
-def profiling_state(start_s: float = 10.0, n: int = 3) -> ControllerState:
+def profiling_state(
+    start_s: float = 10.0, n: int = 3, progress_at_start: float = 0.5
+) -> ControllerState:
+    """Profiling since ``start_s``; by default at ``snap``'s progress (50 %), so only the
+    window's length can end it."""
     return state_of(
         a=SimMemory(
             stage="profiling",
             profile_start_s=start_s,
             profile_start=((0, 0),) * n,
             profile_start_usage=(0,) * n,
+            profile_start_progress=progress_at_start,
         )
     )
 
@@ -132,6 +137,25 @@ def profiled(
 def test_profiling_window_length_is_respected(name: str, now_s: float, sized: bool) -> None:
     sim = profiled(5.0, [1, 1, 1], [4, 4, 4], [1, 1, 1], [1000] * 3)
     d = decide(observe(now_s, sim), profiling_state(10.0), S)
+    assert (d.state.sims["a"].stage == "sized") is sized, name
+    assert bool(resizes(d)) is sized
+
+
+@pytest.mark.parametrize(
+    ("name", "now_s", "progress_at_start", "progress", "sized"),
+    [
+        ("10 % of the run profiled in 2 s", 12.0, 0.1, 0.2, True),
+        ("9 % profiled", 12.0, 0.1, 0.19, False),
+        ("a whole short run in 0.5 s: below the minimum window", 10.5, 0.1, 0.9, False),
+        ("minimum window reached", 11.0, 0.1, 0.9, True),
+    ],
+)
+def test_short_runs_are_profiled_over_a_fraction_of_the_run(
+    name: str, now_s: float, progress_at_start: float, progress: float, sized: bool
+) -> None:
+    sim = profiled(now_s - 10.0, [1, 1, 1], [4, 4, 4], [1, 1, 1], [1000] * 3)
+    sim = replace(sim, iterations=round(progress * 1000), expected_iterations=1000)
+    d = decide(observe(now_s, sim), profiling_state(10.0, progress_at_start=progress_at_start), S)
     assert (d.state.sims["a"].stage == "sized") is sized, name
     assert bool(resizes(d)) is sized
 

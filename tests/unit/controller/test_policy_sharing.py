@@ -219,6 +219,7 @@ def test_no_fairness_while_a_sim_is_profiling() -> None:
         profile_start_s=99.0,
         profile_start=((0, 0),) * 2,
         profile_start_usage=(0, 0),
+        profile_start_progress=c.progress,
     )
     state = state_of(a=fair_mem(), b=fair_mem(), c=prof)
     d = decide(observe(100.0, a, b, c), state, S)
