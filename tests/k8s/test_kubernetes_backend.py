@@ -188,7 +188,7 @@ def test_identity_is_the_service_account(kube: Kube) -> None:
 
 def test_four_ranks_with_planned_requests(kube: Kube, tmp_path: Path) -> None:
     sub = Submission(
-        case="pitzDaily", weights=(1, 1, 5, 15), budget_millis=1600, iterations=10,
+        case="pitzDaily", weights=(1, 1, 5, 15), budget_millis=1600, iterations=30,
         sizing="fixed",
     )  # fmt: skip
     planned = [r.cpu_millis for r in sub.plan().ranks]
@@ -199,7 +199,7 @@ def test_four_ranks_with_planned_requests(kube: Kube, tmp_path: Path) -> None:
     assert run.backend == "kubernetes"
     row = store.get_run(run.id)
     assert (row.backend, row.status) == ("kubernetes", "completed")
-    assert run.iterations == run.expected_iterations == 10
+    assert run.iterations == run.expected_iterations == 30
     assert [r.pod for r in run.ranks] == [f"rankpack-{watcher.sim_id}-{i}" for i in range(4)]
     assert {r.node for r in run.ranks} == {"rankpack-node"}
     assert [r.restarts for r in run.ranks] == [0, 0, 0, 0]

@@ -286,6 +286,10 @@ class ControlLoop:
         self.rejected = 0
         self.restarts = 0
         self.max_seen = 0
+        self.held: dict[tuple[str, int], Resize] = {}
+        """Increases waiting for the decreases in flight to settle (see `_apply_all`)."""
+        self.held_noted: set[tuple[str, int]] = set()
+        """Held increases a ``resize-held`` event has been recorded for."""
 
     def now(self) -> float:
         return self.backend.clock() - self.t0
@@ -302,14 +306,14 @@ class ControlLoop:
         try:
             while True:
                 self._observe_all()
+                self._release_held()
                 pending = self.jobs.pending()
                 if not pending and not self.sims:
                     break
                 obs = self._observations(pending)
                 decision = decide(obs, self.state, self.settings.controller)
                 self.state = decision.state
-                for action in decision.actions:
-                    self._apply(action, pending)
+                self._apply_all(decision.actions, pending)
                 self.max_seen = max(self.max_seen, len(self.sims))
                 self.jobs.heartbeat([s.job for s in self.sims.values()])
                 self.display.update(obs.now_s, self._views())
@@ -469,6 +473,60 @@ class ControlLoop:
         )
 
     # -- actions ---------------------------------------------------------------------------
+
+    def _apply_all(self, actions: Sequence[Action], pending: list[Job]) -> None:
+        """Carry out one decision's actions: decreases before increases.
+
+        A node admits resizes one at a time against what is allocated *now*, so trading CPU
+        between ranks (one shrinks, another grows, the total fits) can see the increase
+        refused (kubelet: Deferred, "OutOfcpu") while the decrease is still in flight, and a
+        deferred resize is only tried again much later (~13 s measured on the dev cluster).
+        So every decrease is sent first and an increase is held while any decrease is in
+        flight; held increases go out as soon as none is (`_release_held`, every tick).
+        """
+        resizes = [a for a in actions if isinstance(a, Resize)]
+        for action in actions:
+            if not isinstance(action, Resize):
+                self._apply(action, pending)
+        grows = []
+        for action in resizes:
+            self.held.pop((action.sim_id, action.rank), None)  # superseded
+            self.held_noted.discard((action.sim_id, action.rank))
+            if self._change(action) < 0:
+                self._resize(action)
+            else:
+                grows.append(action)
+        for action in grows:
+            self.held[(action.sim_id, action.rank)] = action
+        self._release_held()
+
+    def _change(self, action: Resize) -> int:
+        """The resize's change of request (millicores); 0 when the simulation is gone."""
+        sim = self.sims.get(action.sim_id)
+        if sim is None or sim.last is None or action.rank >= len(sim.last.ranks):
+            return 0
+        return action.request_millis - sim.last.ranks[action.rank].desired.request_millis
+
+    def _release_held(self) -> None:
+        if not self.held:
+            return
+        shrinking = sum(
+            1 for sim in self.sims.values() for f in sim.inflight.values() if f[2] < f[1]
+        )
+        if shrinking:
+            for key in self.held.keys() - self.held_noted:
+                action = self.held[key]
+                sim = self.sims.get(action.sim_id)
+                self.event(sim.run_id if sim else None, "resize-held", rank=action.rank,
+                           request_millis=action.request_millis,
+                           reason=f"{shrinking} decrease(s) in flight settle first")  # fmt: skip
+                self.held_noted.add(key)
+            return
+        held, self.held = self.held, {}
+        self.held_noted.clear()
+        for action in held.values():
+            if action.sim_id in self.sims:
+                self._resize(action)
 
     def _apply(self, action: Action, pending: list[Job]) -> None:
         if isinstance(action, Resize):

@@ -123,11 +123,14 @@ def test_a_phase_schedule_resizes_in_place_and_reports_each_resize(tmp_path: Pat
         (1, 1500, 500, "completed", "phase"),
         (0, 500, 1500, "completed", "phase"),
     ]
-    # the decrease settles after the latency; the increase did not fit the node until then
-    assert run.resizes[0].latency_s == pytest.approx(0.5)
-    assert run.resizes[1].latency_s == pytest.approx(1.0)
+    # the increase would not fit the node before the decrease settles: it is held back and
+    # sent once the decrease completed, so the node never defers it
+    shrink, grow = run.resizes
+    assert shrink.latency_s == pytest.approx(0.5) and grow.latency_s == pytest.approx(0.5)
+    assert grow.t_s >= shrink.t_s + 0.5
     assert [r.cpu_millis for r in run.ranks] == [1500, 500]
     kinds = _kinds(store)
+    assert kinds.count("resize-held") == 1
     assert kinds.count("resize-requested") == 2 and kinds.count("resize") == 2
     assert kinds.index("resize-requested") < kinds.index("resize")
     assert [(r.rank, r.status) for r in store.get_run(run.id).resizes] == [
