@@ -524,6 +524,17 @@ class Store:
             ),
         )
 
+    def take_over_run(self, run_id: int) -> bool:
+        """This process follows run ``run_id`` from now on (a controller adopting what an
+        earlier one launched); False if there is no such run or it has finished."""
+        with self.conn:
+            cur = self.conn.execute(
+                "UPDATE runs SET owner_pid = ?, status = 'running', message = NULL"
+                " WHERE id = ? AND status IN ('running', 'interrupted')",
+                (os.getpid(), run_id),
+            )
+        return cur.rowcount == 1
+
     def _repair_orphans(self) -> None:
         rows = self.conn.execute(
             "SELECT id, owner_pid FROM runs WHERE status = 'running'"

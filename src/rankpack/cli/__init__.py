@@ -37,6 +37,7 @@ COMMAND_MODULES = (
     "rankpack.cli.multiplex_cmd",
     "rankpack.cli.model_cmd",
     "rankpack.cli.devcluster_cmd",
+    "rankpack.cli.operator_cmd",
 )
 
 

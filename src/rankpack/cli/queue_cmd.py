@@ -19,6 +19,7 @@ from rankpack.cli.common import (
     phases_from_text,
     print_json,
 )
+from rankpack.cli.operator_cmd import add_cluster_arguments, create_simulations
 from rankpack.cli.run_cmd import parse_center
 from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
@@ -54,6 +55,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--count", type=parse_submit_count, default=1, help="queue this many copies (default 1)"
     )
+    p.add_argument(
+        "--backend", choices=["local", "kubernetes"], default="local",
+        help="local (default): this machine's queue, run by `rankpack multiplex`; kubernetes: "
+        "create Simulation resources, run by `rankpack operator`",
+    )  # fmt: skip
+    add_cluster_arguments(p)
+    p.add_argument("--volume", help="kubernetes: where the case lives in the pods "
+                   "(pvc:CLAIM[:MOUNT_PATH] or host:DIR)")  # fmt: skip
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=handle_submit)
 
@@ -103,6 +112,16 @@ def submission_from_args(args: argparse.Namespace) -> Submission:
 
 def handle_submit(args: argparse.Namespace) -> int:
     sub = submission_from_args(args)
+    if args.backend == "kubernetes":
+        names = create_simulations(args, sub, args.count, args.volume)
+        if args.json:
+            print_json({"simulations": names, "submission": sub.to_json()})
+        else:
+            Console().print(
+                f"created Simulation {', '.join(names)}: {sub.case}, {sub.n_ranks} ranks, "
+                f"initial requests {' '.join(f'{m}m' for m in sub.initial_millis)}"
+            )
+        return 0
     store = Store(db_path(args))
     ids = store.submit_many(sub.case, sub.n_ranks, sub.to_json(), args.count)
     if args.json:

@@ -75,7 +75,10 @@ class JobSource(Protocol):
         """Take the job for this loop; False if another session has it."""
         ...
 
-    def started(self, job: Job, run_id: int) -> None: ...
+    def started(self, job: Job, run_id: int, sim_id: str, staged: StagedCase) -> None:
+        """The job was staged and is being launched as simulation ``sim_id``."""
+        ...
+
     def finished(self, job: Job, status: str) -> None: ...
     def heartbeat(self, jobs: Sequence[Job]) -> None: ...
 
@@ -96,7 +99,7 @@ class OneJob:
         self.taken = True
         return True
 
-    def started(self, job: Job, run_id: int) -> None:
+    def started(self, job: Job, run_id: int, sim_id: str, staged: StagedCase) -> None:
         pass
 
     def finished(self, job: Job, status: str) -> None:
@@ -119,7 +122,7 @@ class StoreQueue:
     def claim(self, job: Job) -> bool:
         return self.store.claim(job.queue_id, self.multiplex_id)
 
-    def started(self, job: Job, run_id: int) -> None:
+    def started(self, job: Job, run_id: int, sim_id: str, staged: StagedCase) -> None:
         self.store.set_queue_run(job.queue_id, run_id)
 
     def finished(self, job: Job, status: str) -> None:
@@ -127,6 +130,19 @@ class StoreQueue:
 
     def heartbeat(self, jobs: Sequence[Job]) -> None:
         self.store.heartbeat([j.queue_id for j in jobs])
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """A simulation launched by an earlier controller process, as its job source recorded
+    it: what `ControlLoop.adopt` needs to follow it again."""
+
+    job: Job
+    sim_id: str
+    run_id: int | None
+    staged: StagedCase
+    elapsed_s: float
+    """Seconds since it was launched."""
 
 
 # -- settings, views and results ----------------------------------------------------------
@@ -150,6 +166,9 @@ class LoopSettings:
     """Events and runs of a multiplex session carry its id."""
     image: str | None = None
     volume: str | None = None
+    leave_running: bool = False
+    """When the loop is stopped, leave launched simulations running for a later controller
+    to adopt (the operator) instead of stopping them (`rankpack run`, `multiplex`)."""
 
 
 @dataclass(frozen=True)
@@ -161,6 +180,9 @@ class RankView:
     """CPU use over the last tick, in cores."""
     nr_throttled: int
     duty: float | None
+    allocated_millis: int | None = None
+    """The request the node has applied (None: not known)."""
+    restarts: int = 0
 
 
 @dataclass(frozen=True)
@@ -176,6 +198,9 @@ class SimView:
     log: LogState
     expected_iterations: int
     ranks: tuple[RankView, ...]
+    queue_id: int = 0
+    resizes: int = 0
+    """Resizes completed so far."""
 
 
 class Display(Protocol):
@@ -328,7 +353,11 @@ class ControlLoop:
             status = "interrupted"
         finally:
             for sim in list(self.sims.values()):
-                self._end(sim, interrupted="stopped by the user (Ctrl-C or SIGTERM)")
+                if self.settings.leave_running and sim.launched and sim.end_t is None:
+                    self._flush(sim)  # it runs on; the next controller adopts it
+                    self.sims.pop(sim.sim_id, None)
+                else:
+                    self._end(sim, interrupted="stopped by the user (Ctrl-C or SIGTERM)")
             self.display.close()
         return LoopResult(
             status=status,
@@ -570,9 +599,32 @@ class ControlLoop:
     def _launch_staged(self, sim: _Sim, staged: StagedCase) -> None:
         sim.staged = staged
         sub = sim.job.submission
-        s = self.settings
         for warning in staged.warnings:
             self.event(None, "warning", sim=sim.sim_id, reason=warning)
+        sim.run_id = self._new_run(sim, staged)
+        self.jobs.started(sim.job, sim.run_id, sim.sim_id, staged)
+        sim.usages = [[] for _ in sim.plan.ranks]
+        spec = self._spec(sim)
+        sim.t0 = self.backend.clock()
+        sim.started_s = self.now()
+        try:
+            self.backend.launch(spec)
+        except (BackendError, UserError) as exc:
+            sim.end_t = sim.t0
+            self._end(sim, failure=f"launch failed: {exc}")
+            return
+        # Every rank's counter is 0 at launch: the CPU-seconds integral starts there, so
+        # start-up before the first sample is counted (short runs are mostly start-up).
+        sim.times.append(0.0)
+        for series in sim.usages:
+            series.append(0)
+        self.event(
+            sim.run_id, "launch", queue_id=sim.job.queue_id, case=sub.case, sim=sim.sim_id,
+            request_millis=[r.cpu_millis for r in sim.plan.ranks],
+        )  # fmt: skip
+
+    def _new_run(self, sim: _Sim, staged: StagedCase) -> int:
+        sub, s = sim.job.submission, self.settings
         options = {
             **sub.to_json(),
             "label": s.label,
@@ -582,7 +634,7 @@ class ControlLoop:
             "queue_id": sim.job.queue_id,
             **s.extra,
         }
-        sim.run_id = self.store.create_run(
+        return self.store.create_run(
             NewRun(
                 case_name=staged.case_name,
                 case_source=staged.case_source,
@@ -604,9 +656,11 @@ class ControlLoop:
                 for r in sim.plan.ranks
             ],
         )
-        self.jobs.started(sim.job, sim.run_id)
-        sim.usages = [[] for _ in sim.plan.ranks]
-        spec = SimSpec(
+
+    def _spec(self, sim: _Sim) -> SimSpec:
+        assert sim.staged is not None
+        s, staged = self.settings, sim.staged
+        return SimSpec(
             sim_id=sim.sim_id,
             case_dir=staged.run_dir,
             command=(staged.solver, "-parallel"),
@@ -619,23 +673,31 @@ class ControlLoop:
             volume=s.volume,
             labels={"rankpack.dev/run-id": str(sim.run_id)},
         )
-        sim.t0 = self.backend.clock()
-        sim.started_s = self.now()
-        try:
-            self.backend.launch(spec)
-        except (BackendError, UserError) as exc:
-            sim.end_t = sim.t0
-            self._end(sim, failure=f"launch failed: {exc}")
-            return
-        # Every rank's counter is 0 at launch: the CPU-seconds integral starts there, so
-        # start-up before the first sample is counted (short runs are mostly start-up).
-        sim.times.append(0.0)
-        for series in sim.usages:
-            series.append(0)
-        self.event(
-            sim.run_id, "launch", queue_id=sim.job.queue_id, case=sub.case, sim=sim.sim_id,
-            request_millis=[r.cpu_millis for r in sim.plan.ranks],
-        )  # fmt: skip
+
+    def adopt(self, adopted: Adopted) -> None:
+        """Take over a simulation an earlier controller process launched (its job source
+        knows it as running): the backend follows it again, and it ends as if launched here.
+
+        The controller's memory of it starts afresh (warm-up, then profiling), so it may be
+        sized again; resizes recorded before are kept, none is counted twice. Raises
+        BackendError (e.g. UnknownSimulation) if the backend no longer holds it.
+        """
+        job, staged = adopted.job, adopted.staged
+        sim = _Sim(job=job, sim_id=adopted.sim_id, plan=job.submission.plan(), queued_s=0.0)
+        sim.staged = staged
+        if adopted.run_id is not None and self.store.take_over_run(adopted.run_id):
+            sim.run_id = adopted.run_id
+        else:
+            sim.run_id = self._new_run(sim, staged)
+            self.jobs.started(job, sim.run_id, sim.sim_id, staged)
+        sim.usages = [[] for _ in sim.plan.ranks]
+        self.backend.adopt(sim.sim_id, self._spec(sim))
+        sim.t0 = self.backend.clock() - adopted.elapsed_s
+        sim.started_s = self.now() - adopted.elapsed_s
+        self.sims[sim.sim_id] = sim
+        self.event(sim.run_id, "adopted", queue_id=job.queue_id, sim=sim.sim_id,
+                   reason=f"launched by an earlier controller {adopted.elapsed_s:.0f} s ago; "
+                   "followed again")  # fmt: skip
 
     def _resize(self, action: Resize) -> None:
         sim = self.sims.get(action.sim_id)
@@ -810,6 +872,8 @@ class ControlLoop:
                         cpu_cores=sim.cores[r.rank] if r.rank < len(sim.cores) else 0.0,
                         nr_throttled=r.nr_throttled,
                         duty=r.duty_window,
+                        allocated_millis=r.allocated.request_millis if r.allocated else None,
+                        restarts=r.restarts,
                     )
                     for r in sim.last.ranks
                 )
@@ -824,6 +888,8 @@ class ControlLoop:
                     log=sim.parser.state,
                     expected_iterations=sim.staged.expected_iterations if sim.staged else 0,
                     ranks=ranks,
+                    queue_id=sim.job.queue_id,
+                    resizes=sum(1 for r in sim.resizes if r.status == "completed"),
                 )
             )
         return views

@@ -252,6 +252,9 @@ def up(opts: UpOptions, say: Callable[[str], None] = print) -> UpResult:
                     f"a dev cluster {recorded} is up; `rankpack dev-cluster down` before "
                     f"starting {opts.version.tag}"
                 )
+            api = _api_client(layout.admin_kubeconfig)
+            rbac.apply(api, opts.namespace)  # a newer rankpack may need more (or less)
+            rbac.apply_crd(api)
             _write_service_account_kubeconfig(layout, opts)
             return UpResult(
                 True,
@@ -362,6 +365,7 @@ def _start(layout: Layout, opts: UpOptions, bin_dir: Path, say: Callable[[str], 
         str(layout.log_for("kubelet")),
     )
     rbac.apply(api, opts.namespace)
+    rbac.apply_crd(api)
     _wait(
         f"the default ServiceAccount in namespace {opts.namespace}",
         lambda: _default_service_account(api, opts.namespace),

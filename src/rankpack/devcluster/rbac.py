@@ -26,6 +26,10 @@ RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", ("pods/log",), ("get",)),
     ("", ("services", "configmaps"), ("get", "list", "watch", "create", "delete")),
     ("", ("events",), ("get", "list", "watch", "create")),
+    # the operator (`rankpack operator`, issue 11): Simulations, their status, its Lease
+    ("rankpack.dev", ("simulations",), ("get", "list", "watch", "create", "patch")),
+    ("rankpack.dev", ("simulations/status",), ("get", "patch", "update")),
+    ("coordination.k8s.io", ("leases",), ("get", "create", "update")),
 )
 
 
@@ -100,6 +104,25 @@ def apply(api_client: Any, namespace: str) -> None:
             if exc.status != 409:
                 raise
             replace(body["metadata"]["name"], namespace, body)
+
+
+def apply_crd(api_client: Any) -> None:
+    """Install (or update) the Simulation CRD: cluster-scoped, so done as the admin."""
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from rankpack.operator.crd import crd_manifest
+
+    ext: Any = client.ApiextensionsV1Api(api_client)
+    body = crd_manifest()
+    try:
+        ext.create_custom_resource_definition(body)
+    except ApiException as exc:
+        if exc.status != 409:
+            raise
+        current = ext.read_custom_resource_definition(body["metadata"]["name"])
+        body["metadata"]["resourceVersion"] = current.metadata.resource_version
+        ext.replace_custom_resource_definition(body["metadata"]["name"], body)
 
 
 def mint_token(api_client: Any, namespace: str, expiration_s: int) -> str:

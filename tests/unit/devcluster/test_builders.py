@@ -235,3 +235,9 @@ def test_cli_bad_version_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) 
     assert main(["dev-cluster", "up", "--version", "latest"]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "not a Kubernetes release" in err
+
+
+def test_deploy_crd_matches_the_builder() -> None:
+    from rankpack.operator.crd import crd_manifest
+
+    assert yaml.safe_load((REPO / "deploy" / "crd.yaml").read_text()) == crd_manifest()

@@ -80,10 +80,22 @@ class Proc(Protocol):
 
 
 class _Popen:
-    def __init__(self, argv: list[str], cwd: Path, env: dict[str, str], log: IO[bytes]) -> None:
+    def __init__(
+        self,
+        argv: list[str],
+        cwd: Path,
+        env: dict[str, str],
+        log: IO[bytes],
+        *,
+        detach_exit_file: Path | None = None,
+    ) -> None:
+        if detach_exit_file is not None:
+            argv = [sys.executable, "-m", "rankpack.backend.kubernetes.launcher",
+                    str(detach_exit_file), "--", *argv]  # fmt: skip
         self.p = subprocess.Popen(
             argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=_terminate_with_parent,
+            stderr=subprocess.STDOUT, start_new_session=True,
+            preexec_fn=None if detach_exit_file is not None else _terminate_with_parent,
         )  # fmt: skip
 
     @property
@@ -102,6 +114,13 @@ class _Popen:
 
 
 Starter = Callable[[list[str], Path, dict[str, str], IO[bytes]], Proc]
+
+
+def _detached(exit_file: Path) -> Starter:
+    def start(argv: list[str], cwd: Path, env: dict[str, str], log: IO[bytes]) -> Proc:
+        return _Popen(argv, cwd, env, log, detach_exit_file=exit_file)
+
+    return start
 
 
 @dataclass
@@ -175,6 +194,7 @@ class KubernetesBackend:
         self.config = config
         self.usage = usage_source if usage_source is not None else usage.detect(api, C)
         self.starter: Starter = starter if starter is not None else _Popen
+        self.default_starter = starter is None
         self.mpirun = mpirun
         self.background = background
         self._stages: dict[str, _Stage] = {}
@@ -399,8 +419,11 @@ class KubernetesBackend:
             env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
         try:
             sim.log_file = open(sim.spec.log_path, "ab")  # noqa: SIM115 - closed in release()
-            sim.process = self.starter(builders.mpirun_argv(args), sim.spec.case_dir, env,
-                                       sim.log_file)  # fmt: skip
+            starter = self.starter
+            if self.config.detach and self.default_starter:
+                starter = _detached(sim.exit_file)
+            sim.process = starter(builders.mpirun_argv(args), sim.spec.case_dir, env,
+                                  sim.log_file)  # fmt: skip
         except (OSError, UserError, BackendError) as exc:
             sim.failure = f"cannot start mpirun: {exc}"
             return
@@ -410,8 +433,9 @@ class KubernetesBackend:
     def _watch_mpirun(self, sim: _Sim) -> None:
         assert sim.process is not None
         code = sim.process.wait()
-        with contextlib.suppress(OSError):
-            sim.exit_file.write_text(f"{code}\n")
+        if not sim.exit_file.exists():  # a detached launcher wrote mpirun's own code
+            with contextlib.suppress(OSError):
+                sim.exit_file.write_text(f"{code}\n")
         with self._lock:
             sim.exit_code = code
             sim.ended = True

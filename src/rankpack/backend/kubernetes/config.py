@@ -45,6 +45,10 @@ class KubernetesConfig:
     """A simulation whose rank pods do not all run within this fails (e.g. unschedulable)."""
     release_timeout_s: float = 60.0
     """How long `release` waits for the garbage collector to remove the rank pods."""
+    detach: bool = False
+    """Start mpirun through a detached launcher that outlives this process (the operator:
+    a restarted operator adopts the simulation); False: mpirun is SIGTERMed if rankpack
+    dies (`rankpack run`: nothing is left running)."""
 
 
 def default_kubeconfig() -> Path | None:

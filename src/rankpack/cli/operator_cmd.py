@@ -1,0 +1,214 @@
+"""`rankpack operator`: the multiplexing controller as a Kubernetes operator on Simulation
+resources; `rankpack simulations` lists them. `rankpack submit --backend kubernetes` creates
+them (queue_cmd)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import uuid
+from dataclasses import replace
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+from rankpack.backend.protocol import BackendError
+from rankpack.cli.common import (
+    data_dir,
+    db_path,
+    parse_concurrent,
+    parse_cores,
+    parse_seconds,
+    print_json,
+)
+from rankpack.cli.run_cmd import stop_on_signals
+from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.submission import Submission
+from rankpack.errors import UserError
+from rankpack.plan.allocation import budget_to_millis
+
+
+def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl)")
+    p.add_argument("--context", help="kubeconfig context (default: current)")
+    p.add_argument("--namespace", help="namespace (default: the context's)")
+
+
+def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "operator",
+        help="run Simulation resources on Kubernetes: profile, resize in place, pack, adopt",
+        description=(
+            "The multiplexing controller as a Kubernetes operator. Queued Simulations "
+            "(simulations.rankpack.dev, deploy/crd.yaml) in the namespace are launched as rank "
+            "pods, profiled, resized in place and packed, as `rankpack multiplex` does; their "
+            "status shows phase, progress, per-rank CPU, resizes and the result. Only the "
+            "holder of the Lease acts; a restarted operator adopts the running simulations. "
+            "Ctrl-C/SIGTERM stop the operator and leave the simulations running."
+        ),
+    )
+    add_cluster_arguments(p)
+    p.add_argument("--image", help="rank pod image (default: the dev cluster's host-usr image)")
+    p.add_argument(
+        "--allocatable", type=parse_cores,
+        help="CPU (cores) to place on when the identity may not read nodes (2 on the dev "
+        "cluster)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-concurrent", type=parse_concurrent, default=4, help="simulations at once (4)"
+    )
+    p.add_argument(
+        "--profile-s", type=parse_seconds, default=5.0, help="profiling window (default 5 s)"
+    )
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--identity", help="leader-election identity (default: HOST-PID)")
+    p.add_argument("--lease", default="rankpack-operator", help="Lease name (rankpack-operator)")
+    p.add_argument(
+        "--until-idle", action="store_true",
+        help="exit once no Simulation is queued or running (default: run until stopped)",
+    )  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+    p.set_defaults(handler=handle_operator)
+
+    s = sub.add_parser(
+        "simulations", help="list the Simulation resources of a namespace (Kubernetes)"
+    )
+    add_cluster_arguments(s)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(handler=handle_simulations)
+
+
+def _config(args: argparse.Namespace) -> Any:
+    from rankpack.backend.kubernetes import load_config
+
+    config = load_config(args.kubeconfig, args.context, args.namespace,
+                         image=getattr(args, "image", None))  # fmt: skip
+    if getattr(args, "allocatable", None) is not None:
+        config = replace(config, allocatable_millis=budget_to_millis(args.allocatable))
+    return config
+
+
+def simulation_api(args: argparse.Namespace) -> Any:
+    from kubernetes import config as kube_config
+
+    from rankpack.operator.queue import SimulationApi
+
+    kconfig: Any = kube_config
+
+    cfg = _config(args)
+    try:
+        if cfg.kubeconfig is None:
+            from kubernetes import client
+
+            configuration = client.Configuration()
+            kconfig.load_incluster_config(client_configuration=configuration)
+            api_client = client.ApiClient(configuration)
+        else:
+            api_client = kconfig.new_client_from_config(
+                config_file=str(cfg.kubeconfig), context=cfg.context
+            )
+    except Exception as exc:
+        raise UserError(f"cannot load the Kubernetes configuration: {exc}") from None
+    return SimulationApi(api_client, cfg.namespace)
+
+
+def _api_error(exc: Exception, what: str) -> UserError:
+    status = getattr(exc, "status", None)
+    reason = getattr(exc, "reason", None) or type(exc).__name__
+    hint = ""
+    if status == 404:
+        hint = "; is the CRD installed (kubectl apply -f deploy/crd.yaml)?"
+    elif status == 403:
+        hint = "; this identity may not (see deploy/role.yaml)"
+    return UserError(f"{what}: {status or ''} {reason}{hint}".replace("  ", " "))
+
+
+def create_simulations(
+    args: argparse.Namespace, sub: Submission, count: int, volume: str | None
+) -> list[str]:
+    from rankpack.operator import crd
+
+    api = simulation_api(args)
+    base = "".join(c if c.isalnum() else "-" for c in sub.case.rsplit("/", 1)[-1].lower())
+    base = base.strip("-")[:40] or "simulation"
+    names = []
+    for _ in range(count):
+        name = f"{base}-{uuid.uuid4().hex[:6]}"
+        try:
+            api.create(crd.simulation(name, sub, volume))
+        except Exception as exc:
+            raise _api_error(exc, f"cannot create Simulation {name}") from None
+        names.append(name)
+    return names
+
+
+def list_simulations(args: argparse.Namespace) -> list[dict[str, Any]]:
+    api = simulation_api(args)
+    try:
+        items = api.list()
+    except Exception as exc:
+        raise _api_error(exc, "cannot list Simulations") from None
+    return sorted(items, key=lambda o: o["metadata"].get("creationTimestamp", ""))
+
+
+def handle_simulations(args: argparse.Namespace) -> int:
+    items = list_simulations(args)
+    if args.json:
+        print_json([{"name": o["metadata"]["name"], "spec": o.get("spec"),
+                     "status": o.get("status") or {}} for o in items])  # fmt: skip
+        return 0
+    if not items:
+        Console().print("no Simulations; create some with `rankpack submit CASE --backend "
+                        "kubernetes`")  # fmt: skip
+        return 0
+    table = Table(title="simulations")
+    for col in ("name", "phase", "case", "ranks", "progress", "resizes", "restarts", "run"):
+        table.add_column(col)
+    for o in items:
+        st, spec = o.get("status") or {}, o.get("spec") or {}
+        table.add_row(
+            o["metadata"]["name"], st.get("phase", "-"), str(spec.get("case", {}).get("path")),
+            str(spec.get("ranks", "-")), str(st.get("progress", "-")),
+            str(st.get("resizes", 0)), str(st.get("restarts", 0)), str(st.get("runId", "-")),
+        )  # fmt: skip
+    Console().print(table)
+    return 0
+
+
+def handle_operator(args: argparse.Namespace) -> int:
+    from rankpack.operator.service import OperatorOptions, run_operator
+
+    if args.max_concurrent < 1:
+        raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
+    if args.profile_s <= 0:
+        raise UserError(f"--profile-s must be positive, got {args.profile_s:g}")
+    if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
+        raise UserError(f"--metrics-port must be 1..65535, got {args.metrics_port}")
+    opts = OperatorOptions(
+        config=_config(args),
+        runs_root=data_dir() / "runs",
+        db_path=db_path(args),
+        identity=args.identity or "",
+        lease_name=args.lease,
+        metrics_port=args.metrics_port,
+        controller=ControllerSettings(max_concurrent=args.max_concurrent,
+                                      profile_s=args.profile_s),
+        until_idle=args.until_idle,
+    )  # fmt: skip
+    logging.basicConfig(level=logging.WARNING)
+    console = Console(stderr=True)
+    with stop_on_signals() as stop:
+        try:
+            result = run_operator(
+                opts, stop=stop, say=(lambda m: None) if args.json else console.print
+            )
+        except BackendError as exc:
+            raise UserError(str(exc)) from None
+    if args.json:
+        print_json({"status": result.status, "adopted": result.adopted,
+                    "requeued": result.requeued, "finished": result.finished})  # fmt: skip
+    else:
+        console.print(f"operator {result.status}: adopted {result.adopted}, requeued "
+                      f"{result.requeued}, finished {len(result.finished)}")  # fmt: skip
+    return 0 if result.status in ("idle", "stopped") else 1

@@ -1,0 +1,268 @@
+"""The `Simulation` custom resource: its definition, and its spec as a `Submission`.
+
+`crd_manifest()` is the single source of the CustomResourceDefinition; ``deploy/crd.yaml``
+holds the same object and a unit test keeps the two identical. A spec is validated the way
+`rankpack submit` validates its flags; a bad spec fails its Simulation with the reason
+(``InvalidSpec``), it never stops the operator.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rankpack.controller.observations import Phase
+from rankpack.controller.submission import Submission
+from rankpack.errors import UserError
+from rankpack.plan.allocation import make_plan
+
+GROUP = "rankpack.dev"
+VERSION = "v1alpha1"
+KIND = "Simulation"
+PLURAL = "simulations"
+API_VERSION = f"{GROUP}/{VERSION}"
+MANAGED_BY = {"app.kubernetes.io/managed-by": "rankpack", "app.kubernetes.io/name": "rankpack"}
+
+PHASES = ("Queued", "Running", "Succeeded", "Failed")
+DECOMPOSITIONS = ("equal", "weighted", "concentric")
+MAX_RANKS = 4096
+
+Obj = dict[str, Any]
+
+
+def _int(minimum: int, maximum: int | None = None) -> Obj:
+    out: Obj = {"type": "integer", "minimum": minimum}
+    if maximum is not None:
+        out["maximum"] = maximum
+    return out
+
+
+def _spec_schema() -> Obj:
+    millis_list = {"type": "array", "items": _int(1), "maxItems": MAX_RANKS}
+    return {
+        "type": "object",
+        "required": ["case"],
+        "properties": {
+            "case": {
+                "type": "object",
+                "required": ["path"],
+                "properties": {
+                    "path": {"type": "string", "minLength": 1, "maxLength": 4096,
+                             "description": "case directory or installed tutorial name"},
+                    "volume": {"type": "string", "maxLength": 4096,
+                               "description": "pvc:CLAIM[:MOUNT] or host:DIR"},
+                },
+            },
+            "ranks": _int(1, MAX_RANKS),
+            "weights": {"type": "array", "items": {"type": "number", "minimum": 0},
+                        "maxItems": MAX_RANKS},
+            "budgetMillis": _int(1),
+            "floorMillis": _int(0),
+            "iterations": _int(1),
+            "decomposition": {"type": "string", "enum": list(DECOMPOSITIONS)},
+            "sizing": {"type": "string", "enum": ["duty", "fixed"]},
+            "phases": {
+                "type": "array",
+                "maxItems": 64,
+                "items": {
+                    "type": "object",
+                    "required": ["startFraction", "requestMillis"],
+                    "properties": {
+                        "startFraction": {"type": "number", "minimum": 0, "maximum": 1},
+                        "requestMillis": millis_list,
+                    },
+                },
+            },
+        },
+    }  # fmt: skip
+
+
+def _status_schema() -> Obj:
+    rank = {
+        "type": "object",
+        "properties": {
+            "rank": _int(0),
+            "requestMillis": _int(0),
+            "allocatedMillis": _int(0),
+            "cpuCores": {"type": "number"},
+            "duty": {"type": "number"},
+        },
+    }
+    condition = {
+        "type": "object",
+        "required": ["type", "status"],
+        "properties": {
+            k: {"type": "string"}
+            for k in ("type", "status", "reason", "message", "lastTransitionTime")
+        },
+    }
+    return {
+        "type": "object",
+        "x-kubernetes-preserve-unknown-fields": True,
+        "properties": {
+            "phase": {"type": "string", "enum": list(PHASES)},
+            "operator": {"type": "string"},
+            "simId": {"type": "string"},
+            "runId": _int(0),
+            "runDir": {"type": "string"},
+            "startedAt": {"type": "string"},
+            "iterations": _int(0),
+            "expectedIterations": _int(0),
+            "progress": {"type": "string"},
+            "resizes": _int(0),
+            "restarts": _int(0),
+            "ranks": {"type": "array", "items": rank},
+            "conditions": {"type": "array", "items": condition},
+            "result": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+            "staged": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
+        },
+    }
+
+
+def crd_manifest() -> Obj:
+    columns = [
+        ("Phase", "string", ".status.phase"),
+        ("Case", "string", ".spec.case.path"),
+        ("Ranks", "integer", ".spec.ranks"),
+        ("Progress", "string", ".status.progress"),
+        ("Resizes", "integer", ".status.resizes"),
+        ("Restarts", "integer", ".status.restarts"),
+        ("Run", "integer", ".status.runId"),
+        ("Age", "date", ".metadata.creationTimestamp"),
+    ]
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"{PLURAL}.{GROUP}", "labels": dict(MANAGED_BY)},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {
+                "plural": PLURAL,
+                "singular": "simulation",
+                "kind": KIND,
+                "listKind": f"{KIND}List",
+                "shortNames": ["sim", "sims"],
+                "categories": ["rankpack"],
+            },
+            "versions": [
+                {
+                    "name": VERSION,
+                    "served": True,
+                    "storage": True,
+                    "subresources": {"status": {}},
+                    "additionalPrinterColumns": [
+                        {"name": n, "type": t, "jsonPath": p} for n, t, p in columns
+                    ],
+                    "schema": {
+                        "openAPIV3Schema": {
+                            "type": "object",
+                            "properties": {
+                                "spec": _spec_schema(),
+                                "status": _status_schema(),
+                            },
+                        }
+                    },
+                }
+            ],
+        },
+    }
+
+
+# -- spec <-> Submission -------------------------------------------------------------------
+
+
+def spec_of(sub: Submission, volume: str | None = None) -> Obj:
+    """The Simulation spec that `submission_of` turns back into ``sub``."""
+    spec: Obj = {
+        "case": {"path": sub.case},
+        "ranks": sub.n_ranks,
+        "weights": list(sub.weights),
+        "budgetMillis": sub.budget_millis,
+        "decomposition": sub.decompose,
+        "sizing": sub.sizing,
+    }
+    if volume:
+        spec["case"]["volume"] = volume
+    if sub.floor_millis:
+        spec["floorMillis"] = sub.floor_millis
+    if sub.iterations is not None:
+        spec["iterations"] = sub.iterations
+    if sub.phases:
+        spec["phases"] = [
+            {"startFraction": p.start_fraction, "requestMillis": list(p.request_millis)}
+            for p in sub.phases
+        ]
+    return spec
+
+
+def simulation(name: str, sub: Submission, volume: str | None = None) -> Obj:
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "metadata": {"name": name, "labels": dict(MANAGED_BY)},
+        "spec": spec_of(sub, volume),
+    }
+
+
+def submission_of(obj: Obj) -> Submission:
+    """The Submission a Simulation asks for; UserError naming the bad field otherwise."""
+    name = obj.get("metadata", {}).get("name", "?")
+    spec = obj.get("spec")
+    if not isinstance(spec, dict):
+        raise UserError(f"simulation {name}: no spec")
+    try:
+        return _submission(spec)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise UserError(f"simulation {name}: bad spec ({type(exc).__name__}: {exc})") from exc
+
+
+def _submission(spec: Obj) -> Submission:
+    case = spec["case"]
+    path = str(case["path"]) if isinstance(case, dict) else ""
+    if not path:
+        raise UserError("spec.case.path is required (a case directory or tutorial name)")
+    weights = [float(w) for w in spec.get("weights") or ()]
+    ranks = int(spec.get("ranks") or len(weights) or 0)
+    if not weights:
+        weights = [1.0] * ranks
+    if ranks < 1 or ranks > MAX_RANKS:
+        raise UserError(f"spec.ranks must be 1..{MAX_RANKS}, got {ranks}")
+    if len(weights) != ranks:
+        raise UserError(f"spec.weights has {len(weights)} entries for {ranks} ranks")
+    if not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
+        raise UserError("spec.weights must be finite, >= 0 and not all 0")
+    budget = int(spec.get("budgetMillis") or 1000 * ranks)
+    floor = int(spec.get("floorMillis") or 0)
+    make_plan(weights, budget, floor_millis=floor)  # raises UserError when floors do not fit
+    iterations = spec.get("iterations")
+    if iterations is not None and int(iterations) < 1:
+        raise UserError(f"spec.iterations must be at least 1, got {iterations}")
+    decompose = str(spec.get("decomposition") or "equal")
+    if decompose not in DECOMPOSITIONS:
+        raise UserError(f"spec.decomposition must be one of {', '.join(DECOMPOSITIONS)}")
+    phases = []
+    for p in spec.get("phases") or ():
+        millis = tuple(int(m) for m in p["requestMillis"])
+        if len(millis) != ranks or min(millis) < 1:
+            raise UserError(f"spec.phases: each requestMillis needs {ranks} values >= 1")
+        phases.append(Phase(float(p["startFraction"]), millis))
+    sizing = str(spec.get("sizing") or "duty")
+    if sizing not in ("duty", "fixed"):
+        raise UserError("spec.sizing must be duty or fixed")
+    return Submission(
+        case=path,
+        weights=tuple(weights),
+        budget_millis=budget,
+        floor_millis=floor,
+        iterations=int(iterations) if iterations is not None else None,
+        decompose=decompose,
+        phases=tuple(phases),
+        sizing="fixed" if sizing == "fixed" or phases else "duty",
+    )
+
+
+def volume_of(obj: Obj) -> str | None:
+    case = (obj.get("spec") or {}).get("case") or {}
+    volume = case.get("volume") if isinstance(case, dict) else None
+    return str(volume) if volume else None

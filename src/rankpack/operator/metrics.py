@@ -1,0 +1,110 @@
+"""The operator's Prometheus endpoint (the ``prometheus-client`` package).
+
+Gauges are set from the control loop's view every tick; counters from its recorded events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+
+from rankpack.controller.loop import SimView
+from rankpack.store import EventRow
+
+RESIZE_OUTCOMES = {"resize": "completed", "resize-rejected": "rejected",
+                   "resize-infeasible": "infeasible", "resize-failed": "failed",
+                   "resize-deferred": "deferred"}  # fmt: skip
+
+
+class OperatorMetrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.progress = Gauge(
+            "rankpack_simulation_progress_ratio",
+            "iterations done / iterations expected",
+            ["simulation"],
+            registry=r,
+        )
+        self.iterations = Gauge(
+            "rankpack_simulation_iterations", "iterations done", ["simulation"], registry=r
+        )
+        self.request = Gauge(
+            "rankpack_rank_request_millicores",
+            "CPU request of a rank pod",
+            ["simulation", "rank"],
+            registry=r,
+        )
+        self.allocated = Gauge(
+            "rankpack_rank_allocated_millicores",
+            "CPU request the node has applied",
+            ["simulation", "rank"],
+            registry=r,
+        )
+        self.duty = Gauge(
+            "rankpack_rank_duty_ratio",
+            "compute / (compute + MPI wait) time",
+            ["simulation", "rank"],
+            registry=r,
+        )
+        self.running = Gauge("rankpack_simulations_running", "simulations running", registry=r)
+        self.resizes = Counter("rankpack_resizes", "resizes by outcome", ["outcome"], registry=r)
+        self.held = Counter(
+            "rankpack_launches_held", "launches held back, by reason", ["reason"], registry=r
+        )
+        self.adopted = Counter(
+            "rankpack_simulations_adopted",
+            "simulations taken over from an earlier operator",
+            registry=r,
+        )
+        self.known: set[tuple[str, str]] = set()
+        self.last_event = 0
+
+    def serve(self, port: int, addr: str = "0.0.0.0") -> None:
+        start_http_server(port, addr=addr, registry=self.registry)
+
+    def update(self, names: dict[int, str], sims: Sequence[SimView]) -> None:
+        seen: set[tuple[str, str]] = set()
+        self.running.set(sum(1 for s in sims if s.run_id is not None))
+        for s in sims:
+            name = names.get(s.queue_id, s.sim_id)
+            if s.expected_iterations:
+                self.progress.labels(name).set(s.log.iterations / s.expected_iterations)
+            self.iterations.labels(name).set(s.log.iterations)
+            for r in s.ranks:
+                key = (name, str(r.rank))
+                seen.add(key)
+                self.request.labels(*key).set(r.request_millis)
+                if r.allocated_millis is not None:
+                    self.allocated.labels(*key).set(r.allocated_millis)
+                if r.duty is not None:
+                    self.duty.labels(*key).set(r.duty)
+        for key in self.known - seen:  # ended simulations: drop their per-rank series
+            for g in (self.request, self.allocated, self.duty):
+                with contextlib.suppress(KeyError):
+                    g.remove(*key)
+        self.known = seen
+
+    def count_events(self, events: Sequence[EventRow]) -> None:
+        for e in events:
+            if e.id <= self.last_event:
+                continue
+            self.last_event = e.id
+            if e.kind in RESIZE_OUTCOMES:
+                self.resizes.labels(RESIZE_OUTCOMES[e.kind]).inc()
+            elif e.kind == "launch-held":
+                self.held.labels(_held_code(str(e.detail.get("reason", "")))).inc()
+            elif e.kind == "adopted":
+                self.adopted.inc()
+
+
+_HELD_CODES = (("more after", "cooldown"), ("needs", "no-room"), ("concurrent", "max-concurrent"),
+               ("gain", "no-gain"), ("profil", "profiling"), ("warm", "profiling"))  # fmt: skip
+
+
+def _held_code(reason: str) -> str:
+    """The policy's reason text, as a short label value (bounded cardinality)."""
+    low = reason.lower()
+    return next((code for key, code in _HELD_CODES if key in low), "other")
