@@ -210,7 +210,7 @@ def submission_of(obj: Obj) -> Submission:
     name = obj.get("metadata", {}).get("name", "?")
     spec = obj.get("spec")
     if not isinstance(spec, dict):
-        raise UserError(f"simulation {name}: no spec")
+        raise UserError(f"simulation {name}: no spec.case (give spec.case.path)")
     try:
         return _submission(spec)
     except (KeyError, TypeError, ValueError) as exc:
@@ -218,7 +218,7 @@ def submission_of(obj: Obj) -> Submission:
 
 
 def _submission(spec: Obj) -> Submission:
-    case = spec["case"]
+    case = spec.get("case")
     path = str(case["path"]) if isinstance(case, dict) else ""
     if not path:
         raise UserError("spec.case.path is required (a case directory or tutorial name)")

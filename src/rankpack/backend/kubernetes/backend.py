@@ -873,8 +873,8 @@ class KubernetesBackend:
                     sim.pods[rank] = pod
                     sim.seen.add(rank)
         self._attach_readers(sim)
-        with contextlib.suppress(OSError):
-            sim.log_offset = spec.log_path.stat().st_size
+        # the log is delivered from its start, as the protocol says: the adopting
+        # controller parses it afresh (sim.log_offset stays 0)
         with self._lock:
             self._sims[sim_id] = sim
         self._ensure_poller()

@@ -1,0 +1,64 @@
+"""The Simulation resource's spec <-> Submission, and its validation (no cluster)."""
+
+from __future__ import annotations
+
+import pytest
+
+from rankpack.controller.observations import Phase
+from rankpack.controller.submission import Submission
+from rankpack.errors import UserError
+from rankpack.operator import crd
+
+
+@pytest.mark.parametrize(
+    "sub",
+    [
+        Submission(case="pitzDaily", weights=(1, 1, 5, 15), budget_millis=2000, iterations=300),
+        Submission(case="/cases/x", weights=(1, 3), budget_millis=1500, floor_millis=100,
+                   decompose="weighted", sizing="fixed",
+                   phases=(Phase(0.0, (500, 1000)), Phase(0.5, (1000, 500)))),
+    ],
+)  # fmt: skip
+def test_spec_round_trips(sub: Submission) -> None:
+    obj = crd.simulation("s", sub, volume="host:/data")
+    assert obj["apiVersion"] == "rankpack.dev/v1alpha1" and obj["kind"] == "Simulation"
+    assert crd.submission_of(obj) == sub
+    assert crd.volume_of(obj) == "host:/data"
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ({}, "spec.case"),
+        ({"case": {"path": ""}}, "spec.case.path is required"),
+        ({"case": {"path": "p"}, "ranks": 0}, "spec.ranks must be"),
+        ({"case": {"path": "p"}, "ranks": 3, "weights": [1, 2]}, "2 entries for 3 ranks"),
+        ({"case": {"path": "p"}, "weights": [0, 0]}, "not all 0"),
+        ({"case": {"path": "p"}, "ranks": 2, "iterations": 0}, "at least 1"),
+        ({"case": {"path": "p"}, "ranks": 2, "decomposition": "x"}, "spec.decomposition"),
+        (
+            {
+                "case": {"path": "p"},
+                "ranks": 2,
+                "phases": [{"startFraction": 0, "requestMillis": [1]}],
+            },
+            "needs 2 values",
+        ),  # fmt: skip
+        ({"case": {"path": "p"}, "ranks": 2, "weights": ["a", 1]}, "bad spec"),
+    ],
+)
+def test_a_bad_spec_is_one_clear_error(spec: dict[str, object], message: str) -> None:
+    with pytest.raises(UserError) as info:
+        crd.submission_of({"metadata": {"name": "bad"}, "spec": spec})
+    assert message in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+def test_the_crd_has_a_status_subresource_and_useful_columns() -> None:
+    m = crd.crd_manifest()
+    (version,) = m["spec"]["versions"]
+    assert version["subresources"] == {"status": {}}
+    columns = [c["name"] for c in version["additionalPrinterColumns"]]
+    assert columns[:5] == ["Phase", "Case", "Ranks", "Progress", "Resizes"]
+    status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
+    assert {"phase", "restarts", "resizes", "iterations"} <= set(status)
