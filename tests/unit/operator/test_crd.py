@@ -43,7 +43,7 @@ def test_spec_round_trips(sub: Submission) -> None:
                 "phases": [{"startFraction": 0, "requestMillis": [1]}],
             },
             "needs 2 values",
-        ),  # fmt: skip
+        ),
         ({"case": {"path": "p"}, "ranks": 2, "weights": ["a", 1]}, "bad spec"),
     ],
 )
