@@ -217,7 +217,7 @@ def test_four_ranks_with_planned_requests(kube: Kube, tmp_path: Path) -> None:
 def test_phase_schedule_resizes_running_ranks_in_place(kube: Kube, tmp_path: Path) -> None:
     before, after = (250, 250, 500, 800), (800, 500, 250, 250)
     sub = Submission(
-        case="pitzDaily", weights=(1, 1, 1, 1), budget_millis=1800, iterations=40,
+        case="pitzDaily", weights=(1, 1, 1, 1), budget_millis=1800, iterations=120,
         phases=(Phase(0.0, before), Phase(0.3, after)), sizing="fixed",
     )  # fmt: skip
     result, watcher, _ = kube.run(sub, tmp_path / "runs")
