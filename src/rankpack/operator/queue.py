@@ -222,7 +222,10 @@ class SimulationQueue:
                 },
             )
             return
+        if status == "interrupted":
+            return  # stopped with the operator: it is still running and will be adopted
         result: Obj = {"status": status}
+        patch: Obj = {}
         run_id = self.run_ids.get(job.queue_id)
         message = ""
         if run_id is not None:
@@ -240,27 +243,23 @@ class SimulationQueue:
                     restarts=run.restarts,
                     resizes=sum(1 for r in run.resizes if r.status == "completed"),
                 )
+                exp = run.expected_iterations
+                patch.update(
+                    iterations=run.iterations,
+                    resizes=result["resizes"],
+                    restarts=run.restarts,
+                    progress=f"{run.iterations}/{exp}" if exp else str(run.iterations),
+                )
         phase = "Succeeded" if status == "completed" else "Failed"
-        if status == "interrupted":
-            # stopped with the operator: it is still running and will be adopted
-            return
-        patch: Obj = {
-            "phase": phase,
-            "result": result,
-            "conditions": [
+        patch.update(
+            phase=phase,
+            result=result,
+            conditions=[
                 _condition("Succeeded" if phase == "Succeeded" else "Failed", True,
                            "Completed" if phase == "Succeeded" else "RunFailed",
                            message or status)
             ],
-        }  # fmt: skip
-        for key in ("iterations", "resizes", "restarts"):
-            if key in result:
-                patch[key] = result[key]
-        if "iterations" in result:
-            exp = self._expected(name)
-            patch["progress"] = (
-                f"{result['iterations']}/{exp}" if exp else str(result["iterations"])
-            )
+        )  # fmt: skip
         self._patch(name, patch)
         self.on_event("finished", {"simulation": name, "phase": phase})
 
@@ -322,12 +321,6 @@ class SimulationQueue:
         )
 
     # -- helpers -----------------------------------------------------------------------------
-
-    def _expected(self, name: str) -> int:
-        try:
-            return int((self.api.get(name).get("status") or {}).get("expectedIterations") or 0)
-        except Exception:
-            return 0
 
     def _fail_invalid(self, obj: Obj, message: str) -> None:
         self.fail(obj["metadata"]["name"], "InvalidSpec", message)
