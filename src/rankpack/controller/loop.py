@@ -9,7 +9,9 @@ Every tick (about once a second, earlier when the backend reports an event) the 
 4. applies the actions: `Launch` claims the queue entry and asks the backend to *stage* it
    (asynchronous: a staging simulation never blocks the others; it is launched on a later
    tick once staged), `Resize` asks the backend for an in-place resize whose outcome is
-   followed in later observations, `Note` is recorded as an event,
+   followed in later observations, `SetWaitMode` asks the backend to switch how the ranks
+   wait in MPI (live; refused switches are asked for again on the next tick), `Note` is
+   recorded as an event,
 5. waits on the backend's clock for the next event of any simulation.
 
 `rankpack run` is a queue of one (`OneJob`) with the same loop; `rankpack multiplex` reads
@@ -22,7 +24,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -41,17 +43,20 @@ from rankpack.backend.protocol import (
 from rankpack.case.foamlog import LogParser, LogState
 from rankpack.case.openfoam import rank_env
 from rankpack.controller.observations import (
+    AUTO_LAUNCH_MODE,
     ControllerSettings,
     ControllerState,
     Observations,
     QueuedSim,
     RankSnapshot,
     SimSnapshot,
+    WaitMode,
+    WaitSetting,
 )
 from rankpack.controller.policy import decide
 from rankpack.controller.submission import Submission
 from rankpack.core.accounting import trapezoid_cpu_s
-from rankpack.core.actions import Action, Launch, Note, Resize
+from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode
 from rankpack.core.results import RankResult, ResizeRecord, RunResult
 from rankpack.errors import UserError
 from rankpack.plan.allocation import Plan
@@ -140,6 +145,8 @@ class LoopSettings:
     tick_s: float = 1.0
     shim: bool = True
     wait_mode: str = "spin"
+    """spin, polite, adaptive (fixed for every simulation), or auto: launched in spin, the
+    controller switches each simulation between spin (alone) and polite (sharing) live."""
     mpi: str = "openmpi"
     capacity_millis: int | None = None
     """The budget of all requests together; default: the backend's allocatable CPU."""
@@ -253,6 +260,8 @@ class _Sim:
     duty_marks: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
     """rank -> [(iterations, compute_ns, mpi_ns)], for the steady-state duty."""
     cores: tuple[float, ...] = ()
+    wait_mode: WaitMode | None = None
+    """The wait mode its ranks were last set to (launch mode, then live switches)."""
 
     @property
     def launched(self) -> bool:
@@ -290,6 +299,8 @@ class ControlLoop:
         """Increases waiting for the decreases in flight to settle (see `_apply_all`)."""
         self.held_noted: set[tuple[str, int]] = set()
         """Held increases a ``resize-held`` event has been recorded for."""
+        self.wait_failed: set[tuple[str, str]] = set()
+        """(sim, mode) switches refused once (recorded once; asked for again every tick)."""
 
     def now(self) -> float:
         return self.backend.clock() - self.t0
@@ -438,6 +449,7 @@ class ControlLoop:
                         phases=sub.phases,
                         sizing=sub.sizing,
                         starting=True,
+                        wait=self._wait_setting(),
                     )
                 )
                 continue
@@ -462,6 +474,7 @@ class ControlLoop:
                     phases=sub.phases,
                     sizing=sub.sizing,
                     starting=sim.last.phase is SimPhase.PENDING,
+                    wait=self._wait_setting(),
                 )
             )
         queued = tuple(
@@ -471,6 +484,16 @@ class ControlLoop:
         return Observations(
             now_s=self.now(), capacity_millis=self._capacity(), sims=tuple(sims), queue=queued
         )
+
+    def _wait_setting(self) -> WaitSetting:
+        mode = self.settings.wait_mode
+        if mode not in ("auto", "spin", "polite", "adaptive"):
+            raise UserError(f"unknown wait mode '{mode}'; use auto, spin, polite or adaptive")
+        return mode  # type: ignore[return-value]
+
+    def _launch_wait_mode(self) -> WaitMode:
+        mode = self._wait_setting()
+        return AUTO_LAUNCH_MODE if mode == "auto" else mode
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -535,9 +558,35 @@ class ControlLoop:
             job = next((j for j in pending if j.queue_id == action.queue_id), None)
             if job is not None:
                 self._stage(job, action.reason)
+        elif isinstance(action, SetWaitMode):
+            self._set_wait_mode(action)
         elif isinstance(action, Note):
             sim = self.sims.get(action.sim_id) if action.sim_id else None
             self.event(sim.run_id if sim else None, action.kind, reason=action.reason)
+
+    def _set_wait_mode(self, action: SetWaitMode) -> None:
+        sim = self.sims.get(action.sim_id)
+        if sim is None or not sim.launched:
+            return
+        try:
+            self.backend.set_wait_mode(sim.sim_id, action.mode)
+        except BackendError as exc:
+            # Nothing changed on the ranks: forget the decision, so the policy asks again
+            # on the next tick (e.g. a rank had not published its record yet).
+            mem = self.state.sims.get(sim.sim_id)
+            if mem is not None:
+                sims = {**self.state.sims, sim.sim_id: replace(mem, wait_mode=sim.wait_mode)}
+                self.state = replace(self.state, sims=sims)
+            if (sim.sim_id, action.mode) not in self.wait_failed:
+                self.wait_failed.add((sim.sim_id, action.mode))
+                why = f"{action.reason}; refused: {exc} (asked again next tick)"
+                self.event(sim.run_id, "wait-mode-failed", mode=action.mode, reason=why)
+            return
+        previous = sim.wait_mode
+        sim.wait_mode = action.mode
+        self.wait_failed.discard((sim.sim_id, action.mode))
+        self.event(sim.run_id, "wait-mode", mode=action.mode, previous=previous,
+                   reason=action.reason)  # fmt: skip
 
     def _stage(self, job: Job, reason: str) -> None:
         if not self.jobs.claim(job):
@@ -614,13 +663,14 @@ class ControlLoop:
             log_path=staged.log_path,
             env=rank_env(),
             mpi=s.mpi,
-            shim=ShimSpec(s.wait_mode, s.mpi) if s.shim else None,
+            shim=ShimSpec(self._launch_wait_mode(), s.mpi) if s.shim else None,
             image=s.image,
             volume=s.volume,
             labels={"rankpack.dev/run-id": str(sim.run_id)},
         )
         sim.t0 = self.backend.clock()
         sim.started_s = self.now()
+        sim.wait_mode = self._launch_wait_mode() if s.shim else None
         try:
             self.backend.launch(spec)
         except (BackendError, UserError) as exc:

@@ -79,6 +79,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from rankpack.controller.observations import (
+    AUTO_LAUNCH_MODE,
     Action,
     ControllerSettings,
     ControllerState,
@@ -88,9 +89,11 @@ from rankpack.controller.observations import (
     Observations,
     QueuedSim,
     Resize,
+    SetWaitMode,
     SimMemory,
     SimSnapshot,
     SimStage,
+    WaitMode,
 )
 from rankpack.model.contention import ClusterShape, throughput
 from rankpack.model.overlap import predict_from_duty_cycles
@@ -124,6 +127,7 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
         memory = _restart_marks(obs, memory)
 
     last_launch_s, launch_held = _launch(step, memory, state)
+    _wait_modes(step, memory, any(isinstance(a, Launch) for a in step.actions))
     new_state = ControllerState(
         sims=memory,
         last_launch_s=last_launch_s,
@@ -566,3 +570,41 @@ def _predicted_gain(step: _Step, memory: dict[str, SimMemory], head: QueuedSim) 
     now = predict_from_duty_cycles(n, duties, shape)
     then = predict_from_duty_cycles(n + 1, duties, shape)
     return then.throughput / now.throughput
+
+
+# --- (E) wait modes ----------------------------------------------------------------------
+
+
+def _wait_modes(step: _Step, memory: dict[str, SimMemory], launching: bool) -> None:
+    """Switch ``auto`` simulations between spin (cores to itself) and polite (sharing)."""
+    obs = step.obs
+    requested = sum(step.total(sim.sim_id) for sim in obs.sims)
+    over = requested > obs.capacity_millis
+    for sim in obs.sims:
+        if sim.wait != "auto" or sim.starting or not sim.ranks or not _has_shim(sim):
+            continue
+        mem = memory[sim.sim_id]
+        current = mem.wait_mode or AUTO_LAUNCH_MODE
+        others = [o.sim_id for o in obs.sims if o.sim_id != sim.sim_id]
+        wanted: WaitMode
+        if others or launching:
+            who = ", ".join(others) if others else "the simulation being launched"
+            wanted, why = "polite", f"shares the cores with {who}"
+        elif over:
+            wanted = "polite"
+            why = (
+                f"requests {requested}m exceed the {obs.capacity_millis}m of capacity left to"
+                " rankpack (others use the node)"
+            )
+        else:
+            wanted = "spin"
+            why = (
+                f"alone: the only simulation, requests {requested}m within the"
+                f" {obs.capacity_millis}m capacity"
+            )
+        if wanted == current:
+            continue
+        step.actions.append(
+            SetWaitMode(sim_id=sim.sim_id, mode=wanted, reason=f"{why}: {current} -> {wanted}")
+        )
+        memory[sim.sim_id] = replace(mem, wait_mode=wanted)
