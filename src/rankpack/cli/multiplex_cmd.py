@@ -60,10 +60,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )  # fmt: skip
     p.add_argument(
         "--wait",
-        choices=WAIT_MODES,
-        default="spin",
-        help="how ranks wait inside MPI (PMPI shim): spin (default; measured best here, see "
-        "docs/benchmarks.md), polite or adaptive",
+        choices=["auto", *WAIT_MODES],
+        default="auto",
+        help="how ranks wait inside MPI (PMPI shim): auto (default: each simulation spins "
+        "while it has the cores to itself and is switched live to polite while it shares "
+        "them; see docs/controller.md), or a fixed mode for all: spin, polite, adaptive",
     )
     p.add_argument(
         "--baseline",
