@@ -224,6 +224,12 @@ def print_summary(data: dict[str, object]) -> None:
         f"{gain:.2f}x" if isinstance(gain, float) else
         f"makespan {data['makespan_s']:.1f} s; throughput gain: no single-run baseline"
     )  # fmt: skip
+    limit = data.get("throughput_limit")
+    if isinstance(limit, float):
+        console.print(
+            f"physical limit of the gain on this capacity (work-conserving, from the single "
+            f"runs' duty cycles): {limit:.2f}x"
+        )
     fair = data["fairness_ratio"]
     console.print(
         f"fairness (max/min wall): {fair:.2f}" if isinstance(fair, float) else "fairness: -",
