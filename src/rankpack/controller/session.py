@@ -5,8 +5,9 @@ summarises it: makespan, the sequential time of the same simulations from record
 runs (the baseline), the throughput gain and fairness. `measure_baselines` runs each
 distinct queued simulation alone first when no baseline is recorded, through the same
 loop. `throughput_limit` is the physical bound on the gain (`rankpack.model.limit`) from
-the same single runs' duty cycles and CPU use. `choose_gate` decides how launches are gated (a contention coefficient fitted on
-this machine's recorded sessions, or the duty-cycle model). Called by `rankpack multiplex`.
+the same single runs' duty cycles and CPU use. `choose_gate` decides how launches are gated
+(a contention coefficient fitted on this machine's recorded sessions, or the duty-cycle
+model). Called by `rankpack multiplex`.
 """
 
 from __future__ import annotations
