@@ -21,6 +21,7 @@ pid files and record files are the backends' business.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Sequence
@@ -42,6 +43,7 @@ from rankpack.backend.protocol import (
 )
 from rankpack.case.foamlog import LogParser, LogState
 from rankpack.case.openfoam import rank_env
+from rankpack.controller.learned import LearnedSizes, learned_sizes
 from rankpack.controller.observations import (
     AUTO_LAUNCH_MODE,
     ControllerSettings,
@@ -262,6 +264,8 @@ class _Sim:
     cores: tuple[float, ...] = ()
     wait_mode: WaitMode | None = None
     """The wait mode its ranks were last set to (launch mode, then live switches)."""
+    learned_duty: tuple[float, ...] = ()
+    """Duty cycles of the earlier run its sizes were learned from (see `learned`)."""
 
     @property
     def launched(self) -> bool:
@@ -299,6 +303,8 @@ class ControlLoop:
         """Increases waiting for the decreases in flight to settle (see `_apply_all`)."""
         self.held_noted: set[tuple[str, int]] = set()
         """Held increases a ``resize-held`` event has been recorded for."""
+        self.learned: dict[str, LearnedSizes | None] = {}
+        """Learned sizes per submission (JSON key), until a run ends (new knowledge)."""
         self.wait_failed: set[tuple[str, str]] = set()
         """(sim, mode) switches refused once (recorded once; asked for again every tick)."""
 
@@ -449,6 +455,7 @@ class ControlLoop:
                         phases=sub.phases,
                         sizing=sub.sizing,
                         starting=True,
+                        learned_duty=sim.learned_duty,
                         wait=self._wait_setting(),
                     )
                 )
@@ -474,16 +481,45 @@ class ControlLoop:
                     phases=sub.phases,
                     sizing=sub.sizing,
                     starting=sim.last.phase is SimPhase.PENDING,
+                    learned_duty=sim.learned_duty,
                     wait=self._wait_setting(),
                 )
             )
         queued = tuple(
-            QueuedSim(j.queue_id, j.submission.n_ranks, j.submission.initial_millis)
+            QueuedSim(j.queue_id, j.submission.n_ranks, self._initial_millis(j.submission))
             for j in pending
         )
         return Observations(
             now_s=self.now(), capacity_millis=self._capacity(), sims=tuple(sims), queue=queued
         )
+
+    # -- learned sizes ------------------------------------------------------------------------
+
+    def _learned(self, sub: Submission) -> LearnedSizes | None:
+        key = json.dumps(sub.to_json(), sort_keys=True)
+        if key not in self.learned:
+            c = self.settings.controller
+            self.learned[key] = learned_sizes(
+                self.store, sub, self.backend.name, headroom=c.headroom,
+                floor_millis=c.floor_millis,
+            )  # fmt: skip
+        return self.learned[key]
+
+    def _initial_millis(self, sub: Submission) -> tuple[int, ...]:
+        found = self._learned(sub)
+        return found.request_millis if found else sub.initial_millis
+
+    def _plan(self, sub: Submission) -> tuple[Plan, LearnedSizes | None]:
+        """The submission's plan, its requests replaced by learned ones when there are any
+        (the total stays the budget: it keys the single-run baselines)."""
+        plan = sub.plan()
+        found = self._learned(sub)
+        if found is None or len(found.request_millis) != plan.n_ranks:
+            return plan, None
+        ranks = tuple(
+            replace(r, cpu_millis=m) for r, m in zip(plan.ranks, found.request_millis, strict=True)
+        )
+        return replace(plan, ranks=ranks), found
 
     def _wait_setting(self) -> WaitSetting:
         mode = self.settings.wait_mode
@@ -613,8 +649,15 @@ class ControlLoop:
             self.jobs.finished(job, "failed")
             self.event(None, "launch-failed", queue_id=job.queue_id, reason=str(exc))
             return
-        self.sims[sim_id] = _Sim(job=job, sim_id=sim_id, plan=sub.plan(), queued_s=self.now())
+        plan, found = self._plan(sub)
+        self.sims[sim_id] = _Sim(job=job, sim_id=sim_id, plan=plan, queued_s=self.now(),
+                                 learned_duty=found.duty if found else ())  # fmt: skip
         self.event(None, "stage", queue_id=job.queue_id, case=sub.case, sim=sim_id, reason=reason)
+        if found is not None:
+            self.event(None, "learned-sizes", queue_id=job.queue_id, sim=sim_id,
+                       from_run=found.run_id, source=found.source,
+                       request_millis=list(found.request_millis),
+                       reason=found.describe())  # fmt: skip
 
     def _launch_staged(self, sim: _Sim, staged: StagedCase) -> None:
         sim.staged = staged
@@ -758,6 +801,7 @@ class ControlLoop:
         result = self._result(sim, interrupted, failure)
         assert sim.run_id is not None
         self.store.finish_run(result)
+        self.learned.clear()
         self.results.append(result)
         self.sims.pop(sim.sim_id, None)
         self.jobs.finished(sim.job, result.status)

@@ -65,6 +65,10 @@ class SimSnapshot:
     (``rankpack run`` without ``--resize duty``)."""
     starting: bool = False
     """Still being staged or scheduled: no rank runs yet, its requests are reserved."""
+    learned_duty: tuple[float, ...] = ()
+    """Per-rank duty cycles learned from an earlier run of the same case, decomposition and
+    ranks, whose sizes it starts with (`rankpack.controller.learned`): the simulation counts
+    as ``sized`` from the start (no profiling window). Empty: nothing learned."""
     wait: WaitSetting = "spin"
     """How its ranks wait in MPI: a fixed mode (the controller never switches it) or
     ``auto`` (launched in `AUTO_LAUNCH_MODE`; the controller switches it live)."""

@@ -9,8 +9,9 @@ There is no action that stops or relaunches a rank: every CPU change is an in-pl
 Per simulation (seed 001 §5.4, the issue's pipeline):
 
 * Memory. A simulation seen for the first time starts at stage ``warmup``, or
-  ``scheduled`` when it carries a phase schedule. Memory of simulations that left
-  ``obs.sims`` is dropped. Each step appends an ``(now_s, iterations)`` rate mark (a mark
+  ``scheduled`` when it carries a phase schedule, or ``sized`` (with those duty cycles)
+  when it carries ``learned_duty`` from an earlier run of the same case. Memory of
+  simulations that left ``obs.sims`` is dropped. Each step appends an ``(now_s, iterations)`` rate mark (a mark
   at the same ``now_s`` replaces the last one; a clock going back restarts the marks) and
   keeps the marks of the last ``rate_window_s``, at least the two newest.
 * (A) warmup -> profiling when ``progress >= warmup_fraction``, ``iterations >=
@@ -199,11 +200,14 @@ def _with_mark(
 ) -> SimMemory:
     if mem is None:
         stage: SimStage = "warmup"
+        duty: tuple[float, ...] = ()
         if sim.phases:
             stage = "scheduled"
         elif sim.sizing == "fixed":
             stage = "fixed"
-        mem = SimMemory(stage=stage)
+        elif sim.learned_duty and len(sim.learned_duty) == len(sim.ranks):
+            stage, duty = "sized", sim.learned_duty
+        mem = SimMemory(stage=stage, duty=duty)
     marks = list(mem.rate_marks)
     if marks and marks[-1][0] > now_s:
         marks = []
