@@ -13,7 +13,8 @@ Per simulation (seed 001 §5.4, the issue's pipeline):
   when it carries ``learned_duty`` from an earlier run of the same case. Memory of
   simulations that left ``obs.sims`` is dropped. Each step appends an ``(now_s,
   iterations)`` rate mark (a mark at the same ``now_s`` replaces the last one; a clock
-  going back restarts the marks) and keeps the marks of the last ``rate_window_s``, at least the two newest.
+  going back restarts the marks) and keeps the marks of the last ``rate_window_s``, at
+  least the two newest.
 * (A) warmup -> profiling when ``progress >= warmup_fraction``, ``iterations >=
   warmup_min_iterations`` and every rank has shim data. The window's start counters
   (compute, MPI, usage) are stored; a ``profile-start`` note is emitted.
