@@ -7,13 +7,16 @@ simulated backend each takes milliseconds of real time (checked by its env's cle
 from __future__ import annotations
 
 import uuid
+from dataclasses import replace
 
 import pytest
 
 from rankpack.backend.protocol import (
+    BackendError,
     RankPhase,
     RankResources,
     ResizeState,
+    ShimSpec,
     SimObservation,
     SimPhase,
     UnknownSimulation,
@@ -247,6 +250,40 @@ def test_unknown_simulation_ids_are_refused(env: ContractEnv) -> None:
         b.observe("no-such-sim")
     with pytest.raises(UnknownSimulation):
         b.resize("no-such-sim", 0, RankResources(env.request_millis))
+    with pytest.raises(UnknownSimulation):
+        b.set_wait_mode("no-such-sim", "polite")
+
+
+def test_set_wait_mode_switches_every_rank_live_and_back(env: ContractEnv) -> None:
+    sim_id = new_id()
+    spec = replace(env.sim_spec(sim_id, stage(env, sim_id, "long")), shim=ShimSpec("spin"))
+    env.backend.launch(spec)
+    watch = Watch(env, sim_id)
+    obs = watch.until(
+        "publishing shim records",
+        lambda o: o.phase is SimPhase.RUNNING and all(r.wait_mode is not None for r in o.ranks),
+        env.run_timeout_s,
+    )
+    assert {r.wait_mode for r in obs.ranks} == {"spin"}
+    with pytest.raises(BackendError):
+        env.backend.set_wait_mode(sim_id, "sleepy")
+    for mode in ("polite", "spin"):
+        env.backend.set_wait_mode(sim_id, mode)
+        obs = watch.until(
+            f"waiting {mode}",
+            lambda o, m=mode: all(r.wait_mode == m for r in o.ranks),  # type: ignore[misc]
+            env.run_timeout_s,
+        )
+        assert obs.phase is SimPhase.RUNNING
+        assert all(r.restarts == 0 for r in obs.ranks)
+
+
+def test_set_wait_mode_without_the_shim_is_refused(env: ContractEnv) -> None:
+    sim_id = new_id()
+    _, watch = running(env, sim_id)
+    with pytest.raises(BackendError, match="without the shim"):
+        env.backend.set_wait_mode(sim_id, "polite")
+    assert watch.observe().phase is SimPhase.RUNNING
 
 
 def test_inventory_lists_nodes_with_capacity(env: ContractEnv) -> None:

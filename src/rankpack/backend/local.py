@@ -49,7 +49,7 @@ from rankpack.backend.protocol import (
 )
 from rankpack.case import staging
 from rankpack.errors import UserError
-from rankpack.profile.records import RecordReader, record_path
+from rankpack.profile.records import RecordReader, record_path, set_wait_modes
 from rankpack.profile.shim import shim_env
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
@@ -365,6 +365,17 @@ class LocalBackend:
         sim.resizes[rank] = status
         return status
 
+    # -- wait mode ---------------------------------------------------------------------------
+
+    def set_wait_mode(self, sim_id: str, mode: str) -> None:
+        sim = self._sim(sim_id)
+        if sim.spec.shim is None:
+            raise BackendError(f"simulation {sim_id} runs without the shim: no wait mode to set")
+        try:
+            set_wait_modes(shim_dir(sim.spec.case_dir), len(sim.desired), mode)
+        except UserError as exc:
+            raise BackendError(str(exc)) from exc
+
     def settings(self, sim_id: str, rank: int) -> cgroups.CpuSettings:
         """The cgroup values in force for a rank (for display and checks)."""
         sim = self._sim(sim_id)
@@ -425,12 +436,14 @@ class LocalBackend:
             phase = RankPhase.RUNNING if alive else RankPhase.PENDING
         compute = mpi = None
         duty_window = None
+        wait_mode = None
         if i < len(sim.readers):
             with contextlib.suppress(UserError, OSError, ValueError):
                 rec = sim.readers[i].snapshot()
                 if rec is not None:
                     compute, mpi = rec.compute_ns, rec.mpi_ns
                     duty_window = rec.window_duty
+                    wait_mode = rec.wait_mode
         desired = sim.desired[i]
         return RankObservation(
             rank=i,
@@ -447,6 +460,7 @@ class LocalBackend:
             compute_ns=compute,
             mpi_ns=mpi,
             duty_window=duty_window,
+            wait_mode=wait_mode,
         )
 
     def _read_log(self, sim: _Sim) -> str:

@@ -150,6 +150,8 @@ class RankObservation:
     mpi_ns: int | None = None
     duty_window: float | None = None
     """The shim's duty cycle over its latest window."""
+    wait_mode: str | None = None
+    """The wait mode the rank's shim used at its latest wait (None: no shim data)."""
 
     @property
     def request_millis(self) -> int:
@@ -247,6 +249,14 @@ class Backend(Protocol):
         """Ask for a rank's new CPU in place; the rank keeps running. Returns the state
         known at once (completed for a cgroup write, pending for an API request); later
         states arrive in `observe`."""
+        ...
+
+    def set_wait_mode(self, sim_id: str, mode: str) -> None:
+        """Ask every rank of a running simulation to wait in MPI in ``mode`` (``spin``,
+        ``polite``, ``adaptive``) from its next wait on, without a restart: the shim's
+        control word in each rank's live record. Raises BackendError for an unknown mode,
+        a simulation launched without the shim, or a rank whose record is not published
+        yet (try again later); the ranks' `RankObservation.wait_mode` shows the switch."""
         ...
 
     def observe(self, sim_id: str) -> SimObservation: ...

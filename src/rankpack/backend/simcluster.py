@@ -284,6 +284,11 @@ class SimulatedCluster:
             raise BackendError(f"unknown wait mode '{mode}'; use one of {', '.join(WAIT_MODES)}")
         if sim.spec is None or sim.spec.shim is None:
             raise BackendError(f"simulation {sim_id} runs without the shim")
+        if sim.started_s is None:
+            raise BackendError(
+                f"simulation {sim_id}: the ranks have not started, no live record is published"
+                " yet; try again"
+            )
         sim.wait_mode = mode
 
     def observe(self, sim_id: str) -> SimObservation:
@@ -305,6 +310,7 @@ class SimulatedCluster:
                 compute_ns=round(r.compute_s * _NS) if shim else None,
                 mpi_ns=round(r.mpi_s * _NS) if shim else None,
                 duty_window=timing.duty[r.index] if shim and timing is not None else None,
+                wait_mode=sim.wait_mode if shim else None,
             )
             for r in sim.ranks
         )

@@ -56,6 +56,9 @@ speeds; ``usage_ns`` += s_i * dt when ranks spin while waiting (the shim's wait 
 ``spin``, or no shim: MPI busy-polls) and d_i * s_i * dt when they wait politely
 (``polite``; ``adaptive`` is modelled as polite). Speeds do not depend on the wait mode
 (a politely waiting rank's free share is not handed to the others: a known simplification).
+`set_wait_mode` switches a running simulation's mode (BackendError for an unknown mode,
+a simulation without the shim, or one whose ranks have not started: no record is published
+yet); observations report it per rank (``wait_mode``, with the shim counters).
 No throttling is modelled (``nr_throttled`` = 0).
 
 Solver log. At the start: a header and ``Starting time loop``; per iteration k:

@@ -44,6 +44,7 @@ from rankpack.model.contention import (
     points_from_sessions,
     slowdown,
 )
+from rankpack.model.limit import limit_from_duty_cycles
 from rankpack.model.overlap import (
     DutyCyclePrediction,
     check_predictor_size,
@@ -240,6 +241,13 @@ def _duty_predictions(
     ]
 
 
+def _limit(args: argparse.Namespace, shape: ClusterShape, n: int) -> float | None:
+    """The work-conserving bound on the gain of N (`rankpack.model.limit`), or None."""
+    if not args.duty_cycles:
+        return None
+    return limit_from_duty_cycles(n, parse_duty_cycles(args.duty_cycles), shape)
+
+
 def _mean_duty(args: argparse.Namespace) -> float | None:
     if getattr(args, "duty_cycles", None):
         d = parse_duty_cycles(args.duty_cycles)
@@ -266,7 +274,9 @@ def handle_fit(args: argparse.Namespace) -> int:
     out = result.to_json()
     out["warnings"] = warnings
     if duty_preds is not None:
-        out["duty_cycle_model"] = _duty_json(duty_preds, result, shape)
+        out["duty_cycle_model"] = _duty_json(
+            duty_preds, result, shape, {p.n: _limit(args, shape, p.n) for p in duty_preds}
+        )
     if args.plot_dir is not None:
         out["plots"] = [str(_fit_plot(args.plot_dir, result, duty_preds))]
     _warn(warnings)
@@ -278,7 +288,10 @@ def handle_fit(args: argparse.Namespace) -> int:
 
 
 def _duty_json(
-    preds: list[DutyCyclePrediction], fit: FitResult, shape: ClusterShape
+    preds: list[DutyCyclePrediction],
+    fit: FitResult,
+    shape: ClusterShape,
+    limits: dict[int, float | None],
 ) -> dict[str, object]:
     measured = {p.n: p for p in fit.points}
     rows: list[dict[str, object]] = []
@@ -286,6 +299,7 @@ def _duty_json(
         row: dict[str, object] = {
             "n": p.n,
             "predicted_throughput": p.throughput,
+            "throughput_limit": limits.get(p.n),
             "p_overlap": p.p_overlap,
         }
         if p.n in measured:
@@ -357,6 +371,12 @@ def _print_fit(
             f"duty-cycle predictor (no calibration): implied β = {d['implied_beta']:.3f}, "
             f"max |makespan error| = {d['max_abs_error_pct']:.1f}%"
         )
+        limits = ", ".join(
+            f"N={row['n']}: {row['throughput_limit']:.2f}x"
+            for row in d["points"]
+            if isinstance(row.get("throughput_limit"), float)
+        )
+        console.print(f"physical limit of the gain (work-conserving): {limits}")
     for path in out.get("plots", []):  # type: ignore[attr-defined]
         console.print(f"wrote {path}")
 
@@ -400,6 +420,7 @@ def handle_predict(args: argparse.Namespace) -> int:
             dp = duty_preds[n - 1]
             row["duty_model_throughput"] = dp.throughput
             row["duty_model_slowdown"] = dp.slowdown
+            row["throughput_limit"] = _limit(args, shape, n)
             if args.t1 is not None:
                 row["duty_model_makespan_s"] = args.t1 * dp.slowdown
         if mean_duty is not None:
@@ -416,7 +437,7 @@ def handle_predict(args: argparse.Namespace) -> int:
     )
     cols = [k for k in rows[0] if k != "pods_per_node"]
     for c in cols:
-        table.add_column(c, justify="right")
+        table.add_column("limit" if c == "throughput_limit" else c, justify="right")
     for row in rows:
         table.add_row(*(_fmt(row.get(c)) for c in cols))
     Console().print(table)

@@ -60,10 +60,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )  # fmt: skip
     p.add_argument(
         "--wait",
-        choices=WAIT_MODES,
-        default="spin",
-        help="how ranks wait inside MPI (PMPI shim): spin (default; measured best here, see "
-        "docs/benchmarks.md), polite or adaptive",
+        choices=["auto", *WAIT_MODES],
+        default="auto",
+        help="how ranks wait inside MPI (PMPI shim): auto (default: each simulation spins "
+        "while it has the cores to itself and is switched live to polite while it shares "
+        "them; see docs/controller.md), or a fixed mode for all: spin, polite, adaptive",
     )
     p.add_argument(
         "--baseline",
@@ -223,6 +224,12 @@ def print_summary(data: dict[str, object]) -> None:
         f"{gain:.2f}x" if isinstance(gain, float) else
         f"makespan {data['makespan_s']:.1f} s; throughput gain: no single-run baseline"
     )  # fmt: skip
+    limit = data.get("throughput_limit")
+    if isinstance(limit, float):
+        console.print(
+            f"physical limit of the gain on this capacity (work-conserving, from the single "
+            f"runs' duty cycles): {limit:.2f}x"
+        )
     fair = data["fairness_ratio"]
     console.print(
         f"fairness (max/min wall): {fair:.2f}" if isinstance(fair, float) else "fairness: -",

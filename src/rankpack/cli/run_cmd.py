@@ -100,10 +100,11 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--wait",
-        choices=["spin", "polite", "adaptive"],
-        default="spin",
-        help="how ranks wait inside MPI (shim): spin (MPI's own, default), polite (sleep, "
-        "gives the CPU back), adaptive",
+        choices=["auto", "spin", "polite", "adaptive"],
+        default="auto",
+        help="how ranks wait inside MPI (PMPI shim): auto (default: spin while the simulation "
+        "has the cores to itself, switched live to polite while it shares them), or a fixed "
+        "mode: spin (MPI's own busy polling), polite (backs off, gives the CPU back), adaptive",
     )
     p.add_argument(
         "--no-cgroups",
@@ -224,7 +225,7 @@ def run_one(
     show: bool,
     stop: threading.Event,
     shim: bool = True,
-    wait_mode: str = "spin",
+    wait_mode: str = "auto",
     label: str | None = None,
     extra: dict[str, object] | None = None,
     controller: ControllerSettings | None = None,

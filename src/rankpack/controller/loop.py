@@ -9,7 +9,9 @@ Every tick (about once a second, earlier when the backend reports an event) the 
 4. applies the actions: `Launch` claims the queue entry and asks the backend to *stage* it
    (asynchronous: a staging simulation never blocks the others; it is launched on a later
    tick once staged), `Resize` asks the backend for an in-place resize whose outcome is
-   followed in later observations, `Note` is recorded as an event,
+   followed in later observations, `SetWaitMode` asks the backend to switch how the ranks
+   wait in MPI (live; refused switches are asked for again on the next tick), `Note` is
+   recorded as an event,
 5. waits on the backend's clock for the next event of any simulation.
 
 `rankpack run` is a queue of one (`OneJob`) with the same loop; `rankpack multiplex` reads
@@ -19,10 +21,11 @@ pid files and record files are the backends' business.
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -40,18 +43,22 @@ from rankpack.backend.protocol import (
 )
 from rankpack.case.foamlog import LogParser, LogState
 from rankpack.case.openfoam import rank_env
+from rankpack.controller.learned import LearnedSizes, learned_sizes
 from rankpack.controller.observations import (
+    AUTO_LAUNCH_MODE,
     ControllerSettings,
     ControllerState,
     Observations,
     QueuedSim,
     RankSnapshot,
     SimSnapshot,
+    WaitMode,
+    WaitSetting,
 )
 from rankpack.controller.policy import decide
 from rankpack.controller.submission import Submission
 from rankpack.core.accounting import trapezoid_cpu_s
-from rankpack.core.actions import Action, Launch, Note, Resize
+from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode
 from rankpack.core.results import RankResult, ResizeRecord, RunResult
 from rankpack.errors import UserError
 from rankpack.plan.allocation import Plan
@@ -156,6 +163,8 @@ class LoopSettings:
     tick_s: float = 1.0
     shim: bool = True
     wait_mode: str = "spin"
+    """spin, polite, adaptive (fixed for every simulation), or auto: launched in spin, the
+    controller switches each simulation between spin (alone) and polite (sharing) live."""
     mpi: str = "openmpi"
     capacity_millis: int | None = None
     """The budget of all requests together; default: the backend's allocatable CPU."""
@@ -278,6 +287,10 @@ class _Sim:
     duty_marks: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
     """rank -> [(iterations, compute_ns, mpi_ns)], for the steady-state duty."""
     cores: tuple[float, ...] = ()
+    wait_mode: WaitMode | None = None
+    """The wait mode its ranks were last set to (launch mode, then live switches)."""
+    learned_duty: tuple[float, ...] = ()
+    """Duty cycles of the earlier run its sizes were learned from (see `learned`)."""
 
     @property
     def launched(self) -> bool:
@@ -315,6 +328,10 @@ class ControlLoop:
         """Increases waiting for the decreases in flight to settle (see `_apply_all`)."""
         self.held_noted: set[tuple[str, int]] = set()
         """Held increases a ``resize-held`` event has been recorded for."""
+        self.learned: dict[str, LearnedSizes | None] = {}
+        """Learned sizes per submission (JSON key), until a run ends (new knowledge)."""
+        self.wait_failed: set[tuple[str, str]] = set()
+        """(sim, mode) switches refused once (recorded once; asked for again every tick)."""
 
     def now(self) -> float:
         return self.backend.clock() - self.t0
@@ -467,6 +484,8 @@ class ControlLoop:
                         phases=sub.phases,
                         sizing=sub.sizing,
                         starting=True,
+                        learned_duty=sim.learned_duty,
+                        wait=self._wait_setting(),
                     )
                 )
                 continue
@@ -491,15 +510,55 @@ class ControlLoop:
                     phases=sub.phases,
                     sizing=sub.sizing,
                     starting=sim.last.phase is SimPhase.PENDING,
+                    learned_duty=sim.learned_duty,
+                    wait=self._wait_setting(),
                 )
             )
         queued = tuple(
-            QueuedSim(j.queue_id, j.submission.n_ranks, j.submission.initial_millis)
+            QueuedSim(j.queue_id, j.submission.n_ranks, self._initial_millis(j.submission))
             for j in pending
         )
         return Observations(
             now_s=self.now(), capacity_millis=self._capacity(), sims=tuple(sims), queue=queued
         )
+
+    # -- learned sizes ------------------------------------------------------------------------
+
+    def _learned(self, sub: Submission) -> LearnedSizes | None:
+        key = json.dumps(sub.to_json(), sort_keys=True)
+        if key not in self.learned:
+            c = self.settings.controller
+            self.learned[key] = learned_sizes(
+                self.store, sub, self.backend.name, headroom=c.headroom,
+                floor_millis=c.floor_millis,
+            )  # fmt: skip
+        return self.learned[key]
+
+    def _initial_millis(self, sub: Submission) -> tuple[int, ...]:
+        found = self._learned(sub)
+        return found.request_millis if found else sub.initial_millis
+
+    def _plan(self, sub: Submission) -> tuple[Plan, LearnedSizes | None]:
+        """The submission's plan, its requests replaced by learned ones when there are any
+        (the total stays the budget: it keys the single-run baselines)."""
+        plan = sub.plan()
+        found = self._learned(sub)
+        if found is None or len(found.request_millis) != plan.n_ranks:
+            return plan, None
+        ranks = tuple(
+            replace(r, cpu_millis=m) for r, m in zip(plan.ranks, found.request_millis, strict=True)
+        )
+        return replace(plan, ranks=ranks), found
+
+    def _wait_setting(self) -> WaitSetting:
+        mode = self.settings.wait_mode
+        if mode not in ("auto", "spin", "polite", "adaptive"):
+            raise UserError(f"unknown wait mode '{mode}'; use auto, spin, polite or adaptive")
+        return mode  # type: ignore[return-value]
+
+    def _launch_wait_mode(self) -> WaitMode:
+        mode = self._wait_setting()
+        return AUTO_LAUNCH_MODE if mode == "auto" else mode
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -564,9 +623,35 @@ class ControlLoop:
             job = next((j for j in pending if j.queue_id == action.queue_id), None)
             if job is not None:
                 self._stage(job, action.reason)
+        elif isinstance(action, SetWaitMode):
+            self._set_wait_mode(action)
         elif isinstance(action, Note):
             sim = self.sims.get(action.sim_id) if action.sim_id else None
             self.event(sim.run_id if sim else None, action.kind, reason=action.reason)
+
+    def _set_wait_mode(self, action: SetWaitMode) -> None:
+        sim = self.sims.get(action.sim_id)
+        if sim is None or not sim.launched:
+            return
+        try:
+            self.backend.set_wait_mode(sim.sim_id, action.mode)
+        except BackendError as exc:
+            # Nothing changed on the ranks: forget the decision, so the policy asks again
+            # on the next tick (e.g. a rank had not published its record yet).
+            mem = self.state.sims.get(sim.sim_id)
+            if mem is not None:
+                sims = {**self.state.sims, sim.sim_id: replace(mem, wait_mode=sim.wait_mode)}
+                self.state = replace(self.state, sims=sims)
+            if (sim.sim_id, action.mode) not in self.wait_failed:
+                self.wait_failed.add((sim.sim_id, action.mode))
+                why = f"{action.reason}; refused: {exc} (asked again next tick)"
+                self.event(sim.run_id, "wait-mode-failed", mode=action.mode, reason=why)
+            return
+        previous = sim.wait_mode
+        sim.wait_mode = action.mode
+        self.wait_failed.discard((sim.sim_id, action.mode))
+        self.event(sim.run_id, "wait-mode", mode=action.mode, previous=previous,
+                   reason=action.reason)  # fmt: skip
 
     def _stage(self, job: Job, reason: str) -> None:
         if not self.jobs.claim(job):
@@ -593,8 +678,15 @@ class ControlLoop:
             self.jobs.finished(job, "failed")
             self.event(None, "launch-failed", queue_id=job.queue_id, reason=str(exc))
             return
-        self.sims[sim_id] = _Sim(job=job, sim_id=sim_id, plan=sub.plan(), queued_s=self.now())
+        plan, found = self._plan(sub)
+        self.sims[sim_id] = _Sim(job=job, sim_id=sim_id, plan=plan, queued_s=self.now(),
+                                 learned_duty=found.duty if found else ())  # fmt: skip
         self.event(None, "stage", queue_id=job.queue_id, case=sub.case, sim=sim_id, reason=reason)
+        if found is not None:
+            self.event(None, "learned-sizes", queue_id=job.queue_id, sim=sim_id,
+                       from_run=found.run_id, source=found.source,
+                       request_millis=list(found.request_millis),
+                       reason=found.describe())  # fmt: skip
 
     def _launch_staged(self, sim: _Sim, staged: StagedCase) -> None:
         sim.staged = staged
@@ -607,6 +699,7 @@ class ControlLoop:
         spec = self._spec(sim)
         sim.t0 = self.backend.clock()
         sim.started_s = self.now()
+        sim.wait_mode = self._launch_wait_mode() if self.settings.shim else None
         try:
             self.backend.launch(spec)
         except (BackendError, UserError) as exc:
@@ -668,7 +761,7 @@ class ControlLoop:
             log_path=staged.log_path,
             env=rank_env(),
             mpi=s.mpi,
-            shim=ShimSpec(s.wait_mode, s.mpi) if s.shim else None,
+            shim=ShimSpec(self._launch_wait_mode(), s.mpi) if s.shim else None,
             image=s.image,
             volume=s.volume,
             labels={"rankpack.dev/run-id": str(sim.run_id)},
@@ -692,6 +785,15 @@ class ControlLoop:
             self.jobs.started(job, sim.run_id, sim.sim_id, staged)
         sim.usages = [[] for _ in sim.plan.ranks]
         self.backend.adopt(sim.sim_id, self._spec(sim))
+        if self.settings.shim:
+            # What the earlier process last chose is not known: set the launch mode, so what
+            # the policy assumes (a fresh memory starts there) is what the ranks do.
+            sim.wait_mode = self._launch_wait_mode()
+            try:
+                self.backend.set_wait_mode(sim.sim_id, sim.wait_mode)
+            except BackendError as exc:
+                self.event(sim.run_id, "wait-mode-failed", mode=sim.wait_mode,
+                           reason=f"adopted: {exc}")  # fmt: skip
         sim.t0 = self.backend.clock() - adopted.elapsed_s
         sim.started_s = self.now() - adopted.elapsed_s
         self.sims[sim.sim_id] = sim
@@ -770,6 +872,7 @@ class ControlLoop:
         result = self._result(sim, interrupted, failure)
         assert sim.run_id is not None
         self.store.finish_run(result)
+        self.learned.clear()
         self.results.append(result)
         self.sims.pop(sim.sim_id, None)
         self.jobs.finished(sim.job, result.status)

@@ -14,9 +14,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rankpack.core.actions import Action, Launch, Note, Resize
+from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode, WaitMode
 
-__all__ = ["Action", "Launch", "Note", "Resize"]
+__all__ = ["Action", "Launch", "Note", "Resize", "SetWaitMode", "WaitMode"]
+
+WaitSetting = Literal["auto", "spin", "polite", "adaptive"]
+"""How a simulation's ranks wait in MPI: a fixed shim mode, or ``auto`` (the controller
+decides, see `rankpack.controller.policy`)."""
+
+AUTO_LAUNCH_MODE: WaitMode = "spin"
+"""The mode a simulation under ``auto`` is launched in; the controller switches it live."""
 
 
 @dataclass(frozen=True)
@@ -58,6 +65,13 @@ class SimSnapshot:
     (``rankpack run`` without ``--resize duty``)."""
     starting: bool = False
     """Still being staged or scheduled: no rank runs yet, its requests are reserved."""
+    learned_duty: tuple[float, ...] = ()
+    """Per-rank duty cycles learned from an earlier run of the same case, decomposition and
+    ranks, whose sizes it starts with (`rankpack.controller.learned`): the simulation counts
+    as ``sized`` from the start (no profiling window). Empty: nothing learned."""
+    wait: WaitSetting = "spin"
+    """How its ranks wait in MPI: a fixed mode (the controller never switches it) or
+    ``auto`` (launched in `AUTO_LAUNCH_MODE`; the controller switches it live)."""
 
     @property
     def progress(self) -> float:
@@ -113,6 +127,8 @@ class SimMemory:
     last_adjust_s: float | None = None
     last_adjust_sign: int = 0
     """+1 raised, -1 lowered by the last fairness adjustment; 0 none."""
+    wait_mode: WaitMode | None = None
+    """The wait mode last switched to (``auto`` only); None: still the launch mode."""
 
 
 @dataclass(frozen=True)

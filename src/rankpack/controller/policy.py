@@ -9,10 +9,12 @@ There is no action that stops or relaunches a rank: every CPU change is an in-pl
 Per simulation (seed 001 §5.4, the issue's pipeline):
 
 * Memory. A simulation seen for the first time starts at stage ``warmup``, or
-  ``scheduled`` when it carries a phase schedule. Memory of simulations that left
-  ``obs.sims`` is dropped. Each step appends an ``(now_s, iterations)`` rate mark (a mark
-  at the same ``now_s`` replaces the last one; a clock going back restarts the marks) and
-  keeps the marks of the last ``rate_window_s``, at least the two newest.
+  ``scheduled`` when it carries a phase schedule, or ``sized`` (with those duty cycles)
+  when it carries ``learned_duty`` from an earlier run of the same case. Memory of
+  simulations that left ``obs.sims`` is dropped. Each step appends an ``(now_s,
+  iterations)`` rate mark (a mark at the same ``now_s`` replaces the last one; a clock
+  going back restarts the marks) and keeps the marks of the last ``rate_window_s``, at
+  least the two newest.
 * (A) warmup -> profiling when ``progress >= warmup_fraction``, ``iterations >=
   warmup_min_iterations`` and every rank has shim data. The window's start counters
   (compute, MPI, usage) are stored; a ``profile-start`` note is emitted.
@@ -79,6 +81,7 @@ from dataclasses import dataclass, field, replace
 from typing import Literal
 
 from rankpack.controller.observations import (
+    AUTO_LAUNCH_MODE,
     Action,
     ControllerSettings,
     ControllerState,
@@ -88,9 +91,11 @@ from rankpack.controller.observations import (
     Observations,
     QueuedSim,
     Resize,
+    SetWaitMode,
     SimMemory,
     SimSnapshot,
     SimStage,
+    WaitMode,
 )
 from rankpack.model.contention import ClusterShape, throughput
 from rankpack.model.overlap import predict_from_duty_cycles
@@ -124,6 +129,7 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
         memory = _restart_marks(obs, memory)
 
     last_launch_s, launch_held = _launch(step, memory, state)
+    _wait_modes(step, memory, any(isinstance(a, Launch) for a in step.actions))
     new_state = ControllerState(
         sims=memory,
         last_launch_s=last_launch_s,
@@ -195,11 +201,14 @@ def _with_mark(
 ) -> SimMemory:
     if mem is None:
         stage: SimStage = "warmup"
+        duty: tuple[float, ...] = ()
         if sim.phases:
             stage = "scheduled"
         elif sim.sizing == "fixed":
             stage = "fixed"
-        mem = SimMemory(stage=stage)
+        elif sim.learned_duty and len(sim.learned_duty) == len(sim.ranks):
+            stage, duty = "sized", sim.learned_duty
+        mem = SimMemory(stage=stage, duty=duty)
     marks = list(mem.rate_marks)
     if marks and marks[-1][0] > now_s:
         marks = []
@@ -566,3 +575,41 @@ def _predicted_gain(step: _Step, memory: dict[str, SimMemory], head: QueuedSim) 
     now = predict_from_duty_cycles(n, duties, shape)
     then = predict_from_duty_cycles(n + 1, duties, shape)
     return then.throughput / now.throughput
+
+
+# --- (E) wait modes ----------------------------------------------------------------------
+
+
+def _wait_modes(step: _Step, memory: dict[str, SimMemory], launching: bool) -> None:
+    """Switch ``auto`` simulations between spin (cores to itself) and polite (sharing)."""
+    obs = step.obs
+    requested = sum(step.total(sim.sim_id) for sim in obs.sims)
+    over = requested > obs.capacity_millis
+    for sim in obs.sims:
+        if sim.wait != "auto" or sim.starting or not sim.ranks or not _has_shim(sim):
+            continue
+        mem = memory[sim.sim_id]
+        current = mem.wait_mode or AUTO_LAUNCH_MODE
+        others = [o.sim_id for o in obs.sims if o.sim_id != sim.sim_id]
+        wanted: WaitMode
+        if others or launching:
+            who = ", ".join(others) if others else "the simulation being launched"
+            wanted, why = "polite", f"shares the cores with {who}"
+        elif over:
+            wanted = "polite"
+            why = (
+                f"requests {requested}m exceed the {obs.capacity_millis}m of capacity left to"
+                " rankpack (others use the node)"
+            )
+        else:
+            wanted = "spin"
+            why = (
+                f"alone: the only simulation, requests {requested}m within the"
+                f" {obs.capacity_millis}m capacity"
+            )
+        if wanted == current:
+            continue
+        step.actions.append(
+            SetWaitMode(sim_id=sim.sim_id, mode=wanted, reason=f"{why}: {current} -> {wanted}")
+        )
+        memory[sim.sim_id] = replace(mem, wait_mode=wanted)

@@ -4,8 +4,10 @@
 summarises it: makespan, the sequential time of the same simulations from recorded single
 runs (the baseline), the throughput gain and fairness. `measure_baselines` runs each
 distinct queued simulation alone first when no baseline is recorded, through the same
-loop. `choose_gate` decides how launches are gated (a contention coefficient fitted on
-this machine's recorded sessions, or the duty-cycle model). Called by `rankpack multiplex`.
+loop. `throughput_limit` is the physical bound on the gain (`rankpack.model.limit`) from
+the same single runs' duty cycles and CPU use. `choose_gate` decides how launches are gated
+(a contention coefficient fitted on this machine's recorded sessions, or the duty-cycle
+model). Called by `rankpack multiplex`.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ from rankpack.controller.loop import (
 )
 from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
+from rankpack.model.limit import SingleRun, compute_cores, mixed_gain_limit
 from rankpack.store import RunRow, SessionRow, Store
 
 
@@ -46,6 +49,10 @@ class SessionResult:
     simulations: tuple[SimOutcome, ...]
     resizes_rejected: int = 0
     launch_failures: tuple[dict[str, Any], ...] = ()
+    throughput_limit: float | None = None
+    """The most any co-location of these simulations could gain on this capacity
+    (work-conserving bound from their single runs); None without single runs with duty
+    cycles."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -54,6 +61,7 @@ class SessionResult:
             "makespan_s": self.makespan_s,
             "sequential_s": self.sequential_s,
             "throughput_gain": self.throughput_gain,
+            "throughput_limit": self.throughput_limit,
             "baseline": self.baseline_source,
             "fairness_ratio": self.fairness_ratio,
             "resizes": self.resizes,
@@ -92,7 +100,7 @@ def run_session(
     loop = run_jobs(
         backend, store, StoreQueue(store, multiplex_id), settings, display=display, stop=stop
     )
-    result = summarise(store, multiplex_id, loop, baseline)
+    result = summarise(store, multiplex_id, loop, baseline, capacity_millis=capacity)
     store.finish_multiplex(multiplex_id, result.status, result.to_json())
     store.add_event(None, "end", {"status": result.status,
                     "makespan_s": round(result.makespan_s, 3)},
@@ -100,7 +108,14 @@ def run_session(
     return result
 
 
-def summarise(store: Store, multiplex_id: int, loop: LoopResult, baseline: str) -> SessionResult:
+def summarise(
+    store: Store,
+    multiplex_id: int,
+    loop: LoopResult,
+    baseline: str,
+    *,
+    capacity_millis: int | None = None,
+) -> SessionResult:
     sims = loop.outcomes
     done = [s for s in sims if s.status == "completed"]
     makespan = (max(s.finished_s for s in sims) - min(s.started_s for s in sims)) if sims else 0.0
@@ -111,6 +126,9 @@ def summarise(store: Store, multiplex_id: int, loop: LoopResult, baseline: str) 
     else:
         sequential, source = None, "none"
     gain = sequential / makespan if sequential and makespan > 0 else None
+    limit = None
+    if sequential is not None and capacity_millis:
+        limit = throughput_limit(store, done, capacity_millis)
     return SessionResult(
         multiplex_id=multiplex_id,
         status=loop.status,
@@ -124,6 +142,7 @@ def summarise(store: Store, multiplex_id: int, loop: LoopResult, baseline: str) 
         max_concurrent_seen=loop.max_concurrent_seen,
         simulations=sims,
         resizes_rejected=loop.resizes_rejected,
+        throughput_limit=limit,
         launch_failures=tuple(
             {"queue_id": f.queue_id, "case": f.case, "reason": f.reason}
             for f in loop.stage_failures
@@ -148,15 +167,51 @@ def sequential_s(store: Store, done: list[SimOutcome]) -> tuple[float | None, st
 
 def baseline_for_key(runs: list[RunRow], key: tuple[Any, ...]) -> float | None:
     """Median wall time of recorded single (non-multiplexed) completed runs with this key."""
-    walls = [
-        r.wall_s
+    walls = [r.wall_s for r in single_runs(runs, key) if r.wall_s]
+    return statistics.median(walls) if walls else None
+
+
+def single_runs(runs: list[RunRow], key: tuple[Any, ...]) -> list[RunRow]:
+    """Recorded single (non-multiplexed) completed runs with this key."""
+    return [
+        r
         for r in runs
         if r.status == "completed"
         and "multiplex_id" not in r.options
         and config_key(r) == key
         and r.wall_s
     ]
-    return statistics.median(walls) if walls else None
+
+
+def single_run_compute(store: Store, runs: list[RunRow], key: tuple[Any, ...]) -> SingleRun | None:
+    """Median single-run time and the cores the simulation computed on alone (C1, mean over
+    the single runs with a duty cycle for every rank), or None without such runs."""
+    wall = baseline_for_key(runs, key)
+    c1s = []
+    for r in single_runs(runs, key):
+        full = store.get_run(r.id)
+        if not full.ranks or any(k.duty is None for k in full.ranks) or not full.wall_s:
+            continue
+        duties = [float(k.duty or 0.0) for k in full.ranks]
+        cpu = [(k.cpu_s or 0.0) / full.wall_s for k in full.ranks]
+        c1s.append(compute_cores(duties, cpu, str(full.options.get("wait_mode", "spin"))))
+    if wall is None or not c1s:
+        return None
+    return SingleRun(wall, statistics.fmean(c1s))
+
+
+def throughput_limit(store: Store, done: list[SimOutcome], capacity_millis: int) -> float | None:
+    """The work-conserving bound on the gain of these simulations on this capacity."""
+    runs = store.all_runs()
+    singles = []
+    for s in done:
+        single = single_run_compute(store, runs, config_key(store.get_run(s.id)))
+        if single is None:
+            return None
+        singles.append(single)
+    if not singles or capacity_millis <= 0:
+        return None
+    return mixed_gain_limit(singles, capacity_millis / 1000)
 
 
 def submission_key(sub: Submission, wait_mode: str, backend: str) -> tuple[Any, ...]:

@@ -2,7 +2,9 @@
 
 Decided by `rankpack.controller.policy.decide`, carried out by the control loop through a
 backend, recorded as events and rendered by the report. There is no action that stops or
-relaunches a rank: every CPU change is an in-place `Resize`.
+relaunches a rank: every CPU change is an in-place `Resize`, and a change of how ranks
+wait inside MPI is a live `SetWaitMode` (the PMPI shim re-reads its control word on every
+wait).
 """
 
 from __future__ import annotations
@@ -26,6 +28,19 @@ class Launch:
     reason: str
 
 
+WaitMode = Literal["spin", "polite", "adaptive"]
+"""How a rank waits inside MPI (the PMPI shim's modes, ``docs/shim.md``)."""
+
+
+@dataclass(frozen=True)
+class SetWaitMode:
+    """Switch every rank of a running simulation to ``mode``, live (no restart)."""
+
+    sim_id: str
+    mode: WaitMode
+    reason: str
+
+
 @dataclass(frozen=True)
 class Note:
     """Something worth recording that changes nothing (profiling started, launch held back)."""
@@ -35,4 +50,4 @@ class Note:
     reason: str
 
 
-Action = Resize | Launch | Note
+Action = Resize | Launch | SetWaitMode | Note

@@ -291,6 +291,35 @@ def set_wait_mode(record_path: Path, mode: str) -> None:
         _write_wait_ctl(f.fileno(), record_path, WAIT_MODE_NAMES.index(mode))
 
 
+def set_wait_modes(live_dir: Path, n_ranks: int, mode: str) -> None:
+    """`set_wait_mode` on the records of ranks 0..n_ranks-1 in ``live_dir`` (a whole job).
+
+    Every record is checked before any is written, so a job whose ranks have not all
+    published yet is left unchanged (UserError; try again later)."""
+    if mode not in WAIT_MODE_NAMES:
+        raise UserError(f"unknown wait mode '{mode}'; use one of: {', '.join(WAIT_MODE_NAMES)}")
+    paths = [record_path(live_dir, r) for r in range(n_ranks)]
+    for rank, path in enumerate(paths):
+        if not _published(path):
+            raise UserError(
+                f"rank {rank}'s live record {path} is not published yet (has the rank called"
+                " MPI_Init?); try again"
+            )
+    for path in paths:
+        set_wait_mode(path, mode)
+
+
+def _published(path: Path) -> bool:
+    try:
+        with open(path, "rb") as f:
+            if os.fstat(f.fileno()).st_size < RECORD_SIZE:
+                return False
+            head = f.read(_SEQ.size)
+    except OSError:
+        return False
+    return len(head) == _SEQ.size and _SEQ.unpack_from(head, 0)[0] >= 2
+
+
 def _write_wait_ctl(fd: int, record_path: Path, word: int) -> None:
     offset, size = RECORD_OFFSETS["wait_ctl"]
     with mmap.mmap(fd, RECORD_SIZE, access=mmap.ACCESS_WRITE) as mm:

@@ -170,3 +170,18 @@ def test_plan_from_duty_cycles_only(capsys: pytest.CaptureFixture[str]) -> None:
 def test_plan_weights_must_match_ranks(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run(capsys, "model", "plan", *SHAPE, "--beta", "0.5", "--weights", "1,2")
     assert code == 2 and "one weight per rank" in err
+
+
+def test_predict_and_fit_report_the_physical_limit(capsys: pytest.CaptureFixture[str]) -> None:
+    # FACTS.md: 2 ranks weighted 1:3 (duty 1/3 and 1) on 2 cores: C1 = 4/3 -> 1.5x at most
+    shape = ["--ranks", "2", "--nodes", "1", "--cpus", "2", "--duty-cycles", "0.3333333,1"]
+    code, out, _ = run(capsys, "model", "predict", *shape, "--max-n", "3", "--json")
+    assert code == 0
+    limits = [r["throughput_limit"] for r in json.loads(out)["rows"]]
+    assert limits == pytest.approx([1.0, 1.5, 1.5], rel=1e-6)
+    code, out, _ = run(capsys, "model", "fit", *shape, "1:10", "2:16", "--json")
+    assert code == 0
+    points = json.loads(out)["duty_cycle_model"]["points"]
+    assert [p["throughput_limit"] for p in points][:2] == pytest.approx([1.0, 1.5], rel=1e-6)
+    code, out, _ = run(capsys, "model", "fit", *shape, "1:10", "2:16")
+    assert code == 0 and "physical limit of the gain" in out and "N=2: 1.50x" in out

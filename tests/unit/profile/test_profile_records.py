@@ -116,3 +116,24 @@ def test_set_wait_mode_refuses_bad_input(tools: Path, tmp_path: Path) -> None:
     path.write_bytes(bytes(raw))
     with pytest.raises(UserError, match="not a rankpack live record"):
         set_wait_mode(path, "spin")
+
+
+def test_set_wait_modes_writes_every_rank_or_none(tools: Path, tmp_path: Path) -> None:
+    from rankpack.profile.records import set_wait_modes
+
+    for rank in (0, 1):
+        subprocess.run(
+            [str(tools / "record_writer"), "once", str(tmp_path / f"rank-{rank}.rec")], check=True
+        )
+    set_wait_modes(tmp_path, 2, "spin")
+    assert {read_record(tmp_path / f"rank-{r}.rec").wait_mode_requested for r in (0, 1)} == {  # type: ignore[union-attr]
+        "spin"
+    }
+    # rank 2 has not published: nothing is written, not even ranks 0 and 1
+    with pytest.raises(UserError, match="rank 2's live record"):
+        set_wait_modes(tmp_path, 3, "polite")
+    assert {read_record(tmp_path / f"rank-{r}.rec").wait_mode_requested for r in (0, 1)} == {  # type: ignore[union-attr]
+        "spin"
+    }
+    with pytest.raises(UserError, match="unknown wait mode"):
+        set_wait_modes(tmp_path, 2, "sleepy")

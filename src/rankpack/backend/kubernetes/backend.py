@@ -53,7 +53,7 @@ from rankpack.backend.protocol import (
 )
 from rankpack.case import staging
 from rankpack.errors import UserError
-from rankpack.profile.records import RecordReader, record_path
+from rankpack.profile.records import RecordReader, record_path, set_wait_modes
 from rankpack.profile.shim import shim_env
 
 C = builders.CONTAINER
@@ -627,6 +627,21 @@ class KubernetesBackend:
         self._ensure_poller()
         return st
 
+    # -- wait mode ---------------------------------------------------------------------------
+
+    def set_wait_mode(self, sim_id: str, mode: str) -> None:
+        """The shim's records are on the shared case volume, which this process mounts at
+        the same path as the rank pods: the control word is written here, as locally, and
+        every rank takes it up at its next wait. A simulation without the shim is refused
+        (BackendError), as by every backend."""
+        sim = self._sim(sim_id)
+        if sim.spec.shim is None:
+            raise BackendError(f"simulation {sim_id} runs without the shim: no wait mode to set")
+        try:
+            set_wait_modes(shim_dir(sim.spec.case_dir), sim.n, mode)
+        except UserError as exc:
+            raise BackendError(str(exc)) from exc
+
     # -- observe -----------------------------------------------------------------------------
 
     def observe(self, sim_id: str) -> SimObservation:
@@ -692,11 +707,13 @@ class KubernetesBackend:
                 phase = RankPhase.PENDING  # the pod runs; its rank does not yet
         compute = mpi = None
         duty = None
+        wait_mode = None
         if i < len(sim.readers):
             with contextlib.suppress(UserError, OSError, ValueError):
                 rec = sim.readers[i].snapshot()
                 if rec is not None:
                     compute, mpi, duty = rec.compute_ns, rec.mpi_ns, rec.window_duty
+                    wait_mode = rec.wait_mode
         resize = sim.resizes.get(i)
         return RankObservation(
             rank=i,
@@ -714,6 +731,7 @@ class KubernetesBackend:
             compute_ns=compute,
             mpi_ns=mpi,
             duty_window=duty,
+            wait_mode=wait_mode,
         )
 
     def _read_log(self, sim: _Sim) -> str:

@@ -1,0 +1,110 @@
+"""The loop carries out the policy's wait-mode switches through the backend (simulated,
+virtual time): launched in spin under ``auto``, polite while sharing, spin again alone."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from rankpack.backend.protocol import BackendError, ShimSpec, SimSpec
+from rankpack.backend.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
+from rankpack.controller.loop import LoopSettings, OneJob, StoreQueue, run_jobs
+from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.submission import Submission
+from rankpack.store import Store
+
+CASE = SimulatedCase("box", cells=8000, iterations=100, cell_work_s=1e-4)
+
+
+def _cluster(cores: int = 4) -> SimulatedCluster:
+    return SimulatedCluster(nodes=(SimNode("node-a", cores * 1000),), cases=(CASE,))
+
+
+def _sub(iterations: int | None = None) -> Submission:
+    return Submission(case="box", weights=(1.0, 1.0), budget_millis=1000, sizing="fixed",
+                      iterations=iterations)  # fmt: skip
+
+
+class Recording(SimulatedBackend):
+    """The simulated backend, remembering the launch specs and refusing the first
+    ``refuse`` wait-mode switches (as a backend does while a record is not published)."""
+
+    def __init__(self, cluster: SimulatedCluster, refuse: int = 0) -> None:
+        super().__init__(cluster)
+        self.specs: list[SimSpec] = []
+        self.refuse = refuse
+        self.calls: list[tuple[str, str]] = []
+
+    def launch(self, spec: SimSpec) -> None:
+        self.specs.append(spec)
+        super().launch(spec)
+
+    def set_wait_mode(self, sim_id: str, mode: str) -> None:
+        self.calls.append((sim_id, mode))
+        if self.refuse > 0:
+            self.refuse -= 1
+            raise BackendError("rank 1's live record is not published yet")
+        super().set_wait_mode(sim_id, mode)
+
+
+def _two(tmp_path: Path, backend: SimulatedBackend, wait: str = "auto") -> Store:
+    store = Store(tmp_path / "r.db")
+    store.submit_many("box", 2, _sub().to_json(), 1)
+    store.submit_many("box", 2, _sub(iterations=40).to_json(), 1)
+    settings = LoopSettings(
+        runs_root=tmp_path / "runs", wait_mode=wait,
+        controller=ControllerSettings(max_concurrent=2, launch_cooldown_s=0.0,
+                                      min_predicted_gain=-1.0),
+    )  # fmt: skip
+    result = run_jobs(backend, store, StoreQueue(store, None), settings)
+    assert [r.status for r in result.results] == ["completed", "completed"]
+    assert result.max_concurrent_seen == 2
+    return store
+
+
+def _wait_events(store: Store) -> list[tuple[int | None, str]]:
+    return [(e.run_id, e.detail["mode"]) for e in store.events() if e.kind == "wait-mode"]
+
+
+def test_auto_switches_to_polite_while_sharing_and_back_to_spin_alone(tmp_path: Path) -> None:
+    backend = Recording(_cluster())
+    store = _two(tmp_path, backend)
+    assert [s.shim.wait_mode for s in backend.specs if s.shim] == ["spin", "spin"]
+    first, second = (r.id for r in sorted(store.list_runs(10), key=lambda r: r.id))
+    # the first goes polite when the second is launched, the second once its ranks publish;
+    # the second (40 iterations) ends first and the first spins again
+    assert _wait_events(store) == [(first, "polite"), (second, "polite"), (first, "spin")]
+    events = [e for e in store.events() if e.kind == "wait-mode"]
+    assert all(e.detail["reason"] for e in events)
+    assert "shares the cores" in events[0].detail["reason"]
+    assert "alone" in events[-1].detail["reason"]
+    # the switch reached the ranks: the first's ranks are observed spinning at the end
+    kinds = [e.kind for e in store.events()]
+    assert kinds.index("wait-mode") > kinds.index("stage")
+
+
+def test_a_single_run_under_auto_never_switches(tmp_path: Path) -> None:
+    backend = Recording(_cluster())
+    store = Store(tmp_path / "r.db")
+    settings = LoopSettings(runs_root=tmp_path / "runs", wait_mode="auto",
+                            controller=ControllerSettings(max_concurrent=1))  # fmt: skip
+    result = run_jobs(backend, store, OneJob(_sub()), settings)
+    assert result.results[0].status == "completed"
+    assert backend.calls == [] and _wait_events(store) == []
+    assert backend.specs[0].shim == ShimSpec("spin", "openmpi")
+
+
+def test_a_fixed_mode_is_launched_as_given_and_never_switched(tmp_path: Path) -> None:
+    backend = Recording(_cluster())
+    store = _two(tmp_path, backend, wait="polite")
+    assert [s.shim.wait_mode for s in backend.specs if s.shim] == ["polite", "polite"]
+    assert backend.calls == [] and _wait_events(store) == []
+
+
+def test_a_refused_switch_is_recorded_once_and_asked_for_again(tmp_path: Path) -> None:
+    backend = Recording(_cluster(), refuse=3)
+    store = _two(tmp_path, backend)
+    failed = [e for e in store.events() if e.kind == "wait-mode-failed"]
+    assert 1 <= len(failed) <= 2  # once per (simulation, mode)
+    assert "not published" in failed[0].detail["reason"]
+    assert len(backend.calls) == 3 + 3  # three refusals, then the three switches
+    assert [m for _, m in _wait_events(store)] == ["polite", "polite", "spin"]
