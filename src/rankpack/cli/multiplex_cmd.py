@@ -79,15 +79,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--beta",
         type=float,
-        help="gate launches with this contention coefficient (seed 001 eq. 5); default: "
-        "fitted from this machine's recorded sessions with the same capacity, wait mode "
-        "and ranks when there are any, else the duty-cycle model",
+        help="gate launches with seed 001's linear contention model and this coefficient "
+        "(eq. 5); implies --gate beta",
     )
     p.add_argument(
         "--gate",
-        choices=["auto", "duty"],
+        choices=["auto", "limit", "duty", "beta", "off"],
         default="auto",
-        help="auto (default): fitted beta when available; duty: always the duty-cycle model",
+        help="launch gate: limit (auto, the default): the physical limit of co-location "
+        "times the efficiency this machine's recorded sessions reached (0.87 before any); "
+        "duty: the duty-cycle overlap model; beta: the linear model with beta fitted from "
+        "recorded sessions; off: launch whenever the requests fit",
     )
     p.add_argument(
         "--plot", type=parse_output_file, help="timeline PNG (default: next to the run directories)"
@@ -123,16 +125,14 @@ def handle_multiplex(args: argparse.Namespace) -> int:
         if args.budget is not None
         else backend.inventory().allocatable_millis
     )
-    beta = choose_gate(
+    gate = choose_gate(
         store, Submission.from_json(queue[0].options), capacity_millis=capacity,
         wait_mode=args.wait, beta=args.beta, gate=args.gate,
     )  # fmt: skip
-    if beta is not None and args.beta is None and not args.json:
-        Console(stderr=True).print(
-            f"launch gate: beta {beta:.3f} fitted from this machine's recorded sessions"
-        )
-    controller = ControllerSettings(
-        max_concurrent=args.max_concurrent, profile_s=args.profile_s, fitted_beta=beta
+    if not args.json:
+        Console(stderr=True).print(gate.describe())
+    controller = gate.settings(
+        ControllerSettings(max_concurrent=args.max_concurrent, profile_s=args.profile_s)
     )
     if args.dry_run:
         return dry_run(queue, capacity, controller, args.json)

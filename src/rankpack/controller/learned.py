@@ -38,12 +38,17 @@ class LearnedSizes:
     """The run they were learned from."""
     request_millis: tuple[int, ...]
     source: str
-    """``sized`` (that run's size resizes) or ``duty`` (its duty cycles x headroom)."""
+    """``sized`` (that run's size resizes), ``duty`` (its duty cycles x headroom) or
+    ``running`` (a copy of the same submission running now, already sized)."""
     duty: tuple[float, ...] = ()
     """That run's per-rank steady-state duty cycles (empty if any is missing)."""
 
     def describe(self) -> str:
-        how = "its duty-cycle sizing" if self.source == "sized" else "its duty cycles x headroom"
+        how = {
+            "sized": "its duty-cycle sizing",
+            "duty": "its duty cycles x headroom",
+            "running": "a copy running now, sized from its duty cycles",
+        }[self.source]
         return f"requests {list(self.request_millis)}m learned from run {self.run_id} ({how})"
 
 

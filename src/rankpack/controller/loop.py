@@ -43,7 +43,7 @@ from rankpack.backend.protocol import (
 )
 from rankpack.case.foamlog import LogParser, LogState
 from rankpack.case.openfoam import rank_env
-from rankpack.controller.learned import LearnedSizes, learned_sizes
+from rankpack.controller.learned import LearnedSizes, learnable, learned_sizes
 from rankpack.controller.observations import (
     AUTO_LAUNCH_MODE,
     ControllerSettings,
@@ -514,12 +514,17 @@ class ControlLoop:
                     wait=self._wait_setting(),
                 )
             )
-        queued = tuple(
-            QueuedSim(j.queue_id, j.submission.n_ranks, self._initial_millis(j.submission))
-            for j in pending
-        )
+        queued = []
+        for j in pending:
+            found = self._learned(j.submission)
+            initial = found.request_millis if found else j.submission.initial_millis
+            queued.append(QueuedSim(j.queue_id, j.submission.n_ranks, initial,
+                                    found.duty if found else ()))  # fmt: skip
         return Observations(
-            now_s=self.now(), capacity_millis=self._capacity(), sims=tuple(sims), queue=queued
+            now_s=self.now(),
+            capacity_millis=self._capacity(),
+            sims=tuple(sims),
+            queue=tuple(queued),
         )
 
     # -- learned sizes ------------------------------------------------------------------------
@@ -532,11 +537,28 @@ class ControlLoop:
                 self.store, sub, self.backend.name, headroom=c.headroom,
                 floor_millis=c.floor_millis,
             )  # fmt: skip
-        return self.learned[key]
+        return self.learned[key] or self._running_copy(sub, key)
 
-    def _initial_millis(self, sub: Submission) -> tuple[int, ...]:
-        found = self._learned(sub)
-        return found.request_millis if found else sub.initial_millis
+    def _running_copy(self, sub: Submission, key: str) -> LearnedSizes | None:
+        """The sizes of a running copy of ``sub`` (same submission) that the policy has
+        sized: copies queued together fit at once, before any of them has completed."""
+        if not learnable(sub):
+            return None
+        for sim in self.sims.values():
+            mem = self.state.sims.get(sim.sim_id)
+            if (
+                sim.last is None
+                or sim.run_id is None
+                or mem is None
+                or mem.stage != "sized"
+                or len(mem.duty) != sub.n_ranks
+                or len(sim.last.ranks) != sub.n_ranks
+                or json.dumps(sim.job.submission.to_json(), sort_keys=True) != key
+            ):
+                continue
+            millis = tuple(r.desired.request_millis for r in sim.last.ranks)
+            return LearnedSizes(sim.run_id, millis, "running", tuple(mem.duty))
+        return None
 
     def _plan(self, sub: Submission) -> tuple[Plan, LearnedSizes | None]:
         """The submission's plan, its requests replaced by learned ones when there are any

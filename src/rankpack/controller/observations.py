@@ -25,6 +25,12 @@ decides, see `rankpack.controller.policy`)."""
 AUTO_LAUNCH_MODE: WaitMode = "spin"
 """The mode a simulation under ``auto`` is launched in; the controller switches it live."""
 
+GateModel = Literal["limit", "duty", "beta", "off"]
+DEFAULT_COLOCATION_EFFICIENCY = 0.87
+"""Measured gain / physical limit of two co-located polite simulations on a quiet 2-core
+machine (FACTS.md, scaled pitzDaily: weighted 1:3 1.30x of 1.50, equal 0.93x of 1.08):
+back-off latency and shared caches cost ~13 % of the ideal."""
+
 
 @dataclass(frozen=True)
 class Phase:
@@ -90,6 +96,9 @@ class QueuedSim:
     n_ranks: int
     initial_request_millis: tuple[int, ...]
     """Per-rank requests it starts with (before its own profiling and sizing)."""
+    duty: tuple[float, ...] = ()
+    """Per-rank duty cycles it is known to have (learned from an earlier run of the same
+    case, or from a running copy of it); empty: unknown."""
 
 
 @dataclass(frozen=True)
@@ -165,11 +174,18 @@ class ControllerSettings:
     """Wait this long after a launch before the next one."""
     min_predicted_gain: float = 0.05
     """Launch only if the model predicts throughput(N+1) >= (1 + this) x throughput(N)."""
+    gate: GateModel = "limit"
+    """The throughput model that gates launches: ``limit`` (the work-conserving bound of
+    `rankpack.model.limit` x ``colocation_efficiency``), ``duty`` (the duty-cycle overlap
+    predictor of `rankpack.model.overlap`), ``beta`` (seed 001's linear model with
+    ``fitted_beta``) or ``off`` (launch whenever the requests fit)."""
+    colocation_efficiency: float = DEFAULT_COLOCATION_EFFICIENCY
+    """``limit`` gate: the fraction of the physical limit co-located simulations reach
+    (measured gain / limit; learned from this machine's recorded sessions when there are
+    any, see `rankpack.controller.session.choose_gate`)."""
     fitted_beta: float | None = None
-    """Contention coefficient fitted from sessions recorded on this machine with the same
-    ranks per simulation and capacity. When set, launches are gated by the fitted linear
-    model (seed 001 eq. 5) instead of the duty-cycle predictor, which assumes that waiting
-    ranks leave their CPU free."""
+    """``beta`` gate: the contention coefficient (seed 001 eq. 5), given or fitted from
+    sessions recorded on this machine with the same ranks per simulation and capacity."""
     fairness_threshold: float = 0.10
     """Act when the slowest simulation's progress rate is this far behind the fastest."""
     fairness_step: float = 0.10

@@ -538,9 +538,11 @@ def _hold_reason(
 
 
 def _model_name(s: ControllerSettings) -> str:
-    if s.fitted_beta is None:
+    if s.gate == "beta" and s.fitted_beta is not None:
+        return f"the linear contention model (beta {s.fitted_beta:.3f})"
+    if s.gate == "duty":
         return "the duty-cycle model"
-    return f"the model fitted on this machine's sessions (beta {s.fitted_beta:.3f})"
+    return f"the physical limit x efficiency {s.colocation_efficiency:.2f}"
 
 
 def _running_duties(sim: SimSnapshot, mem: SimMemory) -> list[float]:
@@ -554,27 +556,89 @@ def _running_duties(sim: SimSnapshot, mem: SimMemory) -> list[float]:
 
 
 def _predicted_gain(step: _Step, memory: dict[str, SimMemory], head: QueuedSim) -> float | None:
-    """throughput(N+1) / throughput(N) from the duty-cycle model, or None if not computable."""
+    """throughput(N+1) / throughput(N) from the settings' gate model, or None if not
+    computable."""
+    s = step.settings
+    if s.gate == "off":
+        return math.inf
+    if s.gate == "beta" and s.fitted_beta is not None:
+        shape = _shape(step, memory, head)
+        if shape is None:
+            return None
+        n = len(step.obs.sims)
+        return throughput(n + 1, s.fitted_beta, shape) / throughput(n, s.fitted_beta, shape)
+    if s.gate == "duty":
+        return _duty_model_gain(step, memory, head)
+    return _limit_gain(step, memory, head)
+
+
+def _shape(step: _Step, memory: dict[str, SimMemory], head: QueuedSim) -> ClusterShape | None:
+    per_sim = [_running_duties(sim, memory[sim.sim_id]) for sim in step.obs.sims]
+    ranks = max([head.n_ranks, *(len(d) for d in per_sim)])
+    if ranks < 1 or step.obs.capacity_millis <= 0:
+        return None
+    return ClusterShape(ranks=ranks, nodes=1, cpus_per_node=step.obs.capacity_millis / 1000)
+
+
+def _duty_model_gain(step: _Step, memory: dict[str, SimMemory], head: QueuedSim) -> float | None:
+    """The duty-cycle overlap predictor (`predict_from_duty_cycles`)."""
     obs = step.obs
     per_sim = [_running_duties(sim, memory[sim.sim_id]) for sim in obs.sims]
-    ranks = max([head.n_ranks, *(len(d) for d in per_sim)])
     all_duties = [d for ds in per_sim for d in ds]
-    if ranks < 1 or not all_duties or obs.capacity_millis <= 0:
+    shape = _shape(step, memory, head)
+    if shape is None or not all_duties:
         return None
     mean = sum(all_duties) / len(all_duties)
     duties = []
-    for i in range(ranks):
+    for i in range(shape.ranks):
         column = [ds[i] for ds in per_sim if i < len(ds)]
         duties.append(sum(column) / len(column) if column else mean)
     duties = [min(1.0, max(0.0, d)) for d in duties]
-    shape = ClusterShape(ranks=ranks, nodes=1, cpus_per_node=obs.capacity_millis / 1000)
     n = len(obs.sims)
-    beta = step.settings.fitted_beta
-    if beta is not None:
-        return throughput(n + 1, beta, shape) / throughput(n, beta, shape)
     now = predict_from_duty_cycles(n, duties, shape)
     then = predict_from_duty_cycles(n + 1, duties, shape)
     return then.throughput / now.throughput
+
+
+def _limit_gain(step: _Step, memory: dict[str, SimMemory], head: QueuedSim) -> float | None:
+    """The work-conserving bound (`rankpack.model.limit`) with the co-location efficiency.
+
+    Simulation j computes on ``C_j = sum_i d_i x min(1, P / R_j)`` cores when alone (rank i's
+    duty cycle d_i; a core per rank unless it has more ranks than the P cores). A set S of
+    simulations then runs at ``X(S) = |S| x min(1, P / sum_j C_j)`` simulations' worth of
+    single-run speed (fair sharing of the cores once their compute exceeds them; waiting
+    costs nothing). Spinning waits cost a core: under a fixed ``spin`` mode ``C_j`` is the
+    cores its ranks occupy, ``R_j x min(1, P / R_j)``. The head's duty cycles are its
+    learned ones, else the running simulations' mean per rank. Prediction:
+    ``eta(S+h) X(S+h) / (eta(S) X(S))`` with eta = ``colocation_efficiency`` for two or
+    more simulations together and 1 for one alone.
+    """
+    obs, s = step.obs, step.settings
+    cores = obs.capacity_millis / 1000
+    if cores <= 0 or not obs.sims:
+        return None
+    spin = any(sim.wait == "spin" for sim in obs.sims)
+
+    def compute(duties: Sequence[float], ranks: int) -> float:
+        rate = min(1.0, cores / ranks)
+        if spin:
+            return ranks * rate
+        return rate * sum(min(1.0, max(0.0, d)) for d in duties)
+
+    duties = [_running_duties(sim, memory[sim.sim_id]) for sim in obs.sims]
+    running = [compute(d, len(sim.ranks)) for d, sim in zip(duties, obs.sims, strict=True)]
+    if len(head.duty) == head.n_ranks:
+        mine = compute(head.duty, head.n_ranks)
+    else:
+        flat = [d for ds in duties for d in ds]
+        mine = compute([sum(flat) / max(1, len(flat))] * head.n_ranks, head.n_ranks)
+
+    def speed(loads: Sequence[float]) -> float:
+        total = sum(loads)
+        eta = 1.0 if len(loads) < 2 else s.colocation_efficiency
+        return eta * len(loads) * (1.0 if total <= cores else cores / total)
+
+    return speed([*running, mine]) / speed(running)
 
 
 # --- (E) wait modes ----------------------------------------------------------------------

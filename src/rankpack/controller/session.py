@@ -28,6 +28,11 @@ from rankpack.controller.loop import (
     StoreQueue,
     run_jobs,
 )
+from rankpack.controller.observations import (
+    DEFAULT_COLOCATION_EFFICIENCY,
+    ControllerSettings,
+    GateModel,
+)
 from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
 from rankpack.model.limit import SingleRun, compute_cores, mixed_gain_limit
@@ -289,14 +294,81 @@ def fitted_beta_from_sessions(
         return None
 
 
+@dataclass(frozen=True)
+class GateChoice:
+    """How launches are gated (`ControllerSettings.gate` and its parameters) and why."""
+
+    gate: GateModel
+    beta: float | None = None
+    efficiency: float = DEFAULT_COLOCATION_EFFICIENCY
+    source: str = "default"
+    """Where the parameter came from, in words."""
+
+    def settings(self, base: ControllerSettings) -> ControllerSettings:
+        return replace(base, gate=self.gate, fitted_beta=self.beta,
+                       colocation_efficiency=self.efficiency)  # fmt: skip
+
+    def describe(self) -> str:
+        if self.gate == "beta":
+            return f"launch gate: linear contention model, beta {self.beta:.3f} ({self.source})"
+        if self.gate == "limit":
+            return f"launch gate: physical limit x efficiency {self.efficiency:.2f} ({self.source})"
+        if self.gate == "duty":
+            return "launch gate: duty-cycle model"
+        return "launch gate: off (launch whenever the requests fit)"
+
+
+def learned_efficiency(
+    sessions: list[SessionRow], *, capacity_millis: int, wait_mode: str
+) -> tuple[float, int] | None:
+    """Median of measured gain / physical limit over the recorded sessions comparable with
+    this one (completed, same capacity and wait mode, >= 2 simulations at once, a limit
+    above 1), clamped to [0.5, 1]; with how many sessions. None without such sessions."""
+    ratios = []
+    for m in sessions:
+        summary = m.summary
+        gain, limit = summary.get("throughput_gain"), summary.get("throughput_limit")
+        if (
+            m.status == "completed"
+            and m.capacity_millis == capacity_millis
+            and m.wait_mode == wait_mode
+            and int(summary.get("max_concurrent_seen") or 0) >= 2
+            and isinstance(gain, (int, float))
+            and isinstance(limit, (int, float))
+            and limit > 1.0
+            and gain > 0
+        ):
+            ratios.append(float(gain) / float(limit))
+    if not ratios:
+        return None
+    return min(1.0, max(0.5, statistics.median(ratios))), len(ratios)
+
+
 def choose_gate(
     store: Store, head: Submission, *, capacity_millis: int, wait_mode: str,
     beta: float | None, gate: str,
-) -> float | None:  # fmt: skip
-    """The contention coefficient that gates launches: given, fitted, or None (duty model)."""
-    if beta is not None or gate != "auto":
-        return beta
-    return fitted_beta_from_sessions(
-        store.multiplex_sessions(), capacity_millis=capacity_millis, wait_mode=wait_mode,
-        n_ranks=head.n_ranks,
-    )  # fmt: skip
+) -> GateChoice:  # fmt: skip
+    """The launch gate: ``--beta`` given, or ``gate`` (auto = limit) with its parameter
+    learned from this machine's recorded sessions where they exist."""
+    if beta is not None:
+        return GateChoice("beta", beta, source="given")
+    if gate == "beta":
+        fitted = fitted_beta_from_sessions(
+            store.multiplex_sessions(), capacity_millis=capacity_millis, wait_mode=wait_mode,
+            n_ranks=head.n_ranks,
+        )  # fmt: skip
+        if fitted is None:
+            raise UserError(
+                "--gate beta needs recorded sessions with 1 and more simulations (same "
+                "capacity, wait mode and ranks) to fit beta; give --beta or use --gate limit"
+            )
+        return GateChoice("beta", fitted, source="fitted from this machine's sessions")
+    if gate in ("duty", "off"):
+        return GateChoice(gate)  # type: ignore[arg-type]
+    found = learned_efficiency(
+        store.multiplex_sessions(), capacity_millis=capacity_millis, wait_mode=wait_mode
+    )
+    if found is None:
+        return GateChoice("limit", source="default, no comparable session recorded yet")
+    eta, n = found
+    return GateChoice("limit", efficiency=eta, source=f"learned from {n} recorded sessions")

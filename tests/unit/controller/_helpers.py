@@ -19,6 +19,7 @@ from rankpack.controller.observations import (
     Resize,
     SimMemory,
     SimSnapshot,
+    WaitSetting,
 )
 
 S = ControllerSettings()
@@ -36,8 +37,10 @@ def snap(
     compute_ns: Sequence[int | None] | None = None,
     mpi_ns: Sequence[int | None] | None = None,
     phases: tuple[Phase, ...] = (),
+    wait: WaitSetting = "polite",
 ) -> SimSnapshot:
-    """A simulation snapshot; shim counters default to 0 (present), usage to 0."""
+    """A simulation snapshot; shim counters default to 0 (present), usage to 0; its ranks
+    wait politely (what co-located simulations do) unless ``wait`` says otherwise."""
     n = len(requests)
     usage = list(usage_ns) if usage_ns is not None else [0] * n
     comp = list(compute_ns) if compute_ns is not None else [0] * n
@@ -60,6 +63,7 @@ def snap(
         budget_millis=budget,
         ranks=ranks,
         phases=phases,
+        wait=wait,
     )
 
 

@@ -14,28 +14,27 @@ from rankpack.store import SessionRow
 from ._helpers import GIGA, SIZED, S, launches, notes, observe, snap, state_of
 
 
-def _decide(beta: float | None, duty: float = 0.1):  # type: ignore[no-untyped-def]
+def _decide(beta: float | None, duty: float = 0.1, gate: str = "beta"):  # type: ignore[no-untyped-def]
     duty_ns = round(duty * GIGA)
     sim = snap(requests=(250,) * 4, compute_ns=(duty_ns,) * 4, mpi_ns=(GIGA - duty_ns,) * 4)
     state = state_of(a=replace(SIZED, duty=(duty,) * 4))
     queue = (QueuedSim(7, 4, (250,) * 4),)
-    return decide(
-        observe(100.0, sim, queue=queue, capacity=2000), state, replace(S, fitted_beta=beta)
-    )
+    settings = replace(S, fitted_beta=beta, gate=gate)
+    return decide(observe(100.0, sim, queue=queue, capacity=2000), state, settings)
 
 
 def test_fitted_beta_overrides_an_optimistic_duty_model() -> None:
     # low duty: the duty-cycle model alone would launch
-    assert launches(_decide(None))
+    assert launches(_decide(None, gate="duty"))
     # 4 ranks on 2 CPUs: delta rho = 2; beta 0.91 (Theta(2) = 0.71, measured here) -> no gain
     held = _decide(0.91)
     assert not launches(held)
     (note,) = notes(held, "launch-held")
-    assert "fitted" in note.reason and "0.910" in note.reason
+    assert "linear contention model" in note.reason and "0.910" in note.reason
     # no contention measured: the fitted model predicts the full gain
     ok = _decide(0.0)
     assert launches(ok)
-    assert "fitted" in ok.actions[-1].reason
+    assert "linear contention model" in ok.actions[-1].reason
 
 
 def _session(n: int, makespan: float, t1: float, *, ranks: int = 4, cap: int = 2000,

@@ -88,3 +88,22 @@ def test_copies_start_at_learned_sizes_and_run_together_at_once(tmp_path: Path) 
     first, second = sorted(result.outcomes, key=lambda o: o.started_s)
     assert second.started_s < first.finished_s
     assert second.started_s - first.started_s < 5.0  # not after a profiling window
+
+
+def test_a_copy_starts_at_the_sizes_of_a_running_copy(tmp_path: Path) -> None:
+    """Nothing recorded: the first copy launches at its plan (1000m per rank, the whole
+    node), is profiled and sized; the second then starts at those sizes (``running``) and
+    fits beside it, instead of waiting for the first to end."""
+    store = Store(tmp_path / "r.db")
+    store.submit_many("box", 2, SUB.to_json(), 2)
+    result = run_jobs(_backend(), store, StoreQueue(store, None), _settings(tmp_path, 2))
+    assert [r.status for r in result.results] == ["completed", "completed"]
+    assert result.max_concurrent_seen == 2
+    first, second = sorted(result.outcomes, key=lambda o: o.started_s)
+    assert second.started_s < first.finished_s  # together, not one after the other
+    (learned,) = [e for e in store.events() if e.kind == "learned-sizes"]
+    assert learned.detail["source"] == "running"
+    assert learned.detail["from_run"] == first.id
+    assert learned.detail["request_millis"] == [250, 750]
+    launches = [e.detail["request_millis"] for e in store.events() if e.kind == "launch"]
+    assert launches == [[1000, 1000], [250, 750]]

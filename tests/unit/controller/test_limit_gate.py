@@ -1,0 +1,122 @@
+"""The launch gate's default model: the physical limit of co-location x its efficiency.
+
+Cases from FACTS.md (scaled pitzDaily, 2 ranks on 2 cores): weighted 1:3 (duties ~0.33 and
+~0.97, measured 1.30x of a 1.50 limit with polite waiting) packs; equal (~0.92 each,
+measured 0.93x of 1.08) holds; spinning ranks (0.22x measured) always hold on a full node.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+import pytest
+
+from rankpack.controller.observations import QueuedSim, WaitSetting
+from rankpack.controller.policy import decide
+from rankpack.controller.session import learned_efficiency
+from rankpack.store import SessionRow
+
+from ._helpers import GIGA, SIZED, S, launches, notes, observe, snap, state_of
+
+
+@dataclass(frozen=True)
+class GateCase:
+    name: str
+    running: tuple[tuple[float, ...], ...]
+    """Per running simulation, its ranks' duty cycles."""
+    head_duty: tuple[float, ...]
+    """The head's learned duty cycles (empty: unknown)."""
+    expected: float
+    wait: WaitSetting = "polite"
+    capacity: int = 2000
+    efficiency: float = 0.87
+
+
+def _ratio(eta: float, before: list[float], after: list[float], cores: float) -> float:
+    def x(loads: list[float]) -> float:
+        e = 1.0 if len(loads) < 2 else eta
+        return e * len(loads) * min(1.0, cores / sum(loads))
+
+    return x(after) / x(before)
+
+
+CASES = [
+    GateCase("weighted 1:3, polite: packs", ((0.33, 0.97),), (0.33, 0.97),
+             _ratio(0.87, [1.30], [1.30, 1.30], 2.0)),
+    GateCase("equal, polite: holds", ((0.92, 0.92),), (0.92, 0.92),
+             _ratio(0.87, [1.84], [1.84, 1.84], 2.0)),
+    GateCase("weighted 1:3, spin: holds", ((0.33, 0.97),), (0.33, 0.97), 0.87, wait="spin"),
+    GateCase("head unknown: the running mean", ((0.2, 0.6),), (),
+             _ratio(0.87, [0.8], [0.8, 0.8], 2.0)),
+    GateCase("a third beside two light ones", ((0.2, 0.2), (0.2, 0.2)), (0.2, 0.2), 1.5),
+    GateCase("a third on a full node", ((0.5, 0.5), (0.5, 0.5)), (0.5, 0.5), 1.0),
+    GateCase("4 ranks on 2 cores, light", ((0.2,) * 4,), (0.2,) * 4,
+             _ratio(0.87, [0.4], [0.4, 0.4], 2.0)),
+    GateCase("efficiency learned higher", ((0.92, 0.92),), (0.92, 0.92),
+             _ratio(0.97, [1.84], [1.84, 1.84], 2.0), efficiency=0.97),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.name)
+def test_limit_gate_prediction(case: GateCase) -> None:
+    sims, mems = [], {}
+    for k, duties in enumerate(case.running):
+        sim_id = f"s{k}"
+        ns = [round(d * GIGA) for d in duties]
+        sims.append(snap(sim_id, (400,) * len(duties), compute_ns=ns,
+                         mpi_ns=[GIGA - c for c in ns], wait=case.wait))  # fmt: skip
+        mems[sim_id] = replace(SIZED, duty=duties)
+    n = len(case.running[0])
+    queue = (QueuedSim(9, n, (100,) * n, case.head_duty),)
+    settings = replace(S, colocation_efficiency=case.efficiency)
+    d = decide(observe(100.0, *sims, queue=queue, capacity=case.capacity),
+               state_of(**mems), settings)  # fmt: skip
+    reason = (launches(d) or notes(d, "launch-held"))[0].reason
+    shown = float(reason.split("predicts throughput x")[1].split()[0])
+    assert shown == pytest.approx(case.expected, abs=5e-4)
+    assert bool(launches(d)) == (case.expected >= 1 + S.min_predicted_gain)
+
+
+def test_gate_off_launches_whenever_it_fits() -> None:
+    ns = round(0.97 * GIGA)
+    sim = snap("a", (400, 400), compute_ns=(ns, ns), mpi_ns=(GIGA - ns,) * 2, wait="spin")
+    queue = (QueuedSim(9, 2, (600, 600)),)
+    state = state_of(a=replace(SIZED, duty=(0.97, 0.97)))
+    off = decide(observe(100.0, sim, queue=queue, capacity=2000), state, replace(S, gate="off"))
+    assert launches(off)
+    held = decide(observe(100.0, sim, queue=queue, capacity=2000), state, S)
+    assert not launches(held)
+    too_big = (QueuedSim(9, 2, (700, 700)),)
+    off2 = decide(observe(100.0, sim, queue=too_big, capacity=2000), state, replace(S, gate="off"))
+    assert not launches(off2) and off2.state.launch_held == "no-room"
+
+
+def _row(gain: float, limit: float | None, *, seen: int = 2, cap: int = 2000,
+         wait: str = "auto", status: str = "completed") -> SessionRow:  # fmt: skip
+    return SessionRow(
+        id=1, started_at="", finished_at=None, status=status, owner_pid=None,
+        capacity_millis=cap, max_concurrent=4, wait_mode=wait, backend="local",
+        summary={"throughput_gain": gain, "throughput_limit": limit,
+                 "max_concurrent_seen": seen},
+    )  # fmt: skip
+
+
+def test_efficiency_learned_from_comparable_sessions_only() -> None:
+    rows = [
+        _row(1.30, 1.50),
+        _row(1.40, 1.50),
+        _row(1.45, 1.50),
+        _row(0.50, 1.50, seen=1),  # never co-located: ignored
+        _row(0.50, 1.50, cap=4000),  # other capacity
+        _row(0.50, 1.50, wait="spin"),  # other wait mode
+        _row(0.50, 1.50, status="interrupted"),
+        _row(0.50, 1.00),  # a limit of 1: no room to gain, says nothing
+        _row(0.50, None),
+    ]
+    eta, n = learned_efficiency(rows, capacity_millis=2000, wait_mode="auto")  # type: ignore[misc]
+    assert n == 3
+    assert eta == pytest.approx(1.40 / 1.50)
+    assert learned_efficiency(rows[3:], capacity_millis=2000, wait_mode="auto") is None
+    # clamped: a session that beat its limit does not make the gate promise more than it
+    high = learned_efficiency([_row(1.8, 1.5)], capacity_millis=2000, wait_mode="auto")
+    assert high == (1.0, 1)
