@@ -283,6 +283,9 @@ class _Sim:
     resizes: list[ResizeRecord] = field(default_factory=list)
     inflight: dict[int, tuple[float, int, int, str, str]] = field(default_factory=dict)
     """rank -> (t_s, from, to, kind, reason) of a resize not settled yet."""
+    asked: dict[int, int] = field(default_factory=dict)
+    """rank -> the request last asked for and not refused (newer than ``last`` when it was
+    asked after the last observation)."""
     restarts: dict[int, int] = field(default_factory=dict)
     duty_marks: dict[int, list[tuple[int, int, int]]] = field(default_factory=dict)
     """rank -> [(iterations, compute_ns, mpi_ns)], for the steady-state duty."""
@@ -556,7 +559,7 @@ class ControlLoop:
                 or json.dumps(sim.job.submission.to_json(), sort_keys=True) != key
             ):
                 continue
-            millis = tuple(r.desired.request_millis for r in sim.last.ranks)
+            millis = tuple(sim.asked.get(r.rank, r.desired.request_millis) for r in sim.last.ranks)
             return LearnedSizes(sim.run_id, millis, "running", tuple(mem.duty))
         return None
 
@@ -585,7 +588,8 @@ class ControlLoop:
     # -- actions ---------------------------------------------------------------------------
 
     def _apply_all(self, actions: Sequence[Action], pending: list[Job]) -> None:
-        """Carry out one decision's actions: decreases before increases.
+        """Carry out one decision's actions: decreases, then the others (a launch after the
+        decreases that made room for it), then increases.
 
         A node admits resizes one at a time against what is allocated *now*, so trading CPU
         between ranks (one shrinks, another grows, the total fits) can see the increase
@@ -595,9 +599,6 @@ class ControlLoop:
         flight; held increases go out as soon as none is (`_release_held`, every tick).
         """
         resizes = [a for a in actions if isinstance(a, Resize)]
-        for action in actions:
-            if not isinstance(action, Resize):
-                self._apply(action, pending)
         grows = []
         for action in resizes:
             self.held.pop((action.sim_id, action.rank), None)  # superseded
@@ -606,6 +607,10 @@ class ControlLoop:
                 self._resize(action)
             else:
                 grows.append(action)
+        # Then launches (after the decreases that made room for them), wait modes, notes.
+        for action in actions:
+            if not isinstance(action, Resize):
+                self._apply(action, pending)
         for action in grows:
             self.held[(action.sim_id, action.rank)] = action
         self._release_held()
@@ -644,7 +649,7 @@ class ControlLoop:
         elif isinstance(action, Launch):
             job = next((j for j in pending if j.queue_id == action.queue_id), None)
             if job is not None:
-                self._stage(job, action.reason)
+                self._stage(job, action.reason, action.request_millis)
         elif isinstance(action, SetWaitMode):
             self._set_wait_mode(action)
         elif isinstance(action, Note):
@@ -675,7 +680,7 @@ class ControlLoop:
         self.event(sim.run_id, "wait-mode", mode=action.mode, previous=previous,
                    reason=action.reason)  # fmt: skip
 
-    def _stage(self, job: Job, reason: str) -> None:
+    def _stage(self, job: Job, reason: str, request_millis: tuple[int, ...] = ()) -> None:
         if not self.jobs.claim(job):
             self.event(None, "launch-skipped", queue_id=job.queue_id,
                        reason="another session claimed it first")  # fmt: skip
@@ -701,6 +706,11 @@ class ControlLoop:
             self.event(None, "launch-failed", queue_id=job.queue_id, reason=str(exc))
             return
         plan, found = self._plan(sub)
+        if len(request_millis) == plan.n_ranks:
+            ranks = tuple(
+                replace(r, cpu_millis=m) for r, m in zip(plan.ranks, request_millis, strict=True)
+            )
+            plan = replace(plan, ranks=ranks)
         self.sims[sim_id] = _Sim(job=job, sim_id=sim_id, plan=plan, queued_s=self.now(),
                                  learned_duty=found.duty if found else ())  # fmt: skip
         self.event(None, "stage", queue_id=job.queue_id, case=sub.case, sim=sim_id, reason=reason)
@@ -838,6 +848,7 @@ class ControlLoop:
             state, latency, why = ResizeState.REJECTED, None, str(exc)
         sim.inflight[rank] = (t_s, old.request_millis, action.request_millis, action.kind,
                               action.reason)  # fmt: skip
+        sim.asked[rank] = action.request_millis
         self._follow_resize(sim, rank, state, latency, why)
         if rank in sim.inflight:
             self.event(sim.run_id, "resize-requested", rank=rank, kind=action.kind,
@@ -864,6 +875,7 @@ class ControlLoop:
                        reason=reason, latency_s=latency_s)  # fmt: skip
         else:
             # The rank keeps running with its old request; the policy sees that next tick.
+            sim.asked.pop(rank, None)
             self.rejected += 1
             self.event(sim.run_id, f"resize-{outcome}", rank=rank, request_millis=new,
                        reason=why)  # fmt: skip

@@ -103,7 +103,7 @@ from rankpack.plan.allocation import proportional_millis
 
 _EPS = 1e-6
 
-ResizeKind = Literal["size", "fairness", "phase"]
+ResizeKind = Literal["size", "fairness", "phase", "pack"]
 
 
 def decide(obs: Observations, state: ControllerState, settings: ControllerSettings) -> Decision:
@@ -485,6 +485,13 @@ def _launch(
         return state.last_launch_s, None
     head = obs.queue[0]
     code, reason = _hold_reason(step, memory, state, head)
+    if code == "pack":
+        packed = _pack(step, head, reason)
+        if packed is not None:
+            step.actions.append(Launch(queue_id=head.queue_id, reason=reason,
+                                       request_millis=packed))  # fmt: skip
+            return obs.now_s, None
+        code, reason = "no-room", f"{reason}; but the floors leave no room to pack it"
     if code is None:
         step.actions.append(Launch(queue_id=head.queue_id, reason=reason))
         return obs.now_s, None
@@ -509,6 +516,12 @@ def _hold_reason(
         for sim in obs.sims
         if sim.starting or memory[sim.sim_id].stage in ("warmup", "profiling")
     ]
+    # A simulation sized in this very step: the head's queued view (learned from a running
+    # copy) predates it, so decide on the next step.
+    measuring += sorted(
+        {a.sim_id for a in step.actions if isinstance(a, Resize) and a.kind == "size"}
+        - set(measuring)
+    )
     if measuring:
         return "measuring", f"{name} waits for {', '.join(measuring)} to be profiled and sized"
     if len(obs.sims) >= s.max_concurrent:
@@ -518,12 +531,25 @@ def _hold_reason(
         )
     need = sum(head.initial_request_millis)
     free = step.unrequested()
-    if free < need:
-        return (
-            "no-room",
-            f"{name} needs {need}m, only {free}m of {obs.capacity_millis}m is unrequested",
-        )
+    no_room = f"{name} needs {need}m, only {free}m of {obs.capacity_millis}m is unrequested"
+    if free < need and (s.gate != "limit" or any(sim.phases for sim in obs.sims)):
+        return "no-room", no_room
     gain = _predicted_gain(step, memory, head)
+    if free < need:
+        # Requests are shares of the node, not reservations of cores: when the model says
+        # the node does more work with one more simulation, everyone's requests shrink in
+        # proportion so that all of them fit (`_pack`).
+        if gain is None or gain < 1 + s.min_predicted_gain:
+            shown = "n/a" if gain is None else f"{gain:.3f}"
+            return "no-room", (
+                f"{no_room}, and {_model_name(s)} predicts throughput x{shown} with "
+                f"{len(obs.sims) + 1} simulations (needs x{1 + s.min_predicted_gain:.3f} to "
+                "pack it)"
+            )
+        return "pack", (
+            f"{no_room}: {_model_name(s)} predicts throughput x{gain:.3f} with "
+            f"{len(obs.sims) + 1} simulations, so all requests shrink in proportion to fit"
+        )
     if gain is None or gain < 1 + s.min_predicted_gain:
         shown = "n/a" if gain is None else f"{gain:.3f}"
         return "no-gain", (
@@ -535,6 +561,30 @@ def _hold_reason(
         f"{need}m of {free}m unrequested fits {name}; {_model_name(s)} predicts throughput"
         f" x{gain:.3f} with {len(obs.sims) + 1} simulations"
     )
+
+
+def _pack(step: _Step, head: QueuedSim, why: str) -> tuple[int, ...] | None:
+    """Shrink every running simulation's requests and the head's by one factor so that all
+    fit the capacity (floors kept); emit the running ones' Resizes (kind ``pack``,
+    decreases) and return the head's requests, or None if the floors do not fit."""
+    obs, s = step.obs, step.settings
+    total = sum(step.total(sim.sim_id) for sim in obs.sims) + sum(head.initial_request_millis)
+    factor = obs.capacity_millis / total
+    targets = {
+        sim.sim_id: [max(s.floor_millis, math.floor(r * factor)) for r in step.requests[sim.sim_id]]
+        for sim in obs.sims
+    }
+    mine = tuple(max(s.floor_millis, math.floor(r * factor)) for r in head.initial_request_millis)
+    if sum(sum(t) for t in targets.values()) + sum(mine) > obs.capacity_millis:
+        return None
+    reason = (
+        f"pack: requests x{factor:.2f} to fit queued simulation {head.queue_id} beside it "
+        "(requests are shares; ranks still use idle CPU)"
+    )
+    for sim in obs.sims:
+        new = targets[sim.sim_id]
+        step.resize(sim, new, "pack", [reason] * len(new))
+    return mine
 
 
 def _model_name(s: ControllerSettings) -> str:

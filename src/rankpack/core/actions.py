@@ -19,13 +19,16 @@ class Resize:
     rank: int
     request_millis: int
     reason: str
-    kind: Literal["size", "fairness", "phase"] = "size"
+    kind: Literal["size", "fairness", "phase", "pack"] = "size"
 
 
 @dataclass(frozen=True)
 class Launch:
     queue_id: int
     reason: str
+    request_millis: tuple[int, ...] = ()
+    """Per-rank requests to start with instead of the plan's (empty: the plan's); set when
+    the running simulations were packed to make room for it."""
 
 
 WaitMode = Literal["spin", "polite", "adaptive"]

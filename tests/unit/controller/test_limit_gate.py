@@ -16,7 +16,7 @@ from rankpack.controller.policy import decide
 from rankpack.controller.session import learned_efficiency
 from rankpack.store import SessionRow
 
-from ._helpers import GIGA, SIZED, S, launches, notes, observe, snap, state_of
+from ._helpers import GIGA, SIZED, S, launches, notes, observe, resizes, snap, state_of
 
 
 @dataclass(frozen=True)
@@ -120,3 +120,50 @@ def test_efficiency_learned_from_comparable_sessions_only() -> None:
     # clamped: a session that beat its limit does not make the gate promise more than it
     high = learned_efficiency([_row(1.8, 1.5)], capacity_millis=2000, wait_mode="auto")
     assert high == (1.0, 1)
+
+
+def _weighted_pair(head_requests: tuple[int, ...], *, gate: str = "limit", floor: int = 50):  # type: ignore[no-untyped-def]
+    ns = [round(0.33 * GIGA), round(0.97 * GIGA)]
+    sim = snap("a", (459, 1217), compute_ns=ns, mpi_ns=[GIGA - c for c in ns])
+    state = state_of(a=replace(SIZED, duty=(0.33, 0.97)))
+    queue = (QueuedSim(9, 2, head_requests, (0.33, 0.97)),)
+    settings = replace(S, gate=gate, floor_millis=floor)  # type: ignore[arg-type]
+    return decide(observe(100.0, sim, queue=queue, capacity=2000), state, settings)
+
+
+def test_packs_when_the_requests_do_not_fit_but_the_model_predicts_a_gain() -> None:
+    """Two sized copies ask 1676m each of 2000m: every request shrinks by 2000/3352, the
+    running ranks first (decreases), then the head launches at the shrunk requests."""
+    d = _weighted_pair((459, 1217))
+    packs = resizes(d)
+    assert [(r.rank, r.request_millis, r.kind) for r in packs] == [
+        (0, 273, "pack"),
+        (1, 726, "pack"),
+    ]
+    (launch,) = launches(d)
+    assert launch.request_millis == (273, 726)
+    assert sum(launch.request_millis) + sum(r.request_millis for r in packs) <= 2000
+    assert "shrink in proportion" in launch.reason
+    assert d.actions.index(packs[-1]) < d.actions.index(launch)
+
+
+def test_no_packing_without_a_predicted_gain_or_with_another_gate() -> None:
+    ns = round(0.92 * GIGA)
+    sim = snap("a", (1150, 1150), compute_ns=(ns, ns), mpi_ns=(GIGA - ns,) * 2)
+    state = state_of(a=replace(SIZED, duty=(0.92, 0.92)))
+    queue = (QueuedSim(9, 2, (1150, 1150), (0.92, 0.92)),)
+    equal = decide(observe(100.0, sim, queue=queue, capacity=2000), state, S)
+    assert not launches(equal) and not resizes(equal)
+    assert equal.state.launch_held == "no-room"
+    assert "to pack it" in notes(equal, "launch-held")[0].reason
+    for gate in ("duty", "off"):
+        d = _weighted_pair((459, 1217), gate=gate)
+        assert not launches(d) and not resizes(d)
+        assert d.state.launch_held == "no-room"
+
+
+def test_no_packing_below_the_floors() -> None:
+    d = _weighted_pair((459, 1217), floor=700)
+    assert not launches(d) and not resizes(d)
+    assert d.state.launch_held == "no-room"
+    assert "floors" in notes(d, "launch-held")[0].reason

@@ -37,6 +37,10 @@ from ._helpers import (
     state_of,
 )
 
+S = replace(S, gate="duty")
+"""These cases are about room and order: the duty-cycle gate never packs (the default
+``limit`` gate's packing is tested in test_limit_gate.py)."""
+
 # --- (C) launch --------------------------------------------------------------------------
 
 
