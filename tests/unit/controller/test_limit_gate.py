@@ -50,8 +50,9 @@ CASES = [
              _ratio(0.87, [0.8], [0.8, 0.8], 2.0)),
     GateCase("a third beside two light ones", ((0.2, 0.2), (0.2, 0.2)), (0.2, 0.2), 1.5),
     GateCase("a third on a full node", ((0.5, 0.5), (0.5, 0.5)), (0.5, 0.5), 1.0),
-    GateCase("4 ranks on 2 cores, light", ((0.2,) * 4,), (0.2,) * 4,
-             _ratio(0.87, [0.4], [0.4, 0.4], 2.0)),
+    GateCase("more ranks than cores: fills the node", ((0.2,) * 4,), (0.2,) * 4, 0.87),
+    GateCase("4 ranks on 4 cores, light", ((0.2,) * 4,), (0.2,) * 4,
+             _ratio(0.87, [0.8], [0.8, 0.8], 4.0), capacity=4000),
     GateCase("efficiency learned higher", ((0.92, 0.92),), (0.92, 0.92),
              _ratio(0.97, [1.84], [1.84, 1.84], 2.0), efficiency=0.97),
 ]  # fmt: skip
