@@ -581,9 +581,11 @@ class ControlLoop:
             raise UserError(f"unknown wait mode '{mode}'; use auto, spin, polite or adaptive")
         return mode  # type: ignore[return-value]
 
-    def _launch_wait_mode(self) -> WaitMode:
+    def _launch_wait_mode(self, sharing: bool = False) -> WaitMode:
         mode = self._wait_setting()
-        return AUTO_LAUNCH_MODE if mode == "auto" else mode
+        if mode != "auto":
+            return mode
+        return "polite" if sharing else AUTO_LAUNCH_MODE
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -608,9 +610,9 @@ class ControlLoop:
             else:
                 grows.append(action)
         # Then launches (after the decreases that made room for them), wait modes, notes.
-        for action in actions:
-            if not isinstance(action, Resize):
-                self._apply(action, pending)
+        for other in actions:
+            if not isinstance(other, Resize):
+                self._apply(other, pending)
         for action in grows:
             self.held[(action.sim_id, action.rank)] = action
         self._release_held()
@@ -658,8 +660,8 @@ class ControlLoop:
 
     def _set_wait_mode(self, action: SetWaitMode) -> None:
         sim = self.sims.get(action.sim_id)
-        if sim is None or not sim.launched:
-            return
+        if sim is None or not sim.launched or sim.wait_mode == action.mode:
+            return  # (the same mode: it was launched in it; the policy's memory now agrees)
         try:
             self.backend.set_wait_mode(sim.sim_id, action.mode)
         except BackendError as exc:
@@ -728,10 +730,13 @@ class ControlLoop:
         sim.run_id = self._new_run(sim, staged)
         self.jobs.started(sim.job, sim.run_id, sim.sim_id, staged)
         sim.usages = [[] for _ in sim.plan.ranks]
+        # Under auto, a simulation launched beside others starts polite: spinning until the
+        # policy could switch it (its records publish ~1 s after launch) costs the others.
+        sharing = any(other is not sim for other in self.sims.values())
+        sim.wait_mode = self._launch_wait_mode(sharing) if self.settings.shim else None
         spec = self._spec(sim)
         sim.t0 = self.backend.clock()
         sim.started_s = self.now()
-        sim.wait_mode = self._launch_wait_mode() if self.settings.shim else None
         try:
             self.backend.launch(spec)
         except (BackendError, UserError) as exc:
@@ -793,7 +798,7 @@ class ControlLoop:
             log_path=staged.log_path,
             env=rank_env(),
             mpi=s.mpi,
-            shim=ShimSpec(self._launch_wait_mode(), s.mpi) if s.shim else None,
+            shim=ShimSpec(sim.wait_mode or self._launch_wait_mode(), s.mpi) if s.shim else None,
             image=s.image,
             volume=s.volume,
             labels={"rankpack.dev/run-id": str(sim.run_id)},
