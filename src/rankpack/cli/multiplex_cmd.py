@@ -170,6 +170,8 @@ def handle_multiplex(args: argparse.Namespace) -> int:
     )  # fmt: skip
     data = result.to_json()
     data["timeline_png"] = str(plot)
+    data["gate"] = {"model": gate.gate, "colocation_efficiency": gate.efficiency,
+                    "beta": gate.beta, "source": gate.source}  # fmt: skip
     if args.json:
         print_json(data)
     else:
