@@ -52,6 +52,12 @@ def shim_env(
         "LD_PRELOAD": preload,
         "RANKPACK_SHIM_DIR": str(live_dir),
         "RANKPACK_SHIM_WAIT": wait_mode,
+        # No sched_yield phase: rankpack runs every rank in a cgroup of its own (a rank pod),
+        # where sched_yield only reorders the rank's own tasks and returns at once, so a
+        # "yielding" waiter keeps its core for the whole phase (1 ms by default): two
+        # co-located polite pairs measured 0.23x of sequential with it, 1.50x without it
+        # (docs/benchmarks.md). A value in this process's environment wins.
+        "RANKPACK_SHIM_YIELD_US": os.environ.get("RANKPACK_SHIM_YIELD_US", "0"),
     }
     if trace_dir is not None:
         env["RANKPACK_SHIM_TRACE"] = str(trace_dir)

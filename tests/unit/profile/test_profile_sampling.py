@@ -84,13 +84,18 @@ def test_shim_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     lib.write_bytes(b"")
     monkeypatch.setattr(shim.resources, "files", lambda _pkg: tmp_path)
     monkeypatch.setenv("LD_PRELOAD", "/other.so")
+    monkeypatch.delenv("RANKPACK_SHIM_YIELD_US", raising=False)
     env = shim.shim_env(tmp_path / "live", "polite", tmp_path / "tr", flavour="mpich")
     assert env == {
         "LD_PRELOAD": f"{lib}:/other.so",
         "RANKPACK_SHIM_DIR": str(tmp_path / "live"),
         "RANKPACK_SHIM_WAIT": "polite",
+        "RANKPACK_SHIM_YIELD_US": "0",  # ranks run in cgroups of their own: no yield phase
         "RANKPACK_SHIM_TRACE": str(tmp_path / "tr"),
     }
+    monkeypatch.setenv("RANKPACK_SHIM_YIELD_US", "200")  # the user's setting wins
+    again = shim.shim_env(tmp_path, "polite", flavour="mpich")
+    assert again["RANKPACK_SHIM_YIELD_US"] == "200"
     with pytest.raises(UserError, match="unknown wait mode"):
         shim.shim_env(tmp_path, "nap")
 
