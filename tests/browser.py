@@ -160,9 +160,9 @@ def visit(page: Path, *, width: int = 1280, height: int = 900, settle_s: float =
         tools.wait_event("Page.loadEventFired", timeout_s=60)
         tools.drain(settle_s)
         checks = json.loads(
-            tools.call("Runtime.evaluate", expression=IN_PAGE_CHECKS, returnByValue=True)[
-                "result"
-            ]["value"]
+            tools.call("Runtime.evaluate", expression=IN_PAGE_CHECKS, returnByValue=True)["result"][
+                "value"
+            ]
         )
         shot = tools.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
         tools.drain(0.3)
