@@ -30,6 +30,7 @@ from typing import Any
 import websocket
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+MAX_SHOT_PX = 8000
 
 
 @dataclass
@@ -57,6 +58,7 @@ class DevTools:
     def call(self, method: str, **params: Any) -> dict[str, Any]:
         self.next_id += 1
         my_id = self.next_id
+        self.ws.settimeout(60)
         self.ws.send(json.dumps({"id": my_id, "method": method, "params": params}))
         while True:
             msg = json.loads(self.ws.recv())
@@ -164,7 +166,12 @@ def visit(page: Path, *, width: int = 1280, height: int = 900, settle_s: float =
                 "value"
             ]
         )
-        shot = tools.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)
+        # The whole page up to MAX_SHOT_PX (a texture larger than ~16k px fails), halved.
+        shot_h = min(int(checks["height"]), MAX_SHOT_PX)
+        shot = tools.call(
+            "Page.captureScreenshot", format="png", captureBeyondViewport=True,
+            clip={"x": 0, "y": 0, "width": width, "height": shot_h, "scale": 0.5},
+        )  # fmt: skip
         tools.drain(0.3)
         return PageVisit(
             url=url,

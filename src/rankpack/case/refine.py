@@ -53,9 +53,9 @@ def refined_blocks(blocks: list[Any], factor: int) -> list[Any]:
     return out
 
 
-def refine_case(case_dir: Path, factor: int) -> None:
-    """Edit ``case_dir``'s system/blockMeshDict in place (a copy's, never a source's)."""
-    path = case_dir / "system" / "blockMeshDict"
+def _blocks(case_dir: Path) -> tuple[FoamFile, list[Any]]:
+    plain = case_dir / "system" / "blockMeshDict"
+    path = plain if plain.is_file() else plain.with_name("blockMeshDict.gz")
     if not path.is_file():
         raise UserError(
             f"{case_dir.name} has no system/blockMeshDict, so its mesh cannot be refined; "
@@ -64,23 +64,35 @@ def refine_case(case_dir: Path, factor: int) -> None:
     try:
         dictionary = FoamFile(path)
         blocks = dictionary["blocks"]
-    except UserError:
-        raise
     except Exception as exc:  # foamlib's own parse errors; the file is the case's
         raise UserError(
             f"{path} cannot be read as a blockMeshDict ({type(exc).__name__}); use --refine 1"
         ) from None
     if not isinstance(blocks, list):
         raise UserError(f"{path} has no list of blocks; use --refine 1")
+    return dictionary, blocks
+
+
+def check_refinable(case_dir: Path, factor: int) -> None:
+    """Can ``case_dir`` (a source case: only read) be refined by ``factor``? One line why
+    not; nothing is created."""
+    if not 1 <= factor <= MAX_REFINE:
+        raise UserError(f"--refine must be between 1 and {MAX_REFINE}, got {factor}")
+    if factor > 1:
+        refined_blocks(_blocks(case_dir)[1], factor)
+
+
+def refine_case(case_dir: Path, factor: int) -> None:
+    """Edit ``case_dir``'s system/blockMeshDict in place (a copy's, never a source's)."""
+    dictionary, blocks = _blocks(case_dir)
     dictionary["blocks"] = refined_blocks(blocks, factor)
 
 
 def refined_case(case: str, factor: int, root: Path) -> Path:
     """A meshed copy of ``case`` (tutorial name or directory) refined by ``factor`` under
     ``root``; an existing complete copy is reused. The source is never modified."""
-    if not 1 <= factor <= MAX_REFINE:
-        raise UserError(f"--refine must be between 1 and {MAX_REFINE}, got {factor}")
     source = openfoam.resolve_case(case)
+    check_refinable(source.path, factor)
     final = root / f"{source.name}-x{factor}"
     if openfoam.has_mesh(final):
         return final

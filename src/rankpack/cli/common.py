@@ -53,6 +53,8 @@ parse_concurrent = _argparse_type(
 parse_simulations = _argparse_type(
     lambda t: quantities.count(t, "x", hi=quantities.MAX_SIMULATIONS), "simulations"
 )
+parse_refine = _argparse_type(lambda t: quantities.count(t, "x", hi=8), "refine")
+"""A mesh refinement factor, 1-8 (`rankpack demo --refine`)."""
 parse_nodes = _argparse_type(lambda t: quantities.count(t, "x", hi=quantities.MAX_NODES), "nodes")
 parse_limit = _argparse_type(lambda t: quantities.count(t, "x", hi=1_000_000), "limit")
 parse_id = _argparse_type(lambda t: quantities.record_id(t, "x"), "id")
