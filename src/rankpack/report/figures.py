@@ -172,8 +172,7 @@ def duty_figure(data: RunData, prefix: str) -> Figure:
 
         edges = [0.0, *times] if times[0] > 0 else [*times, times[-1] + 1.0]
         grid = np.ma.masked_invalid(np.asarray(matrix, dtype=float))
-        cmap = plt.get_cmap("viridis").copy()
-        cmap.set_bad("#e6e6e6")
+        cmap = plt.get_cmap("viridis").with_extremes(bad="#e6e6e6")
         mesh = ax.pcolormesh(edges[: len(times) + 1], np.arange(n + 1) - 0.5, grid, cmap=cmap,
                              vmin=0.0, vmax=1.0, shading="flat")  # fmt: skip
         bar = fig.colorbar(mesh, ax=ax, pad=0.01)
