@@ -98,7 +98,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "waiting, in-place resizes; (3) the payoff: two queued simulations multiplexed "
             "(rankpack multiplex, defaults) vs one after the other, with the physical limit. "
             "Ends with a summary and the path of an HTML report. A few minutes; --quick: about "
-            "one."
+            "one. Records into a new database of its own (beside the report) unless --db or "
+            "RANKPACK_DB names one."
         ),
     )
     p.add_argument("--quick", action="store_true", help="shorter runs (about one minute)")
