@@ -201,10 +201,20 @@ def summary_lines(story: Story) -> list[str]:
     if h is not None:
         slow = h.slowdown
         pace_l, pace_r = h.limits.pace.seconds_per_iteration, h.requests.pace.seconds_per_iteration
-        if slow is not None:
+        plan = "/".join(f"{m}m" for m in h.plan_millis)
+        if slow is not None and slow < 1.1 and not h.at_least:
             out.append(
-                f"Hazard avoided: the same requests as hard CPU limits "
-                f"({'/'.join(f'{m}m' for m in h.plan_millis)}) made each iteration "
+                f"The hazard did not show on this run: with the requests as hard limits "
+                f"({plan}) an iteration took {pace_l:.2f} s against {pace_r:.2f} s with "
+                f"requests only ({h.limits.throttled} throttled periods). Other work on the "
+                "machine held both runs to about their requests (a request is a weight: under "
+                "contention a rank gets about its share either way); where cores are idle, a "
+                "limit forbids using them and a throttled rank stalls the others."
+            )
+        elif slow is not None:
+            out.append(
+                f"Hazard avoided: the same requests as hard CPU limits ({plan}) made each "
+                f"iteration "
                 f"{'at least ' if h.at_least else ''}{slow:.1f}x slower ({pace_l:.2f} s "
                 f"against {pace_r:.2f} s) with {h.limits.throttled} throttled periods; a "
                 "throttled rank holds every other rank at the next collective. rankpack sets "

@@ -54,6 +54,13 @@ def test_a_gain_is_the_headline_beside_the_limit() -> None:
     assert lines[-1].startswith("Measured once") and "0.4" in lines[-1]
 
 
+def test_a_hazard_that_did_not_show_is_not_called_a_slowdown() -> None:
+    even = replace(HAZARD, limits=replace(HAZARD.limits, pace=IterationPace(0.12, 30, 2.0)))
+    lines = summary_lines(replace(STORY, hazard=even))
+    assert any(x.startswith("The hazard did not show on this run") for x in lines)
+    assert not any("slower" in x for x in lines)
+
+
 def test_no_colocation_says_why_the_launch_was_held() -> None:
     held = replace(PAYOFF, max_concurrent_seen=1, gain=0.99, held=("cooldown", "x0.88 < x1.05"))
     text = headline(replace(STORY, payoff=held))
