@@ -159,6 +159,13 @@ def headline(story: Story) -> str:
             f"({why}), so the two ran one after the other ({p.gain:.2f}x); the physical limit "
             f"on {cores} is {limit}."
         )
+    if p.limit and p.gain > 1.05 * p.limit:
+        return (
+            f"Measured {p.gain:.2f}x ({p.makespan_s:.1f} s together against "
+            f"{p.sequential_s or 0:.1f} s one after the other), more than the physical limit "
+            f"{limit} allows on {cores}: the machine's other load changed during the demo, so "
+            "this gain is not sound; run the demo again on a quiet machine."
+        )
     if p.gain >= 1.02:
         return (
             f"Two simulations multiplexed on {cores} finished in {p.makespan_s:.1f} s instead "
@@ -251,13 +258,18 @@ def summary_lines(story: Story) -> list[str]:
             f"switches).{held}"
         )
     load = story.load_start
+    busy = load is not None and load > 0.5 * w.cores
     out.append(
-        f"Measured once, on this machine as it was (load average {load:.1f} on "
-        f"{w.cores:g} cores when the demo started): other work running at the same time "
-        "slows every step, so the numbers move from run to run."
-        if load is not None
-        else "Measured once, on this machine as it was."
+        ("The machine was busy: " if busy else "")
+        + (
+            f"measured once, on this machine as it was (load average {load:.1f} on "
+            f"{w.cores:g} cores when the demo started): other work running at the same time "
+            "slows every step and shifts duty cycles, so the numbers move from run to run."
+            if load is not None
+            else "measured once, on this machine as it was."
+        )
     )
+    out[-1] = out[-1][0].upper() + out[-1][1:]
     return out
 
 

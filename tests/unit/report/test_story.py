@@ -76,8 +76,10 @@ def test_colocation_without_gain_is_said_plainly() -> None:
 
 
 def test_a_gain_above_the_physical_limit_is_flagged_as_unsound() -> None:
-    story = replace(STORY, payoff=replace(PAYOFF, gain=2.07, limit=1.5))
+    story = replace(STORY, payoff=replace(PAYOFF, gain=2.07, limit=1.5), load_start=2.5)
+    assert headline(story).startswith("Measured 2.07x") and "not sound" in headline(story)
     lines = summary_lines(story)
+    assert lines[-1].startswith("The machine was busy: measured once") and "2.5" in lines[-1]
     assert any(x.startswith("Caution") and "not sound" in x for x in lines)
     assert not any("of the possible gain" in x for x in lines)
 
