@@ -163,8 +163,9 @@ def headline(story: Story) -> str:
         return (
             f"Measured {p.gain:.2f}x ({p.makespan_s:.1f} s together against "
             f"{p.sequential_s or 0:.1f} s one after the other), more than the physical limit "
-            f"{limit} allows on {cores}: the machine's other load changed during the demo, so "
-            "this gain is not sound; run the demo again on a quiet machine."
+            f"{limit} allows on {cores}: other work on this machine slowed the single run it "
+            "is compared with (or changed between them), so this gain is not sound; run the "
+            "demo again on a quiet machine."
         )
     if p.gain >= 1.02:
         return (
@@ -246,9 +247,10 @@ def summary_lines(story: Story) -> list[str]:
     if p is not None and p.gain and p.limit and p.gain > 1.05 * p.limit:
         out.append(
             f"Caution: the measured {p.gain:.2f}x exceeds the physical limit {p.limit:.2f}x, "
-            "which no co-location can do: the machine's other load changed between the "
-            "single run and the session, so this gain is not sound; run the demo again when "
-            "the machine is quiet."
+            "which no co-location can do: other work on this machine slowed the single run "
+            "(spinning ranks lose most when other processes share the cores) or changed "
+            "between the single run and the session, so this gain is not sound; run the demo "
+            "again when the machine is quiet."
         )
     if p is not None and p.max_concurrent_seen >= 2 and p.gain is not None and p.gain < 1.02:
         held = f" The launch gate said: {p.held[-1]}." if p.held else ""
