@@ -174,16 +174,16 @@ def handle(args: argparse.Namespace) -> int:
     budget = max(capacity // 2, 10 * len(weights))
     make_plan(weights, budget)
     existing = Store.open_existing(given_db) if given_db is not None else None
-    if existing is not None and existing.queue():
-        raise UserError(
-            f"the queue of {given_db} has {len(existing.queue())} waiting simulations, which "
-            "the demo's multiplex step would run too; run or cancel them (`rankpack queue`), "
-            "or run the demo without --db / RANKPACK_DB (it then uses its own database)"
-        )
+    if existing is not None:
+        waiting = len(existing.queue())
+        existing.close()
+        if waiting:
+            raise UserError(
+                f"the queue of {given_db} has {waiting} waiting simulations, which the demo's "
+                "multiplex step would run too; run or cancel them (`rankpack queue`), or run "
+                "the demo without --db / RANKPACK_DB (it then uses its own database)"
+            )
     say = Console(stderr=True, quiet=args.json)
-    out_dir = _new_dir(root / "demos")
-    store = Store(given_db or out_dir / "rankpack.db")
-    report_path: Path = args.output or out_dir / "report.html"
     case = args.case
     if args.refine > 1:
         say.print(f"preparing the workload: {args.case} refined x{args.refine} ...")
@@ -202,6 +202,9 @@ def handle(args: argparse.Namespace) -> int:
                           sizing="duty")  # fmt: skip
     for sub in (hazard_sub, main_sub):
         check_submission(sub)
+    out_dir = _new_dir(root / "demos")
+    store = Store(given_db or out_dir / "rankpack.db")
+    report_path: Path = args.output or out_dir / "report.html"
     story = Story(workload, load_start=os.getloadavg()[0])
     shares = "/".join(f"{w / sum(weights):.0%}" for w in weights)
     say.print(

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import replace
+from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
+from rankpack.cli import demo_cmd, main
 from rankpack.core.results import ResizeRecord
 from rankpack.report.data import IterationPace, RankWork
 from rankpack.report.story import (
@@ -20,6 +23,7 @@ from rankpack.report.story import (
     tables,
     to_json,
 )
+from rankpack.store import Store
 
 WORKLOAD = Workload("pitzDaily-x2", "pitzDaily", 2, 48900, (1.0, 3.0), 300, 1000, 2000)
 HAZARD = Hazard(
@@ -106,3 +110,24 @@ def test_json_and_tables_carry_the_numbers() -> None:
     assert data["ranks"]["waiting_cores"] == pytest.approx(0.67 + 0.02)
     assert data["summary"]["headline"] == headline(STORY)
     assert [t.title.split(".")[0] for t in tables(STORY)] == ["1", "2", "3"]
+
+
+def test_demo_refuses_a_database_whose_queue_it_would_run(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    class Machine:  # the demo's only use of the backend before it refuses: the capacity
+        def inventory(self) -> SimpleNamespace:
+            return SimpleNamespace(allocatable_millis=2000)
+
+    monkeypatch.setattr(demo_cmd, "LocalBackend", Machine)
+    db = tmp_path / "q.db"
+    store = Store(db)
+    store.submit("pitzDaily", 2, {"case": "pitzDaily", "weights": [1, 1],
+                                  "budget_millis": 1000})  # fmt: skip
+    store.close()
+    monkeypatch.setenv("RANKPACK_DB", str(db))
+    before = sorted(p.name for p in tmp_path.rglob("*"))
+    assert main(["demo", "--quick"]) == 2
+    err = capsys.readouterr().err
+    assert "1 waiting simulations" in err and err.count("\n") == 1
+    assert sorted(p.name for p in tmp_path.rglob("*")) == before
