@@ -156,8 +156,8 @@ def headline(story: Story) -> str:
         why = p.held[-1] if p.held else "the launch gate did not start a second simulation"
         return (
             f"No co-location gain on this machine: rankpack held the second simulation back "
-            f"({why}), so the two ran one after the other ({p.gain:.2f}x); the physical limit "
-            f"on {cores} is {limit}."
+            f"({why}), so the two ran one after the other (measured {p.gain:.2f}x: run-to-run "
+            f"variation, not co-location); the physical limit on {cores} is {limit}."
         )
     if p.limit and p.gain > 1.05 * p.limit:
         return (
@@ -232,7 +232,14 @@ def summary_lines(story: Story) -> list[str]:
             out.append("Hazard: the runs were too short to time an iteration; see the report.")
     if r is not None and r.measured and r.computing_cores is not None:
         share = ""
-        if p is not None and p.gain and p.limit and p.limit > 1.0001 and p.gain <= 1.05 * p.limit:
+        if (
+            p is not None
+            and p.gain
+            and p.limit
+            and p.max_concurrent_seen >= 2
+            and p.limit > 1.0001
+            and p.gain <= 1.05 * p.limit
+        ):
             share = (
                 f"; measured {p.gain:.2f}x is {max(0.0, p.gain - 1) / (p.limit - 1):.0%} of "
                 "the possible gain"

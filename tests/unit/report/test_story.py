@@ -69,7 +69,8 @@ def test_no_colocation_says_why_the_launch_was_held() -> None:
     held = replace(PAYOFF, max_concurrent_seen=1, gain=0.99, held=("cooldown", "x0.88 < x1.05"))
     text = headline(replace(STORY, payoff=held))
     assert text.startswith("No co-location gain") and "x0.88 < x1.05" in text
-    assert "0.99x" in text and "1.50x" in text
+    assert "0.99x" in text and "1.50x" in text and "not co-location" in text
+    assert not any("of the possible gain" in x for x in summary_lines(replace(STORY, payoff=held)))
 
 
 def test_colocation_without_gain_is_said_plainly() -> None:
