@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # rankpack set-up for Debian 12 (run as root). Installs everything rankpack needs, then
-#   bash setup.sh demo   runs the main job: `rankpack demo` (pitzDaily, local backend)
+#   bash setup.sh demo   runs the main job: `rankpack demo` (pitzDaily x4 cells, local
+#                        backend: the limits hazard, duty cycles, the co-location gain;
+#                        ends with a summary and the path of an HTML report)
 #   bash setup.sh test   runs the full test suite (lint, types, layers, unit, contract,
 #                        integration and the k8s tier on a real single-node cluster;
 #                        the first run builds Kubernetes)
@@ -26,6 +28,10 @@ fi
 packages=(openfoam openfoam-examples openmpi-bin libopenmpi-dev mpich libmpich-dev
   build-essential make python3 python3-venv python3-dev
   containerd runc containernetworking-plugins etcd-server busybox-static umoci)
+# The test mode opens the HTML report in headless Chromium (tests/browser.py).
+if [ "$mode" = test ]; then
+  packages+=(chromium)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

@@ -248,6 +248,23 @@ def plot_file(text: str | os.PathLike[str], name: str) -> Path:
     return path
 
 
+def report_file(text: str | os.PathLike[str], name: str) -> Path:
+    """An HTML report to write: `output_file` with an .html or .htm suffix; its figures go
+    into a directory beside it, which must not be a file."""
+    path = output_file(text, name)
+    if path.suffix.lower() not in (".html", ".htm"):
+        raise InvalidQuantity(
+            f"{{{name}}} {literal(os.fspath(text), 80)} is not an .html file; give e.g. report.html"
+        )
+    figures = path.with_name(f"{path.stem}_figures")
+    if os.path.lexists(figures) and not figures.is_dir():
+        raise InvalidQuantity(
+            f"{{{name}}} {literal(os.fspath(text), 80)}: {figures} (where its figures go) is a "
+            "file; move it or choose another name"
+        )
+    return path
+
+
 def check_tree(root: Path, *, skip_top: tuple[str, ...] = ()) -> None:
     """A directory to be copied or read whole (an OpenFOAM case): refuse FIFOs, sockets,
     devices, broken symlinks and symlink loops, which would hang or crash a copy.

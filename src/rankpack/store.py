@@ -30,7 +30,7 @@ from rankpack.core.results import RankResult, ResizeRecord, RunResult
 from rankpack.errors import UserError
 
 APPLICATION_ID = 0x524B5043  # "RKPC"
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 LEASE_S = 30.0
 """A claimed queue entry whose heartbeat is older than this goes back to the queue."""
 
@@ -84,7 +84,9 @@ CREATE TABLE IF NOT EXISTS samples (
     usage_ns INTEGER NOT NULL,
     request_millis INTEGER NOT NULL,
     nr_throttled INTEGER NOT NULL,
-    iterations INTEGER
+    iterations INTEGER,
+    compute_ns INTEGER,
+    mpi_ns INTEGER
 );
 CREATE INDEX IF NOT EXISTS samples_run ON samples(run_id, rank, t_s);
 CREATE TABLE IF NOT EXISTS resizes (
@@ -260,11 +262,18 @@ class RunRow:
 @dataclass(frozen=True)
 class SampleRow:
     t_s: float
+    """Seconds since the run's launch."""
     rank: int
     usage_ns: int
+    """The rank pod's cumulative CPU counter."""
     request_millis: int
     nr_throttled: int
+    """Cumulative CFS throttled periods."""
     iterations: int | None
+    compute_ns: int | None = None
+    """The PMPI shim's cumulative time outside MPI (None without the shim)."""
+    mpi_ns: int | None = None
+    """The PMPI shim's cumulative time inside MPI (None without the shim)."""
 
 
 @dataclass(frozen=True)
@@ -369,6 +378,8 @@ class Store:
         self.conn.execute("PRAGMA foreign_keys=ON")
         if version == 1:
             self._migrate_v1()
+        if version in (1, 2):
+            self._migrate_v2()
         with self.transaction() as c:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
@@ -404,6 +415,16 @@ class Store:
             mux_cols = {r[1] for r in c.execute("PRAGMA table_info(multiplex)")}
             if "backend" not in mux_cols:
                 c.execute("ALTER TABLE multiplex ADD COLUMN backend TEXT NOT NULL DEFAULT 'local'")
+            c.execute("PRAGMA user_version=2")
+
+    def _migrate_v2(self) -> None:
+        """Schema 2 -> 3: samples carry the shim's cumulative compute and MPI nanoseconds
+        (duty cycles over time, for the report's heat-map); older samples have none."""
+        with self.transaction() as c:
+            cols = {r[1] for r in c.execute("PRAGMA table_info(samples)")}
+            for name in ("compute_ns", "mpi_ns"):
+                if name not in cols:
+                    c.execute(f"ALTER TABLE samples ADD COLUMN {name} INTEGER")
             c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
     def close(self) -> None:
@@ -486,9 +507,19 @@ class Store:
     def add_samples(self, run_id: int, rows: Iterable[SampleRow]) -> None:
         self.conn.executemany(
             "INSERT INTO samples (run_id, t_s, rank, usage_ns, request_millis, nr_throttled,"
-            " iterations) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            " iterations, compute_ns, mpi_ns) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
             [
-                (run_id, r.t_s, r.rank, r.usage_ns, r.request_millis, r.nr_throttled, r.iterations)
+                (
+                    run_id,
+                    r.t_s,
+                    r.rank,
+                    r.usage_ns,
+                    r.request_millis,
+                    r.nr_throttled,
+                    r.iterations,
+                    r.compute_ns,
+                    r.mpi_ns,
+                )
                 for r in rows
             ],
         )
@@ -582,8 +613,8 @@ class Store:
 
     def samples(self, run_id: int) -> list[SampleRow]:
         rows = self.conn.execute(
-            "SELECT t_s, rank, usage_ns, request_millis, nr_throttled, iterations FROM samples"
-            " WHERE run_id = ? ORDER BY t_s, rank",
+            "SELECT t_s, rank, usage_ns, request_millis, nr_throttled, iterations, compute_ns,"
+            " mpi_ns FROM samples WHERE run_id = ? ORDER BY t_s, rank",
             (run_id,),
         )
         return [SampleRow(**dict(r)) for r in rows.fetchall()]
@@ -744,21 +775,44 @@ class Store:
 
     def multiplex_sessions(self) -> list[SessionRow]:
         rows = self.conn.execute("SELECT * FROM multiplex ORDER BY id").fetchall()
-        return [
-            SessionRow(
-                id=r["id"],
-                started_at=r["started_at"],
-                finished_at=r["finished_at"],
-                status=r["status"],
-                owner_pid=r["owner_pid"],
-                capacity_millis=r["capacity_millis"],
-                max_concurrent=r["max_concurrent"],
-                wait_mode=r["wait_mode"],
-                backend=r["backend"],
-                summary=json.loads(r["summary_json"] or "{}"),
+        return [_session_row(r) for r in rows]
+
+    def get_session(self, multiplex_id: int) -> SessionRow:
+        row = self.conn.execute("SELECT * FROM multiplex WHERE id = ?", (multiplex_id,)).fetchone()
+        if row is None:
+            raise UserError(
+                f"no multiplex session with id {multiplex_id} in {self.path}; see "
+                "`rankpack events` for the sessions recorded there"
             )
-            for r in rows
-        ]
+        return _session_row(row)
+
+    def session_run_ids(self, multiplex_id: int) -> list[int]:
+        """The runs a multiplex session launched, in launch order."""
+        rows = self.conn.execute(
+            "SELECT id FROM runs WHERE json_extract(options_json, '$.multiplex_id') = ?"
+            " ORDER BY id",
+            (multiplex_id,),
+        ).fetchall()
+        return [int(r[0]) for r in rows]
+
+    def set_run_message(self, run_id: int, message: str) -> None:
+        """Replace a finished run's message (e.g. why a caller stopped it)."""
+        self.conn.execute("UPDATE runs SET message = ? WHERE id = ?", (message, run_id))
+
+
+def _session_row(r: sqlite3.Row) -> SessionRow:
+    return SessionRow(
+        id=r["id"],
+        started_at=r["started_at"],
+        finished_at=r["finished_at"],
+        status=r["status"],
+        owner_pid=r["owner_pid"],
+        capacity_millis=r["capacity_millis"],
+        max_concurrent=r["max_concurrent"],
+        wait_mode=r["wait_mode"],
+        backend=r["backend"],
+        summary=json.loads(r["summary_json"] or "{}"),
+    )
 
 
 def _run_row(row: sqlite3.Row) -> RunRow:

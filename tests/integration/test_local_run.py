@@ -8,7 +8,6 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
@@ -285,20 +284,6 @@ def test_no_cgroups_runs_uncontained_and_says_so() -> None:
     assert data["status"] == "completed" and data["placement"]["cgroups"] == "none"
     assert all(r["cpu_s_counter"] > 0 for r in data["ranks"])
     assert all(r["nr_throttled"] == 0 for r in data["ranks"])
-
-
-def test_demo_compares_equal_and_proportional() -> None:
-    start = time.monotonic()
-    data = run_json("demo", "--iterations", "20")
-    assert data["_returncode"] == 0, data
-    names = [c["config"] for c in data["configs"]]
-    assert names == ["equal", "proportional"]
-    equal, prop = data["configs"]
-    assert [r["cpu_millis"] for r in equal["ranks"]] == [1000] * 4
-    assert [r["cpu_millis"] for r in prop["ranks"]] == [182, 182, 909, 2727]
-    assert equal["iterations"] == prop["iterations"] == 20
-    assert prop["wall_vs_equal"] > 0
-    assert time.monotonic() - start < 240
 
 
 def test_iterations_not_on_a_write_interval_still_write_the_last_step() -> None:

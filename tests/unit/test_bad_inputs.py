@@ -59,8 +59,8 @@ def _rows() -> list[tuple[str, list[str]]]:
     for place in (["run", "pitzDaily"], ["submit", "pitzDaily"], ["demo"]):
         for v in BAD_ITERATIONS:
             add("count", [*place, "--iterations", v])
-    for v in ["0", "-1", "101", "x", "1e2"]:
-        add("count", ["demo", "--repeat", v])
+    for v in ["0", "-1", "9", "x", "1.5"]:
+        add("count", ["demo", "--refine", v])
     for v in ["0", "-1", "1001", "14000", "x", "2.5"]:
         add("count", ["submit", "pitzDaily", "--count", v])
     for v in ["0", "-1", "257", "x"]:
@@ -146,7 +146,7 @@ def _rows() -> list[tuple[str, list[str]]]:
         ["run", "pitzDaily", "--ranks", "2", "--weights", "1,2,3"],
         ["submit", "pitzDaily", "--ranks", "2", "--weights", "1,2,3"],
         ["decompose", "@CASE", "--weights", "1,1,1", "--ranks", "2"],
-        ["demo", "--weights", "1,2"],
+        ["demo", "--weights", "1,2", "--ranks", "3"],
         [*PLAN, "--weights", "1,2"],
         [*PREDICT, "--duty-cycles", "0.1,0.2"],
     )

@@ -100,5 +100,5 @@ def test_runs_list_empty(capsys: pytest.CaptureFixture[str]) -> None:
 def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["--help"]) == 0
     out = capsys.readouterr().out
-    for command in ("demo", "plan", "run", "runs"):
+    for command in ("demo", "plan", "run", "runs", "report"):
         assert command in out

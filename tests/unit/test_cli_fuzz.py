@@ -100,7 +100,9 @@ COMMANDS: dict[tuple[str, ...], tuple[list[st.SearchStrategy[str]], dict[str, An
         "--allow-limits": None, "--no-shim": None, "--no-cgroups": None, "--json": None,
         "--wait": valid_or_junk("spin", "polite")}),
     ("demo",): ([], {"--case": st.sampled_from(CASES), "--ranks": COUNT, "--weights": WEIGHTS,
-                     "--iterations": COUNT, "--repeat": COUNT, "--json": None}),
+                     "--iterations": COUNT, "--refine": COUNT, "--quick": None,
+                     "--output": PATH, "--json": None}),
+    ("report",): ([COUNT], {"--multiplex": COUNT, "--output": PATH, "--json": None}),
     ("submit",): ([st.sampled_from(CASES)], {
         "--ranks": COUNT, "--weights": WEIGHTS, "--budget": CPU, "--floor": CPU,
         "--iterations": COUNT, "--count": COUNT, "--json": None}),

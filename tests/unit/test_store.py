@@ -225,3 +225,48 @@ def test_cancel_and_requeue_only_from_allowed_states(tmp_path: Path) -> None:
     assert store.set_queue_status([q1], "cancelled", ("queued",)) == [q1]
     assert store.set_queue_status([q1], "cancelled", ("queued",)) == []
     assert store.set_queue_status([q1, q2], "queued", ("failed", "cancelled")) == [q1]
+
+
+def test_schema_2_file_gains_the_shim_counters_of_samples(tmp_path: Path) -> None:
+    path = tmp_path / "v2.db"
+    store = Store(path)
+    run_id = _new_run(store)
+    store.add_samples(run_id, [SampleRow(1.0, 0, 10**9, 500, 0, 3)])
+    store.close()
+    # a schema-2 file: samples without compute_ns / mpi_ns
+    conn = sqlite3.connect(path)
+    conn.executescript(
+        "CREATE TABLE samples2 AS SELECT run_id, t_s, rank, usage_ns, request_millis,"
+        " nr_throttled, iterations FROM samples; DROP TABLE samples;"
+        " ALTER TABLE samples2 RENAME TO samples; PRAGMA user_version=2;"
+    )
+    conn.close()
+    store = Store(path)
+    old = store.samples(run_id)
+    assert [(s.usage_ns, s.compute_ns, s.mpi_ns) for s in old] == [(10**9, None, None)]
+    store.add_samples(run_id, [SampleRow(2.0, 0, 2 * 10**9, 500, 1, 6, 700, 300)])
+    assert [(s.compute_ns, s.mpi_ns) for s in store.samples(run_id)] == [(None, None), (700, 300)]
+    store.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+
+
+def test_sessions_by_id_and_their_runs(tmp_path: Path) -> None:
+    store = Store(tmp_path / "s.db")
+    mid = store.start_multiplex(2000, 4, "auto")
+    other = _new_run(store)
+    mine = store.create_run(
+        NewRun(
+            case_name="pitzDaily", case_source="/src", run_dir="/y", solver="simpleFoam",
+            n_ranks=2, qos="requests", total_millis=2000, decompose="equal",
+            backend="local", placement={}, expected_iterations=10,
+            options={"iterations": 10, "multiplex_id": mid},
+        ),
+        [RankRow(0, 1.0, 500, None, 100), RankRow(1, 3.0, 1500, None, 300)],
+    )  # fmt: skip
+    assert store.session_run_ids(mid) == [mine] and other != mine
+    assert store.get_session(mid).capacity_millis == 2000
+    with pytest.raises(UserError, match="no multiplex session with id 7"):
+        store.get_session(7)
+    store.set_run_message(other, "stopped at its time bound")
+    assert store.get_run(other).message == "stopped at its time bound"

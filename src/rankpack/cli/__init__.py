@@ -35,6 +35,7 @@ COMMAND_MODULES = (
     "rankpack.cli.profile_cmd",
     "rankpack.cli.queue_cmd",
     "rankpack.cli.multiplex_cmd",
+    "rankpack.cli.report_cmd",
     "rankpack.cli.model_cmd",
     "rankpack.cli.devcluster_cmd",
     "rankpack.cli.operator_cmd",

@@ -53,6 +53,8 @@ parse_concurrent = _argparse_type(
 parse_simulations = _argparse_type(
     lambda t: quantities.count(t, "x", hi=quantities.MAX_SIMULATIONS), "simulations"
 )
+parse_refine = _argparse_type(lambda t: quantities.count(t, "x", hi=8), "refine")
+"""A mesh refinement factor, 1-8 (`rankpack demo --refine`)."""
 parse_nodes = _argparse_type(lambda t: quantities.count(t, "x", hi=quantities.MAX_NODES), "nodes")
 parse_limit = _argparse_type(lambda t: quantities.count(t, "x", hi=1_000_000), "limit")
 parse_id = _argparse_type(lambda t: quantities.record_id(t, "x"), "id")
@@ -84,6 +86,8 @@ parse_positive_coefficient = _argparse_type(
 parse_output_file = _argparse_type(lambda t: paths.plot_file(t, "x"), "file")
 """An image to write (a plot): not a directory, its directory exists and is writable, its
 suffix a format matplotlib writes."""
+parse_report_file = _argparse_type(lambda t: paths.report_file(t, "x"), "file")
+"""An HTML report to write (its directory exists and is writable; its figures go beside it)."""
 parse_output_dir = _argparse_type(lambda t: paths.output_dir(t, "x"), "directory")
 """A directory to write into (plot or trace directory), created if missing."""
 parse_workdir = _argparse_type(lambda t: paths.output_dir(t, "x", must_be_empty=True), "workdir")

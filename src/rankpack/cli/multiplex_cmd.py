@@ -4,6 +4,10 @@
 from __future__ import annotations
 
 import argparse
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 from rich.console import Console
 from rich.table import Table
@@ -28,7 +32,13 @@ from rankpack.controller.observations import (
     QueuedSim,
 )
 from rankpack.controller.policy import decide
-from rankpack.controller.session import choose_gate, measure_baselines, run_session
+from rankpack.controller.session import (
+    GateChoice,
+    SessionResult,
+    choose_gate,
+    measure_baselines,
+    run_session,
+)
 from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
 from rankpack.plan.allocation import budget_to_millis
@@ -105,81 +115,158 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     e.set_defaults(handler=handle_events)
 
 
+@dataclass(frozen=True)
+class MultiplexOptions:
+    """What `rankpack multiplex` is asked for; the defaults are its command-line defaults
+    (`rankpack demo` runs the queue with these)."""
+
+    max_concurrent: int = 4
+    budget_cores: float | None = None
+    """Requests of all simulations together (None: this machine's CPUs)."""
+    wait: str = "auto"
+    baseline: str = "auto"
+    profile_s: float = 5.0
+    beta: float | None = None
+    gate: str = "auto"
+    plot: Path | None = None
+    """Timeline PNG (None: next to the run directories)."""
+
+
+@dataclass(frozen=True)
+class MultiplexOutcome:
+    result: SessionResult
+    timeline_png: Path
+    gate: GateChoice
+    """How launches were gated."""
+
+    def to_json(self) -> dict[str, Any]:
+        data = self.result.to_json()
+        data["timeline_png"] = str(self.timeline_png)
+        g = self.gate
+        data["gate"] = {"model": g.gate, "colocation_efficiency": g.efficiency,
+                        "beta": g.beta, "source": g.source}  # fmt: skip
+        return data
+
+
 def handle_multiplex(args: argparse.Namespace) -> int:
-    if args.max_concurrent < 1:
-        raise UserError(f"--max-concurrent must be at least 1, got {args.max_concurrent}")
-    if args.profile_s <= 0:
-        raise UserError(f"--profile-s must be positive, got {args.profile_s:g}")
-    if args.beta is not None and args.beta < 0:
-        raise UserError(f"--beta must be >= 0, got {args.beta:g}")
+    options = MultiplexOptions(
+        max_concurrent=args.max_concurrent, budget_cores=args.budget, wait=args.wait,
+        baseline=args.baseline, profile_s=args.profile_s, beta=args.beta, gate=args.gate,
+        plot=args.plot,
+    )  # fmt: skip
+    check_options(options)
     store = Store(db_path(args))
+    if args.dry_run:
+        requeue(store)
+        queue = queued(store)
+        capacity, controller, _ = _controller(
+            store, options, queue, LocalBackend(), quiet=args.json
+        )
+        return dry_run(queue, capacity, controller, args.json)
+    with stop_on_signals() as stop:
+        outcome = run_multiplex(store, LocalBackend(), options, show=not args.json, stop=stop)
+    if outcome is None:
+        return 130
+    data = outcome.to_json()
+    if args.json:
+        print_json(data)
+    else:
+        print_summary(data)
+    result = outcome.result
+    if result.status == "interrupted":
+        return 130
+    ok = all(s.status == "completed" for s in result.simulations) and not result.launch_failures
+    return 0 if ok else 1
+
+
+def check_options(options: MultiplexOptions) -> None:
+    if options.max_concurrent < 1:
+        raise UserError(f"--max-concurrent must be at least 1, got {options.max_concurrent}")
+    if options.profile_s <= 0:
+        raise UserError(f"--profile-s must be positive, got {options.profile_s:g}")
+    if options.beta is not None and options.beta < 0:
+        raise UserError(f"--beta must be >= 0, got {options.beta:g}")
+
+
+def requeue(store: Store) -> None:
     for q in store.requeue_orphans():
         why = f"its session (pid {q.owner_pid}) ended without finishing it"
         store.add_event(None, "requeued", {"queue_id": q.id, "reason": why})
+
+
+def queued(store: Store) -> list[QueueRow]:
     queue = store.queue()
     if not queue:
         raise UserError("the queue is empty; add simulations with `rankpack submit CASE`")
-    backend = LocalBackend()
+    return queue
+
+
+def _controller(
+    store: Store, options: MultiplexOptions, queue: list[QueueRow], backend: LocalBackend,
+    *, quiet: bool,
+) -> tuple[int, ControllerSettings, GateChoice]:  # fmt: skip
     capacity = (
-        budget_to_millis(args.budget)
-        if args.budget is not None
+        budget_to_millis(options.budget_cores)
+        if options.budget_cores is not None
         else backend.inventory().allocatable_millis
     )
     gate = choose_gate(
         store, Submission.from_json(queue[0].options), capacity_millis=capacity,
-        wait_mode=args.wait, beta=args.beta, gate=args.gate,
+        wait_mode=options.wait, beta=options.beta, gate=options.gate,
     )  # fmt: skip
-    if not args.json:
+    if not quiet:
         Console(stderr=True).print(gate.describe())
     controller = gate.settings(
-        ControllerSettings(max_concurrent=args.max_concurrent, profile_s=args.profile_s)
+        ControllerSettings(max_concurrent=options.max_concurrent, profile_s=options.profile_s)
     )
-    if args.dry_run:
-        return dry_run(queue, capacity, controller, args.json)
+    return capacity, controller, gate
+
+
+def run_multiplex(
+    store: Store,
+    backend: LocalBackend,
+    options: MultiplexOptions,
+    *,
+    show: bool,
+    stop: threading.Event,
+) -> MultiplexOutcome | None:
+    """Run the store's queue as `rankpack multiplex` does: measure missing single-run
+    baselines, run one recorded session, draw its timeline. None if stopped before the
+    session started."""
+    check_options(options)
+    requeue(store)
+    queue = queued(store)
+    capacity, controller, gate = _controller(store, options, queue, backend, quiet=not show)
     runs_root = data_dir() / "runs"
     settings = LoopSettings(
-        runs_root=runs_root, controller=controller, wait_mode=args.wait,
+        runs_root=runs_root, controller=controller, wait_mode=options.wait,
         capacity_millis=capacity,
     )  # fmt: skip
-    with stop_on_signals() as stop:
-        if args.baseline in ("auto", "measure"):
+    if options.baseline in ("auto", "measure"):
 
-            def say(sub: Submission) -> None:
-                if not args.json:
-                    Console(stderr=True).print(
-                        f"measuring the single-run baseline of {sub.case} ..."
-                    )
+        def say(sub: Submission) -> None:
+            if show:
+                Console(stderr=True).print(f"measuring the single-run baseline of {sub.case} ...")
 
-            measure_baselines(
-                backend, store,
-                LoopSettings(runs_root=runs_root, controller=ControllerSettings(max_concurrent=1),
-                             wait_mode=args.wait),
-                force=args.baseline == "measure", stop=stop, on_measure=say,
-            )  # fmt: skip
-        if stop.is_set():
-            return 130
-        display = None if args.json else MultiplexLive()
-        result = run_session(
-            backend, store, settings, baseline=args.baseline, display=display, stop=stop
-        )
-    plot = args.plot or runs_root / f"multiplex-{result.multiplex_id}-timeline.png"
+        measure_baselines(
+            backend, store,
+            LoopSettings(runs_root=runs_root, controller=ControllerSettings(max_concurrent=1),
+                         wait_mode=options.wait),
+            force=options.baseline == "measure", stop=stop, on_measure=say,
+        )  # fmt: skip
+    if stop.is_set():
+        return None
+    display = MultiplexLive() if show else None
+    result = run_session(
+        backend, store, settings, baseline=options.baseline, display=display, stop=stop
+    )
+    plot = options.plot or runs_root / f"multiplex-{result.multiplex_id}-timeline.png"
     plot.parent.mkdir(parents=True, exist_ok=True)
     plot_timeline(
         store.events(multiplex_id=result.multiplex_id), plot,
         f"rankpack multiplex {result.multiplex_id}: {len(result.simulations)} simulations",
     )  # fmt: skip
-    data = result.to_json()
-    data["timeline_png"] = str(plot)
-    data["gate"] = {"model": gate.gate, "colocation_efficiency": gate.efficiency,
-                    "beta": gate.beta, "source": gate.source}  # fmt: skip
-    if args.json:
-        print_json(data)
-    else:
-        print_summary(data)
-    if result.status == "interrupted":
-        return 130
-    ok = all(s.status == "completed" for s in result.simulations) and not result.launch_failures
-    return 0 if ok else 1
+    return MultiplexOutcome(result, plot, gate)
 
 
 def dry_run(

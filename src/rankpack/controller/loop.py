@@ -429,7 +429,16 @@ class ControlLoop:
                 cores.append(0.0)
             series.append(r.usage_ns)
             sim.pending_samples.append(
-                SampleRow(t, r.rank, r.usage_ns, r.request_millis, r.nr_throttled, iterations)
+                SampleRow(
+                    t,
+                    r.rank,
+                    r.usage_ns,
+                    r.request_millis,
+                    r.nr_throttled,
+                    iterations,
+                    r.compute_ns,
+                    r.mpi_ns,
+                )
             )
             if r.compute_ns is not None and r.mpi_ns is not None:
                 sim.duty_marks.setdefault(r.rank, []).append((iterations, r.compute_ns, r.mpi_ns))

@@ -1,1 +1,2 @@
-"""Report layer: results of runs as typed values, tables, live display and plots."""
+"""Report layer: what runs and sessions produced, rendered: terminal tables, live
+displays, plots, the self-contained HTML report (`build`) and the demo's story (`story`)."""

@@ -63,6 +63,13 @@ class RunDisplay:
             if with_duty:
                 row.append(f"{r.duty:.0%}" if r.duty is not None else "?")
             table.add_row(*row)
+        if with_duty and all(r.duty is not None for r in tick.ranks):
+            used = sum(r.cpu_cores for r in tick.ranks)
+            waiting = sum((1 - (r.duty or 0.0)) * r.cpu_cores for r in tick.ranks)
+            info.append(
+                f"waiting inside MPI: {waiting:.2f} of the {used:.2f} cores in use "
+                "(CPU a co-located simulation could use)"
+            )
         return Group(self.progress, f"stage: {tick.stage}", *info, table)
 
     def update(self, now_s: float, sims: Sequence[SimView]) -> None:
