@@ -26,10 +26,13 @@ AUTO_LAUNCH_MODE: WaitMode = "spin"
 """The mode a simulation under ``auto`` is launched in; the controller switches it live."""
 
 GateModel = Literal["limit", "duty", "beta", "off"]
-DEFAULT_COLOCATION_EFFICIENCY = 0.87
-"""Measured gain / physical limit of two co-located polite simulations on a quiet 2-core
-machine (FACTS.md, scaled pitzDaily: weighted 1:3 1.30x of 1.50, equal 0.93x of 1.08):
-back-off latency and shared caches cost ~13 % of the ideal."""
+DEFAULT_COLOCATION_EFFICIENCY = 0.6
+"""Measured gain / physical limit assumed before this machine has a session of its own in
+which simulations ran together. Without per-rank cgroups polite pairs reached 0.87 of the
+limit (FACTS.md: 1.30x of 1.50x); inside rankpack's rank cgroups, on a loaded machine,
+at most 0.48 so far (docs/benchmarks.md, issue 13). At 0.6 the weighted pair of FACTS.md
+(limit 1.54) predicts x0.92 and is held: rankpack packs once a session here (e.g. one run
+with ``--gate off``) has measured that co-location pays."""
 
 
 @dataclass(frozen=True)

@@ -87,6 +87,9 @@ def test_gate_off_launches_whenever_it_fits() -> None:
     assert launches(off)
     held = decide(observe(100.0, sim, queue=queue, capacity=2000), state, S)
     assert not launches(held)
+    # the default efficiency holds the weighted pair of FACTS.md until a session here shows
+    # co-location pays
+    assert S.colocation_efficiency == 0.6
     too_big = (QueuedSim(9, 2, (700, 700)),)
     off2 = decide(observe(100.0, sim, queue=too_big, capacity=2000), state, replace(S, gate="off"))
     assert not launches(off2) and off2.state.launch_held == "no-room"
@@ -128,7 +131,7 @@ def _weighted_pair(head_requests: tuple[int, ...], *, gate: str = "limit", floor
     sim = snap("a", (459, 1217), compute_ns=ns, mpi_ns=[GIGA - c for c in ns])
     state = state_of(a=replace(SIZED, duty=(0.33, 0.97)))
     queue = (QueuedSim(9, 2, head_requests, (0.33, 0.97)),)
-    settings = replace(S, gate=gate, floor_millis=floor)  # type: ignore[arg-type]
+    settings = replace(S, gate=gate, floor_millis=floor, colocation_efficiency=0.87)  # type: ignore[arg-type]
     return decide(observe(100.0, sim, queue=queue, capacity=2000), state, settings)
 
 
