@@ -256,7 +256,7 @@ def test_resize_above_allocatable_is_rejected_and_the_run_completes(
     kube.backend.config = dataclasses.replace(kube.backend.config, allocatable_millis=big + 2000)
     first, second = (100, 100, 400, 1000), (100, 100, 400, big)
     sub = Submission(
-        case="pitzDaily", weights=(1, 1, 1, 1), budget_millis=sum(second), iterations=80,
+        case="pitzDaily", weights=(1, 1, 1, 1), budget_millis=sum(second), iterations=200,
         phases=(Phase(0.0, first), Phase(0.3, second)), sizing="fixed",
     )  # fmt: skip
     result, watcher, _ = kube.run(sub, tmp_path / "runs")

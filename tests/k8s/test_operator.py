@@ -106,8 +106,10 @@ def test_three_simulations_multiplexed_to_completion(env: Env, tmp_path: Path) -
         st = o["status"]
         assert st["phase"] == "Succeeded", st
         assert st["restarts"] == 0 and st["iterations"] == 200
-        assert st["resizes"] >= 1, st  # sized in place to the measured duty cycles
+        # sized in place to the measured duty cycles - or started at the sizes learned
+        # from a copy profiled before (controller/learned.py): counted below
         assert st["result"]["status"] == "completed"
+    assert sum(o["status"]["resizes"] for o in sims) >= 1, [o["status"] for o in sims]
     runs = env.runs()
     assert [r[1] for r in runs] == ["completed"] * 3
     listed = env.cli("simulations", "--json")
