@@ -19,11 +19,18 @@ from rankpack.cli.common import (
     phases_from_text,
     print_json,
 )
-from rankpack.cli.operator_cmd import add_cluster_arguments, create_simulations
+from rankpack.cli.operator_cmd import (
+    add_cluster_arguments,
+    add_read_backend,
+    create_simulations,
+    handle_queue_kubernetes,
+)
 from rankpack.cli.run_cmd import parse_center
 from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
+from rankpack.operator.crd import check_solver
 from rankpack.plan.allocation import budget_to_millis, make_plan, resolve_weights
+from rankpack.profile.shim import WAIT_MODES
 from rankpack.store import Store
 
 
@@ -56,6 +63,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--count", type=parse_submit_count, default=1, help="queue this many copies (default 1)"
     )
     p.add_argument(
+        "--solver", help="the solver to run, a command name (default: the case's controlDict "
+        "application)",
+    )  # fmt: skip
+    p.add_argument(
+        "--wait", choices=["auto", *WAIT_MODES],
+        help="how its ranks wait inside MPI (default: the multiplexer's or operator's --wait)",
+    )  # fmt: skip
+    p.add_argument(
         "--backend", choices=["local", "kubernetes"], default="local",
         help="local (default): this machine's queue, run by `rankpack multiplex`; kubernetes: "
         "create Simulation resources, run by `rankpack operator`",
@@ -74,6 +89,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "entries back.",
     )
     q.add_argument("--all", action="store_true", help="include launched and finished entries")
+    add_read_backend(q, "the Simulations of a namespace (Queued and Running; --all: every one)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(handler=handle_queue)
     actions = q.add_subparsers(dest="queue_command", metavar="{cancel,requeue}",
@@ -107,6 +123,8 @@ def submission_from_args(args: argparse.Namespace) -> Submission:
         decompose=args.decompose,
         center=parse_center(args.center),
         phases=phases_from_text(args.phases, len(weights)) if args.phases else (),
+        solver=check_solver(args.solver, "--solver"),
+        wait=args.wait,
     )
 
 
@@ -135,6 +153,8 @@ def handle_submit(args: argparse.Namespace) -> int:
 
 
 def handle_queue(args: argparse.Namespace) -> int:
+    if getattr(args, "backend", "local") == "kubernetes":
+        return handle_queue_kubernetes(args)
     statuses = (
         ("queued", "running", "completed", "failed", "interrupted") if args.all else ("queued",)
     )

@@ -165,6 +165,8 @@ class _Sim:
     readers: list[RecordReader] = field(default_factory=list)
     counters: dict[int, usage.CpuCounters] = field(default_factory=dict)
     created_t: float = field(default_factory=time.monotonic)
+    reconcile_error: str | None = None
+    """Creating its objects failed transiently; the poller tries again."""
 
     @property
     def n(self) -> int:
@@ -206,12 +208,35 @@ class KubernetesBackend:
         self._closed = threading.Event()
         self.poll_error: str | None = None
         self._nodes_forbidden = False
+        self._inventory: Inventory | None = None
+        """The last inventory read: answered while the apiserver does not answer."""
+        self._orphans: set[str] = set()
+        """Released simulations whose objects could not be deleted yet (apiserver away)."""
 
     # -- capacity and facts ------------------------------------------------------------------
 
     def inventory(self) -> Inventory:
         """Ready, schedulable nodes: allocatable minus the requests of every pod that is not
-        terminated (all namespaces if the identity may list them, else this namespace)."""
+        terminated (all namespaces if the identity may list them, else this namespace).
+
+        While the apiserver does not answer (unreachable, 5xx), the last inventory read is
+        answered: nothing can be launched then anyway (creating pods fails and is retried),
+        and the control loop must not stop over it."""
+        try:
+            found = self._read_inventory()
+        except KubeError as exc:
+            if exc.transient and self._inventory is not None:
+                return self._inventory
+            raise
+        except BackendError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, KubeError) and cause.transient and self._inventory is not None:
+                return self._inventory
+            raise
+        self._inventory = found
+        return found
+
+    def _read_inventory(self) -> Inventory:
         try:
             if self._nodes_forbidden:
                 raise KubeError(403, "Forbidden", "nodes (remembered)")
@@ -322,9 +347,13 @@ class KubernetesBackend:
         try:
             self.reconcile(spec, image, volume)
         except KubeError as exc:
-            with contextlib.suppress(KubeError):
-                self.api.delete("configmaps", builders.owner_name(spec.sim_id), "Foreground")
-            raise LaunchFailed(f"cannot create the rank pods of {spec.sim_id}: {exc}") from exc
+            if not exc.transient:
+                with contextlib.suppress(KubeError):
+                    self.api.delete("configmaps", builders.owner_name(spec.sim_id), "Foreground")
+                raise LaunchFailed(f"cannot create the rank pods of {spec.sim_id}: {exc}") from exc
+            # The apiserver is away: the poller creates what is missing once it answers
+            # (get-or-create is idempotent), bounded by start_timeout_s like any start.
+            sim.reconcile_error = str(exc)
         self._attach_readers(sim)
         with self._lock:
             self._sims[spec.sim_id] = sim
@@ -469,14 +498,19 @@ class KubernetesBackend:
         simulation needs watching any more."""
         with self._lock:
             sims = [s for s in self._sims.values() if not s.released]
+        if self._orphans:
+            self._delete_orphans()
         if not sims:
-            return False
+            return bool(self._orphans)
         try:
             pods = self.api.list_pods(builders.ALL_SIMS_SELECTOR)
         except KubeError as exc:
             self.poll_error = str(exc)
             return True
         self.poll_error = None
+        for sim in sims:
+            if sim.reconcile_error is not None and not sim.ended and sim.failure is None:
+                self._retry_reconcile(sim)
         by_sim: dict[str, dict[int, Obj]] = {}
         for pod in pods:
             lab = pod.get("metadata", {}).get("labels") or {}
@@ -489,6 +523,24 @@ class KubernetesBackend:
         if news:
             self._notify()
         return True
+
+    def _retry_reconcile(self, sim: _Sim) -> None:
+        try:
+            self.reconcile(sim.spec, sim.image, sim.volume)
+        except KubeError as exc:
+            sim.reconcile_error = str(exc)
+            if not exc.transient:
+                sim.failure = f"cannot create the rank pods of {sim.spec.sim_id}: {exc}"
+            return
+        sim.reconcile_error = None
+
+    def _delete_orphans(self) -> None:
+        for sim_id in sorted(self._orphans):
+            try:
+                self.delete_objects(sim_id)
+            except BackendError:
+                continue
+            self._orphans.discard(sim_id)
 
     def _update(self, sim: _Sim, pods: dict[int, Obj]) -> bool:
         news = False
@@ -607,7 +659,10 @@ class KubernetesBackend:
         except KubeError as exc:
             # 1.36 refuses a resize above the node's allocatable with Forbidden; validation
             # errors are 422; a vanished pod 404: all are final, the rank keeps its CPU.
-            state = ResizeState.REJECTED if 400 <= exc.status < 500 else ResizeState.FAILED
+            # An unreachable or overloaded apiserver, or a conflict, is FAILED: the control
+            # loop asks again with back-off; a refusal is REJECTED.
+            transient = exc.transient or exc.conflict
+            state = ResizeState.FAILED if transient else ResizeState.REJECTED
             st = result(state, f"{exc.reason}: {exc.message}" if exc.message else str(exc))
             with self._lock:
                 sim.resizes[rank] = _Resize(st, resources, None)
@@ -676,6 +731,8 @@ class KubernetesBackend:
                 return SimPhase.RUNNING, ""
             if self.poll_error:
                 return SimPhase.PENDING, f"the API is not answering: {self.poll_error}"
+            if sim.reconcile_error:
+                return SimPhase.PENDING, f"creating its pods: {sim.reconcile_error}"
             return SimPhase.PENDING, "; ".join(
                 f"rank {i}: {status.pending_reason(sim.pods.get(i))}"
                 for i in range(sim.n)
@@ -808,7 +865,13 @@ class KubernetesBackend:
             return
         if not sim.ended or (sim.process is not None and sim.process.poll() is None):
             self.stop(sim_id)
-        self.delete_objects(sim_id)
+        try:
+            self.delete_objects(sim_id)
+        except BackendError:
+            # The apiserver is away or the pods are slow to go: the poller deletes them
+            # later; the simulation itself is over and its results are on the volume.
+            self._orphans.add(sim_id)
+            self._ensure_poller()
         if sim.log_file is not None:
             sim.log_file.close()
         for reader in sim.readers:
@@ -846,6 +909,22 @@ class KubernetesBackend:
     def close(self) -> None:
         self._closed.set()
 
+    def forget_all(self) -> list[str]:
+        """Drop every simulation from this process's memory without stopping anything (the
+        operator, when it stops leading: the next term, or the next leader, adopts them).
+        Returns their ids."""
+        with self._lock:
+            sims, self._sims = self._sims, {}
+            self._stages.clear()
+        for sim in sims.values():
+            if sim.log_file is not None:
+                with contextlib.suppress(OSError):
+                    sim.log_file.close()
+            for reader in sim.readers:
+                with contextlib.suppress(OSError, UserError):
+                    reader.close()
+        return [k for k, v in sims.items() if not v.released]
+
     # -- earlier processes' simulations ------------------------------------------------------
 
     def list(self) -> tuple[SimRef, ...]:
@@ -867,9 +946,13 @@ class KubernetesBackend:
         try:
             owner = self.api.get("configmaps", builders.owner_name(sim_id))
         except KubeError as exc:
-            if exc.not_found:
+            if not exc.not_found:
+                raise
+            if not (rank_dir(spec.case_dir) / "mpirun.exit").exists():
                 raise UnknownSimulation(f"no simulation {sim_id} in {self.api.namespace}") from exc
-            raise
+            # It ended and was released, but the process that released it died before it
+            # recorded the end: finish it from its exit code and log, nothing to follow.
+            owner = {}
         spec_text = owner.get("data", {}).get("spec.json", "{}")
         import json
 
@@ -891,6 +974,8 @@ class KubernetesBackend:
                     sim.pods[rank] = pod
                     sim.seen.add(rank)
         self._attach_readers(sim)
+        if not owner:
+            self._check_adopted(sim)
         # the log is delivered from its start, as the protocol says: the adopting
         # controller parses it afresh (sim.log_offset stays 0)
         with self._lock:
