@@ -7,6 +7,8 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import sqlite3
 import subprocess
 import sys
@@ -128,3 +130,16 @@ class Env:
         with sqlite3.connect(self.db) as conn:
             rows = conn.execute("SELECT id, status, options_json FROM runs ORDER BY id").fetchall()
         return [(r[0], r[1], json.loads(r[2]).get("sim_id", "")) for r in rows]
+
+
+def endless_pitzdaily(where: Path) -> Path:
+    """pitzDaily without its residualControl: it runs to the iteration count asked for (the
+    tutorial converges and stops near 285 iterations, ~15 s here: too short to act on)."""
+    from rankpack.case.openfoam import EXAMPLES_ROOT, KNOWN_TUTORIALS
+
+    case = where / "pitzDailyLong"
+    if not case.exists():
+        shutil.copytree(EXAMPLES_ROOT / KNOWN_TUTORIALS["pitzDaily"], case)
+        fv = case / "system" / "fvSolution"
+        fv.write_text(re.sub(r"residualControl\s*\{[^}]*\}", "", fv.read_text()))
+    return case

@@ -15,12 +15,13 @@ from pathlib import Path
 from typing import Any
 
 from rankpack.devcluster import cluster
-from tests.k8s.operators import Env
+from tests.k8s.operators import Env, endless_pitzdaily
 from tests.k8s.pods import sleeper_pod, wait_running
 
 
 def _submit(env: Env, *flags: str) -> list[str]:
-    made = env.cli("submit", "pitzDaily", "--backend", "kubernetes", "--ranks", "2", "--json",
+    case = str(endless_pitzdaily(env.tmp))
+    made = env.cli("submit", case, "--backend", "kubernetes", "--ranks", "2", "--json",
                    *flags)  # fmt: skip
     assert made.returncode == 0, made.stderr
     names: list[str] = json.loads(made.stdout)["simulations"]
@@ -32,15 +33,16 @@ def _iterations(env: Env, name: str) -> int:
 
 
 def test_apiserver_stopped_and_restarted_mid_run(env: Env, tmp_path: Path) -> None:
-    names = _submit(env, "--iterations", "1200", "--count", "2")
+    names = _submit(env, "--iterations", "1500", "--count", "2", "--budget", "1")
     log = tmp_path / "op.log"
     op = env.operator("--until-idle", log=log)
-    env.wait("both simulations making progress",
-             lambda: all(_iterations(env, n) >= 10 for n in names), 420)  # fmt: skip
-    before = {n: env.status(n)["simId"] for n in names}
+    env.wait("a simulation making progress",
+             lambda: any(_iterations(env, n) >= 20 for n in names), 420)  # fmt: skip
+    running = [n for n in names if env.status(n).get("phase") == "Running"]
     # Down for longer than the Lease's renew deadline (10 s): the operator's term ends, the
     # simulations run on without it; when the apiserver is back it takes the Lease again
     # and adopts them from the cluster's state.
+    before = {n: env.status(n)["simId"] for n in running}
     t0 = time.monotonic()
     assert cluster.stop_component(env.k8s.state_dir, "kube-apiserver")
     time.sleep(25)
@@ -53,14 +55,14 @@ def test_apiserver_stopped_and_restarted_mid_run(env: Env, tmp_path: Path) -> No
     assert [o["status"]["phase"] for o in sims] == ["Succeeded"] * 2, text[-4000:]
     for o in sims:
         st = o["status"]
-        name = o["metadata"]["name"]
-        assert st["simId"] == before[name]  # the same simulation, followed again, not relaunched
-        assert f"adopted {name}" in text
-        assert st["restarts"] == 0 and st["iterations"] == 1200, st
+        assert st["restarts"] == 0 and st["iterations"] == 1500, st
         assert st["result"]["status"] == "completed"
         assert Path(st["runDir"], "log.simpleFoam").stat().st_size > 0  # the log survived
+    for name in running:  # running through the outage: followed again, not relaunched
+        assert env.status(name)["simId"] == before[name]
+        assert f"adopted {name}" in text
     runs = env.runs()  # exactly one run per simulation, each completed: nothing lost or doubled
-    assert sorted(r[2] for r in runs) == sorted(before.values()), runs
+    assert sorted(r[2] for r in runs) == sorted(o["status"]["simId"] for o in sims), runs
     assert [r[1] for r in runs] == ["completed"] * 2, runs
     assert not env.rank_pods()
     print(f"apiserver down {down_s:.1f} s; operator log tail:\n{text[-1500:]}")
@@ -86,7 +88,7 @@ def test_a_deferred_resize_is_followed_not_counted_and_applied_later(
     try:
         # 2 x 500m + 900m fit the node's 2000m; the phase at 25 % asks 2 x 1000m: the node
         # has 100m free (the operator cannot see the hog), so the kubelet defers both.
-        (name,) = _submit(env, "--iterations", "900",
+        (name,) = _submit(env, "--iterations", "1500",
                           "--phases", "0:500,500;0.25:1000,1000")  # fmt: skip
         log = tmp_path / "op.log"
         op = env.operator("--until-idle", log=log)
@@ -129,31 +131,38 @@ def test_rank_pods_deleted_and_evicted_fail_only_their_simulations(
 
     core = client.CoreV1Api(env.k8s.admin_api())
     ns = env.k8s.namespace
-    # three Simulations that fit together (3 x 2 x 300m): they all run at once
     names = _submit(env, "--iterations", "1500", "--count", "3", "--phases", "0:300,300")
     log = tmp_path / "op.log"
-    op = env.operator("--until-idle", "--max-concurrent", "3", log=log)
-    env.wait("three simulations making progress",
-             lambda: all(_iterations(env, n) >= 5 for n in names), 420)  # fmt: skip
-    deleted, evicted, spared = names
+    op = env.operator("--until-idle", log=log)  # at most two at once
+
+    def progressing() -> list[str]:
+        return [n for n in names if env.status(n).get("phase") == "Running"
+                and _iterations(env, n) >= 5]  # fmt: skip
+
+    env.wait("two simulations making progress", lambda: len(progressing()) == 2, 420)
+    deleted, spared = progressing()
     pod_a = f"rankpack-{env.status(deleted)['simId']}-1"
-    pod_b = f"rankpack-{env.status(evicted)['simId']}-0"
     core.delete_namespaced_pod(pod_a, ns)
+    env.wait("the one whose pod was deleted to fail",
+             lambda: env.status(deleted).get("phase") == "Failed", 120)  # fmt: skip
+    (evicted,) = [n for n in names if n not in (deleted, spared)]
+    env.wait("the third to make progress", lambda: evicted in progressing(), 300)
+    pod_c = f"rankpack-{env.status(evicted)['simId']}-0"
     core.create_namespaced_pod_eviction(
-        pod_b, ns, client.V1Eviction(metadata=client.V1ObjectMeta(name=pod_b, namespace=ns))
+        pod_c, ns, client.V1Eviction(metadata=client.V1ObjectMeta(name=pod_c, namespace=ns))
     )
-    env.wait("both to fail", lambda: env.status(deleted).get("phase") == "Failed"
-             and env.status(evicted).get("phase") == "Failed", 180)  # fmt: skip
-    assert env.status(spared)["phase"] == "Running"
+    env.wait("the one whose pod was evicted to fail",
+             lambda: env.status(evicted).get("phase") == "Failed", 120)  # fmt: skip
+    assert env.status(spared)["phase"] == "Running"  # untouched by both
     assert op.wait(timeout=900) == 0, log.read_text()[-4000:]
     for name, pod, reason in ((deleted, pod_a, "RankPodDeleted"),
-                              (evicted, pod_b, "RankPodEvicted")):  # fmt: skip
+                              (evicted, pod_c, "RankPodEvicted")):  # fmt: skip
         st = env.status(name)
         (failed,) = [c for c in st["conditions"] if c["type"] == "Failed"]
         assert failed["status"] == "True" and failed["reason"] == reason, st
         assert pod in failed["message"], failed
         assert st["result"]["status"] == "failed" and pod in st["result"]["message"]
-        assert Path(st["runDir"], "log.simpleFoam").exists()  # case dir and log survive
+        assert Path(st["runDir"], "log.simpleFoam").stat().st_size > 0  # case and log survive
         assert "Failed" in [e.reason for e in env.events(name)]
     st = env.status(spared)
     assert st["phase"] == "Succeeded" and st["restarts"] == 0 and st["iterations"] == 1500, st

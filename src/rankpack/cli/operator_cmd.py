@@ -5,7 +5,9 @@ them (queue_cmd)."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import signal
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -223,6 +225,9 @@ def handle_operator(args: argparse.Namespace) -> int:
         volume=args.volume,
     )  # fmt: skip
     logging.basicConfig(level=logging.WARNING)
+    # an apiserver that is away is reported once by the operator, not per retried request
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: where it waits
     console = Console(stderr=True)
     with stop_on_signals() as stop:
         try:

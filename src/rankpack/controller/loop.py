@@ -387,6 +387,8 @@ class ControlLoop:
                 if self.settings.leave_running and sim.launched and sim.end_t is None:
                     self._flush(sim)  # it runs on; the next controller adopts it
                     self.sims.pop(sim.sim_id, None)
+                elif self.settings.leave_running and sim.launched:
+                    self._end(sim)  # it ended by itself: recorded as it ended
                 else:
                     self._end(sim, interrupted="stopped by the user (Ctrl-C or SIGTERM)")
             self.display.close()
@@ -802,6 +804,8 @@ class ControlLoop:
         sim.staged = staged
         if adopted.run_id is not None and self.store.take_over_run(adopted.run_id):
             sim.run_id = adopted.run_id
+            # resizes settled before are the run's: counted once, never again
+            sim.resizes = list(self.store.get_run(sim.run_id).resizes)
         else:
             sim.run_id = self._new_run(sim, staged)
             self.jobs.started(job, sim.run_id, sim.sim_id, staged)

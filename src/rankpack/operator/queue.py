@@ -58,19 +58,37 @@ class SimulationApi:
     def _args(self) -> tuple[str, str, str, str]:
         return crd.GROUP, crd.VERSION, self.namespace, crd.PLURAL
 
+    TIMEOUT_S = 30.0
+    """Every call is bounded: an apiserver that hangs is one that does not answer."""
+
     def list(self) -> list[Obj]:
-        return list(self.custom.list_namespaced_custom_object(*self._args()).get("items", []))
+        found = self.custom.list_namespaced_custom_object(
+            *self._args(), _request_timeout=self.TIMEOUT_S
+        )
+        return list(found.get("items", []))
 
     def get(self, name: str) -> Obj:
-        return dict(self.custom.get_namespaced_custom_object(*self._args(), name))
+        return dict(
+            self.custom.get_namespaced_custom_object(
+                *self._args(), name, _request_timeout=self.TIMEOUT_S
+            )
+        )
 
     def create(self, body: Obj) -> Obj:
-        return dict(self.custom.create_namespaced_custom_object(*self._args(), body))
+        return dict(
+            self.custom.create_namespaced_custom_object(
+                *self._args(), body, _request_timeout=self.TIMEOUT_S
+            )
+        )
 
     def replace_status(self, obj: Obj) -> Obj:
         """Replace the status under the object's resourceVersion (409 if it changed)."""
         name = obj["metadata"]["name"]
-        return dict(self.custom.replace_namespaced_custom_object_status(*self._args(), name, obj))
+        return dict(
+            self.custom.replace_namespaced_custom_object_status(
+                *self._args(), name, obj, _request_timeout=self.TIMEOUT_S
+            )
+        )
 
     def events(self, name: str | None = None) -> builtins.list[Obj]:
         """The core/v1 Events on Simulations (on ``name`` only, if given), oldest first."""
@@ -95,7 +113,7 @@ class SimulationApi:
     def patch_status(self, name: str, status: Obj) -> Obj:
         return dict(
             self.custom.patch_namespaced_custom_object_status(
-                *self._args(), name, {"status": status}
+                *self._args(), name, {"status": status}, _request_timeout=self.TIMEOUT_S
             )
         )
 
@@ -356,7 +374,10 @@ class SimulationQueue:
 
     def running_for_adoption(self) -> list[Adopted] | None:
         """Running Simulations that were launched (have a sim id and a staged case); None
-        if the apiserver did not answer."""
+        if the apiserver did not answer. What this process has recorded and not written yet
+        is written first (a run that ended is not taken for a running one)."""
+        if not self.flush():
+            return None
         items = self._list()
         if items is None:
             return None

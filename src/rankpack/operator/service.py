@@ -32,6 +32,7 @@ from rankpack.backend.kubernetes import KubernetesBackend, KubernetesConfig, con
 from rankpack.backend.protocol import BackendError, UnknownSimulation
 from rankpack.controller.loop import Adopted, ControlLoop, LoopSettings, SimView
 from rankpack.controller.observations import ControllerSettings
+from rankpack.errors import UserError
 from rankpack.operator import crd
 from rankpack.operator.events import SimulationEvents
 from rankpack.operator.metrics import OperatorMetrics
@@ -65,6 +66,10 @@ class OperatorOptions:
     """Write the session's timeline PNG here when the operator ends."""
     volume: str | None = None
     """The rank pods' case volume for Simulations whose spec names none."""
+
+
+REFUSED_S = 30.0
+"""Leader election refused (401/403) for this long: the identity may not use leases."""
 
 
 def default_identity() -> str:
@@ -104,6 +109,9 @@ class _Lease:
         self.leading = threading.Event()
         self.lost = threading.Event()
         self.last_error: tuple[int, str] | None = None
+        self.refused_since: float | None = None
+        """When 401/403 answers began (None: the last answer was not one): an apiserver
+        that has just started refuses for a moment until its authorizer has synced."""
         lock = _safe_lock(lock_module.LeaseLock, self)(opts.lease_name, namespace, opts.identity)
         lock.api_instance = client.CoordinationV1Api(api_client)
         config = config_module.Config(
@@ -142,10 +150,13 @@ def _safe_lock(base: Any, owner: _Lease) -> Any:
             except Exception as exc:
                 owner.last_error = (0, str(exc).splitlines()[0][:200] if str(exc) else "")
                 return False, _Unanswered(exc)
-            if not found:
-                status = int(getattr(record, "status", 0) or 0)
-                if status != 404:
-                    owner.last_error = (status, str(getattr(record, "reason", "")))
+            status = int(getattr(record, "status", 0) or 0) if not found else 0
+            if not found and status != 404:
+                owner.last_error = (status, str(getattr(record, "reason", "")))
+            if status in (401, 403):
+                owner.refused_since = owner.refused_since or time.monotonic()
+            else:
+                owner.refused_since = None
             return found, record
 
         def create(self, name: str, namespace: str, election_record: Any) -> bool:
@@ -355,7 +366,8 @@ def _follow(lease: _Lease, ctx: _Ctx) -> str:
     while not lease.leading.wait(0.5):
         if ctx.stop.is_set():
             return "stopped"
-        if lease.last_error and lease.last_error[0] in (401, 403):
+        refused = lease.refused_since
+        if refused is not None and time.monotonic() - refused > REFUSED_S and lease.last_error:
             raise BackendError(
                 f"leader election on Lease {ns}/{name} is refused ({lease.last_error[1]}); "
                 "may this identity use leases (deploy/role.yaml)?"
@@ -454,6 +466,10 @@ def _adopt_all(ctx: _Ctx, loop: ControlLoop, term_stop: threading.Event) -> int 
     n = 0
     for a in found:
         name = queue.names[a.job.queue_id]
+        run = _finished_run(ctx.store, a.run_id)
+        if run is not None:  # it ended under this process; only its status was not written
+            queue.finished(a.job, run)
+            continue
         while not term_stop.is_set():
             try:
                 loop.adopt(a)
@@ -469,6 +485,17 @@ def _adopt_all(ctx: _Ctx, loop: ControlLoop, term_stop: threading.Event) -> int 
                 ctx.say(f"adopted {name} (simulation {a.sim_id})")
             break
     return None if term_stop.is_set() else n
+
+
+def _finished_run(store: Store, run_id: int | None) -> str | None:
+    """The status of run ``run_id`` if this store has it finished (completed, failed)."""
+    if run_id is None:
+        return None
+    try:
+        status = store.get_run(run_id).status
+    except UserError:
+        return None
+    return status if status in ("completed", "failed") else None
 
 
 def _requeue_unlaunched(ctx: _Ctx, term_stop: threading.Event) -> int:

@@ -205,6 +205,8 @@ class KubernetesBackend:
         self._news = threading.Condition()
         self._pending_news = False
         self._poller: threading.Thread | None = None
+        self._poller_lock = threading.Lock()
+        """Guards starting and ending the poller, so work added while it ends is seen."""
         self._closed = threading.Event()
         self.poll_error: str | None = None
         self._nodes_forbidden = False
@@ -478,15 +480,25 @@ class KubernetesBackend:
     # -- the poller: the backend's event source --------------------------------------------
 
     def _ensure_poller(self) -> None:
-        if self.background and (self._poller is None or not self._poller.is_alive()):
-            self._poller = threading.Thread(target=self._poll_loop, daemon=True)
-            self._poller.start()
+        if not self.background:
+            return
+        with self._poller_lock:
+            if self._poller is None or not self._poller.is_alive():
+                self._poller = threading.Thread(target=self._poll_loop, daemon=True)
+                self._poller.start()
+
+    def _has_work(self) -> bool:
+        with self._lock:
+            return bool(self._orphans) or any(not s.released for s in self._sims.values())
 
     def _poll_loop(self) -> None:
         while not self._closed.is_set():
             busy = self.poll_once()
             if not busy:
-                return
+                with self._poller_lock:  # ends only if nothing arrived meanwhile
+                    if not self._has_work():
+                        self._poller = None
+                        return
             fast = any(
                 r.status.state in (ResizeState.PENDING, ResizeState.IN_PROGRESS)
                 for s in list(self._sims.values()) for r in s.resizes.values()
@@ -496,10 +508,10 @@ class KubernetesBackend:
     def poll_once(self) -> bool:
         """List the pods of every simulation once and act on what changed; False when no
         simulation needs watching any more."""
-        with self._lock:
-            sims = [s for s in self._sims.values() if not s.released]
         if self._orphans:
             self._delete_orphans()
+        with self._lock:
+            sims = [s for s in self._sims.values() if not s.released]
         if not sims:
             return bool(self._orphans)
         try:
@@ -535,12 +547,14 @@ class KubernetesBackend:
         sim.reconcile_error = None
 
     def _delete_orphans(self) -> None:
+        """One non-blocking attempt per orphan (the poller must not stall on one)."""
         for sim_id in sorted(self._orphans):
             try:
-                self.delete_objects(sim_id)
+                gone = self.delete_objects(sim_id, wait=False)
             except BackendError:
                 continue
-            self._orphans.discard(sim_id)
+            if gone:
+                self._orphans.discard(sim_id)
 
     def _update(self, sim: _Sim, pods: dict[int, Obj]) -> bool:
         news = False
@@ -879,20 +893,30 @@ class KubernetesBackend:
         with self._lock:
             sim.released = True
 
-    def delete_objects(self, sim_id: str) -> None:
+    def delete_objects(self, sim_id: str, *, wait: bool = True) -> bool:
         """Delete the owner (the garbage collector removes the Service and the pods) and
-        wait, bounded, until the rank pods are gone; delete leftovers directly."""
+        wait, bounded, until the rank pods are gone; delete leftovers directly. Without
+        ``wait``: one attempt, leftovers of a deleted owner deleted directly; True when no
+        rank pod is left."""
+        owner_gone = False
         try:
             self.api.delete("configmaps", builders.owner_name(sim_id), "Foreground")
         except KubeError as exc:
             if not exc.not_found:
                 raise BackendError(f"cannot delete simulation {sim_id}: {exc}") from exc
+            owner_gone = True
         deadline = self.clock() + self.config.release_timeout_s
         direct = False
         while True:
             left = self.api.list_pods(builders.sim_selector(sim_id))
             if not left:
-                return
+                return True
+            if not wait:
+                if owner_gone:
+                    for pod in left:
+                        with contextlib.suppress(KubeError):
+                            self.api.delete("pods", str(pod["metadata"]["name"]))
+                return False
             if self.clock() > deadline:
                 raise BackendError(
                     f"rank pods of {sim_id} still exist after {self.config.release_timeout_s} s"
