@@ -94,6 +94,15 @@ def _status_schema() -> Obj:
             "allocatedMillis": _int(0),
             "cpuCores": {"type": "number"},
             "duty": {"type": "number"},
+            "resize": {
+                "type": "object",
+                "description": "a resize in flight (pending, in-progress, deferred)",
+                "properties": {
+                    "state": {"type": "string"},
+                    "toMillis": _int(0),
+                    "reason": {"type": "string"},
+                },
+            },
         },
     }
     condition = {

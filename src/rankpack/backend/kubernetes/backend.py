@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from rankpack.backend.kubernetes import builders, rsh, status, usage
+from rankpack.backend.kubernetes import builders, launcher, rsh, status, usage
 from rankpack.backend.kubernetes.api import KubeApi, KubeError, Obj
 from rankpack.backend.kubernetes.config import KubernetesConfig, VolumeSource, parse_volume
 from rankpack.backend.protocol import (
@@ -88,15 +88,22 @@ class _Popen:
         log: IO[bytes],
         *,
         detach_exit_file: Path | None = None,
+        lock_fd: int | None = None,
     ) -> None:
         if detach_exit_file is not None:
+            lock = ["--lock-fd", str(lock_fd)] if lock_fd is not None else []
             argv = [sys.executable, "-m", "rankpack.backend.kubernetes.launcher",
-                    str(detach_exit_file), "--", *argv]  # fmt: skip
+                    str(detach_exit_file), *lock, "--", *argv]  # fmt: skip
         self.p = subprocess.Popen(
             argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True,
             preexec_fn=None if detach_exit_file is not None else _terminate_with_parent,
+            pass_fds=(lock_fd,) if lock_fd is not None else (),
         )  # fmt: skip
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
 
     @property
     def returncode(self) -> int | None:
@@ -116,9 +123,9 @@ class _Popen:
 Starter = Callable[[list[str], Path, dict[str, str], IO[bytes]], Proc]
 
 
-def _detached(exit_file: Path) -> Starter:
+def _popen(exit_file: Path | None, lock_fd: int | None) -> Starter:
     def start(argv: list[str], cwd: Path, env: dict[str, str], log: IO[bytes]) -> Proc:
-        return _Popen(argv, cwd, env, log, detach_exit_file=exit_file)
+        return _Popen(argv, cwd, env, log, detach_exit_file=exit_file, lock_fd=lock_fd)
 
     return start
 
@@ -165,6 +172,8 @@ class _Sim:
     readers: list[RecordReader] = field(default_factory=list)
     counters: dict[int, usage.CpuCounters] = field(default_factory=dict)
     created_t: float = field(default_factory=time.monotonic)
+    launch_fd: int | None = None
+    """The launch marker's locked descriptor while this process holds it (`launcher`)."""
     reconcile_error: str | None = None
     """Creating its objects failed transiently; the poller tries again."""
 
@@ -449,15 +458,25 @@ class KubernetesBackend:
             env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
             env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
         try:
+            fd = launcher.begin(rank_dir(sim.spec.case_dir))
+        except OSError as exc:
+            sim.failure = f"cannot write the launch marker in {d}: {exc}"
+            return
+        if fd is None:  # another process launched it and runs it: follow, never start twice
+            sim.started = sim.adopted = True
+            return
+        sim.launch_fd = fd
+        try:
             sim.log_file = open(sim.spec.log_path, "ab")  # noqa: SIM115 - closed in release()
             starter = self.starter
-            if self.config.detach and self.default_starter:
-                starter = _detached(sim.exit_file)
+            if self.default_starter:
+                starter = _popen(sim.exit_file if self.config.detach else None, fd)
             sim.process = starter(builders.mpirun_argv(args), sim.spec.case_dir, env,
                                   sim.log_file)  # fmt: skip
         except (OSError, UserError, BackendError) as exc:
             sim.failure = f"cannot start mpirun: {exc}"
             return
+        launcher.launched(fd, int(getattr(sim.process, "pid", 0) or os.getpid()))
         sim.started = True
         threading.Thread(target=self._watch_mpirun, args=(sim,), daemon=True).start()
 
@@ -890,6 +909,7 @@ class KubernetesBackend:
             sim.log_file.close()
         for reader in sim.readers:
             reader.close()
+        _close_launch(sim)
         with self._lock:
             sim.released = True
 
@@ -941,6 +961,7 @@ class KubernetesBackend:
             sims, self._sims = self._sims, {}
             self._stages.clear()
         for sim in sims.values():
+            _close_launch(sim)
             if sim.log_file is not None:
                 with contextlib.suppress(OSError):
                     sim.log_file.close()
@@ -966,30 +987,48 @@ class KubernetesBackend:
     def adopt(self, sim_id: str, spec: SimSpec) -> None:
         """Take over a simulation an earlier rankpack process launched: its pods are
         followed again; its mpirun (not our child) is known to have ended by the exit file
-        it leaves on the case volume."""
+        it leaves on the case volume. The launch marker (`launcher.state`) says whether
+        mpirun was ever started: if not (the earlier process died mid-launch), the rank
+        pods are created if missing and mpirun is started here once they run."""
+        import json
+
+        launch = launcher.state(rank_dir(spec.case_dir))
         try:
             owner = self.api.get("configmaps", builders.owner_name(sim_id))
         except KubeError as exc:
             if not exc.not_found:
                 raise
-            if not (rank_dir(spec.case_dir) / "mpirun.exit").exists():
-                raise UnknownSimulation(f"no simulation {sim_id} in {self.api.namespace}") from exc
-            # It ended and was released, but the process that released it died before it
-            # recorded the end: finish it from its exit code and log, nothing to follow.
+            if launch in ("running", "died"):
+                raise UnknownSimulation(
+                    f"no simulation {sim_id} in {self.api.namespace} (its objects were "
+                    "deleted while it ran)"
+                ) from exc
+            # ended: released, but the process that released it died before it recorded
+            # the end (finish it from its exit code and log); never: it died before the
+            # objects were created (create them now)
             owner = {}
-        spec_text = owner.get("data", {}).get("spec.json", "{}")
-        import json
-
-        recorded = json.loads(spec_text)
-        sim = _Sim(
-            spec=spec,
-            image=str(recorded.get("image") or spec.image or self.config.image),
-            volume=parse_volume(spec.volume, spec.case_dir),
-            desired=list(spec.ranks),
-            started=True,
-            adopted=True,
-        )
-        for pod in self.api.list_pods(builders.sim_selector(sim_id)):
+        recorded = json.loads(owner.get("data", {}).get("spec.json", "{}"))
+        image = str(recorded.get("image") or spec.image or self.config.image)
+        try:
+            volume = parse_volume(spec.volume, spec.case_dir)
+        except UserError as exc:
+            raise LaunchFailed(str(exc)) from exc
+        sim = _Sim(spec=spec, image=image, volume=volume, desired=list(spec.ranks),
+                   started=launch != "never", adopted=True)  # fmt: skip
+        if launch == "never":
+            self._prepare_files(sim)
+            if not owner:
+                try:
+                    self.reconcile(spec, image, volume)
+                except KubeError as exc:
+                    if not exc.transient:
+                        raise LaunchFailed(
+                            f"cannot create the rank pods of {sim_id}: {exc}"
+                        ) from exc
+                    sim.reconcile_error = str(exc)
+        elif launch == "died":
+            sim.failure = "its launcher and mpirun ended without an exit code (killed?)"
+        for pod in self.api.list_pods(builders.sim_selector(sim_id)) if owner else []:
             with contextlib.suppress(KeyError, ValueError):
                 rank = int(pod["metadata"]["labels"][builders.RANK_LABEL])
                 want = status.desired(pod, C)
@@ -998,7 +1037,7 @@ class KubernetesBackend:
                     sim.pods[rank] = pod
                     sim.seen.add(rank)
         self._attach_readers(sim)
-        if not owner:
+        if launch == "ended":
             self._check_adopted(sim)
         # the log is delivered from its start, as the protocol says: the adopting
         # controller parses it afresh (sim.log_offset stays 0)
@@ -1011,6 +1050,14 @@ class KubernetesBackend:
         if sim is None or sim.released:
             raise UnknownSimulation(f"no simulation {sim_id} in this backend")
         return sim
+
+
+def _close_launch(sim: _Sim) -> None:
+    """Let go of the launch marker (the launcher and mpirun, if any, still hold it)."""
+    if sim.launch_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(sim.launch_fd)
+        sim.launch_fd = None
 
 
 def _version(obj: Obj) -> Any:
