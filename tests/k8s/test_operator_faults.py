@@ -168,3 +168,28 @@ def test_rank_pods_deleted_and_evicted_fail_only_their_simulations(
     assert st["phase"] == "Succeeded" and st["restarts"] == 0 and st["iterations"] == 1500, st
     assert sorted(r[1] for r in env.runs()) == ["completed", "failed", "failed"]
     assert not env.rank_pods()  # every simulation's pods are gone
+
+
+def test_operator_sigkilled_mid_launch_is_adopted_and_launched_once(
+    env: Env, tmp_path: Path
+) -> None:
+    import signal
+
+    (name,) = _submit(env, "--iterations", "300")
+    first = env.operator(log=tmp_path / "first.log")
+    # killed as soon as the launch is recorded (sim id in the status): its rank pods are
+    # being created, mpirun has not been started yet
+    env.wait("the launch to be recorded", lambda: bool(env.status(name).get("simId")), 300)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    sim_id = env.status(name)["simId"]
+    assert not env.launchers(), "mpirun was started before the kill; the test needs a faster kill"
+    second = env.operator("--until-idle", log=tmp_path / "second.log")
+    assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    st = env.status(name)
+    assert st["phase"] == "Succeeded" and st["simId"] == sim_id, st
+    assert st["iterations"] == 300 and st["restarts"] == 0
+    assert f"adopted {name}" in (tmp_path / "second.log").read_text()
+    runs = env.runs()
+    assert [(r[1], r[2]) for r in runs] == [("completed", sim_id)], runs  # one run, one mpirun
+    assert (Path(st["runDir"]) / ".rankpack" / "mpirun.launch").exists()
