@@ -98,7 +98,10 @@ def test_the_operator_deployment_runs_a_simulation(env: Env, tmp_path: Path) -> 
         assert st["restarts"] == 0 and st["iterations"] == 60
         assert Path(st["runDir"]).is_relative_to(tmp_path / "runs")
         assert "leading" in logs
+        env.wait("its Succeeded Event (posted after the status)",
+                 lambda: "Succeeded" in [e.reason for e in env.events(name)], 60)  # fmt: skip
         reasons = [e.reason for e in env.events(name)]
         assert "Launched" in reasons and "Succeeded" in reasons, reasons
+        print(f"events: {sorted(reasons)}")
     finally:
         _delete(api, ns)

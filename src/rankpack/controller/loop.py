@@ -61,7 +61,7 @@ from rankpack.core.accounting import trapezoid_cpu_s
 from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode
 from rankpack.core.results import RankResult, ResizeRecord, RunResult
 from rankpack.errors import UserError
-from rankpack.plan.allocation import Plan
+from rankpack.plan.allocation import Plan, proportional_millis
 from rankpack.store import NewRun, RankRow, SampleRow, Store
 
 # -- the queue the loop takes work from ---------------------------------------------------
@@ -717,6 +717,8 @@ class ControlLoop:
         sim.staged = staged
         for warning in staged.warnings:
             self.event(None, "warning", sim=sim.sim_id, reason=warning)
+        if self.settings.controller.launch_must_fit:
+            self._fit_launch(sim)
         sim.run_id = self._new_run(sim, staged)
         self.jobs.started(sim.job, sim.run_id, sim.sim_id, staged)
         sim.usages = [[] for _ in sim.plan.ranks]
@@ -739,6 +741,27 @@ class ControlLoop:
             sim.run_id, "launch", queue_id=sim.job.queue_id, case=sub.case, sim=sim.sim_id,
             request_millis=[r.cpu_millis for r in sim.plan.ranks],
         )  # fmt: skip
+
+    def _fit_launch(self, sim: _Sim) -> None:
+        """Scale the initial requests down to the unrequested capacity (Kubernetes: rank
+        pods that do not fit are never scheduled); the plan's total, the budget, stays."""
+        ours = sum(
+            sum(r.request_millis for r in s.last.ranks) if s.last else s.plan.total_millis
+            for s in self.sims.values()
+            if s.launched and s is not sim
+        )
+        free = self._capacity() - ours
+        wanted = [r.cpu_millis for r in sim.plan.ranks]
+        floor = self.settings.controller.floor_millis
+        if sum(wanted) <= free or free < floor * len(wanted):
+            return
+        fitted = proportional_millis([float(w) for w in wanted], free, floor)
+        ranks = tuple(replace(r, cpu_millis=m) for r, m in zip(sim.plan.ranks, fitted, strict=True))
+        sim.plan = replace(sim.plan, ranks=ranks)
+        self.event(None, "launch-fitted", queue_id=sim.job.queue_id, sim=sim.sim_id,
+                   request_millis=fitted,
+                   reason=f"requests {sum(wanted)}m scaled to the {free}m unrequested "
+                   "so that every rank pod fits")  # fmt: skip
 
     def _new_run(self, sim: _Sim, staged: StagedCase) -> int:
         sub, s = sim.job.submission, self.settings

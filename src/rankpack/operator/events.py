@@ -33,6 +33,7 @@ MAX_QUEUED = 1000
 KINDS: Mapping[str, tuple[str, str]] = {
     "stage": ("Normal", "Staging"),
     "learned-sizes": ("Normal", "LearnedSizes"),
+    "launch-fitted": ("Normal", "LaunchFitted"),
     "solver": ("Normal", "Solver"),
     "warning": ("Warning", "CaseWarning"),
     "launch": ("Normal", "Launched"),

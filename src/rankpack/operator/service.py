@@ -398,7 +398,8 @@ def _start_session(ctx: _Ctx) -> None:
 def _settings(ctx: _Ctx) -> LoopSettings:
     opts = ctx.opts
     return LoopSettings(
-        runs_root=opts.runs_root, controller=opts.controller, wait_mode=opts.wait_mode,
+        runs_root=opts.runs_root, controller=replace(opts.controller, launch_must_fit=True),
+        wait_mode=opts.wait_mode,
         capacity_millis=ctx.capacity_millis, multiplex_id=ctx.multiplex_id,
         label=f"operator-{ctx.multiplex_id}",
         extra={"multiplex_id": ctx.multiplex_id, "operator": opts.identity},
@@ -432,6 +433,7 @@ def _term(ctx: _Ctx, lease: _Lease) -> tuple[str, int, int]:
             try:
                 while not term_stop.is_set():
                     result = loop.run()
+                    ctx.display.drain()  # what the last tick recorded: Events, metrics
                     ctx.finished += [ctx.queue.names.get(o.queue_id, "?") for o in result.outcomes]
                     if term_stop.is_set():
                         break
