@@ -97,7 +97,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=handle_multiplex)
 
-    e = sub.add_parser("events", help="the controller's recorded decisions and their reasons")
+    e = sub.add_parser(
+        "events",
+        help="the controller's recorded decisions and their reasons (--backend kubernetes: "
+        "the operator's Events on Simulations)",
+    )
     e.add_argument("--sim", type=parse_id, metavar="RUN_ID", help="only this simulation (run id)")
     e.add_argument("--multiplex", type=parse_id, metavar="ID", help="only this multiplex session")
     add_read_backend(e, "the operator's Events on the Simulations of a namespace")

@@ -37,9 +37,12 @@ from rankpack.store import Store
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "submit",
-        help="queue a simulation for `rankpack multiplex`",
+        help="queue a simulation for `rankpack multiplex` (--backend kubernetes: a Simulation "
+        "resource for `rankpack operator`)",
         description="Queue CASE (case directory or tutorial name); `rankpack multiplex` runs "
-        "the queue. Requests only: the multiplexer resizes ranks from measured duty cycles.",
+        "the queue. Requests only: the multiplexer resizes ranks from measured duty cycles. "
+        "With --backend kubernetes, create Simulation resources instead; `rankpack "
+        "operator` runs them.",
     )
     p.add_argument("case", metavar="CASE")
     p.add_argument("--ranks", type=parse_ranks, default=4, help="MPI ranks (default 4)")
@@ -83,7 +86,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     q = sub.add_parser(
         "queue",
-        help="list queued (and with --all, past) simulations; cancel or requeue entries",
+        help="list queued (and with --all, past) simulations; cancel or requeue entries "
+        "(--backend kubernetes: Queued and Running Simulations)",
         description="Without a sub-command: list the queue. `queue cancel ID...` takes "
         "queued entries out; `queue requeue ID...` puts failed, interrupted or cancelled "
         "entries back.",

@@ -26,7 +26,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         dest="runs_command", metavar="{list,show,delete,prune}", parser_class=type(p)
     )
     runs_sub.required = True
-    lp = runs_sub.add_parser("list", help="recorded runs, newest first")
+    lp = runs_sub.add_parser(
+        "list", help="recorded runs, newest first (--backend kubernetes: finished Simulations)"
+    )
     lp.add_argument("--limit", type=parse_limit, default=50, help="at most this many (default 50)")
     add_read_backend(lp, "the finished Simulations of a namespace with their results")
     lp.add_argument("--json", action="store_true")
