@@ -619,8 +619,11 @@ class Store:
         )
         return [SampleRow(**dict(r)) for r in rows.fetchall()]
 
-    def events(self, run_id: int | None = None, multiplex_id: int | None = None) -> list[EventRow]:
-        query, params = "SELECT * FROM events WHERE 1=1", []
+    def events(
+        self, run_id: int | None = None, multiplex_id: int | None = None, after_id: int = 0
+    ) -> list[EventRow]:
+        """Events in the order recorded; ``after_id``: only those recorded after that one."""
+        query, params = "SELECT * FROM events WHERE id > ?", [after_id]
         if run_id is not None:
             query += " AND run_id = ?"
             params.append(run_id)

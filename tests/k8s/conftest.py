@@ -102,3 +102,26 @@ def k8s_down(dev_cluster: DevCluster) -> DevCluster:
         report = cluster.down(dev_cluster.state_dir)
         assert not report.leftovers, report.leftovers
     return dev_cluster
+
+
+@pytest.fixture
+def env(k8s: DevCluster, tmp_path: Path) -> Iterator[Any]:
+    """A `rankpack operator` test's environment (`operators.Env`), cleaned up after."""
+    from rankpack.operator import crd
+    from tests.k8s.operators import Env
+
+    e = Env(k8s, tmp_path)
+    for o in e.simulations():  # a clean namespace: no Simulation of an earlier test
+        e.custom.delete_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, k8s.namespace, crd.PLURAL, o["metadata"]["name"]
+        )
+    yield e
+    for p in e.procs:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+    e.cleanup()
+    for o in e.simulations():
+        e.custom.delete_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, k8s.namespace, crd.PLURAL, o["metadata"]["name"]
+        )

@@ -8,88 +8,10 @@ ServiceAccount; the test reads the Simulations as the admin, as `kubectl get` wo
 from __future__ import annotations
 
 import json
-import os
 import signal
-import sqlite3
-import subprocess
-import sys
-import time
-from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
-import pytest
-
-from rankpack.operator import crd
-from tests.k8s.conftest import DevCluster
-
-
-class Env:
-    def __init__(self, k8s: DevCluster, tmp: Path) -> None:
-        from kubernetes import client
-
-        self.k8s = k8s
-        self.kubeconfig = str(k8s.up_result.service_account_kubeconfig)
-        self.custom: Any = client.CustomObjectsApi(k8s.admin_api())
-        self.env = {**os.environ, "RANKPACK_DB": str(tmp / "operator.db"),
-                    "RANKPACK_HOME": str(tmp / "home")}  # fmt: skip
-        (tmp / "home").mkdir()
-        self.db = tmp / "operator.db"
-        self.procs: list[subprocess.Popen[str]] = []
-
-    def cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "rankpack", *argv, "--kubeconfig", self.kubeconfig],
-            capture_output=True, text=True, timeout=120, env=self.env, check=False,
-        )  # fmt: skip
-
-    def operator(self, *extra: str, log: Path) -> subprocess.Popen[str]:
-        argv = [sys.executable, "-m", "rankpack", "operator", "--kubeconfig", self.kubeconfig,
-                "--allocatable", "2", "--max-concurrent", "2", *extra]  # fmt: skip
-        p = subprocess.Popen(argv, env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT,
-                             text=True)  # fmt: skip
-        self.procs.append(p)
-        return p
-
-    def simulations(self) -> list[dict[str, Any]]:
-        items = self.custom.list_namespaced_custom_object(
-            crd.GROUP, crd.VERSION, self.k8s.namespace, crd.PLURAL
-        )["items"]
-        return sorted(items, key=lambda o: o["metadata"]["name"])
-
-    def phases(self) -> list[str]:
-        return [(o.get("status") or {}).get("phase", "-") for o in self.simulations()]
-
-    def wait(self, what: str, cond: Any, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if cond():
-                return
-            time.sleep(0.5)
-        raise AssertionError(f"timed out waiting for {what}: {self.phases()}")
-
-    def runs(self) -> list[tuple[int, str, str]]:
-        with sqlite3.connect(self.db) as conn:
-            rows = conn.execute("SELECT id, status, options_json FROM runs ORDER BY id").fetchall()
-        return [(r[0], r[1], json.loads(r[2]).get("sim_id", "")) for r in rows]
-
-
-@pytest.fixture
-def env(k8s: DevCluster, tmp_path: Path) -> Iterator[Env]:
-    e = Env(k8s, tmp_path)
-    for o in e.simulations():  # a clean namespace: no Simulation of an earlier test
-        e.custom.delete_namespaced_custom_object(
-            crd.GROUP, crd.VERSION, k8s.namespace, crd.PLURAL, o["metadata"]["name"]
-        )
-    yield e
-    for p in e.procs:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
-    for o in e.simulations():
-        e.custom.delete_namespaced_custom_object(
-            crd.GROUP, crd.VERSION, k8s.namespace, crd.PLURAL, o["metadata"]["name"]
-        )
+from tests.k8s.operators import Env
 
 
 def test_three_simulations_multiplexed_to_completion(env: Env, tmp_path: Path) -> None:

@@ -23,6 +23,7 @@ from rankpack.cli.common import (
     parse_seconds,
     print_json,
 )
+from rankpack.cli.operator_cmd import add_read_backend, handle_events_kubernetes
 from rankpack.cli.run_cmd import stop_on_signals
 from rankpack.controller.loop import LoopSettings
 from rankpack.controller.observations import (
@@ -108,9 +109,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=handle_multiplex)
 
-    e = sub.add_parser("events", help="the controller's recorded decisions and their reasons")
+    e = sub.add_parser(
+        "events",
+        help="the controller's recorded decisions and their reasons (--backend kubernetes: "
+        "the operator's Events on Simulations)",
+    )
     e.add_argument("--sim", type=parse_id, metavar="RUN_ID", help="only this simulation (run id)")
     e.add_argument("--multiplex", type=parse_id, metavar="ID", help="only this multiplex session")
+    add_read_backend(e, "the operator's Events on the Simulations of a namespace")
+    e.add_argument("--simulation", metavar="NAME", help="kubernetes: only this Simulation")
     e.add_argument("--json", action="store_true")
     e.set_defaults(handler=handle_events)
 
@@ -328,6 +335,10 @@ def print_summary(data: dict[str, object]) -> None:
 
 
 def handle_events(args: argparse.Namespace) -> int:
+    if args.backend == "kubernetes":
+        return handle_events_kubernetes(args)
+    if args.simulation:
+        raise UserError("--simulation NAME needs --backend kubernetes (locally: --sim RUN_ID)")
     store = Store.open_existing(db_path(args))
     events = store.events(run_id=args.sim, multiplex_id=args.multiplex) if store else []
     if args.json:

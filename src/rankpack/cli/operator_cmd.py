@@ -5,7 +5,9 @@ them (queue_cmd)."""
 from __future__ import annotations
 
 import argparse
+import faulthandler
 import logging
+import signal
 import uuid
 from dataclasses import replace
 from typing import Any
@@ -19,6 +21,7 @@ from rankpack.cli.common import (
     db_path,
     parse_concurrent,
     parse_cores,
+    parse_output_file,
     parse_seconds,
     print_json,
 )
@@ -27,6 +30,7 @@ from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
 from rankpack.plan.allocation import budget_to_millis
+from rankpack.profile.shim import WAIT_MODES
 
 
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
@@ -43,13 +47,25 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "The multiplexing controller as a Kubernetes operator. Queued Simulations "
             "(simulations.rankpack.dev, deploy/crd.yaml) in the namespace are launched as rank "
             "pods, profiled, resized in place and packed, as `rankpack multiplex` does; their "
-            "status shows phase, progress, per-rank CPU, resizes and the result. Only the "
-            "holder of the Lease acts; a restarted operator adopts the running simulations. "
+            "status shows phase, progress, per-rank CPU, resizes and the result, and its "
+            "Events what was decided and why. Only the holder of the Lease acts; a restarted "
+            "operator adopts the running simulations, and an operator whose apiserver went "
+            "away stops acting once its Lease lapses and adopts them again when it is back. "
             "Ctrl-C/SIGTERM stop the operator and leave the simulations running."
         ),
     )
     add_cluster_arguments(p)
     p.add_argument("--image", help="rank pod image (default: the dev cluster's host-usr image)")
+    p.add_argument(
+        "--volume", help="where run directories live in the rank pods, for Simulations whose "
+        "spec.case.volume is empty: pvc:CLAIM[:MOUNT_PATH] or host:DIR (default: each run "
+        "directory as a host path, for the dev cluster)",
+    )  # fmt: skip
+    p.add_argument(
+        "--wait", choices=["auto", *WAIT_MODES], default="auto",
+        help="how ranks wait inside MPI, for Simulations whose spec.wait is empty: auto "
+        "(default; spin alone, polite while sharing), spin, polite or adaptive",
+    )  # fmt: skip
     p.add_argument(
         "--allocatable", type=parse_cores,
         help="CPU (cores) to place on when the identity may not read nodes (2 on the dev "
@@ -68,6 +84,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--until-idle", action="store_true",
         help="exit once no Simulation is queued or running (default: run until stopped)",
     )  # fmt: skip
+    p.add_argument(
+        "--plot", type=parse_output_file,
+        help="when the operator ends, write the timeline of its session here (PNG): each "
+        "run it followed, launch, profiling and resizes, as `rankpack multiplex --plot`",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
     p.set_defaults(handler=handle_operator)
 
@@ -84,6 +105,10 @@ def _config(args: argparse.Namespace) -> Any:
 
     config = load_config(args.kubeconfig, args.context, args.namespace,
                          image=getattr(args, "image", None))  # fmt: skip
+    volume = getattr(args, "volume", None)
+    if volume and not (volume.startswith(("host:/", "pvc:")) and len(volume) > 5):
+        raise UserError(f"--volume '{volume}' not understood; use host:DIR or "
+                        "pvc:CLAIM[:MOUNT_PATH]")  # fmt: skip
     if getattr(args, "allocatable", None) is not None:
         config = replace(config, allocatable_millis=budget_to_millis(args.allocatable))
     return config
@@ -195,8 +220,14 @@ def handle_operator(args: argparse.Namespace) -> int:
         controller=ControllerSettings(max_concurrent=args.max_concurrent,
                                       profile_s=args.profile_s),
         until_idle=args.until_idle,
+        wait_mode=args.wait,
+        plot=args.plot,
+        volume=args.volume,
     )  # fmt: skip
     logging.basicConfig(level=logging.WARNING)
+    # an apiserver that is away is reported once by the operator, not per retried request
+    logging.getLogger("urllib3").setLevel(logging.ERROR)
+    faulthandler.register(signal.SIGUSR1, all_threads=True)  # kill -USR1: where it waits
     console = Console(stderr=True)
     with stop_on_signals() as stop:
         try:
@@ -207,8 +238,128 @@ def handle_operator(args: argparse.Namespace) -> int:
             raise UserError(str(exc)) from None
     if args.json:
         print_json({"status": result.status, "adopted": result.adopted,
-                    "requeued": result.requeued, "finished": result.finished})  # fmt: skip
+                    "requeued": result.requeued, "finished": result.finished,
+                    "terms": result.terms, "multiplex_id": result.multiplex_id,
+                    "timeline_png": result.plot})  # fmt: skip
     else:
         console.print(f"operator {result.status}: adopted {result.adopted}, requeued "
-                      f"{result.requeued}, finished {len(result.finished)}")  # fmt: skip
+                      f"{result.requeued}, finished {len(result.finished)}, "
+                      f"terms {result.terms}")  # fmt: skip
     return 0 if result.status in ("idle", "stopped") else 1
+
+
+# -- `rankpack queue|runs list|events --backend kubernetes`: read from the cluster ----------
+
+
+def add_read_backend(p: argparse.ArgumentParser, what: str) -> None:
+    p.add_argument(
+        "--backend", choices=["local", "kubernetes"], default="local",
+        help=f"local (default): this machine's database; kubernetes: {what}",
+    )  # fmt: skip
+    add_cluster_arguments(p)
+
+
+def _row(o: dict[str, Any]) -> dict[str, Any]:
+    """A Simulation as `queue`/`runs list --backend kubernetes --json` print it."""
+    spec, st = o.get("spec") or {}, o.get("status") or {}
+    ended = next((c.get("lastTransitionTime") for c in st.get("conditions") or []
+                  if c.get("type") in ("Succeeded", "Failed") and c.get("status") == "True"),
+                 None)  # fmt: skip
+    return {
+        "name": o["metadata"]["name"],
+        "phase": st.get("phase") or "Queued",
+        "case": (spec.get("case") or {}).get("path"),
+        "ranks": spec.get("ranks"),
+        "iterations": st.get("iterations"),
+        "expected_iterations": st.get("expectedIterations") or spec.get("iterations"),
+        "progress": st.get("progress"),
+        "resizes": st.get("resizes"),
+        "restarts": st.get("restarts"),
+        "run_id": st.get("runId"),
+        "operator": st.get("operator"),
+        "submitted_at": o["metadata"].get("creationTimestamp"),
+        "started_at": st.get("startedAt"),
+        "finished_at": ended,
+        "result": st.get("result"),
+    }
+
+
+def handle_queue_kubernetes(args: argparse.Namespace) -> int:
+    phases = ("Queued", "Running", "Succeeded", "Failed") if args.all else ("Queued", "Running")
+    rows = [r for r in map(_row, list_simulations(args)) if r["phase"] in phases]
+    if args.json:
+        print_json(rows)
+        return 0
+    if not rows:
+        Console().print("no Simulation is queued or running; create some with `rankpack "
+                        "submit CASE --backend kubernetes`")  # fmt: skip
+        return 0
+    table = Table(title="simulations: queue")
+    for col in ("name", "submitted", "case", "ranks", "phase", "progress", "run", "operator"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(
+            r["name"], str(r["submitted_at"] or "-").replace("T", " ")[:19], str(r["case"]),
+            str(r["ranks"] or "-"), r["phase"], str(r["progress"] or "-"),
+            str(r["run_id"] or "-"), str(r["operator"] or "-"),
+        )  # fmt: skip
+    Console().print(table)
+    return 0
+
+
+def handle_runs_kubernetes(args: argparse.Namespace) -> int:
+    rows = [r for r in map(_row, list_simulations(args)) if r["phase"] in ("Succeeded", "Failed")]
+    rows = sorted(rows, key=lambda r: str(r["finished_at"] or ""), reverse=True)[: args.limit]
+    if args.json:
+        print_json(rows)
+        return 0
+    if not rows:
+        Console().print("no Simulation has finished yet (rankpack queue --backend kubernetes)")
+        return 0
+    table = Table(title="simulations: finished")
+    for col in ("name", "case", "ranks", "phase", "iterations", "wall s", "cpu s", "resizes",
+                "restarts", "message"):  # fmt: skip
+        table.add_column(col)
+    for r in rows:
+        res = r["result"] or {}
+        table.add_row(
+            r["name"], str(r["case"]), str(r["ranks"] or "-"), r["phase"],
+            str(res.get("iterations", r["iterations"])), str(res.get("wallSeconds", "-")),
+            str(res.get("cpuSeconds", "-")), str(r["resizes"] or 0), str(r["restarts"] or 0),
+            str(res.get("message") or "")[:80],
+        )  # fmt: skip
+    Console().print(table)
+    return 0
+
+
+def handle_events_kubernetes(args: argparse.Namespace) -> int:
+    api = simulation_api(args)
+    try:
+        events = api.events(args.simulation)
+    except Exception as exc:
+        raise _api_error(exc, "cannot list Events") from None
+    rows = [
+        {
+            "time": e.get("lastTimestamp") or e.get("eventTime"),
+            "simulation": (e.get("involvedObject") or {}).get("name"),
+            "type": e.get("type"),
+            "reason": e.get("reason"),
+            "message": e.get("message"),
+            "count": e.get("count") or 1,
+        }
+        for e in events
+    ]
+    if args.json:
+        print_json(rows)
+        return 0
+    if not rows:
+        Console().print("no Events on Simulations (they come from `rankpack operator`)")
+        return 0
+    table = Table(title="events on simulations")
+    for col in ("time", "simulation", "type", "reason", "message"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(str(r["time"] or "-").replace("T", " ")[:19], str(r["simulation"]),
+                      str(r["type"]), str(r["reason"]), str(r["message"]))  # fmt: skip
+    Console().print(table)
+    return 0

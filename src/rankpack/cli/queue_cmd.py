@@ -19,20 +19,30 @@ from rankpack.cli.common import (
     phases_from_text,
     print_json,
 )
-from rankpack.cli.operator_cmd import add_cluster_arguments, create_simulations
+from rankpack.cli.operator_cmd import (
+    add_cluster_arguments,
+    add_read_backend,
+    create_simulations,
+    handle_queue_kubernetes,
+)
 from rankpack.cli.run_cmd import parse_center
 from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
+from rankpack.operator.crd import check_solver
 from rankpack.plan.allocation import budget_to_millis, make_plan, resolve_weights
+from rankpack.profile.shim import WAIT_MODES
 from rankpack.store import Store
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "submit",
-        help="queue a simulation for `rankpack multiplex`",
+        help="queue a simulation for `rankpack multiplex` (--backend kubernetes: a Simulation "
+        "resource for `rankpack operator`)",
         description="Queue CASE (case directory or tutorial name); `rankpack multiplex` runs "
-        "the queue. Requests only: the multiplexer resizes ranks from measured duty cycles.",
+        "the queue. Requests only: the multiplexer resizes ranks from measured duty cycles. "
+        "With --backend kubernetes, create Simulation resources instead; `rankpack "
+        "operator` runs them.",
     )
     p.add_argument("case", metavar="CASE")
     p.add_argument("--ranks", type=parse_ranks, default=4, help="MPI ranks (default 4)")
@@ -56,6 +66,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--count", type=parse_submit_count, default=1, help="queue this many copies (default 1)"
     )
     p.add_argument(
+        "--solver", help="the solver to run, a command name (default: the case's controlDict "
+        "application)",
+    )  # fmt: skip
+    p.add_argument(
+        "--wait", choices=["auto", *WAIT_MODES],
+        help="how its ranks wait inside MPI (default: the multiplexer's or operator's --wait)",
+    )  # fmt: skip
+    p.add_argument(
         "--backend", choices=["local", "kubernetes"], default="local",
         help="local (default): this machine's queue, run by `rankpack multiplex`; kubernetes: "
         "create Simulation resources, run by `rankpack operator`",
@@ -68,12 +86,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
     q = sub.add_parser(
         "queue",
-        help="list queued (and with --all, past) simulations; cancel or requeue entries",
+        help="list queued (and with --all, past) simulations; cancel or requeue entries "
+        "(--backend kubernetes: Queued and Running Simulations)",
         description="Without a sub-command: list the queue. `queue cancel ID...` takes "
         "queued entries out; `queue requeue ID...` puts failed, interrupted or cancelled "
         "entries back.",
     )
     q.add_argument("--all", action="store_true", help="include launched and finished entries")
+    add_read_backend(q, "the Simulations of a namespace (Queued and Running; --all: every one)")
     q.add_argument("--json", action="store_true")
     q.set_defaults(handler=handle_queue)
     actions = q.add_subparsers(dest="queue_command", metavar="{cancel,requeue}",
@@ -107,6 +127,8 @@ def submission_from_args(args: argparse.Namespace) -> Submission:
         decompose=args.decompose,
         center=parse_center(args.center),
         phases=phases_from_text(args.phases, len(weights)) if args.phases else (),
+        solver=check_solver(args.solver, "--solver"),
+        wait=args.wait,
     )
 
 
@@ -135,6 +157,8 @@ def handle_submit(args: argparse.Namespace) -> int:
 
 
 def handle_queue(args: argparse.Namespace) -> int:
+    if getattr(args, "backend", "local") == "kubernetes":
+        return handle_queue_kubernetes(args)
     statuses = (
         ("queued", "running", "completed", "failed", "interrupted") if args.all else ("queued",)
     )

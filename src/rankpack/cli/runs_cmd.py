@@ -12,6 +12,7 @@ from pathlib import Path
 from rich.console import Console
 
 from rankpack.cli.common import db_path, parse_id, parse_limit, print_json
+from rankpack.cli.operator_cmd import add_read_backend, handle_runs_kubernetes
 from rankpack.errors import UserError
 from rankpack.report.tables import run_table, runs_list_table
 from rankpack.store import RunRow, Store
@@ -25,8 +26,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         dest="runs_command", metavar="{list,show,delete,prune}", parser_class=type(p)
     )
     runs_sub.required = True
-    lp = runs_sub.add_parser("list", help="recorded runs, newest first")
+    lp = runs_sub.add_parser(
+        "list", help="recorded runs, newest first (--backend kubernetes: finished Simulations)"
+    )
     lp.add_argument("--limit", type=parse_limit, default=50, help="at most this many (default 50)")
+    add_read_backend(lp, "the finished Simulations of a namespace with their results")
     lp.add_argument("--json", action="store_true")
     lp.set_defaults(handler=handle_list)
     sp = runs_sub.add_parser("show", help="one run with per-rank results and its resizes")
@@ -58,6 +62,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def handle_list(args: argparse.Namespace) -> int:
+    if args.backend == "kubernetes":
+        return handle_runs_kubernetes(args)
     store = Store.open_existing(db_path(args))
     runs = store.list_runs(args.limit) if store is not None else []
     if args.json:

@@ -61,7 +61,7 @@ from rankpack.core.accounting import trapezoid_cpu_s
 from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode
 from rankpack.core.results import RankResult, ResizeRecord, RunResult
 from rankpack.errors import UserError
-from rankpack.plan.allocation import Plan
+from rankpack.plan.allocation import Plan, proportional_millis
 from rankpack.store import NewRun, RankRow, SampleRow, Store
 
 # -- the queue the loop takes work from ---------------------------------------------------
@@ -192,6 +192,10 @@ class RankView:
     allocated_millis: int | None = None
     """The request the node has applied (None: not known)."""
     restarts: int = 0
+    resize: str | None = None
+    """State of a resize not settled yet (pending, in-progress, deferred), else None."""
+    resize_to_millis: int | None = None
+    resize_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -294,6 +298,8 @@ class _Sim:
     """The wait mode its ranks were last set to (launch mode, then live switches)."""
     learned_duty: tuple[float, ...] = ()
     """Duty cycles of the earlier run its sizes were learned from (see `learned`)."""
+    deferred: dict[int, str] = field(default_factory=dict)
+    """rank -> why its in-flight resize is deferred (recorded once per resize)."""
 
     @property
     def launched(self) -> bool:
@@ -310,6 +316,7 @@ class ControlLoop:
         *,
         display: Display | None = None,
         stop: threading.Event | None = None,
+        t0: float | None = None,
     ) -> None:
         self.backend = backend
         self.store = store
@@ -317,7 +324,9 @@ class ControlLoop:
         self.settings = settings
         self.display = display or NullDisplay()
         self.stop = stop or threading.Event()
-        self.t0 = backend.clock()
+        self.t0 = backend.clock() if t0 is None else t0
+        """Backend clock at the session's start: events' ``t_s`` count from here (a
+        caller running several loops in one session passes the same t0 to each)."""
         self.state = ControllerState()
         self.sims: dict[str, _Sim] = {}
         self.results: list[RunResult] = []
@@ -335,6 +344,10 @@ class ControlLoop:
         """Learned sizes per submission (JSON key), until a run ends (new knowledge)."""
         self.wait_failed: set[tuple[str, str]] = set()
         """(sim, mode) switches refused once (recorded once; asked for again every tick)."""
+        self.retries: dict[tuple[str, int], tuple[Resize, float]] = {}
+        """Failed resizes asked for again at a time (`now`), with back-off (see `_retry`)."""
+        self.attempts: dict[tuple[str, int], int] = {}
+        """Retries so far of the resize in flight per (sim, rank) (0: the first request)."""
 
     def now(self) -> float:
         return self.backend.clock() - self.t0
@@ -351,6 +364,7 @@ class ControlLoop:
         try:
             while True:
                 self._observe_all()
+                self._retry_due()
                 self._release_held()
                 pending = self.jobs.pending()
                 if not pending and not self.sims:
@@ -376,6 +390,8 @@ class ControlLoop:
                 if self.settings.leave_running and sim.launched and sim.end_t is None:
                     self._flush(sim)  # it runs on; the next controller adopts it
                     self.sims.pop(sim.sim_id, None)
+                elif self.settings.leave_running and sim.launched:
+                    self._end(sim)  # it ended by itself: recorded as it ended
                 else:
                     self._end(sim, interrupted="stopped by the user (Ctrl-C or SIGTERM)")
             self.display.close()
@@ -497,7 +513,7 @@ class ControlLoop:
                         sizing=sub.sizing,
                         starting=True,
                         learned_duty=sim.learned_duty,
-                        wait=self._wait_setting(),
+                        wait=self._wait_setting(sub),
                     )
                 )
                 continue
@@ -523,7 +539,7 @@ class ControlLoop:
                     sizing=sub.sizing,
                     starting=sim.last.phase is SimPhase.PENDING,
                     learned_duty=sim.learned_duty,
-                    wait=self._wait_setting(),
+                    wait=self._wait_setting(sub),
                 )
             )
         queued = []
@@ -584,14 +600,15 @@ class ControlLoop:
         )
         return replace(plan, ranks=ranks), found
 
-    def _wait_setting(self) -> WaitSetting:
-        mode = self.settings.wait_mode
+    def _wait_setting(self, sub: Submission | None = None) -> WaitSetting:
+        """The simulation's own wait mode (its submission's), else the session's."""
+        mode = (sub.wait if sub is not None else None) or self.settings.wait_mode
         if mode not in ("auto", "spin", "polite", "adaptive"):
             raise UserError(f"unknown wait mode '{mode}'; use auto, spin, polite or adaptive")
         return mode  # type: ignore[return-value]
 
-    def _launch_wait_mode(self, sharing: bool = False) -> WaitMode:
-        mode = self._wait_setting()
+    def _launch_wait_mode(self, sub: Submission | None = None, sharing: bool = False) -> WaitMode:
+        mode = self._wait_setting(sub)
         if mode != "auto":
             return mode
         return "polite" if sharing else AUTO_LAUNCH_MODE
@@ -614,6 +631,8 @@ class ControlLoop:
         for action in resizes:
             self.held.pop((action.sim_id, action.rank), None)  # superseded
             self.held_noted.discard((action.sim_id, action.rank))
+            self.retries.pop((action.sim_id, action.rank), None)
+            self.attempts.pop((action.sim_id, action.rank), None)
             if self._change(action) < 0:
                 self._resize(action)
             else:
@@ -732,17 +751,24 @@ class ControlLoop:
                        reason=found.describe())  # fmt: skip
 
     def _launch_staged(self, sim: _Sim, staged: StagedCase) -> None:
-        sim.staged = staged
         sub = sim.job.submission
+        if sub.solver and sub.solver != staged.solver:
+            self.event(None, "solver", sim=sim.sim_id, queue_id=sim.job.queue_id,
+                       reason=f"{sub.solver} as submitted instead of the case's application "
+                       f"{staged.solver}")  # fmt: skip
+            staged = replace(staged, solver=sub.solver)
+        sim.staged = staged
         for warning in staged.warnings:
             self.event(None, "warning", sim=sim.sim_id, reason=warning)
+        if self.settings.controller.launch_must_fit:
+            self._fit_launch(sim)
         sim.run_id = self._new_run(sim, staged)
         self.jobs.started(sim.job, sim.run_id, sim.sim_id, staged)
         sim.usages = [[] for _ in sim.plan.ranks]
         # Under auto, a simulation launched beside others starts polite: spinning until the
         # policy could switch it (its records publish ~1 s after launch) costs the others.
         sharing = any(other is not sim for other in self.sims.values())
-        sim.wait_mode = self._launch_wait_mode(sharing) if self.settings.shim else None
+        sim.wait_mode = self._launch_wait_mode(sub, sharing) if self.settings.shim else None
         spec = self._spec(sim)
         sim.t0 = self.backend.clock()
         sim.started_s = self.now()
@@ -762,13 +788,34 @@ class ControlLoop:
             request_millis=[r.cpu_millis for r in sim.plan.ranks],
         )  # fmt: skip
 
+    def _fit_launch(self, sim: _Sim) -> None:
+        """Scale the initial requests down to the unrequested capacity (Kubernetes: rank
+        pods that do not fit are never scheduled); the plan's total, the budget, stays."""
+        ours = sum(
+            sum(r.request_millis for r in s.last.ranks) if s.last else s.plan.total_millis
+            for s in self.sims.values()
+            if s.launched and s is not sim
+        )
+        free = self._capacity() - ours
+        wanted = [r.cpu_millis for r in sim.plan.ranks]
+        floor = self.settings.controller.floor_millis
+        if sum(wanted) <= free or free < floor * len(wanted):
+            return
+        fitted = proportional_millis([float(w) for w in wanted], free, floor)
+        ranks = tuple(replace(r, cpu_millis=m) for r, m in zip(sim.plan.ranks, fitted, strict=True))
+        sim.plan = replace(sim.plan, ranks=ranks)
+        self.event(None, "launch-fitted", queue_id=sim.job.queue_id, sim=sim.sim_id,
+                   request_millis=fitted,
+                   reason=f"requests {sum(wanted)}m scaled to the {free}m unrequested "
+                   "so that every rank pod fits")  # fmt: skip
+
     def _new_run(self, sim: _Sim, staged: StagedCase) -> int:
         sub, s = sim.job.submission, self.settings
         options = {
             **sub.to_json(),
             "label": s.label,
             "shim": s.shim,
-            "wait_mode": s.wait_mode,
+            "wait_mode": self._wait_setting(sub),
             "sim_id": sim.sim_id,
             "queue_id": sim.job.queue_id,
             **s.extra,
@@ -807,9 +854,13 @@ class ControlLoop:
             log_path=staged.log_path,
             env=rank_env(),
             mpi=s.mpi,
-            shim=ShimSpec(sim.wait_mode or self._launch_wait_mode(), s.mpi) if s.shim else None,
+            shim=(
+                ShimSpec(sim.wait_mode or self._launch_wait_mode(sim.job.submission), s.mpi)
+                if s.shim
+                else None
+            ),
             image=s.image,
-            volume=s.volume,
+            volume=sim.job.submission.volume or s.volume,
             labels={"rankpack.dev/run-id": str(sim.run_id)},
         )
 
@@ -826,6 +877,8 @@ class ControlLoop:
         sim.staged = staged
         if adopted.run_id is not None and self.store.take_over_run(adopted.run_id):
             sim.run_id = adopted.run_id
+            # resizes settled before are the run's: counted once, never again
+            sim.resizes = list(self.store.get_run(sim.run_id).resizes)
         else:
             sim.run_id = self._new_run(sim, staged)
             self.jobs.started(job, sim.run_id, sim.sim_id, staged)
@@ -834,7 +887,7 @@ class ControlLoop:
         if self.settings.shim:
             # What the earlier process last chose is not known: set the launch mode, so what
             # the policy assumes (a fresh memory starts there) is what the ranks do.
-            sim.wait_mode = self._launch_wait_mode()
+            sim.wait_mode = self._launch_wait_mode(job.submission)
             try:
                 self.backend.set_wait_mode(sim.sim_id, sim.wait_mode)
             except BackendError as exc:
@@ -869,10 +922,38 @@ class ControlLoop:
                        request_millis=action.request_millis, reason=action.reason)  # fmt: skip
 
     def _follow_resize(
-        self, sim: _Sim, rank: int, state: ResizeState, latency_s: float | None, why: str
+        self,
+        sim: _Sim,
+        rank: int,
+        state: ResizeState,
+        latency_s: float | None,
+        why: str,
+        *,
+        ended: bool = False,
     ) -> None:
-        if not state.final:
+        """Settle an in-flight resize once its state is final (or the run ``ended``).
+
+        Deferred (the node cannot grant it now; the kubelet keeps it and tries again) is
+        not final: it is recorded once as ``resize-deferred`` and followed on; it counts
+        only if it completes. A FAILED resize (not applied: e.g. the apiserver did not
+        answer) is asked for again with back-off (`_retry`); refusals are not.
+        """
+        if state is ResizeState.DEFERRED and not ended:
+            if rank not in sim.deferred and rank in sim.inflight:
+                sim.deferred[rank] = why
+                self.event(sim.run_id, "resize-deferred", rank=rank,
+                           request_millis=sim.inflight[rank][2],
+                           reason=f"{why or 'deferred by the node'}; the node tries it again, "
+                           "counted once it completes")  # fmt: skip
             return
+        if not state.final and not ended:
+            return
+        if ended and rank in sim.deferred:
+            state, why = (
+                ResizeState.DEFERRED,
+                f"still deferred when the run ended ({sim.deferred[rank]})",
+            )
+        sim.deferred.pop(rank, None)
         t_s, old, new, kind, reason = sim.inflight.pop(rank)
         outcome = str(state) if state is not ResizeState.COMPLETED else "completed"
         record = ResizeRecord(
@@ -892,7 +973,44 @@ class ControlLoop:
             sim.asked.pop(rank, None)
             self.rejected += 1
             self.event(sim.run_id, f"resize-{outcome}", rank=rank, request_millis=new,
-                       reason=why)  # fmt: skip
+                       reason=why, final=True)  # fmt: skip
+            if state is ResizeState.FAILED and not ended:
+                self._retry(sim, Resize(sim.sim_id, rank, new, reason, kind), why)  # type: ignore[arg-type]
+        if state is ResizeState.COMPLETED or ended:
+            self.attempts.pop((sim.sim_id, rank), None)
+
+    RETRY_DELAYS_S = (2.0, 4.0, 8.0, 16.0, 30.0)
+    """Back-off of a failed resize's retries; after the last one it is given up."""
+
+    def _retry(self, sim: _Sim, action: Resize, why: str) -> None:
+        key = (sim.sim_id, action.rank)
+        attempt = self.attempts.get(key, 0)
+        if attempt >= len(self.RETRY_DELAYS_S):
+            self.attempts.pop(key, None)
+            self.event(sim.run_id, "resize-given-up", rank=action.rank,
+                       request_millis=action.request_millis,
+                       reason=f"failed {attempt + 1} times; last: {why}")  # fmt: skip
+            return
+        delay = self.RETRY_DELAYS_S[attempt]
+        self.attempts[key] = attempt + 1
+        self.retries[key] = (action, self.now() + delay)
+        self.event(sim.run_id, "resize-retry", rank=action.rank,
+                   request_millis=action.request_millis, attempt=attempt + 1,
+                   delay_s=delay, reason=f"asked again in {delay:g} s: {why}")  # fmt: skip
+
+    def _retry_due(self) -> None:
+        now = self.now()
+        for key, (action, due) in list(self.retries.items()):
+            if due > now:
+                continue
+            del self.retries[key]
+            if action.sim_id not in self.sims:
+                self.attempts.pop(key, None)
+                continue
+            if self._change(action) < 0:
+                self._resize(action)
+            else:
+                self.held[key] = action  # an increase waits for decreases in flight
 
     # -- the end of a simulation ------------------------------------------------------------
 
@@ -916,7 +1034,11 @@ class ControlLoop:
         finally:
             self.backend.release(sim.sim_id)
         for rank in list(sim.inflight):
-            self._follow_resize(sim, rank, ResizeState.FAILED, None, "the run ended first")
+            self._follow_resize(sim, rank, ResizeState.FAILED, None, "the run ended first",
+                                ended=True)  # fmt: skip
+        for key in [k for k in self.retries if k[0] == sim.sim_id]:
+            self.retries.pop(key, None)
+            self.attempts.pop(key, None)
         result = self._result(sim, interrupted, failure)
         assert sim.run_id is not None
         self.store.finish_run(result)
@@ -1025,6 +1147,17 @@ class ControlLoop:
                         duty=r.duty_window,
                         allocated_millis=r.allocated.request_millis if r.allocated else None,
                         restarts=r.restarts,
+                        resize=(
+                            str(r.resize.state)
+                            if r.rank in sim.inflight and r.resize and not r.resize.state.final
+                            else None
+                        ),
+                        resize_to_millis=(
+                            sim.inflight[r.rank][2] if r.rank in sim.inflight else None
+                        ),
+                        resize_reason=(
+                            r.resize.reason if r.resize and r.rank in sim.inflight else ""
+                        ),
                     )
                     for r in sim.last.ranks
                 )

@@ -173,6 +173,10 @@ class ControllerSettings:
     headroom: float = 1.25
     """Sized request = measured compute CPU x headroom."""
     max_concurrent: int = 4
+    launch_must_fit: bool = False
+    """Requests must fit the unrequested capacity even when nothing runs (Kubernetes: a pod
+    that does not fit is never scheduled): a launch is held until the floors fit, and the
+    loop scales the initial requests down to what is free."""
     launch_cooldown_s: float = 2.0
     """Wait this long after a launch before the next one."""
     min_predicted_gain: float = 0.05

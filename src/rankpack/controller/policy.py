@@ -510,6 +510,13 @@ def _hold_reason(
         wait = s.launch_cooldown_s - (obs.now_s - state.last_launch_s)
         return "cooldown", f"{name} waits {wait:.1f} s more after the last launch"
     if not obs.sims:
+        floors = s.floor_millis * head.n_ranks
+        if s.launch_must_fit and step.unrequested() < floors:
+            return "no-room", (
+                f"{name} needs at least {floors}m ({head.n_ranks} x the {s.floor_millis}m "
+                f"floor), only {max(0, step.unrequested())}m of {obs.capacity_millis}m is "
+                "unrequested"
+            )
         return None, f"nothing is running: launching {name}"
     measuring = [
         sim.sim_id

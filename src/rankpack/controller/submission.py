@@ -31,6 +31,12 @@ class Submission:
     """duty: profile and size ranks to their duty cycles; fixed: keep the plan's requests."""
     workdir: str | None = None
     """An exact run directory instead of a new one under the data directory."""
+    solver: str | None = None
+    """The solver to run (default: the case's controlDict ``application``)."""
+    wait: str | None = None
+    """How its ranks wait in MPI: auto, spin, polite, adaptive (default: the session's)."""
+    volume: str | None = None
+    """Kubernetes: where the run directory lives in the rank pods (default: the session's)."""
 
     @property
     def n_ranks(self) -> int:
@@ -71,6 +77,9 @@ class Submission:
             "qos": self.qos,
             "sizing": self.sizing,
             "workdir": self.workdir,
+            "solver": self.solver,
+            "wait": self.wait,
+            "volume": self.volume,
         }
 
     @staticmethod
@@ -93,4 +102,7 @@ class Submission:
             qos=d.get("qos", QoS.REQUESTS.value),
             sizing="fixed" if sizing == "fixed" else "duty",
             workdir=d.get("workdir"),
+            solver=d.get("solver"),
+            wait=d.get("wait"),
+            volume=d.get("volume"),
         )

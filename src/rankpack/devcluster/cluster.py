@@ -556,3 +556,69 @@ def status(state_dir: Path) -> dict[str, Any]:
         )
     result["ready"] = bool(result["nodes"]) and all(n["ready"] for n in result["nodes"])
     return result
+
+
+# -- one component stopped and started again (fault tests: the apiserver restarting) -------
+
+RESTARTABLE = ("kube-apiserver", "kube-controller-manager", "kube-scheduler")
+
+
+def _restartable(layout: Layout, name: str) -> None:
+    if name not in RESTARTABLE:
+        raise UserError(f"cannot restart {name} alone; one of {', '.join(RESTARTABLE)}")
+    if not layout.host_record.exists():
+        raise UserError(f"no dev cluster in {layout.root}; run `rankpack dev-cluster up` first")
+
+
+def stop_component(state_dir: Path, name: str) -> bool:
+    """Stop one control-plane component of a running cluster (SIGTERM, bounded, SIGKILL);
+    False if it was not running. Everything else keeps running (pods, kubelet, etcd)."""
+    _require_root()
+    layout = Layout(state_dir)
+    _restartable(layout, name)
+    pid = processes.read_pid(layout.pid_for(name))
+    if pid is None:
+        return False
+    left = processes.stop([pid])
+    _reap([pid])
+    if left:
+        raise UserError(f"{name} (pid {pid}) did not stop")
+    return True
+
+
+def start_component(state_dir: Path, name: str, timeout_s: float = 120.0) -> int:
+    """Start a component `stop_component` stopped, with the argv `up` used, and wait
+    (bounded) until it serves again (the apiserver: /readyz). Returns its pid."""
+    _require_root()
+    layout = Layout(state_dir)
+    _restartable(layout, name)
+    pid = processes.read_pid(layout.pid_for(name))
+    if pid is not None:
+        return pid
+    version = KubeVersion.parse(_recorded_version(layout) or binaries.DEFAULT_VERSION)
+    bin_dir = binaries.bin_dir(version)
+    argv = {
+        "kube-apiserver": configs.apiserver_argv,
+        "kube-controller-manager": configs.controller_manager_argv,
+        "kube-scheduler": configs.scheduler_argv,
+    }[name](layout, bin_dir)
+    pid = processes.start(argv, layout.log_for(name), layout.pid_for(name), _daemon_env())
+    if name == "kube-apiserver":
+        ctx = ssl.create_default_context(cafile=str(layout.pki / "ca.crt"))
+        token = _admin_token(layout)
+        _wait(
+            "kube-apiserver /readyz",
+            lambda: _http_ok("https://127.0.0.1:6443/readyz", ctx, token),
+            timeout_s,
+            layout,
+            str(layout.log_for(name)),
+        )
+    return pid
+
+
+def _admin_token(layout: Layout) -> str | None:
+    try:  # configs.dumps writes kubeconfigs as JSON (a subset of YAML)
+        cfg = json.loads(layout.admin_kubeconfig.read_text())
+        return str(cfg["users"][0]["user"]["token"])
+    except (OSError, KeyError, IndexError, TypeError, ValueError):
+        return None

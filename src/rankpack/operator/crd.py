@@ -9,6 +9,7 @@ holds the same object and a unit test keeps the two identical. A spec is validat
 from __future__ import annotations
 
 import math
+import re
 from typing import Any
 
 from rankpack.controller.observations import Phase
@@ -25,7 +26,10 @@ MANAGED_BY = {"app.kubernetes.io/managed-by": "rankpack", "app.kubernetes.io/nam
 
 PHASES = ("Queued", "Running", "Succeeded", "Failed")
 DECOMPOSITIONS = ("equal", "weighted", "concentric")
+WAIT_MODES = ("auto", "spin", "polite", "adaptive")
 MAX_RANKS = 4096
+SOLVER_PATTERN = r"^[A-Za-z][A-Za-z0-9_.+-]{0,63}$"
+"""A command name (found on the rank image's PATH), never a path or a shell string."""
 
 Obj = dict[str, Any]
 
@@ -61,6 +65,10 @@ def _spec_schema() -> Obj:
             "iterations": _int(1),
             "decomposition": {"type": "string", "enum": list(DECOMPOSITIONS)},
             "sizing": {"type": "string", "enum": ["duty", "fixed"]},
+            "solver": {"type": "string", "pattern": SOLVER_PATTERN,
+                       "description": "solver command (default: the case's application)"},
+            "wait": {"type": "string", "enum": list(WAIT_MODES),
+                     "description": "how ranks wait in MPI (default: the operator's --wait)"},
             "phases": {
                 "type": "array",
                 "maxItems": 64,
@@ -86,6 +94,15 @@ def _status_schema() -> Obj:
             "allocatedMillis": _int(0),
             "cpuCores": {"type": "number"},
             "duty": {"type": "number"},
+            "resize": {
+                "type": "object",
+                "description": "a resize in flight (pending, in-progress, deferred)",
+                "properties": {
+                    "state": {"type": "string"},
+                    "toMillis": _int(0),
+                    "reason": {"type": "string"},
+                },
+            },
         },
     }
     condition = {
@@ -173,7 +190,9 @@ def crd_manifest() -> Obj:
 
 
 def spec_of(sub: Submission, volume: str | None = None) -> Obj:
-    """The Simulation spec that `submission_of` turns back into ``sub``."""
+    """The Simulation spec that `submission_of` turns back into ``sub`` (with ``volume``,
+    if given, as its volume)."""
+    volume = volume or sub.volume
     spec: Obj = {
         "case": {"path": sub.case},
         "ranks": sub.n_ranks,
@@ -193,6 +212,10 @@ def spec_of(sub: Submission, volume: str | None = None) -> Obj:
             {"startFraction": p.start_fraction, "requestMillis": list(p.request_millis)}
             for p in sub.phases
         ]
+    if sub.solver:
+        spec["solver"] = sub.solver
+    if sub.wait:
+        spec["wait"] = sub.wait
     return spec
 
 
@@ -250,6 +273,10 @@ def _submission(spec: Obj) -> Submission:
     sizing = str(spec.get("sizing") or "duty")
     if sizing not in ("duty", "fixed"):
         raise UserError("spec.sizing must be duty or fixed")
+    solver = check_solver(spec.get("solver"), "spec.solver")
+    wait = spec.get("wait")
+    if wait is not None and wait not in WAIT_MODES:
+        raise UserError(f"spec.wait must be one of {', '.join(WAIT_MODES)}")
     return Submission(
         case=path,
         weights=tuple(weights),
@@ -259,7 +286,23 @@ def _submission(spec: Obj) -> Submission:
         decompose=decompose,
         phases=tuple(phases),
         sizing="fixed" if sizing == "fixed" or phases else "duty",
+        solver=solver,
+        wait=str(wait) if wait is not None else None,
+        volume=volume_of({"spec": spec}),
     )
+
+
+def check_solver(value: object, what: str) -> str | None:
+    """A solver command name, or None; UserError naming ``what`` otherwise."""
+    if value is None or value == "":
+        return None
+    text = str(value)
+    if not re.fullmatch(SOLVER_PATTERN, text):
+        raise UserError(
+            f"{what} must be a command name such as simpleFoam (letters, digits, _.+-; "
+            f"at most 64), got {text[:80]!r}"
+        )
+    return text
 
 
 def volume_of(obj: Obj) -> str | None:

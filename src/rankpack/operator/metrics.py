@@ -15,7 +15,11 @@ from rankpack.store import EventRow
 
 RESIZE_OUTCOMES = {"resize": "completed", "resize-rejected": "rejected",
                    "resize-infeasible": "infeasible", "resize-failed": "failed",
-                   "resize-deferred": "deferred"}  # fmt: skip
+                   "resize-deferred": "deferred", "resize-retry": "retried",
+                   "resize-given-up": "given-up"}  # fmt: skip
+"""Event kind -> outcome label. ``deferred`` counts deferrals as the node reports them (a
+deferred resize that completes later also counts as ``completed``); ``retried`` counts
+requests sent again after a failure."""
 
 
 class OperatorMetrics:
@@ -93,6 +97,8 @@ class OperatorMetrics:
                 continue
             self.last_event = e.id
             if e.kind in RESIZE_OUTCOMES:
+                if e.kind == "resize-deferred" and e.detail.get("final"):
+                    continue  # still deferred at the end: counted when it was deferred
                 self.resizes.labels(RESIZE_OUTCOMES[e.kind]).inc()
             elif e.kind == "launch-held":
                 self.held.labels(_held_code(str(e.detail.get("reason", "")))).inc()

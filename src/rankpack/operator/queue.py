@@ -6,11 +6,17 @@ operators can never both claim it (the apiserver answers 409 to the second). The
 progress reaches each Simulation's status (`StatusWriter`, at most every ``interval_s``),
 its end sets ``Succeeded``/``Failed`` with the run's result. Everything the operator needs to
 follow a running Simulation after a restart (sim id, run id, staged case, start time) is in
-its status, so `running_for` can hand them to `ControlLoop.adopt`.
+its status, so `running_for_adoption` can hand them to `ControlLoop.adopt`.
+
+The apiserver may go away at any moment (restarted, overloaded): no method here raises for
+that. A status patch that fails is kept (merged per Simulation, last write wins per field)
+and written when the apiserver answers again (`flush`, every tick); `pending` answers no
+new work while it cannot list, and `idle` is only true on a fresh, successful listing.
 """
 
 from __future__ import annotations
 
+import builtins
 import contextlib
 import datetime as dt
 import threading
@@ -52,30 +58,89 @@ class SimulationApi:
     def _args(self) -> tuple[str, str, str, str]:
         return crd.GROUP, crd.VERSION, self.namespace, crd.PLURAL
 
+    TIMEOUT_S = 30.0
+    """Every call is bounded: an apiserver that hangs is one that does not answer."""
+
     def list(self) -> list[Obj]:
-        return list(self.custom.list_namespaced_custom_object(*self._args()).get("items", []))
+        found = self.custom.list_namespaced_custom_object(
+            *self._args(), _request_timeout=self.TIMEOUT_S
+        )
+        return list(found.get("items", []))
 
     def get(self, name: str) -> Obj:
-        return dict(self.custom.get_namespaced_custom_object(*self._args(), name))
+        return dict(
+            self.custom.get_namespaced_custom_object(
+                *self._args(), name, _request_timeout=self.TIMEOUT_S
+            )
+        )
 
     def create(self, body: Obj) -> Obj:
-        return dict(self.custom.create_namespaced_custom_object(*self._args(), body))
+        return dict(
+            self.custom.create_namespaced_custom_object(
+                *self._args(), body, _request_timeout=self.TIMEOUT_S
+            )
+        )
 
     def replace_status(self, obj: Obj) -> Obj:
         """Replace the status under the object's resourceVersion (409 if it changed)."""
         name = obj["metadata"]["name"]
-        return dict(self.custom.replace_namespaced_custom_object_status(*self._args(), name, obj))
+        return dict(
+            self.custom.replace_namespaced_custom_object_status(
+                *self._args(), name, obj, _request_timeout=self.TIMEOUT_S
+            )
+        )
+
+    def events(self, name: str | None = None) -> builtins.list[Obj]:
+        """The core/v1 Events on Simulations (on ``name`` only, if given), oldest first."""
+        from kubernetes import client
+
+        core: Any = client.CoreV1Api(self.custom.api_client)
+        selector = f"involvedObject.kind={crd.KIND}"
+        if name:
+            selector += f",involvedObject.name={name}"
+        items = core.list_namespaced_event(self.namespace, field_selector=selector).items
+        out = [core.api_client.sanitize_for_serialization(e) for e in items]
+        return sorted(
+            out,
+            key=lambda e: str(
+                e.get("lastTimestamp")
+                or e.get("eventTime")
+                or e["metadata"].get("creationTimestamp")
+                or ""
+            ),
+        )
 
     def patch_status(self, name: str, status: Obj) -> Obj:
         return dict(
             self.custom.patch_namespaced_custom_object_status(
-                *self._args(), name, {"status": status}
+                *self._args(), name, {"status": status}, _request_timeout=self.TIMEOUT_S
             )
         )
 
 
 def _conflict(exc: Exception) -> bool:
     return getattr(exc, "status", None) == 409
+
+
+def _not_found(exc: Exception) -> bool:
+    return getattr(exc, "status", None) == 404
+
+
+_FAILURE_REASONS = (
+    ("was evicted", "RankPodEvicted"),
+    ("was deleted", "RankPodDeleted"),
+    ("container ended", "RankContainerEnded"),
+    ("cannot start", "RankPodCannotStart"),
+    ("not running after", "RankPodsNotRunning"),
+    ("launch failed", "LaunchFailed"),
+    ("stopped", "Stopped"),
+)
+
+
+def failure_reason(message: str) -> str:
+    """The condition reason (CamelCase, bounded set) for a failed run's message; the
+    message itself names the pod, the exit code or the fatal error."""
+    return next((reason for key, reason in _FAILURE_REASONS if key in message), "RunFailed")
 
 
 def _condition(kind: str, status: bool, reason: str, message: str) -> Obj:
@@ -129,6 +194,18 @@ class SimulationQueue:
         """Simulation name -> the queue id the loop knows it by (stable in this process)."""
         self.names: dict[int, str] = {}
         self.run_ids: dict[int, int] = {}
+        self.uids: dict[str, str] = {}
+        """Simulation name -> metadata.uid (what its Events refer to)."""
+        self.sim_names: dict[str, str] = {}
+        """The backend's sim id -> Simulation name."""
+        self.conditions: dict[str, list[Obj]] = {}
+        """Simulation name -> its conditions as last written (one per type)."""
+        self.outbox: dict[str, Obj] = {}
+        """Status patches not written yet (the apiserver did not answer)."""
+        self.api_error: str | None = None
+        """Why the last call failed (None: the last call succeeded)."""
+        self.uncertain: set[str] = set()
+        """Claims whose answer was lost (the apiserver went away): checked in `flush`."""
         self.lock = threading.Lock()
 
     def _id(self, name: str) -> int:
@@ -140,10 +217,37 @@ class SimulationQueue:
 
     # -- JobSource ---------------------------------------------------------------------------
 
+    def _list(self) -> list[Obj] | None:
+        """The Simulations, or None if the apiserver did not answer."""
+        try:
+            items = self.api.list()
+        except Exception as exc:
+            self.api_error = _first_line(exc)
+            return None
+        self.api_error = None
+        for obj in items:
+            meta = obj.get("metadata") or {}
+            if meta.get("uid"):
+                self.uids[str(meta["name"])] = str(meta["uid"])
+        return items
+
+    def idle(self) -> bool:
+        """Nothing queued or running, on a listing that succeeded."""
+        items = self._list()
+        if items is None:
+            return False
+        return not any(
+            (o.get("status") or {}).get("phase") in (None, "Queued", "Running") for o in items
+        )
+
     def pending(self) -> list[Job]:
-        jobs = []
+        jobs: list[Job] = []
+        self.flush()
+        listed = self._list()
+        if listed is None:
+            return jobs  # no new work while the apiserver does not answer
         items = sorted(
-            self.api.list(),
+            listed,
             key=lambda o: (o["metadata"].get("creationTimestamp", ""), o["metadata"]["name"]),
         )
         for obj in items:
@@ -151,21 +255,17 @@ class SimulationQueue:
             if phase not in (None, "Queued"):
                 continue
             name = obj["metadata"]["name"]
+            if name in self.outbox:
+                continue  # a change of its status is not written yet: not pending
             try:
                 sub = crd.submission_of(obj)
             except UserError as exc:
                 self._fail_invalid(obj, str(exc))
                 continue
             if phase is None:
-                self._patch(
-                    name,
-                    {
-                        "phase": "Queued",
-                        "conditions": [
-                            _condition("Queued", True, "Submitted", "waiting for the operator")
-                        ],
-                    },
-                )
+                self._patch(name, {"phase": "Queued", "conditions": self._set_conditions(
+                    name, _condition("Queued", True, "Submitted", "waiting for the operator"),
+                )})  # fmt: skip
             jobs.append(Job(self._id(name), sub))
         return jobs
 
@@ -178,23 +278,31 @@ class SimulationQueue:
         status = dict(obj.get("status") or {})
         if status.get("phase") not in (None, "Queued"):
             return False
-        status.update(
-            phase="Running",
-            operator=self.identity,
-            conditions=[_condition("Running", True, "Claimed", f"claimed by {self.identity}")],
+        self.conditions[name] = list(status.get("conditions") or [])
+        conditions = self._set_conditions(
+            name,
+            _condition("Queued", False, "Claimed", f"claimed by {self.identity}"),
+            _condition("Running", True, "Claimed", f"claimed by {self.identity}"),
         )
+        status.update(phase="Running", operator=self.identity, conditions=conditions)
         obj["status"] = status
         try:
             self.api.replace_status(obj)
         except Exception as exc:
-            if _conflict(exc):
-                return False
-            raise
+            # 409: another operator claimed it first; anything else (the apiserver went
+            # away): not claimed, it stays Queued and is tried again later
+            self.api_error = None if _conflict(exc) else _first_line(exc)
+            if not _conflict(exc):
+                self.uncertain.add(name)
+            return False
+        self.uncertain.discard(name)
         return True
 
     def started(self, job: Job, run_id: int, sim_id: str, staged: StagedCase) -> None:
         self.run_ids[job.queue_id] = run_id
-        self._patch(self.names[job.queue_id], {
+        name = self.names[job.queue_id]
+        self.sim_names[sim_id] = name
+        self._patch(name, {
             "simId": sim_id,
             "runId": run_id,
             "runDir": str(staged.run_dir),
@@ -203,7 +311,9 @@ class SimulationQueue:
             "iterations": 0,
             "progress": f"0/{staged.expected_iterations}",
             "staged": staged_to_json(staged),
-            "conditions": [_condition("Running", True, "Launched", f"simulation {sim_id}")],
+            "conditions": self._set_conditions(
+                name, _condition("Running", True, "Launched", f"simulation {sim_id}")
+            ),
         })  # fmt: skip
 
     def finished(self, job: Job, status: str) -> None:
@@ -211,16 +321,7 @@ class SimulationQueue:
         if name is None:
             return
         if status == "queued":  # interrupted before launch: back to the queue
-            self._patch(
-                name,
-                {
-                    "phase": "Queued",
-                    "operator": None,
-                    "conditions": [
-                        _condition("Queued", True, "Requeued", "the operator stopped before launch")
-                    ],
-                },
-            )
+            self.requeue(name, "the operator stopped before launch")
             return
         if status == "interrupted":
             return  # stopped with the operator: it is still running and will be adopted
@@ -251,14 +352,17 @@ class SimulationQueue:
                     progress=f"{run.iterations}/{exp}" if exp else str(run.iterations),
                 )
         phase = "Succeeded" if status == "completed" else "Failed"
+        if phase == "Succeeded":
+            ended = _condition("Succeeded", True, "Completed", message or status)
+        else:
+            ended = _condition("Failed", True, failure_reason(message), message or status)
         patch.update(
             phase=phase,
             result=result,
-            conditions=[
-                _condition("Succeeded" if phase == "Succeeded" else "Failed", True,
-                           "Completed" if phase == "Succeeded" else "RunFailed",
-                           message or status)
-            ],
+            conditions=self._set_conditions(
+                name, _condition("Running", False, ended["reason"], "ended"),
+                _condition("ResizeDeferred", False, "Ended", "the run ended"), ended,
+            ),
         )  # fmt: skip
         self._patch(name, patch)
         self.on_event("finished", {"simulation": name, "phase": phase})
@@ -268,14 +372,23 @@ class SimulationQueue:
 
     # -- adoption ----------------------------------------------------------------------------
 
-    def running_for_adoption(self) -> list[Adopted]:
-        """Running Simulations that were launched (have a sim id and a staged case)."""
+    def running_for_adoption(self) -> list[Adopted] | None:
+        """Running Simulations that were launched (have a sim id and a staged case); None
+        if the apiserver did not answer. What this process has recorded and not written yet
+        is written first (a run that ended is not taken for a running one)."""
+        if not self.flush():
+            return None
+        items = self._list()
+        if items is None:
+            return None
         out = []
-        for obj in self.api.list():
+        for obj in items:
             st = obj.get("status") or {}
             if st.get("phase") != "Running" or not st.get("simId") or not st.get("staged"):
                 continue
             name = obj["metadata"]["name"]
+            self.conditions[name] = list(st.get("conditions") or [])
+            self.sim_names[str(st["simId"])] = name
             try:
                 sub = crd.submission_of(obj)
                 staged = staged_from_json(st["staged"])
@@ -291,92 +404,199 @@ class SimulationQueue:
             ))  # fmt: skip
         return out
 
-    def claimed_not_launched(self) -> list[str]:
-        """Running Simulations with no sim id: an operator died between claim and launch."""
+    def claimed_not_launched(self) -> list[str] | None:
+        """Running Simulations with no sim id: an operator died between claim and launch
+        (None if the apiserver did not answer)."""
+        items = self._list()
+        if items is None:
+            return None
         return [
             o["metadata"]["name"]
-            for o in self.api.list()
+            for o in items
             if (o.get("status") or {}).get("phase") == "Running"
             and not (o.get("status") or {}).get("simId")
         ]
 
     def requeue(self, name: str, reason: str) -> None:
-        self._patch(
-            name,
-            {
-                "phase": "Queued",
-                "operator": None,
-                "conditions": [_condition("Queued", True, "Requeued", reason)],
-            },
-        )
+        self._patch(name, {"phase": "Queued", "operator": None, "conditions": self._set_conditions(
+            name, _condition("Running", False, "Requeued", reason),
+            _condition("Queued", True, "Requeued", reason),
+        )})  # fmt: skip
 
     def fail(self, name: str, reason: str, message: str) -> None:
-        self._patch(
-            name,
-            {
-                "phase": "Failed",
-                "result": {"status": "failed", "message": message},
-                "conditions": [_condition("Failed", True, reason, message)],
-            },
-        )
+        self._patch(name, {
+            "phase": "Failed",
+            "result": {"status": "failed", "message": message},
+            "conditions": self._set_conditions(
+                name, _condition("Running", False, reason, "ended"),
+                _condition("Failed", True, reason, message),
+            ),
+        })  # fmt: skip
 
     # -- helpers -----------------------------------------------------------------------------
 
     def _fail_invalid(self, obj: Obj, message: str) -> None:
         self.fail(obj["metadata"]["name"], "InvalidSpec", message)
 
+    def _set_conditions(self, name: str, *new: Obj) -> list[Obj]:
+        """Its conditions with ``new`` replacing those of the same type (a transition time
+        is kept while a condition's status does not change)."""
+        with self.lock:
+            current = {c.get("type"): c for c in self.conditions.get(name, [])}
+            for c in new:
+                old = current.get(c["type"])
+                if old is not None and old.get("status") == c["status"]:
+                    c = {**c, "lastTransitionTime": old.get("lastTransitionTime", c[
+                        "lastTransitionTime"])}  # fmt: skip
+                current[c["type"]] = c
+            self.conditions[name] = list(current.values())
+            return list(self.conditions[name])
+
+    def end_term(self) -> None:
+        """This operator stopped leading: forget what it had not written but a final phase
+        (another leader may act on the Simulations now; a late Queued or progress patch
+        would undo its work, an end it recorded would not)."""
+        with self.lock:
+            self.outbox = {
+                name: st for name, st in self.outbox.items()
+                if st.get("phase") in ("Succeeded", "Failed")
+            }  # fmt: skip
+            self.uncertain.clear()
+
     def _patch(self, name: str, status: Obj) -> None:
-        for attempt in range(5):
+        """Merge-patch the status now, or keep it for `flush` if the apiserver does not
+        answer (a deleted Simulation's patches are dropped)."""
+        with self.lock:
+            if name in self.outbox:  # keep the order: older changes go first, merged
+                self.outbox[name] = {**self.outbox[name], **status}
+                return
+        try:
+            self.api.patch_status(name, status)
+        except Exception as exc:
+            if _not_found(exc):
+                return  # deleted by its user
+            self.api_error = _first_line(exc)
+            with self.lock:
+                self.outbox[name] = {**self.outbox.get(name, {}), **status}
+            return
+        self.api_error = None
+
+    def flush(self) -> bool:
+        """Write the status patches kept while the apiserver did not answer; True when
+        none is left. A claim whose answer was lost and that did take effect (Running, ours,
+        never launched) goes back to the queue."""
+        for name in sorted(self.uncertain):
+            try:
+                st = self.api.get(name).get("status") or {}
+            except Exception as exc:
+                if not _not_found(exc):
+                    return False
+                st = {}
+            self.uncertain.discard(name)
+            ours = st.get("phase") == "Running" and st.get("operator") == self.identity
+            if ours and not st.get("simId"):
+                self.requeue(name, "its claim's answer was lost; back to the queue")
+        with self.lock:
+            names = list(self.outbox)
+        for name in names:
+            with self.lock:
+                status = self.outbox.get(name)
+            if status is None:
+                continue
             try:
                 self.api.patch_status(name, status)
-                return
             except Exception as exc:
-                if getattr(exc, "status", None) == 404:
-                    return  # deleted by its user
-                if attempt == 4:
-                    raise
-                time.sleep(0.2 * (attempt + 1))
+                if not _not_found(exc):
+                    self.api_error = _first_line(exc)
+                    return False
+            with self.lock:
+                if self.outbox.get(name) is status:
+                    del self.outbox[name]
+                elif name in self.outbox:  # patched meanwhile: keep only what is newer
+                    newer = self.outbox[name]
+                    self.outbox[name] = {k: v for k, v in newer.items()
+                                         if status.get(k, object()) != v}  # fmt: skip
+                    if not self.outbox[name]:
+                        del self.outbox[name]
+        self.api_error = None
+        return True
 
 
 class StatusWriter:
-    """A `Display` that copies the loop's view of each Simulation into its status."""
+    """A `Display` that copies the loop's view of each Simulation into its status.
+
+    Progress is best effort (a patch that fails is dropped: the next one carries newer
+    numbers); phase changes go through the queue, which keeps them until written. A rank
+    whose resize the node deferred shows it (``ranks[].resize``) and sets the condition
+    ``ResizeDeferred``; ``resizes`` counts completed resizes only.
+    """
 
     def __init__(self, queue: SimulationQueue, interval_s: float = 2.0) -> None:
         self.queue = queue
         self.interval_s = interval_s
         self.last: dict[int, float] = {}
+        self.deferred: dict[str, str] = {}
+        """Simulation name -> the ResizeDeferred message last written (absent: none)."""
         self.listeners: list[Callable[[float, Sequence[SimView]], None]] = []
 
     def update(self, now_s: float, sims: Sequence[SimView]) -> None:
         for listener in self.listeners:
             listener(now_s, sims)
+        self.queue.flush()
         t = time.monotonic()
         for view in sims:
             if view.run_id is None or t - self.last.get(view.queue_id, -1e9) < self.interval_s:
                 continue
             name = self.queue.names.get(view.queue_id)
-            if name is None:
+            if name is None or name in self.queue.outbox:
                 continue
             self.last[view.queue_id] = t
-            exp = view.expected_iterations
-            status: Obj = {
-                "iterations": view.log.iterations,
-                "progress": f"{view.log.iterations}/{exp}" if exp else str(view.log.iterations),
-                "resizes": view.resizes,
-                "restarts": sum(r.restarts for r in view.ranks),
-                "ranks": [
-                    {k: v for k, v in {
-                        "rank": r.rank, "requestMillis": r.request_millis,
-                        "allocatedMillis": r.allocated_millis,
-                        "cpuCores": round(r.cpu_cores, 3),
-                        "duty": round(r.duty, 4) if r.duty is not None else None,
-                    }.items() if v is not None}
-                    for r in view.ranks
-                ],
-            }  # fmt: skip
-            # progress is best effort; the end state is written by `finished`
+            status = self._status(view)
+            deferred = "; ".join(
+                f"rank {r.rank} {r.request_millis}m -> {r.resize_to_millis}m: {r.resize_reason}"
+                for r in view.ranks
+                if r.resize == "deferred"
+            )
+            if deferred != self.deferred.get(name, ""):
+                status["conditions"] = self.queue._set_conditions(
+                    name,
+                    _condition("ResizeDeferred", True, "NodeDeferred", deferred)
+                    if deferred
+                    else _condition("ResizeDeferred", False, "Applied", "no resize deferred"),
+                )
             with contextlib.suppress(Exception):
-                self.queue._patch(name, status)
+                self.queue.api.patch_status(name, status)
+                self.deferred[name] = deferred
+
+    @staticmethod
+    def _status(view: SimView) -> Obj:
+        exp = view.expected_iterations
+        ranks = []
+        for r in view.ranks:
+            rank: Obj = {"rank": r.rank, "requestMillis": r.request_millis,
+                         "cpuCores": round(r.cpu_cores, 3)}  # fmt: skip
+            if r.allocated_millis is not None:
+                rank["allocatedMillis"] = r.allocated_millis
+            if r.duty is not None:
+                rank["duty"] = round(r.duty, 4)
+            # always written, so a settled resize clears it (merge patch replaces the list)
+            rank["resize"] = (
+                {"state": r.resize, "toMillis": r.resize_to_millis, "reason": r.resize_reason}
+                if r.resize
+                else None
+            )
+            ranks.append({k: v for k, v in rank.items() if v is not None})
+        return {
+            "iterations": view.log.iterations,
+            "progress": f"{view.log.iterations}/{exp}" if exp else str(view.log.iterations),
+            "resizes": view.resizes,
+            "restarts": sum(r.restarts for r in view.ranks),
+            "ranks": ranks,
+        }
 
     def close(self) -> None:
         pass
+
+
+def _first_line(exc: BaseException) -> str:
+    return (str(exc).splitlines() or [type(exc).__name__])[0][:300]

@@ -4,8 +4,15 @@ Start-up: take the Lease (leader election: only the holder acts), then adopt eve
 Simulation an earlier operator launched (its mpirun outlives the operator: the backend is
 configured with ``detach``), requeue the ones it claimed but never launched, and run the
 control loop on the queue of Simulations. A watch on Simulations wakes the loop when one is
-created or changed; it reconnects with back-off when the apiserver goes away. Losing the
-Lease stops the loop at once (the simulations keep running; the next leader adopts them).
+created or changed; it reconnects with back-off when the apiserver goes away.
+
+A *term* is one stretch of leadership. The apiserver going away is not fatal: for a few
+seconds the loop carries on with what it knows (status patches and Events wait, resizes
+that fail are retried with back-off, nothing new is launched); once the Lease cannot be
+renewed (``renew_s``) the term ends — the simulations keep running, nothing is stopped —
+and the operator follows again: when it (or another operator) takes the Lease, that leader
+adopts them from the cluster's state, exactly as after a crash. SIGTERM/Ctrl-C end the
+operator and leave the simulations running for the next leader.
 """
 
 from __future__ import annotations
@@ -22,13 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from rankpack.backend.kubernetes import KubernetesBackend, KubernetesConfig, connect
-from rankpack.backend.protocol import BackendError
-from rankpack.controller.loop import ControlLoop, LoopSettings, SimView
+from rankpack.backend.protocol import BackendError, UnknownSimulation
+from rankpack.controller.loop import Adopted, ControlLoop, LoopSettings, SimView
 from rankpack.controller.observations import ControllerSettings
+from rankpack.errors import UserError
 from rankpack.operator import crd
+from rankpack.operator.events import SimulationEvents
 from rankpack.operator.metrics import OperatorMetrics
 from rankpack.operator.queue import SimulationApi, SimulationQueue, StatusWriter
-from rankpack.store import Store
+from rankpack.store import EventRow, Store
 
 log = logging.getLogger("rankpack.operator")
 
@@ -43,14 +52,24 @@ class OperatorOptions:
     lease_s: int = 15
     """Lease duration (whole seconds, as the Lease stores it)."""
     renew_s: int = 10
+    """A leader that cannot renew its Lease for this long stops acting (ends its term)."""
     retry_s: int = 2
     metrics_port: int | None = None
     controller: ControllerSettings = field(default_factory=ControllerSettings)
     capacity_millis: int | None = None
-    wait_mode: str = "spin"
+    wait_mode: str = "auto"
+    """auto, spin, polite or adaptive: for Simulations whose spec has no ``wait``."""
     until_idle: bool = False
     """Return once nothing is queued or running (tests, batch use); default: run forever."""
     status_interval_s: float = 2.0
+    plot: Path | None = None
+    """Write the session's timeline PNG here when the operator ends."""
+    volume: str | None = None
+    """The rank pods' case volume for Simulations whose spec names none."""
+
+
+REFUSED_S = 30.0
+"""Leader election refused (401/403) for this long: the identity may not use leases."""
 
 
 def default_identity() -> str:
@@ -60,14 +79,24 @@ def default_identity() -> str:
 @dataclass
 class OperatorResult:
     status: str
-    """idle (nothing left, with until_idle) | stopped | lost-lease"""
+    """idle (nothing left, with until_idle) | stopped"""
     adopted: int
     requeued: int
     finished: list[str]
+    terms: int = 0
+    """Stretches of leadership (more than one: the Lease was lost and taken again)."""
+    multiplex_id: int | None = None
+    plot: str | None = None
 
 
 class _Lease:
-    """Leader election on a coordination.k8s.io Lease (the official client's elector)."""
+    """Leader election on a coordination.k8s.io Lease (the official client's elector).
+
+    The client's lock lets a connection error escape, which ends the election; here an
+    unreachable apiserver is a failed attempt like any other (retried every ``retry_s``),
+    so a leader whose apiserver is away loses the Lease after ``renew_s`` and a follower
+    keeps following.
+    """
 
     def __init__(self, api_client: Any, opts: OperatorOptions, namespace: str) -> None:
         from kubernetes import client
@@ -77,10 +106,13 @@ class _Lease:
         election: Any = leaderelection
         config_module: Any = electionconfig
         lock_module: Any = leaselock
-
         self.leading = threading.Event()
         self.lost = threading.Event()
-        lock = lock_module.LeaseLock(opts.lease_name, namespace, opts.identity)
+        self.last_error: tuple[int, str] | None = None
+        self.refused_since: float | None = None
+        """When 401/403 answers began (None: the last answer was not one): an apiserver
+        that has just started refuses for a moment until its authorizer has synced."""
+        lock = _safe_lock(lock_module.LeaseLock, self)(opts.lease_name, namespace, opts.identity)
         lock.api_instance = client.CoordinationV1Api(api_client)
         config = config_module.Config(
             lock, opts.lease_s, opts.renew_s, opts.retry_s,
@@ -92,11 +124,56 @@ class _Lease:
     def _run(self) -> None:
         try:
             self.elector.run()
+        except Exception as exc:  # never expected (the lock catches); end the term
+            log.warning("leader election ended: %s", exc)
         finally:
             self.lost.set()
 
     def start(self) -> None:
         self.thread.start()
+
+
+class _Unanswered:
+    """What the lock's `get` returns in place of an ApiException when there is none."""
+
+    def __init__(self, exc: BaseException) -> None:
+        self.body = None
+        self.status = 0
+        self.reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
+
+
+def _safe_lock(base: Any, owner: _Lease) -> Any:
+    class SafeLeaseLock(base):  # type: ignore[misc]
+        def get(self, name: str, namespace: str) -> Any:
+            try:
+                found, record = super().get(name, namespace)
+            except Exception as exc:
+                owner.last_error = (0, str(exc).splitlines()[0][:200] if str(exc) else "")
+                return False, _Unanswered(exc)
+            status = int(getattr(record, "status", 0) or 0) if not found else 0
+            if not found and status != 404:
+                owner.last_error = (status, str(getattr(record, "reason", "")))
+            if status in (401, 403):
+                owner.refused_since = owner.refused_since or time.monotonic()
+            else:
+                owner.refused_since = None
+            return found, record
+
+        def create(self, name: str, namespace: str, election_record: Any) -> bool:
+            try:
+                return bool(super().create(name, namespace, election_record))
+            except Exception as exc:
+                owner.last_error = (0, str(exc)[:200])
+                return False
+
+        def update(self, name: str, namespace: str, updated_record: Any) -> bool:
+            try:
+                return bool(super().update(name, namespace, updated_record))
+            except Exception as exc:
+                owner.last_error = (0, str(exc)[:200])
+                return False
+
+    return SafeLeaseLock
 
 
 class _Watcher:
@@ -133,15 +210,60 @@ class _Watcher:
 
 
 class _Display(StatusWriter):
+    """Status, metrics and Events from the loop's view and the store's new events."""
+
     def __init__(self, queue: SimulationQueue, interval_s: float, metrics: OperatorMetrics,
-                 store: Store, multiplex_id: int) -> None:  # fmt: skip
+                 store: Store, events: SimulationEvents) -> None:  # fmt: skip
         super().__init__(queue, interval_s)
-        self.metrics, self.store, self.multiplex_id = metrics, store, multiplex_id
+        self.metrics, self.store, self.events = metrics, store, events
+        self.multiplex_id: int | None = None
+        self.last_event = 0
 
     def update(self, now_s: float, sims: Sequence[SimView]) -> None:
         super().update(now_s, sims)
         self.metrics.update(self.queue.names, sims)
-        self.metrics.count_events(self.store.events(multiplex_id=self.multiplex_id))
+        self.drain()
+
+    def drain(self) -> None:
+        if self.multiplex_id is None:
+            return
+        new = self.store.events(multiplex_id=self.multiplex_id, after_id=self.last_event)
+        if new:
+            self.last_event = new[-1].id
+            self.metrics.count_events(new)
+            self.events.add(new)
+
+
+@dataclass
+class _Ctx:
+    """What lives as long as the operator process (across terms)."""
+
+    opts: OperatorOptions
+    backend: KubernetesBackend
+    store: Store
+    queue: SimulationQueue
+    display: _Display
+    stop: threading.Event
+    say: Callable[[str], None]
+    t0: float
+    multiplex_id: int = 0
+    capacity_millis: int = 0
+    finished: list[str] = field(default_factory=list)
+
+
+def _name_of(queue: SimulationQueue) -> Callable[[EventRow], str | None]:
+    def name_of(e: EventRow) -> str | None:
+        qid = e.detail.get("queue_id")
+        if isinstance(qid, int) and qid in queue.names:
+            return queue.names[qid]
+        if e.run_id is not None:
+            for q, rid in list(queue.run_ids.items()):
+                if rid == e.run_id:
+                    return queue.names.get(q)
+        sim = e.detail.get("sim")
+        return queue.sim_names.get(sim) if isinstance(sim, str) else None
+
+    return name_of
 
 
 def run_operator(
@@ -155,12 +277,14 @@ def run_operator(
     opts = replace(opts, identity=identity, config=replace(opts.config, detach=True))
     backend: KubernetesBackend = connect(opts.config)
     api_client = backend.api.api_client  # type: ignore[attr-defined]
-    sims = SimulationApi(api_client, opts.config.namespace)
+    namespace = opts.config.namespace
+    sims = SimulationApi(api_client, namespace)
     try:
         sims.list()
     except Exception as exc:
+        backend.close()
         raise BackendError(
-            f"cannot list simulations.{crd.GROUP} in namespace {opts.config.namespace}: "
+            f"cannot list simulations.{crd.GROUP} in namespace {namespace}: "
             f"{_first_line(exc)}; is the CRD installed (kubectl apply -f deploy/crd.yaml) and "
             "may this identity use it (deploy/role.yaml)?"
         ) from exc
@@ -175,80 +299,229 @@ def run_operator(
                 "choose another --metrics-port"
             ) from exc
         say(f"metrics on :{opts.metrics_port}/metrics")
-    lease = _Lease(api_client, opts, opts.config.namespace)
-    lease.start()
-    say(f"{identity}: waiting for the lease {opts.config.namespace}/{opts.lease_name}")
-    while not lease.leading.wait(0.5):
-        if stop.is_set():
-            backend.close()
-            return OperatorResult("stopped", 0, 0, [])
-        if lease.lost.is_set():
-            backend.close()
-            raise BackendError(
-                f"leader election on Lease {opts.config.namespace}/{opts.lease_name} failed "
-                "(see the log above); may this identity use leases (deploy/role.yaml)?"
-            )
-    say(f"{identity}: leading")
     store = Store(opts.db_path)
     queue = SimulationQueue(sims, store, identity)
-    capacity = opts.capacity_millis or backend.inventory().allocatable_millis
-    multiplex_id = store.start_multiplex(
-        capacity, opts.controller.max_concurrent, opts.wait_mode, "kubernetes-operator"
-    )
-    settings = LoopSettings(
-        runs_root=opts.runs_root, controller=opts.controller, wait_mode=opts.wait_mode,
-        capacity_millis=capacity, multiplex_id=multiplex_id, label=f"operator-{multiplex_id}",
-        extra={"multiplex_id": multiplex_id, "operator": identity},
-        image=opts.config.image, leave_running=True,
+    events = SimulationEvents(
+        lambda body: backend.api.create("events", body), namespace, identity,
+        name_of=_name_of(queue), uid_of=queue.uids.get,
     )  # fmt: skip
-    display = _Display(queue, opts.status_interval_s, metrics, store, multiplex_id)
-    loop_stop = threading.Event()
-
-    def watch_lease() -> None:
-        while not (stop.is_set() or lease.lost.is_set()):
-            time.sleep(0.2)
-        loop_stop.set()
-        backend._notify()
-
-    threading.Thread(target=watch_lease, daemon=True).start()
-    watcher = _Watcher(sims, backend._notify, loop_stop)
+    events.start()
+    display = _Display(queue, opts.status_interval_s, metrics, store, events)
+    ctx = _Ctx(opts, backend, store, queue, display, stop, say, backend.clock())
+    watcher = _Watcher(sims, backend._notify, stop)
     watcher.thread.start()
-    adopted = requeued = 0
-    finished: list[str] = []
-    status = "stopped"
+    result = OperatorResult("stopped", 0, 0, [])
     try:
-        loop = ControlLoop(backend, store, queue, settings, display=display, stop=loop_stop)
-        for a in queue.running_for_adoption():
-            name = queue.names[a.job.queue_id]
-            try:
-                loop.adopt(a)
-                adopted += 1
-                say(f"adopted {name} (simulation {a.sim_id})")
-            except BackendError as exc:
-                queue.fail(name, "LostOnRestart", f"could not be adopted: {exc}")
-                say(f"{name}: could not be adopted ({exc}); failed")
-        for name in queue.claimed_not_launched():
-            queue.requeue(name, "its operator stopped between claim and launch")
-            requeued += 1
-        while not loop_stop.is_set():
-            result = loop.run()
-            finished += [queue.names.get(o.queue_id, "?") for o in result.outcomes]
-            if loop_stop.is_set():
+        while not stop.is_set():
+            lease = _Lease(api_client, opts, namespace)
+            lease.start()
+            followed = _follow(lease, ctx)
+            if followed == "stopped":
                 break
-            if opts.until_idle and not queue.pending():
-                status = "idle"
+            if followed == "retry":
+                stop.wait(opts.retry_s)
+                continue
+            result.terms += 1
+            say(f"{identity}: leading" + (f" (term {result.terms})" if result.terms > 1 else ""))
+            if not ctx.multiplex_id:
+                _start_session(ctx)
+                result.multiplex_id = ctx.multiplex_id
+            status, adopted, requeued = _term(ctx, lease)
+            result.adopted += adopted
+            result.requeued += requeued
+            queue.end_term()
+            left = backend.forget_all()
+            if status in ("idle", "stopped"):
+                result.status = status
                 break
-            backend.wait(5.0)  # a watch event wakes it at once
-            loop = ControlLoop(backend, store, queue, settings, display=display, stop=loop_stop)
+            why = f" ({lease_error})" if (lease_error := _lease_error(lease)) else ""
+            say(f"{identity}: lost the lease{why}; {len(left)} simulation(s) left running; "
+                "following again")  # fmt: skip
     finally:
-        loop_stop.set()
-        if lease.lost.is_set() and not stop.is_set():
-            status = "lost-lease"
-        store.finish_multiplex(multiplex_id, status, {"adopted": adopted, "requeued": requeued,
-                                                      "finished": finished})  # fmt: skip
+        stop.set()
+        display.drain()
+        events.stop()
+        result.finished = list(ctx.finished)
+        if ctx.multiplex_id:
+            store.finish_multiplex(ctx.multiplex_id, result.status, {
+                "adopted": result.adopted, "requeued": result.requeued,
+                "finished": result.finished, "terms": result.terms,
+            })  # fmt: skip
+            if opts.plot is not None:
+                result.plot = _plot(ctx, opts.plot)
         with contextlib.suppress(Exception):
             backend.close()
-    return OperatorResult(status, adopted, requeued, finished)
+    return result
+
+
+def _lease_error(lease: _Lease) -> str:
+    return lease.last_error[1] if lease.last_error else ""
+
+
+def _follow(lease: _Lease, ctx: _Ctx) -> str:
+    """Wait until this operator leads: leading | stopped | retry (the elector ended without
+    leading; start another)."""
+    ns, name = ctx.opts.config.namespace, ctx.opts.lease_name
+    ctx.say(f"{ctx.opts.identity}: waiting for the lease {ns}/{name}")
+    while not lease.leading.wait(0.5):
+        if ctx.stop.is_set():
+            return "stopped"
+        refused = lease.refused_since
+        if refused is not None and time.monotonic() - refused > REFUSED_S and lease.last_error:
+            raise BackendError(
+                f"leader election on Lease {ns}/{name} is refused ({lease.last_error[1]}); "
+                "may this identity use leases (deploy/role.yaml)?"
+            )
+        if lease.lost.is_set() and not lease.leading.is_set():
+            return "retry"
+    return "leading"
+
+
+def _start_session(ctx: _Ctx) -> None:
+    """The store's record of this operator's session, once it first leads."""
+    opts = ctx.opts
+    capacity = opts.capacity_millis
+    while capacity is None and not ctx.stop.is_set():
+        try:
+            capacity = ctx.backend.inventory().allocatable_millis
+        except BackendError as exc:
+            ctx.say(f"cannot read the capacity yet: {exc}")
+            ctx.stop.wait(2.0)
+    ctx.capacity_millis = capacity or 0
+    ctx.multiplex_id = ctx.store.start_multiplex(
+        ctx.capacity_millis, opts.controller.max_concurrent, opts.wait_mode,
+        "kubernetes-operator",
+    )  # fmt: skip
+    ctx.display.multiplex_id = ctx.multiplex_id
+
+
+def _settings(ctx: _Ctx) -> LoopSettings:
+    opts = ctx.opts
+    return LoopSettings(
+        runs_root=opts.runs_root, controller=replace(opts.controller, launch_must_fit=True),
+        wait_mode=opts.wait_mode,
+        capacity_millis=ctx.capacity_millis, multiplex_id=ctx.multiplex_id,
+        label=f"operator-{ctx.multiplex_id}",
+        extra={"multiplex_id": ctx.multiplex_id, "operator": opts.identity},
+        image=opts.config.image, volume=opts.volume, leave_running=True,
+    )  # fmt: skip
+
+
+def _term(ctx: _Ctx, lease: _Lease) -> tuple[str, int, int]:
+    """Lead until the Lease is lost, the operator is stopped or (until_idle) nothing is
+    left. Returns (idle | stopped | lost-lease, adopted, requeued)."""
+    term_stop = threading.Event()
+
+    def watch_lease() -> None:
+        while not (ctx.stop.is_set() or lease.lost.is_set() or term_stop.is_set()):
+            time.sleep(0.2)
+        term_stop.set()
+        ctx.backend._notify()
+
+    threading.Thread(target=watch_lease, daemon=True, name="term").start()
+    adopted = requeued = 0
+    status = "lost-lease"
+    try:
+        while not term_stop.is_set():
+            loop = ControlLoop(ctx.backend, ctx.store, ctx.queue, _settings(ctx),
+                               display=ctx.display, stop=term_stop, t0=ctx.t0)  # fmt: skip
+            n = _adopt_all(ctx, loop, term_stop)
+            if n is None:
+                break
+            adopted += n
+            requeued += _requeue_unlaunched(ctx, term_stop)
+            try:
+                while not term_stop.is_set():
+                    result = loop.run()
+                    ctx.display.drain()  # what the last tick recorded: Events, metrics
+                    ctx.finished += [ctx.queue.names.get(o.queue_id, "?") for o in result.outcomes]
+                    if term_stop.is_set():
+                        break
+                    if ctx.opts.until_idle and ctx.queue.idle():
+                        status = "idle"
+                        return status, adopted, requeued
+                    ctx.backend.wait(5.0)  # a watch event wakes it at once
+                    loop = ControlLoop(ctx.backend, ctx.store, ctx.queue, _settings(ctx),
+                                       display=ctx.display, stop=term_stop, t0=ctx.t0)  # fmt: skip
+            except BackendError as exc:
+                # Something the loop could not ride out: it left the launched simulations
+                # running; follow them again from the cluster's state.
+                ctx.say(f"control loop: {exc}; adopting the running simulations again")
+                ctx.backend.forget_all()
+                term_stop.wait(2.0)
+    finally:
+        term_stop.set()
+        if ctx.stop.is_set():
+            status = "stopped"
+    return status, adopted, requeued
+
+
+def _adopt_all(ctx: _Ctx, loop: ControlLoop, term_stop: threading.Event) -> int | None:
+    """Adopt every Running Simulation with a sim id (retried while the apiserver does not
+    answer); None if the term ended first."""
+    queue = ctx.queue
+    found: list[Adopted] | None = None
+    while found is None:
+        found = queue.running_for_adoption()
+        if found is None and term_stop.wait(2.0):
+            return None
+    n = 0
+    for a in found:
+        name = queue.names[a.job.queue_id]
+        run = _finished_run(ctx.store, a.run_id)
+        if run is not None:  # it ended under this process; only its status was not written
+            queue.finished(a.job, run)
+            continue
+        while not term_stop.is_set():
+            try:
+                loop.adopt(a)
+            except UnknownSimulation as exc:
+                queue.fail(name, "LostOnRestart", f"could not be adopted: {exc}")
+                ctx.say(f"{name}: could not be adopted ({exc}); failed")
+            except BackendError as exc:  # the apiserver did not answer: try again
+                ctx.say(f"{name}: adoption waits ({exc})")
+                term_stop.wait(2.0)
+                continue
+            else:
+                n += 1
+                ctx.say(f"adopted {name} (simulation {a.sim_id})")
+            break
+    return None if term_stop.is_set() else n
+
+
+def _finished_run(store: Store, run_id: int | None) -> str | None:
+    """The status of run ``run_id`` if this store has it finished (completed, failed)."""
+    if run_id is None:
+        return None
+    try:
+        status = store.get_run(run_id).status
+    except UserError:
+        return None
+    return status if status in ("completed", "failed") else None
+
+
+def _requeue_unlaunched(ctx: _Ctx, term_stop: threading.Event) -> int:
+    names: list[str] | None = None
+    while names is None and not term_stop.is_set():
+        names = ctx.queue.claimed_not_launched()
+        if names is None:
+            term_stop.wait(2.0)
+    for name in names or []:
+        ctx.queue.requeue(name, "its operator stopped between claim and launch")
+    return len(names or [])
+
+
+def _plot(ctx: _Ctx, path: Path) -> str | None:
+    from rankpack.operator.plot import plot_session
+
+    try:
+        title = f"rankpack operator {ctx.opts.identity}: session {ctx.multiplex_id}"
+        n = plot_session(ctx.store, ctx.multiplex_id, path, title)
+    except (OSError, ValueError) as exc:
+        ctx.say(f"cannot write the timeline {path}: {exc}")
+        return None
+    ctx.say(f"timeline of {n} run(s): {path}")
+    return str(path)
 
 
 def _first_line(exc: Exception) -> str:

@@ -241,3 +241,40 @@ def test_deploy_crd_matches_the_builder() -> None:
     from rankpack.operator.crd import crd_manifest
 
     assert yaml.safe_load((REPO / "deploy" / "crd.yaml").read_text()) == crd_manifest()
+
+
+def test_deploy_files_are_what_the_generator_writes() -> None:
+    from rankpack.operator import manifests
+
+    assert (REPO / "deploy" / "crd.yaml").read_text() == manifests.crd_yaml()
+    assert (REPO / "deploy" / "operator.yaml").read_text() == manifests.operator_yaml()
+
+
+def test_in_cluster_operator_is_least_privilege() -> None:
+    from rankpack.operator import manifests
+
+    sa, role, binding, deployment = manifests.operator_objects("ns")
+    assert [o["kind"] for o in (sa, role, binding)] == ["ServiceAccount", "Role", "RoleBinding"]
+    assert role["rules"] == rbac.backend_rbac("ns")[1]["rules"]  # the backend's, no more
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": manifests.NAME}  # fmt: skip
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["serviceAccountName"] == sa["metadata"]["name"]
+    assert "hostNetwork" not in pod and all("hostPath" not in v for v in pod["volumes"])
+    (container,) = pod["containers"]
+    assert "--volume" in container["command"] and "$(POD_NAME)" in container["command"]
+
+
+def test_dev_cluster_operator_mounts_this_host(tmp_path: Path) -> None:
+    from rankpack.operator import manifests
+
+    dev = manifests.DevCluster(python_prefix=Path("/opt/py"), venv=Path("/src/r/.venv"),
+                               source=Path("/src/r"), runs=tmp_path)  # fmt: skip
+    *_, deployment = manifests.operator_objects("ns", image="rankpack.local/host-usr:1", dev=dev)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["hostNetwork"] is True
+    paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
+    assert paths == {"/usr", "/opt/py", "/src/r", str(tmp_path)}  # the venv is inside /src/r
+    (container,) = pod["containers"]
+    assert container["imagePullPolicy"] == "Never"
+    assert container["command"][:3] == ["/src/r/.venv/bin/python", "-m", "rankpack"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from pathlib import Path
 from typing import IO, Any
@@ -406,3 +407,73 @@ def test_rank_pods_that_never_run_fail_the_simulation(tmp_path: Path) -> None:
     assert obs.phase is SimPhase.FAILED
     assert "not running after 0 s" in obs.reason and "Unschedulable" in obs.reason
     assert h.procs == []
+
+
+# -- adoption after a crash mid-launch (the launch marker) ----------------------------------
+
+
+def test_adopting_a_simulation_whose_mpirun_never_started_starts_it(tmp_path: Path) -> None:
+    """The earlier process died after creating the rank pods, before starting mpirun."""
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())  # pods created; mpirun not started (they do not run yet)
+    later = h.make()
+    later.adopt(SIM, h.spec())
+    assert later.observe(SIM).phase is SimPhase.PENDING and not h.procs
+    h.run_all()
+    later.poll_once()
+    assert len(h.procs) == 1  # started once, by the adopter
+    assert later.observe(SIM).phase is SimPhase.RUNNING
+
+
+def test_adopting_before_the_pods_exist_creates_them(tmp_path: Path) -> None:
+    """The earlier process died after recording the launch, before creating anything."""
+    h = Harness(tmp_path)
+    h.backend.adopt(SIM, h.spec())
+    created = [a for a in h.api.actions if a[0] == "create"]
+    assert ("create", "configmaps", "rankpack-s1") in created
+    assert [a[2] for a in created if a[1] == "pods"] == PODS
+    h.run_all()
+    assert len(h.procs) == 1
+
+
+def test_a_running_mpirun_is_never_started_twice(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    assert len(h.procs) == 1  # this process holds the launch lock while mpirun runs
+    later = h.make()
+    later.adopt(SIM, h.spec())
+    later.poll_once()
+    assert len(h.procs) == 1 and later.observe(SIM).phase is SimPhase.RUNNING
+
+
+def test_a_launcher_that_died_without_an_exit_code_fails_the_simulation(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    h.backend.forget_all()  # the launching process is gone: nobody holds the lock
+    later = h.make()
+    later.adopt(SIM, h.spec())
+    later.poll_once()
+    obs = later.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and "without an exit code" in obs.reason
+    assert len(h.procs) == 1
+
+
+def test_launch_marker_states(tmp_path: Path) -> None:
+    from rankpack.backend.kubernetes import launcher
+
+    assert launcher.state(tmp_path) == "never"
+    fd = launcher.begin(tmp_path)
+    assert fd is not None
+    assert launcher.state(tmp_path) == "running"
+    assert launcher.begin(tmp_path) is None  # a second launch is refused while it is held
+    os.close(fd)
+    assert launcher.state(tmp_path) == "never"  # died before the spawn: start it
+    fd = launcher.begin(tmp_path)
+    assert fd is not None
+    launcher.launched(fd, 1234)
+    os.close(fd)
+    assert launcher.state(tmp_path) == "died"
+    (tmp_path / "mpirun.exit").write_text("0\n")
+    assert launcher.state(tmp_path) == "ended"

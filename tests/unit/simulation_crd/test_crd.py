@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from rankpack.controller.observations import Phase
@@ -17,12 +19,14 @@ from rankpack.operator import crd
         Submission(case="/cases/x", weights=(1, 3), budget_millis=1500, floor_millis=100,
                    decompose="weighted", sizing="fixed",
                    phases=(Phase(0.0, (500, 1000)), Phase(0.5, (1000, 500)))),
+        Submission(case="pitzDaily", weights=(1, 1), budget_millis=1000, solver="simpleFoam",
+                   wait="polite"),
     ],
 )  # fmt: skip
 def test_spec_round_trips(sub: Submission) -> None:
     obj = crd.simulation("s", sub, volume="host:/data")
     assert obj["apiVersion"] == "rankpack.dev/v1alpha1" and obj["kind"] == "Simulation"
-    assert crd.submission_of(obj) == sub
+    assert crd.submission_of(obj) == replace(sub, volume="host:/data")
     assert crd.volume_of(obj) == "host:/data"
 
 
@@ -45,6 +49,9 @@ def test_spec_round_trips(sub: Submission) -> None:
             "needs 2 values",
         ),
         ({"case": {"path": "p"}, "ranks": 2, "weights": ["a", 1]}, "bad spec"),
+        ({"case": {"path": "p"}, "ranks": 2, "solver": "/bin/sh -c x"}, "spec.solver must be"),
+        ({"case": {"path": "p"}, "ranks": 2, "solver": "a;b"}, "spec.solver must be"),
+        ({"case": {"path": "p"}, "ranks": 2, "wait": "busy"}, "spec.wait must be one of"),
     ],
 )
 def test_a_bad_spec_is_one_clear_error(spec: dict[str, object], message: str) -> None:

@@ -39,6 +39,11 @@ class KubeError(BackendError):
     def conflict(self) -> bool:
         return self.status == 409
 
+    @property
+    def transient(self) -> bool:
+        """Worth trying again: unreachable (0), throttled (429) or a server error (5xx)."""
+        return self.status in (0, 429) or self.status >= 500
+
 
 @dataclass(frozen=True)
 class ExecResult:

@@ -30,7 +30,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Protocol
 
-from rankpack.backend.kubernetes import builders, rsh, status, usage
+from rankpack.backend.kubernetes import builders, launcher, rsh, status, usage
 from rankpack.backend.kubernetes.api import KubeApi, KubeError, Obj
 from rankpack.backend.kubernetes.config import KubernetesConfig, VolumeSource, parse_volume
 from rankpack.backend.protocol import (
@@ -88,15 +88,22 @@ class _Popen:
         log: IO[bytes],
         *,
         detach_exit_file: Path | None = None,
+        lock_fd: int | None = None,
     ) -> None:
         if detach_exit_file is not None:
+            lock = ["--lock-fd", str(lock_fd)] if lock_fd is not None else []
             argv = [sys.executable, "-m", "rankpack.backend.kubernetes.launcher",
-                    str(detach_exit_file), "--", *argv]  # fmt: skip
+                    str(detach_exit_file), *lock, "--", *argv]  # fmt: skip
         self.p = subprocess.Popen(
             argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
             stderr=subprocess.STDOUT, start_new_session=True,
             preexec_fn=None if detach_exit_file is not None else _terminate_with_parent,
+            pass_fds=(lock_fd,) if lock_fd is not None else (),
         )  # fmt: skip
+
+    @property
+    def pid(self) -> int:
+        return self.p.pid
 
     @property
     def returncode(self) -> int | None:
@@ -116,9 +123,9 @@ class _Popen:
 Starter = Callable[[list[str], Path, dict[str, str], IO[bytes]], Proc]
 
 
-def _detached(exit_file: Path) -> Starter:
+def _popen(exit_file: Path | None, lock_fd: int | None) -> Starter:
     def start(argv: list[str], cwd: Path, env: dict[str, str], log: IO[bytes]) -> Proc:
-        return _Popen(argv, cwd, env, log, detach_exit_file=exit_file)
+        return _Popen(argv, cwd, env, log, detach_exit_file=exit_file, lock_fd=lock_fd)
 
     return start
 
@@ -165,6 +172,10 @@ class _Sim:
     readers: list[RecordReader] = field(default_factory=list)
     counters: dict[int, usage.CpuCounters] = field(default_factory=dict)
     created_t: float = field(default_factory=time.monotonic)
+    launch_fd: int | None = None
+    """The launch marker's locked descriptor while this process holds it (`launcher`)."""
+    reconcile_error: str | None = None
+    """Creating its objects failed transiently; the poller tries again."""
 
     @property
     def n(self) -> int:
@@ -203,15 +214,40 @@ class KubernetesBackend:
         self._news = threading.Condition()
         self._pending_news = False
         self._poller: threading.Thread | None = None
+        self._poller_lock = threading.Lock()
+        """Guards starting and ending the poller, so work added while it ends is seen."""
         self._closed = threading.Event()
         self.poll_error: str | None = None
         self._nodes_forbidden = False
+        self._inventory: Inventory | None = None
+        """The last inventory read: answered while the apiserver does not answer."""
+        self._orphans: set[str] = set()
+        """Released simulations whose objects could not be deleted yet (apiserver away)."""
 
     # -- capacity and facts ------------------------------------------------------------------
 
     def inventory(self) -> Inventory:
         """Ready, schedulable nodes: allocatable minus the requests of every pod that is not
-        terminated (all namespaces if the identity may list them, else this namespace)."""
+        terminated (all namespaces if the identity may list them, else this namespace).
+
+        While the apiserver does not answer (unreachable, 5xx), the last inventory read is
+        answered: nothing can be launched then anyway (creating pods fails and is retried),
+        and the control loop must not stop over it."""
+        try:
+            found = self._read_inventory()
+        except KubeError as exc:
+            if exc.transient and self._inventory is not None:
+                return self._inventory
+            raise
+        except BackendError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, KubeError) and cause.transient and self._inventory is not None:
+                return self._inventory
+            raise
+        self._inventory = found
+        return found
+
+    def _read_inventory(self) -> Inventory:
         try:
             if self._nodes_forbidden:
                 raise KubeError(403, "Forbidden", "nodes (remembered)")
@@ -322,9 +358,13 @@ class KubernetesBackend:
         try:
             self.reconcile(spec, image, volume)
         except KubeError as exc:
-            with contextlib.suppress(KubeError):
-                self.api.delete("configmaps", builders.owner_name(spec.sim_id), "Foreground")
-            raise LaunchFailed(f"cannot create the rank pods of {spec.sim_id}: {exc}") from exc
+            if not exc.transient:
+                with contextlib.suppress(KubeError):
+                    self.api.delete("configmaps", builders.owner_name(spec.sim_id), "Foreground")
+                raise LaunchFailed(f"cannot create the rank pods of {spec.sim_id}: {exc}") from exc
+            # The apiserver is away: the poller creates what is missing once it answers
+            # (get-or-create is idempotent), bounded by start_timeout_s like any start.
+            sim.reconcile_error = str(exc)
         self._attach_readers(sim)
         with self._lock:
             self._sims[spec.sim_id] = sim
@@ -418,15 +458,25 @@ class KubernetesBackend:
             env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
             env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
         try:
+            fd = launcher.begin(rank_dir(sim.spec.case_dir))
+        except OSError as exc:
+            sim.failure = f"cannot write the launch marker in {d}: {exc}"
+            return
+        if fd is None:  # another process launched it and runs it: follow, never start twice
+            sim.started = sim.adopted = True
+            return
+        sim.launch_fd = fd
+        try:
             sim.log_file = open(sim.spec.log_path, "ab")  # noqa: SIM115 - closed in release()
             starter = self.starter
-            if self.config.detach and self.default_starter:
-                starter = _detached(sim.exit_file)
+            if self.default_starter:
+                starter = _popen(sim.exit_file if self.config.detach else None, fd)
             sim.process = starter(builders.mpirun_argv(args), sim.spec.case_dir, env,
                                   sim.log_file)  # fmt: skip
         except (OSError, UserError, BackendError) as exc:
             sim.failure = f"cannot start mpirun: {exc}"
             return
+        launcher.launched(fd, int(getattr(sim.process, "pid", 0) or os.getpid()))
         sim.started = True
         threading.Thread(target=self._watch_mpirun, args=(sim,), daemon=True).start()
 
@@ -449,15 +499,25 @@ class KubernetesBackend:
     # -- the poller: the backend's event source --------------------------------------------
 
     def _ensure_poller(self) -> None:
-        if self.background and (self._poller is None or not self._poller.is_alive()):
-            self._poller = threading.Thread(target=self._poll_loop, daemon=True)
-            self._poller.start()
+        if not self.background:
+            return
+        with self._poller_lock:
+            if self._poller is None or not self._poller.is_alive():
+                self._poller = threading.Thread(target=self._poll_loop, daemon=True)
+                self._poller.start()
+
+    def _has_work(self) -> bool:
+        with self._lock:
+            return bool(self._orphans) or any(not s.released for s in self._sims.values())
 
     def _poll_loop(self) -> None:
         while not self._closed.is_set():
             busy = self.poll_once()
             if not busy:
-                return
+                with self._poller_lock:  # ends only if nothing arrived meanwhile
+                    if not self._has_work():
+                        self._poller = None
+                        return
             fast = any(
                 r.status.state in (ResizeState.PENDING, ResizeState.IN_PROGRESS)
                 for s in list(self._sims.values()) for r in s.resizes.values()
@@ -467,16 +527,21 @@ class KubernetesBackend:
     def poll_once(self) -> bool:
         """List the pods of every simulation once and act on what changed; False when no
         simulation needs watching any more."""
+        if self._orphans:
+            self._delete_orphans()
         with self._lock:
             sims = [s for s in self._sims.values() if not s.released]
         if not sims:
-            return False
+            return bool(self._orphans)
         try:
             pods = self.api.list_pods(builders.ALL_SIMS_SELECTOR)
         except KubeError as exc:
             self.poll_error = str(exc)
             return True
         self.poll_error = None
+        for sim in sims:
+            if sim.reconcile_error is not None and not sim.ended and sim.failure is None:
+                self._retry_reconcile(sim)
         by_sim: dict[str, dict[int, Obj]] = {}
         for pod in pods:
             lab = pod.get("metadata", {}).get("labels") or {}
@@ -489,6 +554,26 @@ class KubernetesBackend:
         if news:
             self._notify()
         return True
+
+    def _retry_reconcile(self, sim: _Sim) -> None:
+        try:
+            self.reconcile(sim.spec, sim.image, sim.volume)
+        except KubeError as exc:
+            sim.reconcile_error = str(exc)
+            if not exc.transient:
+                sim.failure = f"cannot create the rank pods of {sim.spec.sim_id}: {exc}"
+            return
+        sim.reconcile_error = None
+
+    def _delete_orphans(self) -> None:
+        """One non-blocking attempt per orphan (the poller must not stall on one)."""
+        for sim_id in sorted(self._orphans):
+            try:
+                gone = self.delete_objects(sim_id, wait=False)
+            except BackendError:
+                continue
+            if gone:
+                self._orphans.discard(sim_id)
 
     def _update(self, sim: _Sim, pods: dict[int, Obj]) -> bool:
         news = False
@@ -607,7 +692,10 @@ class KubernetesBackend:
         except KubeError as exc:
             # 1.36 refuses a resize above the node's allocatable with Forbidden; validation
             # errors are 422; a vanished pod 404: all are final, the rank keeps its CPU.
-            state = ResizeState.REJECTED if 400 <= exc.status < 500 else ResizeState.FAILED
+            # An unreachable or overloaded apiserver, or a conflict, is FAILED: the control
+            # loop asks again with back-off; a refusal is REJECTED.
+            transient = exc.transient or exc.conflict
+            state = ResizeState.FAILED if transient else ResizeState.REJECTED
             st = result(state, f"{exc.reason}: {exc.message}" if exc.message else str(exc))
             with self._lock:
                 sim.resizes[rank] = _Resize(st, resources, None)
@@ -676,6 +764,8 @@ class KubernetesBackend:
                 return SimPhase.RUNNING, ""
             if self.poll_error:
                 return SimPhase.PENDING, f"the API is not answering: {self.poll_error}"
+            if sim.reconcile_error:
+                return SimPhase.PENDING, f"creating its pods: {sim.reconcile_error}"
             return SimPhase.PENDING, "; ".join(
                 f"rank {i}: {status.pending_reason(sim.pods.get(i))}"
                 for i in range(sim.n)
@@ -808,28 +898,45 @@ class KubernetesBackend:
             return
         if not sim.ended or (sim.process is not None and sim.process.poll() is None):
             self.stop(sim_id)
-        self.delete_objects(sim_id)
+        try:
+            self.delete_objects(sim_id)
+        except BackendError:
+            # The apiserver is away or the pods are slow to go: the poller deletes them
+            # later; the simulation itself is over and its results are on the volume.
+            self._orphans.add(sim_id)
+            self._ensure_poller()
         if sim.log_file is not None:
             sim.log_file.close()
         for reader in sim.readers:
             reader.close()
+        _close_launch(sim)
         with self._lock:
             sim.released = True
 
-    def delete_objects(self, sim_id: str) -> None:
+    def delete_objects(self, sim_id: str, *, wait: bool = True) -> bool:
         """Delete the owner (the garbage collector removes the Service and the pods) and
-        wait, bounded, until the rank pods are gone; delete leftovers directly."""
+        wait, bounded, until the rank pods are gone; delete leftovers directly. Without
+        ``wait``: one attempt, leftovers of a deleted owner deleted directly; True when no
+        rank pod is left."""
+        owner_gone = False
         try:
             self.api.delete("configmaps", builders.owner_name(sim_id), "Foreground")
         except KubeError as exc:
             if not exc.not_found:
                 raise BackendError(f"cannot delete simulation {sim_id}: {exc}") from exc
+            owner_gone = True
         deadline = self.clock() + self.config.release_timeout_s
         direct = False
         while True:
             left = self.api.list_pods(builders.sim_selector(sim_id))
             if not left:
-                return
+                return True
+            if not wait:
+                if owner_gone:
+                    for pod in left:
+                        with contextlib.suppress(KubeError):
+                            self.api.delete("pods", str(pod["metadata"]["name"]))
+                return False
             if self.clock() > deadline:
                 raise BackendError(
                     f"rank pods of {sim_id} still exist after {self.config.release_timeout_s} s"
@@ -845,6 +952,23 @@ class KubernetesBackend:
 
     def close(self) -> None:
         self._closed.set()
+
+    def forget_all(self) -> list[str]:
+        """Drop every simulation from this process's memory without stopping anything (the
+        operator, when it stops leading: the next term, or the next leader, adopts them).
+        Returns their ids."""
+        with self._lock:
+            sims, self._sims = self._sims, {}
+            self._stages.clear()
+        for sim in sims.values():
+            _close_launch(sim)
+            if sim.log_file is not None:
+                with contextlib.suppress(OSError):
+                    sim.log_file.close()
+            for reader in sim.readers:
+                with contextlib.suppress(OSError, UserError):
+                    reader.close()
+        return [k for k, v in sims.items() if not v.released]
 
     # -- earlier processes' simulations ------------------------------------------------------
 
@@ -863,26 +987,48 @@ class KubernetesBackend:
     def adopt(self, sim_id: str, spec: SimSpec) -> None:
         """Take over a simulation an earlier rankpack process launched: its pods are
         followed again; its mpirun (not our child) is known to have ended by the exit file
-        it leaves on the case volume."""
+        it leaves on the case volume. The launch marker (`launcher.state`) says whether
+        mpirun was ever started: if not (the earlier process died mid-launch), the rank
+        pods are created if missing and mpirun is started here once they run."""
+        import json
+
+        launch = launcher.state(rank_dir(spec.case_dir))
         try:
             owner = self.api.get("configmaps", builders.owner_name(sim_id))
         except KubeError as exc:
-            if exc.not_found:
-                raise UnknownSimulation(f"no simulation {sim_id} in {self.api.namespace}") from exc
-            raise
-        spec_text = owner.get("data", {}).get("spec.json", "{}")
-        import json
-
-        recorded = json.loads(spec_text)
-        sim = _Sim(
-            spec=spec,
-            image=str(recorded.get("image") or spec.image or self.config.image),
-            volume=parse_volume(spec.volume, spec.case_dir),
-            desired=list(spec.ranks),
-            started=True,
-            adopted=True,
-        )
-        for pod in self.api.list_pods(builders.sim_selector(sim_id)):
+            if not exc.not_found:
+                raise
+            if launch in ("running", "died"):
+                raise UnknownSimulation(
+                    f"no simulation {sim_id} in {self.api.namespace} (its objects were "
+                    "deleted while it ran)"
+                ) from exc
+            # ended: released, but the process that released it died before it recorded
+            # the end (finish it from its exit code and log); never: it died before the
+            # objects were created (create them now)
+            owner = {}
+        recorded = json.loads(owner.get("data", {}).get("spec.json", "{}"))
+        image = str(recorded.get("image") or spec.image or self.config.image)
+        try:
+            volume = parse_volume(spec.volume, spec.case_dir)
+        except UserError as exc:
+            raise LaunchFailed(str(exc)) from exc
+        sim = _Sim(spec=spec, image=image, volume=volume, desired=list(spec.ranks),
+                   started=launch != "never", adopted=True)  # fmt: skip
+        if launch == "never":
+            self._prepare_files(sim)
+            if not owner:
+                try:
+                    self.reconcile(spec, image, volume)
+                except KubeError as exc:
+                    if not exc.transient:
+                        raise LaunchFailed(
+                            f"cannot create the rank pods of {sim_id}: {exc}"
+                        ) from exc
+                    sim.reconcile_error = str(exc)
+        elif launch == "died":
+            sim.failure = "its launcher and mpirun ended without an exit code (killed?)"
+        for pod in self.api.list_pods(builders.sim_selector(sim_id)) if owner else []:
             with contextlib.suppress(KeyError, ValueError):
                 rank = int(pod["metadata"]["labels"][builders.RANK_LABEL])
                 want = status.desired(pod, C)
@@ -891,6 +1037,8 @@ class KubernetesBackend:
                     sim.pods[rank] = pod
                     sim.seen.add(rank)
         self._attach_readers(sim)
+        if launch == "ended":
+            self._check_adopted(sim)
         # the log is delivered from its start, as the protocol says: the adopting
         # controller parses it afresh (sim.log_offset stays 0)
         with self._lock:
@@ -902,6 +1050,14 @@ class KubernetesBackend:
         if sim is None or sim.released:
             raise UnknownSimulation(f"no simulation {sim_id} in this backend")
         return sim
+
+
+def _close_launch(sim: _Sim) -> None:
+    """Let go of the launch marker (the launcher and mpirun, if any, still hold it)."""
+    if sim.launch_fd is not None:
+        with contextlib.suppress(OSError):
+            os.close(sim.launch_fd)
+        sim.launch_fd = None
 
 
 def _version(obj: Obj) -> Any:

@@ -113,8 +113,13 @@ def failure(pod: Obj, container: str) -> str | None:
     """Why a rank pod can no longer run its rank (None while it can)."""
     name = pod.get("metadata", {}).get("name", "?")
     status = pod.get("status", {})
+    disruption = _condition(pod, "DisruptionTarget")
+    if disruption is not None:  # evicted (Eviction API, preemption, taint manager, node pressure)
+        why = str(disruption.get("reason") or "DisruptionTarget")
+        message = str(disruption.get("message") or "")
+        return f"rank pod {name} was evicted ({why}" + (f": {message})" if message else ")")
     if pod.get("metadata", {}).get("deletionTimestamp"):
-        return f"rank pod {name} is being deleted"
+        return f"rank pod {name} was deleted"
     if status.get("reason") == "Evicted" or status.get("phase") == "Failed":
         why = status.get("reason") or "Failed"
         message = status.get("message") or ""

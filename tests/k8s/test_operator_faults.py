@@ -1,0 +1,195 @@
+"""`rankpack operator` under faults, on the dev cluster: kube-apiserver stopped and started
+again mid-run; a resize the node defers (another tenant's pod holds the CPU); rank pods
+deleted and evicted mid-run.
+
+Each test runs the operator as its own process with the least-privilege ServiceAccount and
+checks the outcome from the cluster (Simulations, their Events, pods) and from the
+operator's SQLite store (one run per simulation).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from rankpack.devcluster import cluster
+from tests.k8s.operators import Env, endless_pitzdaily
+from tests.k8s.pods import sleeper_pod, wait_running
+
+
+def _submit(env: Env, *flags: str) -> list[str]:
+    case = str(endless_pitzdaily(env.tmp))
+    made = env.cli("submit", case, "--backend", "kubernetes", "--ranks", "2", "--json",
+                   *flags)  # fmt: skip
+    assert made.returncode == 0, made.stderr
+    names: list[str] = json.loads(made.stdout)["simulations"]
+    return names
+
+
+def _iterations(env: Env, name: str) -> int:
+    return int(env.status(name).get("iterations") or 0)
+
+
+def test_apiserver_stopped_and_restarted_mid_run(env: Env, tmp_path: Path) -> None:
+    names = _submit(env, "--iterations", "1500", "--count", "2", "--budget", "1")
+    log = tmp_path / "op.log"
+    op = env.operator("--until-idle", log=log)
+    env.wait("a simulation making progress",
+             lambda: any(_iterations(env, n) >= 20 for n in names), 420)  # fmt: skip
+    running = [n for n in names if env.status(n).get("phase") == "Running"]
+    # Down for longer than the Lease's renew deadline (10 s): the operator's term ends, the
+    # simulations run on without it; when the apiserver is back it takes the Lease again
+    # and adopts them from the cluster's state.
+    before = {n: env.status(n)["simId"] for n in running}
+    t0 = time.monotonic()
+    assert cluster.stop_component(env.k8s.state_dir, "kube-apiserver")
+    time.sleep(25)
+    cluster.start_component(env.k8s.state_dir, "kube-apiserver", timeout_s=180)
+    down_s = time.monotonic() - t0
+    assert op.wait(timeout=900) == 0, log.read_text()[-4000:]
+    text = log.read_text()
+    assert "lost the lease" in text and "leading (term 2)" in text, text[-4000:]
+    sims = env.simulations()
+    assert [o["status"]["phase"] for o in sims] == ["Succeeded"] * 2, text[-4000:]
+    for o in sims:
+        st = o["status"]
+        assert st["restarts"] == 0 and st["iterations"] == 1500, st
+        assert st["result"]["status"] == "completed"
+        assert Path(st["runDir"], "log.simpleFoam").stat().st_size > 0  # the log survived
+    for name in running:  # running through the outage: followed again, not relaunched
+        assert env.status(name)["simId"] == before[name]
+        assert f"adopted {name}" in text
+    runs = env.runs()  # exactly one run per simulation, each completed: nothing lost or doubled
+    assert sorted(r[2] for r in runs) == sorted(o["status"]["simId"] for o in sims), runs
+    assert [r[1] for r in runs] == ["completed"] * 2, runs
+    assert not env.rank_pods()
+    print(f"apiserver down {down_s:.1f} s; operator log tail:\n{text[-1500:]}")
+
+
+def _hog(env: Env, millis: int) -> Any:
+    """Another tenant's pod, in a namespace the operator's identity cannot see."""
+    from kubernetes import client
+
+    core = client.CoreV1Api(env.k8s.admin_api())
+    body = sleeper_pod("rankpack-test-hog", millis)
+    core.create_namespaced_pod("default", body)
+    wait_running(core, "rankpack-test-hog", "default")
+    return core
+
+
+def test_a_deferred_resize_is_followed_not_counted_and_applied_later(
+    env: Env, tmp_path: Path
+) -> None:
+    from tests.k8s.pods import delete_and_wait
+
+    core = _hog(env, 900)
+    try:
+        # 2 x 500m + 900m fit the node's 2000m; the phase at 25 % asks 2 x 1000m: the node
+        # has 100m free (the operator cannot see the hog), so the kubelet defers both.
+        (name,) = _submit(env, "--iterations", "1500",
+                          "--phases", "0:500,500;0.25:1000,1000")  # fmt: skip
+        log = tmp_path / "op.log"
+        op = env.operator("--until-idle", log=log)
+
+        def deferred() -> bool:
+            st = env.status(name)
+            conds = {c["type"]: c for c in st.get("conditions") or []}
+            return conds.get("ResizeDeferred", {}).get("status") == "True"
+
+        env.wait("a deferred resize in the status", deferred, 420)
+        st = env.status(name)
+        assert st["resizes"] == 0, st  # deferred is not done
+        states = [(r.get("resize") or {}).get("state") for r in st["ranks"]]
+        assert "deferred" in states, st
+        env.wait("the ResizeDeferred Event", lambda: "ResizeDeferred" in [
+            e.reason for e in env.events(name)], 30)  # fmt: skip
+        time.sleep(5)  # still deferred a while later: the node keeps it, nothing counted
+        assert env.status(name)["resizes"] == 0
+        delete_and_wait(core, "rankpack-test-hog", "default")
+        assert op.wait(timeout=900) == 0, log.read_text()[-4000:]
+    finally:
+        delete_and_wait(core, "rankpack-test-hog", "default")
+    st = env.status(name)
+    assert st["phase"] == "Succeeded" and st["restarts"] == 0, st
+    assert st["resizes"] == 2, st  # both applied once the CPU was free, each counted once
+    assert [r["requestMillis"] for r in st["ranks"]] == [1000, 1000]
+    conds = {c["type"]: c["status"] for c in st["conditions"]}
+    assert conds["ResizeDeferred"] == "False", st
+    reasons = [e.reason for e in env.events(name)]
+    assert "ResizeDeferred" in reasons and reasons.count("Resized") == 2, reasons
+    (run,) = env.runs()
+    assert run[1] == "completed"
+    print(f"events on {name}: {reasons}")
+
+
+def test_rank_pods_deleted_and_evicted_fail_only_their_simulations(
+    env: Env, tmp_path: Path
+) -> None:
+    from kubernetes import client
+
+    core = client.CoreV1Api(env.k8s.admin_api())
+    ns = env.k8s.namespace
+    names = _submit(env, "--iterations", "1500", "--count", "3", "--phases", "0:300,300")
+    log = tmp_path / "op.log"
+    op = env.operator("--until-idle", log=log)  # at most two at once
+
+    def progressing() -> list[str]:
+        return [n for n in names if env.status(n).get("phase") == "Running"
+                and _iterations(env, n) >= 5]  # fmt: skip
+
+    env.wait("two simulations making progress", lambda: len(progressing()) == 2, 420)
+    deleted, spared = progressing()
+    pod_a = f"rankpack-{env.status(deleted)['simId']}-1"
+    core.delete_namespaced_pod(pod_a, ns)
+    env.wait("the one whose pod was deleted to fail",
+             lambda: env.status(deleted).get("phase") == "Failed", 120)  # fmt: skip
+    (evicted,) = [n for n in names if n not in (deleted, spared)]
+    env.wait("the third to make progress", lambda: evicted in progressing(), 300)
+    pod_c = f"rankpack-{env.status(evicted)['simId']}-0"
+    core.create_namespaced_pod_eviction(
+        pod_c, ns, client.V1Eviction(metadata=client.V1ObjectMeta(name=pod_c, namespace=ns))
+    )
+    env.wait("the one whose pod was evicted to fail",
+             lambda: env.status(evicted).get("phase") == "Failed", 120)  # fmt: skip
+    assert env.status(spared)["phase"] == "Running"  # untouched by both
+    assert op.wait(timeout=900) == 0, log.read_text()[-4000:]
+    for name, pod, reason in ((deleted, pod_a, "RankPodDeleted"),
+                              (evicted, pod_c, "RankPodEvicted")):  # fmt: skip
+        st = env.status(name)
+        (failed,) = [c for c in st["conditions"] if c["type"] == "Failed"]
+        assert failed["status"] == "True" and failed["reason"] == reason, st
+        assert pod in failed["message"], failed
+        assert st["result"]["status"] == "failed" and pod in st["result"]["message"]
+        assert Path(st["runDir"], "log.simpleFoam").stat().st_size > 0  # case and log survive
+        assert "Failed" in [e.reason for e in env.events(name)]
+    st = env.status(spared)
+    assert st["phase"] == "Succeeded" and st["restarts"] == 0 and st["iterations"] == 1500, st
+    assert sorted(r[1] for r in env.runs()) == ["completed", "failed", "failed"]
+    assert not env.rank_pods()  # every simulation's pods are gone
+
+
+def test_operator_sigkilled_mid_launch_is_adopted_and_launched_once(
+    env: Env, tmp_path: Path
+) -> None:
+    import signal
+
+    (name,) = _submit(env, "--iterations", "300")
+    first = env.operator(log=tmp_path / "first.log")
+    # killed as soon as the launch is recorded (sim id in the status): its rank pods are
+    # being created, mpirun has not been started yet
+    env.wait("the launch to be recorded", lambda: bool(env.status(name).get("simId")), 300)
+    first.send_signal(signal.SIGKILL)
+    first.wait()
+    sim_id = env.status(name)["simId"]
+    assert not env.launchers(), "mpirun was started before the kill; the test needs a faster kill"
+    second = env.operator("--until-idle", log=tmp_path / "second.log")
+    assert second.wait(timeout=600) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    st = env.status(name)
+    assert st["phase"] == "Succeeded" and st["simId"] == sim_id, st
+    assert st["iterations"] == 300 and st["restarts"] == 0
+    assert f"adopted {name}" in (tmp_path / "second.log").read_text()
+    runs = env.runs()
+    assert [(r[1], r[2]) for r in runs] == [("completed", sim_id)], runs  # one run, one mpirun
+    assert (Path(st["runDir"]) / ".rankpack" / "mpirun.launch").exists()

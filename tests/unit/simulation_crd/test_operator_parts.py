@@ -1,0 +1,258 @@
+"""The operator's pieces without a cluster: status writes that survive an apiserver outage,
+claims, conditions, Events on Simulations, and the session timeline's time axis.
+
+`FakeSims` stands in for `SimulationApi` (the project's own boundary): it keeps objects as
+the apiserver returns them and can be switched "down", when every call raises like the
+official client does on a refused connection.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankpack.controller.submission import Submission
+from rankpack.operator import crd, events, queue
+from rankpack.store import EventRow, Store
+
+Obj = dict[str, Any]
+
+
+class Down(Exception):
+    status = 0
+
+
+class FakeSims:
+    namespace = "ns"
+
+    def __init__(self) -> None:
+        self.objs: dict[str, Obj] = {}
+        self.down = False
+        self.patches: list[tuple[str, Obj]] = []
+        self.version = 0
+
+    def _check(self) -> None:
+        if self.down:
+            raise Down("connection refused")
+
+    def add(self, name: str, status: Obj | None = None) -> None:
+        sub = Submission(case="pitzDaily", weights=(1, 1), budget_millis=2000)
+        obj = crd.simulation(name, sub)
+        stamp = f"2026-01-01T00:00:0{len(self.objs)}Z"
+        obj["metadata"].update(uid=f"uid-{name}", resourceVersion="1", creationTimestamp=stamp)
+        if status is not None:
+            obj["status"] = status
+        self.objs[name] = obj
+
+    def list(self) -> list[Obj]:
+        self._check()
+        return [copy.deepcopy(o) for o in self.objs.values()]
+
+    def get(self, name: str) -> Obj:
+        self._check()
+        return copy.deepcopy(self.objs[name])
+
+    def replace_status(self, obj: Obj) -> Obj:
+        self._check()
+        name = obj["metadata"]["name"]
+        if obj["metadata"]["resourceVersion"] != self.objs[name]["metadata"]["resourceVersion"]:
+            raise type("Conflict", (Exception,), {"status": 409})()
+        self.objs[name]["status"] = copy.deepcopy(obj["status"])
+        self._bump(name)
+        return copy.deepcopy(self.objs[name])
+
+    def patch_status(self, name: str, status: Obj) -> Obj:
+        self._check()
+        current = self.objs[name].setdefault("status", {})
+        for k, v in status.items():  # a JSON merge patch, one level deep
+            if v is None:
+                current.pop(k, None)
+            else:
+                current[k] = copy.deepcopy(v)
+        self.patches.append((name, status))
+        self._bump(name)
+        return copy.deepcopy(self.objs[name])
+
+    def _bump(self, name: str) -> None:
+        self.version += 1
+        self.objs[name]["metadata"]["resourceVersion"] = str(self.version + 1)
+
+
+@pytest.fixture
+def sims() -> FakeSims:
+    return FakeSims()
+
+
+def _queue(sims: FakeSims, tmp_path: Path) -> queue.SimulationQueue:
+    return queue.SimulationQueue(sims, Store(tmp_path / "db.sqlite"), "op-1")  # type: ignore[arg-type]
+
+
+def test_pending_while_the_apiserver_is_down_is_empty_and_not_idle(
+    sims: FakeSims, tmp_path: Path
+) -> None:
+    sims.add("a")
+    q = _queue(sims, tmp_path)
+    assert [q.names[j.queue_id] for j in q.pending()] == ["a"]
+    sims.down = True
+    assert q.pending() == [] and q.api_error and not q.idle()
+    sims.down = False
+    assert len(q.pending()) == 1 and q.api_error is None
+
+
+def test_a_status_patch_made_while_down_is_written_when_it_is_back(
+    sims: FakeSims, tmp_path: Path
+) -> None:
+    sims.add("a", {"phase": "Running", "simId": "s1"})
+    q = _queue(sims, tmp_path)
+    q._id("a")
+    sims.down = True
+    q.fail("a", "RankPodDeleted", "rank pod rankpack-s1-1 was deleted")
+    q.requeue("a", "x")  # merged after the failure: last write wins per field
+    assert "a" in q.outbox and not q.flush()
+    sims.down = False
+    assert q.flush() and not q.outbox
+    st = sims.objs["a"]["status"]
+    assert st["phase"] == "Queued"  # the later write
+    assert {c["type"]: c["status"] for c in st["conditions"]}["Queued"] == "True"
+
+
+def test_end_of_term_keeps_only_final_phases(sims: FakeSims, tmp_path: Path) -> None:
+    sims.add("a", {"phase": "Running"})
+    sims.add("b", {"phase": "Running"})
+    q = _queue(sims, tmp_path)
+    sims.down = True
+    q.requeue("a", "stopped before launch")  # another leader may have claimed it since
+    q.fail("b", "RunFailed", "exit code 1")
+    q.end_term()
+    assert set(q.outbox) == {"b"}
+
+
+def test_claim_is_exclusive_and_a_lost_answer_is_requeued(sims: FakeSims, tmp_path: Path) -> None:
+    sims.add("a")
+    q1, q2 = _queue(sims, tmp_path), queue.SimulationQueue(sims, q_store(tmp_path), "op-2")  # type: ignore[arg-type]
+    (job,) = q1.pending()
+    (job2,) = q2.pending()
+    assert q1.claim(job) and not q2.claim(job2)
+    assert sims.objs["a"]["status"]["operator"] == "op-1"
+    # a claim whose answer is lost: it did take effect, nothing was launched -> requeued
+    sims.add("b")
+    jb = next(j for j in q1.pending() if q1.names[j.queue_id] == "b")
+    real = sims.replace_status
+
+    def lost(obj: Obj) -> Obj:
+        real(obj)
+        raise Down("timed out")
+
+    sims.replace_status = lost  # type: ignore[method-assign]
+    assert not q1.claim(jb) and "b" in q1.uncertain
+    assert q1.flush()
+    assert sims.objs["b"]["status"]["phase"] == "Queued" and not q1.uncertain
+
+
+def q_store(tmp_path: Path) -> Store:
+    return Store(tmp_path / "db2.sqlite")
+
+
+def test_conditions_are_one_per_type_and_keep_their_transition_time(
+    sims: FakeSims, tmp_path: Path
+) -> None:
+    sims.add("a")
+    q = _queue(sims, tmp_path)
+    first = q._set_conditions("a", queue._condition("Running", True, "Claimed", "x"))
+    again = q._set_conditions("a", {**queue._condition("Running", True, "Launched", "y"),
+                                     "lastTransitionTime": "later"})  # fmt: skip
+    assert len(again) == 1 and again[0]["reason"] == "Launched"
+    assert again[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]
+
+
+@pytest.mark.parametrize(
+    ("message", "reason"),
+    [
+        ("rank pod rankpack-s1-1 was deleted; see /x/log.simpleFoam", "RankPodDeleted"),
+        ("rank pod rankpack-s1-0 was evicted (EvictionByEvictionAPI: ...)", "RankPodEvicted"),
+        ("the MPI job exited with code 1; see log", "RunFailed"),
+        ("launch failed: cannot create", "LaunchFailed"),
+    ],
+)
+def test_failure_reason_names_the_cause(message: str, reason: str) -> None:
+    assert queue.failure_reason(message) == reason
+
+
+def _event(kind: str, **detail: Any) -> EventRow:
+    return EventRow(1, 7, "2026-01-01T00:00:00+00:00", 1.0, kind, detail, 3)
+
+
+@pytest.mark.parametrize(
+    ("row", "etype", "reason"),
+    [
+        (_event("launch", queue_id=1, sim="s1", request_millis=[500, 500]), "Normal", "Launched"),
+        (_event("resize", rank=0, request_millis=300, reason="duty 0.3"), "Normal", "Resized"),
+        (_event("resize-deferred", rank=1, reason="OutOfcpu"), "Warning", "ResizeDeferred"),
+        (_event("resize-deferred", rank=1, reason="x", final=True), "Warning",
+         "ResizeNeverApplied"),
+        (_event("wait-mode", mode="polite", reason="sharing"), "Normal", "WaitMode"),
+        (_event("finished", status="completed"), "Normal", "Succeeded"),
+        (_event("finished", status="failed", reason="rank pod p was deleted"), "Warning",
+         "Failed"),
+        (_event("launch-held", reason="no room"), None, None),
+    ],
+)  # fmt: skip
+def test_event_bodies(row: EventRow, etype: str | None, reason: str | None) -> None:
+    body = events.event_body(row, "sim-a", "uid-a", "ns", "op-1")
+    if etype is None:
+        assert body is None
+        return
+    assert body is not None
+    assert (body["type"], body["reason"]) == (etype, reason)
+    want = {"apiVersion": crd.API_VERSION, "kind": "Simulation", "name": "sim-a",
+            "namespace": "ns", "uid": "uid-a"}  # fmt: skip
+    assert body["involvedObject"] == want
+    assert "\n" not in body["message"] and len(body["message"]) <= 1000
+    if row.detail.get("reason"):
+        assert str(row.detail["reason"]) in body["message"]
+
+
+def test_events_wait_while_the_apiserver_is_down_and_go_out_in_order() -> None:
+    posted: list[str] = []
+    down = {"on": True}
+
+    def post(body: Obj) -> None:
+        if down["on"]:
+            raise Down("refused")
+        posted.append(body["reason"])
+
+    ev = events.SimulationEvents(post, "ns", "op", name_of=lambda e: "a", uid_of=lambda n: None)
+    ev.start()
+    ev.add([_event("launch"), _event("resize", rank=0), _event("finished", status="completed")])
+    import time
+
+    time.sleep(0.3)
+    assert posted == [] and len(ev.queue) == 3
+    down["on"] = False
+    ev.wake.set()
+    deadline = time.monotonic() + 10
+    while len(posted) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ev.stop()
+    assert posted == ["Launched", "Resized", "Succeeded"]
+
+
+def test_session_timeline_puts_earlier_sessions_on_its_clock(tmp_path: Path) -> None:
+    from rankpack.operator.plot import session_events
+
+    store = Store(tmp_path / "db.sqlite")
+    first = store.start_multiplex(2000, 2, "auto", "kubernetes-operator")
+    store.add_event(5, "launch", {"queue_id": 1}, multiplex_id=first, t_s=1.0)
+    second = store.start_multiplex(2000, 2, "auto", "kubernetes-operator")
+    store.add_event(5, "adopted", {"queue_id": 1}, multiplex_id=second, t_s=0.5)
+    store.add_event(5, "finished", {"status": "completed"}, multiplex_id=second, t_s=9.0)
+    store.add_event(6, "adopted", {"queue_id": 2}, multiplex_id=second, t_s=0.6)
+    got = session_events(store, second)
+    kinds = [(e.run_id, e.kind) for e in got]
+    assert (5, "launch") in kinds and (5, "adopted") in kinds  # run 5's own launch is kept
+    assert (6, "launch") in kinds  # run 6 was launched before any recorded session
+    launch5 = next(e for e in got if e.run_id == 5 and e.kind == "launch")
+    assert launch5.t_s <= 1.0  # the earlier session started at or before this one
