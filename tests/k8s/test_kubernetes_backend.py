@@ -217,7 +217,7 @@ def test_four_ranks_with_planned_requests(kube: Kube, tmp_path: Path) -> None:
 def test_phase_schedule_resizes_running_ranks_in_place(kube: Kube, tmp_path: Path) -> None:
     before, after = (250, 250, 500, 800), (800, 500, 250, 250)
     sub = Submission(
-        case="pitzDaily", weights=(1, 1, 1, 1), budget_millis=1800, iterations=120,
+        case="pitzDaily", weights=(1, 1, 1, 1), budget_millis=1800, iterations=240,
         phases=(Phase(0.0, before), Phase(0.3, after)), sizing="fixed",
     )  # fmt: skip
     result, watcher, _ = kube.run(sub, tmp_path / "runs")
@@ -229,7 +229,10 @@ def test_phase_schedule_resizes_running_ranks_in_place(kube: Kube, tmp_path: Pat
     ]  # fmt: skip
     latencies = sorted(r.latency_s or 0 for r in done)
     print(f"\nresize latencies (patch → status completed): {latencies}")
-    assert all(0 < lat < 10 for lat in latencies)
+    # patch → completion as this process saw it: includes any time this process was starved
+    # of CPU (root-cgroup processes stalled up to 28 s here while rank pods ran, measured
+    # with an independent probe; docs/kubernetes.md), so the bound is loose.
+    assert all(0 < lat < 40 for lat in latencies)
     assert [r.restarts for r in run.ranks] == [0, 0, 0, 0]
     for rank in range(4):
         samples = [s for s in watcher.of_rank(rank) if s.solver_pids and s.shares]

@@ -29,6 +29,15 @@ def shim_library(flavour: str) -> Path:
     return path
 
 
+TUNING = (
+    "RANKPACK_SHIM_SPIN_US",
+    "RANKPACK_SHIM_SPIN_MAX_US",
+    "RANKPACK_SHIM_SLEEP_MIN_US",
+    "RANKPACK_SHIM_SLEEP_MAX_US",
+)
+"""The polite back-off's knobs (shim/rankpack_pmpi.c), passed to the ranks when set here."""
+
+
 def shim_env(
     live_dir: Path,
     wait_mode: str = "spin",
@@ -59,6 +68,9 @@ def shim_env(
         # (docs/benchmarks.md). A value in this process's environment wins.
         "RANKPACK_SHIM_YIELD_US": os.environ.get("RANKPACK_SHIM_YIELD_US", "0"),
     }
+    for knob in TUNING:  # the back-off's tuning, for measuring it: passed on when set
+        if knob in os.environ:
+            env[knob] = os.environ[knob]
     if trace_dir is not None:
         env["RANKPACK_SHIM_TRACE"] = str(trace_dir)
     if interval_us is not None:

@@ -104,3 +104,17 @@ def test_record_is_frozen() -> None:
     rec = _rec(0, 1, 1, 1, 1)
     with pytest.raises(dataclasses.FrozenInstanceError):
         rec.rank = 3  # type: ignore[misc]
+
+
+def test_shim_env_passes_the_back_off_knobs_only_when_set(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    for knob in shim.TUNING:
+        monkeypatch.delenv(knob, raising=False)
+    env = shim.shim_env(tmp_path, "polite")
+    assert not set(shim.TUNING) & set(env)
+    assert env["RANKPACK_SHIM_YIELD_US"] == "0"
+    monkeypatch.setenv("RANKPACK_SHIM_SLEEP_MAX_US", "1000")
+    env = shim.shim_env(tmp_path, "polite")
+    assert env["RANKPACK_SHIM_SLEEP_MAX_US"] == "1000"
+    assert "RANKPACK_SHIM_SLEEP_MIN_US" not in env
