@@ -1,0 +1,157 @@
+#!/usr/bin/env python3
+"""Does running each rank in a cgroup of its own cost co-location its gain?
+
+  .venv/bin/python bench/cgroup_pairs.py CASE_RUN_DIR [--reps 3] [--iterations 150]
+
+CASE_RUN_DIR is a decomposed run directory rankpack made (for example the scaled
+pitzDaily of bench/scaled_pitzdaily.py after `rankpack run CASE --ranks 2 --weights 1,3
+--decompose weighted`). Outside rankpack's control loop, with the installed shim in
+`polite` mode, it runs two copies of the case one after the other and together, in three
+placements, alternated within each repetition:
+
+- ``plain``: the ranks in the caller's cgroup (how FACTS.md measured 1.30x);
+- ``shares``: each rank in a cgroup of its own under rankpack's own cgroup root, cpu
+  weights from the given requests (kubelet mapping), as the local backend does;
+- ``equal``: the same cgroups, every rank the same weight.
+
+It prints per placement the median sequential and pair wall times and the gain
+(sequential / pair) with its spread. Only rankpack's cgroup subtree is touched; every
+cgroup it creates is removed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from rankpack.profile.shim import shim_env
+
+CPU_ROOT = Path("/sys/fs/cgroup/cpu/rankpack")
+WRAP = """#!/bin/sh
+# move this rank into its cgroup, then become the solver
+echo $$ > "{root}/$RP_PAIR_TAG-$OMPI_COMM_WORLD_RANK/cgroup.procs" || exit 97
+exec "$@"
+"""
+
+
+def shares(millis: int) -> int:
+    return max(2, millis * 1024 // 1000)
+
+
+def copy_case(src: Path, dst: Path, iterations: int) -> None:
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns("log.*", ".rankpack"))
+    for proc in dst.glob("processor*"):
+        for t in proc.iterdir():
+            if t.name not in ("0", "constant") and t.name.replace(".", "").isdigit():
+                shutil.rmtree(t)
+    cd = dst / "system" / "controlDict"
+    lines = []
+    for line in cd.read_text().splitlines():
+        if line.strip().startswith("endTime"):
+            line = f"endTime         {iterations};"
+        if line.strip().startswith("writeInterval"):
+            line = f"writeInterval   {iterations};"
+        lines.append(line)
+    cd.write_text("\n".join(lines) + "\n")
+
+
+def start(case: Path, tag: str, placement: str, wrap: Path, live: Path) -> subprocess.Popen[bytes]:
+    env = {**os.environ, **shim_env(live, "polite"), "RP_PAIR_TAG": tag}
+    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+            "-x", "LD_PRELOAD", "-x", "RANKPACK_SHIM_DIR", "-x", "RANKPACK_SHIM_WAIT",
+            "-x", "RANKPACK_SHIM_YIELD_US", "-x", "RP_PAIR_TAG"]  # fmt: skip
+    if placement != "plain":
+        argv.append(str(wrap))
+    argv += ["simpleFoam", "-parallel"]
+    log = open(case / "log.simpleFoam", "wb")  # noqa: SIM115
+    return subprocess.Popen(argv, cwd=case, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def run(cases: list[Path], placement: str, wrap: Path, tmp: Path, together: bool) -> float:
+    t0 = time.monotonic()
+    if together:
+        procs = [start(c, f"p{i}", placement, wrap, tmp / f"live{i}") for i, c in enumerate(cases)]
+        codes = [p.wait() for p in procs]
+    else:
+        codes = [start(c, f"p{i}", placement, wrap, tmp / f"live{i}").wait()
+                 for i, c in enumerate(cases)]  # fmt: skip
+    if any(codes):
+        raise SystemExit(f"error: a run failed ({codes}); see {tmp}")
+    return time.monotonic() - t0
+
+
+def make_cgroups(placement: str, millis: tuple[int, int]) -> list[Path]:
+    made = []
+    for i in range(2):
+        for rank in range(2):
+            d = CPU_ROOT / f"p{i}-{rank}"
+            d.mkdir(exist_ok=True)
+            (d / "cpu.shares").write_text(
+                str(shares(millis[rank]) if placement == "shares" else 1024)
+            )
+            made.append(d)
+    return made
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("run_dir", type=Path)
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--iterations", type=int, default=150)
+    ap.add_argument("--millis", default="290,710", help="the two ranks' requests (m)")
+    args = ap.parse_args()
+    if not (args.run_dir / "processor1").is_dir():
+        print(f"error: {args.run_dir} is not a decomposed 2-rank run directory", file=sys.stderr)
+        return 2
+    m0, m1 = (int(x) for x in args.millis.split(","))
+    tmp = Path(tempfile.mkdtemp(prefix="cgpairs-"))
+    wrap = tmp / "wrap.sh"
+    wrap.write_text(WRAP.format(root=CPU_ROOT))
+    wrap.chmod(0o755)
+    results: dict[str, list[tuple[float, float]]] = {p: [] for p in ("plain", "shares", "equal")}
+    try:
+        for rep in range(args.reps):
+            for placement in results:
+                made = make_cgroups(placement, (m0, m1)) if placement != "plain" else []
+                try:
+                    walls = []
+                    for together in (False, True):
+                        cases = [tmp / f"r{rep}-{placement}-{together}-{i}" for i in range(2)]
+                        for c in cases:
+                            copy_case(args.run_dir, c, args.iterations)
+                        walls.append(run(cases, placement, wrap, tmp, together))
+                        for c in cases:
+                            shutil.rmtree(c)
+                finally:
+                    for d in made:
+                        for _ in range(50):
+                            try:
+                                d.rmdir()
+                                break
+                            except OSError:
+                                time.sleep(0.1)
+                seq, pair = walls
+                results[placement].append((seq, pair))
+                print(f"rep {rep} {placement:6s} sequential {seq:6.2f} s  pair {pair:6.2f} s  "
+                      f"gain {seq / pair:.2f}x", flush=True)  # fmt: skip
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    print("\n| placement | sequential s (median) | pair s (median) | gain median | gain range |")
+    print("|---|---|---|---|---|")
+    for placement, rows in results.items():
+        gains = [s / p for s, p in rows]
+        print(f"| {placement} | {statistics.median(s for s, _ in rows):.2f} | "
+              f"{statistics.median(p for _, p in rows):.2f} | {statistics.median(gains):.2f}x | "
+              f"{min(gains):.2f}-{max(gains):.2f} |")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
