@@ -33,6 +33,14 @@ RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 )
 
 
+def role_rules() -> list[dict[str, Any]]:
+    """`RULES` as a Role's ``rules``: the backend's Role and the operator's (deploy/)."""
+    return [
+        {"apiGroups": [group], "resources": list(resources), "verbs": list(verbs)}
+        for group, resources, verbs in RULES
+    ]
+
+
 def backend_rbac(namespace: str | None = None) -> list[dict[str, Any]]:
     """ServiceAccount, Role and RoleBinding; without `namespace` as in ``deploy/`` (kustomize
     sets the objects' namespace there)."""
@@ -56,10 +64,7 @@ def backend_rbac(namespace: str | None = None) -> list[dict[str, Any]]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": meta(ROLE),
-            "rules": [
-                {"apiGroups": [group], "resources": list(resources), "verbs": list(verbs)}
-                for group, resources, verbs in RULES
-            ],
+            "rules": role_rules(),
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",

@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # (PyYAML, a dependency of kubernetes)
 
-from rankpack.devcluster.rbac import RULES
+from rankpack.devcluster.rbac import role_rules
 from rankpack.operator import crd
 
 Obj = dict[str, Any]
@@ -102,10 +102,7 @@ def operator_objects(
         "apiVersion": "rbac.authorization.k8s.io/v1",
         "kind": "Role",
         "metadata": meta(NAME),
-        "rules": [
-            {"apiGroups": [group], "resources": list(resources), "verbs": list(verbs)}
-            for group, resources, verbs in RULES
-        ],
+        "rules": role_rules(),
     }
     binding = {
         "apiVersion": "rbac.authorization.k8s.io/v1",
