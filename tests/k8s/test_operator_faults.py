@@ -156,7 +156,14 @@ def test_rank_pods_deleted_and_evicted_fail_only_their_simulations(
                     if p.metadata.name == f"rankpack-{sim_id}-0"), None)  # fmt: skip
         return pod.metadata.name if pod is not None and pod.status.phase == "Running" else None
 
+    def third_solving() -> bool:
+        # its solver has written to its log (evicted earlier, there would be no log to keep)
+        run_dir = env.status(evicted).get("runDir")
+        log = Path(run_dir, "log.simpleFoam") if run_dir else None
+        return log is not None and log.exists() and "Time =" in log.read_text(errors="replace")
+
     env.wait("the third's rank pod to run", lambda: third_pod_running() is not None, 300)
+    env.wait("the third's solver to write its log", third_solving, 300)
     pod_c = f"rankpack-{env.status(evicted)['simId']}-0"
     core.create_namespaced_pod_eviction(
         pod_c, ns, client.V1Eviction(metadata=client.V1ObjectMeta(name=pod_c, namespace=ns))

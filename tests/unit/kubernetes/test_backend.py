@@ -436,6 +436,21 @@ def test_adopting_before_the_pods_exist_creates_them(tmp_path: Path) -> None:
     assert len(h.procs) == 1
 
 
+def test_adopting_when_some_pods_exist_creates_the_missing_ones(tmp_path: Path) -> None:
+    """The earlier process died between creating rank 0's pod and rank 1's (seen in CI: the
+    adopter waited 300 s for a pod nobody would create)."""
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    del h.api.objects[("pods", PODS[1])]
+    h.api.actions.clear()
+    later = h.make()
+    later.adopt(SIM, h.spec())
+    assert [a[2] for a in h.api.actions if a[:2] == ("create", "pods")] == [PODS[1]]
+    h.run_all()
+    later.poll_once()
+    assert len(h.procs) == 1 and later.observe(SIM).phase is SimPhase.RUNNING
+
+
 def test_a_running_mpirun_is_never_started_twice(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.backend.launch(h.spec())

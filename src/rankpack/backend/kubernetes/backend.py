@@ -1017,18 +1017,18 @@ class KubernetesBackend:
                    started=launch != "never", adopted=True)  # fmt: skip
         if launch == "never":
             self._prepare_files(sim)
-            if not owner:
-                try:
-                    self.reconcile(spec, image, volume)
-                except KubeError as exc:
-                    if not exc.transient:
-                        raise LaunchFailed(
-                            f"cannot create the rank pods of {sim_id}: {exc}"
-                        ) from exc
-                    sim.reconcile_error = str(exc)
+            # whatever the earlier process got to (owner, service, some rank pods): creating
+            # is get-or-create, so the missing ones are made and the existing ones kept
+            try:
+                self.reconcile(spec, image, volume)
+            except KubeError as exc:
+                if not exc.transient:
+                    raise LaunchFailed(f"cannot create the rank pods of {sim_id}: {exc}") from exc
+                sim.reconcile_error = str(exc)
         elif launch == "died":
             sim.failure = "its launcher and mpirun ended without an exit code (killed?)"
-        for pod in self.api.list_pods(builders.sim_selector(sim_id)) if owner else []:
+        listed = bool(owner) or (launch == "never" and sim.reconcile_error is None)
+        for pod in self.api.list_pods(builders.sim_selector(sim_id)) if listed else []:
             with contextlib.suppress(KeyError, ValueError):
                 rank = int(pod["metadata"]["labels"][builders.RANK_LABEL])
                 want = status.desired(pod, C)
