@@ -82,6 +82,25 @@ def test_argparse_errors_are_one_line_exit_2() -> None:
     assert proc.stderr.count("\n") == 1 and "unrecognized arguments" in proc.stderr
 
 
+def test_a_closed_pipe_stops_quietly(tmp_path: Path) -> None:
+    """`rankpack ... | head`: the reader has gone before the output is written."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(
+            [sys.executable, "-m", "rankpack", "plan", "--weights", "1,2,3", "--json"],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            text=True,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141 and proc.stderr == ""
+
+
 def test_debug_shows_traceback() -> None:
     proc = subprocess.run(
         [sys.executable, "-m", "rankpack", "--debug", "plan", "--weights", "1,0"],

@@ -174,6 +174,12 @@ def _main(args_list: list[str], debug: bool) -> int:
             raise
         print("rankpack: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # the reader went away (`rankpack queue --json | head`): stop quietly, as `cat` does;
+        # stdout goes to /dev/null so the interpreter's final flush cannot complain again
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return 141  # 128 + SIGPIPE, what a shell reports for a killed writer
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -12,7 +12,7 @@ import argparse
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -105,6 +105,34 @@ parse_path_text = _argparse_type(lambda t: quantities.path_text(t, "x"), "path")
 def print_json(obj: Any) -> None:
     json.dump(obj, sys.stdout, indent=2, default=str)
     sys.stdout.write("\n")
+
+
+def print_listing(
+    as_json: bool,
+    data: Sequence[Any],
+    empty: str,
+    title: str,
+    columns: Sequence[str],
+    rows: Callable[[], Iterable[Sequence[str]]],
+    right: Collection[str] = (),
+) -> int:
+    """A listing sub-command's output: ``data`` as JSON with ``--json``; else ``empty`` (what
+    to do to get some) if there is nothing, else a table of ``rows()``. Returns exit code 0."""
+    from rich.console import Console
+    from rich.table import Table
+
+    if as_json:
+        print_json(data)
+    elif not data:
+        Console().print(empty)
+    else:
+        table = Table(title=title)
+        for col in columns:
+            table.add_column(col, justify="right" if col in right else "left")
+        for row in rows():
+            table.add_row(*row)
+        Console().print(table)
+    return 0
 
 
 def db_path(args: argparse.Namespace) -> Path:

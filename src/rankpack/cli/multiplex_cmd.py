@@ -22,6 +22,7 @@ from rankpack.cli.common import (
     parse_output_file,
     parse_seconds,
     print_json,
+    print_listing,
 )
 from rankpack.cli.operator_cmd import add_read_backend, handle_events_kubernetes
 from rankpack.cli.run_cmd import stop_on_signals
@@ -46,7 +47,7 @@ from rankpack.plan.allocation import budget_to_millis
 from rankpack.profile.shim import WAIT_MODES
 from rankpack.report.multiplex_live import MultiplexLive
 from rankpack.report.timeline import plot_timeline
-from rankpack.store import QueueRow, Store
+from rankpack.store import EventRow, QueueRow, Store
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -341,24 +342,21 @@ def handle_events(args: argparse.Namespace) -> int:
         raise UserError("--simulation NAME needs --backend kubernetes (locally: --sim RUN_ID)")
     store = Store.open_existing(db_path(args))
     events = store.events(run_id=args.sim, multiplex_id=args.multiplex) if store else []
-    if args.json:
-        print_json([e.to_json() for e in events])
-        return 0
-    if not events:
-        Console().print("no events recorded; they come from `rankpack multiplex`")
-        return 0
-    table = Table(title="controller events")
-    for col in ("t s", "multiplex", "run", "event", "detail"):
-        table.add_column(col, justify="right" if col in ("t s", "multiplex", "run") else "left")
-    for e in events:
+
+    def cells(e: EventRow) -> list[str]:
         detail = dict(e.detail)
         reason = detail.pop("reason", None)
         text = ", ".join(f"{k}={v}" for k, v in detail.items())
         if reason:
             text = f"{reason}" + (f" ({text})" if text else "")
-        table.add_row(
-            f"{e.t_s:.1f}", str(e.multiplex_id or "-"),
-            str(e.run_id or "-"), e.kind, text,
-        )  # fmt: skip
-    Console().print(table)
-    return 0
+        return [f"{e.t_s:.1f}", str(e.multiplex_id or "-"), str(e.run_id or "-"), e.kind, text]
+
+    return print_listing(
+        args.json,
+        [e.to_json() for e in events],
+        "no events recorded; they come from `rankpack multiplex`",
+        "controller events",
+        ("t s", "multiplex", "run", "event", "detail"),
+        lambda: map(cells, events),
+        right=("t s", "multiplex", "run"),
+    )

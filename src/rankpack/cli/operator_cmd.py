@@ -13,7 +13,6 @@ from dataclasses import replace
 from typing import Any
 
 from rich.console import Console
-from rich.table import Table
 
 from rankpack.backend.protocol import BackendError
 from rankpack.cli.common import (
@@ -24,6 +23,7 @@ from rankpack.cli.common import (
     parse_output_file,
     parse_seconds,
     print_json,
+    print_listing,
 )
 from rankpack.cli.run_cmd import stop_on_signals
 from rankpack.controller.observations import ControllerSettings
@@ -179,26 +179,29 @@ def list_simulations(args: argparse.Namespace) -> list[dict[str, Any]]:
 
 def handle_simulations(args: argparse.Namespace) -> int:
     items = list_simulations(args)
-    if args.json:
-        print_json([{"name": o["metadata"]["name"], "spec": o.get("spec"),
-                     "status": o.get("status") or {}} for o in items])  # fmt: skip
-        return 0
-    if not items:
-        Console().print("no Simulations; create some with `rankpack submit CASE --backend "
-                        "kubernetes`")  # fmt: skip
-        return 0
-    table = Table(title="simulations")
-    for col in ("name", "phase", "case", "ranks", "progress", "resizes", "restarts", "run"):
-        table.add_column(col)
-    for o in items:
-        st, spec = o.get("status") or {}, o.get("spec") or {}
-        table.add_row(
-            o["metadata"]["name"], st.get("phase", "-"), str(spec.get("case", {}).get("path")),
-            str(spec.get("ranks", "-")), str(st.get("progress", "-")),
-            str(st.get("resizes", 0)), str(st.get("restarts", 0)), str(st.get("runId", "-")),
-        )  # fmt: skip
-    Console().print(table)
-    return 0
+
+    def rows() -> list[list[str]]:
+        out = []
+        for o in items:
+            st, spec = o.get("status") or {}, o.get("spec") or {}
+            out.append([
+                o["metadata"]["name"], st.get("phase", "-"), str(spec.get("case", {}).get("path")),
+                str(spec.get("ranks", "-")), str(st.get("progress", "-")),
+                str(st.get("resizes", 0)), str(st.get("restarts", 0)), str(st.get("runId", "-")),
+            ])  # fmt: skip
+        return out
+
+    return print_listing(
+        args.json,
+        [
+            {"name": o["metadata"]["name"], "spec": o.get("spec"), "status": o.get("status") or {}}
+            for o in items
+        ],
+        "no Simulations; create some with `rankpack submit CASE --backend kubernetes`",
+        "simulations",
+        ("name", "phase", "case", "ranks", "progress", "resizes", "restarts", "run"),
+        rows,
+    )
 
 
 def handle_operator(args: argparse.Namespace) -> int:
@@ -287,49 +290,50 @@ def _row(o: dict[str, Any]) -> dict[str, Any]:
 def handle_queue_kubernetes(args: argparse.Namespace) -> int:
     phases = ("Queued", "Running", "Succeeded", "Failed") if args.all else ("Queued", "Running")
     rows = [r for r in map(_row, list_simulations(args)) if r["phase"] in phases]
-    if args.json:
-        print_json(rows)
-        return 0
-    if not rows:
-        Console().print("no Simulation is queued or running; create some with `rankpack "
-                        "submit CASE --backend kubernetes`")  # fmt: skip
-        return 0
-    table = Table(title="simulations: queue")
-    for col in ("name", "submitted", "case", "ranks", "phase", "progress", "run", "operator"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(
-            r["name"], str(r["submitted_at"] or "-").replace("T", " ")[:19], str(r["case"]),
-            str(r["ranks"] or "-"), r["phase"], str(r["progress"] or "-"),
-            str(r["run_id"] or "-"), str(r["operator"] or "-"),
-        )  # fmt: skip
-    Console().print(table)
-    return 0
+    return print_listing(
+        args.json,
+        rows,
+        "no Simulation is queued or running; create some with `rankpack submit CASE "
+        "--backend kubernetes`",
+        "simulations: queue",
+        ("name", "submitted", "case", "ranks", "phase", "progress", "run", "operator"),
+        lambda: map(_queue_cells, rows),
+    )
+
+
+def _queue_cells(r: dict[str, Any]) -> list[str]:
+    return [
+        r["name"], str(r["submitted_at"] or "-").replace("T", " ")[:19], str(r["case"]),
+        str(r["ranks"] or "-"), r["phase"], str(r["progress"] or "-"),
+        str(r["run_id"] or "-"), str(r["operator"] or "-"),
+    ]  # fmt: skip
+
+
+FINISHED_COLUMNS = ("name", "case", "ranks", "phase", "iterations", "wall s", "cpu s",
+                    "resizes", "restarts", "message")  # fmt: skip
 
 
 def handle_runs_kubernetes(args: argparse.Namespace) -> int:
     rows = [r for r in map(_row, list_simulations(args)) if r["phase"] in ("Succeeded", "Failed")]
     rows = sorted(rows, key=lambda r: str(r["finished_at"] or ""), reverse=True)[: args.limit]
-    if args.json:
-        print_json(rows)
-        return 0
-    if not rows:
-        Console().print("no Simulation has finished yet (rankpack queue --backend kubernetes)")
-        return 0
-    table = Table(title="simulations: finished")
-    for col in ("name", "case", "ranks", "phase", "iterations", "wall s", "cpu s", "resizes",
-                "restarts", "message"):  # fmt: skip
-        table.add_column(col)
-    for r in rows:
+
+    def cells(r: dict[str, Any]) -> list[str]:
         res = r["result"] or {}
-        table.add_row(
+        return [
             r["name"], str(r["case"]), str(r["ranks"] or "-"), r["phase"],
             str(res.get("iterations", r["iterations"])), str(res.get("wallSeconds", "-")),
             str(res.get("cpuSeconds", "-")), str(r["resizes"] or 0), str(r["restarts"] or 0),
             str(res.get("message") or "")[:80],
-        )  # fmt: skip
-    Console().print(table)
-    return 0
+        ]  # fmt: skip
+
+    return print_listing(
+        args.json,
+        rows,
+        "no Simulation has finished yet (rankpack queue --backend kubernetes)",
+        "simulations: finished",
+        FINISHED_COLUMNS,
+        lambda: map(cells, rows),
+    )
 
 
 def handle_events_kubernetes(args: argparse.Namespace) -> int:
@@ -349,17 +353,18 @@ def handle_events_kubernetes(args: argparse.Namespace) -> int:
         }
         for e in events
     ]
-    if args.json:
-        print_json(rows)
-        return 0
-    if not rows:
-        Console().print("no Events on Simulations (they come from `rankpack operator`)")
-        return 0
-    table = Table(title="events on simulations")
-    for col in ("time", "simulation", "type", "reason", "message"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(str(r["time"] or "-").replace("T", " ")[:19], str(r["simulation"]),
-                      str(r["type"]), str(r["reason"]), str(r["message"]))  # fmt: skip
-    Console().print(table)
-    return 0
+    return print_listing(
+        args.json,
+        rows,
+        "no Events on Simulations (they come from `rankpack operator`)",
+        "events on simulations",
+        ("time", "simulation", "type", "reason", "message"),
+        lambda: (
+            [
+                str(r["time"] or "-").replace("T", " ")[:19],
+                str(r["simulation"]),
+                *(str(r[k]) for k in ("type", "reason", "message")),
+            ]
+            for r in rows
+        ),
+    )

@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from rich.console import Console
-from rich.table import Table
 
 from rankpack.case.openfoam import resolve_case
 from rankpack.cli.common import (
@@ -18,6 +17,7 @@ from rankpack.cli.common import (
     parse_submit_count,
     phases_from_text,
     print_json,
+    print_listing,
 )
 from rankpack.cli.operator_cmd import (
     add_cluster_arguments,
@@ -31,7 +31,7 @@ from rankpack.errors import UserError
 from rankpack.operator.crd import check_solver
 from rankpack.plan.allocation import budget_to_millis, make_plan, resolve_weights
 from rankpack.profile.shim import WAIT_MODES
-from rankpack.store import Store
+from rankpack.store import QueueRow, Store
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -164,33 +164,23 @@ def handle_queue(args: argparse.Namespace) -> int:
     )
     store = Store.open_existing(db_path(args))
     rows = store.queue(statuses) if store is not None else []
-    if args.json:
-        print_json([r.to_json() for r in rows])
-        return 0
-    if not rows:
-        Console().print("the queue is empty; add simulations with `rankpack submit CASE`")
-        return 0
-    table = Table(title="queue")
-    for col in (
-        "id",
-        "submitted",
-        "case",
-        "ranks",
-        "initial requests",
-        "iterations",
-        "status",
-        "run",
-    ):
-        table.add_column(col)
-    for r in rows:
+
+    def cells(r: QueueRow) -> list[str]:
         sub = Submission.from_json(r.options)
-        table.add_row(
+        return [
             str(r.id), r.submitted_at.replace("T", " ")[:19], r.case_name,
             str(r.n_ranks), " ".join(f"{m}m" for m in sub.initial_millis),
             str(sub.iterations or "endTime"), r.status, str(r.run_id or "-"),
-        )  # fmt: skip
-    Console().print(table)
-    return 0
+        ]  # fmt: skip
+
+    return print_listing(
+        args.json,
+        [r.to_json() for r in rows],
+        "the queue is empty; add simulations with `rankpack submit CASE`",
+        "queue",
+        ("id", "submitted", "case", "ranks", "initial requests", "iterations", "status", "run"),
+        lambda: map(cells, rows),
+    )
 
 
 def handle_queue_change(args: argparse.Namespace) -> int:

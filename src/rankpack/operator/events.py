@@ -19,6 +19,7 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from rankpack.backend.kubernetes import builders
 from rankpack.operator import crd
 from rankpack.store import EventRow
 
@@ -83,30 +84,12 @@ def event_body(
         etype, reason = ("Normal", "Succeeded") if ok else ("Warning", "Failed")
     if e.kind == "resize-deferred" and e.detail.get("final"):
         reason = "ResizeNeverApplied"
-    now = _now()
     involved: Obj = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "name": name,
                      "namespace": namespace}  # fmt: skip
     if uid:
         involved["uid"] = uid
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {
-            "generateName": f"{name}.",
-            "namespace": namespace,
-            "labels": dict(crd.MANAGED_BY),
-        },
-        "involvedObject": involved,
-        "type": etype,
-        "reason": reason,
-        "message": message_of(e),
-        "source": {"component": COMPONENT},
-        "reportingComponent": f"{crd.GROUP}/operator",
-        "reportingInstance": instance[:128],
-        "firstTimestamp": now,
-        "lastTimestamp": now,
-        "count": 1,
-    }
+    return builders.core_event(involved, etype, reason, message_of(e), crd.MANAGED_BY,
+                               COMPONENT, _now(), (f"{crd.GROUP}/operator", instance))  # fmt: skip
 
 
 class SimulationEvents:

@@ -226,6 +226,39 @@ def resize_patch(res: RankResources) -> Obj:
     return {"spec": {"containers": [{"name": CONTAINER, "resources": resources(res)}]}}
 
 
+def core_event(
+    involved: Obj,
+    event_type: str,
+    reason: str,
+    message: str,
+    labels: Mapping[str, str],
+    component: str,
+    now_iso: str,
+    reporting: tuple[str, str] | None = None,
+) -> Obj:
+    """A core/v1 Event on ``involved`` (an object reference): the one shape both the
+    backend's Warnings on rank pods and the operator's Events on Simulations take."""
+    meta: Obj = {"generateName": f"{involved['name']}.", "labels": dict(labels)}
+    if involved.get("namespace"):
+        meta["namespace"] = involved["namespace"]
+    body: Obj = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": meta,
+        "involvedObject": involved,
+        "type": event_type,
+        "reason": reason,
+        "message": message[:1024],
+        "source": {"component": component},
+        "firstTimestamp": now_iso,
+        "lastTimestamp": now_iso,
+        "count": 1,
+    }
+    if reporting is not None:
+        body["reportingComponent"], body["reportingInstance"] = reporting[0], reporting[1][:128]
+    return body
+
+
 def event(
     spec_sim_id: str, pod: str, pod_uid: str | None, reason: str, message: str, now_iso: str
 ) -> Obj:
@@ -234,22 +267,8 @@ def event(
     involved: Obj = {"apiVersion": "v1", "kind": "Pod", "name": pod}
     if pod_uid:
         involved["uid"] = pod_uid
-    return {
-        "apiVersion": "v1",
-        "kind": "Event",
-        "metadata": {
-            "generateName": f"{pod}.",
-            "labels": {MANAGED_BY: MANAGER, SIM_LABEL: spec_sim_id},
-        },
-        "involvedObject": involved,
-        "reason": reason,
-        "message": message[:1024],
-        "type": "Warning",
-        "source": {"component": "rankpack"},
-        "firstTimestamp": now_iso,
-        "lastTimestamp": now_iso,
-        "count": 1,
-    }
+    labels = {MANAGED_BY: MANAGER, SIM_LABEL: spec_sim_id}
+    return core_event(involved, "Warning", reason, message, labels, "rankpack", now_iso)
 
 
 # -- the launcher ---------------------------------------------------------------------------
