@@ -43,11 +43,10 @@ from rankpack.backend.protocol import (
     SimPhase,
     SimRef,
     SimSpec,
-    StagedCase,
     StageSpec,
     UnknownSimulation,
 )
-from rankpack.case import staging
+from rankpack.backend.worker import News, Stager
 from rankpack.errors import UserError
 from rankpack.profile.records import RecordReader, record_path, set_wait_modes
 from rankpack.profile.shim import shim_env
@@ -101,16 +100,6 @@ def shim_dir(case_dir: Path) -> Path:
 
 
 @dataclass
-class _Stage:
-    spec: StageSpec
-    thread: threading.Thread
-    result: StagedCase | None = None
-    error: str | None = None
-    done: bool = False
-    cancelled: bool = False
-
-
-@dataclass
 class _Sim:
     sim_id: str
     spec: SimSpec
@@ -150,10 +139,9 @@ class LocalBackend:
             cgroups.check_writable(self.driver)
             if reap:
                 cgroups.reap_stale_runs(self.driver)
-        self._stages: dict[str, _Stage] = {}
+        self._stager = Stager(self._notify)
         self._sims: dict[str, _Sim] = {}
-        self._news = threading.Condition()
-        self._pending_news = False
+        self._news = News()
 
     @property
     def cgroup_version(self) -> str:
@@ -189,50 +177,24 @@ class LocalBackend:
     # -- events ------------------------------------------------------------------------------
 
     def _notify(self) -> None:
-        with self._news:
-            self._pending_news = True
-            self._news.notify_all()
+        self._news.notify()
 
     def wait(self, timeout_s: float) -> None:
-        with self._news:
-            if not self._pending_news:
-                self._news.wait(max(0.0, timeout_s))
-            self._pending_news = False
+        self._news.wait(timeout_s)
 
     # -- staging -----------------------------------------------------------------------------
 
     def stage(self, spec: StageSpec) -> None:
-        if spec.sim_id in self._stages or spec.sim_id in self._sims:
+        if spec.sim_id in self._sims:
             raise BackendError(f"simulation {spec.sim_id} exists already")
-        entry = _Stage(spec, threading.Thread(target=self._run_stage, args=(spec,), daemon=True))
-        self._stages[spec.sim_id] = entry
-        try:
-            staging.check(spec)  # bad input fails here, before a thread or a directory exists
-        except UserError as exc:
-            entry.error, entry.done = str(exc), True
-            self._notify()
-            return
-        entry.thread.start()
-
-    def _run_stage(self, spec: StageSpec) -> None:
-        entry = self._stages[spec.sim_id]
-        try:
-            entry.result = staging.stage(spec)
-        except UserError as exc:
-            entry.error = str(exc)
-        except Exception as exc:  # a staging bug must not kill the loop: report it
-            entry.error = f"staging failed: {exc!r}"
-        entry.done = True
-        if entry.cancelled and entry.result is not None:
-            shutil.rmtree(entry.result.run_dir, ignore_errors=True)
-        self._notify()
+        self._stager.stage(spec)
 
     # -- launch ------------------------------------------------------------------------------
 
     def launch(self, spec: SimSpec) -> None:
         if spec.sim_id in self._sims:
             raise BackendError(f"simulation {spec.sim_id} was launched already")
-        self._stages.pop(spec.sim_id, None)
+        self._stager.launched(spec.sim_id)
         mpirun = find_mpirun(spec.mpi)
         pid_dir = spec.case_dir / ".rankpack" / "pids"
         pid_dir.mkdir(parents=True, exist_ok=True)
@@ -387,15 +349,9 @@ class LocalBackend:
 
     def observe(self, sim_id: str) -> SimObservation:
         now = time.monotonic()
-        entry = self._stages.get(sim_id)
-        if entry is not None and sim_id not in self._sims:
-            if not entry.done:
-                return SimObservation(sim_id, now, SimPhase.STAGING, ())
-            if entry.error is not None:
-                return SimObservation(
-                    sim_id, now, SimPhase.FAILED, (), reason=entry.error, stage_error=entry.error
-                )
-            return SimObservation(sim_id, now, SimPhase.STAGED, (), staged=entry.result)
+        staged = self._stager.observe(sim_id, now) if sim_id not in self._sims else None
+        if staged is not None:
+            return staged
         sim = self._sim(sim_id)
         if sim.process is not None and sim.exit_code is None:
             sim.exit_code = sim.process.poll()
@@ -478,9 +434,7 @@ class LocalBackend:
     # -- stop and release ----------------------------------------------------------------------
 
     def stop(self, sim_id: str) -> None:
-        entry = self._stages.get(sim_id)
-        if entry is not None and sim_id not in self._sims:
-            entry.cancelled = True
+        if sim_id not in self._sims and self._stager.cancel(sim_id):
             return
         sim = self._sims.get(sim_id)
         if sim is None:
@@ -512,15 +466,8 @@ class LocalBackend:
         self._notify()
 
     def release(self, sim_id: str) -> None:
-        entry = self._stages.pop(sim_id, None)
-        if entry is not None and sim_id not in self._sims:
-            entry.cancelled = True
-            if entry.thread.is_alive():
-                entry.thread.join(timeout=60)
-            if entry.result is not None:
-                # staged but never launched: the copy holds no results
-                shutil.rmtree(entry.result.run_dir, ignore_errors=True)
-            return
+        if sim_id not in self._sims and self._stager.release(sim_id):
+            return  # staged but never launched: the copy holds no results and is removed
         sim = self._sims.get(sim_id)
         if sim is None or sim.released:
             return

@@ -47,11 +47,10 @@ from rankpack.backend.protocol import (
     SimPhase,
     SimRef,
     SimSpec,
-    StagedCase,
     StageSpec,
     UnknownSimulation,
 )
-from rankpack.case import staging
+from rankpack.backend.worker import News, Stager
 from rankpack.errors import UserError
 from rankpack.profile.records import RecordReader, record_path, set_wait_modes
 from rankpack.profile.shim import shim_env
@@ -131,16 +130,6 @@ def _popen(exit_file: Path | None, lock_fd: int | None) -> Starter:
 
 
 @dataclass
-class _Stage:
-    spec: StageSpec
-    thread: threading.Thread
-    result: StagedCase | None = None
-    error: str | None = None
-    done: bool = False
-    cancelled: bool = False
-
-
-@dataclass
 class _Resize:
     status: ResizeStatus
     target: RankResources
@@ -208,11 +197,10 @@ class KubernetesBackend:
         self.default_starter = starter is None
         self.mpirun = mpirun
         self.background = background
-        self._stages: dict[str, _Stage] = {}
+        self._stager = Stager(self._notify)
         self._sims: dict[str, _Sim] = {}
         self._lock = threading.RLock()
-        self._news = threading.Condition()
-        self._pending_news = False
+        self._news = News()
         self._poller: threading.Thread | None = None
         self._poller_lock = threading.Lock()
         """Guards starting and ending the poller, so work added while it ends is seen."""
@@ -303,43 +291,17 @@ class KubernetesBackend:
     # -- events ------------------------------------------------------------------------------
 
     def _notify(self) -> None:
-        with self._news:
-            self._pending_news = True
-            self._news.notify_all()
+        self._news.notify()
 
     def wait(self, timeout_s: float) -> None:
-        with self._news:
-            if not self._pending_news:
-                self._news.wait(max(0.0, timeout_s))
-            self._pending_news = False
+        self._news.wait(timeout_s)
 
     # -- staging (on the shared volume, in a worker thread, like the local backend) --------
 
     def stage(self, spec: StageSpec) -> None:
-        if spec.sim_id in self._stages or spec.sim_id in self._sims:
+        if spec.sim_id in self._sims:
             raise BackendError(f"simulation {spec.sim_id} exists already")
-        entry = _Stage(spec, threading.Thread(target=self._run_stage, args=(spec,), daemon=True))
-        self._stages[spec.sim_id] = entry
-        try:
-            staging.check(spec)  # bad input fails here, before a thread or a directory exists
-        except UserError as exc:
-            entry.error, entry.done = str(exc), True
-            self._notify()
-            return
-        entry.thread.start()
-
-    def _run_stage(self, spec: StageSpec) -> None:
-        entry = self._stages[spec.sim_id]
-        try:
-            entry.result = staging.stage(spec)
-        except UserError as exc:
-            entry.error = str(exc)
-        except Exception as exc:  # a staging bug must not kill the loop: report it
-            entry.error = f"staging failed: {exc!r}"
-        entry.done = True
-        if entry.cancelled and entry.result is not None:
-            shutil.rmtree(entry.result.run_dir, ignore_errors=True)
-        self._notify()
+        self._stager.stage(spec)
 
     # -- launch ------------------------------------------------------------------------------
 
@@ -347,7 +309,7 @@ class KubernetesBackend:
         if spec.sim_id in self._sims:
             raise BackendError(f"simulation {spec.sim_id} was launched already")
         builders.check_sim_id(spec.sim_id, len(spec.ranks))
-        self._stages.pop(spec.sim_id, None)
+        self._stager.launched(spec.sim_id)
         try:
             volume = parse_volume(spec.volume, spec.case_dir)
         except UserError as exc:
@@ -734,15 +696,9 @@ class KubernetesBackend:
 
     def observe(self, sim_id: str) -> SimObservation:
         now = self.clock()
-        entry = self._stages.get(sim_id)
-        if entry is not None and sim_id not in self._sims:
-            if not entry.done:
-                return SimObservation(sim_id, now, SimPhase.STAGING, ())
-            if entry.error is not None:
-                return SimObservation(
-                    sim_id, now, SimPhase.FAILED, (), reason=entry.error, stage_error=entry.error
-                )
-            return SimObservation(sim_id, now, SimPhase.STAGED, (), staged=entry.result)
+        staged = self._stager.observe(sim_id, now) if sim_id not in self._sims else None
+        if staged is not None:
+            return staged
         sim = self._sim(sim_id)
         with self._lock:
             if sim.process is not None and sim.exit_code is None:
@@ -839,9 +795,7 @@ class KubernetesBackend:
     # -- stop and release ----------------------------------------------------------------------
 
     def stop(self, sim_id: str) -> None:
-        entry = self._stages.get(sim_id)
-        if entry is not None and sim_id not in self._sims:
-            entry.cancelled = True
+        if sim_id not in self._sims and self._stager.cancel(sim_id):
             return
         sim = self._sims.get(sim_id)
         if sim is None:
@@ -885,14 +839,8 @@ class KubernetesBackend:
             t.join(timeout=20)
 
     def release(self, sim_id: str) -> None:
-        entry = self._stages.pop(sim_id, None)
-        if entry is not None and sim_id not in self._sims:
-            entry.cancelled = True
-            if entry.thread.is_alive():
-                entry.thread.join(timeout=60)
-            if entry.result is not None:
-                shutil.rmtree(entry.result.run_dir, ignore_errors=True)
-            return
+        if sim_id not in self._sims and self._stager.release(sim_id):
+            return  # staged but never launched: the copy holds no results and is removed
         sim = self._sims.get(sim_id)
         if sim is None or sim.released:
             return
@@ -959,7 +907,7 @@ class KubernetesBackend:
         Returns their ids."""
         with self._lock:
             sims, self._sims = self._sims, {}
-            self._stages.clear()
+            self._stager.forget_all()
         for sim in sims.values():
             _close_launch(sim)
             if sim.log_file is not None:

@@ -1,0 +1,135 @@
+"""What the real backends share: their news flag and their staging worker.
+
+`News` is a backend's event source for `Backend.wait`: any thread (a staging worker, a
+process waiter, a poller) calls `notify`; the control loop's `wait` returns at the first
+news since its last call, or at its timeout.
+
+`Stager` stages cases (`rankpack.case.staging`) in worker threads, one per simulation, as
+protocol v2 asks: `stage` returns at once; the outcome is read by `observe` (STAGING, then
+STAGED with the staged case, or FAILED with the stage error); a stage cancelled by `stop`
+or `release` before its launch has its copy removed, since it holds no results yet. The local
+and the Kubernetes backend stage the same way (on this machine, or on the volume the rank pods
+share), so they share this.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from rankpack.backend.protocol import BackendError, SimObservation, SimPhase
+from rankpack.case import staging
+from rankpack.case.staging import StagedCase, StageSpec
+from rankpack.errors import UserError
+
+
+class News:
+    """A flag set by any thread and consumed by the one waiting control loop."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._pending = False
+
+    def notify(self) -> None:
+        with self._cond:
+            self._pending = True
+            self._cond.notify_all()
+
+    def wait(self, timeout_s: float) -> None:
+        with self._cond:
+            if not self._pending:
+                self._cond.wait(max(0.0, timeout_s))
+            self._pending = False
+
+
+@dataclass
+class _Stage:
+    spec: StageSpec
+    thread: threading.Thread
+    result: StagedCase | None = None
+    error: str | None = None
+    done: bool = False
+    cancelled: bool = False
+
+
+class Stager:
+    """The staging half of a backend: simulations staged but not launched yet."""
+
+    def __init__(self, notify: Callable[[], None]) -> None:
+        self._notify = notify
+        self._stages: dict[str, _Stage] = {}
+
+    def __contains__(self, sim_id: str) -> bool:
+        return sim_id in self._stages
+
+    def stage(self, spec: StageSpec) -> None:
+        """Start staging ``spec`` (the caller has checked that the id is new to it too)."""
+        if spec.sim_id in self._stages:
+            raise BackendError(f"simulation {spec.sim_id} exists already")
+        entry = _Stage(spec, threading.Thread(target=self._run, args=(spec,), daemon=True))
+        self._stages[spec.sim_id] = entry
+        try:
+            staging.check(spec)  # bad input fails here, before a thread or a directory exists
+        except UserError as exc:
+            entry.error, entry.done = str(exc), True
+            self._notify()
+            return
+        entry.thread.start()
+
+    def _run(self, spec: StageSpec) -> None:
+        entry = self._stages[spec.sim_id]
+        try:
+            entry.result = staging.stage(spec)
+        except UserError as exc:
+            entry.error = str(exc)
+        except Exception as exc:  # a staging bug must not kill the loop: report it
+            entry.error = f"staging failed: {exc!r}"
+        entry.done = True
+        if entry.cancelled and entry.result is not None:
+            shutil.rmtree(entry.result.run_dir, ignore_errors=True)
+        self._notify()
+
+    def observe(self, sim_id: str, now: float) -> SimObservation | None:
+        """The observation of a simulation still in staging; None if it is not."""
+        entry = self._stages.get(sim_id)
+        if entry is None:
+            return None
+        if not entry.done:
+            return SimObservation(sim_id, now, SimPhase.STAGING, ())
+        if entry.error is not None:
+            return SimObservation(
+                sim_id, now, SimPhase.FAILED, (), reason=entry.error, stage_error=entry.error
+            )
+        return SimObservation(sim_id, now, SimPhase.STAGED, (), staged=entry.result)
+
+    def launched(self, sim_id: str) -> None:
+        """``sim_id`` is launched: its staging is over (its copy is the run directory)."""
+        self._stages.pop(sim_id, None)
+
+    def cancel(self, sim_id: str) -> bool:
+        """`stop` of a simulation in staging: its copy is removed when the worker ends.
+        False if it is not in staging."""
+        entry = self._stages.get(sim_id)
+        if entry is None:
+            return False
+        entry.cancelled = True
+        return True
+
+    def release(self, sim_id: str) -> bool:
+        """`release` of a simulation in staging: the worker is waited for and the copy,
+        staged but never launched, removed. False if it is not in staging."""
+        entry = self._stages.pop(sim_id, None)
+        if entry is None:
+            return False
+        entry.cancelled = True
+        if entry.thread.is_alive():
+            entry.thread.join(timeout=60)
+        if entry.result is not None:
+            shutil.rmtree(entry.result.run_dir, ignore_errors=True)
+        return True
+
+    def forget_all(self) -> None:
+        """Drop every stage from memory (their workers finish on their own)."""
+        self._stages.clear()
