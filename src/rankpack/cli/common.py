@@ -14,7 +14,7 @@ import os
 import sys
 from collections.abc import Callable, Collection, Iterable, Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar
 
 from rankpack import paths, quantities
 from rankpack.controller.observations import Phase
@@ -117,7 +117,9 @@ def print_listing(
     right: Collection[str] = (),
 ) -> int:
     """A listing sub-command's output: ``data`` as JSON with ``--json``; else ``empty`` (what
-    to do to get some) if there is nothing, else a table of ``rows()``. Returns exit code 0."""
+    to do to get some) if there is nothing, else a table of ``rows()``. The first column (the
+    name or id a user types next) is never wrapped or cut, however narrow the terminal.
+    Returns exit code 0."""
     from rich.console import Console
     from rich.table import Table
 
@@ -126,10 +128,16 @@ def print_listing(
     elif not data:
         Console().print(empty)
     else:
+        cells = [list(r) for r in rows()]
         table = Table(title=title)
-        for col in columns:
-            table.add_column(col, justify="right" if col in right else "left")
-        for row in rows():
+        for i, col in enumerate(columns):
+            justify: Literal["left", "right"] = "right" if col in right else "left"
+            if i == 0:
+                widest = max([len(col), *(len(r[0]) for r in cells)])
+                table.add_column(col, justify=justify, no_wrap=True, min_width=widest)
+            else:
+                table.add_column(col, justify=justify)
+        for row in cells:
             table.add_row(*row)
         Console().print(table)
     return 0

@@ -23,6 +23,9 @@ KIND = "Simulation"
 PLURAL = "simulations"
 API_VERSION = f"{GROUP}/{VERSION}"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "rankpack", "app.kubernetes.io/name": "rankpack"}
+EVENT_SEQUENCE = f"{GROUP}/sequence"
+"""Annotation on the operator's Events: the store event's id, which orders Events posted in
+the same second (their timestamps have whole seconds)."""
 
 PHASES = ("Queued", "Running", "Succeeded", "Failed")
 DECOMPOSITIONS = ("equal", "weighted", "concentric")

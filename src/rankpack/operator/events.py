@@ -89,7 +89,8 @@ def event_body(
     if uid:
         involved["uid"] = uid
     return builders.core_event(involved, etype, reason, message_of(e), crd.MANAGED_BY,
-                               COMPONENT, _now(), (f"{crd.GROUP}/operator", instance))  # fmt: skip
+                               COMPONENT, _now(), (f"{crd.GROUP}/operator", instance),
+                               {crd.EVENT_SEQUENCE: str(e.id)})  # fmt: skip
 
 
 class SimulationEvents:

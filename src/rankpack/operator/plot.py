@@ -10,6 +10,7 @@ start times, so a run's whole life — launch, profiling, resizes, the end — i
 from __future__ import annotations
 
 import datetime as dt
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 
@@ -43,9 +44,12 @@ def session_events(store: Store, multiplex_id: int) -> list[EventRow]:
     return out
 
 
-def plot_session(store: Store, multiplex_id: int, path: Path, title: str) -> int:
-    """Write the PNG; returns how many runs it shows."""
+def plot_session(
+    store: Store, multiplex_id: int, path: Path, title: str, names: Mapping[int, str]
+) -> int:
+    """Write the PNG, each run labelled with its Simulation's name (``names``: run id ->
+    name); returns how many runs it shows."""
     events = session_events(store, multiplex_id)
     path.parent.mkdir(parents=True, exist_ok=True)
-    plot_timeline(events, path, title)
+    plot_timeline(events, path, title, names)
     return len({e.run_id for e in events if e.run_id is not None})

@@ -100,15 +100,7 @@ class SimulationApi:
             selector += f",involvedObject.name={name}"
         items = core.list_namespaced_event(self.namespace, field_selector=selector).items
         out = [core.api_client.sanitize_for_serialization(e) for e in items]
-        return sorted(
-            out,
-            key=lambda e: str(
-                e.get("lastTimestamp")
-                or e.get("eventTime")
-                or e["metadata"].get("creationTimestamp")
-                or ""
-            ),
-        )
+        return sorted(out, key=_event_order)
 
     def patch_status(self, name: str, status: Obj) -> Obj:
         return dict(
@@ -600,3 +592,10 @@ class StatusWriter:
 
 def _first_line(exc: BaseException) -> str:
     return (str(exc).splitlines() or [type(exc).__name__])[0][:300]
+
+
+def _event_order(e: Obj) -> tuple[str, int]:
+    """Oldest first; in the same second, in the order the operator recorded them."""
+    when = e.get("lastTimestamp") or e.get("eventTime") or e["metadata"].get("creationTimestamp")
+    seq = str((e["metadata"].get("annotations") or {}).get(crd.EVENT_SEQUENCE, ""))
+    return str(when or ""), int(seq) if seq.isdigit() else 0

@@ -108,6 +108,9 @@ class _Lease:
         lock_module: Any = leaselock
         self.leading = threading.Event()
         self.lost = threading.Event()
+        self.released = False
+        """Given up at a clean stop: the elector's renewals are refused from then on."""
+        self._where = (opts.lease_name, namespace, opts.identity)
         self.last_error: tuple[int, str] | None = None
         self.refused_since: float | None = None
         """When 401/403 answers began (None: the last answer was not one): an apiserver
@@ -131,6 +134,25 @@ class _Lease:
 
     def start(self) -> None:
         self.thread.start()
+
+    def release(self) -> None:
+        """Give the Lease up at a clean stop (idle, or stopped by the user), so the next
+        operator leads at its next attempt instead of after the lease duration: the Go
+        client's ReleaseOnCancel, which the Python elector lacks. An elector reads a Lease
+        with no holder as free. A renewal racing this makes the replace conflict; the Lease
+        then expires as usual."""
+        self.released = True
+        if not self.leading.is_set() or self.lost.is_set():
+            return
+        name, namespace, identity = self._where
+        api = self.elector.election_config.lock.api_instance
+        try:
+            lease = api.read_namespaced_lease(name, namespace)
+            if lease.spec is not None and lease.spec.holder_identity == identity:
+                lease.spec.holder_identity = None
+                api.replace_namespaced_lease(name, namespace, lease)
+        except Exception as exc:  # it expires after lease_s anyway
+            log.info("could not give up the Lease %s/%s: %s", namespace, name, exc)
 
 
 class _Unanswered:
@@ -167,6 +189,8 @@ def _safe_lock(base: Any, owner: _Lease) -> Any:
                 return False
 
         def update(self, name: str, namespace: str, updated_record: Any) -> bool:
+            if owner.released:
+                return False
             try:
                 return bool(super().update(name, namespace, updated_record))
             except Exception as exc:
@@ -333,6 +357,7 @@ def run_operator(
             left = backend.forget_all()
             if status in ("idle", "stopped"):
                 result.status = status
+                lease.release()
                 break
             why = f" ({lease_error})" if (lease_error := _lease_error(lease)) else ""
             say(f"{identity}: lost the lease{why}; {len(left)} simulation(s) left running; "
@@ -516,7 +541,9 @@ def _plot(ctx: _Ctx, path: Path) -> str | None:
 
     try:
         title = f"rankpack operator {ctx.opts.identity}: session {ctx.multiplex_id}"
-        n = plot_session(ctx.store, ctx.multiplex_id, path, title)
+        q = ctx.queue
+        names = {run: q.names[qid] for qid, run in q.run_ids.items() if qid in q.names}
+        n = plot_session(ctx.store, ctx.multiplex_id, path, title, names)
     except (OSError, ValueError) as exc:
         ctx.say(f"cannot write the timeline {path}: {exc}")
         return None

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import io
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -275,9 +275,12 @@ def run_figures(data: RunData) -> list[Figure]:
 # -- a session ----------------------------------------------------------------------------
 
 
-def timeline_axes(ax: Any, events: Sequence[EventRow]) -> None:
+def timeline_axes(
+    ax: Any, events: Sequence[EventRow], labels: Mapping[int, str] | None = None
+) -> None:
     """Per simulation: solver time, profiling windows, resizes, wait-mode switches and
-    launches, from the recorded events (seed 001 Fig. 7)."""
+    launches, from the recorded events (seed 001 Fig. 7). A run is labelled "run ID", or
+    "run ID: NAME" where ``labels`` names it (the operator: its Simulation)."""
     sims: dict[int, dict[str, Any]] = {}
     for e in events:
         if e.run_id is None:
@@ -318,7 +321,9 @@ def timeline_axes(ax: Any, events: Sequence[EventRow]) -> None:
     for kind, colour in RESIZE_COLOURS.items():
         ax.plot([], [], color=colour, lw=1.5, label=f"resize ({kind})")
     ax.plot([], [], marker="v", color="#17becf", ls="none", label="wait mode")
-    ax.set_yticks(range(len(order)), [f"run {r}" for r in order])
+    names = labels or {}
+    ax.set_yticks(range(len(order)), [f"run {r}: {names[r]}" if r in names else f"run {r}"
+                                      for r in order])  # fmt: skip
     ax.set_xlabel("seconds since the session started")
     ax.set_xlim(0, end_all * 1.02)
     ax.set_ylim(-0.7, max(len(order), 1) - 0.3)

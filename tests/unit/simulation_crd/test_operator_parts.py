@@ -215,6 +215,20 @@ def test_event_bodies(row: EventRow, etype: str | None, reason: str | None) -> N
         assert str(row.detail["reason"]) in body["message"]
 
 
+def test_events_posted_in_one_second_are_listed_in_the_order_recorded() -> None:
+    bodies = []
+    for i, kind in enumerate(("stage", "learned-sizes", "launch"), start=8):
+        row = EventRow(i, 7, "2026-01-01T00:00:00+00:00", 1.0, kind, {}, 3)
+        body = events.event_body(row, "sim-a", None, "ns", "op-1")
+        assert body is not None and body["metadata"]["annotations"] == {crd.EVENT_SEQUENCE: str(i)}
+        body["lastTimestamp"] = "2026-01-01T00:00:05Z"  # all in the same second
+        bodies.append(body)
+    earlier = {**bodies[0], "lastTimestamp": "2026-01-01T00:00:04Z", "reason": "Earlier"}
+    shuffled = [bodies[2], bodies[0], earlier, bodies[1]]
+    ordered = sorted(shuffled, key=queue._event_order)
+    assert [b["reason"] for b in ordered] == ["Earlier", "Staging", "LearnedSizes", "Launched"]
+
+
 def test_events_wait_while_the_apiserver_is_down_and_go_out_in_order() -> None:
     posted: list[str] = []
     down = {"on": True}
@@ -256,3 +270,17 @@ def test_session_timeline_puts_earlier_sessions_on_its_clock(tmp_path: Path) -> 
     assert (6, "launch") in kinds  # run 6 was launched before any recorded session
     launch5 = next(e for e in got if e.run_id == 5 and e.kind == "launch")
     assert launch5.t_s <= 1.0  # the earlier session started at or before this one
+
+
+def test_the_timeline_names_each_run_by_its_simulation() -> None:
+    from rankpack.report.figures import pyplot, timeline_axes
+
+    at = "2026-01-01T00:00:00+00:00"
+    events = [EventRow(1, 5, at, 0.0, "launch", {}, 1),
+              EventRow(2, 5, at, 3.0, "finished", {"status": "completed"}, 1),
+              EventRow(3, 6, at, 1.0, "launch", {}, 1)]  # fmt: skip
+    plt = pyplot()
+    fig, ax = plt.subplots()
+    timeline_axes(ax, events, {5: "pitzdaily-a"})
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["run 5: pitzdaily-a", "run 6"]
+    plt.close(fig)

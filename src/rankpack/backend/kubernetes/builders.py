@@ -235,12 +235,15 @@ def core_event(
     component: str,
     now_iso: str,
     reporting: tuple[str, str] | None = None,
+    annotations: Mapping[str, str] | None = None,
 ) -> Obj:
     """A core/v1 Event on ``involved`` (an object reference): the one shape both the
     backend's Warnings on rank pods and the operator's Events on Simulations take."""
     meta: Obj = {"generateName": f"{involved['name']}.", "labels": dict(labels)}
     if involved.get("namespace"):
         meta["namespace"] = involved["namespace"]
+    if annotations:
+        meta["annotations"] = dict(annotations)
     body: Obj = {
         "apiVersion": "v1",
         "kind": "Event",
