@@ -31,6 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from rankpack.case.openfoam import foam_env
 from rankpack.profile.shim import shim_env
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu/rankpack")
@@ -63,8 +64,9 @@ def copy_case(src: Path, dst: Path, iterations: int) -> None:
 
 
 def start(case: Path, tag: str, placement: str, wrap: Path, live: Path) -> subprocess.Popen[bytes]:
-    env = {**os.environ, **shim_env(live, "polite"), "RP_PAIR_TAG": tag}
-    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", "2",
+    env = {**foam_env(dict(os.environ)), **shim_env(live, "polite"), "RP_PAIR_TAG": tag}
+    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2",
+            "-x", "WM_PROJECT_DIR", "-x", "LD_LIBRARY_PATH",
             "-x", "LD_PRELOAD", "-x", "RANKPACK_SHIM_DIR", "-x", "RANKPACK_SHIM_WAIT",
             "-x", "RANKPACK_SHIM_YIELD_US", "-x", "RP_PAIR_TAG"]  # fmt: skip
     if placement != "plain":
@@ -83,7 +85,8 @@ def run(cases: list[Path], placement: str, wrap: Path, tmp: Path, together: bool
         codes = [start(c, f"p{i}", placement, wrap, tmp / f"live{i}").wait()
                  for i, c in enumerate(cases)]  # fmt: skip
     if any(codes):
-        raise SystemExit(f"error: a run failed ({codes}); see {tmp}")
+        tail = (cases[0] / "log.simpleFoam").read_text(errors="replace")[-800:]
+        raise SystemExit(f"error: a run failed ({codes}); {cases[0]}/log.simpleFoam ends:\n{tail}")
     return time.monotonic() - t0
 
 
