@@ -21,6 +21,7 @@ pid files and record files are the backends' business.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import uuid
@@ -178,6 +179,10 @@ class LoopSettings:
     leave_running: bool = False
     """When the loop is stopped, leave launched simulations running for a later controller
     to adopt (the operator) instead of stopping them (`rankpack run`, `multiplex`)."""
+    prestage: bool = True
+    """While simulations run, stage the head of the queue ahead of its launch (copy, mesh,
+    decompose), so that when it is launched - at once, or after the running ones end - it
+    starts without a staging gap. Its copy is removed if it is never launched."""
 
 
 @dataclass(frozen=True)
@@ -348,6 +353,8 @@ class ControlLoop:
         """Failed resizes asked for again at a time (`now`), with back-off (see `_retry`)."""
         self.attempts: dict[tuple[str, int], int] = {}
         """Retries so far of the resize in flight per (sim, rank) (0: the first request)."""
+        self.prestaged: dict[int, str] = {}
+        """queue id -> sim id of a case staged ahead of its launch (see `_prestage`)."""
 
     def now(self) -> float:
         return self.backend.clock() - self.t0
@@ -373,6 +380,9 @@ class ControlLoop:
                 decision = decide(obs, self.state, self.settings.controller)
                 self.state = decision.state
                 self._apply_all(decision.actions, pending)
+                taken = {s.job.queue_id for s in self.sims.values()}
+                taken |= {f.queue_id for f in self.stage_failures}
+                self._prestage([j for j in pending if j.queue_id not in taken])
                 self.max_seen = max(self.max_seen, len(self.sims))
                 self.jobs.heartbeat([s.job for s in self.sims.values()])
                 self.display.update(obs.now_s, self._views())
@@ -386,6 +396,7 @@ class ControlLoop:
         except KeyboardInterrupt:
             status = "interrupted"
         finally:
+            self._prestage([])  # never launched: their copies hold no results
             for sim in list(self.sims.values()):
                 if self.settings.leave_running and sim.launched and sim.end_t is None:
                     self._flush(sim)  # it runs on; the next controller adopts it
@@ -716,6 +727,32 @@ class ControlLoop:
                        reason="another session claimed it first")  # fmt: skip
             return
         sub = job.submission
+        ahead = self.prestaged.pop(job.queue_id, None)
+        sim_id = ahead or self._stage_spec_of(job)
+        if sim_id is None:
+            return
+        plan, found = self._plan(sub)
+        if len(request_millis) == plan.n_ranks:
+            ranks = tuple(
+                replace(r, cpu_millis=m) for r, m in zip(plan.ranks, request_millis, strict=True)
+            )
+            plan = replace(plan, ranks=ranks)
+        self.sims[sim_id] = _Sim(job=job, sim_id=sim_id, plan=plan, queued_s=self.now(),
+                                 learned_duty=found.duty if found else ())  # fmt: skip
+        self.event(None, "stage", queue_id=job.queue_id, case=sub.case, sim=sim_id, reason=reason,
+                   **({"staged_ahead": True} if ahead else {}))  # fmt: skip
+        if found is not None:
+            self.event(None, "learned-sizes", queue_id=job.queue_id, sim=sim_id,
+                       from_run=found.run_id, source=found.source,
+                       request_millis=list(found.request_millis),
+                       reason=found.describe())  # fmt: skip
+        if ahead:  # staged already (or still staging): launch now, not at the next tick
+            self._staging_progress(self.sims[sim_id], self.backend.observe(sim_id))
+
+    def _stage_spec_of(self, job: Job, failures_are_final: bool = True) -> str | None:
+        """Ask the backend to stage ``job``'s case; its sim id, or None if it was refused
+        (recorded as the job's failure when ``failures_are_final``)."""
+        sub = job.submission
         sim_id = f"s{uuid.uuid4().hex[:10]}"
         spec = StageSpec(
             sim_id=sim_id,
@@ -731,24 +768,26 @@ class ControlLoop:
         try:
             self.backend.stage(spec)
         except (UserError, BackendError) as exc:
-            self.stage_failures.append(StageFailure(job.queue_id, sub.case, str(exc)))
-            self.jobs.finished(job, "failed")
-            self.event(None, "launch-failed", queue_id=job.queue_id, reason=str(exc))
+            if failures_are_final:
+                self.stage_failures.append(StageFailure(job.queue_id, sub.case, str(exc)))
+                self.jobs.finished(job, "failed")
+                self.event(None, "launch-failed", queue_id=job.queue_id, reason=str(exc))
+            return None
+        return sim_id
+
+    def _prestage(self, pending: list[Job]) -> None:
+        """Stage the queue's head ahead while simulations run (`LoopSettings.prestage`);
+        release what was staged ahead for jobs no longer at the head (cancelled, claimed
+        by another controller) or when the loop ends (``pending`` empty)."""
+        head = pending[0].queue_id if pending and self.sims and self.settings.prestage else None
+        for qid in [q for q in self.prestaged if q != head]:
+            with contextlib.suppress(BackendError):
+                self.backend.release(self.prestaged.pop(qid))
+        if head is None or head in self.prestaged:
             return
-        plan, found = self._plan(sub)
-        if len(request_millis) == plan.n_ranks:
-            ranks = tuple(
-                replace(r, cpu_millis=m) for r, m in zip(plan.ranks, request_millis, strict=True)
-            )
-            plan = replace(plan, ranks=ranks)
-        self.sims[sim_id] = _Sim(job=job, sim_id=sim_id, plan=plan, queued_s=self.now(),
-                                 learned_duty=found.duty if found else ())  # fmt: skip
-        self.event(None, "stage", queue_id=job.queue_id, case=sub.case, sim=sim_id, reason=reason)
-        if found is not None:
-            self.event(None, "learned-sizes", queue_id=job.queue_id, sim=sim_id,
-                       from_run=found.run_id, source=found.source,
-                       request_millis=list(found.request_millis),
-                       reason=found.describe())  # fmt: skip
+        sim_id = self._stage_spec_of(pending[0], failures_are_final=False)
+        if sim_id is not None:  # a refusal is met again, and recorded, at its launch
+            self.prestaged[head] = sim_id
 
     def _launch_staged(self, sim: _Sim, staged: StagedCase) -> None:
         sub = sim.job.submission

@@ -301,3 +301,50 @@ def test_two_sessions_never_run_the_same_entry(tmp_path: Path) -> None:
     qa, qb = StoreQueue(a, None), StoreQueue(b, None)
     (job,) = qa.pending()
     assert qa.claim(job) is True and qb.claim(job) is False
+
+
+@pytest.mark.parametrize("prestage", [True, False])
+def test_the_next_case_is_staged_while_the_running_one_runs(tmp_path: Path, prestage: bool) -> None:
+    # one at a time; staging takes 10 s: staged ahead, the second starts as the first ends
+    cluster = _cluster(stage_s=10.0)
+    store = Store(tmp_path / "r.db")
+    store.submit_many("box", 2, _sub().to_json(), 2)
+    backend = SimulatedBackend(cluster)
+    one = ControllerSettings(max_concurrent=1, launch_cooldown_s=0.0)
+    settings = _settings(tmp_path, prestage=prestage, controller=one)
+    result = run_jobs(backend, store, StoreQueue(store, None), settings)
+    assert [r.status for r in result.results] == ["completed", "completed"]
+    events = store.events()
+    first_end = next(e.t_s for e in events if e.kind == "finished")
+    second_launch = [e.t_s for e in events if e.kind == "launch"][1]
+    stages = [e for e in events if e.kind == "stage"]
+    if prestage:
+        assert stages[1].detail.get("staged_ahead") is True
+        assert second_launch - first_end <= 1.0 + 1e-6  # within the tick that saw the end
+    else:
+        assert "staged_ahead" not in stages[1].detail
+        assert second_launch - first_end >= 10.0  # the staging gap prestaging removes
+    assert not backend.list()  # nothing left behind
+
+
+def test_a_case_staged_ahead_and_never_launched_is_removed(tmp_path: Path) -> None:
+    cluster = _cluster(stage_s=1.0)
+    store = Store(tmp_path / "r.db")
+    store.submit_many("box", 2, _sub().to_json(), 2)
+    backend = SimulatedBackend(cluster)
+    stop = threading.Event()
+    staged_ahead: list[int] = []
+
+    def look(now_s: float, sims: Sequence[SimView]) -> None:
+        refs = backend.list()
+        staged_ahead.append(len(refs) - len(sims))
+        if now_s > 5.0:
+            stop.set()  # Ctrl-C while the second waits, staged ahead
+
+    settings = _settings(tmp_path, controller=ControllerSettings(max_concurrent=1))
+    result = run_jobs(backend, store, StoreQueue(store, None), settings,
+                      display=Hook(look), stop=stop)  # fmt: skip
+    assert result.status == "interrupted"
+    assert max(staged_ahead) == 1  # the second was staged ahead ...
+    assert not backend.list()  # ... and released with the first at the end
+    assert [q.status for q in store.queue(("queued",))] == ["queued"]  # still queued
