@@ -9,6 +9,7 @@ failure leaves nothing behind.
 
 from __future__ import annotations
 
+import contextlib
 import re
 import shutil
 import uuid
@@ -97,11 +98,12 @@ def stage(spec: StageSpec) -> StagedCase:
         else:
             tc = openfoam.read_time_control(staging)
         cells, warnings = _decompose(staging, spec)
-        if final.exists():
-            final.rmdir()
-        staging.rename(final)
+        staging.rename(final)  # replaces the empty (reserved) directory atomically
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
+        if spec.workdir is None:
+            with contextlib.suppress(OSError):
+                final.rmdir()  # the reservation, still empty
         raise
     return StagedCase(
         run_dir=final,
@@ -118,11 +120,15 @@ def _new_run_dir(runs_root: Path, name: str, n_ranks: int) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
     base = runs_root / f"{stamp}-{safe}-{n_ranks}r"
+    runs_root.mkdir(parents=True, exist_ok=True)
     candidate, i = base, 1
-    while candidate.exists():
-        i += 1
-        candidate = base.with_name(f"{base.name}-{i}")
-    return candidate
+    while True:
+        try:
+            candidate.mkdir()  # reserved: a stage running at the same moment takes another name
+            return candidate
+        except FileExistsError:
+            i += 1
+            candidate = base.with_name(f"{base.name}-{i}")
 
 
 def _check_cells(cells: int, n_ranks: int, name: str) -> None:
