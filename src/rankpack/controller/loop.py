@@ -494,6 +494,10 @@ class ControlLoop:
     # -- the policy's view -----------------------------------------------------------------
 
     def _capacity(self) -> int:
+        return self._capacity_and_others()[0]
+
+    def _capacity_and_others(self) -> tuple[int, int]:
+        """(the capacity left to this loop, what others request on the node)."""
         inventory = self.backend.inventory()
         ours = sum(
             sum(r.request_millis for r in s.last.ranks) if s.last else s.plan.total_millis
@@ -502,7 +506,7 @@ class ControlLoop:
         )
         others = max(0, sum(n.requested_millis for n in inventory.nodes) - ours)
         base = self.settings.capacity_millis or inventory.allocatable_millis
-        return max(0, min(base, inventory.allocatable_millis - others))
+        return max(0, min(base, inventory.allocatable_millis - others)), others
 
     def _observations(self, pending: list[Job]) -> Observations:
         sims = []
@@ -559,11 +563,13 @@ class ControlLoop:
             initial = found.request_millis if found else j.submission.initial_millis
             queued.append(QueuedSim(j.queue_id, j.submission.n_ranks, initial,
                                     found.duty if found else ()))  # fmt: skip
+        capacity, others = self._capacity_and_others()
         return Observations(
             now_s=self.now(),
-            capacity_millis=self._capacity(),
+            capacity_millis=capacity,
             sims=tuple(sims),
             queue=tuple(queued),
+            others_millis=others,
         )
 
     # -- learned sizes ------------------------------------------------------------------------

@@ -113,6 +113,9 @@ class Observations:
     """Simulations running now."""
     queue: tuple[QueuedSim, ...]
     """Waiting simulations, first to launch first."""
+    others_millis: int = 0
+    """CPU requested on the node(s) by what this loop does not run (other rankpack sessions,
+    other pods): what makes ``capacity_millis`` less than the node's."""
 
 
 SimStage = Literal["warmup", "profiling", "sized", "scheduled", "fixed"]

@@ -718,11 +718,20 @@ def _wait_modes(step: _Step, memory: dict[str, SimMemory], launching: bool) -> N
         if others or launching:
             who = ", ".join(others) if others else "the simulation being launched"
             wanted, why = "polite", f"shares the cores with {who}"
-        elif over:
+        elif over and obs.others_millis > 0:
             wanted = "polite"
             why = (
                 f"requests {requested}m exceed the {obs.capacity_millis}m of capacity left to"
-                " rankpack (others use the node)"
+                f" rankpack (others request {obs.others_millis}m of the node)"
+            )
+        elif over:
+            # Only its own ranks want the cores (more ranks than cores): they wait for each
+            # other, and sleeping makes every wait longer. Measured, 4-rank pitzDaily on 2
+            # cores: spin 3.5-4.2 s, polite 13.0-14.4 s (docs/benchmarks.md).
+            wanted = "spin"
+            why = (
+                f"alone on the node: its requests {requested}m exceed the"
+                f" {obs.capacity_millis}m capacity, but only its own ranks wait for the cores"
             )
         else:
             wanted = "spin"

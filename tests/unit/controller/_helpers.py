@@ -72,8 +72,10 @@ def observe(
     *sims: SimSnapshot,
     queue: Sequence[QueuedSim] = (),
     capacity: int = 8000,
+    others: int = 0,
 ) -> Observations:
-    return Observations(now_s=now_s, capacity_millis=capacity, sims=sims, queue=tuple(queue))
+    return Observations(now_s=now_s, capacity_millis=capacity, sims=sims, queue=tuple(queue),
+                        others_millis=others)  # fmt: skip
 
 
 def resizes(d: Decision) -> list[Resize]:

@@ -75,9 +75,20 @@ def test_a_launch_in_this_step_switches_the_running_one_at_once() -> None:
 
 def test_requests_above_the_capacity_left_to_rankpack_mean_sharing() -> None:
     # other pods/cgroups took part of the node: 2000m requested on 1500m left
-    d = decide(observe(0.0, auto(), capacity=1500), state_of(a=FIXED), S)
+    d = decide(observe(0.0, auto(), capacity=1500, others=500), state_of(a=FIXED), S)
     assert switches(d) == [("a", "polite")]
     assert "exceed" in d.actions[0].reason  # type: ignore[union-attr]
+
+
+def test_requests_above_the_node_with_nobody_else_on_it_still_spin() -> None:
+    # `rankpack run pitzDaily --ranks 4`: 4 x 1000m on 2 cores, nothing else requests CPU.
+    # Its own ranks wait for each other; polite made it 3.7x slower (benchmarks.md).
+    d = decide(observe(0.0, auto("a", (1000,) * 4), capacity=2000), state_of(a=FIXED), S)
+    assert switches(d) == []
+    polite = replace(state_of(a=FIXED), sims={"a": replace(FIXED, wait_mode="polite")})
+    d2 = decide(observe(1.0, auto("a", (1000,) * 4), capacity=2000), polite, S)
+    assert switches(d2) == [("a", "spin")]
+    assert "only its own ranks" in d2.actions[0].reason  # type: ignore[union-attr]
 
 
 def test_more_ranks_than_cores_alone_still_spins() -> None:
