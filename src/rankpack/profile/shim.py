@@ -63,9 +63,11 @@ def shim_env(
         "RANKPACK_SHIM_WAIT": wait_mode,
         # No sched_yield phase: rankpack runs every rank in a cgroup of its own (a rank pod),
         # where sched_yield only reorders the rank's own tasks and returns at once, so a
-        # "yielding" waiter keeps its core for the whole phase (1 ms by default): two
-        # co-located polite pairs measured 0.23x of sequential with it, 1.50x without it
-        # (docs/benchmarks.md). A value in this process's environment wins.
+        # "yielding" waiter keeps its core for the whole phase (1 ms by default). Two
+        # co-located polite pairs of the scaled pitzDaily, quiet machine: with a cgroup per
+        # rank 0.28x of sequential with it, 0.71x without; plain ranks 0.06-0.80x with it,
+        # 0.93x without (docs/benchmarks.md, issue 13). A value in this process's
+        # environment wins.
         "RANKPACK_SHIM_YIELD_US": os.environ.get("RANKPACK_SHIM_YIELD_US", "0"),
     }
     for knob in TUNING:  # the back-off's tuning, for measuring it: passed on when set
