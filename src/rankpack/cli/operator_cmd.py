@@ -180,16 +180,13 @@ def list_simulations(args: argparse.Namespace) -> list[dict[str, Any]]:
 def handle_simulations(args: argparse.Namespace) -> int:
     items = list_simulations(args)
 
-    def rows() -> list[list[str]]:
-        out = []
-        for o in items:
-            st, spec = o.get("status") or {}, o.get("spec") or {}
-            out.append([
-                o["metadata"]["name"], st.get("phase", "-"), str(spec.get("case", {}).get("path")),
-                str(spec.get("ranks", "-")), str(st.get("progress", "-")),
-                str(st.get("resizes", 0)), str(st.get("restarts", 0)), str(st.get("runId", "-")),
-            ])  # fmt: skip
-        return out
+    def cells(o: dict[str, Any]) -> list[str]:
+        st, spec = o.get("status") or {}, o.get("spec") or {}
+        return [
+            o["metadata"]["name"], st.get("phase", "-"), str(spec.get("case", {}).get("path")),
+            str(spec.get("ranks", "-")), str(st.get("progress", "-")),
+            str(st.get("resizes", 0)), str(st.get("restarts", 0)), str(st.get("runId", "-")),
+        ]  # fmt: skip
 
     return print_listing(
         args.json,
@@ -200,7 +197,7 @@ def handle_simulations(args: argparse.Namespace) -> int:
         "no Simulations; create some with `rankpack submit CASE --backend kubernetes`",
         "simulations",
         ("name", "phase", "case", "ranks", "progress", "resizes", "restarts", "run"),
-        rows,
+        lambda: map(cells, items),
     )
 
 

@@ -380,9 +380,7 @@ class ControlLoop:
                 decision = decide(obs, self.state, self.settings.controller)
                 self.state = decision.state
                 self._apply_all(decision.actions, pending)
-                taken = {s.job.queue_id for s in self.sims.values()}
-                taken |= {f.queue_id for f in self.stage_failures}
-                self._prestage([j for j in pending if j.queue_id not in taken])
+                self._prestage(pending)
                 self.max_seen = max(self.max_seen, len(self.sims))
                 self.jobs.heartbeat([s.job for s in self.sims.values()])
                 self.display.update(obs.now_s, self._views())
@@ -734,7 +732,7 @@ class ControlLoop:
             return
         sub = job.submission
         ahead = self.prestaged.pop(job.queue_id, None)
-        sim_id = ahead or self._stage_spec_of(job)
+        sim_id = ahead or self._start_staging(job)
         if sim_id is None:
             return
         plan, found = self._plan(sub)
@@ -755,7 +753,7 @@ class ControlLoop:
         if ahead:  # staged already (or still staging): launch now, not at the next tick
             self._staging_progress(self.sims[sim_id], self.backend.observe(sim_id))
 
-    def _stage_spec_of(self, job: Job, failures_are_final: bool = True) -> str | None:
+    def _start_staging(self, job: Job, failures_are_final: bool = True) -> str | None:
         """Ask the backend to stage ``job``'s case; its sim id, or None if it was refused
         (recorded as the job's failure when ``failures_are_final``)."""
         sub = job.submission
@@ -784,14 +782,18 @@ class ControlLoop:
     def _prestage(self, pending: list[Job]) -> None:
         """Stage the queue's head ahead while simulations run (`LoopSettings.prestage`);
         release what was staged ahead for jobs no longer at the head (cancelled, claimed
-        by another controller) or when the loop ends (``pending`` empty)."""
-        head = pending[0].queue_id if pending and self.sims and self.settings.prestage else None
+        by another controller) or when the loop ends (``pending`` empty). ``pending`` is
+        the tick's queue: the jobs this tick staged or failed are not its head."""
+        taken = {s.job.queue_id for s in self.sims.values()}
+        taken |= {f.queue_id for f in self.stage_failures}
+        waiting = [j for j in pending if j.queue_id not in taken]
+        head = waiting[0].queue_id if waiting and self.sims and self.settings.prestage else None
         for qid in [q for q in self.prestaged if q != head]:
             with contextlib.suppress(BackendError):
                 self.backend.release(self.prestaged.pop(qid))
         if head is None or head in self.prestaged:
             return
-        sim_id = self._stage_spec_of(pending[0], failures_are_final=False)
+        sim_id = self._start_staging(waiting[0], failures_are_final=False)
         if sim_id is not None:  # a refusal is met again, and recorded, at its launch
             self.prestaged[head] = sim_id
 

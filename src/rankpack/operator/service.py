@@ -110,7 +110,6 @@ class _Lease:
         self.lost = threading.Event()
         self.released = False
         """Given up at a clean stop: the elector's renewals are refused from then on."""
-        self._where = (opts.lease_name, namespace, opts.identity)
         self.last_error: tuple[int, str] | None = None
         self.refused_since: float | None = None
         """When 401/403 answers began (None: the last answer was not one): an apiserver
@@ -144,15 +143,15 @@ class _Lease:
         self.released = True
         if not self.leading.is_set() or self.lost.is_set():
             return
-        name, namespace, identity = self._where
-        api = self.elector.election_config.lock.api_instance
+        lock = self.elector.election_config.lock
+        api = lock.api_instance
         try:
-            lease = api.read_namespaced_lease(name, namespace)
-            if lease.spec is not None and lease.spec.holder_identity == identity:
+            lease = api.read_namespaced_lease(lock.name, lock.namespace)
+            if lease.spec is not None and lease.spec.holder_identity == lock.identity:
                 lease.spec.holder_identity = None
-                api.replace_namespaced_lease(name, namespace, lease)
+                api.replace_namespaced_lease(lock.name, lock.namespace, lease)
         except Exception as exc:  # it expires after lease_s anyway
-            log.info("could not give up the Lease %s/%s: %s", namespace, name, exc)
+            log.info("could not give up the Lease %s/%s: %s", lock.namespace, lock.name, exc)
 
 
 class _Unanswered:
