@@ -126,7 +126,15 @@ class _Sim:
 
     @property
     def total(self) -> int:
-        return self.staged.expected_iterations if self.staged else 0
+        """Iterations the run will do: the expected ones, or fewer if the case converges."""
+        if self.staged is None:
+            return 0
+        converges = self.case.converges_at if self.case else None
+        return min(self.staged.expected_iterations, converges or self.staged.expected_iterations)
+
+    @property
+    def converged(self) -> bool:
+        return self.staged is not None and self.total < self.staged.expected_iterations
 
 
 class SimulatedCluster:
@@ -441,7 +449,7 @@ class SimulatedCluster:
                 self._start(sim)
                 news = True
             if sim.phase is SimPhase.RUNNING and sim.done >= sim.total:
-                sim.log.append(log_end())
+                sim.log.append(log_end(sim.total if sim.converged else None))
                 self._end(sim, SimPhase.SUCCEEDED, 0, "", "")
                 news = True
         for fault in list(self._faults):

@@ -43,6 +43,9 @@ class SimulatedCase:
     """Communication time every rank spends inside MPI per iteration, seconds, on top of
     waiting for the slowest rank (latency of the halo exchange and reductions)."""
     solver: str = "simpleFoam"
+    converges_at: int | None = None
+    """The iteration at which the solver's residuals meet the case's residualControl: a run
+    with more iterations stops there, its log saying so as simpleFoam does (None: never)."""
 
 
 DEFAULT_CASES = (
@@ -183,7 +186,9 @@ def log_iteration(iteration: int, execution_s: float, clock_s: float) -> str:
     )
 
 
-def log_end() -> str:
+def log_end(converged_at: int | None = None) -> str:
+    if converged_at is not None:
+        return f"\nSIMPLE solution converged in {converged_at} iterations\n\nEnd\n\n"
     return "End\n\n"
 
 

@@ -47,7 +47,7 @@ seconds. An iteration takes T = max_i(W_i / s_i) + ``case.mpi_s_per_iteration`` 
 seconds; rank i computes for W_i / s_i of it and waits in MPI for the rest, so its duty
 cycle is d_i = (W_i / s_i) / T. A change of speeds mid-iteration keeps the fraction of the
 iteration already done. The simulation SUCCEEDS (exit code 0) when it has done its
-``expected_iterations``.
+``expected_iterations`` (or, if the case sets ``converges_at`` below it, that many).
 
 Counters per rank, integrated over virtual time: ``compute_ns`` += d_i * dt and ``mpi_ns``
 += (1 - d_i) * dt (wall time outside and inside MPI, the shim's counters; delivered only
@@ -64,7 +64,9 @@ No throttling is modelled (``nr_throttled`` = 0).
 Solver log. At the start: a header and ``Starting time loop``; per iteration k:
 ``Time = k``, one residual line and ``ExecutionTime = x s  ClockTime = y s`` (x: rank 0's
 CPU seconds, y: whole wall seconds since the ranks started, as OpenFOAM prints them); at
-the end ``End``; on a rank failure mpirun's ``mpirun noticed that process rank N ...``.
+the end ``End`` (after ``SIMPLE solution converged in k iterations`` if the case's
+``converges_at`` comes first: the run stops there); on a rank failure mpirun's ``mpirun
+noticed that process rank N ...``.
 `observe` returns what was appended since the previous `observe` of that simulation by the
 same backend (a backend that adopts a simulation gets the whole log first).
 

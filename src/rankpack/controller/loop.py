@@ -60,7 +60,7 @@ from rankpack.controller.policy import decide
 from rankpack.controller.submission import Submission
 from rankpack.core.accounting import trapezoid_cpu_s
 from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode
-from rankpack.core.results import RankResult, ResizeRecord, RunResult
+from rankpack.core.results import CONVERGED, RankResult, ResizeRecord, RunResult
 from rankpack.errors import UserError
 from rankpack.plan.allocation import Plan, proportional_millis
 from rankpack.store import NewRun, RankRow, SampleRow, Store
@@ -1118,12 +1118,14 @@ class ControlLoop:
         state = sim.parser.state
         wall_s = (sim.end_t if sim.end_t is not None else self.backend.clock()) - sim.t0
         exit_code = last.exit_code if last else None
+        message: str | None
         if interrupted is not None:
             status, message = "interrupted", interrupted
         elif failure is not None:
             status, message = "failed", failure
         elif last is not None and last.phase is SimPhase.SUCCEEDED and state.ended:
-            status, message = "completed", None
+            status = "completed"
+            message = f"{CONVERGED} {state.iterations}" if state.converged else None
         else:
             status = "failed"
             why = last.reason if last and last.reason else f"exit code {exit_code}"

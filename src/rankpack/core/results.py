@@ -15,6 +15,22 @@ ResizeOutcome = Literal["pending", "completed", "deferred", "infeasible", "rejec
 
 RunStatus = Literal["running", "completed", "failed", "interrupted"]
 
+CONVERGED = "converged at iteration"
+"""How a completed run's message starts when the solver stopped before endTime because its
+residuals met the case's residualControl (pitzDaily does at ~285 iterations)."""
+
+
+def is_converged(status: str, message: str | None) -> bool:
+    """A run that completed early because its solver converged (not at endTime)."""
+    return status == "completed" and (message or "").startswith(CONVERGED)
+
+
+def progress_text(iterations: int, expected: int | None, *, converged: bool = False) -> str:
+    """Progress as listings print it: ``285/1500``, ``285/1500 converged``, or ``285``."""
+    if not expected:
+        return str(iterations)
+    return f"{iterations}/{expected}" + (" converged" if converged else "")
+
 
 @dataclass(frozen=True)
 class ResizeRecord:
@@ -84,6 +100,15 @@ class RunResult:
     namespace and nodes)."""
     resizes: tuple[ResizeRecord, ...] = ()
     restarts: int = 0
+
+    @property
+    def converged(self) -> bool:
+        """Completed early because the solver converged (not because it reached endTime)."""
+        return is_converged(self.status, self.message)
+
+    @property
+    def progress(self) -> str:
+        return progress_text(self.iterations, self.expected_iterations, converged=self.converged)
 
     def to_json(self, *, with_ranks: bool = True) -> dict[str, Any]:
         data = asdict(self)

@@ -27,6 +27,7 @@ from typing import Any
 
 from rankpack.case.staging import StagedCase
 from rankpack.controller.loop import Adopted, Job, SimView
+from rankpack.core.results import progress_text
 from rankpack.errors import UserError
 from rankpack.operator import crd
 from rankpack.store import Store
@@ -301,7 +302,7 @@ class SimulationQueue:
             "startedAt": now_rfc3339(),
             "expectedIterations": staged.expected_iterations,
             "iterations": 0,
-            "progress": f"0/{staged.expected_iterations}",
+            "progress": progress_text(0, staged.expected_iterations),
             "staged": staged_to_json(staged),
             "conditions": self._set_conditions(
                 name, _condition("Running", True, "Launched", f"simulation {sim_id}")
@@ -336,12 +337,11 @@ class SimulationQueue:
                     restarts=run.restarts,
                     resizes=sum(1 for r in run.resizes if r.status == "completed"),
                 )
-                exp = run.expected_iterations
                 patch.update(
                     iterations=run.iterations,
                     resizes=result["resizes"],
                     restarts=run.restarts,
-                    progress=f"{run.iterations}/{exp}" if exp else str(run.iterations),
+                    progress=run.progress,
                 )
         phase = "Succeeded" if status == "completed" else "Failed"
         if phase == "Succeeded":
@@ -580,7 +580,7 @@ class StatusWriter:
             ranks.append({k: v for k, v in rank.items() if v is not None})
         return {
             "iterations": view.log.iterations,
-            "progress": f"{view.log.iterations}/{exp}" if exp else str(view.log.iterations),
+            "progress": progress_text(view.log.iterations, exp),
             "resizes": view.resizes,
             "restarts": sum(r.restarts for r in view.ranks),
             "ranks": ranks,

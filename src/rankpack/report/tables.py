@@ -11,7 +11,8 @@ from rankpack.store import RunRow
 def run_table(result: RunResult) -> Table:
     table = Table(
         title=(
-            f"run {result.id}: {result.case} ({result.solver}), {result.status}, "
+            f"run {result.id}: {result.case} ({result.solver}), {result.status}"
+            f"{' (converged)' if result.converged else ''}, "
             f"{result.iterations} iterations in {result.wall_s:.1f} s, "
             f"{result.cpu_s:.1f} CPU-s, qos {result.qos}, backend {result.backend}"
             f"{_placement(result.placement)}, {len(result.resizes)} resizes,"

@@ -114,6 +114,25 @@ def test_a_run_is_a_queue_of_one(tmp_path: Path) -> None:
     assert backend.list() == ()  # released
 
 
+def test_a_run_whose_solver_converges_early_completes_and_says_so(tmp_path: Path) -> None:
+    cluster = SimulatedCluster(
+        nodes=(SimNode("node-a", 2000),),
+        cases=(
+            SimulatedCase("box", cells=8000, iterations=100, cell_work_s=1e-4, converges_at=37),
+        ),
+    )
+    result, store, _ = _one(tmp_path, _sub(), cluster)
+    (run,) = result.results
+    assert (run.status, run.iterations, run.expected_iterations) == ("completed", 37, 100)
+    assert run.converged and run.message == "converged at iteration 37"
+    assert run.progress == "37/100 converged"
+    stored = store.get_run(run.id)
+    assert stored.converged and stored.progress == "37/100 converged"
+    # a run that reaches its endTime did not converge early
+    plain, _, _ = _one(tmp_path / "plain", _sub(), _cluster())
+    assert not plain.results[0].converged and plain.results[0].progress == "100/100"
+
+
 def test_a_phase_schedule_resizes_in_place_and_reports_each_resize(tmp_path: Path) -> None:
     phases = (Phase(0.0, (500, 1500)), Phase(0.5, (1500, 500)))
     result, store, _ = _one(tmp_path, _sub(phases=phases), _cluster(resize_latency_s=0.5))
