@@ -15,7 +15,9 @@ from __future__ import annotations
 import json
 import statistics
 import threading
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from rankpack.backend.protocol import Backend
@@ -221,8 +223,6 @@ def throughput_limit(store: Store, done: list[SimOutcome], capacity_millis: int)
 
 def submission_key(sub: Submission, wait_mode: str, backend: str) -> tuple[Any, ...]:
     """The key of the single runs that are a baseline for ``sub`` (see `config_key`)."""
-    from pathlib import Path
-
     return (
         Path(sub.case).name, sub.n_ranks, sub.iterations, sub.decompose,
         sub.plan().total_millis, tuple(sub.weights), wait_mode, backend,
@@ -318,13 +318,30 @@ class GateChoice:
         return "launch gate: off (launch whenever the requests fit)"
 
 
+def workload_key(sub: Submission) -> tuple[Any, ...]:
+    """What makes two simulations the same workload for the launch gate: the case (its
+    directory name), ranks and decomposition (method, weights); not iterations, requests
+    or wait mode."""
+    weights = sub.decompose_weights or sub.weights
+    return (Path(sub.case).name, sub.n_ranks, sub.decompose, tuple(weights))
+
+
 def learned_efficiency(
-    sessions: list[SessionRow], *, capacity_millis: int, wait_mode: str
-) -> tuple[float, int] | None:
+    sessions: list[SessionRow], *, capacity_millis: int, wait_mode: str,
+    same_workload: Callable[[SessionRow], bool] | None = None,
+) -> tuple[float, int, bool] | None:  # fmt: skip
     """Median of measured gain / physical limit over the recorded sessions comparable with
     this one (completed, same capacity and wait mode, >= 2 simulations at once, a limit
-    above 1), clamped to [0.5, 1]; with how many sessions. None without such sessions."""
-    ratios = []
+    above 1), with how many sessions and whether they were of the same workload.
+
+    Sessions for which ``same_workload`` is true win: how well co-location works depends
+    on the workload (on 2 cores, 0.27 of the limit for 4-rank pitzDaily, 0.6-0.9 for 2-rank
+    48 900-cell pairs; docs/benchmarks.md), so what was measured for this workload is used
+    as measured (clamped to [0.1, 1]). Otherwise the machine's median over every workload,
+    clamped to [0.5, 1]: a prior, which does not let one bad workload close the gate for
+    all others. None without comparable sessions."""
+    ratios: list[float] = []
+    same: list[float] = []
     for m in sessions:
         summary = m.summary
         gain, limit = summary.get("throughput_gain"), summary.get("throughput_limit")
@@ -339,9 +356,41 @@ def learned_efficiency(
             and gain > 0
         ):
             ratios.append(float(gain) / float(limit))
+            if same_workload is not None and same_workload(m):
+                same.append(ratios[-1])
+    if same:
+        return min(1.0, max(0.1, statistics.median(same))), len(same), True
     if not ratios:
         return None
-    return min(1.0, max(0.5, statistics.median(ratios))), len(ratios)
+    return min(1.0, max(0.5, statistics.median(ratios))), len(ratios), False
+
+
+def _run_workload(r: RunRow) -> tuple[Any, ...] | None:
+    try:
+        sub = Submission.from_json(r.options)
+    except (KeyError, TypeError, ValueError):
+        return None  # a run recorded without its submission (an older rankpack)
+    return workload_key(sub)
+
+
+def _same_workload_as(store: Store, head: Submission) -> Callable[[SessionRow], bool]:
+    """True for a session whose every simulation ran ``head``'s workload."""
+    key = workload_key(head)
+    runs: dict[int, RunRow] | None = None
+
+    def same(m: SessionRow) -> bool:
+        nonlocal runs
+        if runs is None:
+            runs = {r.id: r for r in store.all_runs()}
+        ids = [s.get("id") for s in m.summary.get("simulations", [])]
+        rows = [runs.get(i) for i in ids if isinstance(i, int)]
+        return (
+            bool(rows)
+            and len(rows) == len(ids)
+            and all(r is not None and _run_workload(r) == key for r in rows)
+        )
+
+    return same
 
 
 def choose_gate(
@@ -366,9 +415,16 @@ def choose_gate(
     if gate in ("duty", "off"):
         return GateChoice(gate)  # type: ignore[arg-type]
     found = learned_efficiency(
-        store.multiplex_sessions(), capacity_millis=capacity_millis, wait_mode=wait_mode
-    )
+        store.multiplex_sessions(), capacity_millis=capacity_millis, wait_mode=wait_mode,
+        same_workload=_same_workload_as(store, head),
+    )  # fmt: skip
     if found is None:
         return GateChoice("limit", source="default, no comparable session recorded yet")
-    eta, n = found
-    return GateChoice("limit", efficiency=eta, source=f"learned from {n} recorded sessions")
+    eta, n, own = found
+    sessions = f"{n} recorded session{'s' if n != 1 else ''}"
+    source = (
+        f"learned from {sessions} of this workload"
+        if own
+        else f"learned from {sessions} of other workloads on this machine"
+    )
+    return GateChoice("limit", efficiency=eta, source=source)

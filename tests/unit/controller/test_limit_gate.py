@@ -117,13 +117,30 @@ def test_efficiency_learned_from_comparable_sessions_only() -> None:
         _row(0.50, 1.00),  # a limit of 1: no room to gain, says nothing
         _row(0.50, None),
     ]
-    eta, n = learned_efficiency(rows, capacity_millis=2000, wait_mode="auto")  # type: ignore[misc]
-    assert n == 3
+    eta, n, own = learned_efficiency(rows, capacity_millis=2000, wait_mode="auto")  # type: ignore[misc]
+    assert n == 3 and not own
     assert eta == pytest.approx(1.40 / 1.50)
     assert learned_efficiency(rows[3:], capacity_millis=2000, wait_mode="auto") is None
     # clamped: a session that beat its limit does not make the gate promise more than it
     high = learned_efficiency([_row(1.8, 1.5)], capacity_millis=2000, wait_mode="auto")
-    assert high == (1.0, 1)
+    assert high == (1.0, 1, False)
+    # a low efficiency of other workloads is a prior only: clamped to 0.5
+    low = learned_efficiency([_row(0.3, 1.5)], capacity_millis=2000, wait_mode="auto")
+    assert low == (0.5, 1, False)
+
+
+def test_efficiency_of_the_same_workload_wins_and_is_used_as_measured() -> None:
+    mine, other = _row(0.55, 2.0), _row(1.40, 1.50)  # 0.275 of the limit, 0.93 of it
+    same = lambda m: m is mine  # noqa: E731
+    eta, n, own = learned_efficiency(  # type: ignore[misc]
+        [other, mine, other], capacity_millis=2000, wait_mode="auto", same_workload=same
+    )
+    assert (n, own) == (1, True) and eta == pytest.approx(0.275)
+    # without a session of its own the workload gets the machine's median
+    eta2, n2, own2 = learned_efficiency(  # type: ignore[misc]
+        [other, other], capacity_millis=2000, wait_mode="auto", same_workload=same
+    )
+    assert (n2, own2) == (2, False) and eta2 == pytest.approx(1.40 / 1.50)
 
 
 def _weighted_pair(head_requests: tuple[int, ...], *, gate: str = "limit", floor: int = 50):  # type: ignore[no-untyped-def]

@@ -33,7 +33,7 @@ from rankpack.controller.loop import (
     run_jobs,
 )
 from rankpack.controller.observations import ControllerSettings, Phase
-from rankpack.controller.session import run_session
+from rankpack.controller.session import choose_gate, measure_baselines, run_session
 from rankpack.controller.submission import Submission
 from rankpack.store import Store
 
@@ -311,6 +311,32 @@ def test_a_multiplex_session_packs_sizes_and_records_its_gain(tmp_path: Path) ->
     # every launch after the first waited for the running ones to be sized
     first_size = kinds.index("resize")
     assert [i for i, k in enumerate(kinds) if k == "launch"][1] > first_size
+
+
+def test_the_gate_learns_the_efficiency_of_the_workload_it_measured(tmp_path: Path) -> None:
+    store = Store(tmp_path / "r.db")
+    sub = _sub(sizing="duty", decompose="weighted", decompose_weights=(1.0, 3.0))
+    store.submit_many("box", 2, sub.to_json(), 2)
+    settings = LoopSettings(
+        runs_root=tmp_path / "runs",
+        shim=True,
+        controller=ControllerSettings(max_concurrent=2, profile_s=3.0, min_predicted_gain=-1.0),
+    )
+    backend = SimulatedBackend(_cluster())
+    measure_baselines(backend, store, settings, force=False)
+    result = run_session(backend, store, settings, baseline="auto")
+    assert result.max_concurrent_seen == 2
+    assert result.throughput_gain is not None and result.throughput_limit is not None
+    measured = result.throughput_gain / result.throughput_limit
+
+    mine = choose_gate(store, sub, capacity_millis=2000, wait_mode=settings.wait_mode,
+                       beta=None, gate="auto")  # fmt: skip
+    assert mine.source == "learned from 1 recorded session of this workload"
+    assert mine.efficiency == pytest.approx(min(1.0, max(0.1, measured)))
+    other = choose_gate(store, _sub(), capacity_millis=2000, wait_mode=settings.wait_mode,
+                        beta=None, gate="auto")  # fmt: skip
+    assert other.source == "learned from 1 recorded session of other workloads on this machine"
+    assert other.efficiency == pytest.approx(min(1.0, max(0.5, measured)))
 
 
 def test_two_sessions_never_run_the_same_entry(tmp_path: Path) -> None:
