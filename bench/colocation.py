@@ -13,6 +13,13 @@ nothing is learned from an earlier configuration):
 * the single-run penalty of ``auto`` against ``spin``: ``rankpack run`` alone, both modes,
   alternated, in the same repetition.
 
+``--learned``: instead, per workload, one database kept across the repetitions (as a user's
+machine keeps its own): each repetition runs the defaults on 2 copies, then ``--gate off``
+on 2 copies. From the second repetition on, the default gate's efficiency is learned from
+the earlier repetitions' sessions of that workload, and its prediction is checked against
+the ``--gate off`` gain measured after it in the same repetition (never one it learned
+from). Every session measures its own single-run baseline first (``--baseline measure``).
+
 Workloads: the scaled pitzDaily (48 900 cells, `bench/scaled_pitzdaily.py`), 2 ranks,
 weights 1,3 (weighted decomposition) and equal; pitzDaily with 4 ranks (the demo's).
 Configurations are rotated between repetitions. Prints CSV rows as it goes, then a
@@ -66,12 +73,16 @@ def _rankpack(env: dict[str, str], *argv: str) -> str:
     return out.stdout
 
 
-def session(w: Workload, n: int, gate: str) -> dict[str, float]:
-    home = Path(tempfile.mkdtemp(prefix="coloc-"))
+def session(w: Workload, n: int, gate: str, home: Path | None = None) -> dict[str, float]:
+    fresh = home is None
+    home = home or Path(tempfile.mkdtemp(prefix="coloc-"))
     env = _env(home)
     _rankpack(env, "submit", w.case, *w.args, "--count", str(n))
-    data = json.loads(_rankpack(env, "multiplex", "--gate", gate, "--json"))
-    events = json.loads(_rankpack(env, "events", "--json"))
+    baseline = () if fresh else ("--baseline", "measure")
+    data = json.loads(_rankpack(env, "multiplex", "--gate", gate, *baseline, "--json"))
+    events = json.loads(
+        _rankpack(env, "events", "--json", "--multiplex", str(data["multiplex_id"]))
+    )
     predicted = None
     for e in events:
         m = PREDICTS.search(str(e.get("detail", {}).get("reason", "")))
@@ -86,6 +97,7 @@ def session(w: Workload, n: int, gate: str) -> dict[str, float]:
         "ratio": gain / limit if limit else float("nan"),
         "predicted": predicted if predicted is not None else float("nan"),
         "max_seen": data["max_concurrent_seen"],
+        "efficiency": float((data.get("gate") or {}).get("colocation_efficiency") or "nan"),
         "makespan_s": data["makespan_s"],
         "resizes": data["resizes"],
         "restarts": data["restarts"],
@@ -106,6 +118,38 @@ def _stat(values: list[float], fmt: str = "{:.2f}") -> str:
     return med if len(v) == 1 else f"{med} ({fmt.format(min(v))}-{fmt.format(max(v))})"
 
 
+def learned(loads: list[Workload], reps: int) -> int:
+    homes = {w.name: Path(tempfile.mkdtemp(prefix="learned-")) for w in loads}
+    rows: dict[str, list[tuple[dict[str, float], dict[str, float]]]] = {}
+    print("rep,workload,gate,gain,limit,ratio,efficiency,predicted,max_seen,makespan_s", flush=True)
+    for rep in range(reps):
+        for w in loads:
+            auto = session(w, 2, "auto", homes[w.name])
+            off = session(w, 2, "off", homes[w.name])
+            rows.setdefault(w.name, []).append((auto, off))
+            for gate, r in (("auto", auto), ("off", off)):
+                print(f"{rep},{w.name},{gate},{r['gain']:.3f},{r['limit']:.3f},{r['ratio']:.3f},"
+                      f"{r['efficiency']:.3f},{r['predicted']:.3f},{r['max_seen']},"
+                      f"{r['makespan_s']:.1f}", flush=True)  # fmt: skip
+    print()
+    print(
+        "| workload | learned efficiency | gate's prediction for 2 | measured with --gate off "
+        "| gate error | defaults' gain | ran at once |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for w in loads:
+        later = rows[w.name][1:]  # the first repetition has nothing to learn from
+        errors = [
+            a["predicted"] / o["gain"] - 1 for a, o in later if a["predicted"] == a["predicted"]
+        ]
+        print(f"| {w.name} | {_stat([a['efficiency'] for a, _ in later])} | "
+              f"{_stat([a['predicted'] for a, _ in later], '{:.3f}')} | "
+              f"{_stat([o['gain'] for _, o in later])} | {_stat(errors, '{:+.1%}')} | "
+              f"{_stat([a['gain'] for a, _ in later])} | "
+              f"{max((int(a['max_seen']) for a, _ in later), default=0)} |")  # fmt: skip
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
@@ -113,12 +157,15 @@ def main() -> int:
     ap.add_argument("--iterations", type=int, default=150, help="scaled pitzDaily")
     ap.add_argument("--demo-iterations", type=int, default=200, help="4-rank pitzDaily")
     ap.add_argument("--only", help="run only workloads whose name contains this")
+    ap.add_argument("--learned", action="store_true", help="the gate learning across sessions")
     args = ap.parse_args()
     scaled = Path(tempfile.mkdtemp(prefix="scaled-")) / "pitzDaily"
     subprocess.run([sys.executable, str(ROOT / "bench" / "scaled_pitzdaily.py"), str(scaled)],
                    check=True, capture_output=True)  # fmt: skip
     loads = [w for w in workloads(scaled, args.iterations, args.demo_iterations)
              if not args.only or args.only in w.name]  # fmt: skip
+    if args.learned:
+        return learned(loads, args.reps)
     jobs = [(w, n, "auto") for w in loads for n in range(1, args.max_n + 1)]
     jobs += [(w, 2, "off") for w in loads if args.max_n >= 2]
     sessions: dict[tuple[str, int, str], list[dict[str, float]]] = {}
@@ -139,8 +186,10 @@ def main() -> int:
             print(f"{rep},{w.name},1,single,spin {walls['spin']:.2f} s,auto "
                   f"{walls['auto']:.2f} s", flush=True)  # fmt: skip
     print()
-    print("| workload | N | gate | runs | gain vs sequential | limit | gain / limit "
-          "| gate's prediction for 2 | ran at once (max) |")
+    print(
+        "| workload | N | gate | runs | gain vs sequential | limit | gain / limit "
+        "| gate's prediction for 2 | ran at once (max) |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for (name, n, gate), rs in sessions.items():
         print(f"| {name} | {n} | {gate} | {len(rs)} | {_stat([r['gain'] for r in rs])} | "
@@ -148,15 +197,19 @@ def main() -> int:
               f"{_stat([r['predicted'] for r in rs], '{:.3f}')} | "
               f"{max(int(r['max_seen']) for r in rs)} |")  # fmt: skip
     print()
-    print("| workload | gate error for 2 (prediction / measured gain with --gate off - 1) "
-          "| single-run penalty of auto vs spin |")
+    print(
+        "| workload | gate error for 2 (prediction / measured gain with --gate off - 1) "
+        "| single-run penalty of auto vs spin |"
+    )
     print("|---|---|---|")
     for w in loads:
         preds = [r["predicted"] for r in sessions.get((w.name, 2, "auto"), [])]
         packed = [r["gain"] for r in sessions.get((w.name, 2, "off"), [])]
         errors = [p / g - 1 for p, g in zip(preds, packed, strict=False) if p == p and g]
-        print(f"| {w.name} | {_stat(errors, '{:+.1%}')} | "
-              f"{_stat(penalty.get(w.name, []), '{:+.1%}')} |")
+        print(
+            f"| {w.name} | {_stat(errors, '{:+.1%}')} | "
+            f"{_stat(penalty.get(w.name, []), '{:+.1%}')} |"
+        )
     return 0
 
 

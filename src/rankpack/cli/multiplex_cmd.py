@@ -99,7 +99,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         choices=["auto", "limit", "duty", "beta", "off"],
         default="auto",
         help="launch gate: limit (auto, the default): the physical limit of co-location "
-        "times the efficiency this machine's recorded sessions reached (0.6 before any); "
+        "times the efficiency recorded sessions of the same workload reached (else this "
+        "machine's other sessions; 0.6 before any); "
         "duty: the duty-cycle overlap model; beta: the linear model with beta fitted from "
         "recorded sessions; off: launch whenever the requests fit",
     )

@@ -191,7 +191,8 @@ class ControllerSettings:
     ``fitted_beta``) or ``off`` (launch whenever the requests fit)."""
     colocation_efficiency: float = DEFAULT_COLOCATION_EFFICIENCY
     """``limit`` gate: the fraction of the physical limit co-located simulations reach
-    (measured gain / limit; learned from this machine's recorded sessions when there are
+    (measured gain / limit; learned from this machine's recorded sessions of the same
+    workload, else of others, when there are
     any, see `rankpack.controller.session.choose_gate`)."""
     fitted_beta: float | None = None
     """``beta`` gate: the contention coefficient (seed 001 eq. 5), given or fitted from
