@@ -92,8 +92,9 @@ case "$mode" in
     # Go toolchain from the proxy too if this machine has none new enough).
     .venv/bin/python -m rankpack.devcluster.binaries
     # The peer tier: mpi4py built from its sdist against Open MPI and MPICH (a few minutes,
-    # once; cached by version under /var/cache/rankpack/mpi4py). Its MPICH 4-rank runs
-    # (~14 min each on 2 cores) are `peer_slow`: pytest -m peer_slow tests/peer.
+    # once; cached by version under /var/cache/rankpack/mpi4py). MPICH with 4 ranks runs a
+    # subset here: its whole suite (over 40 min a run on 2 cores) is `peer_slow`, for
+    # machines with a core per rank: pytest -m peer_slow tests/peer.
     bash tests/peer/install_mpi4py.sh .venv/bin/python openmpi mpich
     exec .venv/bin/python -m pytest -q -p no:cacheprovider -m "not peer_slow"
     ;;
