@@ -26,13 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from rankpack._proc import alive
-from rankpack.core.results import (
-    RankResult,
-    ResizeRecord,
-    RunResult,
-    is_converged,
-    progress_text,
-)
+from rankpack.core.results import RankResult, ResizeRecord, RunProgress, RunResult
 from rankpack.errors import UserError
 
 APPLICATION_ID = 0x524B5043  # "RKPC"
@@ -190,7 +184,7 @@ class NewRun:
 
 
 @dataclass(frozen=True)
-class RunRow:
+class RunRow(RunProgress):
     id: int
     created_at: str
     finished_at: str | None
@@ -216,14 +210,6 @@ class RunRow:
     options: dict[str, Any]
     ranks: tuple[RankRow, ...] = ()
     resizes: tuple[ResizeRecord, ...] = ()
-
-    @property
-    def converged(self) -> bool:
-        return is_converged(self.status, self.message)
-
-    @property
-    def progress(self) -> str:
-        return progress_text(self.iterations, self.expected_iterations, converged=self.converged)
 
     def to_json(self) -> dict[str, Any]:
         data = {k: getattr(self, k) for k in self.__dataclass_fields__}

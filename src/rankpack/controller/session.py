@@ -376,19 +376,13 @@ def _run_workload(r: RunRow) -> tuple[Any, ...] | None:
 def _same_workload_as(store: Store, head: Submission) -> Callable[[SessionRow], bool]:
     """True for a session whose every simulation ran ``head``'s workload."""
     key = workload_key(head)
-    runs: dict[int, RunRow] | None = None
+    workloads: dict[int, tuple[Any, ...] | None] = {}  # run id -> its workload, read once
 
     def same(m: SessionRow) -> bool:
-        nonlocal runs
-        if runs is None:
-            runs = {r.id: r for r in store.all_runs()}
+        if not workloads:
+            workloads.update((r.id, _run_workload(r)) for r in store.all_runs())
         ids = [s.get("id") for s in m.summary.get("simulations", [])]
-        rows = [runs.get(i) for i in ids if isinstance(i, int)]
-        return (
-            bool(rows)
-            and len(rows) == len(ids)
-            and all(r is not None and _run_workload(r) == key for r in rows)
-        )
+        return bool(ids) and all(workloads.get(i) == key for i in ids)
 
     return same
 

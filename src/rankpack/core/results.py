@@ -20,16 +20,30 @@ CONVERGED = "converged at iteration"
 residuals met the case's residualControl (pitzDaily does at ~285 iterations)."""
 
 
-def is_converged(status: str, message: str | None) -> bool:
-    """A run that completed early because its solver converged (not at endTime)."""
-    return status == "completed" and (message or "").startswith(CONVERGED)
-
-
 def progress_text(iterations: int, expected: int | None, *, converged: bool = False) -> str:
     """Progress as listings print it: ``285/1500``, ``285/1500 converged``, or ``285``."""
     if not expected:
         return str(iterations)
     return f"{iterations}/{expected}" + (" converged" if converged else "")
+
+
+class RunProgress:
+    """How far a run got, for a finished run's every form (`RunResult`, the store's
+    `RunRow`): both carry these fields."""
+
+    status: str
+    message: str | None
+    iterations: int
+    expected_iterations: int | None
+
+    @property
+    def converged(self) -> bool:
+        """Completed early because the solver converged (not because it reached endTime)."""
+        return self.status == "completed" and (self.message or "").startswith(CONVERGED)
+
+    @property
+    def progress(self) -> str:
+        return progress_text(self.iterations, self.expected_iterations, converged=self.converged)
 
 
 @dataclass(frozen=True)
@@ -76,7 +90,7 @@ class RankResult:
 
 
 @dataclass(frozen=True)
-class RunResult:
+class RunResult(RunProgress):
     id: int
     status: str
     """completed | failed | interrupted"""
@@ -100,15 +114,6 @@ class RunResult:
     namespace and nodes)."""
     resizes: tuple[ResizeRecord, ...] = ()
     restarts: int = 0
-
-    @property
-    def converged(self) -> bool:
-        """Completed early because the solver converged (not because it reached endTime)."""
-        return is_converged(self.status, self.message)
-
-    @property
-    def progress(self) -> str:
-        return progress_text(self.iterations, self.expected_iterations, converged=self.converged)
 
     def to_json(self, *, with_ranks: bool = True) -> dict[str, Any]:
         data = asdict(self)
