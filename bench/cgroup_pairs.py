@@ -2,17 +2,21 @@
 """Does running each rank in a cgroup of its own cost co-location its gain?
 
   .venv/bin/python bench/cgroup_pairs.py CASE_RUN_DIR [--reps 3] [--iterations 150]
+      [--placements plain,shares,equal,pinned,shares-pinned] [--config NAME:KNOB=V,...]
 
 CASE_RUN_DIR is a decomposed run directory rankpack made (for example the scaled
 pitzDaily of bench/scaled_pitzdaily.py after `rankpack run CASE --ranks 2 --weights 1,3
 --decompose weighted`). Outside rankpack's control loop, with the installed shim in
-`polite` mode, it runs two copies of the case one after the other and together, in three
-placements, alternated within each repetition:
+`polite` mode, it runs two copies of the case one after the other and together, in each
+placement and shim configuration (``--config``, RANKPACK_SHIM_* knobs), alternated within
+each repetition:
 
 - ``plain``: the ranks in the caller's cgroup (how FACTS.md measured 1.30x);
 - ``shares``: each rank in a cgroup of its own under rankpack's own cgroup root, cpu
   weights from the given requests (kubelet mapping), as the local backend does;
-- ``equal``: the same cgroups, every rank the same weight.
+- ``equal``: the same cgroups, every rank the same weight;
+- ``pinned`` / ``shares-pinned``: as plain / shares, and copy i's rank r pinned to core
+  (i + r) mod cores, so each core holds one rank of every copy.
 
 It prints per placement the median sequential and pair wall times and the gain
 (sequential / pair) with its spread. Only rankpack's cgroup subtree is touched; every
@@ -36,8 +40,14 @@ from rankpack.profile.shim import shim_env
 
 CPU_ROOT = Path("/sys/fs/cgroup/cpu/rankpack")
 WRAP = """#!/bin/sh
-# move this rank into its cgroup, then become the solver
-echo $$ > "{root}/$RP_PAIR_TAG-$OMPI_COMM_WORLD_RANK/cgroup.procs" || exit 97
+# move this rank into its cgroup and/or pin it to a core, then become the solver
+if [ -n "$RP_CG" ]; then
+  echo $$ > "{root}/$RP_PAIR_TAG-$OMPI_COMM_WORLD_RANK/cgroup.procs" || exit 97
+fi
+if [ -n "$RP_PIN" ]; then
+  # copy i, rank r on core (i + r) mod cores: each core gets one rank of every copy
+  exec taskset -c $(( (${{RP_PAIR_TAG#p}} + OMPI_COMM_WORLD_RANK) % $(nproc) )) "$@"
+fi
 exec "$@"
 """
 
@@ -63,26 +73,36 @@ def copy_case(src: Path, dst: Path, iterations: int) -> None:
     cd.write_text("\n".join(lines) + "\n")
 
 
-def start(case: Path, tag: str, placement: str, wrap: Path, live: Path) -> subprocess.Popen[bytes]:
-    env = {**foam_env(dict(os.environ)), **shim_env(live, "polite"), "RP_PAIR_TAG": tag}
+def start(
+    case: Path, tag: str, placement: str, wrap: Path, live: Path, extra: dict[str, str]
+) -> subprocess.Popen[bytes]:
+    env = {**foam_env(dict(os.environ)), **shim_env(live, "polite"), **extra, "RP_PAIR_TAG": tag}
+    base = placement.removesuffix("-pinned")
+    env["RP_CG"] = "1" if base not in ("plain", "pinned") else ""
+    env["RP_PIN"] = "1" if placement.endswith("pinned") else ""
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2",
-            "-x", "WM_PROJECT_DIR", "-x", "LD_LIBRARY_PATH",
-            "-x", "LD_PRELOAD", "-x", "RANKPACK_SHIM_DIR", "-x", "RANKPACK_SHIM_WAIT",
-            "-x", "RANKPACK_SHIM_YIELD_US", "-x", "RP_PAIR_TAG"]  # fmt: skip
-    if placement != "plain":
+            "-x", "WM_PROJECT_DIR", "-x", "LD_LIBRARY_PATH", "-x", "LD_PRELOAD",
+            "-x", "RP_PAIR_TAG", "-x", "RP_CG", "-x", "RP_PIN"]  # fmt: skip
+    for key in sorted(env):
+        if key.startswith("RANKPACK_SHIM_"):
+            argv += ["-x", key]
+    if env["RP_CG"] or env["RP_PIN"]:
         argv.append(str(wrap))
     argv += ["simpleFoam", "-parallel"]
     log = open(case / "log.simpleFoam", "wb")  # noqa: SIM115
     return subprocess.Popen(argv, cwd=case, env=env, stdout=log, stderr=subprocess.STDOUT)
 
 
-def run(cases: list[Path], placement: str, wrap: Path, tmp: Path, together: bool) -> float:
+def run(
+    cases: list[Path], placement: str, wrap: Path, tmp: Path, together: bool, extra: dict[str, str]
+) -> float:
     t0 = time.monotonic()
+    lives = [tmp / f"live{i}-{time.monotonic_ns()}" for i in range(len(cases))]
     if together:
-        procs = [start(c, f"p{i}", placement, wrap, tmp / f"live{i}") for i, c in enumerate(cases)]
+        procs = [start(c, f"p{i}", placement, wrap, lives[i], extra) for i, c in enumerate(cases)]
         codes = [p.wait() for p in procs]
     else:
-        codes = [start(c, f"p{i}", placement, wrap, tmp / f"live{i}").wait()
+        codes = [start(c, f"p{i}", placement, wrap, lives[i], extra).wait()
                  for i, c in enumerate(cases)]  # fmt: skip
     if any(codes):
         tail = (cases[0] / "log.simpleFoam").read_text(errors="replace")[-800:]
@@ -97,7 +117,7 @@ def make_cgroups(placement: str, millis: tuple[int, int]) -> list[Path]:
             d = CPU_ROOT / f"p{i}-{rank}"
             d.mkdir(exist_ok=True)
             (d / "cpu.shares").write_text(
-                str(shares(millis[rank]) if placement == "shares" else 1024)
+                str(shares(millis[rank]) if placement.startswith("shares") else 1024)
             )
             made.append(d)
     return made
@@ -109,7 +129,19 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=150)
     ap.add_argument("--millis", default="290,710", help="the two ranks' requests (m)")
+    ap.add_argument("--placements", default="plain,shares,equal",
+                    help="comma-separated subset of plain,shares,equal,pinned,shares-pinned "
+                    "(pinned: copy i's rank r on core (i+r) mod cores)")  # fmt: skip
+    ap.add_argument("--config", action="append", default=[], metavar="NAME[:KNOB=V,...]",
+                    help="shim settings to compare (RANKPACK_SHIM_ prefix implied), e.g. "
+                    "'short:SLEEP_MAX_US=50' 'long:SLEEP_MAX_US=400'; default: none")  # fmt: skip
     args = ap.parse_args()
+    configs: dict[str, dict[str, str]] = {}
+    for spec in args.config or ["default"]:
+        name, _, knobs = spec.partition(":")
+        configs[name] = {
+            f"RANKPACK_SHIM_{k}": v for k, v in (kv.split("=", 1) for kv in knobs.split(",") if kv)
+        }
     if not (args.run_dir / "processor1").is_dir():
         print(f"error: {args.run_dir} is not a decomposed 2-rank run directory", file=sys.stderr)
         return 2
@@ -118,18 +150,23 @@ def main() -> int:
     wrap = tmp / "wrap.sh"
     wrap.write_text(WRAP.format(root=CPU_ROOT))
     wrap.chmod(0o755)
-    results: dict[str, list[tuple[float, float]]] = {p: [] for p in ("plain", "shares", "equal")}
+    variants = [(p, c) for p in args.placements.split(",") for c in configs]
+    results: dict[str, list[tuple[float, float]]] = {f"{p} {c}": [] for p, c in variants}
     try:
         for rep in range(args.reps):
-            for placement in results:
-                made = make_cgroups(placement, (m0, m1)) if placement != "plain" else []
+            for placement, config in variants:
+                extra = configs[config]
+                key = f"{placement} {config}"
+                cg = placement.removesuffix("-pinned") not in ("plain", "pinned")
+                made = make_cgroups(placement, (m0, m1)) if cg else []
                 try:
                     walls = []
                     for together in (False, True):
-                        cases = [tmp / f"r{rep}-{placement}-{together}-{i}" for i in range(2)]
+                        stem = f"r{rep}-{placement}-{config}-{together}"
+                        cases = [tmp / f"{stem}-{i}" for i in range(2)]
                         for c in cases:
                             copy_case(args.run_dir, c, args.iterations)
-                        walls.append(run(cases, placement, wrap, tmp, together))
+                        walls.append(run(cases, placement, wrap, tmp, together, extra))
                         for c in cases:
                             shutil.rmtree(c)
                 finally:
@@ -141,8 +178,8 @@ def main() -> int:
                             except OSError:
                                 time.sleep(0.1)
                 seq, pair = walls
-                results[placement].append((seq, pair))
-                print(f"rep {rep} {placement:6s} sequential {seq:6.2f} s  pair {pair:6.2f} s  "
+                results[key].append((seq, pair))
+                print(f"rep {rep} {key:16s} sequential {seq:6.2f} s  pair {pair:6.2f} s  "
                       f"gain {seq / pair:.2f}x", flush=True)  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

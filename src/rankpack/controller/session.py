@@ -60,6 +60,10 @@ class SessionResult:
     """The most any co-location of these simulations could gain on this capacity
     (work-conserving bound from their single runs); None without single runs with duty
     cycles."""
+    gate_limit: float | None = None
+    """The same bound as the launch gate counts it (a simulation with more ranks than cores
+    fills them: `rankpack.controller.policy._limit_gain`); the gate learns its efficiency as
+    gain / this, so that what it learns is applied to the limit it was learned against."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -69,6 +73,7 @@ class SessionResult:
             "sequential_s": self.sequential_s,
             "throughput_gain": self.throughput_gain,
             "throughput_limit": self.throughput_limit,
+            "gate_limit": self.gate_limit,
             "baseline": self.baseline_source,
             "fairness_ratio": self.fairness_ratio,
             "resizes": self.resizes,
@@ -133,9 +138,10 @@ def summarise(
     else:
         sequential, source = None, "none"
     gain = sequential / makespan if sequential and makespan > 0 else None
-    limit = None
+    limit = gate_limit = None
     if sequential is not None and capacity_millis:
         limit = throughput_limit(store, done, capacity_millis)
+        gate_limit = throughput_limit(store, done, capacity_millis, as_gate=True)
     return SessionResult(
         multiplex_id=multiplex_id,
         status=loop.status,
@@ -150,6 +156,7 @@ def summarise(
         simulations=sims,
         resizes_rejected=loop.resizes_rejected,
         throughput_limit=limit,
+        gate_limit=gate_limit,
         launch_failures=tuple(
             {"queue_id": f.queue_id, "case": f.case, "reason": f.reason}
             for f in loop.stage_failures
@@ -207,14 +214,22 @@ def single_run_compute(store: Store, runs: list[RunRow], key: tuple[Any, ...]) -
     return SingleRun(wall, statistics.fmean(c1s))
 
 
-def throughput_limit(store: Store, done: list[SimOutcome], capacity_millis: int) -> float | None:
-    """The work-conserving bound on the gain of these simulations on this capacity."""
+def throughput_limit(
+    store: Store, done: list[SimOutcome], capacity_millis: int, *, as_gate: bool = False
+) -> float | None:
+    """The work-conserving bound on the gain of these simulations on this capacity.
+
+    ``as_gate``: count a simulation with more ranks than cores as computing on all of them,
+    as the launch gate does (its ranks' waits are mostly waits for a core)."""
     runs = store.all_runs()
     singles = []
     for s in done:
-        single = single_run_compute(store, runs, config_key(store.get_run(s.id)))
+        run = store.get_run(s.id)
+        single = single_run_compute(store, runs, config_key(run))
         if single is None:
             return None
+        if as_gate and run.n_ranks * 1000 > capacity_millis:
+            single = SingleRun(single.t1_s, capacity_millis / 1000)
         singles.append(single)
     if not singles or capacity_millis <= 0:
         return None
@@ -331,8 +346,10 @@ def learned_efficiency(
     same_workload: Callable[[SessionRow], bool] | None = None,
 ) -> tuple[float, int, bool] | None:  # fmt: skip
     """Median of measured gain / physical limit over the recorded sessions comparable with
-    this one (completed, same capacity and wait mode, >= 2 simulations at once, a limit
-    above 1), with how many sessions and whether they were of the same workload.
+    this one (completed, same capacity and wait mode, >= 2 simulations at once; a limit
+    above 1, or of 1 for the same workload), with how many sessions and whether they were
+    of the same workload. The limit is the session's ``gate_limit`` (the bound as the gate
+    counts it) where recorded, else its ``throughput_limit`` (older sessions).
 
     Sessions for which ``same_workload`` is true win: how well co-location works depends
     on the workload (on 2 cores, 0.27 of the limit for 4-rank pitzDaily, 0.6-0.9 for 2-rank
@@ -344,20 +361,24 @@ def learned_efficiency(
     same: list[float] = []
     for m in sessions:
         summary = m.summary
-        gain, limit = summary.get("throughput_gain"), summary.get("throughput_limit")
-        if (
+        gain = summary.get("throughput_gain")
+        limit = summary.get("gate_limit") or summary.get("throughput_limit")
+        if not (
             m.status == "completed"
             and m.capacity_millis == capacity_millis
             and m.wait_mode == wait_mode
             and int(summary.get("max_concurrent_seen") or 0) >= 2
             and isinstance(gain, (int, float))
             and isinstance(limit, (int, float))
-            and limit > 1.0
+            and limit >= 1.0
             and gain > 0
         ):
-            ratios.append(float(gain) / float(limit))
-            if same_workload is not None and same_workload(m):
-                same.append(ratios[-1])
+            continue
+        ratio = float(gain) / float(limit)
+        if same_workload is not None and same_workload(m):
+            same.append(ratio)  # a limit of 1 too: how much co-locating this workload loses
+        if limit > 1.0:
+            ratios.append(ratio)
     if same:
         return min(1.0, max(0.1, statistics.median(same))), len(same), True
     if not ratios:

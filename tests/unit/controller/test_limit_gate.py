@@ -96,13 +96,30 @@ def test_gate_off_launches_whenever_it_fits() -> None:
 
 
 def _row(gain: float, limit: float | None, *, seen: int = 2, cap: int = 2000,
-         wait: str = "auto", status: str = "completed") -> SessionRow:  # fmt: skip
+         wait: str = "auto", status: str = "completed", gate: float | None = None,
+         sid: int = 1) -> SessionRow:  # fmt: skip
     return SessionRow(
-        id=1, started_at="", finished_at=None, status=status, owner_pid=None,
+        id=sid, started_at="", finished_at=None, status=status, owner_pid=None,
         capacity_millis=cap, max_concurrent=4, wait_mode=wait, backend="local",
-        summary={"throughput_gain": gain, "throughput_limit": limit,
+        summary={"throughput_gain": gain, "throughput_limit": limit, "gate_limit": gate,
                  "max_concurrent_seen": seen},
     )  # fmt: skip
+
+
+def test_efficiency_is_learned_against_the_gates_own_limit() -> None:
+    """4-rank pitzDaily on 2 cores: the session's limit is 2.0, the gate's 1.0 (a simulation
+    with more ranks than cores fills them). A pair measured 0.38: learned against 2.0 the
+    gate would predict 0.19 for its limit of 1.0; against its own limit, 0.38."""
+    rows = [_row(0.38, 2.0, gate=1.0, sid=7)]
+    same = learned_efficiency(rows, capacity_millis=2000, wait_mode="auto",
+                              same_workload=lambda m: m.id == 7)  # fmt: skip
+    assert same == (pytest.approx(0.38), 1, True)
+    # a limit of 1 says how much this workload loses, not what co-location does elsewhere
+    assert learned_efficiency(rows, capacity_millis=2000, wait_mode="auto") is None
+    # sessions recorded before the gate's limit was kept: the session's limit
+    old = learned_efficiency([_row(1.2, 1.5)], capacity_millis=2000, wait_mode="auto",
+                             same_workload=lambda m: True)  # fmt: skip
+    assert old == (pytest.approx(0.8), 1, True)
 
 
 def test_efficiency_learned_from_comparable_sessions_only() -> None:

@@ -41,6 +41,7 @@ def test_the_session_reports_the_work_conserving_limit(tmp_path: Path) -> None:
     assert result.throughput_limit == pytest.approx(1.5, rel=0.03)
     data = result.to_json()
     assert data["throughput_limit"] == result.throughput_limit
+    assert result.gate_limit == result.throughput_limit  # a core per rank: the gate agrees
     assert result.throughput_gain is not None
     assert result.throughput_gain <= result.throughput_limit + 1e-9
 
@@ -54,3 +55,22 @@ def test_no_single_runs_no_limit(tmp_path: Path) -> None:
                             controller=ControllerSettings(max_concurrent=1))  # fmt: skip
     result = run_session(SimulatedBackend(cluster), store, settings, baseline="db")
     assert result.throughput_limit is None and result.to_json()["throughput_limit"] is None
+
+
+def test_the_gate_limit_counts_more_ranks_than_cores_as_filling_them(tmp_path: Path) -> None:
+    """4 ranks on 2 cores: the session's bound counts the ranks' measured compute, the gate's
+    counts all cores busy, so two such simulations have a gate limit of exactly 1."""
+    cluster = SimulatedCluster(nodes=(SimNode("node-a", 2000),), cases=(CASE,))
+    backend = SimulatedBackend(cluster)
+    store = Store(tmp_path / "r.db")
+    sub = Submission(case="box", weights=(1.0,) * 4, budget_millis=2000, sizing="fixed",
+                     decompose="weighted", decompose_weights=(1.0, 1.0, 1.0, 5.0))  # fmt: skip
+    store.submit_many("box", 2, sub.to_json(), 2)
+    settings = LoopSettings(runs_root=tmp_path / "runs", wait_mode="auto",
+                            controller=ControllerSettings(max_concurrent=2))  # fmt: skip
+    measure_baselines(backend, store, settings, force=False)
+    result = run_session(backend, store, settings, baseline="db")
+    assert result.status == "completed"
+    assert result.throughput_limit is not None and result.throughput_limit > 1.2
+    assert result.gate_limit == pytest.approx(1.0)
+    assert result.to_json()["gate_limit"] == result.gate_limit
