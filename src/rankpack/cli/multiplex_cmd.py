@@ -102,7 +102,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "times the efficiency recorded sessions of the same workload reached (else this "
         "machine's other sessions; 0.6 before any); "
         "duty: the duty-cycle overlap model; beta: the linear model with beta fitted from "
-        "recorded sessions; off: launch whenever the requests fit",
+        "recorded sessions; off: launch whenever --max-concurrent allows, shrinking everyone's "
+        "requests in proportion when the next does not fit (measures what co-location does)",
     )
     p.add_argument(
         "--plot", type=parse_output_file, help="timeline PNG (default: next to the run directories)"

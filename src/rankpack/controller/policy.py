@@ -539,7 +539,9 @@ def _hold_reason(
     need = sum(head.initial_request_millis)
     free = step.unrequested()
     no_room = f"{name} needs {need}m, only {free}m of {obs.capacity_millis}m is unrequested"
-    if free < need and (s.gate != "limit" or any(sim.phases for sim in obs.sims)):
+    # The limit gate packs when it predicts a gain; `off` always packs (it measures what
+    # co-location does, which `limit` learns from); the other models only launch what fits.
+    if free < need and (s.gate not in ("limit", "off") or any(sim.phases for sim in obs.sims)):
         return "no-room", no_room
     gain = _predicted_gain(step, memory, head)
     if free < need:
@@ -552,6 +554,11 @@ def _hold_reason(
                 f"{no_room}, and {_model_name(s)} predicts throughput x{shown} with "
                 f"{len(obs.sims) + 1} simulations (needs x{1 + s.min_predicted_gain:.3f} to "
                 "pack it)"
+            )
+        if s.gate == "off":
+            return (
+                "pack",
+                f"{no_room}: no gate (--gate off), so all requests shrink in proportion to fit",
             )
         return "pack", (
             f"{no_room}: {_model_name(s)} predicts throughput x{gain:.3f} with "

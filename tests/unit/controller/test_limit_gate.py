@@ -90,9 +90,17 @@ def test_gate_off_launches_whenever_it_fits() -> None:
     # the default efficiency holds the weighted pair of FACTS.md until a session here shows
     # co-location pays
     assert S.colocation_efficiency == 0.6
+    # off packs a head that does not fit: everyone's requests shrink in proportion
     too_big = (QueuedSim(9, 2, (700, 700)),)
     off2 = decide(observe(100.0, sim, queue=too_big, capacity=2000), state, replace(S, gate="off"))
-    assert not launches(off2) and off2.state.launch_held == "no-room"
+    (launch,) = launches(off2)
+    packs = [a for a in off2.actions if getattr(a, "kind", None) == "pack"]
+    assert len(packs) == 2 and sum(r.request_millis for r in packs) < 800
+    assert sum(r.request_millis for r in packs) + sum(launch.request_millis) <= 2000
+    assert "--gate off" in launch.reason
+    # the duty model does not pack
+    duty = decide(observe(100.0, sim, queue=too_big, capacity=2000), state, replace(S, gate="duty"))
+    assert not launches(duty) and duty.state.launch_held == "no-room"
 
 
 def _row(gain: float, limit: float | None, *, seen: int = 2, cap: int = 2000,
@@ -185,7 +193,7 @@ def test_packs_when_the_requests_do_not_fit_but_the_model_predicts_a_gain() -> N
     assert d.actions.index(packs[-1]) < d.actions.index(launch)
 
 
-def test_no_packing_without_a_predicted_gain_or_with_another_gate() -> None:
+def test_no_packing_without_a_predicted_gain_or_with_the_duty_gate() -> None:
     ns = round(0.92 * GIGA)
     sim = snap("a", (1150, 1150), compute_ns=(ns, ns), mpi_ns=(GIGA - ns,) * 2)
     state = state_of(a=replace(SIZED, duty=(0.92, 0.92)))
@@ -194,10 +202,10 @@ def test_no_packing_without_a_predicted_gain_or_with_another_gate() -> None:
     assert not launches(equal) and not resizes(equal)
     assert equal.state.launch_held == "no-room"
     assert "to pack it" in notes(equal, "launch-held")[0].reason
-    for gate in ("duty", "off"):
-        d = _weighted_pair((459, 1217), gate=gate)
-        assert not launches(d) and not resizes(d)
-        assert d.state.launch_held == "no-room"
+    d = _weighted_pair((459, 1217), gate="duty")
+    assert not launches(d) and not resizes(d)
+    assert d.state.launch_held == "no-room"
+    assert launches(_weighted_pair((459, 1217), gate="off"))  # off packs unconditionally
 
 
 def test_no_packing_below_the_floors() -> None:
