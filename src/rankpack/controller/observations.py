@@ -188,7 +188,8 @@ class ControllerSettings:
     """The throughput model that gates launches: ``limit`` (the work-conserving bound of
     `rankpack.model.limit` x ``colocation_efficiency``), ``duty`` (the duty-cycle overlap
     predictor of `rankpack.model.overlap`), ``beta`` (seed 001's linear model with
-    ``fitted_beta``) or ``off`` (launch whenever the requests fit)."""
+    ``fitted_beta``) or ``off`` (launch whenever ``max_concurrent`` allows, packing
+    requests to fit)."""
     colocation_efficiency: float = DEFAULT_COLOCATION_EFFICIENCY
     """``limit`` gate: the fraction of the physical limit co-located simulations reach
     (measured gain / limit; learned from this machine's recorded sessions of the same

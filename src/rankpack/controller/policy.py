@@ -571,6 +571,8 @@ def _hold_reason(
             f" x{shown}"
             f" with {len(obs.sims) + 1} simulations (needs x{1 + s.min_predicted_gain:.3f})"
         )
+    if s.gate == "off":
+        return None, f"{need}m of {free}m unrequested fits {name}; no gate (--gate off)"
     return None, (
         f"{need}m of {free}m unrequested fits {name}; {_model_name(s)} predicts throughput"
         f" x{gain:.3f} with {len(obs.sims) + 1} simulations"

@@ -330,7 +330,7 @@ class GateChoice:
             return f"launch gate: physical limit x efficiency {self.efficiency:.2f} ({self.source})"
         if self.gate == "duty":
             return "launch gate: duty-cycle model"
-        return "launch gate: off (launch whenever the requests fit)"
+        return "launch gate: off (launch whenever --max-concurrent allows; requests shrink to fit)"
 
 
 def workload_key(sub: Submission) -> tuple[Any, ...]:

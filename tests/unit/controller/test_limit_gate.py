@@ -85,6 +85,7 @@ def test_gate_off_launches_whenever_it_fits() -> None:
     state = state_of(a=replace(SIZED, duty=(0.97, 0.97)))
     off = decide(observe(100.0, sim, queue=queue, capacity=2000), state, replace(S, gate="off"))
     assert launches(off)
+    assert launches(off)[0].reason.endswith("no gate (--gate off)")
     held = decide(observe(100.0, sim, queue=queue, capacity=2000), state, S)
     assert not launches(held)
     # the default efficiency holds the weighted pair of FACTS.md until a session here shows
