@@ -1231,15 +1231,23 @@ class ControlLoop:
 def _steady_duty(
     marks: list[tuple[int, int, int]], expected: int, skip: float = 0.1
 ) -> float | None:
-    """Duty cycle over the run with its first ``skip`` fraction left out (start-up)."""
-    if len(marks) < 2:
+    """Duty cycle over the run with its first ``skip`` fraction left out (start-up).
+
+    ``marks`` are (iterations, cumulative compute ns, cumulative MPI ns) per observation.
+    When no observation saw the rank between that point and its end (a short run, or a
+    solver log that reached the controller only at the end), the window widens to the
+    first observation and then to the whole run since MPI_Init: a duty with start-up in
+    it, rather than none.
+    """
+    if not marks:
         return None
-    start = next((m for m in marks if m[0] >= skip * expected), marks[0])
-    if start is marks[-1]:
-        start = marks[0]
     end = marks[-1]
-    compute, mpi = end[1] - start[1], end[2] - start[2]
-    return compute / (compute + mpi) if compute + mpi > 0 else None
+    start = next((m for m in marks if m[0] >= skip * expected), marks[0])
+    for first in (start, marks[0]):
+        compute, mpi = end[1] - first[1], end[2] - first[2]
+        if compute + mpi > 0:
+            return compute / (compute + mpi)
+    return end[1] / (end[1] + end[2]) if end[1] + end[2] > 0 else None
 
 
 def run_jobs(
