@@ -3,6 +3,7 @@
 
   .venv/bin/python bench/cgroup_pairs.py CASE_RUN_DIR [--reps 3] [--iterations 150]
       [--placements plain,shares,equal,pinned,shares-pinned] [--config NAME:KNOB=V,...]
+      [--spin-reference]
 
 CASE_RUN_DIR is a decomposed run directory rankpack made (for example the scaled
 pitzDaily of bench/scaled_pitzdaily.py after `rankpack run CASE --ranks 2 --weights 1,3
@@ -19,8 +20,10 @@ each repetition:
   (i + r) mod cores, so each core holds one rank of every copy.
 
 It prints per placement the median sequential and pair wall times and the gain
-(sequential / pair) with its spread. Only rankpack's cgroup subtree is touched; every
-cgroup it creates is removed.
+(sequential / pair) with its spread. With ``--spin-reference`` each repetition also runs
+the two copies one after the other in `spin` mode (plain placement), the issue's
+reference, and prints the gain against that too (two `spin` runs / pair). Only
+rankpack's cgroup subtree is touched; every cgroup it creates is removed.
 """
 
 from __future__ import annotations
@@ -135,6 +138,9 @@ def main() -> int:
     ap.add_argument("--config", action="append", default=[], metavar="NAME[:KNOB=V,...]",
                     help="shim settings to compare (RANKPACK_SHIM_ prefix implied), e.g. "
                     "'short:SLEEP_MAX_US=50' 'long:SLEEP_MAX_US=400'; default: none")  # fmt: skip
+    ap.add_argument("--spin-reference", action="store_true",
+                    help="also run two spin copies one after the other per repetition and "
+                    "report each pair against them")  # fmt: skip
     args = ap.parse_args()
     configs: dict[str, dict[str, str]] = {}
     for spec in args.config or ["default"]:
@@ -152,8 +158,18 @@ def main() -> int:
     wrap.chmod(0o755)
     variants = [(p, c) for p in args.placements.split(",") for c in configs]
     results: dict[str, list[tuple[float, float]]] = {f"{p} {c}": [] for p, c in variants}
+    spin_seq: list[float] = []
     try:
         for rep in range(args.reps):
+            if args.spin_reference:
+                cases = [tmp / f"r{rep}-spin-{i}" for i in range(2)]
+                for c in cases:
+                    copy_case(args.run_dir, c, args.iterations)
+                spin = {"RANKPACK_SHIM_WAIT": "spin"}
+                spin_seq.append(run(cases, "plain", wrap, tmp, False, spin))
+                for c in cases:
+                    shutil.rmtree(c)
+                print(f"rep {rep} spin reference  sequential {spin_seq[-1]:6.2f} s", flush=True)
             for placement, config in variants:
                 extra = configs[config]
                 key = f"{placement} {config}"
@@ -183,13 +199,22 @@ def main() -> int:
                       f"gain {seq / pair:.2f}x", flush=True)  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
-    print("\n| placement | sequential s (median) | pair s (median) | gain median | gain range |")
-    print("|---|---|---|---|---|")
+    ref = " vs two spin runs: median | range |" if spin_seq else ""
+    head = "| placement | sequential s (median) | pair s (median) | gain median | gain range |"
+    print(f"\n{head}{ref}")
+    print("|---|---|---|---|---|" + ("---|---|" if spin_seq else ""))
     for placement, rows in results.items():
         gains = [s / p for s, p in rows]
-        print(f"| {placement} | {statistics.median(s for s, _ in rows):.2f} | "
-              f"{statistics.median(p for _, p in rows):.2f} | {statistics.median(gains):.2f}x | "
-              f"{min(gains):.2f}-{max(gains):.2f} |")  # fmt: skip
+        line = (f"| {placement} | {statistics.median(s for s, _ in rows):.2f} | "
+                f"{statistics.median(p for _, p in rows):.2f} | {statistics.median(gains):.2f}x | "
+                f"{min(gains):.2f}-{max(gains):.2f} |")  # fmt: skip
+        if spin_seq:
+            vs = [ref_s / p for ref_s, (_, p) in zip(spin_seq, rows, strict=True)]
+            line += f" {statistics.median(vs):.2f}x | {min(vs):.2f}-{max(vs):.2f} |"
+        print(line)
+    if spin_seq:
+        print(f"\ntwo spin runs one after the other: median {statistics.median(spin_seq):.2f} s "
+              f"({min(spin_seq):.2f}-{max(spin_seq):.2f})")  # fmt: skip
     return 0
 
 
