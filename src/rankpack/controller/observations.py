@@ -26,13 +26,15 @@ AUTO_LAUNCH_MODE: WaitMode = "spin"
 """The mode a simulation under ``auto`` is launched in; the controller switches it live."""
 
 GateModel = Literal["limit", "duty", "beta", "off"]
-DEFAULT_COLOCATION_EFFICIENCY = 0.6
+DEFAULT_COLOCATION_EFFICIENCY = 0.7
 """Measured gain / physical limit assumed before this machine has a session of its own in
-which simulations ran together. Without per-rank cgroups polite pairs reached 0.87 of the
-limit (FACTS.md: 1.30x of 1.50x); inside rankpack's rank cgroups, on a loaded machine,
-at most 0.48 so far (docs/benchmarks.md, issue 13). At 0.6 the weighted pair of FACTS.md
-(limit 1.54) predicts x0.92 and is held: rankpack packs once a session here (e.g. one run
-with ``--gate off``) has measured that co-location pays."""
+which simulations ran together. Polite waits with their sched_yield phase, a cgroup per
+rank, 2 cores: 0.67-0.71 for two copies of the 48 900-cell pitzDaily weighted 1:3 (1.06-
+1.11x of a 1.58 limit), 0.76-0.79 for the equal decomposition (0.89-0.92x of 1.17); for
+4-rank pitzDaily the gate's limit is 1 (more ranks than cores), so it holds at any
+efficiency below 1 (docs/benchmarks.md, issue 13, sixth session). At 0.7 the weighted pair
+predicts x1.10 and is packed, the equal pair x0.82 and is held; once a session of the
+workload has run two at once, its own measured efficiency replaces this."""
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,9 @@ from rankpack.errors import UserError
 
 FLAVOURS = ("openmpi", "mpich")
 WAIT_MODES = ("spin", "polite", "adaptive")
+DEFAULT_YIELD_US = "1000"
+"""How long into a polite wait ranks launched by rankpack keep calling sched_yield() before
+they sleep (RANKPACK_SHIM_YIELD_US; see `shim_env`)."""
 
 
 def shim_library(flavour: str) -> Path:
@@ -61,14 +64,15 @@ def shim_env(
         "LD_PRELOAD": preload,
         "RANKPACK_SHIM_DIR": str(live_dir),
         "RANKPACK_SHIM_WAIT": wait_mode,
-        # No sched_yield phase: rankpack runs every rank in a cgroup of its own (a rank pod),
-        # where sched_yield only reorders the rank's own tasks and returns at once, so a
-        # "yielding" waiter keeps its core for the whole phase (1 ms by default). Two
-        # co-located polite pairs of the scaled pitzDaily, quiet machine: with a cgroup per
-        # rank 0.28x of sequential with it, 0.71x without; plain ranks 0.06-0.80x with it,
-        # 0.93x without (docs/benchmarks.md, issue 13). A value in this process's
-        # environment wins.
-        "RANKPACK_SHIM_YIELD_US": os.environ.get("RANKPACK_SHIM_YIELD_US", "0"),
+        # The sched_yield phase (1 ms): a yield is a scheduling point, so a waiting rank
+        # hands its core to a co-located simulation's rank that is owed time, in a cgroup
+        # of its own too, and stays runnable (no wake-up latency). Two co-located copies of
+        # the scaled pitzDaily, a cgroup per rank, quiet machine: 1.17x of two `spin` runs
+        # one after the other with it, 0.66x without (sleeping after 5 us), and single runs
+        # 30 % slower without it (docs/benchmarks.md, issue 13, sixth session). Earlier
+        # measurements that set it to 0 had polite waits that never backed off (fixed in
+        # the shim). A value in this process's environment wins.
+        "RANKPACK_SHIM_YIELD_US": os.environ.get("RANKPACK_SHIM_YIELD_US", DEFAULT_YIELD_US),
     }
     for knob in TUNING:  # the back-off's tuning, for measuring it: passed on when set
         if knob in os.environ:

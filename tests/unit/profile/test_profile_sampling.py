@@ -90,7 +90,7 @@ def test_shim_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "LD_PRELOAD": f"{lib}:/other.so",
         "RANKPACK_SHIM_DIR": str(tmp_path / "live"),
         "RANKPACK_SHIM_WAIT": "polite",
-        "RANKPACK_SHIM_YIELD_US": "0",  # ranks run in cgroups of their own: no yield phase
+        "RANKPACK_SHIM_YIELD_US": "1000",  # a yield phase: a scheduling point, no wake-up
         "RANKPACK_SHIM_TRACE": str(tmp_path / "tr"),
     }
     monkeypatch.setenv("RANKPACK_SHIM_YIELD_US", "200")  # the user's setting wins
@@ -113,7 +113,7 @@ def test_shim_env_passes_the_back_off_knobs_only_when_set(
         monkeypatch.delenv(knob, raising=False)
     env = shim.shim_env(tmp_path, "polite")
     assert not set(shim.TUNING) & set(env)
-    assert env["RANKPACK_SHIM_YIELD_US"] == "0"
+    assert env["RANKPACK_SHIM_YIELD_US"] == shim.DEFAULT_YIELD_US == "1000"
     monkeypatch.setenv("RANKPACK_SHIM_SLEEP_MAX_US", "1000")
     env = shim.shim_env(tmp_path, "polite")
     assert env["RANKPACK_SHIM_SLEEP_MAX_US"] == "1000"
