@@ -88,9 +88,9 @@ def test_gate_off_launches_whenever_it_fits() -> None:
     assert launches(off)[0].reason.endswith("no gate (--gate off)")
     held = decide(observe(100.0, sim, queue=queue, capacity=2000), state, S)
     assert not launches(held)
-    # two copies at duty 0.97 on 2 cores: a limit of ~1.03 at the default efficiency (0.7)
+    # two copies at duty 0.97 on 2 cores: a limit of ~1.03 at the default efficiency (0.73)
     # predicts a loss
-    assert S.colocation_efficiency == 0.7
+    assert S.colocation_efficiency == 0.73
     # off packs a head that does not fit: everyone's requests shrink in proportion
     too_big = (QueuedSim(9, 2, (700, 700)),)
     off2 = decide(observe(100.0, sim, queue=too_big, capacity=2000), state, replace(S, gate="off"))
