@@ -248,8 +248,11 @@ class SimulationQueue:
             if phase not in (None, "Queued"):
                 continue
             name = obj["metadata"]["name"]
-            if name in self.outbox:
-                continue  # a change of its status is not written yet: not pending
+            unwritten = self.outbox.get(name)
+            if unwritten is not None and unwritten.get("phase", "Queued") != "Queued":
+                continue  # a change out of the queue is not written yet: not pending
+            # (an unwritten "Queued" keeps its place: skipping it let a later Simulation
+            # become the head while the apiserver was slow to answer)
             try:
                 sub = crd.submission_of(obj)
             except UserError as exc:
@@ -279,6 +282,8 @@ class SimulationQueue:
         )
         status.update(phase="Running", operator=self.identity, conditions=conditions)
         obj["status"] = status
+        with self.lock:  # the claim writes the whole status: an unwritten "Queued" is stale
+            self.outbox.pop(name, None)
         try:
             self.api.replace_status(obj)
         except Exception as exc:

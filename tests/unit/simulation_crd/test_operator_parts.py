@@ -284,3 +284,30 @@ def test_the_timeline_names_each_run_by_its_simulation() -> None:
     timeline_axes(ax, events, {5: "pitzdaily-a"})
     assert [t.get_text() for t in ax.get_yticklabels()] == ["run 5: pitzdaily-a", "run 6"]
     plt.close(fig)
+
+
+def test_an_unwritten_queued_status_keeps_its_place_and_a_claim_supersedes_it(
+    sims: FakeSims, tmp_path: Path
+) -> None:
+    for name in ("a", "b", "c"):
+        sims.add(name)  # created in this order
+    q = _queue(sims, tmp_path)
+    real_patch = sims.patch_status
+
+    def slow_for_a(name: str, status: Obj) -> Obj:
+        if name == "a":
+            raise Down("timed out")  # the apiserver does not answer this one in time
+        return real_patch(name, status)
+
+    sims.patch_status = slow_for_a  # type: ignore[method-assign]
+    first = [q.names[j.queue_id] for j in q.pending()]
+    assert first == ["a", "b", "c"] and "a" in q.outbox
+    # still unwritten at the next look: "a" is still the head, not skipped
+    assert [q.names[j.queue_id] for j in q.pending()] == ["a", "b", "c"]
+    (head, *_) = q.pending()
+    assert q.claim(head)
+    assert "a" not in q.outbox  # the claim wrote the whole status
+    sims.patch_status = real_patch  # type: ignore[method-assign]
+    assert q.flush()
+    assert sims.objs["a"]["status"]["phase"] == "Running"  # not undone by a stale Queued
+    assert [q.names[j.queue_id] for j in q.pending()] == ["b", "c"]
