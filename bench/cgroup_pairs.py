@@ -113,6 +113,21 @@ def run(
     return time.monotonic() - t0
 
 
+def run_fresh(
+    run_dir: Path, iterations: int, stem: Path, placement: str, wrap: Path, together: bool,
+    extra: dict[str, str],
+) -> float:  # fmt: skip
+    """Two fresh copies of the case (``stem``-0, -1), timed by `run`, then removed."""
+    cases = [stem.with_name(f"{stem.name}-{i}") for i in range(2)]
+    for c in cases:
+        copy_case(run_dir, c, iterations)
+    try:
+        return run(cases, placement, wrap, stem.parent, together, extra)
+    finally:
+        for c in cases:
+            shutil.rmtree(c, ignore_errors=True)
+
+
 def make_cgroups(placement: str, millis: tuple[int, int]) -> list[Path]:
     made = []
     for i in range(2):
@@ -162,13 +177,9 @@ def main() -> int:
     try:
         for rep in range(args.reps):
             if args.spin_reference:
-                cases = [tmp / f"r{rep}-spin-{i}" for i in range(2)]
-                for c in cases:
-                    copy_case(args.run_dir, c, args.iterations)
                 spin = {"RANKPACK_SHIM_WAIT": "spin"}
-                spin_seq.append(run(cases, "plain", wrap, tmp, False, spin))
-                for c in cases:
-                    shutil.rmtree(c)
+                spin_seq.append(run_fresh(args.run_dir, args.iterations, tmp / f"r{rep}-spin",
+                                          "plain", wrap, False, spin))  # fmt: skip
                 print(f"rep {rep} spin reference  sequential {spin_seq[-1]:6.2f} s", flush=True)
             for placement, config in variants:
                 extra = configs[config]
@@ -176,15 +187,10 @@ def main() -> int:
                 cg = placement.removesuffix("-pinned") not in ("plain", "pinned")
                 made = make_cgroups(placement, (m0, m1)) if cg else []
                 try:
-                    walls = []
-                    for together in (False, True):
-                        stem = f"r{rep}-{placement}-{config}-{together}"
-                        cases = [tmp / f"{stem}-{i}" for i in range(2)]
-                        for c in cases:
-                            copy_case(args.run_dir, c, args.iterations)
-                        walls.append(run(cases, placement, wrap, tmp, together, extra))
-                        for c in cases:
-                            shutil.rmtree(c)
+                    walls = [run_fresh(args.run_dir, args.iterations,
+                                       tmp / f"r{rep}-{placement}-{config}-{together}",
+                                       placement, wrap, together, extra)
+                             for together in (False, True)]  # fmt: skip
                 finally:
                     for d in made:
                         for _ in range(50):

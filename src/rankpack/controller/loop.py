@@ -1243,11 +1243,11 @@ def _steady_duty(
         return None
     end = marks[-1]
     start = next((m for m in marks if m[0] >= skip * expected), marks[0])
-    for first in (start, marks[0]):
+    for first in (start, marks[0], (0, 0, 0)):  # (0, 0, 0): MPI_Init
         compute, mpi = end[1] - first[1], end[2] - first[2]
         if compute + mpi > 0:
             return compute / (compute + mpi)
-    return end[1] / (end[1] + end[2]) if end[1] + end[2] > 0 else None
+    return None
 
 
 def run_jobs(
