@@ -57,18 +57,20 @@ Across simulations:
   requests. A simulation in its ``fairness_cooldown_s`` is not adjusted, and when the
   slowest one is in cooldown nothing is (its last raise has not shown yet). The per-step
   bound (at most ``fairness_step`` of the simulation's total) is exact.
-* (C) Launch, after (B) and (D): at most one `Launch` per step, for ``obs.queue[0]`` only
-  (FIFO). With nothing running it launches at once, only held by the launch cooldown (a
-  guard against a launch the observations do not show yet). Otherwise every running
-  simulation must be ``sized`` or ``scheduled``, fewer than ``max_concurrent`` running,
-  the cooldown over, the unrequested capacity >= the head's initial requests, and the
-  throughput model must predict a gain: N = running count, R = max(ranks of the head and
-  of the running simulations), one node of capacity / 1000 vCPUs, duty cycles = per rank
-  index the mean of the running simulations' duties (a ``scheduled`` one uses its
-  cumulative shim ratio, or 1.0 without shim data), padded with the overall mean to R;
-  throughput(n) = n / slowdown(n) from `predict_from_duty_cycles`, and the launch needs
-  throughput(N+1) >= (1 + ``min_predicted_gain``) x throughput(N). When the head is held
-  back a ``launch-held`` note is emitted only when the reason code changes (``cooldown``,
+* (C) Launch, after (B) and (D): at most one `Launch` per step, for ``obs.queue[0]``
+  only (FIFO). With nothing running it launches at once, only held by the launch
+  cooldown (a guard against a launch the observations do not show yet). Otherwise every
+  running simulation must be ``sized`` or ``scheduled`` and have started its ranks (one
+  still starting counts when it was sized from learned duty cycles, unless the launch
+  needs a pack), fewer than ``max_concurrent`` running, the cooldown over, the
+  unrequested capacity >= the head's initial requests, and the throughput model must
+  predict a gain: N = running count, R = max(ranks of the head and of the running
+  simulations), one node of capacity / 1000 vCPUs, duty cycles = per rank index the mean
+  of the running simulations' duties (a ``scheduled`` one uses its cumulative shim
+  ratio, or 1.0 without shim data), padded with the overall mean to R; throughput(n) = n
+  / slowdown(n) from `predict_from_duty_cycles`, and the launch needs throughput(N+1) >=
+  (1 + ``min_predicted_gain``) x throughput(N). When the head is held back a
+  ``launch-held`` note is emitted only when the reason code changes (``cooldown``,
   ``max-concurrent``, ``no-room``, ``no-gain``); waiting for a simulation in warmup or
   profiling (code ``measuring``) is silent.
 """
@@ -518,10 +520,15 @@ def _hold_reason(
                 "unrequested"
             )
         return None, f"nothing is running: launching {name}"
+    # A simulation still starting has no measurements yet, unless it was sized from what
+    # an earlier run of its case taught (`learned_duty`): then its duty cycles are known
+    # and the head need not wait for its ranks to start (a later launch is a longer stretch
+    # of it alone, at one simulation's speed, see docs/controller.md).
     measuring = [
         sim.sim_id
         for sim in obs.sims
-        if sim.starting or memory[sim.sim_id].stage in ("warmup", "profiling")
+        if memory[sim.sim_id].stage in ("warmup", "profiling")
+        or (sim.starting and memory[sim.sim_id].stage != "sized")
     ]
     # A simulation sized in this very step: the head's queued view (learned from a running
     # copy) predates it, so decide on the next step.
@@ -543,6 +550,11 @@ def _hold_reason(
     # co-location does, which `limit` learns from); the other models only launch what fits.
     if free < need and (s.gate not in ("limit", "off") or any(sim.phases for sim in obs.sims)):
         return "no-room", no_room
+    starting = [sim.sim_id for sim in obs.sims if sim.starting]
+    if free < need and starting:
+        # A pack shrinks the running simulations' requests in place, which needs their
+        # ranks running (a resize of a rank not started yet is not carried out).
+        return "measuring", f"{name} waits for {', '.join(starting)} to start before a pack"
     gain = _predicted_gain(step, memory, head)
     if free < need:
         # Requests are shares of the node, not reservations of cores: when the model says

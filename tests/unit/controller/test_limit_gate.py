@@ -214,3 +214,35 @@ def test_no_packing_below_the_floors() -> None:
     assert not launches(d) and not resizes(d)
     assert d.state.launch_held == "no-room"
     assert "floors" in notes(d, "launch-held")[0].reason
+
+
+@pytest.mark.parametrize("learned", [True, False], ids=["learned", "unknown"])
+def test_a_starting_copy_holds_the_head_only_while_its_duties_are_unknown(learned: bool) -> None:
+    """Two queued copies of a case profiled before: the second launches while the first is
+    still starting (its learned duty cycles feed the gate), not a profiling window later;
+    without learned duty cycles the head waits until the first has been measured."""
+    duty = (0.33, 0.97) if learned else ()
+    first = replace(snap("a", (400, 600), iterations=0, compute_ns=[None, None],
+                         mpi_ns=[None, None], wait="auto"),
+                    starting=True, learned_duty=duty)  # fmt: skip
+    queue = (QueuedSim(2, 2, (400, 600), duty),)
+    d = decide(observe(5.0, first, queue=queue, capacity=2000), state_of(), S)
+    assert bool(launches(d)) == learned
+    if learned:
+        assert "predicts throughput x" in launches(d)[0].reason
+    else:
+        assert not notes(d, "launch-held")  # waiting for a measurement is silent
+
+
+def test_a_pack_waits_for_the_starting_copy_to_run() -> None:
+    """The head needs the running copy's requests shrunk (a pack); that copy is still
+    starting, so nothing can be resized yet: the head waits (silently) for it to run."""
+    first = replace(snap("a", (900, 1000), iterations=0, compute_ns=[None, None],
+                         mpi_ns=[None, None], wait="auto"),
+                    starting=True, learned_duty=(0.33, 0.97))  # fmt: skip
+    queue = (QueuedSim(2, 2, (900, 1000), (0.33, 0.97)),)
+    d = decide(observe(5.0, first, queue=queue, capacity=2000), state_of(), S)
+    assert not launches(d) and not resizes(d) and not notes(d, "launch-held")
+    running = replace(first, starting=False, iterations=5)
+    d = decide(observe(6.0, running, queue=queue, capacity=2000), d.state, S)
+    assert launches(d) and {r.sim_id for r in resizes(d)} == {"a"}
