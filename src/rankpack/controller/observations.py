@@ -26,16 +26,16 @@ AUTO_LAUNCH_MODE: WaitMode = "spin"
 """The mode a simulation under ``auto`` is launched in; the controller switches it live."""
 
 GateModel = Literal["limit", "duty", "beta", "off"]
-DEFAULT_COLOCATION_EFFICIENCY = 0.73
+DEFAULT_COLOCATION_EFFICIENCY = 0.78
 """Measured gain / physical limit assumed before this machine has a session of its own in
 which simulations ran together. Polite waits with their sched_yield phase, a cgroup per
-rank, 2 cores: 0.67-0.71 for two copies of the 48 900-cell pitzDaily weighted 1:3 (1.06-
-1.11x of a 1.58 limit), 0.76-0.79 for the equal decomposition (0.89-0.92x of 1.17); for
-4-rank pitzDaily the gate's limit is 1 (more ranks than cores), so it holds at any
-efficiency below 1 (docs/benchmarks.md, issue 13, sixth session). 0.73 is the median of
-those four packed sessions: the weighted pair predicts x1.15 and is packed, the equal pair
-x0.85 and is held (errors +6 % and -5 %); once a session of the
-workload has run two at once, its own measured efficiency replaces this."""
+rank, 2 cores, two copies of the 48 900-cell pitzDaily packed (docs/benchmarks.md, issue
+13, seventh session): weighted 1:3 0.67-0.79 (1.05-1.25x of a 1.53-1.60 limit), equal
+0.78-0.92 (0.92-1.06x of 1.16-1.19); 0.78 is the median of those nine sessions (and of
+the thirteen with the sixth session's four). The weighted pair then predicts x1.22 and is
+packed, the equal pair x0.91 and is held; 4-rank pitzDaily (the gate's limit is 1: more
+ranks than cores) is held at any efficiency below 1. Once a session of the workload has
+run two at once, its own measured efficiency replaces this."""
 
 
 @dataclass(frozen=True)

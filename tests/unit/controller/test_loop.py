@@ -33,8 +33,17 @@ from rankpack.controller.loop import (
     _steady_duty,
     run_jobs,
 )
-from rankpack.controller.observations import ControllerSettings, Phase
-from rankpack.controller.session import choose_gate, measure_baselines, run_session
+from rankpack.controller.observations import (
+    DEFAULT_COLOCATION_EFFICIENCY,
+    ControllerSettings,
+    Phase,
+)
+from rankpack.controller.session import (
+    PRIOR_SESSIONS,
+    choose_gate,
+    measure_baselines,
+    run_session,
+)
 from rankpack.controller.submission import Submission
 from rankpack.store import Store
 
@@ -333,7 +342,10 @@ def test_the_gate_learns_the_efficiency_of_the_workload_it_measured(tmp_path: Pa
     mine = choose_gate(store, sub, capacity_millis=2000, wait_mode=settings.wait_mode,
                        beta=None, gate="auto")  # fmt: skip
     assert mine.source == "learned from 1 recorded session of this workload"
-    assert mine.efficiency == pytest.approx(min(1.0, max(0.1, measured)))
+    # its own session weighed against the default prior (PRIOR_SESSIONS sessions' worth)
+    k = PRIOR_SESSIONS
+    expected = (measured + k * DEFAULT_COLOCATION_EFFICIENCY) / (1 + k)
+    assert mine.efficiency == pytest.approx(min(1.0, max(0.1, expected)))
     other = choose_gate(store, _sub(), capacity_millis=2000, wait_mode=settings.wait_mode,
                         beta=None, gate="auto")  # fmt: skip
     assert other.source == "learned from 1 recorded session of other workloads on this machine"
