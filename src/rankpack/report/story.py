@@ -260,7 +260,10 @@ def summary_lines(story: Story) -> list[str]:
             "again when the machine is quiet."
         )
     if p is not None and p.max_concurrent_seen >= 2 and p.gain is not None and p.gain < 1.02:
-        held = f" The launch gate said: {p.held[-1]}." if p.held else ""
+        # They ran together, so the gate let the second one in: a note that it waited out
+        # the cooldown after the first launch says nothing about the lack of gain.
+        said = [h for h in p.held if "after the last launch" not in h]
+        held = f" The launch gate said: {said[-1]}." if said else ""
         out.append(
             "Why no gain: the co-located simulations slowed each other more than the "
             f"idle CPU gave back ({p.resizes} resizes, {p.wait_switches} wait-mode "

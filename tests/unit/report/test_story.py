@@ -78,6 +78,11 @@ def test_colocation_without_gain_is_said_plainly() -> None:
     story = replace(STORY, payoff=flat)
     assert headline(story).startswith("Co-locating two simulations gained nothing here: 0.90x")
     assert any(x.startswith("Why no gain") for x in summary_lines(story))
+    # the cooldown after the first launch is not why co-located simulations gained nothing
+    waited = "queued simulation 2 waits 2.0 s more after the last launch"
+    cooled = replace(STORY, payoff=replace(flat, held=(waited,)))
+    (why,) = [x for x in summary_lines(cooled) if x.startswith("Why no gain")]
+    assert "launch gate" not in why
 
 
 def test_a_gain_above_the_physical_limit_is_flagged_as_unsound() -> None:
