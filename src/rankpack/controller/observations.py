@@ -32,10 +32,13 @@ which simulations ran together. Polite waits with their sched_yield phase, a cgr
 rank, 2 cores, two copies of the 48 900-cell pitzDaily packed (docs/benchmarks.md, issue
 13, seventh session): weighted 1:3 0.67-0.79 (1.05-1.25x of a 1.53-1.60 limit), equal
 0.78-0.92 (0.92-1.06x of 1.16-1.19); 0.78 is the median of those nine sessions (and of
-the thirteen with the sixth session's four). The weighted pair then predicts x1.22 and is
-packed, the equal pair x0.91 and is held; 4-rank pitzDaily (the gate's limit is 1: more
-ranks than cores) is held at any efficiency below 1. Once a session of the workload has
-run two at once, its own measured efficiency replaces this."""
+the thirteen with the sixth session's four). The gate's predictions of those sessions
+(x1.095 and x0.806 at 0.73, against the duty cycles known at launch) scale to x1.17 for
+the weighted pair, which is packed, and x0.86 for the equal pair, which is held; 4-rank
+pitzDaily (the gate's limit is 1: more ranks than cores) is held at any efficiency below
+1. Once sessions of the workload have run two at once, their measured efficiency is
+weighed against this prior (worth two sessions, see
+`rankpack.controller.session.learned_efficiency`)."""
 
 
 @dataclass(frozen=True)
