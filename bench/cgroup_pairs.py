@@ -146,7 +146,9 @@ def main() -> int:
     ap.add_argument("run_dir", type=Path)
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=150)
-    ap.add_argument("--millis", default="290,710", help="the two ranks' requests (m)")
+    ap.add_argument("--millis", default="290,710",
+                    help="the two ranks' requests (m); several splits separated by '/' "
+                    "(e.g. 290,710/250,750) are alternated within each repetition")  # fmt: skip
     ap.add_argument("--placements", default="plain,shares,equal",
                     help="comma-separated subset of plain,shares,equal,pinned,shares-pinned "
                     "(pinned: copy i's rank r on core (i+r) mod cores)")  # fmt: skip
@@ -166,13 +168,31 @@ def main() -> int:
     if not (args.run_dir / "processor1").is_dir():
         print(f"error: {args.run_dir} is not a decomposed 2-rank run directory", file=sys.stderr)
         return 2
-    m0, m1 = (int(x) for x in args.millis.split(","))
+    try:
+        splits = [tuple(int(x) for x in sp.split(",")) for sp in args.millis.split("/")]
+    except ValueError:
+        splits = []
+    if not splits or any(len(sp) != 2 or min(sp) < 2 for sp in splits):
+        print(f"error: --millis {args.millis!r}: want A,B[/A,B...] (millicores, each >= 2)",
+              file=sys.stderr)  # fmt: skip
+        return 2
     tmp = Path(tempfile.mkdtemp(prefix="cgpairs-"))
     wrap = tmp / "wrap.sh"
     wrap.write_text(WRAP.format(root=CPU_ROOT))
     wrap.chmod(0o755)
-    variants = [(p, c) for p in args.placements.split(",") for c in configs]
-    results: dict[str, list[tuple[float, float]]] = {f"{p} {c}": [] for p, c in variants}
+    variants = [
+        (p, c, sp)
+        for p in args.placements.split(",")
+        for c in configs
+        for sp in (splits if p.startswith("shares") else splits[:1])
+    ]
+
+    def label(p: str, c: str, sp: tuple[int, ...]) -> str:
+        return (
+            f"{p} {sp[0]}/{sp[1]} {c}" if p.startswith("shares") and len(splits) > 1 else f"{p} {c}"
+        )
+
+    results: dict[str, list[tuple[float, float]]] = {label(*v): [] for v in variants}
     spin_seq: list[float] = []
     try:
         for rep in range(args.reps):
@@ -181,14 +201,14 @@ def main() -> int:
                 spin_seq.append(run_fresh(args.run_dir, args.iterations, tmp / f"r{rep}-spin",
                                           "plain", wrap, False, spin))  # fmt: skip
                 print(f"rep {rep} spin reference  sequential {spin_seq[-1]:6.2f} s", flush=True)
-            for placement, config in variants:
+            for placement, config, split in variants:
                 extra = configs[config]
-                key = f"{placement} {config}"
+                key = label(placement, config, split)
                 cg = placement.removesuffix("-pinned") not in ("plain", "pinned")
-                made = make_cgroups(placement, (m0, m1)) if cg else []
+                made = make_cgroups(placement, (split[0], split[1])) if cg else []
                 try:
                     walls = [run_fresh(args.run_dir, args.iterations,
-                                       tmp / f"r{rep}-{placement}-{config}-{together}",
+                                       tmp / f"r{rep}-{placement}-{config}-{split[0]}-{together}",
                                        placement, wrap, together, extra)
                              for together in (False, True)]  # fmt: skip
                 finally:
@@ -201,7 +221,7 @@ def main() -> int:
                                 time.sleep(0.1)
                 seq, pair = walls
                 results[key].append((seq, pair))
-                print(f"rep {rep} {key:16s} sequential {seq:6.2f} s  pair {pair:6.2f} s  "
+                print(f"rep {rep} {key:24s} sequential {seq:6.2f} s  pair {pair:6.2f} s  "
                       f"gain {seq / pair:.2f}x", flush=True)  # fmt: skip
     finally:
         shutil.rmtree(tmp, ignore_errors=True)

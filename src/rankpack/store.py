@@ -30,7 +30,7 @@ from rankpack.core.results import RankResult, ResizeRecord, RunProgress, RunResu
 from rankpack.errors import UserError
 
 APPLICATION_ID = 0x524B5043  # "RKPC"
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 LEASE_S = 30.0
 """A claimed queue entry whose heartbeat is older than this goes back to the queue."""
 
@@ -58,7 +58,8 @@ CREATE TABLE IF NOT EXISTS runs (
     message TEXT,
     owner_pid INTEGER,
     restarts INTEGER NOT NULL DEFAULT 0,
-    options_json TEXT NOT NULL DEFAULT '{}'
+    options_json TEXT NOT NULL DEFAULT '{}',
+    shared_s REAL
 );
 CREATE TABLE IF NOT EXISTS run_ranks (
     run_id INTEGER NOT NULL REFERENCES runs(id) ON DELETE CASCADE,
@@ -210,6 +211,9 @@ class RunRow(RunProgress):
     options: dict[str, Any]
     ranks: tuple[RankRow, ...] = ()
     resizes: tuple[ResizeRecord, ...] = ()
+    shared_s: float | None = None
+    """Seconds it ran beside another simulation of its controller (0: alone throughout;
+    None: not recorded, a run finished before schema 4 or adopted by a later controller)."""
 
     def to_json(self) -> dict[str, Any]:
         data = {k: getattr(self, k) for k in self.__dataclass_fields__}
@@ -380,6 +384,8 @@ class Store:
             self._migrate_v1()
         if version in (1, 2):
             self._migrate_v2()
+        if version in (1, 2, 3):
+            self._migrate_v3()
         with self.transaction() as c:
             for statement in _SCHEMA.split(";"):
                 if statement.strip():
@@ -427,6 +433,15 @@ class Store:
                     c.execute(f"ALTER TABLE samples ADD COLUMN {name} INTEGER")
             c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
 
+    def _migrate_v3(self) -> None:
+        """Schema 3 -> 4: runs record how long they shared the node with another simulation
+        of their controller (``shared_s``); older runs have none (unknown)."""
+        with self.transaction() as c:
+            cols = {r[1] for r in c.execute("PRAGMA table_info(runs)")}
+            if "shared_s" not in cols:
+                c.execute("ALTER TABLE runs ADD COLUMN shared_s REAL")
+            c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+
     def close(self) -> None:
         self.conn.close()
 
@@ -472,11 +487,11 @@ class Store:
         with self.transaction() as c:
             c.execute(
                 "UPDATE runs SET status=?, exit_code=?, iterations=?, wall_s=?, cpu_s=?, message=?,"
-                " finished_at=?, restarts=?, placement_json=? WHERE id=?",
+                " finished_at=?, restarts=?, placement_json=?, shared_s=? WHERE id=?",
                 (
                     result.status, result.exit_code, result.iterations, result.wall_s,
                     result.cpu_s, result.message, _now(), result.restarts,
-                    json.dumps(result.placement), result.id,
+                    json.dumps(result.placement), result.shared_s, result.id,
                 ),
             )  # fmt: skip
             c.executemany(
@@ -829,7 +844,7 @@ def _run_row(row: sqlite3.Row) -> RunRow:
         exit_code=d["exit_code"], iterations=d["iterations"],
         expected_iterations=d["expected_iterations"], wall_s=d["wall_s"], cpu_s=d["cpu_s"],
         message=d["message"], owner_pid=d["owner_pid"], restarts=d["restarts"],
-        options=json.loads(d["options_json"] or "{}"),
+        options=json.loads(d["options_json"] or "{}"), shared_s=d.get("shared_s"),
     )  # fmt: skip
 
 

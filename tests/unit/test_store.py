@@ -32,7 +32,7 @@ def test_trapezoid_linear_ramp() -> None:
     assert trapezoid_cpu_s(times, usage) == pytest.approx(50.0, rel=0.01)
 
 
-def _result(run_id: int) -> RunResult:
+def _result(run_id: int, shared_s: float | None = None) -> RunResult:
     return RunResult(
         id=run_id, status="completed", case="pitzDaily", solver="simpleFoam", run_dir="/x",
         n_ranks=2, qos="requests", total_millis=2000, iterations=10, expected_iterations=10,
@@ -41,7 +41,7 @@ def _result(run_id: int) -> RunResult:
             RankResult(0, 1.0, 500, None, 1.0, 1.01, 0, 0.0, cells=100, pod="p0", node="n"),
             RankResult(1, 3.0, 1500, None, 3.0, 3.02, 0, 0.0, cells=300, pod="p1", node="n"),
         ),
-        backend="simulated", placement={"node": "n"}, restarts=0,
+        backend="simulated", placement={"node": "n"}, restarts=0, shared_s=shared_s,
     )  # fmt: skip
 
 
@@ -248,7 +248,25 @@ def test_schema_2_file_gains_the_shim_counters_of_samples(tmp_path: Path) -> Non
     assert [(s.compute_ns, s.mpi_ns) for s in store.samples(run_id)] == [(None, None), (700, 300)]
     store.close()
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 3
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+
+
+def test_schema_3_file_gains_the_shared_seconds_of_runs(tmp_path: Path) -> None:
+    path = tmp_path / "v3.db"
+    store = Store(path)
+    old_id = _new_run(store)
+    store.close()
+    conn = sqlite3.connect(path)  # a schema-3 file: runs without shared_s
+    conn.executescript("ALTER TABLE runs DROP COLUMN shared_s; PRAGMA user_version=3;")
+    conn.close()
+    store = Store(path)
+    assert store.get_run(old_id).shared_s is None  # not recorded: unknown
+    new_id = _new_run(store)
+    store.finish_run(_result(new_id, shared_s=2.5))
+    assert store.get_run(new_id).shared_s == 2.5
+    store.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
 def test_sessions_by_id_and_their_runs(tmp_path: Path) -> None:

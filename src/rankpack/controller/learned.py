@@ -2,9 +2,16 @@
 
 A submission sized by duty cycles (``sizing="duty"``, no phase schedule, requests-only QoS)
 whose case, decomposition and number of ranks match a completed run on the same backend
-starts at that run's learned per-rank requests instead of its plan's (one core per rank by
-default), so copies of a case fit the node at once and the launch gate sees their real
-size. Source, newest matching run first:
+that had the node to itself starts at that run's learned per-rank requests instead of its
+plan's (one core per rank by default), so copies of a case fit the node at once and the
+launch gate sees their real size.
+
+Only runs recorded as alone (``shared_s`` 0, or a single run recorded before that was
+kept) teach sizes: a run that shared the cores measured its sharing, not its load. Beside
+another simulation its light ranks wait for a core and its heavy ones for them, so its duty
+cycles fall (1:3 pitzDaily: 0.97 alone, 0.66 packed, for the heavy rank) and its split
+skews; copies started at such sizes (112m/570m, a 16:84 split) ran at 0.87x of one after
+the other. Source, newest matching run first:
 
 1. ``sized``: every rank has a completed resize of kind ``size`` in that run: the last one
    of each rank (what the controller measured and chose then);
@@ -56,10 +63,19 @@ def learnable(sub: Submission) -> bool:
     return sub.sizing == "duty" and not sub.phases and sub.qos == QoS.REQUESTS.value
 
 
+def ran_alone(run: RunRow) -> bool:
+    """Its measurements are what it does alone: no other simulation of its controller ran
+    beside it (``shared_s`` 0), or it is a single run from before runs recorded that."""
+    if run.shared_s is None:
+        return "multiplex_id" not in run.options
+    return run.shared_s == 0
+
+
 def matches(run: RunRow, sub: Submission, backend: str) -> bool:
-    """Same case, decomposition, ranks and backend; completed."""
+    """Same case, decomposition, ranks and backend; completed, and it ran alone."""
     if not (
         run.status == "completed"
+        and ran_alone(run)
         and run.case_name == Path(sub.case).name
         and run.n_ranks == sub.n_ranks
         and run.decompose == sub.decompose

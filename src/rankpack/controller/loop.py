@@ -305,6 +305,9 @@ class _Sim:
     """Duty cycles of the earlier run its sizes were learned from (see `learned`)."""
     deferred: dict[int, str] = field(default_factory=dict)
     """rank -> why its in-flight resize is deferred (recorded once per resize)."""
+    shared_s: float | None = 0.0
+    """Seconds it ran beside another launched simulation of this loop, to the tick (None:
+    unknown, adopted from an earlier controller); recorded with its result."""
 
     @property
     def launched(self) -> bool:
@@ -355,6 +358,9 @@ class ControlLoop:
         """Retries so far of the resize in flight per (sim, rank) (0: the first request)."""
         self.prestaged: dict[int, str] = {}
         """queue id -> sim id of a case staged ahead of its launch (see `_prestage`)."""
+        self.running_since: tuple[float, frozenset[str]] = (0.0, frozenset())
+        """(time, launched simulations still running) at the end of the last tick: what
+        `_count_shared` charges the time since to."""
 
     def now(self) -> float:
         return self.backend.clock() - self.t0
@@ -370,6 +376,7 @@ class ControlLoop:
         status = "completed"
         try:
             while True:
+                self._count_shared()
                 self._observe_all()
                 self._retry_due()
                 self._release_held()
@@ -381,6 +388,7 @@ class ControlLoop:
                 self.state = decision.state
                 self._apply_all(decision.actions, pending)
                 self._prestage(pending)
+                self.running_since = (self.now(), self._running())
                 self.max_seen = max(self.max_seen, len(self.sims))
                 self.jobs.heartbeat([s.job for s in self.sims.values()])
                 self.display.update(obs.now_s, self._views())
@@ -416,6 +424,23 @@ class ControlLoop:
         )
 
     # -- observing -------------------------------------------------------------------------
+
+    def _running(self) -> frozenset[str]:
+        return frozenset(i for i, sim in self.sims.items() if sim.launched and sim.end_t is None)
+
+    def _count_shared(self) -> None:
+        """Charge the time since the last tick to every simulation that was running then
+        beside another one (before any of them is ended and recorded this tick). A change
+        between ticks counts as shared for the whole tick: an overestimate of at most one
+        tick, so a run recorded as alone (0 s) never overlapped another launched one."""
+        since, running = self.running_since
+        if len(running) < 2:
+            return
+        dt = max(0.0, self.now() - since)
+        for sim_id in running:
+            sim = self.sims.get(sim_id)
+            if sim is not None and sim.shared_s is not None:
+                sim.shared_s += dt
 
     def _observe_all(self) -> None:
         for sim in list(self.sims.values()):
@@ -942,6 +967,7 @@ class ControlLoop:
                            reason=f"adopted: {exc}")  # fmt: skip
         sim.t0 = self.backend.clock() - adopted.elapsed_s
         sim.started_s = self.now() - adopted.elapsed_s
+        sim.shared_s = None  # what it shared under the earlier controller is not known
         self.sims[sim.sim_id] = sim
         self.event(sim.run_id, "adopted", queue_id=job.queue_id, sim=sim.sim_id,
                    reason=f"launched by an earlier controller {adopted.elapsed_s:.0f} s ago; "
@@ -1173,6 +1199,7 @@ class ControlLoop:
             placement=self.backend.placement(),
             resizes=tuple(sim.resizes),
             restarts=sum(r.restarts for r in ranks),
+            shared_s=None if sim.shared_s is None else round(sim.shared_s, 3),
         )
 
     # -- display -----------------------------------------------------------------------------

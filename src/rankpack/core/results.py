@@ -114,6 +114,11 @@ class RunResult(RunProgress):
     namespace and nodes)."""
     resizes: tuple[ResizeRecord, ...] = ()
     restarts: int = 0
+    shared_s: float | None = None
+    """Seconds of its run during which another simulation of the same controller ran too
+    (to the controller's tick; 0: it had the node to itself; None: unknown, for example a
+    run adopted from an earlier controller). Measurements of a run that shared the node
+    are not what it does alone: `rankpack.controller.learned` does not learn from them."""
 
     def to_json(self, *, with_ranks: bool = True) -> dict[str, Any]:
         data = asdict(self)

@@ -107,3 +107,24 @@ def test_a_copy_starts_at_the_sizes_of_a_running_copy(tmp_path: Path) -> None:
     assert learned.detail["request_millis"] == [250, 750]
     launches = [e.detail["request_millis"] for e in store.events() if e.kind == "launch"]
     assert launches == [[1000, 1000], [250, 750]]
+
+
+def test_runs_that_shared_the_node_teach_no_sizes(tmp_path: Path) -> None:
+    """Copies that ran together record the time they shared the node; the next copy learns
+    from the run that had the node to itself, not from the newest (shared) ones, whose
+    duty cycles measured their sharing. A copy run alone afterwards teaches again."""
+    store = Store(tmp_path / "r.db")
+    backend = _backend()
+    alone = _profiled_run(tmp_path, store, backend)
+    store.submit_many("box", 2, SUB.to_json(), 2)
+    together = run_jobs(backend, store, StoreQueue(store, None), _settings(tmp_path, 2))
+    assert together.max_concurrent_seen == 2
+    assert store.get_run(alone).shared_s == 0
+    shared = [store.get_run(r.id).shared_s for r in together.results]
+    assert all(s is not None and s > 0 for s in shared), shared
+    found = learned_sizes(store, SUB, "simulated", headroom=1.25, floor_millis=50)
+    assert found is not None and found.run_id == alone
+    (later,) = run_jobs(backend, store, OneJob(SUB), _settings(tmp_path, 1)).results
+    assert store.get_run(later.id).shared_s == 0
+    found = learned_sizes(store, SUB, "simulated", headroom=1.25, floor_millis=50)
+    assert found is not None and found.run_id == later.id
