@@ -128,14 +128,17 @@ def run_fresh(
             shutil.rmtree(c, ignore_errors=True)
 
 
-def make_cgroups(placement: str, millis: tuple[int, int]) -> list[Path]:
+def make_cgroups(placement: str, millis: tuple[int, ...]) -> list[Path]:
+    """A cgroup per rank of each copy; ``millis``: both ranks' requests, the same for both
+    copies (A,B), or per copy (A,B,C,D: copy 0's ranks, then copy 1's)."""
     made = []
     for i in range(2):
         for rank in range(2):
             d = CPU_ROOT / f"p{i}-{rank}"
             d.mkdir(exist_ok=True)
+            m = millis[2 * i + rank if len(millis) == 4 else rank]
             (d / "cpu.shares").write_text(
-                str(shares(millis[rank]) if placement.startswith("shares") else 1024)
+                str(shares(m) if placement.startswith("shares") else 1024)
             )
             made.append(d)
     return made
@@ -147,8 +150,9 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--iterations", type=int, default=150)
     ap.add_argument("--millis", default="290,710",
-                    help="the two ranks' requests (m); several splits separated by '/' "
-                    "(e.g. 290,710/250,750) are alternated within each repetition")  # fmt: skip
+                    help="the two ranks' requests (m), or A,B,C,D per copy; several splits "
+                    "separated by '/' (e.g. 290,710/250,750) are alternated within each "
+                    "repetition")  # fmt: skip
     ap.add_argument("--placements", default="plain,shares,equal",
                     help="comma-separated subset of plain,shares,equal,pinned,shares-pinned "
                     "(pinned: copy i's rank r on core (i+r) mod cores)")  # fmt: skip
@@ -172,9 +176,9 @@ def main() -> int:
         splits = [tuple(int(x) for x in sp.split(",")) for sp in args.millis.split("/")]
     except ValueError:
         splits = []
-    if not splits or any(len(sp) != 2 or min(sp) < 2 for sp in splits):
-        print(f"error: --millis {args.millis!r}: want A,B[/A,B...] (millicores, each >= 2)",
-              file=sys.stderr)  # fmt: skip
+    if not splits or any(len(sp) not in (2, 4) or min(sp) < 2 for sp in splits):
+        print(f"error: --millis {args.millis!r}: want A,B[/A,B...] or A,B,C,D per copy"
+              " (millicores, each >= 2)", file=sys.stderr)  # fmt: skip
         return 2
     tmp = Path(tempfile.mkdtemp(prefix="cgpairs-"))
     wrap = tmp / "wrap.sh"
@@ -189,7 +193,9 @@ def main() -> int:
 
     def label(p: str, c: str, sp: tuple[int, ...]) -> str:
         return (
-            f"{p} {sp[0]}/{sp[1]} {c}" if p.startswith("shares") and len(splits) > 1 else f"{p} {c}"
+            f"{p} {'/'.join(map(str, sp))} {c}"
+            if p.startswith("shares") and len(splits) > 1
+            else f"{p} {c}"
         )
 
     results: dict[str, list[tuple[float, float]]] = {label(*v): [] for v in variants}
@@ -205,7 +211,7 @@ def main() -> int:
                 extra = configs[config]
                 key = label(placement, config, split)
                 cg = placement.removesuffix("-pinned") not in ("plain", "pinned")
-                made = make_cgroups(placement, (split[0], split[1])) if cg else []
+                made = make_cgroups(placement, split) if cg else []
                 try:
                     walls = [run_fresh(args.run_dir, args.iterations,
                                        tmp / f"r{rep}-{placement}-{config}-{split[0]}-{together}",

@@ -64,6 +64,7 @@ from rankpack.report.story import (
     Story,
     Workload,
     headline,
+    held_reasons,
     summary_lines,
     tables,
     to_json,
@@ -283,7 +284,7 @@ def _steps(
         baseline=res.baseline_source, max_concurrent_seen=res.max_concurrent_seen,
         resizes=res.resizes, restarts=res.restarts,
         wait_switches=sum(1 for e in events if e.kind == "wait-mode"),
-        held=tuple(str(e.detail.get("reason", "")) for e in events if e.kind == "launch-held"),
+        held=held_reasons(events),
         timeline_png=str(outcome.timeline_png), session=outcome.to_json(),
     )  # fmt: skip
     return replace(story, payoff=payoff, interrupted=res.status == "interrupted")

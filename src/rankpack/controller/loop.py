@@ -724,7 +724,8 @@ class ControlLoop:
             self._set_wait_mode(action)
         elif isinstance(action, Note):
             sim = self.sims.get(action.sim_id) if action.sim_id else None
-            self.event(sim.run_id if sim else None, action.kind, reason=action.reason)
+            coded = {"code": action.code} if action.code else {}
+            self.event(sim.run_id if sim else None, action.kind, reason=action.reason, **coded)
 
     def _set_wait_mode(self, action: SetWaitMode) -> None:
         sim = self.sims.get(action.sim_id)

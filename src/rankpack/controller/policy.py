@@ -498,7 +498,7 @@ def _launch(
         step.actions.append(Launch(queue_id=head.queue_id, reason=reason))
         return obs.now_s, None
     if code != state.launch_held and code != "measuring":
-        step.actions.append(Note(sim_id=None, kind="launch-held", reason=reason))
+        step.actions.append(Note(sim_id=None, kind="launch-held", reason=reason, code=code))
     return state.last_launch_s, code
 
 

@@ -51,6 +51,9 @@ class Note:
     sim_id: str | None
     kind: str
     reason: str
+    code: str = ""
+    """A machine-readable reason (``launch-held``: ``cooldown``, ``max-concurrent``,
+    ``no-room``, ``no-gain``), recorded as the event's ``code`` when set."""
 
 
 Action = Resize | Launch | SetWaitMode | Note

@@ -17,6 +17,7 @@ from rich.table import Table
 from rankpack.core.results import ResizeRecord
 from rankpack.model.limit import gain_limit
 from rankpack.report.data import IterationPace, RankWork
+from rankpack.store import EventRow
 
 
 @dataclass(frozen=True)
@@ -117,7 +118,8 @@ class Payoff:
     restarts: int
     wait_switches: int
     held: tuple[str, ...]
-    """Why launches were held back (launch-held events), in order."""
+    """Why launches were held back (launch-held events but the cooldown's, see
+    `held_reasons`), in order."""
     timeline_png: str
     session: dict[str, Any] = field(default_factory=dict)
 
@@ -137,6 +139,17 @@ class Story:
 
 
 # -- words --------------------------------------------------------------------------------
+
+
+def held_reasons(events: list[EventRow]) -> tuple[str, ...]:
+    """The reasons of a session's ``launch-held`` events, in order, but the cooldown's: a
+    launch that waited out the cooldown after the one before says nothing about why
+    simulations did or did not gain from running together."""
+    return tuple(
+        str(e.detail.get("reason", ""))
+        for e in events
+        if e.kind == "launch-held" and e.detail.get("code") != "cooldown"
+    )
 
 
 def headline(story: Story) -> str:
@@ -260,10 +273,7 @@ def summary_lines(story: Story) -> list[str]:
             "again when the machine is quiet."
         )
     if p is not None and p.max_concurrent_seen >= 2 and p.gain is not None and p.gain < 1.02:
-        # They ran together, so the gate let the second one in: a note that it waited out
-        # the cooldown after the first launch says nothing about the lack of gain.
-        said = [h for h in p.held if "after the last launch" not in h]
-        held = f" The launch gate said: {said[-1]}." if said else ""
+        held = f" The launch gate said: {p.held[-1]}." if p.held else ""
         out.append(
             "Why no gain: the co-located simulations slowed each other more than the "
             f"idle CPU gave back ({p.resizes} resizes, {p.wait_switches} wait-mode "

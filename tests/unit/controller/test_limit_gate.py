@@ -204,7 +204,8 @@ def test_no_packing_without_a_predicted_gain_or_with_the_duty_gate() -> None:
     equal = decide(observe(100.0, sim, queue=queue, capacity=2000), state, S)
     assert not launches(equal) and not resizes(equal)
     assert equal.state.launch_held == "no-room"
-    assert "to pack it" in notes(equal, "launch-held")[0].reason
+    (held,) = notes(equal, "launch-held")
+    assert "to pack it" in held.reason and held.code == "no-room"
     d = _weighted_pair((459, 1217), gate="duty")
     assert not launches(d) and not resizes(d)
     assert d.state.launch_held == "no-room"

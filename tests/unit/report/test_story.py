@@ -19,11 +19,12 @@ from rankpack.report.story import (
     Story,
     Workload,
     headline,
+    held_reasons,
     summary_lines,
     tables,
     to_json,
 )
-from rankpack.store import Store
+from rankpack.store import EventRow, Store
 
 WORKLOAD = Workload("pitzDaily-x2", "pitzDaily", 2, 48900, (1.0, 3.0), 300, 1000, 2000)
 HAZARD = Hazard(
@@ -78,11 +79,24 @@ def test_colocation_without_gain_is_said_plainly() -> None:
     story = replace(STORY, payoff=flat)
     assert headline(story).startswith("Co-locating two simulations gained nothing here: 0.90x")
     assert any(x.startswith("Why no gain") for x in summary_lines(story))
-    # the cooldown after the first launch is not why co-located simulations gained nothing
-    waited = "queued simulation 2 waits 2.0 s more after the last launch"
-    cooled = replace(STORY, payoff=replace(flat, held=(waited,)))
-    (why,) = [x for x in summary_lines(cooled) if x.startswith("Why no gain")]
+    bare = replace(STORY, payoff=replace(flat, held=()))
+    (why,) = [x for x in summary_lines(bare) if x.startswith("Why no gain")]
     assert "launch gate" not in why
+
+
+def test_the_cooldown_is_not_a_reason_for_the_gain() -> None:
+    """The cooldown after the first launch is not why simulations did or did not gain:
+    the launch-held events keep their reason code, and the story leaves that one out."""
+
+    def held(at: float, code: str, reason: str) -> EventRow:
+        return EventRow(1, None, "now", at, "launch-held", {"reason": reason, "code": code}, 1)
+
+    events = [
+        held(0.1, "cooldown", "queued simulation 2 waits 2.0 s more after the last launch"),
+        EventRow(2, 1, "now", 2.0, "launch", {"reason": "fits"}, 1),
+        held(3.0, "no-gain", "predicts x0.88 (needs x1.05)"),
+    ]
+    assert held_reasons(events) == ("predicts x0.88 (needs x1.05)",)
 
 
 def test_a_gain_above_the_physical_limit_is_flagged_as_unsound() -> None:
