@@ -28,7 +28,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -53,13 +52,7 @@ def no_controller(
         pair = cgroup_pairs.run_fresh(run_dir, iterations, stem.with_name(stem.name + "-pair"),
                                       "shares", wrap, True, {})  # fmt: skip
     finally:
-        for d in made:
-            for _ in range(50):
-                try:
-                    d.rmdir()
-                    break
-                except OSError:
-                    time.sleep(0.1)
+        cgroup_pairs.remove_cgroups(made)
     return spin_seq, pair
 
 

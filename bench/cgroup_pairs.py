@@ -144,6 +144,18 @@ def make_cgroups(placement: str, millis: tuple[int, ...]) -> list[Path]:
     return made
 
 
+def remove_cgroups(made: list[Path]) -> None:
+    """Remove the cgroups `make_cgroups` made, waiting up to 5 s each for the kernel to let
+    go of a rank that just exited."""
+    for d in made:
+        for _ in range(50):
+            try:
+                d.rmdir()
+                break
+            except OSError:
+                time.sleep(0.1)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("run_dir", type=Path)
@@ -218,13 +230,7 @@ def main() -> int:
                                        placement, wrap, together, extra)
                              for together in (False, True)]  # fmt: skip
                 finally:
-                    for d in made:
-                        for _ in range(50):
-                            try:
-                                d.rmdir()
-                                break
-                            except OSError:
-                                time.sleep(0.1)
+                    remove_cgroups(made)
                 seq, pair = walls
                 results[key].append((seq, pair))
                 print(f"rep {rep} {key:24s} sequential {seq:6.2f} s  pair {pair:6.2f} s  "
