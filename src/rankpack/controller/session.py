@@ -395,17 +395,19 @@ def learned_efficiency(
             if not mine:
                 others.append(ratio)
     if same:
-        prior = (
-            min(1.0, max(0.5, statistics.median(others)))
-            if others
-            else DEFAULT_COLOCATION_EFFICIENCY
-        )
+        prior = _machine_prior(others) if others else DEFAULT_COLOCATION_EFFICIENCY
         n, k = len(same), PRIOR_SESSIONS
         eta = (n * statistics.median(same) + k * prior) / (n + k)
         return min(1.0, max(0.1, eta)), n, True
     if not ratios:
         return None
-    return min(1.0, max(0.5, statistics.median(ratios))), len(ratios), False
+    return _machine_prior(ratios), len(ratios), False
+
+
+def _machine_prior(ratios: list[float]) -> float:
+    """The median efficiency of these sessions, clamped to [0.5, 1]: a prior that does not
+    let one bad workload close the gate for all others."""
+    return min(1.0, max(0.5, statistics.median(ratios)))
 
 
 def _run_workload(r: RunRow) -> tuple[Any, ...] | None:
