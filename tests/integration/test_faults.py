@@ -9,10 +9,12 @@ next invocation removes what the killed one left (hidden, pid-named staging).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
 import signal
+import sqlite3
 import subprocess
 import sys
 import time
@@ -263,10 +265,18 @@ def test_demo_sigterm_exits_130_and_says_the_story_is_incomplete(tmp_path: Path)
     home = tmp_path / "home"
     env = {"RANKPACK_HOME": str(home), "RANKPACK_DB": str(home / "db.sqlite")}
     proc = _start(["demo", "--quick", "--json"], env=env)
-    runs = home / "runs"
+    db = home / "db.sqlite"
 
     def second_run_started() -> bool:
-        return runs.is_dir() and len([p for p in runs.iterdir() if not p.name.startswith(".")]) >= 2
+        # A run exists once its row does: a run directory appears (empty, reserved) when its
+        # copy starts being staged, and a signal then interrupts a copy, not a run.
+        if not db.is_file():
+            return False
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
+                return int(con.execute("SELECT count(*) FROM runs").fetchone()[0]) >= 2
+        except sqlite3.OperationalError:  # not created yet, or locked for a moment
+            return False
 
     _wait_for(second_run_started, proc, timeout=600)
     time.sleep(1.0)
