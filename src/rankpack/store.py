@@ -431,7 +431,7 @@ class Store:
             for name in ("compute_ns", "mpi_ns"):
                 if name not in cols:
                     c.execute(f"ALTER TABLE samples ADD COLUMN {name} INTEGER")
-            c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            c.execute("PRAGMA user_version=3")  # its own step: a later one may still fail
 
     def _migrate_v3(self) -> None:
         """Schema 3 -> 4: runs record how long they shared the node with another simulation
@@ -440,7 +440,7 @@ class Store:
             cols = {r[1] for r in c.execute("PRAGMA table_info(runs)")}
             if "shared_s" not in cols:
                 c.execute("ALTER TABLE runs ADD COLUMN shared_s REAL")
-            c.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+            c.execute("PRAGMA user_version=4")
 
     def close(self) -> None:
         self.conn.close()

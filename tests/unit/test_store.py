@@ -269,6 +269,34 @@ def test_schema_3_file_gains_the_shared_seconds_of_runs(tmp_path: Path) -> None:
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
+def test_a_migration_stopped_between_steps_resumes_at_the_step_it_reached(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = tmp_path / "v2.db"
+    Store(path).close()
+    conn = sqlite3.connect(path)  # a schema-2 file: no shim counters, no shared_s
+    conn.executescript(
+        "ALTER TABLE samples DROP COLUMN compute_ns; ALTER TABLE samples DROP COLUMN mpi_ns;"
+        " ALTER TABLE runs DROP COLUMN shared_s; PRAGMA user_version=2;"
+    )
+    conn.close()
+
+    def killed(self: Store) -> None:
+        raise KeyboardInterrupt  # the process stops after step 2 -> 3 was committed
+
+    monkeypatch.setattr(Store, "_migrate_v3", killed)
+    with pytest.raises(KeyboardInterrupt):
+        Store(path)
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == 3  # not 4: step 3 -> 4 is owed
+    conn.close()
+    monkeypatch.undo()
+    store = Store(path)
+    run_id = _new_run(store)
+    store.finish_run(_result(run_id, shared_s=1.5))
+    assert store.get_run(run_id).shared_s == 1.5
+
+
 def test_sessions_by_id_and_their_runs(tmp_path: Path) -> None:
     store = Store(tmp_path / "s.db")
     mid = store.start_multiplex(2000, 4, "auto")
