@@ -1,5 +1,3 @@
-import sys
+from rankpack.cli import entry
 
-from rankpack.cli import main
-
-sys.exit(main())
+entry()

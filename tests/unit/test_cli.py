@@ -121,3 +121,45 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for command in ("demo", "plan", "run", "runs", "report"):
         assert command in out
+
+
+def _python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=60)  # fmt: skip
+
+
+def test_leave_does_not_finalize_around_live_daemon_threads() -> None:
+    # a daemon thread still blocked (the operator's watch, its Lease elector): the output is
+    # flushed, the code kept, and the interpreter is not torn down around the thread (an
+    # atexit handler, which finalization would run, does not run)
+    done = _python(
+        "import atexit, threading, time\n"
+        "from rankpack.cli import leave\n"
+        "atexit.register(lambda: print('finalized'))\n"
+        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
+        "print('result', end='')\n"
+        "leave(3)\n"
+    )
+    assert (done.returncode, done.stdout) == (3, "result")
+
+
+def test_leave_exits_as_usual_without_daemon_threads() -> None:
+    done = _python(
+        "import atexit\n"
+        "from rankpack.cli import leave\n"
+        "atexit.register(lambda: print('finalized'))\n"
+        "leave(3)\n"
+    )
+    assert (done.returncode, done.stdout) == (3, "finalized\n")
+
+
+def test_the_process_entry_prints_thread_stacks_on_a_fatal_signal() -> None:
+    done = _python(
+        "import atexit, faulthandler, sys\n"
+        "atexit.register(lambda: print('faulthandler', faulthandler.is_enabled()))\n"
+        "sys.argv = ['rankpack', '--help']\n"
+        "from rankpack.cli import entry\n"
+        "entry()\n"
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.splitlines()[-1] == "faulthandler True"

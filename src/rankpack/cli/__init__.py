@@ -10,11 +10,15 @@ one-line message and exit code 2 (``--debug`` shows the traceback instead).
 from __future__ import annotations
 
 import argparse
+import contextlib
+import faulthandler
 import importlib
+import logging
 import os
 import re
 import signal
 import sys
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import NoReturn
@@ -133,6 +137,32 @@ def sigterm_as_interrupt() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
+def entry() -> NoReturn:
+    """The process's entry point (the ``rankpack`` script, ``python -m rankpack``); `main`
+    is the in-process one (tests call it)."""
+    faulthandler.enable()  # a fatal signal prints every thread's stack, not just "Aborted"
+    leave(main())
+
+
+def leave(code: int) -> NoReturn:
+    """End the process with ``code``. When daemon threads are still alive (the operator's
+    Lease elector, its watch blocked in a read, a backend's pollers), the interpreter is not
+    finalized around them: CPython tears modules and C libraries down while such a thread
+    may still wake inside them, and an operator that had ended cleanly ("operator idle")
+    once exited by SIGABRT that way in CI. Everything the command owns has been recorded
+    and closed when its handler returns; the streams are flushed here, then the process
+    ends at once. With no daemon thread left the exit is the ordinary one."""
+    main_thread = threading.main_thread()
+    others = [t for t in threading.enumerate() if t is not main_thread and t.is_alive()]
+    if not others or any(not t.daemon for t in others):
+        sys.exit(code)  # non-daemon threads are waited for, as Python always does
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed pipe: nothing more to say
+            stream.flush()
+    os._exit(code)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args_list = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in args_list or os.environ.get("RANKPACK_DEBUG") == "1"
@@ -183,4 +213,4 @@ def _main(args_list: list[str], debug: bool) -> int:
 
 
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    entry()
