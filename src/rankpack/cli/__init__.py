@@ -10,7 +10,6 @@ one-line message and exit code 2 (``--debug`` shows the traceback instead).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import faulthandler
 import importlib
 import logging
@@ -20,7 +19,7 @@ import signal
 import sys
 import threading
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from typing import NoReturn
 
 from rankpack.backend.protocol import BackendError
@@ -158,7 +157,7 @@ def leave(code: int) -> NoReturn:
         sys.exit(code)  # non-daemon threads are waited for, as Python always does
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
-        with contextlib.suppress(Exception):  # a closed pipe: nothing more to say
+        with suppress(Exception):  # a closed pipe: nothing more to say
             stream.flush()
     os._exit(code)
 
