@@ -128,29 +128,22 @@ def _python(code: str) -> subprocess.CompletedProcess[str]:
                           timeout=60)  # fmt: skip
 
 
-def test_leave_does_not_finalize_around_live_daemon_threads() -> None:
+@pytest.mark.parametrize(("daemon", "out"), [(True, "result"), (False, "resultfinalized\n")])
+def test_leave_finalizes_only_without_live_daemon_threads(daemon: bool, out: str) -> None:
     # a daemon thread still blocked (the operator's watch, its Lease elector): the output is
     # flushed, the code kept, and the interpreter is not torn down around the thread (an
-    # atexit handler, which finalization would run, does not run)
+    # atexit handler, which finalization would run, does not run); with none, the exit is the
+    # ordinary one and the handler runs
+    thread = "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
     done = _python(
         "import atexit, threading, time\n"
         "from rankpack.cli import leave\n"
         "atexit.register(lambda: print('finalized'))\n"
-        "threading.Thread(target=time.sleep, args=(60,), daemon=True).start()\n"
-        "print('result', end='')\n"
+        + (thread if daemon else "")
+        + "print('result', end='')\n"
         "leave(3)\n"
     )
-    assert (done.returncode, done.stdout) == (3, "result")
-
-
-def test_leave_exits_as_usual_without_daemon_threads() -> None:
-    done = _python(
-        "import atexit\n"
-        "from rankpack.cli import leave\n"
-        "atexit.register(lambda: print('finalized'))\n"
-        "leave(3)\n"
-    )
-    assert (done.returncode, done.stdout) == (3, "finalized\n")
+    assert (done.returncode, done.stdout) == (3, out)
 
 
 def test_the_process_entry_prints_thread_stacks_on_a_fatal_signal() -> None:
