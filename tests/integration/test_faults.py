@@ -267,19 +267,22 @@ def test_demo_sigterm_exits_130_and_says_the_story_is_incomplete(tmp_path: Path)
     proc = _start(["demo", "--quick", "--json"], env=env)
     db = home / "db.sqlite"
 
-    def second_run_started() -> bool:
+    def second_run_running() -> bool:
         # A run exists once its row does: a run directory appears (empty, reserved) when its
-        # copy starts being staged, and a signal then interrupts a copy, not a run.
+        # copy starts being staged, and a signal then interrupts a copy, not a run. The
+        # quick demo's second run lasts ~2 s: the signal goes at once, while it is running.
         if not db.is_file():
             return False
         try:
             with contextlib.closing(sqlite3.connect(f"file:{db}?mode=ro", uri=True)) as con:
-                return int(con.execute("SELECT count(*) FROM runs").fetchone()[0]) >= 2
+                n, running = con.execute(
+                    "SELECT count(*), count(*) FILTER (WHERE status = 'running') FROM runs"
+                ).fetchone()
         except sqlite3.OperationalError:  # not created yet, or locked for a moment
             return False
+        return int(n) >= 2 and int(running) >= 1
 
-    _wait_for(second_run_started, proc, timeout=600)
-    time.sleep(1.0)
+    _wait_for(second_run_running, proc, timeout=600)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err
