@@ -155,9 +155,9 @@ class LocalBackend:
     def inventory(self) -> Inventory:
         """One node: this machine. Requested CPU counts every live rankpack run on it, also
         those of other rankpack processes (their run cgroups weigh their requests)."""
-        requested = sum(
-            r.request_millis for s in self._sims.values() if not s.released for r in s.desired
-        )
+        live = [s for s in self._sims.values() if not s.released]
+        requested = sum(r.request_millis for s in live for r in s.desired)
+        ranks = sum(len(s.desired) for s in live)
         if self.driver is not None:
             ours = {s.cgroup_rel for s in self._sims.values()}
             for name in self.driver.children(cgroups.SUBTREE):
@@ -166,7 +166,9 @@ class LocalBackend:
                     continue
                 with contextlib.suppress(OSError):
                     requested += cgroups.request_millis_of(self.driver.read_settings(rel))
-        return Inventory((NodeCapacity(os.uname().nodename, self.capacity_millis(), requested),))
+                    ranks += sum(1 for c in self.driver.children(rel) if c.startswith("rank-"))
+        node = NodeCapacity(os.uname().nodename, self.capacity_millis(), requested, ranks)
+        return Inventory((node,))
 
     def placement(self) -> dict[str, str]:
         return {"cgroups": self.cgroup_version, "node": os.uname().nodename}

@@ -186,6 +186,8 @@ class NodeCapacity:
     allocatable_millis: int
     requested_millis: int
     """Requests already placed on the node (by anyone)."""
+    rank_pods: int = 0
+    """Rank pods (local: rank cgroups) of any rankpack simulation live on the node."""
 
     @property
     def free_millis(self) -> int:

@@ -200,7 +200,9 @@ class SimulatedCluster:
     def inventory(self) -> Inventory:
         return Inventory(
             tuple(
-                NodeCapacity(n.name, n.allocatable_millis, self._requested(n.name))
+                NodeCapacity(
+                    n.name, n.allocatable_millis, self._requested(n.name), self._ranks(n.name)
+                )
                 for n in self.nodes
             )
         )
@@ -649,6 +651,9 @@ class SimulatedCluster:
         if f is not None and f.deferred_until is None and f.outcome is ResizeState.COMPLETED:
             return max(r.allocated.request_millis, f.target.request_millis)
         return r.allocated.request_millis
+
+    def _ranks(self, node: str) -> int:
+        return sum(1 for s in self._sims.values() if s.active for r in s.ranks if r.node == node)
 
     def _requested(self, node: str) -> int:
         return self._node(node).reserved_millis + sum(

@@ -44,11 +44,12 @@ from rankpack.backend.protocol import (
 )
 from rankpack.case.foamlog import LogParser, LogState
 from rankpack.case.openfoam import rank_env
+from rankpack.controller import waits
 from rankpack.controller.learned import LearnedSizes, learnable, learned_sizes
 from rankpack.controller.observations import (
-    AUTO_LAUNCH_MODE,
     ControllerSettings,
     ControllerState,
+    NodeCores,
     Observations,
     QueuedSim,
     RankSnapshot,
@@ -60,7 +61,7 @@ from rankpack.controller.policy import decide
 from rankpack.controller.submission import Submission
 from rankpack.core.accounting import trapezoid_cpu_s
 from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode
-from rankpack.core.results import CONVERGED, RankResult, ResizeRecord, RunResult
+from rankpack.core.results import CONVERGED, RankResult, ResizeRecord, RunResult, WaitRecord
 from rankpack.errors import UserError
 from rankpack.plan.allocation import Plan, proportional_millis
 from rankpack.store import NewRun, RankRow, SampleRow, Store
@@ -300,7 +301,12 @@ class _Sim:
     """rank -> [(iterations, compute_ns, mpi_ns)], for the steady-state duty."""
     cores: tuple[float, ...] = ()
     wait_mode: WaitMode | None = None
-    """The wait mode its ranks were last set to (launch mode, then live switches)."""
+    """The wait mode its ranks were last set to (launch mode, then live switches); None
+    without the shim."""
+    launch_wait: WaitMode = "spin"
+    """The mode the wait rule gave at launch: the MPI library's own idle yield matches it."""
+    waits: list[WaitRecord] = field(default_factory=list)
+    """Each mode its ranks got, when, and why (per rank): its result's ``wait_modes``."""
     learned_duty: tuple[float, ...] = ()
     """Duty cycles of the earlier run its sizes were learned from (see `learned`)."""
     deferred: dict[int, str] = field(default_factory=dict)
@@ -519,8 +525,9 @@ class ControlLoop:
     def _capacity(self) -> int:
         return self._capacity_and_others()[0]
 
-    def _capacity_and_others(self) -> tuple[int, int]:
-        """(the capacity left to this loop, what others request on the node)."""
+    def _capacity_and_others(self) -> tuple[int, int, tuple[NodeCores, ...]]:
+        """(the capacity left to this loop, what others request on the node, the nodes as
+        the wait rule sees them)."""
         inventory = self.backend.inventory()
         ours = sum(
             sum(r.request_millis for r in s.last.ranks) if s.last else s.plan.total_millis
@@ -529,7 +536,18 @@ class ControlLoop:
         )
         others = max(0, sum(n.requested_millis for n in inventory.nodes) - ours)
         base = self.settings.capacity_millis or inventory.allocatable_millis
-        return max(0, min(base, inventory.allocatable_millis - others)), others
+        placed: dict[str | None, int] = {}
+        for s in self.sims.values():
+            for r in s.last.ranks if s.launched and s.last else ():
+                placed[r.node] = placed.get(r.node, 0) + 1
+        nodes = tuple(
+            NodeCores(n.name, n.allocatable_millis, max(0, n.rank_pods - placed.get(n.name, 0)))
+            for n in inventory.nodes
+        )
+        if len(nodes) == 1 and self.settings.capacity_millis:
+            # one node, capped for this loop (--allocatable): the cap is its cores
+            nodes = (replace(nodes[0], allocatable_millis=min(base, nodes[0].allocatable_millis)),)
+        return max(0, min(base, inventory.allocatable_millis - others)), others, nodes
 
     def _observations(self, pending: list[Job]) -> Observations:
         sims = []
@@ -570,6 +588,7 @@ class ControlLoop:
                             usage_ns=r.usage_ns,
                             compute_ns=r.compute_ns,
                             mpi_ns=r.mpi_ns,
+                            node=r.node,
                         )
                         for r in sim.last.ranks
                     ),
@@ -578,6 +597,7 @@ class ControlLoop:
                     starting=sim.last.phase is SimPhase.PENDING,
                     learned_duty=sim.learned_duty,
                     wait=self._wait_setting(sub),
+                    wait_mode=sim.wait_mode,
                 )
             )
         queued = []
@@ -586,13 +606,14 @@ class ControlLoop:
             initial = found.request_millis if found else j.submission.initial_millis
             queued.append(QueuedSim(j.queue_id, j.submission.n_ranks, initial,
                                     found.duty if found else ()))  # fmt: skip
-        capacity, others = self._capacity_and_others()
+        capacity, others, nodes = self._capacity_and_others()
         return Observations(
             now_s=self.now(),
             capacity_millis=capacity,
             sims=tuple(sims),
             queue=tuple(queued),
             others_millis=others,
+            nodes=nodes,
         )
 
     # -- learned sizes ------------------------------------------------------------------------
@@ -647,11 +668,16 @@ class ControlLoop:
             raise UserError(f"unknown wait mode '{mode}'; use auto, spin, polite or adaptive")
         return mode  # type: ignore[return-value]
 
-    def _launch_wait_mode(self, sub: Submission | None = None, sharing: bool = False) -> WaitMode:
-        mode = self._wait_setting(sub)
-        if mode != "auto":
-            return mode
-        return "polite" if sharing else AUTO_LAUNCH_MODE
+    def _wait_at_launch(self, sim: _Sim) -> None:
+        """The wait rule for a simulation about to start beside the others of this loop
+        (`waits.at_launch`): its ranks' mode, and the MPI library's idle yield to match."""
+        obs = self._observations([])
+        obs = replace(obs, sims=tuple(s for s in obs.sims if s.sim_id != sim.sim_id))
+        requests = tuple(r.cpu_millis for r in sim.plan.ranks)
+        choice = waits.at_launch(obs, self._wait_setting(sim.job.submission), requests)
+        sim.launch_wait = choice.mode
+        sim.wait_mode = choice.mode if self.settings.shim else None
+        sim.waits.append(WaitRecord(round(self.now(), 3), choice.mode, choice.reason, choice.ranks))
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -747,6 +773,7 @@ class ControlLoop:
             return
         previous = sim.wait_mode
         sim.wait_mode = action.mode
+        sim.waits.append(WaitRecord(round(self.now(), 3), action.mode, action.reason, action.ranks))
         self.wait_failed.discard((sim.sim_id, action.mode))
         self.event(sim.run_id, "wait-mode", mode=action.mode, previous=previous,
                    reason=action.reason)  # fmt: skip
@@ -838,10 +865,10 @@ class ControlLoop:
         sim.run_id = self._new_run(sim, staged)
         self.jobs.started(sim.job, sim.run_id, sim.sim_id, staged)
         sim.usages = [[] for _ in sim.plan.ranks]
-        # Under auto, a simulation launched beside others starts polite: spinning until the
-        # policy could switch it (its records publish ~1 s after launch) costs the others.
-        sharing = any(other is not sim for other in self.sims.values())
-        sim.wait_mode = self._launch_wait_mode(sub, sharing) if self.settings.shim else None
+        # Under auto, the wait rule counts its ranks with those already on the node(s):
+        # spinning until the policy could switch it (its records publish ~1 s after launch)
+        # would cost the others, and ranks that outnumber cores slow each other down.
+        self._wait_at_launch(sim)
         spec = self._spec(sim)
         sim.t0 = self.backend.clock()
         sim.started_s = self.now()
@@ -925,13 +952,9 @@ class ControlLoop:
             command=(staged.solver, "-parallel"),
             ranks=tuple(RankResources(r.cpu_millis, r.limit_millis) for r in sim.plan.ranks),
             log_path=staged.log_path,
-            env=rank_env(),
+            env={**rank_env(), **waits.mpi_idle_env(sim.launch_wait)},
             mpi=s.mpi,
-            shim=(
-                ShimSpec(sim.wait_mode or self._launch_wait_mode(sim.job.submission), s.mpi)
-                if s.shim
-                else None
-            ),
+            shim=(ShimSpec(sim.wait_mode or sim.launch_wait, s.mpi) if s.shim else None),
             image=s.image,
             volume=sim.job.submission.volume or s.volume,
             labels={"rankpack.dev/run-id": str(sim.run_id)},
@@ -956,11 +979,11 @@ class ControlLoop:
             sim.run_id = self._new_run(sim, staged)
             self.jobs.started(job, sim.run_id, sim.sim_id, staged)
         sim.usages = [[] for _ in sim.plan.ranks]
+        # What the earlier process last chose is not known: set what the rule gives now, so
+        # what the ranks do is known; the policy switches it from there.
+        self._wait_at_launch(sim)
         self.backend.adopt(sim.sim_id, self._spec(sim))
-        if self.settings.shim:
-            # What the earlier process last chose is not known: set the launch mode, so what
-            # the policy assumes (a fresh memory starts there) is what the ranks do.
-            sim.wait_mode = self._launch_wait_mode(job.submission)
+        if sim.wait_mode is not None:
             try:
                 self.backend.set_wait_mode(sim.sim_id, sim.wait_mode)
             except BackendError as exc:
@@ -1201,6 +1224,7 @@ class ControlLoop:
             resizes=tuple(sim.resizes),
             restarts=sum(r.restarts for r in ranks),
             shared_s=None if sim.shared_s is None else round(sim.shared_s, 3),
+            wait_modes=tuple(sim.waits),
         )
 
     # -- display -----------------------------------------------------------------------------

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode, WaitMode
+from rankpack.core.actions import Action, Launch, Note, RankWait, Resize, SetWaitMode, WaitMode
 
-__all__ = ["Action", "Launch", "Note", "Resize", "SetWaitMode", "WaitMode"]
+__all__ = ["Action", "Launch", "Note", "RankWait", "Resize", "SetWaitMode", "WaitMode"]
 
 WaitSetting = Literal["auto", "spin", "polite", "adaptive"]
 """How a simulation's ranks wait in MPI: a fixed shim mode, or ``auto`` (the controller
@@ -60,6 +60,8 @@ class RankSnapshot:
     """Cumulative time outside MPI, from the shim's live record (None: no shim data yet)."""
     mpi_ns: int | None
     """Cumulative time inside MPI calls, from the shim's live record."""
+    node: str | None = None
+    """The node the rank runs on (None: not placed yet)."""
 
 
 @dataclass(frozen=True)
@@ -86,7 +88,9 @@ class SimSnapshot:
     as ``sized`` from the start (no profiling window). Empty: nothing learned."""
     wait: WaitSetting = "spin"
     """How its ranks wait in MPI: a fixed mode (the controller never switches it) or
-    ``auto`` (launched in `AUTO_LAUNCH_MODE`; the controller switches it live)."""
+    ``auto`` (the wait rule's mode at launch; the controller switches it live)."""
+    wait_mode: WaitMode | None = None
+    """The mode its ranks were last set to (None: not known, taken as `AUTO_LAUNCH_MODE`)."""
 
     @property
     def progress(self) -> float:
@@ -111,6 +115,16 @@ class QueuedSim:
 
 
 @dataclass(frozen=True)
+class NodeCores:
+    """One node as the wait rule sees it (`rankpack.controller.waits`)."""
+
+    name: str
+    allocatable_millis: int
+    other_ranks: int = 0
+    """Rank pods on it that this loop does not run (other rankpack sessions)."""
+
+
+@dataclass(frozen=True)
 class Observations:
     now_s: float
     capacity_millis: int
@@ -122,6 +136,9 @@ class Observations:
     others_millis: int = 0
     """CPU requested on the node(s) by what this loop does not run (other rankpack sessions,
     other pods): what makes ``capacity_millis`` less than the node's."""
+    nodes: tuple[NodeCores, ...] = ()
+    """The nodes and their CPUs, for the wait rule (empty: one node of ``capacity_millis +
+    others_millis``)."""
 
 
 SimStage = Literal["warmup", "profiling", "sized", "scheduled", "fixed"]

@@ -82,6 +82,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
+from rankpack.controller import waits
 from rankpack.controller.observations import (
     AUTO_LAUNCH_MODE,
     Action,
@@ -97,7 +98,6 @@ from rankpack.controller.observations import (
     SimMemory,
     SimSnapshot,
     SimStage,
-    WaitMode,
 )
 from rankpack.model.contention import ClusterShape, throughput
 from rankpack.model.overlap import predict_from_duty_cycles
@@ -131,7 +131,9 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
         memory = _restart_marks(obs, memory)
 
     last_launch_s, launch_held = _launch(step, memory, state)
-    _wait_modes(step, memory, any(isinstance(a, Launch) for a in step.actions))
+    launched = [a.queue_id for a in step.actions if isinstance(a, Launch)]
+    head_ranks = next((q.n_ranks for q in obs.queue if q.queue_id in launched), 0)
+    _wait_modes(step, memory, head_ranks)
     new_state = ControllerState(
         sims=memory,
         last_launch_s=last_launch_s,
@@ -724,45 +726,26 @@ def _limit_gain(step: _Step, memory: dict[str, SimMemory], head: QueuedSim) -> f
 # --- (E) wait modes ----------------------------------------------------------------------
 
 
-def _wait_modes(step: _Step, memory: dict[str, SimMemory], launching: bool) -> None:
-    """Switch ``auto`` simulations between spin (cores to itself) and polite (sharing)."""
+def _wait_modes(step: _Step, memory: dict[str, SimMemory], launching: int) -> None:
+    """Switch ``auto`` simulations between spin and polite by where their ranks sit
+    (`rankpack.controller.waits`): polite where ranks outnumber a node's cores.
+    ``launching``: ranks of a simulation this step launches (not placed yet)."""
     obs = step.obs
     requested = sum(step.total(sim.sim_id) for sim in obs.sims)
-    over = requested > obs.capacity_millis
     for sim in obs.sims:
         if sim.wait != "auto" or sim.starting or not sim.ranks or not _has_shim(sim):
             continue
         mem = memory[sim.sim_id]
-        current = mem.wait_mode or AUTO_LAUNCH_MODE
-        others = [o.sim_id for o in obs.sims if o.sim_id != sim.sim_id]
-        wanted: WaitMode
-        if others or launching:
-            who = ", ".join(others) if others else "the simulation being launched"
-            wanted, why = "polite", f"shares the cores with {who}"
-        elif over and obs.others_millis > 0:
-            wanted = "polite"
-            why = (
-                f"requests {requested}m exceed the {obs.capacity_millis}m of capacity left to"
-                f" rankpack (others request {obs.others_millis}m of the node)"
-            )
-        elif over:
-            # Only its own ranks want the cores (more ranks than cores): they wait for each
-            # other, and sleeping makes every wait longer. Measured, 4-rank pitzDaily on 2
-            # cores: spin 3.5-4.2 s, polite 13.0-14.4 s (docs/benchmarks.md).
-            wanted = "spin"
-            why = (
-                f"alone on the node: its requests {requested}m exceed the"
-                f" {obs.capacity_millis}m capacity, but only its own ranks wait for the cores"
-            )
-        else:
-            wanted = "spin"
-            why = (
-                f"alone: the only simulation, requests {requested}m within the"
-                f" {obs.capacity_millis}m capacity"
-            )
-        if wanted == current:
+        current = sim.wait_mode or mem.wait_mode or AUTO_LAUNCH_MODE
+        choice = waits.for_sim(obs, sim, launching, requested)
+        if choice.mode == current:
             continue
         step.actions.append(
-            SetWaitMode(sim_id=sim.sim_id, mode=wanted, reason=f"{why}: {current} -> {wanted}")
+            SetWaitMode(
+                sim_id=sim.sim_id,
+                mode=choice.mode,
+                reason=f"{choice.reason}: {current} -> {choice.mode}",
+                ranks=choice.ranks,
+            )
         )
-        memory[sim.sim_id] = replace(mem, wait_mode=wanted)
+        memory[sim.sim_id] = replace(mem, wait_mode=choice.mode)

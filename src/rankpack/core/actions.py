@@ -36,12 +36,25 @@ WaitMode = Literal["spin", "polite", "adaptive"]
 
 
 @dataclass(frozen=True)
+class RankWait:
+    """The wait mode one rank got and why (the load of the node it sits on)."""
+
+    rank: int
+    node: str | None
+    """None: not placed on a node yet."""
+    mode: WaitMode
+    why: str
+
+
+@dataclass(frozen=True)
 class SetWaitMode:
     """Switch every rank of a running simulation to ``mode``, live (no restart)."""
 
     sim_id: str
     mode: WaitMode
     reason: str
+    ranks: tuple[RankWait, ...] = ()
+    """Per rank: where it sits and why it gets ``mode``."""
 
 
 @dataclass(frozen=True)

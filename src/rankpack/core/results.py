@@ -10,6 +10,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any, Literal
 
+from rankpack.core.actions import RankWait
+
 ResizeOutcome = Literal["pending", "completed", "deferred", "infeasible", "rejected", "failed"]
 """How a resize ended (``pending``: still in flight when the run ended)."""
 
@@ -68,6 +70,18 @@ class ResizeRecord:
 
 
 @dataclass(frozen=True)
+class WaitRecord:
+    """A wait mode the simulation's ranks got (at launch, then each live switch)."""
+
+    t_s: float
+    """The controller's clock (seconds since its start)."""
+    mode: str
+    reason: str
+    ranks: tuple[RankWait, ...] = ()
+    """Per rank: its node and why (the ranks and cores there)."""
+
+
+@dataclass(frozen=True)
 class RankResult:
     rank: int
     weight: float
@@ -114,6 +128,8 @@ class RunResult(RunProgress):
     namespace and nodes)."""
     resizes: tuple[ResizeRecord, ...] = ()
     restarts: int = 0
+    wait_modes: tuple[WaitRecord, ...] = ()
+    """How its ranks waited in MPI: the launch mode, then each live switch, with reasons."""
     shared_s: float | None = None
     """Seconds of its run during which another simulation of the same controller ran too
     (to the controller's tick; 0: it had the node to itself; None: unknown, for example a

@@ -65,22 +65,56 @@ def _wait_events(store: Store) -> list[tuple[int | None, str]]:
     return [(e.run_id, e.detail["mode"]) for e in store.events() if e.kind == "wait-mode"]
 
 
-def test_auto_switches_to_polite_while_sharing_and_back_to_spin_alone(tmp_path: Path) -> None:
-    backend = Recording(_cluster())
+def test_auto_switches_to_polite_while_ranks_outnumber_cores_and_back_to_spin(
+    tmp_path: Path,
+) -> None:
+    # two 2-rank simulations on 3 cores: 4 ranks share them while both run
+    backend = Recording(_cluster(cores=3))
     store = _two(tmp_path, backend)
-    # the second is launched beside the first: polite from its start
+    # the second is launched beside the first: 4 ranks on 3 cores, polite from its start
     assert [s.shim.wait_mode for s in backend.specs if s.shim] == ["spin", "polite"]
+    # the MPI library's own idle yield matches the launch mode
+    assert [s.env["OMPI_MCA_mpi_yield_when_idle"] for s in backend.specs] == ["0", "1"]
     first, _second = (r.id for r in sorted(store.list_runs(10), key=lambda r: r.id))
     # the first goes polite when the second is launched; the second (40 iterations) ends
     # first and the first spins again
     assert _wait_events(store) == [(first, "polite"), (first, "spin")]
     events = [e for e in store.events() if e.kind == "wait-mode"]
-    assert all(e.detail["reason"] for e in events)
-    assert "shares the cores" in events[0].detail["reason"]
-    assert "alone" in events[-1].detail["reason"]
+    assert (
+        "ranks outnumber cores: 4 ranks on the 3 cores of node node-a" in events[0].detail["reason"]
+    )
+    assert "every rank has a core to itself: 2 ranks on the 3 cores" in events[-1].detail["reason"]
     # the switch reached the ranks: the first's ranks are observed spinning at the end
     kinds = [e.kind for e in store.events()]
     assert kinds.index("wait-mode") > kinds.index("stage")
+
+
+def test_two_simulations_whose_ranks_each_have_a_core_keep_spinning(tmp_path: Path) -> None:
+    backend = Recording(_cluster(cores=4))  # 2 x 2 ranks on 4 cores
+    store = _two(tmp_path, backend)
+    assert [s.shim.wait_mode for s in backend.specs if s.shim] == ["spin", "spin"]
+    assert backend.calls == [] and _wait_events(store) == []
+
+
+def test_one_simulation_with_more_ranks_than_cores_waits_politely(tmp_path: Path) -> None:
+    # issue 24: 4 ranks of one simulation on 2 cores spin against each other
+    backend = Recording(_cluster(cores=2))
+    store = Store(tmp_path / "r.db")
+    sub = Submission(case="box", weights=(1.0, 1.0, 5.0, 15.0), budget_millis=2000)
+    settings = LoopSettings(runs_root=tmp_path / "runs", wait_mode="auto",
+                            controller=ControllerSettings(max_concurrent=1))  # fmt: skip
+    result = run_jobs(backend, store, OneJob(sub), settings).results[0]
+    assert result.status == "completed"
+    assert backend.specs[0].shim == ShimSpec("polite", "openmpi")
+    assert backend.specs[0].env["OMPI_MCA_mpi_yield_when_idle"] == "1"
+    assert backend.specs[0].env["MPIR_CVAR_POLLS_BEFORE_YIELD"] == "1000"
+    # the run says which mode each rank got and why; the rule never switched it
+    (launch,) = result.wait_modes
+    assert launch.mode == "polite" and "ranks outnumber cores" in launch.reason
+    assert [(r.rank, r.mode) for r in launch.ranks] == [(i, "polite") for i in range(4)]
+    assert all("4 ranks on the 2 cores" in r.why for r in launch.ranks)
+    assert result.to_json()["wait_modes"][0]["ranks"][3]["mode"] == "polite"
+    assert backend.calls == []
 
 
 def test_a_single_run_under_auto_never_switches(tmp_path: Path) -> None:
@@ -92,6 +126,7 @@ def test_a_single_run_under_auto_never_switches(tmp_path: Path) -> None:
     assert result.results[0].status == "completed"
     assert backend.calls == [] and _wait_events(store) == []
     assert backend.specs[0].shim == ShimSpec("spin", "openmpi")
+    assert backend.specs[0].env["OMPI_MCA_mpi_yield_when_idle"] == "0"
 
 
 def test_a_fixed_mode_is_launched_as_given_and_never_switched(tmp_path: Path) -> None:
@@ -102,7 +137,7 @@ def test_a_fixed_mode_is_launched_as_given_and_never_switched(tmp_path: Path) ->
 
 
 def test_a_refused_switch_is_recorded_once_and_asked_for_again(tmp_path: Path) -> None:
-    backend = Recording(_cluster(), refuse=3)
+    backend = Recording(_cluster(cores=3), refuse=3)
     store = _two(tmp_path, backend)
     failed = [e for e in store.events() if e.kind == "wait-mode-failed"]
     assert 1 <= len(failed) <= 2  # once per (simulation, mode)

@@ -1,5 +1,6 @@
-"""(E) of the decision step: under ``wait="auto"`` a simulation spins while it has the cores
-to itself and waits politely while it shares them; a switch is emitted only on change.
+"""(E) of the decision step: under ``wait="auto"`` a simulation spins while each of its ranks
+has a core to itself and waits politely where ranks outnumber a node's cores (issue 24); a
+switch is emitted only on change.
 
 The clock is fake: it is only the ``now_s`` passed in the observations.
 """
@@ -10,10 +11,12 @@ from dataclasses import replace
 
 import pytest
 
+from rankpack.controller import waits
 from rankpack.controller.observations import (
     ControllerSettings,
     ControllerState,
     Decision,
+    NodeCores,
     QueuedSim,
     SetWaitMode,
     SimMemory,
@@ -40,37 +43,52 @@ def test_alone_within_capacity_stays_in_its_launch_mode_spin() -> None:
     assert d.state.sims["a"].wait_mode is None  # still the launch mode (spin)
 
 
-def test_a_second_simulation_makes_both_polite_and_the_survivor_spins_again() -> None:
+def test_ranks_that_outnumber_the_cores_wait_politely_and_spin_again_when_they_do_not() -> None:
     a, b = auto("a", (500, 500)), auto("b", (500, 500))
     d1 = decide(observe(0.0, a, b, capacity=2000), state_of(a=FIXED, b=FIXED), S)
     assert sorted(switches(d1)) == [("a", "polite"), ("b", "polite")]
     reason = next(x.reason for x in d1.actions if isinstance(x, SetWaitMode) and x.sim_id == "a")
-    assert "shares the cores with b" in reason and "spin -> polite" in reason
+    assert "ranks outnumber cores: 4 ranks on the 2 cores" in reason
+    assert "spin -> polite" in reason
     # next step, same picture: nothing is emitted again (memory holds the mode)
     d2 = decide(observe(1.0, a, b, capacity=2000), d1.state, S)
     assert switches(d2) == []
-    # b ended: a is alone again and goes back to spin, once
+    # b ended: a's 2 ranks have the 2 cores to themselves and spin again, once
     d3 = decide(observe(2.0, a, capacity=2000), d2.state, S)
     assert switches(d3) == [("a", "spin")]
-    assert "alone" in next(x.reason for x in d3.actions if isinstance(x, SetWaitMode))
+    assert "every rank has a core to itself: 2 ranks on the 2 cores" in next(
+        x.reason for x in d3.actions if isinstance(x, SetWaitMode)
+    )
     assert switches(decide(observe(3.0, a, capacity=2000), d3.state, S)) == []
 
 
-def test_a_staging_neighbour_counts_as_sharing_but_is_not_switched_itself() -> None:
+def test_two_simulations_whose_ranks_each_have_a_core_spin() -> None:
+    a, b = auto("a", (500, 500)), auto("b", (500, 500))
+    d = decide(observe(0.0, a, b, capacity=4000), state_of(a=FIXED, b=FIXED), S)
+    assert switches(d) == []
+
+
+def test_a_staging_neighbour_counts_its_ranks_but_is_not_switched_itself() -> None:
     staging = replace(auto("b"), starting=True, ranks=auto("b").ranks)
-    d = decide(observe(0.0, auto("a", (500, 500)), staging, capacity=4000),
+    d = decide(observe(0.0, auto("a", (500, 500)), staging, capacity=3000),
                state_of(a=FIXED), S)  # fmt: skip
     assert switches(d) == [("a", "polite")]
+    # with a core per rank, the neighbour changes nothing
+    d = decide(observe(0.0, auto("a", (500, 500)), staging, capacity=4000),
+               state_of(a=FIXED), S)  # fmt: skip
+    assert switches(d) == []
 
 
-def test_a_launch_in_this_step_switches_the_running_one_at_once() -> None:
+def test_a_launch_in_this_step_counts_the_ranks_being_launched() -> None:
     queued = QueuedSim(queue_id=3, n_ranks=2, initial_request_millis=(500, 500))
-    obs = observe(10.0, auto("a", (500, 500)), queue=[queued], capacity=4000)
+    obs = observe(10.0, auto("a", (500, 500)), queue=[queued], capacity=3000)
     settings = ControllerSettings(min_predicted_gain=-1.0)
     d = decide(obs, state_of(a=SIZED), settings)
     assert any(type(x).__name__ == "Launch" for x in d.actions)
     assert switches(d) == [("a", "polite")]
-    assert "being launched" in next(x.reason for x in d.actions if isinstance(x, SetWaitMode))
+    assert "4 ranks on the 3 cores" in next(
+        x.reason for x in d.actions if isinstance(x, SetWaitMode)
+    )
 
 
 def test_requests_above_the_capacity_left_to_rankpack_mean_sharing() -> None:
@@ -80,21 +98,77 @@ def test_requests_above_the_capacity_left_to_rankpack_mean_sharing() -> None:
     assert "exceed" in d.actions[0].reason  # type: ignore[union-attr]
 
 
-def test_requests_above_the_node_with_nobody_else_on_it_still_spin() -> None:
-    # `rankpack run pitzDaily --ranks 4`: 4 x 1000m on 2 cores, nothing else requests CPU.
-    # Its own ranks wait for each other; polite made it 3.7x slower (benchmarks.md).
-    d = decide(observe(0.0, auto("a", (1000,) * 4), capacity=2000), state_of(a=FIXED), S)
-    assert switches(d) == []
-    polite = replace(state_of(a=FIXED), sims={"a": replace(FIXED, wait_mode="polite")})
-    d2 = decide(observe(1.0, auto("a", (1000,) * 4), capacity=2000), polite, S)
-    assert switches(d2) == [("a", "spin")]
-    assert "only its own ranks" in d2.actions[0].reason  # type: ignore[union-attr]
+@pytest.mark.parametrize("request_millis", [1000, 500, 250])
+def test_one_simulation_with_more_ranks_than_cores_waits_politely(request_millis: int) -> None:
+    # issue 24: `rankpack run pitzDaily --ranks 4` on 2 cores, nothing else on the node.
+    # Its ranks spin against each other (on Kubernetes 75x slower than polite waits).
+    obs = observe(0.0, auto("a", (request_millis,) * 4), capacity=2000)
+    d = decide(obs, state_of(a=FIXED), S)
+    assert switches(d) == [("a", "polite")]
+    (action,) = (a for a in d.actions if isinstance(a, SetWaitMode))
+    assert [(r.rank, r.mode) for r in action.ranks] == [(i, "polite") for i in range(4)]
+    assert all("4 ranks on the 2 cores" in r.why for r in action.ranks)
+    assert switches(decide(replace(obs, now_s=1.0), d.state, S)) == []
 
 
-def test_more_ranks_than_cores_alone_still_spins() -> None:
-    # 4 ranks x 500m on 2 cores: alone, requests within capacity -> spin (benchmarks.md)
-    d = decide(observe(0.0, auto("a", (500,) * 4), capacity=2000), state_of(a=FIXED), S)
-    assert switches(d) == []
+def test_the_mode_the_ranks_were_launched_in_is_what_the_rule_compares_with() -> None:
+    # launched polite (the loop knows), memory fresh: alone with a core per rank -> spin
+    a = replace(auto("a", (500, 500)), wait_mode="polite")
+    d = decide(observe(0.0, a, capacity=2000), ControllerState(), S)
+    assert switches(d) == [("a", "spin")]
+
+
+def _on(sim: SimSnapshot, *nodes: str | None) -> SimSnapshot:
+    ranks = tuple(replace(r, node=n) for r, n in zip(sim.ranks, nodes, strict=True))
+    return replace(sim, ranks=ranks)
+
+
+def test_ranks_are_counted_per_node() -> None:
+    two_nodes = (NodeCores("n1", 2000), NodeCores("n2", 2000))
+    a = _on(auto("a", (500,) * 4), "n1", "n1", "n2", "n2")
+    obs = replace(observe(0.0, a, capacity=4000), nodes=two_nodes)
+    # 2 ranks on each 2-core node: spin
+    assert switches(decide(obs, state_of(a=FIXED), S)) == []
+    # b puts one more rank on n1: a has ranks there, so a waits politely; b too
+    b = _on(auto("b", (500,)), "n1")
+    d = decide(replace(obs, sims=(a, b)), state_of(a=FIXED, b=FIXED), S)
+    assert sorted(switches(d)) == [("a", "polite"), ("b", "polite")]
+    (action,) = (x for x in d.actions if isinstance(x, SetWaitMode) and x.sim_id == "a")
+    assert "3 ranks on the 2 cores of node n1" in action.reason and "n2" not in action.reason
+    assert [r.node for r in action.ranks] == ["n1", "n1", "n2", "n2"]
+    assert action.ranks[2].why == "2 ranks on the 2 cores of node n2"
+    assert action.ranks[0].why == "3 ranks on the 2 cores of node n1 (oversubscribed)"
+    # b on n2 instead: n2 is crowded, n1 is not: both still polite (a spans both)
+    b2 = _on(auto("b", (500,)), "n2")
+    d2 = decide(replace(obs, sims=(a, b2)), state_of(a=FIXED, b=FIXED), S)
+    assert sorted(switches(d2)) == [("a", "polite"), ("b", "polite")]
+
+
+def test_other_rank_pods_on_a_node_count() -> None:
+    a = _on(auto("a", (500, 500)), "n1", "n1")
+    obs = replace(observe(0.0, a, capacity=2000), nodes=(NodeCores("n1", 2000, other_ranks=1),))
+    d = decide(obs, state_of(a=FIXED), S)
+    assert switches(d) == [("a", "polite")]
+    assert "3 ranks on the 2 cores of node n1" in d.actions[0].reason  # type: ignore[union-attr]
+
+
+def test_unplaced_ranks_on_several_nodes_count_against_the_whole_cluster() -> None:
+    nodes = (NodeCores("n1", 1000), NodeCores("n2", 1000))
+    a = _on(auto("a", (500, 500)), "n1", "n2")
+    pending = replace(_on(auto("b", (500,)), None), starting=True)
+    obs = replace(observe(0.0, a, pending, capacity=2000), nodes=nodes)
+    # a's ranks each have a core; b's rank is not placed yet: 3 ranks on the cluster's 2
+    # cores, but a is on nodes where each rank has a core -> a keeps spinning
+    assert switches(decide(obs, state_of(a=FIXED), S)) == []
+    choice = waits.at_launch(obs, "auto", (500, 500))
+    assert choice.mode == "polite"
+    assert "5 ranks on the 2 cores of the cluster" in choice.reason
+
+
+def test_the_mpi_library_yields_exactly_when_the_ranks_do_not_spin() -> None:
+    assert waits.mpi_idle_env("spin")["OMPI_MCA_mpi_yield_when_idle"] == "0"
+    for mode in ("polite", "adaptive"):
+        assert waits.mpi_idle_env(mode)["OMPI_MCA_mpi_yield_when_idle"] == "1"  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("mode", ["spin", "polite", "adaptive"])

@@ -262,18 +262,23 @@ class KubernetesBackend:
                 raise
             pods = [p for p in self.api.list_pods("") if _live(p)]
         used: dict[str, int] = {}
+        ranks: dict[str, int] = {}
         for p in pods:
             node = p.get("spec", {}).get("nodeName")
             if node:
                 used[node] = used.get(node, 0) + status.pod_request_millis(p)
+                if builders.RANK_LABEL in (p.get("metadata", {}).get("labels") or {}):
+                    ranks[node] = ranks.get(node, 0) + 1
+        names = [str(n["metadata"]["name"]) for n in nodes]
         return Inventory(
             tuple(
                 NodeCapacity(
-                    str(n["metadata"]["name"]),
+                    name,
                     status.node_allocatable_millis(n),
-                    used.get(str(n["metadata"]["name"]), 0),
+                    used.get(name, 0),
+                    ranks.get(name, 0),
                 )
-                for n in nodes
+                for name, n in zip(names, nodes, strict=True)
             )
         )
 

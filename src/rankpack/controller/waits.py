@@ -1,0 +1,193 @@
+"""How ranks wait in MPI: the decision step's rule, from where every rank sits (pure).
+
+A rank that waits in MPI by spinning keeps its core busy. That is free when every rank on
+the node has a core to itself, and ruinous when ranks outnumber the node's cores: a
+spinning rank then takes CPU time from the very rank it waits for. Open MPI decides this
+by itself only when one ``mpirun`` sees several ranks on one host with fewer slots, so on
+the local backend it yields, while on Kubernetes every rank pod is a one-slot host to
+``mpirun`` and it never does: 4 ranks of 250m..1000m on 2 cores ran pitzDaily 75x slower
+than the same ranks under one local ``mpirun`` (issue 24). So the rule is rankpack's, the
+same on every backend:
+
+* count the ranks placed on each node, of every simulation there (this loop's, including
+  those still starting, and other rankpack rank pods the backend reports on it);
+* a node is *oversubscribed* when its ranks x 1000m exceed its allocatable CPU;
+* a simulation with ``wait="auto"`` waits ``polite`` when any of its ranks is on an
+  oversubscribed node, or when its requests exceed the capacity left to rankpack while
+  pods that are not rankpack's request CPU there; else it ``spin``s (every rank has a
+  core to itself).
+
+Ranks not placed yet (rank pods pending on a multi-node cluster) are not on any node: they
+count against the cluster as a whole (all ranks against all cores). With one node, every
+rank is on it, whatever the backend calls it.
+
+`choose` gives the mode with one reason per rank, which the loop records (run JSON, the
+Simulation status). `mpi_idle_env` sets the MPI library's own idle-yield setting to
+match, so that behaviour does not depend on what ``mpirun`` believes about slots.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+from rankpack.controller.observations import NodeCores, Observations, SimSnapshot, WaitSetting
+from rankpack.core.actions import RankWait, WaitMode
+
+CLUSTER = ""
+"""The key under which ranks without a node are counted: the whole cluster."""
+
+
+@dataclass(frozen=True)
+class NodeLoad:
+    """The ranks on one node (or, under `CLUSTER`, on the whole cluster) and its CPUs."""
+
+    node: str
+    ranks: int
+    cores_millis: int
+
+    @property
+    def oversubscribed(self) -> bool:
+        return self.ranks * 1000 > self.cores_millis
+
+    def describe(self) -> str:
+        where = "the cluster" if self.node == CLUSTER else f"node {self.node}"
+        return f"{self.ranks} ranks on the {self.cores_millis / 1000:g} cores of {where}"
+
+
+@dataclass(frozen=True)
+class WaitChoice:
+    mode: WaitMode
+    reason: str
+    ranks: tuple[RankWait, ...]
+
+
+def _nodes(obs: Observations) -> tuple[NodeCores, ...]:
+    if obs.nodes:
+        return obs.nodes
+    return (NodeCores(CLUSTER, obs.capacity_millis + obs.others_millis),)
+
+
+def node_of(node: str | None, nodes: Sequence[NodeCores]) -> str:
+    """Where a rank counts: its node; with one node, that node; unplaced: the cluster."""
+    if len(nodes) == 1:
+        return nodes[0].name
+    if node is None or all(n.name != node for n in nodes):
+        return CLUSTER
+    return node
+
+
+def node_loads(obs: Observations, launching: int = 0) -> dict[str, NodeLoad]:
+    """Ranks per node of every simulation in ``obs`` (and other rankpack ranks there), plus
+    ``launching`` ranks of a simulation about to start (not placed yet)."""
+    nodes = _nodes(obs)
+    counts = {n.name: n.other_ranks for n in nodes}
+    unplaced = node_of(None, nodes)
+    counts[unplaced] = counts.get(unplaced, 0) + launching
+    for sim in obs.sims:
+        for rank in sim.ranks:
+            key = node_of(rank.node, nodes)
+            counts[key] = counts.get(key, 0) + 1
+    loads = {n.name: NodeLoad(n.name, counts[n.name], n.allocatable_millis) for n in nodes}
+    if CLUSTER not in loads:
+        # unplaced ranks compete for the cluster: all ranks against all cores
+        loads[CLUSTER] = NodeLoad(
+            CLUSTER, sum(counts.values()), sum(n.allocatable_millis for n in nodes)
+        )
+    return loads
+
+
+def choose(
+    setting: WaitSetting,
+    rank_nodes: Sequence[str | None],
+    loads: Mapping[str, NodeLoad],
+    nodes: Sequence[NodeCores],
+    crowded_by_others: str = "",
+) -> WaitChoice:
+    """The mode of one simulation whose ranks sit on ``rank_nodes`` (None: not placed).
+
+    ``crowded_by_others``: non-empty (the reason) when pods that are not rankpack's take
+    CPU the simulation's requests need; it then waits politely wherever its ranks are."""
+    where = [node_of(n, nodes) for n in rank_nodes]
+    placed = [loads[w] for w in where]
+    crowded = [load for load in dict.fromkeys(placed) if load.oversubscribed]
+    mode: WaitMode
+    if setting != "auto":
+        mode, why = setting, f"--wait {setting} (fixed)"
+    elif crowded:
+        mode = "polite"
+        why = "ranks outnumber cores: " + "; ".join(load.describe() for load in crowded)
+    elif crowded_by_others:
+        mode, why = "polite", crowded_by_others
+    else:
+        mode = "spin"
+        why = "every rank has a core to itself: " + "; ".join(
+            load.describe() for load in dict.fromkeys(placed)
+        )
+    ranks = tuple(
+        RankWait(
+            rank=i,
+            node=w or None,
+            mode=mode,
+            why=load.describe() + (" (oversubscribed)" if load.oversubscribed else ""),
+        )
+        for i, (w, load) in enumerate(zip(where, placed, strict=True))
+    )
+    return WaitChoice(mode, why, ranks)
+
+
+def others_crowd(obs: Observations, requested_millis: int) -> str:
+    """Why pods that are not rankpack's crowd this loop's ranks ('' when they do not)."""
+    if requested_millis > obs.capacity_millis and obs.others_millis > 0:
+        return (
+            f"requests {requested_millis}m exceed the {obs.capacity_millis}m of capacity left"
+            f" to rankpack (others request {obs.others_millis}m of the node)"
+        )
+    return ""
+
+
+def for_sim(
+    obs: Observations, sim: SimSnapshot, launching: int = 0, requested: int | None = None
+) -> WaitChoice:
+    """`choose` for a simulation of ``obs``; ``requested``: the requests of all of them
+    (default: as observed)."""
+    if requested is None:
+        requested = sum(s.requested_millis for s in obs.sims)
+    return choose(
+        sim.wait,
+        [r.node for r in sim.ranks],
+        node_loads(obs, launching),
+        _nodes(obs),
+        others_crowd(obs, requested),
+    )
+
+
+def at_launch(obs: Observations, setting: WaitSetting, requests: Sequence[int]) -> WaitChoice:
+    """The mode a simulation about to start gets (its ranks not placed yet; ``obs`` holds the
+    simulations already there). Placement then refines it live (`for_sim`)."""
+    requested = sum(s.requested_millis for s in obs.sims) + sum(requests)
+    return choose(
+        setting,
+        [None] * len(requests),
+        node_loads(obs, launching=len(requests)),
+        _nodes(obs),
+        others_crowd(obs, requested),
+    )
+
+
+def mpi_idle_env(mode: WaitMode) -> dict[str, str]:
+    """The MPI libraries' own idle-yield settings, matching ``mode`` (set in every rank).
+
+    Open MPI reads ``mpi_yield_when_idle`` once, at ``MPI_Init``; ``mpirun`` sets it to 1 by
+    itself only when it sees more ranks than slots on one host, and never overrides a value
+    given in the environment. So: 0 where ranks spin on cores of their own, 1 otherwise. A
+    later live switch (the shim's control word) changes how the shim waits; the library's
+    setting stays as launched (a yield with no one else to run returns at once).
+    MPICH's ``MPIR_CVAR_POLLS_BEFORE_YIELD`` (0: never yield) belongs to its ch3 device;
+    Debian's MPICH 4.0.2 is ch4:ucx, which has no idle yield: there only the shim's polite
+    mode yields (docs/shim.md)."""
+    spin = mode == "spin"
+    return {
+        "OMPI_MCA_mpi_yield_when_idle": "0" if spin else "1",
+        "MPIR_CVAR_POLLS_BEFORE_YIELD": "0" if spin else "1000",
+    }
