@@ -220,6 +220,8 @@ class SimView:
     queue_id: int = 0
     resizes: int = 0
     """Resizes completed so far."""
+    wait: WaitRecord | None = None
+    """The wait mode its ranks have now and why (None: not launched yet)."""
 
 
 class Display(Protocol):
@@ -1275,6 +1277,7 @@ class ControlLoop:
                     ranks=ranks,
                     queue_id=sim.job.queue_id,
                     resizes=sum(1 for r in sim.resizes if r.status == "completed"),
+                    wait=sim.waits[-1] if sim.waits else None,
                 )
             )
         return views

@@ -106,6 +106,15 @@ def _status_schema() -> Obj:
                     "reason": {"type": "string"},
                 },
             },
+            "wait": {
+                "type": "object",
+                "description": "how the rank waits in MPI, on which node, and why",
+                "properties": {
+                    "mode": {"type": "string"},
+                    "node": {"type": "string", "nullable": True},
+                    "why": {"type": "string"},
+                },
+            },
         },
     }
     condition = {
@@ -132,6 +141,12 @@ def _status_schema() -> Obj:
             "resizes": _int(0),
             "restarts": _int(0),
             "ranks": {"type": "array", "items": rank},
+            "waitMode": {
+                "type": "object",
+                "description": "the wait mode of the simulation's ranks (spin|polite|adaptive)"
+                " and the rule's reason: polite where ranks outnumber a node's cores",
+                "properties": {"mode": {"type": "string"}, "reason": {"type": "string"}},
+            },
             "conditions": {"type": "array", "items": condition},
             "result": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
             "staged": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},

@@ -583,13 +583,19 @@ class StatusWriter:
                 else None
             )
             ranks.append({k: v for k, v in rank.items() if v is not None})
-        return {
+        if view.wait is not None:
+            for rank, why in zip(ranks, view.wait.ranks, strict=False):
+                rank["wait"] = {"mode": why.mode, "node": why.node, "why": why.why}
+        status: Obj = {
             "iterations": view.log.iterations,
             "progress": progress_text(view.log.iterations, exp),
             "resizes": view.resizes,
             "restarts": sum(r.restarts for r in view.ranks),
             "ranks": ranks,
         }
+        if view.wait is not None:
+            status["waitMode"] = {"mode": view.wait.mode, "reason": view.wait.reason}
+        return status
 
     def close(self) -> None:
         pass
