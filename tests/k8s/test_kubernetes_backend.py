@@ -46,6 +46,21 @@ class Sample:
     restarts: int
     shares: int | None
     solver_pids: tuple[int, ...]
+    waits: tuple[str | None, str | None] = (None, None)
+    """The solver's environment: (RANKPACK_SHIM_WAIT, OMPI_MCA_mpi_yield_when_idle)."""
+
+
+YIELD = "OMPI_MCA_mpi_yield_when_idle"
+
+
+def _env_of(pid: int, *names: str) -> tuple[str | None, str | None]:
+    environ = dict(
+        e.decode().split("=", 1)
+        for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        if b"=" in e
+    )
+    first, second = (environ.get(n) for n in names)
+    return first, second
 
 
 @dataclass
@@ -75,12 +90,15 @@ class Watcher:
                 cgroup = container_cgroup(pod)
                 shares: int | None = None
                 pids: list[int] = []
+                waits: tuple[str | None, str | None] = (None, None)
                 try:
                     shares = int((cgroup / "cpu.shares").read_text())
                     for pid in (cgroup / "cgroup.procs").read_text().split():
                         comm = Path(f"/proc/{pid}/comm").read_text().strip()
                         if comm == self.solver:
                             pids.append(int(pid))
+                    if pids:
+                        waits = _env_of(pids[0], "RANKPACK_SHIM_WAIT", YIELD)
                 except (OSError, ValueError):
                     pass
                 status_cpu = (st.resources.requests or {}).get("cpu") if st.resources else None
@@ -95,6 +113,7 @@ class Watcher:
                         restarts=st.restart_count,
                         shares=shares,
                         solver_pids=tuple(sorted(pids)),
+                        waits=waits,
                     )
                 )
             time.sleep(0.1)
@@ -118,6 +137,7 @@ class Kube:
         *,
         during: Callable[[Watcher, threading.Event], None] | None = None,
         settings: ControllerSettings | None = None,
+        wait_mode: str = "polite",
     ) -> tuple[LoopResult, Watcher, Store]:
         store = Store(runs_root / "rankpack.db")
         watcher = Watcher(self.admin, self.cluster.namespace)
@@ -133,7 +153,8 @@ class Kube:
             tick_s=0.5,
             shim=True,
             # this 2-core machine is shared: ranks with ~70m requests must not spin in MPI
-            wait_mode="polite",
+            # (tests of the wait rule itself pass "auto")
+            wait_mode=wait_mode,
         )
         try:
             result = run_jobs(self.backend, store, OneJob(sub), loop_settings, stop=stop)
@@ -215,6 +236,32 @@ def test_four_ranks_with_planned_requests(kube: Kube, tmp_path: Path) -> None:
     assert all(r.duty is not None for r in run.ranks), f"shim records reached the backend: {marks}"
     log = Path(run.run_dir, "log.simpleFoam").read_text()
     assert "End" in log
+
+
+def test_four_weighted_ranks_at_default_sizing_wait_politely_on_two_cores(
+    kube: Kube, tmp_path: Path
+) -> None:
+    # issue 24: 4 rank pods of one simulation on a 2-core node, requests 1:1:5:15 of 2
+    # cores, profiled and sized by duty cycles (the default), waits chosen by the rule
+    sub = Submission(case="pitzDaily", weights=(1, 1, 5, 15), budget_millis=2000, iterations=150)
+    assert sub.sizing == "duty"
+    result, watcher, store = kube.run(sub, tmp_path / "runs", wait_mode="auto")
+    (run,) = result.results
+    modes = [(w.mode, w.reason) for w in run.wait_modes]
+    print(f"\nwall {run.wall_s:.1f} s; wait modes {modes}; resizes {len(run.resizes)}")
+    assert run.status == "completed", run.message
+    assert run.iterations == 150
+    # launched polite, never switched: 4 ranks on 2 cores all along
+    (launch,) = run.wait_modes
+    assert launch.mode == "polite"
+    assert "ranks outnumber cores: 4 ranks on the 2 cores" in launch.reason
+    assert [(r.rank, r.mode) for r in launch.ranks] == [(i, "polite") for i in range(4)]
+    assert all("(oversubscribed)" in r.why for r in launch.ranks)
+    assert [e.detail["mode"] for e in store.events(run.id) if e.kind == "wait-mode"] == []
+    # every rank's solver started polite, and Open MPI's own idle yield matched
+    seen = {(s.rank, s.waits) for s in watcher.samples if s.solver_pids}
+    assert seen == {(i, ("polite", "1")) for i in range(4)}, seen
+    assert [r.restarts for r in run.ranks] == [0, 0, 0, 0]
 
 
 def test_phase_schedule_resizes_running_ranks_in_place(kube: Kube, tmp_path: Path) -> None:

@@ -74,9 +74,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--wait",
         choices=["auto", *WAIT_MODES],
         default="auto",
-        help="how ranks wait inside MPI (PMPI shim): auto (default: each simulation spins "
-        "while it has the cores to itself and is switched live to polite while it shares "
-        "them; see docs/controller.md), or a fixed mode for all: spin, polite, adaptive",
+        help="how ranks wait inside MPI (PMPI shim): auto (default: a simulation spins while "
+        "every rank on its nodes has a core to itself and is switched live to polite where "
+        "ranks outnumber a node's cores; see docs/controller.md), or a fixed mode for all: "
+        "spin, polite, adaptive",
     )
     p.add_argument(
         "--baseline",

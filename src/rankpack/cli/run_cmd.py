@@ -102,9 +102,10 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         "--wait",
         choices=["auto", "spin", "polite", "adaptive"],
         default="auto",
-        help="how ranks wait inside MPI (PMPI shim): auto (default: spin while the simulation "
-        "has the cores to itself, switched live to polite while it shares them), or a fixed "
-        "mode: spin (MPI's own busy polling), polite (backs off, gives the CPU back), adaptive",
+        help="how ranks wait inside MPI (PMPI shim): auto (default: spin while every rank on "
+        "its node has a core to itself, polite where ranks outnumber a node's cores, of this "
+        "and other simulations; switched live), or a fixed mode: spin (MPI's own busy "
+        "polling), polite (backs off, gives the CPU back), adaptive",
     )
     p.add_argument(
         "--no-cgroups",

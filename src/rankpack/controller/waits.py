@@ -127,11 +127,11 @@ def choose(
     ranks = tuple(
         RankWait(
             rank=i,
-            node=w or None,
+            node=given or w or None,
             mode=mode,
             why=load.describe() + (" (oversubscribed)" if load.oversubscribed else ""),
         )
-        for i, (w, load) in enumerate(zip(where, placed, strict=True))
+        for i, (given, w, load) in enumerate(zip(rank_nodes, where, placed, strict=True))
     )
     return WaitChoice(mode, why, ranks)
 
