@@ -42,7 +42,8 @@ class Env:
 
     def operator(self, *extra: str, log: Path) -> subprocess.Popen[str]:
         argv = [sys.executable, "-m", "rankpack", "operator", "--kubeconfig", self.kubeconfig,
-                "--allocatable", "2", "--max-concurrent", "2", *extra]  # fmt: skip
+                "--allocatable", "2", "--max-concurrent", "2",
+                "--case-root", str(self.tmp), *extra]  # fmt: skip
         p = subprocess.Popen(argv, env=self.env, stdout=log.open("w"), stderr=subprocess.STDOUT,
                              text=True)  # fmt: skip
         self.procs.append(p)

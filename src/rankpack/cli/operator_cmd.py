@@ -29,6 +29,8 @@ from rankpack.cli.run_cmd import stop_on_signals
 from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
+from rankpack.operator.admission import AdmissionPolicy, openfoam_applications
+from rankpack.operator.crd import check_solver
 from rankpack.plan.allocation import budget_to_millis
 from rankpack.profile.shim import WAIT_MODES
 
@@ -64,7 +66,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--wait", choices=["auto", *WAIT_MODES], default="auto",
         help="how ranks wait inside MPI, for Simulations whose spec.wait is empty: auto "
-        "(default; spin alone, polite while sharing), spin, polite or adaptive",
+        "(default; spin while each rank has a core, polite where ranks outnumber a node's "
+        "cores), spin, polite or adaptive",
     )  # fmt: skip
     p.add_argument(
         "--allocatable", type=parse_cores,
@@ -77,6 +80,21 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--profile-s", type=parse_seconds, default=5.0, help="profiling window (default 5 s)"
     )
+    p.add_argument(
+        "--allow-host-path", action="append", default=[], metavar="DIR",
+        help="a host directory under which a Simulation's spec.case.volume host:DIR may lie "
+        "(repeat for several; default: none, host volumes are refused: HostVolumeNotAllowed)",
+    )  # fmt: skip
+    p.add_argument(
+        "--case-root", action="append", default=[], metavar="DIR",
+        help="a directory under which a Simulation's spec.case.path may lie (repeat for "
+        "several; default: none, tutorial names only: CasePathNotAllowed)",
+    )  # fmt: skip
+    p.add_argument(
+        "--solver", action="append", default=[], metavar="NAME",
+        help="an application Simulations may run besides the OpenFOAM solvers installed in "
+        "/usr/bin (repeat for several; others are refused: SolverNotAllowed)",
+    )  # fmt: skip
     p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
     p.add_argument("--identity", help="leader-election identity (default: HOST-PID)")
     p.add_argument("--lease", default="rankpack-operator", help="Lease name (rankpack-operator)")
@@ -201,6 +219,21 @@ def handle_simulations(args: argparse.Namespace) -> int:
     )
 
 
+def _admission(args: argparse.Namespace) -> AdmissionPolicy:
+    """The admin's admission policy from the flags (absolute directories, command names)."""
+    for flag, dirs in (("--allow-host-path", args.allow_host_path),
+                       ("--case-root", args.case_root)):  # fmt: skip
+        for d in dirs:
+            if not d.startswith("/") or ".." in d.split("/"):
+                raise UserError(f"{flag} {d!r} must be an absolute directory without '..'")
+    solvers = {check_solver(s, "--solver") for s in args.solver}
+    return AdmissionPolicy(
+        host_prefixes=tuple(args.allow_host_path),
+        case_roots=tuple(args.case_root),
+        solvers=frozenset(openfoam_applications() | {s for s in solvers if s}),
+    )
+
+
 def handle_operator(args: argparse.Namespace) -> int:
     from rankpack.operator.service import OperatorOptions, run_operator
 
@@ -223,6 +256,7 @@ def handle_operator(args: argparse.Namespace) -> int:
         wait_mode=args.wait,
         plot=args.plot,
         volume=args.volume,
+        admission=_admission(args),
     )  # fmt: skip
     logging.basicConfig(level=logging.WARNING)
     # an apiserver that is away is reported once by the operator, not per retried request

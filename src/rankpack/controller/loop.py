@@ -88,7 +88,10 @@ class JobSource(Protocol):
         """The job was staged and is being launched as simulation ``sim_id``."""
         ...
 
-    def finished(self, job: Job, status: str) -> None: ...
+    def finished(self, job: Job, status: str, message: str = "") -> None:
+        """The job ended (``message``: why, when it failed before it had a run)."""
+        ...
+
     def heartbeat(self, jobs: Sequence[Job]) -> None: ...
 
 
@@ -111,7 +114,7 @@ class OneJob:
     def started(self, job: Job, run_id: int, sim_id: str, staged: StagedCase) -> None:
         pass
 
-    def finished(self, job: Job, status: str) -> None:
+    def finished(self, job: Job, status: str, message: str = "") -> None:
         pass
 
     def heartbeat(self, jobs: Sequence[Job]) -> None:
@@ -134,7 +137,7 @@ class StoreQueue:
     def started(self, job: Job, run_id: int, sim_id: str, staged: StagedCase) -> None:
         self.store.set_queue_run(job.queue_id, run_id)
 
-    def finished(self, job: Job, status: str) -> None:
+    def finished(self, job: Job, status: str, message: str = "") -> None:
         self.store.finish_queue(job.queue_id, status)
 
     def heartbeat(self, jobs: Sequence[Job]) -> None:
@@ -165,8 +168,8 @@ class LoopSettings:
     tick_s: float = 1.0
     shim: bool = True
     wait_mode: str = "spin"
-    """spin, polite, adaptive (fixed for every simulation), or auto: launched in spin, the
-    controller switches each simulation between spin (alone) and polite (sharing) live."""
+    """spin, polite, adaptive (fixed for every simulation), or auto: the wait rule
+    (`rankpack.controller.waits`) chooses at launch and switches it live."""
     mpi: str = "openmpi"
     capacity_millis: int | None = None
     """The budget of all requests together; default: the backend's allocatable CPU."""
@@ -180,6 +183,9 @@ class LoopSettings:
     leave_running: bool = False
     """When the loop is stopped, leave launched simulations running for a later controller
     to adopt (the operator) instead of stopping them (`rankpack run`, `multiplex`)."""
+    solvers: frozenset[str] | None = None
+    """Applications a simulation may run (the operator's allowlist): a case whose
+    application is not one of them fails at launch, before any rank pod exists (None: any)."""
     prestage: bool = True
     """While simulations run, stage the head of the queue ahead of its launch (copy, mesh,
     decompose), so that when it is launched - at once, or after the running ones end - it
@@ -829,7 +835,7 @@ class ControlLoop:
         except (UserError, BackendError) as exc:
             if failures_are_final:
                 self.stage_failures.append(StageFailure(job.queue_id, sub.case, str(exc)))
-                self.jobs.finished(job, "failed")
+                self.jobs.finished(job, "failed", str(exc))
                 self.event(None, "launch-failed", queue_id=job.queue_id, reason=str(exc))
             return None
         return sim_id
@@ -875,6 +881,12 @@ class ControlLoop:
         sim.t0 = self.backend.clock()
         sim.started_s = self.now()
         try:
+            allowed = self.settings.solvers
+            if allowed is not None and staged.solver not in allowed:
+                raise UserError(
+                    f"{staged.solver!r} (the case's application) is not an allowed solver; "
+                    "ask the admin to allow it (rankpack operator --solver)"
+                )
             self.backend.launch(spec)
         except (BackendError, UserError) as exc:
             sim.end_t = sim.t0

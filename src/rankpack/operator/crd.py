@@ -49,6 +49,13 @@ def _spec_schema() -> Obj:
     return {
         "type": "object",
         "required": ["case"],
+        "x-kubernetes-validations": [
+            {
+                "rule": "!has(self.budgetMillis) || !has(self.ranks)"
+                " || self.budgetMillis >= self.ranks",
+                "message": "budgetMillis must give every rank at least 1m (>= ranks)",
+            }
+        ],
         "properties": {
             "case": {
                 "type": "object",
@@ -275,7 +282,13 @@ def _submission(spec: Obj) -> Submission:
         raise UserError("spec.weights must be finite, >= 0 and not all 0")
     budget = int(spec.get("budgetMillis") or 1000 * ranks)
     floor = int(spec.get("floorMillis") or 0)
-    make_plan(weights, budget, floor_millis=floor)  # raises UserError when floors do not fit
+    plan = make_plan(weights, budget, floor_millis=floor)  # UserError: floors do not fit
+    least = min(plan.ranks, key=lambda r: r.cpu_millis)
+    if least.cpu_millis < 1:
+        raise UserError(
+            f"spec.budgetMillis {budget} gives rank {least.rank} {least.cpu_millis}m; every "
+            "rank pod needs a request of at least 1m: raise budgetMillis, or set floorMillis"
+        )
     iterations = spec.get("iterations")
     if iterations is not None and int(iterations) < 1:
         raise UserError(f"spec.iterations must be at least 1, got {iterations}")

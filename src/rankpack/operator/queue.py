@@ -22,6 +22,7 @@ import datetime as dt
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,7 @@ from rankpack.controller.loop import Adopted, Job, SimView
 from rankpack.core.results import progress_text
 from rankpack.errors import UserError
 from rankpack.operator import crd
+from rankpack.operator.admission import AdmissionPolicy, Refused, admit
 from rankpack.store import Store
 
 Obj = dict[str, Any]
@@ -120,6 +122,7 @@ def _not_found(exc: Exception) -> bool:
 
 
 _FAILURE_REASONS = (
+    ("is not an allowed solver", "SolverNotAllowed"),
     ("was evicted", "RankPodEvicted"),
     ("was deleted", "RankPodDeleted"),
     ("container ended", "RankContainerEnded"),
@@ -178,10 +181,16 @@ class SimulationQueue:
         identity: str,
         *,
         on_event: Callable[[str, Obj], None] | None = None,
+        admission: AdmissionPolicy | None = None,
+        cluster_millis: Callable[[], int | None] = lambda: None,
     ) -> None:
         self.api = api
         self.store = store
         self.identity = identity
+        self.admission = admission
+        """What the admin allows Simulations to ask for (None: everything, as before)."""
+        self.cluster_millis = cluster_millis
+        """What all nodes can allocate (for `DoesNotFit`), asked only while checking."""
         self.on_event = on_event or (lambda name, detail: None)
         self.ids: dict[str, int] = {}
         """Simulation name -> the queue id the loop knows it by (stable in this process)."""
@@ -255,6 +264,14 @@ class SimulationQueue:
             # become the head while the apiserver was slow to answer)
             try:
                 sub = crd.submission_of(obj)
+                if self.admission is not None and phase is None:
+                    # checked once, when it first arrives: a refusal ends it before anything
+                    # is staged or created (a Queued one was admitted by this rule)
+                    policy = replace(self.admission, cluster_millis=self.cluster_millis())
+                    admit(sub, policy)
+            except Refused as exc:
+                self.fail(name, exc.code, str(exc))
+                continue
             except UserError as exc:
                 self._fail_invalid(obj, str(exc))
                 continue
@@ -314,7 +331,7 @@ class SimulationQueue:
             ),
         })  # fmt: skip
 
-    def finished(self, job: Job, status: str) -> None:
+    def finished(self, job: Job, status: str, message: str = "") -> None:
         name = self.names.get(job.queue_id)
         if name is None:
             return
@@ -326,7 +343,9 @@ class SimulationQueue:
         result: Obj = {"status": status}
         patch: Obj = {}
         run_id = self.run_ids.get(job.queue_id)
-        message = ""
+        reason = "StagingFailed" if message else ""  # ended before it had a run
+        if message:
+            result["message"] = message
         if run_id is not None:
             try:
                 run = self.store.get_run(run_id)
@@ -352,7 +371,9 @@ class SimulationQueue:
         if phase == "Succeeded":
             ended = _condition("Succeeded", True, "Completed", message or status)
         else:
-            ended = _condition("Failed", True, failure_reason(message), message or status)
+            reason = reason or failure_reason(message)
+            result["reason"] = reason
+            ended = _condition("Failed", True, reason, message or status)
         patch.update(
             phase=phase,
             result=result,
@@ -423,7 +444,7 @@ class SimulationQueue:
     def fail(self, name: str, reason: str, message: str) -> None:
         self._patch(name, {
             "phase": "Failed",
-            "result": {"status": "failed", "message": message},
+            "result": {"status": "failed", "reason": reason, "message": message},
             "conditions": self._set_conditions(
                 name, _condition("Running", False, reason, "ended"),
                 _condition("Failed", True, reason, message),

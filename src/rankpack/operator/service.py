@@ -34,6 +34,7 @@ from rankpack.controller.loop import Adopted, ControlLoop, LoopSettings, SimView
 from rankpack.controller.observations import ControllerSettings
 from rankpack.errors import UserError
 from rankpack.operator import crd
+from rankpack.operator.admission import AdmissionPolicy, openfoam_applications
 from rankpack.operator.events import SimulationEvents
 from rankpack.operator.metrics import OperatorMetrics
 from rankpack.operator.queue import SimulationApi, SimulationQueue, StatusWriter
@@ -66,6 +67,28 @@ class OperatorOptions:
     """Write the session's timeline PNG here when the operator ends."""
     volume: str | None = None
     """The rank pods' case volume for Simulations whose spec names none."""
+    admission: AdmissionPolicy = field(
+        default_factory=lambda: AdmissionPolicy(solvers=openfoam_applications())
+    )
+    """What the admin allows Simulations to ask for (host paths, case roots, solvers)."""
+
+
+def _cluster_millis(backend: KubernetesBackend, every_s: float = 30.0) -> Callable[[], int | None]:
+    """What all nodes can allocate, read at most every ``every_s`` (admission's fit check;
+    None while the inventory cannot be read)."""
+    last: list[tuple[float, int | None]] = []
+
+    def read() -> int | None:
+        now = time.monotonic()
+        if not last or now - last[0][0] > every_s:
+            try:
+                found: int | None = backend.inventory().allocatable_millis
+            except BackendError:
+                found = None
+            last[:] = [(now, found)]
+        return last[0][1]
+
+    return read
 
 
 REFUSED_S = 30.0
@@ -298,6 +321,11 @@ def run_operator(
     stop = stop or threading.Event()
     identity = opts.identity or default_identity()
     opts = replace(opts, identity=identity, config=replace(opts.config, detach=True))
+    if not opts.admission.solvers:
+        raise BackendError(
+            "no solver is allowed: no OpenFOAM application (*Foam) was found in /usr/bin; "
+            "name the solvers Simulations may run with --solver NAME"
+        )
     backend: KubernetesBackend = connect(opts.config)
     api_client = backend.api.api_client  # type: ignore[attr-defined]
     namespace = opts.config.namespace
@@ -323,7 +351,10 @@ def run_operator(
             ) from exc
         say(f"metrics on :{opts.metrics_port}/metrics")
     store = Store(opts.db_path)
-    queue = SimulationQueue(sims, store, identity)
+    queue = SimulationQueue(
+        sims, store, identity, admission=opts.admission,
+        cluster_millis=_cluster_millis(backend),
+    )  # fmt: skip
     events = SimulationEvents(
         lambda body: backend.api.create("events", body), namespace, identity,
         name_of=_name_of(queue), uid_of=queue.uids.get,
@@ -428,6 +459,7 @@ def _settings(ctx: _Ctx) -> LoopSettings:
         label=f"operator-{ctx.multiplex_id}",
         extra={"multiplex_id": ctx.multiplex_id, "operator": opts.identity},
         image=opts.config.image, volume=opts.volume, leave_running=True,
+        solvers=opts.admission.solvers,
     )  # fmt: skip
 
 

@@ -311,3 +311,51 @@ def test_an_unwritten_queued_status_keeps_its_place_and_a_claim_supersedes_it(
     assert q.flush()
     assert sims.objs["a"]["status"]["phase"] == "Running"  # not undone by a stale Queued
     assert [q.names[j.queue_id] for j in q.pending()] == ["b", "c"]
+
+
+def test_a_refused_spec_ends_failed_with_its_reason_and_is_never_a_job(
+    sims: FakeSims, tmp_path: Path
+) -> None:
+    from rankpack.operator.admission import AdmissionPolicy
+
+    sims.add("ok")
+    sims.add("root")
+    sims.objs["root"]["spec"]["case"]["volume"] = "host:/"
+    sims.add("etc")
+    sims.objs["etc"]["spec"]["case"]["path"] = "/etc"
+    sims.add("shell")
+    sims.objs["shell"]["spec"]["solver"] = "sh"
+    sims.add("huge")
+    sims.objs["huge"]["spec"].update(ranks=4096, weights=[1] * 4096, budgetMillis=4096000)
+    policy = AdmissionPolicy(solvers=frozenset({"simpleFoam"}))
+    q = queue.SimulationQueue(
+        sims, Store(tmp_path / "db.sqlite"), "op-1",  # type: ignore[arg-type]
+        admission=policy, cluster_millis=lambda: 2000,
+    )  # fmt: skip
+    assert [q.names[j.queue_id] for j in q.pending()] == ["ok"]
+    want = {"root": "HostVolumeNotAllowed", "etc": "CasePathNotAllowed",
+            "shell": "SolverNotAllowed", "huge": "DoesNotFit"}  # fmt: skip
+    for name, reason in want.items():
+        st = sims.objs[name]["status"]
+        assert st["phase"] == "Failed", name
+        assert st["result"]["reason"] == reason
+        assert st["result"]["message"]
+        failed = {c["type"]: c for c in st["conditions"]}["Failed"]
+        assert (failed["status"], failed["reason"]) == ("True", reason)
+    # the valid one behind the refused ones is queued at once
+    assert sims.objs["ok"]["status"]["phase"] == "Queued"
+
+
+def test_a_staging_failure_puts_its_message_in_the_status(sims: FakeSims, tmp_path: Path) -> None:
+    from rankpack.controller.loop import Job
+
+    sims.add("a")
+    q = _queue(sims, tmp_path)
+    (job,) = q.pending()
+    q.finished(job, "failed", "nosuchcase is not an OpenFOAM case (no system/controlDict)")
+    st = sims.objs["a"]["status"]
+    assert st["phase"] == "Failed"
+    assert st["result"] == {"status": "failed", "reason": "StagingFailed",
+                            "message": "nosuchcase is not an OpenFOAM case "
+                            "(no system/controlDict)"}  # fmt: skip
+    assert isinstance(job, Job)

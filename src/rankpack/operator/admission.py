@@ -1,0 +1,182 @@
+"""Admission of a Simulation's spec: what a user may ask the operator for, checked as data
+before anything runs (issue 26).
+
+The operator is a deputy: it holds rights (host paths on the dev cluster, the case volume,
+every namespace's rank pods) that the people who create Simulations do not. So every
+field of a Simulation is untrusted, and what the operator will do with it is bounded by
+what the cluster admin configured, never by the Simulation itself:
+
+* ``spec.case.volume: host:DIR`` mounts a node's directory into the rank pods: refused
+  (``HostVolumeNotAllowed``) unless DIR lies under a host prefix the admin allowed
+  (``rankpack operator --allow-host-path``); none is allowed by default. ``pvc:`` volumes
+  are the namespace's own claims and pass.
+* ``spec.case.path`` is a tutorial name (no ``/``: resolved among the installed tutorials)
+  or an absolute path under a case root the admin configured (``--case-root``): no ``..``
+  component, and once its symlinks are resolved still under the (resolved) root
+  (``CasePathNotAllowed``). Nothing outside the roots is read: the path is checked as text
+  first, and only a path already under a root is resolved on disk.
+* ``spec.solver`` must be one of the applications the admin allows (default: the OpenFOAM
+  applications the image ships, `openfoam_applications`), ``SolverNotAllowed`` otherwise.
+  The same list bounds the case's own ``application`` at launch (`LoopSettings.solvers`).
+* A Simulation whose ranks cannot fit the cluster even at the minimum request of 1m each
+  is refused (``DoesNotFit``) instead of heading the queue forever.
+
+`admit` raises `Refused` (a `UserError` with a reason code); the queue ends the Simulation
+``Failed`` with that code and message in its status, and nothing is staged or created.
+"""
+
+from __future__ import annotations
+
+import os
+import posixpath
+import re
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from rankpack.controller.submission import Submission
+from rankpack.errors import UserError
+
+TUTORIAL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
+OPENFOAM_BIN = Path("/usr/bin")
+"""Where Debian's OpenFOAM installs its applications (the dev image mounts the host's)."""
+MIN_REQUEST_MILLIS = 1
+"""The smallest CPU request a rank pod can have (Kubernetes' resolution)."""
+
+
+class Refused(UserError):
+    """A spec the admin's policy does not allow; ``code`` is the condition reason."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True)
+class AdmissionPolicy:
+    """What the cluster admin allows Simulations to ask for (the operator's flags)."""
+
+    host_prefixes: tuple[str, ...] = ()
+    """Absolute host directories under which ``host:`` volumes may lie (default: none)."""
+    case_roots: tuple[str, ...] = ()
+    """Absolute directories under which ``case.path`` may lie (default: none, tutorial
+    names only)."""
+    solvers: frozenset[str] = frozenset()
+    """Applications a Simulation may run (empty: none may be named in ``spec.solver``)."""
+    cluster_millis: int | None = None
+    """What all nodes can allocate together (None: not known, no fit check)."""
+
+
+def openfoam_applications(bin_dir: Path = OPENFOAM_BIN) -> frozenset[str]:
+    """The OpenFOAM applications installed in ``bin_dir`` (``*Foam`` executables), the
+    default solver allowlist: the image's own solvers, never a shell or a utility."""
+    try:
+        names = [p.name for p in bin_dir.iterdir() if p.name.endswith("Foam")]
+    except OSError:
+        return frozenset()
+    return frozenset(n for n in names if os.access(bin_dir / n, os.X_OK))
+
+
+def _lexical(path: str) -> str | None:
+    """``path`` normalized as text, or None if it is relative or climbs (``..``)."""
+    if not path.startswith("/") or "\0" in path:
+        return None
+    if any(part == ".." for part in path.split("/")):
+        return None
+    return posixpath.normpath(path)
+
+
+def _under(path: str, roots: Iterable[str]) -> str | None:
+    """The root ``path`` lies under (or is), if any."""
+    for root in roots:
+        r = posixpath.normpath(root)
+        if path == r or path.startswith(r.rstrip("/") + "/"):
+            return r
+    return None
+
+
+def check_host_volume(volume: str | None, policy: AdmissionPolicy) -> None:
+    if not volume or not volume.startswith("host:"):
+        return
+    text = volume[len("host:") :]
+    path = _lexical(text)
+    allowed = ", ".join(policy.host_prefixes) or "none"
+    if path is None or _under(path, policy.host_prefixes) is None:
+        raise Refused(
+            "HostVolumeNotAllowed",
+            f"spec.case.volume {volume[:200]!r} mounts a host directory the cluster admin did "
+            f"not allow (allowed host prefixes: {allowed}); use a pvc: volume of your "
+            "namespace, or ask the admin to allow the prefix (rankpack operator "
+            "--allow-host-path)",
+        )
+
+
+def check_case_path(
+    path: str, policy: AdmissionPolicy, resolve: Callable[[str], str] = os.path.realpath
+) -> None:
+    if "/" not in path:
+        if not TUTORIAL_NAME.match(path) or path in (".", ".."):
+            raise Refused(
+                "CasePathNotAllowed",
+                f"spec.case.path {path[:80]!r} is neither a tutorial name (letters, digits, "
+                "_.+-) nor an absolute path; give e.g. pitzDaily",
+            )
+        return
+    roots = ", ".join(policy.case_roots) or "none: tutorial names only"
+    fix = (
+        f"give a tutorial name such as pitzDaily or a case under an allowed root ({roots}); "
+        "the admin sets the roots with rankpack operator --case-root"
+    )
+    text = _lexical(path)
+    if text is None:
+        raise Refused(
+            "CasePathNotAllowed",
+            f"spec.case.path {path[:200]!r} must be absolute and may not contain '..'; {fix}",
+        )
+    root = _under(text, policy.case_roots)
+    if root is None:
+        raise Refused("CasePathNotAllowed", f"spec.case.path {text[:200]!r} is not allowed; {fix}")
+    real, real_root = resolve(text), resolve(root)
+    if _under(real, (real_root,)) is None:
+        raise Refused(
+            "CasePathNotAllowed",
+            f"spec.case.path {text[:200]!r} leads out of the allowed root {root} through a "
+            f"symbolic link (to {real[:200]}); {fix}",
+        )
+
+
+def check_solver(solver: str | None, policy: AdmissionPolicy) -> None:
+    if solver is not None and solver not in policy.solvers:
+        raise Refused("SolverNotAllowed", solver_refusal(solver, policy.solvers))
+
+
+def solver_refusal(solver: str, allowed: frozenset[str]) -> str:
+    shown = ", ".join(sorted(allowed)[:8]) + (", ..." if len(allowed) > 8 else "")
+    return (
+        f"{solver[:80]!r} is not an allowed solver (allowed: {shown or 'none'}); name one of "
+        "the image's OpenFOAM solvers, or ask the admin to allow it (rankpack operator --solver)"
+    )
+
+
+def check_fit(sub: Submission, policy: AdmissionPolicy) -> None:
+    if policy.cluster_millis is None:
+        return
+    least = sub.n_ranks * max(MIN_REQUEST_MILLIS, sub.floor_millis)
+    if least > policy.cluster_millis:
+        raise Refused(
+            "DoesNotFit",
+            f"{sub.n_ranks} ranks need at least {least}m even at their minimum request, and "
+            f"all nodes together can allocate {policy.cluster_millis}m; ask for fewer ranks "
+            "(or a lower floorMillis)",
+        )
+
+
+def admit(
+    sub: Submission, policy: AdmissionPolicy, resolve: Callable[[str], str] = os.path.realpath
+) -> None:
+    """Raise `Refused` if the admin's policy does not allow ``sub``; cheap checks first, and
+    the case path (the only one that may look at the disk, inside a root) last."""
+    check_host_volume(sub.volume, policy)
+    check_solver(sub.solver, policy)
+    check_fit(sub, policy)
+    check_case_path(sub.case, policy, resolve)

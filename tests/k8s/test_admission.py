@@ -1,0 +1,130 @@
+"""Admission on the dev cluster (issue 26), as a user who may only create, read and delete
+Simulations: a host-root volume, a case path of /etc or /root, a shell as solver and a
+Simulation too big for the cluster are each refused with a reason code in their status,
+nothing is staged or created for them, and a valid Simulation submitted after them runs.
+A budget that leaves a rank without CPU is refused by the API itself (the CRD's CEL rule).
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankpack.controller.submission import Submission
+from rankpack.operator import crd
+from tests.k8s.operators import Env
+
+USER = "simulation-user"
+
+
+def _user_api(env: Env) -> Any:
+    """A client that holds only a Role on simulations (create/get/list/delete) in the
+    namespace: what a less-privileged user of the operator has."""
+    from kubernetes import client
+
+    admin = env.k8s.admin_api()
+    core, rbac = client.CoreV1Api(admin), client.RbacAuthorizationV1Api(admin)
+    ns = env.k8s.namespace
+    core.create_namespaced_service_account(ns, {"metadata": {"name": USER}})
+    rbac.create_namespaced_role(ns, {
+        "metadata": {"name": USER},
+        "rules": [{"apiGroups": [crd.GROUP], "resources": [crd.PLURAL],
+                   "verbs": ["create", "get", "list", "delete"]}],
+    })  # fmt: skip
+    rbac.create_namespaced_role_binding(ns, {
+        "metadata": {"name": USER},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": USER},
+        "subjects": [{"kind": "ServiceAccount", "name": USER, "namespace": ns}],
+    })  # fmt: skip
+    token = core.create_namespaced_service_account_token(
+        USER, ns, {"spec": {"expirationSeconds": 3600}}
+    ).status.token
+    conf = copy.copy(admin.configuration)
+    conf.api_key = {"authorization": f"Bearer {token}"}
+    conf.cert_file = conf.key_file = None
+    return client.ApiClient(conf)
+
+
+def _remove_user(env: Env) -> None:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    admin = env.k8s.admin_api()
+    ns = env.k8s.namespace
+    for delete in (client.RbacAuthorizationV1Api(admin).delete_namespaced_role_binding,
+                   client.RbacAuthorizationV1Api(admin).delete_namespaced_role,
+                   client.CoreV1Api(admin).delete_namespaced_service_account):  # fmt: skip
+        try:
+            delete(USER, ns)
+        except ApiException as exc:
+            if exc.status != 404:
+                raise
+
+
+def test_refused_specs_end_failed_with_a_reason_and_a_valid_one_runs(
+    env: Env, tmp_path: Path
+) -> None:
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    user = client.CustomObjectsApi(_user_api(env))
+    ns = env.k8s.namespace
+    try:
+        # the user may not read pods: its only rights are on simulations
+        with pytest.raises(ApiException) as denied:
+            client.CoreV1Api(user.api_client).list_namespaced_pod(ns)
+        assert denied.value.status == 403
+
+        tag = uuid.uuid4().hex[:6]
+        small = Submission(case="pitzDaily", weights=(1.0, 1.0), budget_millis=1000,
+                           iterations=30)  # fmt: skip
+        specs = {
+            f"root-{tag}": ("HostVolumeNotAllowed", {"case": {"path": "pitzDaily",
+                                                              "volume": "host:/"}}),
+            f"etc-{tag}": ("CasePathNotAllowed", {"case": {"path": "/etc"}}),
+            f"home-{tag}": ("CasePathNotAllowed", {"case": {"path": "/root"}}),
+            f"up-{tag}": ("CasePathNotAllowed", {"case": {"path": "../../../etc"}}),
+            f"shell-{tag}": ("SolverNotAllowed", {"solver": "sh"}),
+            f"huge-{tag}": ("DoesNotFit", {"ranks": 4096, "budgetMillis": 4096000,
+                                           "weights": [1] * 4096}),
+        }  # fmt: skip
+        for name, (_, override) in specs.items():
+            body = crd.simulation(name, small)
+            body["spec"].update(copy.deepcopy(override))
+            user.create_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, body)
+        valid = f"valid-{tag}"
+        user.create_namespaced_custom_object(
+            crd.GROUP, crd.VERSION, ns, crd.PLURAL, crd.simulation(valid, small)
+        )
+        # refused at the API, before the operator sees it: a rank would get 0m
+        starved = crd.simulation(f"starved-{tag}", small)
+        starved["spec"].update(budgetMillis=1)
+        with pytest.raises(ApiException) as invalid:
+            user.create_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, starved)
+        assert invalid.value.status == 422 and "at least 1m" in invalid.value.body
+
+        op = env.operator("--until-idle", log=tmp_path / "op.log")
+        assert op.wait(timeout=300) == 0, (tmp_path / "op.log").read_text()[-3000:]
+        for name, (reason, _) in specs.items():
+            st = env.status(name)
+            assert st["phase"] == "Failed", (name, st)
+            assert st["result"]["reason"] == reason, (name, st["result"])
+            assert st["result"]["message"], name
+            failed = {c["type"]: c for c in st["conditions"]}["Failed"]
+            assert failed["reason"] == reason and failed["message"] == st["result"]["message"]
+            assert "simId" not in st, (name, "nothing was staged or launched for it")
+        assert env.status(valid)["phase"] == "Succeeded", env.status(valid)
+        # one run only: the valid one; no pod ever mounted a host path it was not given
+        runs = env.runs()
+        assert [r[1] for r in runs] == ["completed"], runs
+        print(f"\nrefused: { {n: env.status(n)['result']['reason'] for n in specs} }")
+    finally:
+        _remove_user(env)
+        for o in env.simulations():
+            env.custom.delete_namespaced_custom_object(
+                crd.GROUP, crd.VERSION, ns, crd.PLURAL, o["metadata"]["name"]
+            )

@@ -1,0 +1,132 @@
+"""Admission of Simulation specs (issue 26): host volumes, case paths, solvers and fit are
+checked as data against the admin's policy, with a reason code, before anything runs."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from rankpack.controller.submission import Submission
+from rankpack.errors import UserError
+from rankpack.operator import crd
+from rankpack.operator.admission import AdmissionPolicy, Refused, admit, openfoam_applications
+
+SUB = Submission(case="pitzDaily", weights=(1.0, 1.0), budget_millis=1000)
+POLICY = AdmissionPolicy(solvers=frozenset({"simpleFoam", "rhoSimpleFoam"}))
+
+
+def code(sub: Submission, policy: AdmissionPolicy = POLICY) -> str | None:
+    try:
+        admit(sub, policy)
+    except Refused as exc:
+        assert str(exc)  # always a message saying what to do
+        return exc.code
+    return None
+
+
+@pytest.mark.parametrize(
+    ("volume", "prefixes", "want"),
+    [
+        (None, (), None),
+        ("pvc:runs", (), None),
+        ("host:/", (), "HostVolumeNotAllowed"),
+        ("host:/", ("/srv/rankpack",), "HostVolumeNotAllowed"),
+        ("host:/srv/rankpack/runs", ("/srv/rankpack",), None),
+        ("host:/srv/rankpack", ("/srv/rankpack/",), None),
+        ("host:/srv/rankpack-other", ("/srv/rankpack",), "HostVolumeNotAllowed"),
+        ("host:/srv/rankpack/../../etc", ("/srv/rankpack",), "HostVolumeNotAllowed"),
+        ("host:srv/rankpack", ("/srv/rankpack",), "HostVolumeNotAllowed"),
+    ],
+)
+def test_host_volumes_need_a_prefix_the_admin_allowed(
+    volume: str | None, prefixes: tuple[str, ...], want: str | None
+) -> None:
+    policy = replace(POLICY, host_prefixes=prefixes)
+    assert code(replace(SUB, volume=volume), policy) == want
+
+
+@pytest.mark.parametrize(
+    ("path", "want"),
+    [
+        ("pitzDaily", None),
+        ("aerofoilNACA0012", None),
+        ("..", "CasePathNotAllowed"),
+        ("/etc", "CasePathNotAllowed"),
+        ("/root", "CasePathNotAllowed"),
+        ("../../../etc", "CasePathNotAllowed"),
+        ("relative/case", "CasePathNotAllowed"),
+        ("pitz Daily; rm -rf /", "CasePathNotAllowed"),
+    ],
+)
+def test_without_case_roots_only_tutorial_names_pass(path: str, want: str | None) -> None:
+    assert code(replace(SUB, case=path)) == want
+
+
+def test_case_paths_must_stay_under_a_root_also_through_symlinks(tmp_path: Path) -> None:
+    root = tmp_path / "cases"
+    (root / "mine").mkdir(parents=True)
+    (tmp_path / "secret").mkdir()
+    (root / "escape").symlink_to(tmp_path / "secret")
+    (root / "inside").symlink_to(root / "mine")
+    policy = replace(POLICY, case_roots=(str(root),))
+    assert code(replace(SUB, case=str(root / "mine")), policy) is None
+    assert code(replace(SUB, case=str(root / "inside")), policy) is None
+    assert code(replace(SUB, case=str(root / "escape")), policy) == "CasePathNotAllowed"
+    assert code(replace(SUB, case=f"{root}/mine/../../secret"), policy) == "CasePathNotAllowed"
+    assert code(replace(SUB, case=str(tmp_path / "secret")), policy) == "CasePathNotAllowed"
+    assert code(replace(SUB, case=f"{root}-evil/mine"), policy) == "CasePathNotAllowed"
+
+
+def test_a_path_outside_every_root_is_never_looked_at() -> None:
+    looked: list[str] = []
+
+    def resolve(p: str) -> str:
+        looked.append(p)
+        return os.path.realpath(p)
+
+    policy = replace(POLICY, case_roots=("/srv/cases",))
+    with pytest.raises(Refused):
+        admit(replace(SUB, case="/root/.kube"), policy, resolve)
+    assert looked == []
+
+
+@pytest.mark.parametrize(
+    ("solver", "want"),
+    [(None, None), ("simpleFoam", None), ("sh", "SolverNotAllowed"), ("bash", "SolverNotAllowed")],
+)
+def test_the_solver_comes_from_the_allowlist(solver: str | None, want: str | None) -> None:
+    assert code(replace(SUB, solver=solver)) == want
+
+
+def test_a_simulation_that_can_never_fit_is_refused() -> None:
+    policy = replace(POLICY, cluster_millis=2000)
+    big = Submission(case="pitzDaily", weights=(1.0,) * 4096, budget_millis=4096 * 1000)
+    assert code(big, policy) == "DoesNotFit"
+    assert code(SUB, policy) is None
+    # a floor counts: 4 ranks of at least 600m do not fit 2 cores
+    floored = Submission(case="pitzDaily", weights=(1.0,) * 4, budget_millis=4000, floor_millis=600)
+    assert code(floored, policy) == "DoesNotFit"
+    assert code(big, POLICY) is None  # the cluster's size unknown: no fit check
+
+
+def test_openfoams_applications_are_the_default_allowlist(tmp_path: Path) -> None:
+    for name in ("simpleFoam", "pimpleFoam", "blockMesh", "sh"):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    (tmp_path / "notExecutableFoam").write_text("")
+    assert openfoam_applications(tmp_path) == {"simpleFoam", "pimpleFoam"}
+    assert openfoam_applications(tmp_path / "missing") == frozenset()
+
+
+def test_a_budget_that_leaves_a_rank_without_cpu_is_invalid() -> None:
+    obj = {"metadata": {"name": "s"},
+           "spec": {"case": {"path": "pitzDaily"}, "ranks": 2, "budgetMillis": 1}}  # fmt: skip
+    with pytest.raises(UserError, match="gives rank 1 0m"):
+        crd.submission_of(obj)
+    rule = crd.crd_manifest()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]["properties"][
+        "spec"
+    ]["x-kubernetes-validations"][0]["rule"]
+    assert "self.budgetMillis >= self.ranks" in rule
