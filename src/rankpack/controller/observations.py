@@ -179,6 +179,9 @@ class ControllerState:
     fairness_engaged: bool = False
     """A fairness episode is under way: keep adjusting until the gap is below half the
     threshold (hysteresis)."""
+    head_no_room: tuple[int, float] | None = None
+    """(queue id, since ``now_s``): the head of the queue has not fitted since then; while
+    it has waited less than ``backfill_wait_s``, smaller simulations behind it may start."""
 
 
 @dataclass(frozen=True)
@@ -205,6 +208,13 @@ class ControllerSettings:
     loop scales the initial requests down to what is free."""
     launch_cooldown_s: float = 2.0
     """Wait this long after a launch before the next one."""
+    backfill_wait_s: float = 600.0
+    """Backfill: while the head of the queue does not fit (``no-room``), the first of the
+    next ``backfill_scan`` simulations that would be launched is, ahead of it - until the
+    head has waited this long; then nothing more starts before it (so a wide simulation is
+    not starved by narrow ones, and a narrow one not by a wide one). 0: strict FIFO."""
+    backfill_scan: int = 32
+    """How many simulations behind the head backfill looks at, per step."""
     min_predicted_gain: float = 0.05
     """Launch only if the model predicts throughput(N+1) >= (1 + this) x throughput(N)."""
     gate: GateModel = "limit"

@@ -58,7 +58,10 @@ Across simulations:
   slowest one is in cooldown nothing is (its last raise has not shown yet). The per-step
   bound (at most ``fairness_step`` of the simulation's total) is exact.
 * (C) Launch, after (B) and (D): at most one `Launch` per step, for ``obs.queue[0]``
-  only (FIFO). With nothing running it launches at once, only held by the launch
+  (FIFO), or - while the head does not fit (``no-room``) and has waited less than
+  ``backfill_wait_s`` since it stopped fitting - the first of the next ``backfill_scan``
+  simulations that would be launched by the same rules (backfill; after that wait nothing
+  passes the head, so neither wide nor narrow simulations starve). With nothing running it launches at once, only held by the launch
   cooldown (a guard against a launch the observations do not show yet). Otherwise every
   running simulation must be ``sized`` or ``scheduled`` and have started its ranks (one
   still starting counts when it was sized from learned duty cycles, unless the launch
@@ -130,7 +133,7 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
     if step.resized:
         memory = _restart_marks(obs, memory)
 
-    last_launch_s, launch_held = _launch(step, memory, state)
+    last_launch_s, launch_held, head_no_room = _launch(step, memory, state)
     launched = [a.queue_id for a in step.actions if isinstance(a, Launch)]
     head_ranks = next((q.n_ranks for q in obs.queue if q.queue_id in launched), 0)
     _wait_modes(step, memory, head_ranks)
@@ -139,6 +142,7 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
         last_launch_s=last_launch_s,
         launch_held=launch_held,
         fairness_engaged=fairness_engaged,
+        head_no_room=head_no_room,
     )
     return Decision(state=new_state, actions=tuple(step.actions))
 
@@ -482,11 +486,12 @@ def _adjust(
 
 def _launch(
     step: _Step, memory: dict[str, SimMemory], state: ControllerState
-) -> tuple[float | None, str | None]:
-    """Launch the head of the queue or say why not; returns (last_launch_s, launch_held)."""
+) -> tuple[float | None, str | None, tuple[int, float] | None]:
+    """Launch the head of the queue, or backfill behind it, or say why not; returns
+    (last_launch_s, launch_held, head_no_room)."""
     obs = step.obs
     if not obs.queue:
-        return state.last_launch_s, None
+        return state.last_launch_s, None, None
     head = obs.queue[0]
     code, reason = _hold_reason(step, memory, state, head)
     if code == "pack":
@@ -494,14 +499,48 @@ def _launch(
         if packed is not None:
             step.actions.append(Launch(queue_id=head.queue_id, reason=reason,
                                        request_millis=packed))  # fmt: skip
-            return obs.now_s, None
+            return obs.now_s, None, None
         code, reason = "no-room", f"{reason}; but the floors leave no room to pack it"
     if code is None:
         step.actions.append(Launch(queue_id=head.queue_id, reason=reason))
-        return obs.now_s, None
+        return obs.now_s, None, None
     if code != state.launch_held and code != "measuring":
         step.actions.append(Note(sim_id=None, kind="launch-held", reason=reason, code=code))
-    return state.last_launch_s, code
+    no_room: tuple[int, float] | None = None
+    if code == "no-room":
+        held = state.head_no_room
+        no_room = held if held is not None and held[0] == head.queue_id else (
+            head.queue_id, obs.now_s)  # fmt: skip
+        backfilled = _backfill(step, memory, state, no_room, reason)
+        if backfilled is not None:
+            step.actions.append(backfilled)
+            return obs.now_s, code, no_room
+    return state.last_launch_s, code, no_room
+
+
+def _backfill(
+    step: _Step,
+    memory: dict[str, SimMemory],
+    state: ControllerState,
+    head_no_room: tuple[int, float],
+    head_reason: str,
+) -> Launch | None:
+    """A launch of the first simulation behind a head that does not fit, if one would be
+    launched as it stands (no pack), while the head has waited less than
+    ``backfill_wait_s``."""
+    obs, s = step.obs, step.settings
+    waited = obs.now_s - head_no_room[1]
+    if waited >= s.backfill_wait_s:
+        return None
+    for queued in obs.queue[1 : 1 + s.backfill_scan]:
+        code, reason = _hold_reason(step, memory, state, queued)
+        if code is None:
+            return Launch(
+                queue_id=queued.queue_id,
+                reason=f"backfill: {reason}; ahead of it {head_reason} (it has waited"
+                f" {waited:.0f} s of the {s.backfill_wait_s:.0f} s backfill allows)",
+            )
+    return None
 
 
 def _hold_reason(

@@ -117,13 +117,17 @@ def test_launch_gate(case: LaunchCase) -> None:
         assert d.state.last_launch_s == case.last_launch_s
 
 
-def test_only_the_head_of_the_queue_launches() -> None:
+def test_only_the_head_of_the_queue_launches_without_backfill() -> None:
     sim = snap(requests=(250,) * 4)
     state = state_of(a=replace(SIZED, duty=(0.1,) * 4))
     queue = (head(1000, queue_id=1), head(100, queue_id=2))
-    d = decide(observe(100.0, sim, queue=queue, capacity=4000), state, S)
+    fifo = replace(S, backfill_wait_s=0.0)
+    d = decide(observe(100.0, sim, queue=queue, capacity=4000), state, fifo)
     assert not launches(d)  # no overtaking: 2 would fit, 1 does not
-    empty = decide(observe(100.0, queue=queue, capacity=4000), ControllerState(), S)
+    # with backfill (the default), 2 starts ahead of 1 (test_policy_backfill.py)
+    d = decide(observe(100.0, sim, queue=queue, capacity=4000), state, S)
+    assert [a.queue_id for a in launches(d)] == [2]
+    empty = decide(observe(100.0, queue=queue, capacity=4000), ControllerState(), fifo)
     assert [a.queue_id for a in launches(empty)] == [1]
 
 
