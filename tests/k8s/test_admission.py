@@ -128,3 +128,64 @@ def test_refused_specs_end_failed_with_a_reason_and_a_valid_one_runs(
             env.custom.delete_namespaced_custom_object(
                 crd.GROUP, crd.VERSION, ns, crd.PLURAL, o["metadata"]["name"]
             )
+
+
+def test_the_admission_policy_refuses_host_volumes_and_case_paths_at_create(env: Env) -> None:
+    import time
+
+    from kubernetes import client
+    from kubernetes.client.exceptions import ApiException
+
+    from rankpack.operator.policy_manifest import admission_objects
+
+    ns = env.k8s.namespace
+    admin = env.k8s.admin_api()
+    core, reg = client.CoreV1Api(admin), client.AdmissionregistrationV1Api(admin)
+    params, policy, binding = admission_objects(ns, ("/srv/rankpack",), ("/srv/cases",))
+    user = client.CustomObjectsApi(_user_api(env))
+    small = Submission(case="pitzDaily", weights=(1.0, 1.0), budget_millis=1000)
+
+    def create(name: str, **case: str) -> ApiException | None:
+        body = crd.simulation(name, small)
+        body["spec"]["case"].update(case)
+        try:
+            user.create_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, body)
+        except ApiException as exc:
+            return exc
+        env.custom.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, name)
+        return None
+
+    core.create_namespaced_config_map(ns, params)
+    reg.create_validating_admission_policy(policy)
+    reg.create_validating_admission_policy_binding(binding)
+    try:
+        deadline = time.monotonic() + 60  # the apiserver picks policies up asynchronously
+        while create("probe", volume="host:/") is None:
+            assert time.monotonic() < deadline, "the policy never took effect"
+            time.sleep(1)
+        refused = {
+            "host-root": dict(volume="host:/"),
+            "host-climb": dict(volume="host:/srv/rankpack/../../etc"),
+            "host-sibling": dict(volume="host:/srv/rankpack-other"),
+            "etc": dict(path="/etc"),
+            "root": dict(path="/root"),
+            "climb": dict(path="/srv/cases/../../etc"),
+            "relative": dict(path="../../../etc"),
+        }
+        for name, case in refused.items():
+            exc = create(name, **case)
+            assert exc is not None and exc.status == 422, (name, exc)
+            code = "HostVolumeNotAllowed" if "volume" in case else "CasePathNotAllowed"
+            assert code in exc.body, (name, exc.body)
+        for name, case in {"tutorial": {}, "allowed-host": dict(volume="host:/srv/rankpack/r"),
+                           "allowed-case": dict(path="/srv/cases/mine")}.items():  # fmt: skip
+            assert create(name, **case) is None, name
+    finally:
+        reg.delete_validating_admission_policy_binding(binding["metadata"]["name"])
+        reg.delete_validating_admission_policy(policy["metadata"]["name"])
+        core.delete_namespaced_config_map(params["metadata"]["name"], ns)
+        # the next tests submit case paths of their own: wait until the policy is gone
+        deadline = time.monotonic() + 60
+        while create("probe-gone", path="/tmp/case") is not None and time.monotonic() < deadline:
+            time.sleep(1)
+        _remove_user(env)

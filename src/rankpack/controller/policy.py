@@ -61,19 +61,19 @@ Across simulations:
   (FIFO), or - while the head does not fit (``no-room``) and has waited less than
   ``backfill_wait_s`` since it stopped fitting - the first of the next ``backfill_scan``
   simulations that would be launched by the same rules (backfill; after that wait nothing
-  passes the head, so neither wide nor narrow simulations starve). With nothing running it launches at once, only held by the launch
-  cooldown (a guard against a launch the observations do not show yet). Otherwise every
-  running simulation must be ``sized`` or ``scheduled`` and have started its ranks (one
-  still starting counts when it was sized from learned duty cycles, unless the launch
-  needs a pack), fewer than ``max_concurrent`` running, the cooldown over, the
-  unrequested capacity >= the head's initial requests, and the throughput model must
-  predict a gain: N = running count, R = max(ranks of the head and of the running
-  simulations), one node of capacity / 1000 vCPUs, duty cycles = per rank index the mean
-  of the running simulations' duties (a ``scheduled`` one uses its cumulative shim
-  ratio, or 1.0 without shim data), padded with the overall mean to R; throughput(n) = n
-  / slowdown(n) from `predict_from_duty_cycles`, and the launch needs throughput(N+1) >=
-  (1 + ``min_predicted_gain``) x throughput(N). When the head is held back a
-  ``launch-held`` note is emitted only when the reason code changes (``cooldown``,
+  passes the head, so neither wide nor narrow simulations starve). With nothing running it
+  launches at once, only held by the launch cooldown (a guard against a launch the
+  observations do not show yet). Otherwise every running simulation must be ``sized`` or
+  ``scheduled`` and have started its ranks (one still starting counts when it was sized
+  from learned duty cycles, unless the launch needs a pack), fewer than ``max_concurrent``
+  running, the cooldown over, the unrequested capacity >= the head's initial requests, and
+  the throughput model must predict a gain: N = running count, R = max(ranks of the head
+  and of the running simulations), one node of capacity / 1000 vCPUs, duty cycles = per
+  rank index the mean of the running simulations' duties (a ``scheduled`` one uses its
+  cumulative shim ratio, or 1.0 without shim data), padded with the overall mean to R;
+  throughput(n) = n / slowdown(n) from `predict_from_duty_cycles`, and the launch needs
+  throughput(N+1) >= (1 + ``min_predicted_gain``) x throughput(N). When the head is held
+  back a ``launch-held`` note is emitted only when the reason code changes (``cooldown``,
   ``max-concurrent``, ``no-room``, ``no-gain``); waiting for a simulation in warmup or
   profiling (code ``measuring``) is silent.
 """

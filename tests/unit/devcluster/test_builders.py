@@ -248,6 +248,7 @@ def test_deploy_files_are_what_the_generator_writes() -> None:
 
     assert (REPO / "deploy" / "crd.yaml").read_text() == manifests.crd_yaml()
     assert (REPO / "deploy" / "operator.yaml").read_text() == manifests.operator_yaml()
+    assert (REPO / "deploy" / "admission.yaml").read_text() == manifests.admission_yaml()
 
 
 def test_in_cluster_operator_is_least_privilege() -> None:
