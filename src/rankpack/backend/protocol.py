@@ -195,8 +195,21 @@ class NodeCapacity:
 
 
 @dataclass(frozen=True)
+class Quota:
+    """A namespace ResourceQuota on CPU requests (``requests.cpu`` or ``cpu``): Kubernetes
+    refuses a pod or a ``pods/resize`` that would take the namespace past it."""
+
+    name: str
+    hard_millis: int
+    used_millis: int
+    """Requests of every pod of the namespace, rankpack's included."""
+
+
+@dataclass(frozen=True)
 class Inventory:
     nodes: tuple[NodeCapacity, ...]
+    quota: Quota | None = None
+    """The tightest CPU-request quota of the namespace the backend places in (None: none)."""
 
     @property
     def allocatable_millis(self) -> int:

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from rankpack.backend.protocol import (
     Backend,
@@ -94,6 +94,10 @@ class JobSource(Protocol):
 
     def heartbeat(self, jobs: Sequence[Job]) -> None: ...
 
+    def held(self, job: Job, code: str, reason: str) -> None:
+        """The job waits in the queue for this reason (the policy's ``launch-held`` code)."""
+        ...
+
 
 class OneJob:
     """A queue of one, in memory: `rankpack run`."""
@@ -120,6 +124,9 @@ class OneJob:
     def heartbeat(self, jobs: Sequence[Job]) -> None:
         pass
 
+    def held(self, job: Job, code: str, reason: str) -> None:
+        pass
+
 
 class StoreQueue:
     """The database's queue (`rankpack submit`), claimed with leases."""
@@ -142,6 +149,9 @@ class StoreQueue:
 
     def heartbeat(self, jobs: Sequence[Job]) -> None:
         self.store.heartbeat([j.queue_id for j in jobs])
+
+    def held(self, job: Job, code: str, reason: str) -> None:
+        pass  # the launch-held event says it (`rankpack events`)
 
 
 @dataclass(frozen=True)
@@ -276,6 +286,14 @@ class LoopResult:
     resizes_rejected: int
     restarts: int
     max_concurrent_seen: int
+
+
+class _Capacity(NamedTuple):
+    capacity_millis: int
+    others_millis: int
+    nodes: tuple[NodeCores, ...]
+    bound: str
+    """What binds the capacity when it is not the nodes (a ResourceQuota), else ''."""
 
 
 # -- one simulation as the loop holds it --------------------------------------------------
@@ -531,11 +549,11 @@ class ControlLoop:
     # -- the policy's view -----------------------------------------------------------------
 
     def _capacity(self) -> int:
-        return self._capacity_and_others()[0]
+        return self._capacity_and_others().capacity_millis
 
-    def _capacity_and_others(self) -> tuple[int, int, tuple[NodeCores, ...]]:
-        """(the capacity left to this loop, what others request on the node, the nodes as
-        the wait rule sees them)."""
+    def _capacity_and_others(self) -> _Capacity:
+        """The capacity left to this loop, what others request, the nodes as the wait rule
+        sees them, and the namespace's quota when it is what binds."""
         inventory = self.backend.inventory()
         ours = sum(
             sum(r.request_millis for r in s.last.ranks) if s.last else s.plan.total_millis
@@ -555,7 +573,20 @@ class ControlLoop:
         if len(nodes) == 1 and self.settings.capacity_millis:
             # one node, capped for this loop (--allocatable): the cap is its cores
             nodes = (replace(nodes[0], allocatable_millis=min(base, nodes[0].allocatable_millis)),)
-        return max(0, min(base, inventory.allocatable_millis - others)), others, nodes
+        capacity = max(0, min(base, inventory.allocatable_millis - others))
+        bound = ""
+        quota = inventory.quota
+        if quota is not None:
+            # the namespace may request hard - (what its other pods request) more: Kubernetes
+            # refuses a pod or a resize past it, so plan within it instead
+            allowed = max(0, quota.hard_millis - max(0, quota.used_millis - ours))
+            if allowed < capacity:
+                capacity = allowed
+                bound = (
+                    f"the namespace's ResourceQuota {quota.name} (requests.cpu"
+                    f" {quota.hard_millis}m, {quota.used_millis}m used)"
+                )
+        return _Capacity(capacity, others, nodes, bound)
 
     def _observations(self, pending: list[Job]) -> Observations:
         sims = []
@@ -614,14 +645,15 @@ class ControlLoop:
             initial = found.request_millis if found else j.submission.initial_millis
             queued.append(QueuedSim(j.queue_id, j.submission.n_ranks, initial,
                                     found.duty if found else ()))  # fmt: skip
-        capacity, others, nodes = self._capacity_and_others()
+        cap = self._capacity_and_others()
         return Observations(
             now_s=self.now(),
-            capacity_millis=capacity,
+            capacity_millis=cap.capacity_millis,
             sims=tuple(sims),
             queue=tuple(queued),
-            others_millis=others,
-            nodes=nodes,
+            others_millis=cap.others_millis,
+            nodes=cap.nodes,
+            capacity_bound=cap.bound,
         )
 
     # -- learned sizes ------------------------------------------------------------------------
@@ -760,6 +792,9 @@ class ControlLoop:
             sim = self.sims.get(action.sim_id) if action.sim_id else None
             coded = {"code": action.code} if action.code else {}
             self.event(sim.run_id if sim else None, action.kind, reason=action.reason, **coded)
+            held = next((j for j in pending if j.queue_id == action.queue_id), None)
+            if held is not None and action.kind == "launch-held":
+                self.jobs.held(held, action.code, action.reason)
 
     def _set_wait_mode(self, action: SetWaitMode) -> None:
         sim = self.sims.get(action.sim_id)

@@ -139,6 +139,9 @@ class Observations:
     nodes: tuple[NodeCores, ...] = ()
     """The nodes and their CPUs, for the wait rule (empty: one node of ``capacity_millis +
     others_millis``)."""
+    capacity_bound: str = ""
+    """What makes ``capacity_millis`` smaller than the nodes would (the namespace's
+    ResourceQuota), for reasons; '' when the nodes bind."""
 
 
 SimStage = Literal["warmup", "profiling", "sized", "scheduled", "fixed"]

@@ -505,9 +505,10 @@ def _launch(
         step.actions.append(Launch(queue_id=head.queue_id, reason=reason))
         return obs.now_s, None, None
     if code != state.launch_held and code != "measuring":
-        step.actions.append(Note(sim_id=None, kind="launch-held", reason=reason, code=code))
+        step.actions.append(Note(sim_id=None, kind="launch-held", reason=reason, code=code,
+                                 queue_id=head.queue_id))  # fmt: skip
     no_room: tuple[int, float] | None = None
-    if code == "no-room":
+    if code in ("no-room", "quota"):
         held = state.head_no_room
         no_room = held if held is not None and held[0] == head.queue_id else (
             head.queue_id, obs.now_s)  # fmt: skip
@@ -516,6 +517,13 @@ def _launch(
             step.actions.append(backfilled)
             return obs.now_s, code, no_room
     return state.last_launch_s, code, no_room
+
+
+def _no_room(obs: Observations, reason: str) -> tuple[str, str]:
+    """``no-room``, or ``quota`` when the namespace's quota is what leaves no room."""
+    if obs.capacity_bound:
+        return "quota", f"{reason}: held within {obs.capacity_bound}"
+    return "no-room", reason
 
 
 def _backfill(
@@ -555,11 +563,11 @@ def _hold_reason(
     if not obs.sims:
         floors = s.floor_millis * head.n_ranks
         if s.launch_must_fit and step.unrequested() < floors:
-            return "no-room", (
+            return _no_room(obs, (
                 f"{name} needs at least {floors}m ({head.n_ranks} x the {s.floor_millis}m "
                 f"floor), only {max(0, step.unrequested())}m of {obs.capacity_millis}m is "
                 "unrequested"
-            )
+            ))  # fmt: skip
         return None, f"nothing is running: launching {name}"
     # A simulation still starting has no measurements yet, unless it was sized from what
     # an earlier run of its case taught (`learned_duty`): then its duty cycles are known
@@ -590,7 +598,7 @@ def _hold_reason(
     # The limit gate packs when it predicts a gain; `off` always packs (it measures what
     # co-location does, which `limit` learns from); the other models only launch what fits.
     if free < need and (s.gate not in ("limit", "off") or any(sim.phases for sim in obs.sims)):
-        return "no-room", no_room
+        return _no_room(obs, no_room)
     starting = [sim.sim_id for sim in obs.sims if sim.starting]
     if free < need and starting:
         # A pack shrinks the running simulations' requests in place, which needs their
@@ -603,11 +611,11 @@ def _hold_reason(
         # proportion so that all of them fit (`_pack`).
         if gain is None or gain < 1 + s.min_predicted_gain:
             shown = "n/a" if gain is None else f"{gain:.3f}"
-            return "no-room", (
+            return _no_room(obs, (
                 f"{no_room}, and {_model_name(s)} predicts throughput x{shown} with "
                 f"{len(obs.sims) + 1} simulations (needs x{1 + s.min_predicted_gain:.3f} to "
                 "pack it)"
-            )
+            ))  # fmt: skip
         if s.gate == "off":
             return (
                 "pack",

@@ -66,7 +66,9 @@ class Note:
     reason: str
     code: str = ""
     """A machine-readable reason (``launch-held``: ``cooldown``, ``max-concurrent``,
-    ``no-room``, ``no-gain``), recorded as the event's ``code`` when set."""
+    ``no-room``, ``quota``, ``no-gain``), recorded as the event's ``code`` when set."""
+    queue_id: int | None = None
+    """The queued simulation it is about (``launch-held``: the head that waits)."""
 
 
 Action = Resize | Launch | SetWaitMode | Note

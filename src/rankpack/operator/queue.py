@@ -133,6 +133,16 @@ _FAILURE_REASONS = (
 )
 
 
+HOLD_REASONS = {
+    "cooldown": "Cooldown",
+    "max-concurrent": "MaxConcurrent",
+    "no-room": "NoRoom",
+    "quota": "QuotaExceeded",
+    "no-gain": "NoGain",
+}
+"""The policy's launch-held codes as the Queued condition's reason."""
+
+
 def failure_reason(message: str) -> str:
     """The condition reason (CamelCase, bounded set) for a failed run's message; the
     message itself names the pod, the exit code or the fatal error."""
@@ -387,6 +397,16 @@ class SimulationQueue:
 
     def heartbeat(self, jobs: Sequence[Job]) -> None:
         pass  # the Lease is the operator's heartbeat; status carries the progress
+
+    def held(self, job: Job, code: str, reason: str) -> None:
+        """The head of the queue waits: its Queued condition says why (``QuotaExceeded``
+        when the namespace's ResourceQuota leaves no room)."""
+        name = self.names.get(job.queue_id)
+        if name is None:
+            return
+        why = HOLD_REASONS.get(code, "Waiting")
+        self._patch(name, {"conditions": self._set_conditions(
+            name, _condition("Queued", True, why, reason))})  # fmt: skip
 
     # -- adoption ----------------------------------------------------------------------------
 

@@ -63,3 +63,14 @@ def test_a_head_that_fits_is_launched_and_forgets_its_wait() -> None:
     d = decide(observe(5.0, queue=[WIDE, NARROW], capacity=2000), state, S)
     assert [x.queue_id for x in launches(d)] == [WIDE.queue_id]
     assert d.state.head_no_room is None
+
+
+def test_a_head_held_by_the_namespace_quota_says_so_and_smaller_ones_pass() -> None:
+    bound = "the namespace's ResourceQuota q (requests.cpu 1200m, 1200m used)"
+    obs = replace(observe(10.0, RUNNING, queue=[WIDE, NARROW], capacity=2000),
+                  capacity_bound=bound)  # fmt: skip
+    d = decide(obs, state_of(a=SIZED), S)
+    (held,) = notes(d, "launch-held")
+    assert held.code == "quota" and held.queue_id == WIDE.queue_id
+    assert held.reason.endswith(f"held within {bound}")
+    assert [x.queue_id for x in launches(d)] == [NARROW.queue_id]

@@ -359,3 +359,30 @@ def test_a_staging_failure_puts_its_message_in_the_status(sims: FakeSims, tmp_pa
                             "message": "nosuchcase is not an OpenFOAM case "
                             "(no system/controlDict)"}  # fmt: skip
     assert isinstance(job, Job)
+
+
+def test_a_held_head_says_why_in_its_queued_condition(sims: FakeSims, tmp_path: Path) -> None:
+    sims.add("a")
+    q = _queue(sims, tmp_path)
+    (job,) = q.pending()
+    q.held(job, "quota", "queued simulation 1 needs 1000m ... held within the ResourceQuota q")
+    queued = {c["type"]: c for c in sims.objs["a"]["status"]["conditions"]}["Queued"]
+    assert (queued["status"], queued["reason"]) == ("True", "QuotaExceeded")
+    assert "ResourceQuota q" in queued["message"]
+    assert sims.objs["a"]["status"]["phase"] == "Queued"
+
+
+@pytest.mark.parametrize(
+    ("quota", "want"),
+    [
+        ({"status": {"hard": {"requests.cpu": "1200m"}, "used": {"requests.cpu": "500m"}}},
+         (1200, 500)),
+        ({"status": {"hard": {"cpu": "2"}, "used": {}}}, (2000, 0)),
+        ({"status": {"hard": {"pods": "10"}, "used": {"pods": "2"}}}, None),
+        ({}, None),
+    ],
+)  # fmt: skip
+def test_cpu_quota_reads_requests_cpu(quota: Obj, want: tuple[int, int] | None) -> None:
+    from rankpack.backend.kubernetes.status import cpu_quota
+
+    assert cpu_quota(quota) == want

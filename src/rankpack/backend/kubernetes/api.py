@@ -78,7 +78,8 @@ class KubeApi(Protocol):
         ...
 
 
-_PATHS = {"pods": "pods", "services": "services", "configmaps": "configmaps", "events": "events"}
+_PATHS = {"pods": "pods", "services": "services", "configmaps": "configmaps", "events": "events",
+          "resourcequotas": "resourcequotas"}  # fmt: skip
 
 
 class ClientKubeApi:

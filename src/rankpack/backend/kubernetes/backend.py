@@ -25,7 +25,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import IO, Any, Protocol
@@ -38,6 +38,7 @@ from rankpack.backend.protocol import (
     Inventory,
     LaunchFailed,
     NodeCapacity,
+    Quota,
     RankObservation,
     RankPhase,
     RankResources,
@@ -207,6 +208,7 @@ class KubernetesBackend:
         self._closed = threading.Event()
         self.poll_error: str | None = None
         self._nodes_forbidden = False
+        self._quotas_forbidden = False
         self._inventory: Inventory | None = None
         """The last inventory read: answered while the apiserver does not answer."""
         self._orphans: set[str] = set()
@@ -235,7 +237,28 @@ class KubernetesBackend:
         self._inventory = found
         return found
 
+    def _quota(self) -> Quota | None:
+        """The namespace's tightest CPU-request quota (None: none, or not readable)."""
+        if self._quotas_forbidden:
+            return None
+        try:
+            found = self.api.list("resourcequotas", "")
+        except KubeError as exc:
+            if exc.status != 403:
+                raise
+            self._quotas_forbidden = True  # no right to read them: learned from refusals
+            return None
+        quotas = []
+        for q in found:
+            cpu = status.cpu_quota(q)
+            if cpu is not None:
+                quotas.append(Quota(str(q["metadata"]["name"]), cpu[0], cpu[1]))
+        return min(quotas, key=lambda q: q.hard_millis - q.used_millis, default=None)
+
     def _read_inventory(self) -> Inventory:
+        return replace(self._read_nodes(), quota=self._quota())
+
+    def _read_nodes(self) -> Inventory:
         try:
             if self._nodes_forbidden:
                 raise KubeError(403, "Forbidden", "nodes (remembered)")

@@ -208,6 +208,18 @@ def node_ready(node: Obj) -> bool:
     return False
 
 
+def cpu_quota(quota: Obj) -> tuple[int, int] | None:
+    """(hard, used) millicores of a ResourceQuota's CPU-request entry (``requests.cpu``, else
+    ``cpu``, which means the same), or None if it does not limit CPU requests."""
+    st = quota.get("status") or {}
+    hard, used = st.get("hard") or {}, st.get("used") or {}
+    for key in ("requests.cpu", "cpu"):
+        limit = cpu_millis(hard.get(key))
+        if limit is not None:
+            return limit, cpu_millis(used.get(key)) or 0
+    return None
+
+
 def pod_request_millis(pod: Obj) -> int:
     """The pod's CPU request as the scheduler counts it (containers; init containers max)."""
     spec = pod.get("spec", {})
