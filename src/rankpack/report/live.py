@@ -12,6 +12,15 @@ from rich.table import Table
 from rankpack.controller.loop import SimView
 
 
+def stop_live(live: Live) -> None:
+    """Stop a live display so that what is printed next starts on a line of its own: on a
+    console that is not a terminal (``setup.sh demo`` piped, CI logs) rich leaves the last
+    frame without its final newline (``└───┘report written: …``)."""
+    live.stop()
+    if not live.console.is_terminal and not live.transient:
+        live.console.line()
+
+
 class RunDisplay:
     """Progress bar (iterations of endTime, ETA), solver timings, residuals, per-rank CPU."""
 
@@ -85,4 +94,4 @@ class RunDisplay:
         # A case that failed staging never ran: leave only its error message behind.
         if not self.launched:
             self.live.transient = True
-        self.live.stop()
+        stop_live(self.live)

@@ -9,6 +9,7 @@ from rich.live import Live
 from rich.table import Table
 
 from rankpack.controller.loop import SimView
+from rankpack.report.live import stop_live
 
 
 class MultiplexLive:
@@ -42,4 +43,4 @@ class MultiplexLive:
         self.live.update(table)
 
     def close(self) -> None:
-        self.live.stop()
+        stop_live(self.live)
