@@ -329,8 +329,8 @@ class _Sim:
     wait_mode: WaitMode | None = None
     """The wait mode its ranks were last set to (launch mode, then live switches); None
     without the shim."""
-    launch_wait: WaitMode = "spin"
-    """The mode the wait rule gave at launch: the MPI library's own idle yield matches it."""
+    idle_yield: bool = False
+    """The MPI library's own idle yield, as the wait rule gave it at launch."""
     waits: list[WaitRecord] = field(default_factory=list)
     """Each mode its ranks got, when, and why (per rank): its result's ``wait_modes``."""
     learned_duty: tuple[float, ...] = ()
@@ -715,7 +715,7 @@ class ControlLoop:
         obs = replace(obs, sims=tuple(s for s in obs.sims if s.sim_id != sim.sim_id))
         requests = tuple(r.cpu_millis for r in sim.plan.ranks)
         choice = waits.at_launch(obs, self._wait_setting(sim.job.submission), requests)
-        sim.launch_wait = choice.mode
+        sim.idle_yield = choice.idle_yield
         sim.wait_mode = choice.mode if self.settings.shim else None
         sim.waits.append(WaitRecord(round(self.now(), 3), choice.mode, choice.reason, choice.ranks))
 
@@ -1001,9 +1001,9 @@ class ControlLoop:
             command=(staged.solver, "-parallel"),
             ranks=tuple(RankResources(r.cpu_millis, r.limit_millis) for r in sim.plan.ranks),
             log_path=staged.log_path,
-            env={**rank_env(), **waits.mpi_idle_env(sim.launch_wait)},
+            env={**rank_env(), **waits.mpi_idle_env(sim.idle_yield)},
             mpi=s.mpi,
-            shim=(ShimSpec(sim.wait_mode or sim.launch_wait, s.mpi) if s.shim else None),
+            shim=(ShimSpec(sim.wait_mode or "spin", s.mpi) if s.shim else None),
             image=s.image,
             volume=sim.job.submission.volume or s.volume,
             labels={"rankpack.dev/run-id": str(sim.run_id)},

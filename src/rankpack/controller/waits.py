@@ -22,8 +22,11 @@ count against the cluster as a whole (all ranks against all cores). With one nod
 rank is on it, whatever the backend calls it.
 
 `choose` gives the mode with one reason per rank, which the loop records (run JSON, the
-Simulation status). `mpi_idle_env` sets the MPI library's own idle-yield setting to
-match, so that behaviour does not depend on what ``mpirun`` believes about slots.
+Simulation status), and whether the MPI library's own idle yield is on: on wherever a rank
+of the simulation shares its node's cores with more ranks than cores, or waits politely;
+off only where every rank spins on a core of its own. `mpi_idle_env` sets it at launch, so
+that behaviour does not depend on what ``mpirun`` believes about slots (a fixed ``--wait
+spin`` on a crowded node still yields, as one local ``mpirun`` made it do by itself).
 """
 
 from __future__ import annotations
@@ -60,6 +63,9 @@ class WaitChoice:
     mode: WaitMode
     reason: str
     ranks: tuple[RankWait, ...]
+    idle_yield: bool
+    """The MPI library's own yield while idle: off only where every rank spins on a core
+    of its own."""
 
 
 def _nodes(obs: Observations) -> tuple[NodeCores, ...]:
@@ -133,7 +139,7 @@ def choose(
         )
         for i, (given, w, load) in enumerate(zip(rank_nodes, where, placed, strict=True))
     )
-    return WaitChoice(mode, why, ranks)
+    return WaitChoice(mode, why, ranks, idle_yield=mode != "spin" or bool(crowded))
 
 
 def others_crowd(obs: Observations, requested_millis: int) -> str:
@@ -175,8 +181,8 @@ def at_launch(obs: Observations, setting: WaitSetting, requests: Sequence[int]) 
     )
 
 
-def mpi_idle_env(mode: WaitMode) -> dict[str, str]:
-    """The MPI libraries' own idle-yield settings, matching ``mode`` (set in every rank).
+def mpi_idle_env(idle_yield: bool) -> dict[str, str]:
+    """The MPI libraries' own idle-yield settings (`WaitChoice.idle_yield`), for every rank.
 
     Open MPI reads ``mpi_yield_when_idle`` once, at ``MPI_Init``; ``mpirun`` sets it to 1 by
     itself only when it sees more ranks than slots on one host, and never overrides a value
@@ -186,8 +192,7 @@ def mpi_idle_env(mode: WaitMode) -> dict[str, str]:
     MPICH's ``MPIR_CVAR_POLLS_BEFORE_YIELD`` (0: never yield) belongs to its ch3 device;
     Debian's MPICH 4.0.2 is ch4:ucx, which has no idle yield: there only the shim's polite
     mode yields (docs/shim.md)."""
-    spin = mode == "spin"
     return {
-        "OMPI_MCA_mpi_yield_when_idle": "0" if spin else "1",
-        "MPIR_CVAR_POLLS_BEFORE_YIELD": "0" if spin else "1000",
+        "OMPI_MCA_mpi_yield_when_idle": "1" if idle_yield else "0",
+        "MPIR_CVAR_POLLS_BEFORE_YIELD": "1000" if idle_yield else "0",
     }

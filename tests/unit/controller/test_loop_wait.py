@@ -129,6 +129,17 @@ def test_a_single_run_under_auto_never_switches(tmp_path: Path) -> None:
     assert backend.specs[0].env["OMPI_MCA_mpi_yield_when_idle"] == "0"
 
 
+def test_a_fixed_spin_on_too_few_cores_spins_with_the_mpi_librarys_yield(tmp_path: Path) -> None:
+    backend = Recording(_cluster(cores=2))
+    sub = Submission(case="box", weights=(1.0,) * 4, budget_millis=2000, sizing="fixed")
+    settings = LoopSettings(runs_root=tmp_path / "runs", wait_mode="spin")
+    result = run_jobs(backend, Store(tmp_path / "r.db"), OneJob(sub), settings).results[0]
+    assert result.status == "completed"
+    assert backend.specs[0].shim == ShimSpec("spin", "openmpi")
+    assert backend.specs[0].env["OMPI_MCA_mpi_yield_when_idle"] == "1"
+    assert result.wait_modes[0].reason == "--wait spin (fixed)"
+
+
 def test_a_fixed_mode_is_launched_as_given_and_never_switched(tmp_path: Path) -> None:
     backend = Recording(_cluster())
     store = _two(tmp_path, backend, wait="polite")

@@ -165,10 +165,24 @@ def test_unplaced_ranks_on_several_nodes_count_against_the_whole_cluster() -> No
     assert "5 ranks on the 2 cores of the cluster" in choice.reason
 
 
-def test_the_mpi_library_yields_exactly_when_the_ranks_do_not_spin() -> None:
-    assert waits.mpi_idle_env("spin")["OMPI_MCA_mpi_yield_when_idle"] == "0"
-    for mode in ("polite", "adaptive"):
-        assert waits.mpi_idle_env(mode)["OMPI_MCA_mpi_yield_when_idle"] == "1"  # type: ignore[arg-type]
+@pytest.mark.parametrize(
+    ("setting", "ranks", "mode", "idle_yield"),
+    [
+        ("auto", 2, "spin", False),  # a core per rank: spin, no yield
+        ("auto", 4, "polite", True),  # 4 ranks on 2 cores
+        ("spin", 2, "spin", False),
+        ("spin", 4, "spin", True),  # fixed spin on a crowded node still yields in MPI
+        ("polite", 2, "polite", True),
+    ],
+)
+def test_the_mpi_library_yields_unless_every_rank_spins_on_its_own_core(
+    setting: str, ranks: int, mode: str, idle_yield: bool
+) -> None:
+    choice = waits.at_launch(observe(0.0, capacity=2000), setting, (500,) * ranks)  # type: ignore[arg-type]
+    assert (choice.mode, choice.idle_yield) == (mode, idle_yield)
+    env = waits.mpi_idle_env(choice.idle_yield)
+    assert env["OMPI_MCA_mpi_yield_when_idle"] == ("1" if idle_yield else "0")
+    assert env["MPIR_CVAR_POLLS_BEFORE_YIELD"] == ("1000" if idle_yield else "0")
 
 
 @pytest.mark.parametrize("mode", ["spin", "polite", "adaptive"])
