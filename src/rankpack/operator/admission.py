@@ -145,7 +145,7 @@ def check_case_path(
         )
 
 
-def check_solver(solver: str | None, policy: AdmissionPolicy) -> None:
+def check_solver_allowed(solver: str | None, policy: AdmissionPolicy) -> None:
     if solver is not None and solver not in policy.solvers:
         raise Refused("SolverNotAllowed", solver_refusal(solver, policy.solvers))
 
@@ -177,6 +177,6 @@ def admit(
     """Raise `Refused` if the admin's policy does not allow ``sub``; cheap checks first, and
     the case path (the only one that may look at the disk, inside a root) last."""
     check_host_volume(sub.volume, policy)
-    check_solver(sub.solver, policy)
+    check_solver_allowed(sub.solver, policy)
     check_fit(sub, policy)
     check_case_path(sub.case, policy, resolve)
