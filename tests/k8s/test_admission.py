@@ -29,6 +29,7 @@ def _user_api(env: Env) -> Any:
     admin = env.k8s.admin_api()
     core, rbac = client.CoreV1Api(admin), client.RbacAuthorizationV1Api(admin)
     ns = env.k8s.namespace
+    _remove_user(env)  # what an interrupted earlier run may have left
     core.create_namespaced_service_account(ns, {"metadata": {"name": USER}})
     rbac.create_namespaced_role(ns, {
         "metadata": {"name": USER},
@@ -44,7 +45,9 @@ def _user_api(env: Env) -> Any:
         USER, ns, {"spec": {"expirationSeconds": 3600}}
     ).status.token
     conf = copy.copy(admin.configuration)
-    conf.api_key = {"authorization": f"Bearer {token}"}
+    # the client's bearer token entry (kubernetes >= 30: "BearerToken", prefix included)
+    conf.api_key = {"BearerToken": f"Bearer {token}"}
+    conf.api_key_prefix = {}
     conf.cert_file = conf.key_file = None
     return client.ApiClient(conf)
 
@@ -71,9 +74,9 @@ def test_refused_specs_end_failed_with_a_reason_and_a_valid_one_runs(
     from kubernetes import client
     from kubernetes.client.exceptions import ApiException
 
-    user = client.CustomObjectsApi(_user_api(env))
     ns = env.k8s.namespace
     try:
+        user = client.CustomObjectsApi(_user_api(env))
         # the user may not read pods: its only rights are on simulations
         with pytest.raises(ApiException) as denied:
             client.CoreV1Api(user.api_client).list_namespaced_pod(ns)
@@ -142,7 +145,6 @@ def test_the_admission_policy_refuses_host_volumes_and_case_paths_at_create(env:
     admin = env.k8s.admin_api()
     core, reg = client.CoreV1Api(admin), client.AdmissionregistrationV1Api(admin)
     params, policy, binding = admission_objects(ns, ("/srv/rankpack",), ("/srv/cases",))
-    user = client.CustomObjectsApi(_user_api(env))
     small = Submission(case="pitzDaily", weights=(1.0, 1.0), budget_millis=1000)
 
     def create(name: str, **case: str) -> ApiException | None:
@@ -155,6 +157,7 @@ def test_the_admission_policy_refuses_host_volumes_and_case_paths_at_create(env:
         env.custom.delete_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, name)
         return None
 
+    user = client.CustomObjectsApi(_user_api(env))
     core.create_namespaced_config_map(ns, params)
     reg.create_validating_admission_policy(policy)
     reg.create_validating_admission_policy_binding(binding)

@@ -39,7 +39,7 @@ _VALIDATIONS = [
             "(size(variables.hostPrefixes) == 0 ? 'none' : variables.hostPrefixes.join(', ')) + "
             "'); use a pvc: volume of your namespace'"
         ),
-        "reason": "Forbidden",
+        "reason": "Invalid",
     },
     {
         "expression": (
@@ -55,7 +55,7 @@ _VALIDATIONS = [
             "name nor under a case root the cluster admin allowed (' + "
             "(size(variables.caseRoots) == 0 ? 'none' : variables.caseRoots.join(', ')) + ')'"
         ),
-        "reason": "Forbidden",
+        "reason": "Invalid",
     },
 ]
 
