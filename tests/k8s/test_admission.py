@@ -44,11 +44,12 @@ def _user_api(env: Env) -> Any:
     token = core.create_namespaced_service_account_token(
         USER, ns, {"spec": {"expirationSeconds": 3600}}
     ).status.token
-    conf = copy.copy(admin.configuration)
-    # the client's bearer token entry (kubernetes >= 30: "BearerToken", prefix included)
+    # a configuration of its own: the admin's, loaded from a kubeconfig, carries a hook
+    # that puts the admin's token back before every request
+    conf = client.Configuration()
+    conf.host = admin.configuration.host
+    conf.ssl_ca_cert = admin.configuration.ssl_ca_cert
     conf.api_key = {"BearerToken": f"Bearer {token}"}
-    conf.api_key_prefix = {}
-    conf.cert_file = conf.key_file = None
     return client.ApiClient(conf)
 
 
