@@ -243,6 +243,7 @@ def handle_operator(args: argparse.Namespace) -> int:
         raise UserError(f"--profile-s must be positive, got {args.profile_s:g}")
     if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
         raise UserError(f"--metrics-port must be 1..65535, got {args.metrics_port}")
+    admission = _admission(args)
     opts = OperatorOptions(
         config=_config(args),
         runs_root=data_dir() / "runs",
@@ -256,7 +257,7 @@ def handle_operator(args: argparse.Namespace) -> int:
         wait_mode=args.wait,
         plot=args.plot,
         volume=args.volume,
-        admission=_admission(args),
+        admission=admission,
     )  # fmt: skip
     logging.basicConfig(level=logging.WARNING)
     # an apiserver that is away is reported once by the operator, not per retried request

@@ -130,3 +130,21 @@ def test_a_budget_that_leaves_a_rank_without_cpu_is_invalid() -> None:
         "spec"
     ]["x-kubernetes-validations"][0]["rule"]
     assert "self.budgetMillis >= self.ranks" in rule
+
+
+@pytest.mark.parametrize(
+    ("flag", "value", "says"),
+    [
+        ("--case-root", "relative/cases", "--case-root 'relative/cases' must be an absolute"),
+        ("--allow-host-path", "/srv/../etc", "--allow-host-path '/srv/../etc' must be"),
+        ("--solver", "sh -c id", "--solver must be a command name"),
+    ],
+)
+def test_bad_admission_flags_are_one_line_errors(
+    flag: str, value: str, says: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from rankpack.cli import main
+
+    assert main(["operator", flag, value, "--kubeconfig", "/nonexistent"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and says in err and "Traceback" not in err
