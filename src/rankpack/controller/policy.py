@@ -778,13 +778,15 @@ def _wait_modes(step: _Step, memory: dict[str, SimMemory], launching: int) -> No
     (`rankpack.controller.waits`): polite where ranks outnumber a node's cores.
     ``launching``: ranks of a simulation this step launches (not placed yet)."""
     obs = step.obs
-    requested = sum(step.total(sim.sim_id) for sim in obs.sims)
+    # the loads of every node, once per step (not once per simulation)
+    loads, nodes = waits.node_loads(obs, launching), waits.nodes_of(obs)
+    crowd = waits.others_crowd(obs, sum(step.total(sim.sim_id) for sim in obs.sims))
     for sim in obs.sims:
         if sim.wait != "auto" or sim.starting or not sim.ranks or not _has_shim(sim):
             continue
         mem = memory[sim.sim_id]
         current = sim.wait_mode or mem.wait_mode or AUTO_LAUNCH_MODE
-        choice = waits.for_sim(obs, sim, launching, requested)
+        choice = waits.choose(sim.wait, [r.node for r in sim.ranks], loads, nodes, crowd)
         if choice.mode == current:
             continue
         step.actions.append(

@@ -34,7 +34,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-from rankpack.controller.observations import NodeCores, Observations, SimSnapshot, WaitSetting
+from rankpack.controller.observations import NodeCores, Observations, WaitSetting
 from rankpack.core.actions import RankWait, WaitMode
 
 CLUSTER = ""
@@ -68,7 +68,7 @@ class WaitChoice:
     of its own."""
 
 
-def _nodes(obs: Observations) -> tuple[NodeCores, ...]:
+def nodes_of(obs: Observations) -> tuple[NodeCores, ...]:
     if obs.nodes:
         return obs.nodes
     return (NodeCores(CLUSTER, obs.capacity_millis + obs.others_millis),)
@@ -86,7 +86,7 @@ def node_of(node: str | None, nodes: Sequence[NodeCores]) -> str:
 def node_loads(obs: Observations, launching: int = 0) -> dict[str, NodeLoad]:
     """Ranks per node of every simulation in ``obs`` (and other rankpack ranks there), plus
     ``launching`` ranks of a simulation about to start (not placed yet)."""
-    nodes = _nodes(obs)
+    nodes = nodes_of(obs)
     counts = {n.name: n.other_ranks for n in nodes}
     unplaced = node_of(None, nodes)
     counts[unplaced] = counts.get(unplaced, 0) + launching
@@ -152,31 +152,15 @@ def others_crowd(obs: Observations, requested_millis: int) -> str:
     return ""
 
 
-def for_sim(
-    obs: Observations, sim: SimSnapshot, launching: int = 0, requested: int | None = None
-) -> WaitChoice:
-    """`choose` for a simulation of ``obs``; ``requested``: the requests of all of them
-    (default: as observed)."""
-    if requested is None:
-        requested = sum(s.requested_millis for s in obs.sims)
-    return choose(
-        sim.wait,
-        [r.node for r in sim.ranks],
-        node_loads(obs, launching),
-        _nodes(obs),
-        others_crowd(obs, requested),
-    )
-
-
 def at_launch(obs: Observations, setting: WaitSetting, requests: Sequence[int]) -> WaitChoice:
     """The mode a simulation about to start gets (its ranks not placed yet; ``obs`` holds the
-    simulations already there). Placement then refines it live (`for_sim`)."""
+    simulations already there). Placement then refines it live (policy step E)."""
     requested = sum(s.requested_millis for s in obs.sims) + sum(requests)
     return choose(
         setting,
         [None] * len(requests),
         node_loads(obs, launching=len(requests)),
-        _nodes(obs),
+        nodes_of(obs),
         others_crowd(obs, requested),
     )
 
