@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rankpack.case.staging import StagedCase, StageSpec
+from rankpack.core.failures import FailureCode
 
 __all__ = ["StageSpec", "StagedCase"]
 
@@ -173,6 +174,9 @@ class SimObservation:
     """The MPI launcher's exit code once it has ended."""
     reason: str = ""
     """Why it failed or is pending (e.g. ``rank 2 killed by signal 9``)."""
+    failure: FailureCode | None = None
+    """The failure's code, set by the backend where it saw the failure (with ``reason`` as
+    its message); None while nothing failed or no code is known."""
     log_text: str = ""
     """Solver log text appended since the previous `observe` of this simulation."""
     staged: StagedCase | None = None

@@ -121,6 +121,8 @@ class RunResult(RunProgress):
     exit_code: int | None
     message: str | None
     ranks: tuple[RankResult, ...]
+    failure: str | None = None
+    """A failed run's code (`rankpack.core.failures.FailureCode`), None otherwise."""
     decompose: str = "equal"
     backend: str = "local"
     placement: dict[str, Any] = field(default_factory=dict)
