@@ -7,7 +7,3 @@ message as one line and exits with code 2 (no traceback unless --debug).
 
 class UserError(Exception):
     """Bad input: one line that says what is wrong and how to fix it. Exit code 2."""
-
-
-class RunFailed(Exception):
-    """A simulation ended abnormally (a rank died, the solver reported a fatal error)."""

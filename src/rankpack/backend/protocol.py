@@ -193,10 +193,6 @@ class NodeCapacity:
     rank_pods: int = 0
     """Rank pods (local: rank cgroups) of any rankpack simulation live on the node."""
 
-    @property
-    def free_millis(self) -> int:
-        return max(0, self.allocatable_millis - self.requested_millis)
-
 
 @dataclass(frozen=True)
 class Quota:
