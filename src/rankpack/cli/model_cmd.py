@@ -34,7 +34,6 @@ from rankpack.cli.common import (
 )
 from rankpack.errors import UserError
 from rankpack.model.contention import (
-    ClusterShape,
     FitResult,
     MeasuredPoint,
     check_beta,
@@ -54,6 +53,7 @@ from rankpack.model.overlap import (
     predict_from_duty_cycles,
 )
 from rankpack.model.pareto import CapacityPlan, PlanInputs, plan_capacity, request_budget
+from rankpack.model.shape import ClusterShape
 from rankpack.model.warnings import collapse, extrapolation_warnings
 from rankpack.plan.allocation import parse_weights
 from rankpack.quantities import MAX_SIMULATIONS

@@ -1,12 +1,12 @@
 """Throughput model and capacity planner for co-located MPI simulations (seed 001 §3.4, §5.3, §6).
 
-`contention`: the linear model and its fit; `overlap`: compute-overlap probability and the
-duty-cycle predictor; `pareto`: efficiency, knee, cost and request budgets; `warnings`:
-where the model is known to break; `plots`: PNG figures. Pure, except `plots`.
+`shape`: the cluster and its load rho; `contention`: the linear model and its fit;
+`overlap`: compute-overlap probability and the duty-cycle predictor; `pareto`: efficiency,
+knee, cost and request budgets; `warnings`: where the model is known to break; `plots`: PNG
+figures. Pure, except `plots`.
 """
 
 from rankpack.model.contention import (
-    ClusterShape,
     FitResult,
     MeasuredPoint,
     fit_beta,
@@ -15,6 +15,7 @@ from rankpack.model.contention import (
 )
 from rankpack.model.overlap import p_overlap, predict_from_duty_cycles
 from rankpack.model.pareto import knee, plan_capacity
+from rankpack.model.shape import ClusterShape
 
 __all__ = [
     "ClusterShape",

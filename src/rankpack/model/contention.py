@@ -1,7 +1,8 @@
 """The linear contention model of seed 001 §3.4 and its least-squares fit.
 
 Called by `rankpack model fit|predict|plan` and by `rankpack.model.pareto`. Pure
-computation, no I/O.
+computation, no I/O. The cluster and its load (`ClusterShape`, rho) are in
+`rankpack.model.shape`.
 
 Model (seed 001 Eqs. 4-5), for N simulations of R ranks on M nodes of C vCPUs::
 
@@ -26,61 +27,11 @@ from scipy.optimize import curve_fit
 
 from rankpack import quantities
 from rankpack.errors import UserError
+from rankpack.model.shape import RHO_VALIDATED as RHO_VALIDATED
+from rankpack.model.shape import ClusterShape as ClusterShape  # re-exported: its old home
+from rankpack.model.shape import check_n as check_n
+from rankpack.model.warnings import extrapolation_warnings
 from rankpack.quantities import InvalidQuantity, literal
-
-RHO_VALIDATED = 1.0
-"""Above this load there are more rank pods than vCPUs: the linear model is not validated."""
-
-
-@dataclass(frozen=True)
-class ClusterShape:
-    """What one simulation needs and what the cluster offers."""
-
-    ranks: int
-    """R: MPI ranks (rank pods) per simulation."""
-    nodes: int
-    """M: worker nodes shared by the simulations."""
-    cpus_per_node: float
-    """C: allocatable vCPUs per node."""
-
-    def __post_init__(self) -> None:
-        quantities.ranks(self.ranks, "ranks")
-        quantities.count(self.nodes, "nodes", hi=quantities.MAX_NODES)
-        quantities.real(
-            self.cpus_per_node,
-            "cpus",
-            lo=0.0,
-            hi=quantities.MAX_CPUS_PER_NODE,
-            lo_open=True,
-            what="a positive number of vCPUs per node",
-        )
-
-    @property
-    def total_cpus(self) -> float:
-        return self.nodes * self.cpus_per_node
-
-    def rho(self, n: float) -> float:
-        """rho_N = N R / (M C): rank pods per vCPU when N simulations share the cluster."""
-        check_n(n)
-        return n * self.ranks / self.total_cpus
-
-    def delta_rho(self, n: float) -> float:
-        """rho_N - rho_1 = (N - 1) R / (M C)."""
-        return self.rho(n) - self.rho(1)
-
-    def pods_per_node(self, n: float) -> float:
-        """K = N R / M: average rank pods per node."""
-        check_n(n)
-        return n * self.ranks / self.nodes
-
-    def max_n_within_rho(self, rho_max: float = RHO_VALIDATED) -> int:
-        """Largest N with rho_N <= rho_max (at least 1)."""
-        return max(1, math.floor(rho_max * self.total_cpus / self.ranks + 1e-9))
-
-
-def check_n(n: float) -> None:
-    if not math.isfinite(n) or n < 1:
-        raise InvalidQuantity(f"the number of simulations N must be >= 1, got {n:g}")
 
 
 def check_beta(beta: float) -> None:
@@ -313,8 +264,6 @@ def fit_beta(
                 used_in_fit=p.n in used,
             )
         )
-    from rankpack.model.warnings import extrapolation_warnings
-
     max_fit_n = max(used)
     warns: list[str] = []
     for p in pts:

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rankpack.errors import UserError
-from rankpack.model.contention import ClusterShape
+from rankpack.model.shape import ClusterShape
 
 
 def _check_cores(name: str, value: float, *, positive: bool = False) -> None:

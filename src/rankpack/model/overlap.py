@@ -24,7 +24,7 @@ import numpy as np
 
 from rankpack import quantities
 from rankpack.errors import UserError
-from rankpack.model.contention import ClusterShape, check_n
+from rankpack.model.shape import ClusterShape, check_n
 from rankpack.quantities import InvalidQuantity, literal
 
 

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 from rankpack import quantities
 from rankpack.errors import UserError
-from rankpack.model.contention import ClusterShape
+from rankpack.model.shape import ClusterShape
 from rankpack.quantities import InvalidQuantity
 
 SECONDS_PER_HOUR = 3600.0

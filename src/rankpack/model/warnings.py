@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from rankpack.model.contention import RHO_VALIDATED, ClusterShape
+from rankpack.model.shape import RHO_VALIDATED, ClusterShape
 
 DUTY_VALIDATED_MAX = 0.25
 """Seed 001 validated the model on mean duty cycles of 5-20 %; above this we warn."""
