@@ -12,7 +12,6 @@ from pathlib import Path
 from rankpack.backend.local import LocalBackend, shim_dir
 from rankpack.cli import OneLineArgumentParser
 from rankpack.cli.common import db_path, parse_output_file, parse_seconds, parse_skip, print_json
-from rankpack.cli.profile_cmd import DEFAULT_SECONDS, print_summary_table
 from rankpack.cli.run_cmd import (
     add_plan_arguments,
     add_run_arguments,
@@ -21,8 +20,9 @@ from rankpack.cli.run_cmd import (
 )
 from rankpack.controller.loop import SimView
 from rankpack.errors import UserError
-from rankpack.profile.sampling import ProfileSummary, sample_live, summarise
+from rankpack.profile.sampling import DEFAULT_SAMPLE_S, ProfileSummary, sample_live, summarise
 from rankpack.profile.tracker import DutyTracker
+from rankpack.report.tables import print_summary_table
 from rankpack.store import Store
 
 
@@ -128,7 +128,7 @@ def handle_attach(args: argparse.Namespace) -> int:
     if not live.is_dir():
         raise UserError(f"run {args.attach} was started without the shim (--no-shim)")
     if args.seconds is None:
-        args.seconds = DEFAULT_SECONDS
+        args.seconds = DEFAULT_SAMPLE_S
     if args.seconds <= 0:
         raise UserError(f"--seconds must be positive (got {args.seconds:g})")
 

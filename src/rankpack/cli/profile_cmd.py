@@ -13,9 +13,6 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from rich.console import Console
-from rich.table import Table
-
 from rankpack.cli.common import (
     parse_id,
     parse_millis,
@@ -27,10 +24,9 @@ from rankpack.cli.common import (
     print_json,
 )
 from rankpack.errors import UserError
-from rankpack.profile.sampling import ProfileSummary, sample_live, summarise
+from rankpack.profile.sampling import DEFAULT_SAMPLE_S, sample_live, summarise
 from rankpack.profile.shim import WAIT_MODES, shim_env
-
-DEFAULT_SECONDS = 10.0
+from rankpack.report.tables import print_summary_table
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -134,7 +130,7 @@ def handle_program(args: argparse.Namespace) -> int:
     from rankpack.backend.protocol import RankResources, SimSpec
 
     if args.seconds is None:
-        args.seconds = DEFAULT_SECONDS
+        args.seconds = DEFAULT_SAMPLE_S
     if args.ranks is None:
         raise UserError(
             "--ranks is required with a program, e.g. rankpack profile --ranks 4 -- ./app"
@@ -196,34 +192,3 @@ def handle_program(args: argparse.Namespace) -> int:
 
 def _live_root() -> str | None:
     return "/dev/shm" if os.path.isdir("/dev/shm") else None
-
-
-def print_summary_table(
-    summary: ProfileSummary, ranks: int, mpi: str, wait: str, exit_code: int | None, log: Path
-) -> None:
-    state = "still running, stopped" if exit_code is None else f"exit code {exit_code}"
-    table = Table(title=f"Duty cycles ({ranks} ranks, {mpi}, wait {wait}; {state})")
-    for col in ("rank", "duty", "compute_s", "mpi_s", "request", "reclaimable"):
-        table.add_column(col, justify="right")
-    for r in summary.ranks:
-        duty = "-" if r.duty is None else f"{100 * r.duty:.1f}%"
-        table.add_row(
-            str(r.rank),
-            duty,
-            f"{r.compute_s:.3f}",
-            f"{r.mpi_s:.3f}",
-            f"{r.request_millis:.0f}m",
-            f"{r.reclaimable_millis:.0f}m",
-        )
-    table.add_row(
-        "total",
-        "",
-        "",
-        "",
-        f"{sum(r.request_millis for r in summary.ranks):.0f}m",
-        f"{summary.reclaimable_millis_total:.0f}m",
-        style="bold",
-    )
-    console = Console()
-    console.print(table)
-    console.print(f"output: {log}")

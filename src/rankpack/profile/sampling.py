@@ -17,6 +17,9 @@ from typing import Any
 from rankpack.profile.duty import Counters, duty_between, reclaimable_millis, steady_state_start
 from rankpack.profile.records import RankRecord, RecordReader, record_path
 
+DEFAULT_SAMPLE_S = 10.0
+"""How long `rankpack profile` samples a program or an attached run unless given --seconds."""
+
 
 def sample_live(
     live_dir: Path,

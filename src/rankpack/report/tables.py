@@ -1,10 +1,14 @@
-"""Tables a user reads at the end of a run and in `rankpack runs`."""
+"""Tables a user reads at the end of a run, in `rankpack runs` and from `rankpack profile`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from rich.console import Console
 from rich.table import Table
 
 from rankpack.core.results import RunResult
+from rankpack.profile.sampling import ProfileSummary
 from rankpack.store import RunRow
 
 
@@ -67,3 +71,34 @@ def runs_list_table(runs: list[RunRow]) -> Table:
             f"{r.cpu_s:.1f}" if r.cpu_s is not None else "-",
         )
     return table
+
+
+def print_summary_table(
+    summary: ProfileSummary, ranks: int, mpi: str, wait: str, exit_code: int | None, log: Path
+) -> None:
+    state = "still running, stopped" if exit_code is None else f"exit code {exit_code}"
+    table = Table(title=f"Duty cycles ({ranks} ranks, {mpi}, wait {wait}; {state})")
+    for col in ("rank", "duty", "compute_s", "mpi_s", "request", "reclaimable"):
+        table.add_column(col, justify="right")
+    for r in summary.ranks:
+        duty = "-" if r.duty is None else f"{100 * r.duty:.1f}%"
+        table.add_row(
+            str(r.rank),
+            duty,
+            f"{r.compute_s:.3f}",
+            f"{r.mpi_s:.3f}",
+            f"{r.request_millis:.0f}m",
+            f"{r.reclaimable_millis:.0f}m",
+        )
+    table.add_row(
+        "total",
+        "",
+        "",
+        "",
+        f"{sum(r.request_millis for r in summary.ranks):.0f}m",
+        f"{summary.reclaimable_millis_total:.0f}m",
+        style="bold",
+    )
+    console = Console()
+    console.print(table)
+    console.print(f"output: {log}")
