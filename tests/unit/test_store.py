@@ -2,14 +2,16 @@ from __future__ import annotations
 
 import os
 import sqlite3
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 from rankpack.core.accounting import trapezoid_cpu_s
+from rankpack.core.failures import FailureCode
 from rankpack.core.results import RankResult, ResizeRecord, RunResult
 from rankpack.errors import UserError
-from rankpack.store import APPLICATION_ID, SCHEMA_VERSION, NewRun, RankRow, SampleRow, Store
+from rankpack.store import APPLICATION_ID, SCHEMA_VERSION, NewRun, RankRow, SampleRow, Store, schema
 
 
 def test_trapezoid_exact_for_constant_rate() -> None:
@@ -248,7 +250,7 @@ def test_schema_2_file_gains_the_shim_counters_of_samples(tmp_path: Path) -> Non
     assert [(s.compute_ns, s.mpi_ns) for s in store.samples(run_id)] == [(None, None), (700, 300)]
     store.close()
     conn = sqlite3.connect(path)
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 4
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION == 5
 
 
 def test_schema_3_file_gains_the_shared_seconds_of_runs(tmp_path: Path) -> None:
@@ -269,6 +271,33 @@ def test_schema_3_file_gains_the_shared_seconds_of_runs(tmp_path: Path) -> None:
     assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
 
 
+def test_a_failed_run_keeps_its_failure_code_and_schema_4_files_gain_the_column(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "v4.db"
+    store = Store(path)
+    old_id = _new_run(store)
+    store.close()
+    conn = sqlite3.connect(path)  # a schema-4 file: runs without failure
+    conn.executescript("ALTER TABLE runs DROP COLUMN failure; PRAGMA user_version=4;")
+    conn.close()
+    store = Store(path)
+    assert store.get_run(old_id).failure is None  # recorded before codes: none
+    new_id = _new_run(store)
+    failed = replace(
+        _result(new_id), status="failed", message="rank 1 exited with code 3",
+        failure=FailureCode.RANK_FAILED.value,
+    )  # fmt: skip
+    store.finish_run(failed)
+    row = store.get_run(new_id)
+    assert row.failure == "RankFailed" and row.to_json()["failure"] == "RankFailed"
+    assert row.result().failure == "RankFailed"
+    assert store.list_runs()[0].failure == "RankFailed"
+    store.close()
+    conn = sqlite3.connect(path)
+    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+
+
 def test_a_migration_stopped_between_steps_resumes_at_the_step_it_reached(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -281,10 +310,12 @@ def test_a_migration_stopped_between_steps_resumes_at_the_step_it_reached(
     )
     conn.close()
 
-    def killed(self: Store) -> None:
+    def killed(conn: sqlite3.Connection) -> None:
         raise KeyboardInterrupt  # the process stops after step 2 -> 3 was committed
 
-    monkeypatch.setattr(Store, "_migrate_v3", killed)
+    steps = list(schema.MIGRATIONS)
+    steps[2] = killed  # step 3 -> 4
+    monkeypatch.setattr(schema, "MIGRATIONS", tuple(steps))
     with pytest.raises(KeyboardInterrupt):
         Store(path)
     conn = sqlite3.connect(path)

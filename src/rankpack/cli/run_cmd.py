@@ -283,5 +283,6 @@ def handle(args: argparse.Namespace) -> int:
     else:
         Console().print(run_table(result))
         if result.message:
-            Console(stderr=True).print(f"[yellow]{result.status}: {result.message}")
+            code = f" ({result.failure})" if result.failure else ""
+            Console(stderr=True).print(f"[yellow]{result.status}{code}: {result.message}")
     return {"completed": 0, "interrupted": 130}.get(result.status, 1)

@@ -66,7 +66,7 @@ def run_section(data: RunData, title: str | None = None, intro: str = "") -> Sec
     completed = sum(1 for z in run.resizes if z.status == "completed")
     wait_mode = run.options.get("wait_mode", "-") if run.options.get("shim", True) else "no shim"
     tiles = (
-        Tile("status", run.status, run.message or "",
+        Tile("status", run.status, ": ".join(filter(None, (run.failure, run.message))),
              "good" if run.status == "completed" else "bad"),
         Tile("wall time", _f(run.wall_s, ".1f", " s"), f"{run.iterations} iterations"),
         Tile("per iteration", (">" if pace.lower_bound else "")

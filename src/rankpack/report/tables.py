@@ -16,6 +16,7 @@ def run_table(result: RunResult) -> Table:
     table = Table(
         title=(
             f"run {result.id}: {result.case} ({result.solver}), {result.status}"
+            f"{f' ({result.failure})' if result.failure else ''}"
             f"{' (converged)' if result.converged else ''}, "
             f"{result.iterations} iterations in {result.wall_s:.1f} s, "
             f"{result.cpu_s:.1f} CPU-s, qos {result.qos}, backend {result.backend}"
