@@ -7,9 +7,9 @@ import pytest
 
 from rankpack.cli import main
 from rankpack.cli.common import phases_from_text
-from rankpack.controller.observations import Phase
-from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
+from rankpack.operator import crd
+from rankpack.plan.submission import InvalidSpec, Phase, Submission, validate
 
 
 def test_phases_parse() -> None:
@@ -70,4 +70,45 @@ def test_submit_bad_input(
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+    assert not (isolated_home / "rankpack.db").exists()
+
+
+OK = Submission("pitzDaily", (1.0, 1.0), 1000)
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [
+        (Submission("", (1.0,), 1000), "{case} is required"),
+        (Submission("c", (), 1000), "{ranks} must be 1..4096, got 0"),
+        (Submission("c", (0.0, 0.0), 1000), "not all 0"),
+        (Submission("c", (1.0,) * 4, 2), "every rank needs a request of at least 1m"),
+        (Submission("c", (1.0, 1.0), 1000, iterations=0), "{iterations} must be at least 1"),
+        (Submission("c", (1.0, 1.0), 1000, decompose="x"), "{decompose} must be one of"),
+        (Submission("c", (1.0, 1.0), 1000, phases=(Phase(0, (1,)),)), "needs 2 values"),
+        (Submission("c", (1.0, 1.0), 1000, phases=(Phase(0.5, (1, 1)), Phase(0.2, (1, 1)))),
+         "increasing order"),
+        (Submission("c", (1.0, 1.0), 1000, solver="/bin/sh -c x"), "{solver} must be"),
+        (Submission("c", (1.0, 1.0), 1000, wait="busy"), "{wait} must be one of auto"),
+        (Submission("c", (1.0, 1.0), 1000, qos="burst"), "{qos} must be one of"),
+    ],
+)  # fmt: skip
+def test_validate_names_the_first_bad_field(bad: Submission, message: str) -> None:
+    assert validate(OK) is OK
+    with pytest.raises(InvalidSpec) as info:
+        validate(bad)
+    assert message in info.value.template
+    assert info.value.code == "InvalidSpec"
+
+
+def test_run_submit_and_the_crd_refuse_the_same_submission(
+    capsys: pytest.CaptureFixture[str], isolated_home: Path
+) -> None:
+    """One validation: a budget that leaves a rank without CPU is refused by all three."""
+    for command in ("run", "submit"):
+        assert main([command, "pitzDaily", "--ranks", "4", "--budget", "0.002"]) == 2
+        assert "--budget 2m gives rank" in capsys.readouterr().err
+    spec = {"case": {"path": "pitzDaily"}, "ranks": 4, "budgetMillis": 2}
+    with pytest.raises(UserError, match=r"spec\.budgetMillis 2m gives rank"):
+        crd.submission_of({"metadata": {"name": "s"}, "spec": spec})
     assert not (isolated_home / "rankpack.db").exists()

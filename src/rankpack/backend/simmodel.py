@@ -12,9 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rankpack.backend.protocol import ResizeState
-
-WAIT_MODES = ("spin", "polite", "adaptive")
-"""The shim's wait modes (as in `rankpack.profile.shim`); adaptive is modelled as polite."""
+from rankpack.core.actions import WAIT_MODES as WAIT_MODES  # adaptive is modelled as polite
 
 
 @dataclass(frozen=True)

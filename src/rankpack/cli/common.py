@@ -17,8 +17,8 @@ from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from rankpack import paths, quantities
-from rankpack.controller.observations import Phase
 from rankpack.errors import UserError
+from rankpack.plan.submission import Phase
 from rankpack.quantities import InvalidQuantity
 
 T = TypeVar("T")

@@ -49,10 +49,10 @@ from rankpack.cli.common import (
 from rankpack.cli.multiplex_cmd import MultiplexOptions, run_multiplex
 from rankpack.cli.run_cmd import check_submission, run_one, stop_on_signals
 from rankpack.controller.loop import Display, SimView
-from rankpack.controller.submission import Submission
 from rankpack.core.results import RunResult
 from rankpack.errors import UserError
 from rankpack.plan.allocation import make_plan, resolve_weights
+from rankpack.plan.submission import Submission
 from rankpack.report.build import Part, build_report, write_report
 from rankpack.report.data import iteration_pace, load_run, rank_work
 from rankpack.report.live import RunDisplay

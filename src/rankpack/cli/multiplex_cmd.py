@@ -41,10 +41,10 @@ from rankpack.controller.session import (
     measure_baselines,
     run_session,
 )
-from rankpack.controller.submission import Submission
+from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.errors import UserError
 from rankpack.plan.allocation import budget_to_millis
-from rankpack.profile.shim import WAIT_MODES
+from rankpack.plan.submission import Submission
 from rankpack.report.multiplex_live import MultiplexLive
 from rankpack.report.timeline import plot_timeline
 from rankpack.store import EventRow, QueueRow, Store
@@ -72,7 +72,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )  # fmt: skip
     p.add_argument(
         "--wait",
-        choices=["auto", *WAIT_MODES],
+        choices=WAIT_SETTINGS,
         default="auto",
         help="how ranks wait inside MPI (PMPI shim): auto (default: a simulation spins while "
         "every rank on its nodes has a core to itself and is switched live to polite where "

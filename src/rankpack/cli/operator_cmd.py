@@ -28,11 +28,11 @@ from rankpack.cli.common import (
 from rankpack.cli.run_cmd import stop_on_signals
 from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.submission import Submission
+from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.errors import UserError
 from rankpack.operator.admission import AdmissionPolicy, openfoam_applications
 from rankpack.operator.crd import check_solver
 from rankpack.plan.allocation import budget_to_millis
-from rankpack.profile.shim import WAIT_MODES
 
 
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
@@ -64,7 +64,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "directory as a host path, for the dev cluster)",
     )  # fmt: skip
     p.add_argument(
-        "--wait", choices=["auto", *WAIT_MODES], default="auto",
+        "--wait", choices=WAIT_SETTINGS, default="auto",
         help="how ranks wait inside MPI, for Simulations whose spec.wait is empty: auto "
         "(default; spin while each rank has a core, polite where ranks outnumber a node's "
         "cores), spin, polite or adaptive",

@@ -23,9 +23,10 @@ from rankpack.cli.common import (
     parse_skip,
     print_json,
 )
+from rankpack.core.actions import WAIT_MODES
 from rankpack.errors import UserError
 from rankpack.profile.sampling import DEFAULT_SAMPLE_S, sample_live, summarise
-from rankpack.profile.shim import WAIT_MODES, shim_env
+from rankpack.profile.shim import shim_env
 from rankpack.report.tables import print_summary_table
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+from dataclasses import replace
 
 from rich.console import Console
 
@@ -26,11 +27,10 @@ from rankpack.cli.operator_cmd import (
     handle_queue_kubernetes,
 )
 from rankpack.cli.run_cmd import parse_center
-from rankpack.controller.submission import Submission
+from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.errors import UserError
-from rankpack.operator.crd import check_solver
-from rankpack.plan.allocation import budget_to_millis, make_plan, resolve_weights
-from rankpack.profile.shim import WAIT_MODES
+from rankpack.plan.allocation import budget_to_millis, resolve_weights
+from rankpack.plan.submission import Submission, validate
 from rankpack.store import QueueRow, Store
 
 
@@ -70,7 +70,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "application)",
     )  # fmt: skip
     p.add_argument(
-        "--wait", choices=["auto", *WAIT_MODES],
+        "--wait", choices=WAIT_SETTINGS,
         help="how its ranks wait inside MPI (default: the multiplexer's or operator's --wait)",
     )  # fmt: skip
     p.add_argument(
@@ -109,17 +109,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def submission_from_args(args: argparse.Namespace) -> Submission:
+    """The submission `submit` queues (or creates as Simulations), validated by
+    `rankpack.plan.submission.validate`; the case must exist here."""
     weights = resolve_weights(args.weights, args.ranks, args.weights is None)
     budget = budget_to_millis(args.budget if args.budget is not None else float(len(weights)))
-    make_plan(weights, budget, floor_millis=args.floor)  # validates budget against floors
-    if args.iterations is not None and args.iterations < 1:
-        raise UserError(f"--iterations must be at least 1, got {args.iterations}")
-    if args.count < 1:
-        raise UserError(f"--count must be at least 1, got {args.count}")
-    source = resolve_case(args.case)
-    case = str(source.path) if not source.tutorial else source.name
-    return Submission(
-        case=case,
+    sub = Submission(
+        case=args.case,
         weights=tuple(weights),
         budget_millis=budget,
         floor_millis=args.floor,
@@ -127,9 +122,14 @@ def submission_from_args(args: argparse.Namespace) -> Submission:
         decompose=args.decompose,
         center=parse_center(args.center),
         phases=phases_from_text(args.phases, len(weights)) if args.phases else (),
-        solver=check_solver(args.solver, "--solver"),
+        solver=args.solver or None,
         wait=args.wait,
     )
+    validate(sub)
+    if args.count < 1:
+        raise UserError(f"--count must be at least 1, got {args.count}")
+    source = resolve_case(args.case)
+    return replace(sub, case=str(source.path) if not source.tutorial else source.name)
 
 
 def handle_submit(args: argparse.Namespace) -> int:

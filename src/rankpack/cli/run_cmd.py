@@ -33,10 +33,11 @@ from rankpack.cli.common import (
 )
 from rankpack.controller.loop import Display, LoopSettings, OneJob, run_jobs
 from rankpack.controller.observations import ControllerSettings
-from rankpack.controller.submission import Submission
+from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.core.results import RunResult
 from rankpack.errors import UserError
-from rankpack.plan.allocation import QoS, budget_to_millis, make_plan, resolve_weights
+from rankpack.plan.allocation import QoS, budget_to_millis, resolve_weights
+from rankpack.plan.submission import Submission, validate
 from rankpack.profile.shim import shim_library
 from rankpack.report.live import RunDisplay
 from rankpack.report.tables import run_table
@@ -100,7 +101,7 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument(
         "--wait",
-        choices=["auto", "spin", "polite", "adaptive"],
+        choices=WAIT_SETTINGS,
         default="auto",
         help="how ranks wait inside MPI (PMPI shim): auto (default: spin while every rank on "
         "its node has a core to itself, polite where ranks outnumber a node's cores, of this "
@@ -154,14 +155,11 @@ def parse_center(text: str | None) -> tuple[float, float, float] | None:
 
 def submission_from_args(args: argparse.Namespace) -> Submission:
     """The job `run` (and `demo`, `profile CASE`) hands to the control loop; validated
-    before anything is created."""
+    (`rankpack.plan.submission.validate`, then the case) before anything is created."""
     if QoS(args.qos) is QoS.LIMITS and not args.allow_limits:
         raise UserError(LIMITS_HAZARD)
     weights = resolve_weights(args.weights, args.ranks, args.weights is None)
     budget = budget_to_millis(args.budget if args.budget is not None else float(len(weights)))
-    make_plan(weights, budget, floor_millis=args.floor, qos=QoS(args.qos))
-    if args.iterations is not None and args.iterations < 1:
-        raise UserError(f"--iterations must be at least 1, got {args.iterations}")
     phases = phases_from_text(args.phases, len(weights)) if getattr(args, "phases", None) else ()
     resize = getattr(args, "resize", "none")
     if phases and resize == "duty":
@@ -184,7 +182,7 @@ def submission_from_args(args: argparse.Namespace) -> Submission:
         sizing="duty" if resize == "duty" else "fixed",
         workdir=str(args.workdir) if args.workdir else None,
     )
-    check_submission(sub)
+    check_submission(validate(sub))
     return sub
 
 

@@ -60,7 +60,7 @@ from rankpack.controller.observations import (
 from rankpack.controller.policy import decide
 from rankpack.controller.submission import Submission
 from rankpack.core.accounting import trapezoid_cpu_s
-from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode
+from rankpack.core.actions import WAIT_SETTINGS, Action, Launch, Note, Resize, SetWaitMode
 from rankpack.core.results import CONVERGED, RankResult, ResizeRecord, RunResult, WaitRecord
 from rankpack.errors import UserError
 from rankpack.plan.allocation import Plan, proportional_millis
@@ -704,9 +704,9 @@ class ControlLoop:
     def _wait_setting(self, sub: Submission | None = None) -> WaitSetting:
         """The simulation's own wait mode (its submission's), else the session's."""
         mode = (sub.wait if sub is not None else None) or self.settings.wait_mode
-        if mode not in ("auto", "spin", "polite", "adaptive"):
-            raise UserError(f"unknown wait mode '{mode}'; use auto, spin, polite or adaptive")
-        return mode  # type: ignore[return-value]
+        if mode not in WAIT_SETTINGS:
+            raise UserError(f"unknown wait mode '{mode}'; use {', '.join(WAIT_SETTINGS)}")
+        return mode
 
     def _wait_at_launch(self, sim: _Sim) -> None:
         """The wait rule for a simulation about to start beside the others of this loop

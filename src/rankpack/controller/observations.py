@@ -14,13 +14,22 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Literal
 
-from rankpack.core.actions import Action, Launch, Note, RankWait, Resize, SetWaitMode, WaitMode
+from rankpack.core.actions import (
+    Action,
+    Launch,
+    Note,
+    RankWait,
+    Resize,
+    SetWaitMode,
+    WaitMode,
+    WaitSetting,
+)
+from rankpack.plan.submission import Phase
 
-__all__ = ["Action", "Launch", "Note", "RankWait", "Resize", "SetWaitMode", "WaitMode"]
-
-WaitSetting = Literal["auto", "spin", "polite", "adaptive"]
-"""How a simulation's ranks wait in MPI: a fixed shim mode, or ``auto`` (the controller
-decides, see `rankpack.controller.policy`)."""
+__all__ = [
+    "Action", "Launch", "Note", "Phase", "RankWait", "Resize", "SetWaitMode", "WaitMode",
+    "WaitSetting",
+]  # fmt: skip
 
 AUTO_LAUNCH_MODE: WaitMode = "spin"
 """The mode a simulation under ``auto`` is launched in; the controller switches it live."""
@@ -39,14 +48,6 @@ pitzDaily (the gate's limit is 1: more ranks than cores) is held at any efficien
 1. Once sessions of the workload have run two at once, their measured efficiency is
 weighed against this prior (worth two sessions, see
 `rankpack.controller.session.learned_efficiency`)."""
-
-
-@dataclass(frozen=True)
-class Phase:
-    """From ``start_fraction`` of the run on, the ranks get these requests (seed 000 §3.2.3)."""
-
-    start_fraction: float
-    request_millis: tuple[int, ...]
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,6 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Literal
 
 from rankpack.controller import waits
 from rankpack.controller.observations import (
@@ -102,13 +101,12 @@ from rankpack.controller.observations import (
     SimSnapshot,
     SimStage,
 )
+from rankpack.core.actions import ResizeKind
 from rankpack.model.contention import ClusterShape, throughput
 from rankpack.model.overlap import predict_from_duty_cycles
 from rankpack.plan.allocation import proportional_millis
 
 _EPS = 1e-6
-
-ResizeKind = Literal["size", "fairness", "phase", "pack"]
 
 
 def decide(obs: Observations, state: ControllerState, settings: ControllerSettings) -> Decision:

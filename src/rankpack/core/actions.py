@@ -10,7 +10,11 @@ wait).
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
+
+ResizeKind = Literal["size", "fairness", "phase", "pack"]
+"""Which part of the policy asked for a resize: duty-cycle sizing, fairness, the phase
+schedule, or packing running simulations to make room for a launch."""
 
 
 @dataclass(frozen=True)
@@ -19,7 +23,7 @@ class Resize:
     rank: int
     request_millis: int
     reason: str
-    kind: Literal["size", "fairness", "phase", "pack"] = "size"
+    kind: ResizeKind = "size"
 
 
 @dataclass(frozen=True)
@@ -33,6 +37,11 @@ class Launch:
 
 WaitMode = Literal["spin", "polite", "adaptive"]
 """How a rank waits inside MPI (the PMPI shim's modes, ``docs/shim.md``)."""
+WAIT_MODES: tuple[WaitMode, ...] = get_args(WaitMode)
+"""The wait modes in the shim's order: a mode's index is its code in the shim's control word."""
+WaitSetting = Literal["auto", WaitMode]
+"""What a user asks for: a wait mode, or ``auto`` (the controller chooses per node load)."""
+WAIT_SETTINGS: tuple[WaitSetting, ...] = get_args(WaitSetting)
 
 
 @dataclass(frozen=True)

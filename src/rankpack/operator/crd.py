@@ -1,21 +1,27 @@
 """The `Simulation` custom resource: its definition, and its spec as a `Submission`.
 
 `crd_manifest()` is the single source of the CustomResourceDefinition; ``deploy/crd.yaml``
-holds the same object and a unit test keeps the two identical. A spec is validated the way
-`rankpack submit` validates its flags; a bad spec fails its Simulation with the reason
-(``InvalidSpec``), it never stops the operator.
+holds the same object and a unit test keeps the two identical. A spec is validated by the
+same `rankpack.plan.submission.validate` as `rankpack run` and `submit`; a bad spec fails its
+Simulation with the reason (``InvalidSpec``), it never stops the operator.
 """
 
 from __future__ import annotations
 
-import math
-import re
 from typing import Any
 
-from rankpack.controller.observations import Phase
-from rankpack.controller.submission import Submission
+from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.errors import UserError
-from rankpack.plan.allocation import make_plan
+from rankpack.plan import submission
+from rankpack.plan.submission import (
+    DECOMPOSITIONS,
+    SOLVER_PATTERN,
+    SPEC_FIELDS,
+    Phase,
+    Submission,
+    validate,
+)
+from rankpack.quantities import MAX_RANKS, InvalidQuantity
 
 GROUP = "rankpack.dev"
 VERSION = "v1alpha1"
@@ -28,11 +34,6 @@ EVENT_SEQUENCE = f"{GROUP}/sequence"
 the same second (their timestamps have whole seconds)."""
 
 PHASES = ("Queued", "Running", "Succeeded", "Failed")
-DECOMPOSITIONS = ("equal", "weighted", "concentric")
-WAIT_MODES = ("auto", "spin", "polite", "adaptive")
-MAX_RANKS = 4096
-SOLVER_PATTERN = r"^[A-Za-z][A-Za-z0-9_.+-]{0,63}$"
-"""A command name (found on the rank image's PATH), never a path or a shell string."""
 
 Obj = dict[str, Any]
 
@@ -77,7 +78,7 @@ def _spec_schema() -> Obj:
             "sizing": {"type": "string", "enum": ["duty", "fixed"]},
             "solver": {"type": "string", "pattern": SOLVER_PATTERN,
                        "description": "solver command (default: the case's application)"},
-            "wait": {"type": "string", "enum": list(WAIT_MODES),
+            "wait": {"type": "string", "enum": list(WAIT_SETTINGS),
                      "description": "how ranks wait in MPI (default: the operator's --wait)"},
             "phases": {
                 "type": "array",
@@ -274,66 +275,42 @@ def _submission(spec: Obj) -> Submission:
     ranks = int(spec.get("ranks") or len(weights) or 0)
     if not weights:
         weights = [1.0] * ranks
-    if ranks < 1 or ranks > MAX_RANKS:
-        raise UserError(f"spec.ranks must be 1..{MAX_RANKS}, got {ranks}")
     if len(weights) != ranks:
         raise UserError(f"spec.weights has {len(weights)} entries for {ranks} ranks")
-    if not all(math.isfinite(w) and w >= 0 for w in weights) or sum(weights) <= 0:
-        raise UserError("spec.weights must be finite, >= 0 and not all 0")
-    budget = int(spec.get("budgetMillis") or 1000 * ranks)
-    floor = int(spec.get("floorMillis") or 0)
-    plan = make_plan(weights, budget, floor_millis=floor)  # UserError: floors do not fit
-    least = min(plan.ranks, key=lambda r: r.cpu_millis)
-    if least.cpu_millis < 1:
-        raise UserError(
-            f"spec.budgetMillis {budget} gives rank {least.rank} {least.cpu_millis}m; every "
-            "rank pod needs a request of at least 1m: raise budgetMillis, or set floorMillis"
-        )
     iterations = spec.get("iterations")
-    if iterations is not None and int(iterations) < 1:
-        raise UserError(f"spec.iterations must be at least 1, got {iterations}")
-    decompose = str(spec.get("decomposition") or "equal")
-    if decompose not in DECOMPOSITIONS:
-        raise UserError(f"spec.decomposition must be one of {', '.join(DECOMPOSITIONS)}")
-    phases = []
-    for p in spec.get("phases") or ():
-        millis = tuple(int(m) for m in p["requestMillis"])
-        if len(millis) != ranks or min(millis) < 1:
-            raise UserError(f"spec.phases: each requestMillis needs {ranks} values >= 1")
-        phases.append(Phase(float(p["startFraction"]), millis))
+    phases = [
+        Phase(float(p["startFraction"]), tuple(int(m) for m in p["requestMillis"]))
+        for p in spec.get("phases") or ()
+    ]
     sizing = str(spec.get("sizing") or "duty")
-    if sizing not in ("duty", "fixed"):
-        raise UserError("spec.sizing must be duty or fixed")
-    solver = check_solver(spec.get("solver"), "spec.solver")
-    wait = spec.get("wait")
-    if wait is not None and wait not in WAIT_MODES:
-        raise UserError(f"spec.wait must be one of {', '.join(WAIT_MODES)}")
-    return Submission(
+    solver, wait = spec.get("solver"), spec.get("wait")
+    sub = Submission(
         case=path,
         weights=tuple(weights),
-        budget_millis=budget,
-        floor_millis=floor,
+        budget_millis=int(spec.get("budgetMillis") or 1000 * ranks),
+        floor_millis=int(spec.get("floorMillis") or 0),
         iterations=int(iterations) if iterations is not None else None,
-        decompose=decompose,
+        decompose=str(spec.get("decomposition") or "equal"),
         phases=tuple(phases),
         sizing="fixed" if sizing == "fixed" or phases else "duty",
-        solver=solver,
+        solver=str(solver) if solver not in (None, "") else None,
         wait=str(wait) if wait is not None else None,
         volume=volume_of({"spec": spec}),
     )
+    if sizing not in submission.SIZINGS:
+        raise UserError(f"spec.sizing must be one of {', '.join(submission.SIZINGS)}")
+    try:
+        return validate(sub)
+    except InvalidQuantity as exc:  # the one validation, its fields named as in the spec
+        raise UserError(exc.render(lambda name: SPEC_FIELDS.get(name, name))) from None
 
 
 def check_solver(value: object, what: str) -> str | None:
     """A solver command name, or None; UserError naming ``what`` otherwise."""
-    if value is None or value == "":
-        return None
-    text = str(value)
-    if not re.fullmatch(SOLVER_PATTERN, text):
-        raise UserError(
-            f"{what} must be a command name such as simpleFoam (letters, digits, _.+-; "
-            f"at most 64), got {text[:80]!r}"
-        )
-    return text
+    try:
+        return submission.check_solver(None if value is None else str(value))
+    except InvalidQuantity as exc:
+        raise UserError(exc.render(lambda _: what)) from None
 
 
 def volume_of(obj: Obj) -> str | None:

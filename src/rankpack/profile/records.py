@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rankpack.core.actions import WAIT_MODES
 from rankpack.errors import UserError
 
 RECORD_MAGIC = 0x4B505052
@@ -29,7 +30,8 @@ RECORD_VERSION = 2
 MAX_FUNCS = 48
 FUNC_NAME_LEN = 24
 HOST_LEN = 64
-WAIT_MODE_NAMES = ("spin", "polite", "adaptive")
+WAIT_MODE_NAMES = WAIT_MODES
+"""A wait mode's index here is its code in the shim's control word."""
 
 # (field, struct format) in C declaration order; the struct has no implicit padding.
 RECORD_FIELDS: tuple[tuple[str, str], ...] = (

@@ -10,10 +10,10 @@ import os
 from importlib import resources
 from pathlib import Path
 
+from rankpack.core.actions import WAIT_MODES as WAIT_MODES  # re-exported by rankpack.profile
 from rankpack.errors import UserError
 
 FLAVOURS = ("openmpi", "mpich")
-WAIT_MODES = ("spin", "polite", "adaptive")
 DEFAULT_YIELD_US = "1000"
 """How long into a polite wait ranks launched by rankpack keep calling sched_yield() before
 they sleep (RANKPACK_SHIM_YIELD_US; see `shim_env`)."""
