@@ -27,12 +27,12 @@ from rankpack.cli.common import (
 )
 from rankpack.cli.run_cmd import stop_on_signals
 from rankpack.controller.observations import ControllerSettings
-from rankpack.controller.submission import Submission
 from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.errors import UserError
 from rankpack.operator.admission import AdmissionPolicy, openfoam_applications
 from rankpack.operator.crd import check_solver
 from rankpack.plan.allocation import budget_to_millis
+from rankpack.plan.submission import Submission
 
 
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:

@@ -3,7 +3,8 @@ publishes, and the duty-cycle arithmetic of seed 001 §3.
 
 Data flow: the shim (C, in every rank) -> `records` (consistent snapshots of the per-rank
 memory-mapped records) -> `duty` (pure maths) -> `sampling` (sample a live run, summarise)
--> the CLI (`rankpack profile`) and, later, the run driver and the controller.
+-> the CLI (`rankpack profile`); the backends read the records for the control loop and
+`tracker` follows duty cycles during a run (`rankpack profile CASE`).
 """
 
 from rankpack.profile.duty import (

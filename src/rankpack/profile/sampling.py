@@ -2,8 +2,8 @@
 
 Solver-agnostic: the caller starts the job (any backend) with `shim_env(...)`, then calls
 `sample_live` with a way to wait for the job's end, and `summarise` with each rank's CPU
-request. `rankpack profile -- PROGRAM` uses it now; `rankpack profile CASE` and the
-controller will use the same two functions.
+request. Used by `rankpack profile -- PROGRAM` and `rankpack profile CASE | --attach`
+(`rankpack.cli.profile_cmd`, `rankpack.cli.profile_case`).
 """
 
 from __future__ import annotations
