@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+import json
 import os
 import sqlite3
 from dataclasses import replace
@@ -7,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rankpack.cli import main
 from rankpack.core.accounting import trapezoid_cpu_s
 from rankpack.core.failures import FailureCode
 from rankpack.core.results import RankResult, ResizeRecord, RunResult
@@ -347,3 +349,20 @@ def test_sessions_by_id_and_their_runs(tmp_path: Path) -> None:
         store.get_session(7)
     store.set_run_message(other, "stopped at its time bound")
     assert store.get_run(other).message == "stopped at its time bound"
+
+
+def test_runs_show_and_list_give_a_failed_runs_code(
+    isolated_home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = Store(isolated_home / "rankpack.db")
+    run_id = _new_run(store)
+    store.finish_run(
+        replace(_result(run_id), status="failed", message="rank 1: OOM", failure="OOMKilled")
+    )
+    store.close()
+    assert main(["runs", "show", str(run_id), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["failure"] == "OOMKilled"
+    assert main(["runs", "list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[0]["failure"] == "OOMKilled"
+    assert main(["runs", "show", str(run_id)]) == 0
+    assert "failed (OOMKilled)" in " ".join(capsys.readouterr().out.split())
