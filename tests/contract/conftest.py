@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 
 from tests.contract.env import ContractEnv, KubernetesEnv, LocalEnv, SimulatedEnv
-from tests.k8s.conftest import dev_cluster  # noqa: F401 - the k8s tier's session cluster
 
 BACKENDS = [
-    pytest.param("simulated", id="simulated"),
+    # in the unit tier: the same hang guard as tests/unit (tests/unit/conftest.py)
+    pytest.param("simulated", id="simulated", marks=pytest.mark.timeout(5)),
     pytest.param("local", id="local", marks=pytest.mark.integration),
     pytest.param("kubernetes", id="kubernetes", marks=[pytest.mark.k8s, pytest.mark.timeout(900)]),
 ]
@@ -27,7 +27,7 @@ def _make_env(name: str, root: Path, request: pytest.FixtureRequest) -> Contract
     if name == "local":
         return LocalEnv(root)
     if name == "kubernetes":
-        # the k8s tier's session cluster (tests/k8s/conftest.py), up once per session
+        # the k8s tier's session cluster (tests/conftest.py), up once per session
         from tests.k8s.conftest import DevCluster
 
         cluster: DevCluster = request.getfixturevalue("dev_cluster")

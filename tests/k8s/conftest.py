@@ -2,23 +2,49 @@
 
 The session fixture takes down a cluster that is already up, records the host, brings the
 dev cluster up with the cached binaries (`setup.sh test` builds them before pytest starts;
-a cold build inside a test would exceed the per-test timeout) and takes it down at the end.
-`test_zz_down.py` takes it down itself and checks that nothing is left; the fixture then
-has nothing to do.
+a cold build inside a test would exceed the per-test timeout) and, as its teardown, takes
+it down with `rankpack dev-cluster down` and checks that nothing is left
+(`DevCluster.take_down`). That teardown runs right after the last test that needs the
+cluster (a test marked `k8s`: the tests here and the contract suite's Kubernetes param),
+whatever the files are called, so that the tiers after it (peer, unit) do not share the
+machine with a running cluster nor give it their short per-test timeout; at the latest at
+the end of the session.
 """
 
 from __future__ import annotations
 
+import json
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rankpack.devcluster import binaries, cluster, host
-from rankpack.devcluster.layout import NAMESPACE, default_state_dir
+from rankpack.devcluster import binaries, cluster, host, processes
+from rankpack.devcluster.layout import (
+    BRIDGE,
+    HOST_PATHS,
+    NAMESPACE,
+    NODE_IP,
+    SYSCTLS,
+    default_state_dir,
+)
+from tests.k8s.pods import container_cgroup, sleeper_pod, wait_running
+
+CLUSTER_EXES = {
+    "etcd",
+    "containerd",
+    "containerd-shim-runc-v2",
+    "kube-apiserver",
+    "kube-controller-manager",
+    "kube-scheduler",
+    "kubelet",
+    "pause",
+}
 
 
 @dataclass
@@ -29,6 +55,7 @@ class DevCluster:
     up_result: cluster.UpResult
     links_before: set[str]
     """Network devices present before the session's `up`."""
+    taken_down: bool = field(default=False, init=False)
 
     def ensure_up(self) -> None:
         """Bring it (back) up if an earlier test took it down."""
@@ -59,17 +86,125 @@ class DevCluster:
     def namespace(self) -> str:
         return NAMESPACE
 
+    def take_down(self, *, bring_up: bool = True) -> None:
+        """The session's teardown, once: `down` with a pod running leaves nothing behind
+        (`check_down_leaves_nothing`; on a cluster brought up again if a test took it
+        down, unless ``bring_up`` is false); whatever happens, none is left running."""
+        if self.taken_down:
+            return
+        self.taken_down = True
+        try:
+            if bring_up or cluster.status(self.state_dir)["ready"]:
+                check_down_leaves_nothing(self)
+        finally:
+            if cluster.running_components(cluster.Layout(self.state_dir)):
+                report = cluster.down(self.state_dir)
+                assert not report.leftovers, report.leftovers
+
+
+def check_down_leaves_nothing(dc: DevCluster) -> None:
+    """`rankpack dev-cluster down` leaves no process, mount, cgroup, address or path, and
+    a second `down` has nothing to do. Run on the cluster up, with a pod running."""
+    from kubernetes import client
+
+    dc.ensure_up()
+    # A running pod, so that there are containers, shims, a netns and veths to clean up.
+    core = client.CoreV1Api(dc.backend_api())
+    core.create_namespaced_pod(dc.namespace, sleeper_pod("left-running", 100))
+    pod = wait_running(core, "left-running", dc.namespace)
+    pod_pids = [int(p) for p in (container_cgroup(pod) / "cgroup.procs").read_text().split()]
+    assert pod_pids
+    assert host.node_address_present() and host.link_exists(BRIDGE)
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "rankpack", "dev-cluster", "down", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    report = json.loads(proc.stdout)
+    assert report["leftovers"] == []
+    assert report["stopped_pids"]
+
+    # Checked here on our own, not trusting the report:
+    state = str(dc.state_dir)
+    for pid in processes.all_pids():
+        argv = processes.cmdline(pid)
+        if not argv or not processes.running(pid):
+            continue
+        assert os.path.basename(argv[0]) not in CLUSTER_EXES, (pid, argv)
+        assert not any(state in a for a in argv), (pid, argv)
+    assert not any(processes.running(p) for p in pod_pids)
+    with open("/proc/self/mountinfo") as f:
+        mounts = f.read()
+    for prefix in (state, "/var/lib/kubelet", "/run/containerd", "/run/netns"):
+        assert f" {prefix}/" not in mounts and f" {prefix} " not in mounts, prefix
+    assert not list(Path("/sys/fs/cgroup").glob("*/kubepods")), "kubepods cgroups left"
+    assert not Path("/sys/fs/cgroup/kubepods").exists()
+    assert not host.node_address_present(), f"{NODE_IP} still on lo"
+    assert not host.link_exists(BRIDGE)
+    assert set(os.listdir("/sys/class/net")) <= dc.links_before, "veth/bridge devices left"
+    for name in SYSCTLS:
+        assert host.read_sysctl(name) == dc.before["sysctls"][name], name
+    for path in HOST_PATHS:
+        if path not in dc.before["existing_paths"]:
+            assert not os.path.lexists(path), path
+    # The logs survive for a post-mortem; nothing else of the state does.
+    assert sorted(p.name for p in dc.state_dir.iterdir()) == ["logs"]
+
+    again = subprocess.run(
+        [sys.executable, "-m", "rankpack", "dev-cluster", "down"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert again.returncode == 0 and "nothing to do" in again.stdout
+
+
+def needs_cluster(item: pytest.Item) -> bool:
+    """Marked `k8s`: under tests/k8s (tests/conftest.py marks them) or the contract
+    suite's Kubernetes param."""
+    return item.get_closest_marker("k8s") is not None
+
+
+class DownAfterLastUser:
+    """Registered by the session fixture as a plugin (so that it sees every test, not only
+    those under tests/k8s): after the teardown of the last collected test that needs the
+    cluster, takes it down. The order of the tests is whatever pytest collected."""
+
+    def __init__(self, dc: DevCluster, items: list[pytest.Item]) -> None:
+        self.dc = dc
+        users = [item for item in items if needs_cluster(item)]
+        self.last = users[-1] if users else None
+        self.reached = False
+        """The last user is being torn down: every test that needs the cluster has run."""
+
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_teardown(self, item: pytest.Item) -> Iterator[None]:
+        if item is not self.last:
+            return (yield)
+        self.reached = True
+        try:
+            return (yield)  # the test's own fixtures first (operators, Simulations)
+        finally:
+            self.dc.take_down()
+
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     here = Path(__file__).parent
     for item in items:
         if Path(str(item.fspath)).is_relative_to(here):
-            item.add_marker(pytest.mark.k8s)
             item.add_marker(pytest.mark.timeout(900))
 
 
-@pytest.fixture(scope="session")
-def dev_cluster() -> Iterator[DevCluster]:
+def session_cluster(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
+    """The body of the session fixture ``dev_cluster``. The fixture itself is declared in
+    tests/conftest.py, once for every folder that uses it: a fixture imported into a
+    second conftest is a second fixture, with its own session instance (the contract
+    suite's cluster and this tier's would each be brought up)."""
     if os.geteuid() != 0:
         pytest.fail("the k8s tier needs root (run `bash setup.sh test` as root)")
     state_dir = default_state_dir()
@@ -83,10 +218,15 @@ def dev_cluster() -> Iterator[DevCluster]:
     opts = cluster.UpOptions(version=version, state_dir=state_dir, ready_timeout_s=180)
     result = cluster.up(opts)
     dc = DevCluster(state_dir, before, result, links_before)
-    yield dc
-    if cluster.running_components(cluster.Layout(state_dir)):
-        report = cluster.down(state_dir)
-        assert not report.leftovers, report.leftovers
+    plugin = DownAfterLastUser(dc, request.session.items)
+    request.config.pluginmanager.register(plugin, "rankpack-k8s-down-after-last-user")
+    try:
+        yield dc
+        # Here first when the last user is the session's last test; else only when the
+        # session stopped early (-x, Ctrl-C): then no cluster is brought up to be checked.
+        dc.take_down(bring_up=plugin.reached)
+    finally:
+        request.config.pluginmanager.unregister(plugin)
 
 
 @pytest.fixture

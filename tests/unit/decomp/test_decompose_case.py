@@ -134,11 +134,34 @@ def test_cli_missing_mesh_file(case: Path, capsys: pytest.CaptureFixture[str]) -
     assert _snapshot(case) == before
 
 
-def test_cli_tutorial_needs_output(capsys: pytest.CaptureFixture[str]) -> None:
-    code = main(["decompose", "pitzDaily", "--ranks", "2"])
-    assert code == 2
+def _examples(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The OpenFOAM tutorials are looked up under ``root`` (which may not exist)."""
+    from rankpack.case import openfoam
+
+    monkeypatch.setattr(openfoam, "EXAMPLES_ROOT", root)
+    return root
+
+
+def test_cli_tutorial_needs_output(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    examples = _examples(tmp_path / "examples", monkeypatch)
+    tutorial = write_case(examples / "incompressible/simpleFoam/pitzDaily", grid_mesh(4, 2))
+    before = _snapshot(tutorial)
+    assert main(["decompose", "pitzDaily", "--ranks", "2"]) == 2
     err = capsys.readouterr().err
-    assert "--output" in err or "not installed" in err
+    assert "pitzDaily is a tutorial; give --output DIR" in err and err.count("\n") == 1
+    assert _snapshot(tutorial) == before
+
+
+def test_cli_tutorial_without_the_examples_installed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    _examples(tmp_path / "no-examples", monkeypatch)
+    assert main(["decompose", "pitzDaily", "--ranks", "2", "--output", str(tmp_path / "o")]) == 2
+    err = capsys.readouterr().err
+    assert "OpenFOAM tutorials are not installed" in err and err.count("\n") == 1
+    assert not (tmp_path / "o").exists()
 
 
 def test_cli_json_and_plot(case: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -14,8 +14,9 @@ and junk (NaN, inf, huge numbers, negative numbers, text, paths that are files, 
   queue, events, multiplex, submit, profile --attach: the database file itself is not
   compared yet; the store still writes its tables into any existing file.)
 
-``RANKPACK_FUZZ_EXAMPLES`` sets the number of examples (default 150, fast enough for the
-unit tier); docs/reliability.md records a longer run.
+``RANKPACK_FUZZ_EXAMPLES`` sets the number of examples (default 150, a few seconds);
+docs/reliability.md records a longer run. In the integration tier: the worker is a real
+process (the address-space limit cannot be set on the test process itself).
 """
 
 from __future__ import annotations
@@ -33,7 +34,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from .decomp.meshgen import grid_mesh, write_case
+from tests.unit.decomp.meshgen import grid_mesh, write_case
+
+pytestmark = pytest.mark.integration
 
 EXAMPLES = int(os.environ.get("RANKPACK_FUZZ_EXAMPLES", "150"))
 ADDRESS_SPACE = 4 << 30
@@ -151,6 +154,12 @@ def command_lines(draw: st.DrawFn) -> list[str]:
     return argv
 
 
+def _pythonpath(repo: Path) -> list[str]:
+    """The repository (for ``tests``) before the test process's own path (for the tree
+    of rankpack under test)."""
+    return [str(repo), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
+
+
 class Worker:
     def __init__(self) -> None:
         here = Path(__file__).parent
@@ -159,7 +168,7 @@ class Worker:
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
-            env={**os.environ, "PYTHONPATH": str(here.parent.parent)},
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(_pythonpath(here.parent.parent))},
         )
 
     def call(self, argv: list[str], env: dict[str, str], cwd: str) -> dict[str, Any]:

@@ -1,5 +1,7 @@
 """OpenFOAM tools as child processes (case.openfoam.run_tool), with stand-in programs:
-the whole process group is stopped on an interrupt, and a failed tool's log is kept."""
+the whole process group is stopped on an interrupt, and a failed tool's log is kept.
+
+Real processes (``sh``, ``sleep``) under a real interval timer: the integration tier."""
 
 from __future__ import annotations
 
@@ -12,6 +14,8 @@ import pytest
 
 from rankpack.case.openfoam import run_tool
 from rankpack.errors import UserError
+
+pytestmark = pytest.mark.integration
 
 
 def _processes_in(cwd: Path) -> list[int]:
