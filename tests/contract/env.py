@@ -25,8 +25,8 @@ from rankpack.backend.protocol import (
     StagedCase,
     StageSpec,
 )
-from rankpack.backend.simulated import SimTiming, SimulatedBackend, SimulatedCase, SimulatedCluster
 from rankpack.case.foamlog import LogParser
+from rankpack.testing.simulated import SimTiming, SimulatedBackend, SimulatedCase, SimulatedCluster
 
 Length = Literal["short", "long"]
 

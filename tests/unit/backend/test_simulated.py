@@ -20,8 +20,9 @@ from rankpack.backend.protocol import (
     StageSpec,
     UnknownSimulation,
 )
-from rankpack.backend.simmodel import cpu_speeds, split_cells
-from rankpack.backend.simulated import (
+from rankpack.case.foamlog import LogParser
+from rankpack.testing.simmodel import cpu_speeds, split_cells
+from rankpack.testing.simulated import (
     RankFault,
     ResizeScript,
     SimNode,
@@ -30,7 +31,6 @@ from rankpack.backend.simulated import (
     SimulatedCase,
     SimulatedCluster,
 )
-from rankpack.case.foamlog import LogParser
 
 INSTANT = SimTiming(stage_s=0.0, start_s=0.0, resize_latency_s=0.0)
 

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rankpack.backend.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
 from rankpack.controller.learned import learned_sizes
 from rankpack.controller.loop import LoopSettings, OneJob, StoreQueue, run_jobs
 from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.submission import Submission
 from rankpack.store import Store
+from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
 
 # rank 1 (6000 cells) computes 0.6 s per iteration, rank 0 0.2 s; 0.4 s of MPI each:
 # duties 0.2 and 0.6 on a core each -> sized to 250m and 750m (headroom 1.25)

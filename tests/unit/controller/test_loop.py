@@ -15,15 +15,6 @@ from pathlib import Path
 import pytest
 
 from rankpack.backend.protocol import ResizeState
-from rankpack.backend.simulated import (
-    RankFault,
-    ResizeScript,
-    SimNode,
-    SimTiming,
-    SimulatedBackend,
-    SimulatedCase,
-    SimulatedCluster,
-)
 from rankpack.controller.loop import (
     LoopResult,
     LoopSettings,
@@ -46,6 +37,15 @@ from rankpack.controller.session import (
 )
 from rankpack.controller.submission import Submission
 from rankpack.store import Store
+from rankpack.testing.simulated import (
+    RankFault,
+    ResizeScript,
+    SimNode,
+    SimTiming,
+    SimulatedBackend,
+    SimulatedCase,
+    SimulatedCluster,
+)
 
 CASE = SimulatedCase("box", cells=8000, iterations=100, cell_work_s=1e-4)
 # one iteration of 8000 cells on 2 ranks with a full core each: 0.4 s; 100 its: ~40 s

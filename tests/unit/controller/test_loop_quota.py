@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 
 from rankpack.backend.protocol import Inventory, Quota
-from rankpack.backend.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
 from rankpack.controller.loop import LoopSettings, StoreQueue, run_jobs
 from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.submission import Submission
 from rankpack.store import Store
+from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
 
 CASE = SimulatedCase("box", cells=8000, iterations=60, cell_work_s=1e-4)
 

@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from rankpack.backend.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
 from rankpack.controller.loop import LoopSettings, OneJob, run_jobs
 from rankpack.controller.submission import Submission
 from rankpack.store import Store
+from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
 
 CASE = SimulatedCase("box", cells=8000, iterations=20, cell_work_s=1e-4)
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from rankpack.backend.protocol import BackendError, ShimSpec, SimSpec
-from rankpack.backend.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
 from rankpack.controller.loop import LoopSettings, OneJob, StoreQueue, run_jobs
 from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.submission import Submission
 from rankpack.store import Store
+from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
 
 CASE = SimulatedCase("box", cells=8000, iterations=100, cell_work_s=1e-4)
 

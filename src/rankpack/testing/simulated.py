@@ -86,8 +86,12 @@ with one in flight leaves it FAILED (``simulation ended``).
 
 Faults. `SimulatedCluster.add_fault` schedules a `RankFault` at a virtual time: the rank
 FAILS and takes the simulation down (phase FAILED, reason ``rank N failed: <reason>``, exit
-code 1; the other ranks FAILED too), or, with ``restart=True``, its container restarts in
-place: ``restarts`` + 1 and the current iteration starts over.
+code 1, failure ``RankFailed``; the other ranks FAILED too), or, with ``restart=True``, its
+container restarts in place: ``restarts`` + 1 and the current iteration starts over.
+
+Failures carry a code (`SimObservation.failure`): a stopped simulation ``Stopped`` (exit
+code 143 if it was launched), an unknown case ``NotACase``, an invalid stage spec
+``InvalidSpec``, a run directory that cannot be created ``StageFailed``.
 
 `wait(timeout_s)` returns at once if something happened since the previous `wait` outside
 of it (a simulation stopped, a staging failed); otherwise it advances the clock to the next
@@ -109,8 +113,8 @@ from rankpack.backend.protocol import (
     StageSpec,
     UnknownSimulation,
 )
-from rankpack.backend.simcluster import SimulatedCluster
-from rankpack.backend.simmodel import (
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import (
     DEFAULT_CASES,
     RankFault,
     ResizeScript,

@@ -1,6 +1,6 @@
 """The simulated backend's world: its settings and the pure formulas of its model.
 
-`rankpack.backend.simulated` keeps the state (virtual clock, simulations, resizes) and
+`rankpack.testing.simcluster` keeps the state (virtual clock, simulations, resizes) and
 calls these functions; they have no state, no clock and no randomness, so the model can be
 tested (and read) on its own. The formulas are documented in the `simulated` module.
 """
