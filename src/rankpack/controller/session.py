@@ -62,7 +62,7 @@ class SessionResult:
     cycles."""
     gate_limit: float | None = None
     """The same bound as the launch gate counts it (a simulation with more ranks than cores
-    fills them: `rankpack.controller.policy._limit_gain`); the gate learns its efficiency as
+    fills them: `rankpack.controller.gate._limit_gain`); the gate learns its efficiency as
     gain / this, so that what it learns is applied to the limit it was learned against."""
 
     def to_json(self) -> dict[str, Any]:
