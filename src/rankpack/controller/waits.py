@@ -36,6 +36,9 @@ from dataclasses import dataclass
 
 from rankpack.controller.observations import NodeCores, Observations, WaitSetting
 from rankpack.core.actions import RankWait, WaitMode
+from rankpack.errors import UserError
+
+SETTINGS: tuple[WaitSetting, ...] = ("auto", "spin", "polite", "adaptive")
 
 CLUSTER = ""
 """The key under which ranks without a node are counted: the whole cluster."""
@@ -66,6 +69,15 @@ class WaitChoice:
     idle_yield: bool
     """The MPI library's own yield while idle: off only where every rank spins on a core
     of its own."""
+
+
+def setting(own: str | None, session: str) -> WaitSetting:
+    """A simulation's wait setting: its submission's own mode, else the session's."""
+    mode = own or session
+    for known in SETTINGS:
+        if mode == known:
+            return known
+    raise UserError(f"unknown wait mode '{mode}'; use auto, spin, polite or adaptive")
 
 
 def nodes_of(obs: Observations) -> tuple[NodeCores, ...]:
