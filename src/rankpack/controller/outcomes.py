@@ -78,11 +78,9 @@ def _status(sim: Tracked, ending: Ending) -> tuple[str, str | None, FailureCode 
     why = last.reason if last and last.reason else f"exit code {exit_code}"
     if state.fatal and state.fatal not in why:
         why = f"{why} ({state.fatal})"
-    # the backend's code where it saw the failure; else the solver's fatal error in its log
-    if last is not None and last.failure is not None:
-        code = last.failure
-    else:
-        code = FailureCode.SOLVER_FAILED if state.fatal else FailureCode.OTHER
+    # the backend's code, set where it saw the failure (the log's fatal line is text: it
+    # may be the solver's error or mpirun's note of a killed rank, so it gives no code)
+    code = last.failure if last is not None and last.failure is not None else FailureCode.OTHER
     return "failed", f"{why}; see {sim.staged.log_path}", code
 
 
