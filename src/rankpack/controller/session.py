@@ -96,15 +96,9 @@ def run_session(
 ) -> SessionResult:
     """Run the queue until it is empty (or stopped) as one recorded multiplex session."""
     capacity = settings.capacity_millis or backend.inventory().allocatable_millis
-    multiplex_id = store.start_multiplex(
-        capacity, settings.controller.max_concurrent, settings.wait_mode, backend.name
-    )
-    settings = replace(
-        settings,
-        multiplex_id=multiplex_id,
-        label=f"multiplex-{multiplex_id}",
-        extra={**settings.extra, "multiplex_id": multiplex_id},
-    )
+    settings = open_session(store, backend.name, settings, capacity)
+    multiplex_id = settings.multiplex_id
+    assert multiplex_id is not None
     store.add_event(None, "start", {"capacity_millis": capacity,
                     "max_concurrent": settings.controller.max_concurrent,
                     "wait_mode": settings.wait_mode, "backend": backend.name},
@@ -118,6 +112,29 @@ def run_session(
                     "makespan_s": round(result.makespan_s, 3)},
                     multiplex_id=multiplex_id, t_s=round(result.makespan_s, 3))  # fmt: skip
     return result
+
+
+def open_session(
+    store: Store,
+    backend_name: str,
+    settings: LoopSettings,
+    capacity_millis: int,
+    *,
+    label: str = "multiplex",
+) -> LoopSettings:
+    """Record a new multiplex session and return the settings of the loops that run it:
+    its id on every event and run (``multiplex_id``, and in each run's options), its
+    runs labelled ``<label>-<id>``. The one session set-up of `rankpack multiplex` and the
+    operator (which records its sessions as backend ``kubernetes-operator``)."""
+    multiplex_id = store.start_multiplex(
+        capacity_millis, settings.controller.max_concurrent, settings.wait_mode, backend_name
+    )
+    return replace(
+        settings,
+        multiplex_id=multiplex_id,
+        label=f"{label}-{multiplex_id}",
+        extra={**settings.extra, "multiplex_id": multiplex_id},
+    )
 
 
 def summarise(
