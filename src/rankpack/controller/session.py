@@ -21,21 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from rankpack.backend.protocol import Backend
-from rankpack.controller.loop import (
-    Display,
-    LoopResult,
-    LoopSettings,
-    OneJob,
-    SimOutcome,
-    StoreQueue,
-    run_jobs,
-)
+from rankpack.controller.jobs import OneJob, StoreQueue
+from rankpack.controller.loop import run_jobs
 from rankpack.controller.observations import (
     DEFAULT_COLOCATION_EFFICIENCY,
     ControllerSettings,
     GateModel,
 )
 from rankpack.controller.submission import Submission
+from rankpack.controller.tracked import LoopSettings
+from rankpack.controller.views import Display, LoopResult, SimOutcome
 from rankpack.errors import UserError
 from rankpack.model.limit import SingleRun, compute_cores, mixed_gain_limit
 from rankpack.store import RunRow, SessionRow, Store
@@ -175,7 +170,7 @@ def summarise(
         throughput_limit=limit,
         gate_limit=gate_limit,
         launch_failures=tuple(
-            {"queue_id": f.queue_id, "case": f.case, "reason": f.reason}
+            {"queue_id": f.queue_id, "case": f.case, "reason": f.reason, "failure": f.failure.value}
             for f in loop.stage_failures
         ),
     )
