@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal
 
 from rankpack.controller.observations import (
     Action,
@@ -18,8 +17,9 @@ from rankpack.controller.observations import (
     Resize,
     SimSnapshot,
 )
+from rankpack.core.actions import ResizeKind
 
-ResizeKind = Literal["size", "fairness", "phase", "pack"]
+__all__ = ["ResizeKind", "Step", "has_shim"]
 
 
 @dataclass

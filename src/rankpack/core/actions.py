@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+ResizeKind = Literal["size", "fairness", "phase", "pack"]
+"""Why a rank is resized: sized to its duty cycle, a fairness adjustment, a phase of its
+schedule, or packed to make room for a launch."""
+
 
 @dataclass(frozen=True)
 class Resize:
@@ -19,7 +23,7 @@ class Resize:
     rank: int
     request_millis: int
     reason: str
-    kind: Literal["size", "fairness", "phase", "pack"] = "size"
+    kind: ResizeKind = "size"
 
 
 @dataclass(frozen=True)
