@@ -21,7 +21,9 @@ from dataclasses import dataclass
 
 from rankpack.backend.protocol import BackendError, SimObservation, SimPhase
 from rankpack.case import staging
+from rankpack.case.openfoam import NotACase
 from rankpack.case.staging import StagedCase, StageSpec
+from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
 
 
@@ -50,6 +52,8 @@ class _Stage:
     thread: threading.Thread
     result: StagedCase | None = None
     error: str | None = None
+    failure: FailureCode = FailureCode.STAGE_FAILED
+    """The code of ``error`` (`NotACase` when the case is none)."""
     done: bool = False
     cancelled: bool = False
 
@@ -74,6 +78,7 @@ class Stager:
             staging.check(spec)  # bad input fails here, before a thread or a directory exists
         except UserError as exc:
             entry.error, entry.done = str(exc), True
+            entry.failure = _code(exc)
             self._notify()
             return
         entry.thread.start()
@@ -83,7 +88,7 @@ class Stager:
         try:
             entry.result = staging.stage(spec)
         except UserError as exc:
-            entry.error = str(exc)
+            entry.error, entry.failure = str(exc), _code(exc)
         except Exception as exc:  # a staging bug must not kill the loop: report it
             entry.error = f"staging failed: {exc!r}"
         entry.done = True
@@ -100,8 +105,9 @@ class Stager:
             return SimObservation(sim_id, now, SimPhase.STAGING, ())
         if entry.error is not None:
             return SimObservation(
-                sim_id, now, SimPhase.FAILED, (), reason=entry.error, stage_error=entry.error
-            )
+                sim_id, now, SimPhase.FAILED, (), reason=entry.error, stage_error=entry.error,
+                failure=entry.failure,
+            )  # fmt: skip
         return SimObservation(sim_id, now, SimPhase.STAGED, (), staged=entry.result)
 
     def launched(self, sim_id: str) -> None:
@@ -133,3 +139,7 @@ class Stager:
     def forget_all(self) -> None:
         """Drop every stage from memory (their workers finish on their own)."""
         self._stages.clear()
+
+
+def _code(exc: UserError) -> FailureCode:
+    return FailureCode.NOT_A_CASE if isinstance(exc, NotACase) else FailureCode.STAGE_FAILED

@@ -26,6 +26,12 @@ from foamlib import FoamFile
 from rankpack import paths, quantities
 from rankpack.errors import UserError
 
+
+class NotACase(UserError):
+    """The case path or tutorial name names no OpenFOAM case (no such directory or
+    tutorial, a file, a directory without system/controlDict): failure code ``NotACase``."""
+
+
 EXAMPLES_ROOT = Path(
     os.environ.get("RANKPACK_FOAM_EXAMPLES", "/usr/share/doc/openfoam-examples/examples")
 )
@@ -93,20 +99,18 @@ def resolve_case(text: str, *, require_solver: bool = True) -> CaseSource:
         if not exists:
             raise UserError(f"case {shown} is a broken symlink or a symlink loop")
         if not is_dir:
-            raise UserError(
-                f"{shown} is a file; give an OpenFOAM case directory or a tutorial name"
-            )
+            raise NotACase(f"{shown} is a file; give an OpenFOAM case directory or a tutorial name")
         if not os.access(path, os.R_OK | os.X_OK):
             raise UserError(f"case directory {shown} cannot be read")
         paths.check_tree(path, skip_top=COPY_SKIPS)
         if not _is_case(path):
-            raise UserError(
+            raise NotACase(
                 f"{shown} is not an OpenFOAM case (no system/controlDict); "
                 "give a case directory or a tutorial name such as pitzDaily"
             )
         source = CaseSource(path.resolve(), path.resolve().name, tutorial=False)
     elif "/" in text:
-        raise UserError(f"case directory {shown} does not exist")
+        raise NotACase(f"case directory {shown} does not exist")
     else:
         source = CaseSource(find_tutorial(text), text, tutorial=True)
     if require_solver:
@@ -156,7 +160,7 @@ def find_tutorial(name: str) -> Path:
     if len(matches) > 1:
         listed = ", ".join(str(m.relative_to(EXAMPLES_ROOT)) for m in matches[:4])
         raise UserError(f"tutorial name {name} is ambiguous ({listed}); give the case directory")
-    raise UserError(
+    raise NotACase(
         f"unknown tutorial '{name}'; try pitzDaily or aerofoilNACA0012, or give a case directory"
     )
 

@@ -26,14 +26,8 @@ from rankpack.cli.common import (
 )
 from rankpack.cli.operator_cmd import add_read_backend, handle_events_kubernetes
 from rankpack.cli.run_cmd import stop_on_signals
-from rankpack.controller.loop import LoopSettings
-from rankpack.controller.observations import (
-    ControllerSettings,
-    ControllerState,
-    Observations,
-    QueuedSim,
-)
-from rankpack.controller.policy import decide
+from rankpack.controller.loop import LoopSettings, StoreQueue, preview
+from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.session import (
     GateChoice,
     SessionResult,
@@ -170,10 +164,13 @@ def handle_multiplex(args: argparse.Namespace) -> int:
     if args.dry_run:
         requeue(store)
         queue = queued(store)
-        capacity, controller, _ = _controller(
-            store, options, queue, LocalBackend(), quiet=args.json
-        )
-        return dry_run(queue, capacity, controller, args.json)
+        backend = LocalBackend()
+        capacity, controller, _ = _controller(store, options, queue, backend, quiet=args.json)
+        settings = LoopSettings(
+            runs_root=data_dir() / "runs", controller=controller, wait_mode=options.wait,
+            capacity_millis=capacity,
+        )  # fmt: skip
+        return dry_run(store, backend, settings, args.json)
     with stop_on_signals() as stop:
         outcome = run_multiplex(store, LocalBackend(), options, show=not args.json, stop=stop)
     if outcome is None:
@@ -280,19 +277,10 @@ def run_multiplex(
     return MultiplexOutcome(result, plot, gate)
 
 
-def dry_run(
-    queue: list[QueueRow], capacity: int, settings: ControllerSettings, as_json: bool
-) -> int:
-    obs = Observations(
-        now_s=0.0,
-        capacity_millis=capacity,
-        sims=(),
-        queue=tuple(
-            QueuedSim(q.id, q.n_ranks, Submission.from_json(q.options).initial_millis)
-            for q in queue
-        ),
-    )
-    decision = decide(obs, ControllerState(), settings)
+def dry_run(store: Store, backend: LocalBackend, settings: LoopSettings, as_json: bool) -> int:
+    """The loop's first decision on the queue, applied nowhere: built from the same
+    observations as a run (learned sizes, capacity), so it decides as the run will."""
+    decision = preview(backend, store, StoreQueue(store, None), settings)
     actions = [{"action": type(a).__name__.lower(), **a.__dict__} for a in decision.actions]
     if as_json:
         print_json({"dry_run": True, "actions": actions})

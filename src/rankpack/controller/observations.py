@@ -1,7 +1,7 @@
 """The values the multiplexing controller's decision step reads and returns.
 
 The decision step is a pure function ``decide(observations, state, settings) -> Decision``
-(`rankpack.controller.policy`). The driver (`rankpack.controller.multiplex`) builds
+(`rankpack.controller.policy`). The control loop (`rankpack.controller.observing`) builds
 `Observations` from the backend, the solver logs and the PMPI shim's live records, calls
 `decide`, applies the `Action`s through the backend, and records every action (with its
 reason) as an event. Time is a value in the observations (``now_s``), never read from a

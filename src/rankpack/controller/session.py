@@ -21,21 +21,16 @@ from pathlib import Path
 from typing import Any
 
 from rankpack.backend.protocol import Backend
-from rankpack.controller.loop import (
-    Display,
-    LoopResult,
-    LoopSettings,
-    OneJob,
-    SimOutcome,
-    StoreQueue,
-    run_jobs,
-)
+from rankpack.controller.jobs import OneJob, StoreQueue
+from rankpack.controller.loop import run_jobs
 from rankpack.controller.observations import (
     DEFAULT_COLOCATION_EFFICIENCY,
     ControllerSettings,
     GateModel,
 )
 from rankpack.controller.submission import Submission
+from rankpack.controller.tracked import LoopSettings
+from rankpack.controller.views import Display, LoopResult, SimOutcome
 from rankpack.errors import UserError
 from rankpack.model.limit import SingleRun, compute_cores, mixed_gain_limit
 from rankpack.store import RunRow, SessionRow, Store
@@ -62,7 +57,7 @@ class SessionResult:
     cycles."""
     gate_limit: float | None = None
     """The same bound as the launch gate counts it (a simulation with more ranks than cores
-    fills them: `rankpack.controller.policy._limit_gain`); the gate learns its efficiency as
+    fills them: `rankpack.controller.gate._limit_gain`); the gate learns its efficiency as
     gain / this, so that what it learns is applied to the limit it was learned against."""
 
     def to_json(self) -> dict[str, Any]:
@@ -96,15 +91,9 @@ def run_session(
 ) -> SessionResult:
     """Run the queue until it is empty (or stopped) as one recorded multiplex session."""
     capacity = settings.capacity_millis or backend.inventory().allocatable_millis
-    multiplex_id = store.start_multiplex(
-        capacity, settings.controller.max_concurrent, settings.wait_mode, backend.name
-    )
-    settings = replace(
-        settings,
-        multiplex_id=multiplex_id,
-        label=f"multiplex-{multiplex_id}",
-        extra={**settings.extra, "multiplex_id": multiplex_id},
-    )
+    settings = open_session(store, backend.name, settings, capacity)
+    multiplex_id = settings.multiplex_id
+    assert multiplex_id is not None
     store.add_event(None, "start", {"capacity_millis": capacity,
                     "max_concurrent": settings.controller.max_concurrent,
                     "wait_mode": settings.wait_mode, "backend": backend.name},
@@ -118,6 +107,29 @@ def run_session(
                     "makespan_s": round(result.makespan_s, 3)},
                     multiplex_id=multiplex_id, t_s=round(result.makespan_s, 3))  # fmt: skip
     return result
+
+
+def open_session(
+    store: Store,
+    backend_name: str,
+    settings: LoopSettings,
+    capacity_millis: int,
+    *,
+    label: str = "multiplex",
+) -> LoopSettings:
+    """Record a new multiplex session and return the settings of the loops that run it:
+    its id on every event and run (``multiplex_id``, and in each run's options), its
+    runs labelled ``<label>-<id>``. The one session set-up of `rankpack multiplex` and the
+    operator (which records its sessions as backend ``kubernetes-operator``)."""
+    multiplex_id = store.start_multiplex(
+        capacity_millis, settings.controller.max_concurrent, settings.wait_mode, backend_name
+    )
+    return replace(
+        settings,
+        multiplex_id=multiplex_id,
+        label=f"{label}-{multiplex_id}",
+        extra={**settings.extra, "multiplex_id": multiplex_id},
+    )
 
 
 def summarise(
@@ -158,7 +170,7 @@ def summarise(
         throughput_limit=limit,
         gate_limit=gate_limit,
         launch_failures=tuple(
-            {"queue_id": f.queue_id, "case": f.case, "reason": f.reason}
+            {"queue_id": f.queue_id, "case": f.case, "reason": f.reason, "failure": f.failure.value}
             for f in loop.stage_failures
         ),
     )

@@ -33,9 +33,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import get_args
 
 from rankpack.controller.observations import NodeCores, Observations, WaitSetting
 from rankpack.core.actions import RankWait, WaitMode
+from rankpack.errors import UserError
+
+SETTINGS: tuple[WaitSetting, ...] = get_args(WaitSetting)
+"""The wait settings, as `WaitSetting` names them."""
 
 CLUSTER = ""
 """The key under which ranks without a node are counted: the whole cluster."""
@@ -66,6 +71,15 @@ class WaitChoice:
     idle_yield: bool
     """The MPI library's own yield while idle: off only where every rank spins on a core
     of its own."""
+
+
+def setting(own: str | None, session: str) -> WaitSetting:
+    """A simulation's wait setting: its submission's own mode, else the session's."""
+    mode = own or session
+    for known in SETTINGS:
+        if mode == known:
+            return known
+    raise UserError(f"unknown wait mode '{mode}'; use {', '.join(SETTINGS[:-1])} or {SETTINGS[-1]}")
 
 
 def nodes_of(obs: Observations) -> tuple[NodeCores, ...]:

@@ -28,6 +28,7 @@ from typing import Any
 
 from rankpack.case.staging import StagedCase
 from rankpack.controller.loop import Adopted, Job, SimView
+from rankpack.core.failures import FailureCode
 from rankpack.core.results import progress_text
 from rankpack.errors import UserError
 from rankpack.operator import crd
@@ -341,7 +342,9 @@ class SimulationQueue:
             ),
         })  # fmt: skip
 
-    def finished(self, job: Job, status: str, message: str = "") -> None:
+    def finished(
+        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
+    ) -> None:
         name = self.names.get(job.queue_id)
         if name is None:
             return
@@ -354,6 +357,8 @@ class SimulationQueue:
         patch: Obj = {}
         run_id = self.run_ids.get(job.queue_id)
         reason = "StagingFailed" if message else ""  # ended before it had a run
+        if failure is not None:
+            reason = failure.value
         if message:
             result["message"] = message
         if run_id is not None:

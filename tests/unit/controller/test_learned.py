@@ -5,9 +5,17 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
+from rankpack.controller import loop
 from rankpack.controller.learned import learned_sizes
 from rankpack.controller.loop import LoopSettings, OneJob, StoreQueue, run_jobs
-from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.observations import (
+    ControllerSettings,
+    ControllerState,
+    Decision,
+    Observations,
+)
 from rankpack.controller.submission import Submission
 from rankpack.store import Store
 from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
@@ -128,3 +136,28 @@ def test_runs_that_shared_the_node_teach_no_sizes(tmp_path: Path) -> None:
     assert store.get_run(later.id).shared_s == 0
     found = learned_sizes(store, SUB, "simulated", headroom=1.25, floor_millis=50)
     assert found is not None and found.run_id == later.id
+
+
+def test_the_dry_run_sees_the_learned_sizes_and_applies_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    store = Store(tmp_path / "r.db")
+    backend = _backend()
+    run_id = _profiled_run(tmp_path, store, backend)
+    store.submit_many("box", 2, SUB.to_json(), 1)
+    seen: list[Observations] = []
+    real = loop.decide
+
+    def spy(obs: Observations, state: ControllerState, settings: ControllerSettings) -> Decision:
+        seen.append(obs)
+        return real(obs, state, settings)
+
+    monkeypatch.setattr(loop, "decide", spy)
+    events = len(store.events())
+    decision = loop.preview(backend, store, StoreQueue(store, None), _settings(tmp_path, 2))
+    (obs,) = seen
+    assert obs.queue[0].initial_request_millis == (250, 750)  # as the run would see it
+    assert len(obs.queue[0].duty) == 2
+    assert [type(a).__name__ for a in decision.actions] == ["Launch"]
+    assert len(store.events()) == events and len(store.queue()) == 1 and backend.list() == ()
+    assert run_id in {r.id for r in store.all_runs()}

@@ -21,7 +21,6 @@ from rankpack.controller.loop import (
     OneJob,
     SimView,
     StoreQueue,
-    _steady_duty,
     run_jobs,
 )
 from rankpack.controller.observations import (
@@ -29,6 +28,7 @@ from rankpack.controller.observations import (
     ControllerSettings,
     Phase,
 )
+from rankpack.controller.outcomes import steady_duty
 from rankpack.controller.session import (
     PRIOR_SESSIONS,
     choose_gate,
@@ -411,13 +411,13 @@ def test_a_case_staged_ahead_and_never_launched_is_removed(tmp_path: Path) -> No
 def test_steady_duty_skips_start_up_and_widens_when_the_log_arrived_late() -> None:
     # (iterations seen, cumulative compute ns, cumulative MPI ns) per observation
     running = [(0, 10, 90), (10, 200, 300), (100, 2000, 2000)]
-    assert _steady_duty(running, 100) == pytest.approx(1800 / 3500)  # from iteration >= 10
+    assert steady_duty(running, 100) == pytest.approx(1800 / 3500)  # from iteration >= 10
     # The log reached the controller only after the ranks finished: every mark at or after
     # 10 % is the same finished record, so the window widens to the first observation.
     late = [(0, 100, 100), (100, 2000, 2000), (100, 2000, 2000)]
-    assert _steady_duty(late, 100) == pytest.approx(1900 / 3800)
+    assert steady_duty(late, 100) == pytest.approx(1900 / 3800)
     # Every observation saw the finished record: the whole run since MPI_Init.
-    assert _steady_duty([(100, 3000, 1000), (100, 3000, 1000)], 100) == pytest.approx(0.75)
-    assert _steady_duty([(100, 3000, 1000)], 100) == pytest.approx(0.75)
-    assert _steady_duty([], 100) is None
-    assert _steady_duty([(0, 0, 0), (0, 0, 0)], 100) is None
+    assert steady_duty([(100, 3000, 1000), (100, 3000, 1000)], 100) == pytest.approx(0.75)
+    assert steady_duty([(100, 3000, 1000)], 100) == pytest.approx(0.75)
+    assert steady_duty([], 100) is None
+    assert steady_duty([(0, 0, 0), (0, 0, 0)], 100) is None

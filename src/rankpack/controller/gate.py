@@ -1,0 +1,345 @@
+"""The launch gate: when the head of the queue starts, or what may pass it (pure).
+
+Part of the decision step (`rankpack.controller.policy.decide` calls `launch` after
+sizing and fairness); the requests it sees are those the step's earlier actions left.
+
+At most one `Launch` per step, for ``obs.queue[0]``
+  (FIFO), or - while the head does not fit (``no-room``) and has waited less than
+  ``backfill_wait_s`` since it stopped fitting - the first of the next ``backfill_scan``
+  simulations that would be launched by the same rules (backfill; after that wait nothing
+  passes the head, so neither wide nor narrow simulations starve). With nothing running it
+  launches at once, only held by the launch cooldown (a guard against a launch the
+  observations do not show yet). Otherwise every running simulation must be ``sized`` or
+  ``scheduled`` and have started its ranks (one still starting counts when it was sized
+  from learned duty cycles, unless the launch needs a pack), fewer than ``max_concurrent``
+  running, the cooldown over, the unrequested capacity >= the head's initial requests, and
+  the throughput model must predict a gain: N = running count, R = max(ranks of the head
+  and of the running simulations), one node of capacity / 1000 vCPUs, duty cycles = per
+  rank index the mean of the running simulations' duties (a ``scheduled`` one uses its
+  cumulative shim ratio, or 1.0 without shim data), padded with the overall mean to R;
+  throughput(n) = n / slowdown(n) from `predict_from_duty_cycles`, and the launch needs
+  throughput(N+1) >= (1 + ``min_predicted_gain``) x throughput(N). When the head is held
+  back a ``launch-held`` note is emitted only when the reason code changes (``cooldown``,
+  ``max-concurrent``, ``no-room``, ``no-gain``); waiting for a simulation in warmup or
+  profiling (code ``measuring``) is silent.
+
+`fit_launch` is the same gate's rule for a simulation staged and about to launch on
+Kubernetes (`ControllerSettings.launch_must_fit`): its initial requests scale down to the
+unrequested capacity, so that every rank pod can be scheduled.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from rankpack.controller.observations import (
+    ControllerSettings,
+    ControllerState,
+    Launch,
+    Note,
+    Observations,
+    QueuedSim,
+    Resize,
+    SimMemory,
+    SimSnapshot,
+)
+from rankpack.controller.step import Step
+from rankpack.model.contention import ClusterShape, throughput
+from rankpack.model.overlap import predict_from_duty_cycles
+from rankpack.plan.allocation import proportional_millis
+
+
+def launch(
+    step: Step, memory: dict[str, SimMemory], state: ControllerState
+) -> tuple[float | None, str | None, tuple[int, float] | None]:
+    """Launch the head of the queue, or backfill behind it, or say why not; returns
+    (last_launch_s, launch_held, head_no_room)."""
+    obs = step.obs
+    if not obs.queue:
+        return state.last_launch_s, None, None
+    head = obs.queue[0]
+    code, reason = _hold_reason(step, memory, state, head)
+    if code == "pack":
+        packed = _pack(step, head, reason)
+        if packed is not None:
+            step.actions.append(Launch(queue_id=head.queue_id, reason=reason,
+                                       request_millis=packed))  # fmt: skip
+            return obs.now_s, None, None
+        code, reason = "no-room", f"{reason}; but the floors leave no room to pack it"
+    if code is None:
+        step.actions.append(Launch(queue_id=head.queue_id, reason=reason))
+        return obs.now_s, None, None
+    if code != state.launch_held and code != "measuring":
+        step.actions.append(Note(sim_id=None, kind="launch-held", reason=reason, code=code,
+                                 queue_id=head.queue_id))  # fmt: skip
+    no_room: tuple[int, float] | None = None
+    if code in ("no-room", "quota"):
+        held = state.head_no_room
+        no_room = held if held is not None and held[0] == head.queue_id else (
+            head.queue_id, obs.now_s)  # fmt: skip
+        backfilled = _backfill(step, memory, state, no_room, reason)
+        if backfilled is not None:
+            step.actions.append(backfilled)
+            return obs.now_s, code, no_room
+    return state.last_launch_s, code, no_room
+
+
+def _no_room(obs: Observations, reason: str) -> tuple[str, str]:
+    """``no-room``, or ``quota`` when the namespace's quota is what leaves no room."""
+    if obs.capacity_bound:
+        return "quota", f"{reason}: held within {obs.capacity_bound}"
+    return "no-room", reason
+
+
+def _backfill(
+    step: Step,
+    memory: dict[str, SimMemory],
+    state: ControllerState,
+    head_no_room: tuple[int, float],
+    head_reason: str,
+) -> Launch | None:
+    """A launch of the first simulation behind a head that does not fit, if one would be
+    launched as it stands (no pack), while the head has waited less than
+    ``backfill_wait_s``."""
+    obs, s = step.obs, step.settings
+    waited = obs.now_s - head_no_room[1]
+    if waited >= s.backfill_wait_s:
+        return None
+    for queued in obs.queue[1 : 1 + s.backfill_scan]:
+        code, reason = _hold_reason(step, memory, state, queued)
+        if code is None:
+            return Launch(
+                queue_id=queued.queue_id,
+                reason=f"backfill: {reason}; ahead of it {head_reason} (it has waited"
+                f" {waited:.0f} s of the {s.backfill_wait_s:.0f} s backfill allows)",
+            )
+    return None
+
+
+def _hold_reason(
+    step: Step, memory: dict[str, SimMemory], state: ControllerState, head: QueuedSim
+) -> tuple[str | None, str]:
+    """(None, why launch) or (code, why held)."""
+    obs, s = step.obs, step.settings
+    name = f"queued simulation {head.queue_id}"
+    if state.last_launch_s is not None and obs.now_s - state.last_launch_s < s.launch_cooldown_s:
+        wait = s.launch_cooldown_s - (obs.now_s - state.last_launch_s)
+        return "cooldown", f"{name} waits {wait:.1f} s more after the last launch"
+    if not obs.sims:
+        floors = s.floor_millis * head.n_ranks
+        if s.launch_must_fit and step.unrequested() < floors:
+            return _no_room(obs, (
+                f"{name} needs at least {floors}m ({head.n_ranks} x the {s.floor_millis}m "
+                f"floor), only {max(0, step.unrequested())}m of {obs.capacity_millis}m is "
+                "unrequested"
+            ))  # fmt: skip
+        return None, f"nothing is running: launching {name}"
+    # A simulation still starting has no measurements yet, unless it was sized from what
+    # an earlier run of its case taught (`learned_duty`): then its duty cycles are known
+    # and the head need not wait for its ranks to start (a later launch is a longer stretch
+    # of it alone, at one simulation's speed, see docs/controller.md).
+    measuring = [
+        sim.sim_id
+        for sim in obs.sims
+        if memory[sim.sim_id].stage in ("warmup", "profiling")
+        or (sim.starting and memory[sim.sim_id].stage != "sized")
+    ]
+    # A simulation sized in this very step: the head's queued view (learned from a running
+    # copy) predates it, so decide on the next step.
+    measuring += sorted(
+        {a.sim_id for a in step.actions if isinstance(a, Resize) and a.kind == "size"}
+        - set(measuring)
+    )
+    if measuring:
+        return "measuring", f"{name} waits for {', '.join(measuring)} to be profiled and sized"
+    if len(obs.sims) >= s.max_concurrent:
+        return (
+            "max-concurrent",
+            f"{name} waits: {len(obs.sims)} simulations run (max {s.max_concurrent})",
+        )
+    need = sum(head.initial_request_millis)
+    free = step.unrequested()
+    no_room = f"{name} needs {need}m, only {free}m of {obs.capacity_millis}m is unrequested"
+    # The limit gate packs when it predicts a gain; `off` always packs (it measures what
+    # co-location does, which `limit` learns from); the other models only launch what fits.
+    if free < need and (s.gate not in ("limit", "off") or any(sim.phases for sim in obs.sims)):
+        return _no_room(obs, no_room)
+    starting = [sim.sim_id for sim in obs.sims if sim.starting]
+    if free < need and starting:
+        # A pack shrinks the running simulations' requests in place, which needs their
+        # ranks running (a resize of a rank not started yet is not carried out).
+        return "measuring", f"{name} waits for {', '.join(starting)} to start before a pack"
+    gain = _predicted_gain(step, memory, head)
+    if free < need:
+        # Requests are shares of the node, not reservations of cores: when the model says
+        # the node does more work with one more simulation, everyone's requests shrink in
+        # proportion so that all of them fit (`_pack`).
+        if gain is None or gain < 1 + s.min_predicted_gain:
+            shown = "n/a" if gain is None else f"{gain:.3f}"
+            return _no_room(obs, (
+                f"{no_room}, and {_model_name(s)} predicts throughput x{shown} with "
+                f"{len(obs.sims) + 1} simulations (needs x{1 + s.min_predicted_gain:.3f} to "
+                "pack it)"
+            ))  # fmt: skip
+        if s.gate == "off":
+            return (
+                "pack",
+                f"{no_room}: no gate (--gate off), so all requests shrink in proportion to fit",
+            )
+        return "pack", (
+            f"{no_room}: {_model_name(s)} predicts throughput x{gain:.3f} with "
+            f"{len(obs.sims) + 1} simulations, so all requests shrink in proportion to fit"
+        )
+    if gain is None or gain < 1 + s.min_predicted_gain:
+        shown = "n/a" if gain is None else f"{gain:.3f}"
+        return "no-gain", (
+            f"{name} fits ({need}m of {free}m free) but {_model_name(s)} predicts throughput"
+            f" x{shown}"
+            f" with {len(obs.sims) + 1} simulations (needs x{1 + s.min_predicted_gain:.3f})"
+        )
+    if s.gate == "off":
+        return None, f"{need}m of {free}m unrequested fits {name}; no gate (--gate off)"
+    return None, (
+        f"{need}m of {free}m unrequested fits {name}; {_model_name(s)} predicts throughput"
+        f" x{gain:.3f} with {len(obs.sims) + 1} simulations"
+    )
+
+
+def _pack(step: Step, head: QueuedSim, why: str) -> tuple[int, ...] | None:
+    """Shrink every running simulation's requests and the head's by one factor so that all
+    fit the capacity (floors kept); emit the running ones' Resizes (kind ``pack``,
+    decreases) and return the head's requests, or None if the floors do not fit."""
+    obs, s = step.obs, step.settings
+    total = sum(step.total(sim.sim_id) for sim in obs.sims) + sum(head.initial_request_millis)
+    factor = obs.capacity_millis / total
+    targets = {
+        sim.sim_id: [max(s.floor_millis, math.floor(r * factor)) for r in step.requests[sim.sim_id]]
+        for sim in obs.sims
+    }
+    mine = tuple(max(s.floor_millis, math.floor(r * factor)) for r in head.initial_request_millis)
+    if sum(sum(t) for t in targets.values()) + sum(mine) > obs.capacity_millis:
+        return None
+    reason = (
+        f"pack: requests x{factor:.2f} to fit queued simulation {head.queue_id} beside it "
+        "(requests are shares; ranks still use idle CPU)"
+    )
+    for sim in obs.sims:
+        new = targets[sim.sim_id]
+        step.resize(sim, new, "pack", [reason] * len(new))
+    return mine
+
+
+def _model_name(s: ControllerSettings) -> str:
+    if s.gate == "beta" and s.fitted_beta is not None:
+        return f"the linear contention model (beta {s.fitted_beta:.3f})"
+    if s.gate == "duty":
+        return "the duty-cycle model"
+    return f"the physical limit x efficiency {s.colocation_efficiency:.2f}"
+
+
+def _running_duties(sim: SimSnapshot, mem: SimMemory) -> list[float]:
+    if mem.stage == "sized" and len(mem.duty) == len(sim.ranks):
+        return list(mem.duty)
+    out = []
+    for r in sim.ranks:
+        c, m = r.compute_ns, r.mpi_ns
+        out.append(c / (c + m) if c is not None and m is not None and c + m > 0 else 1.0)
+    return out
+
+
+def _predicted_gain(step: Step, memory: dict[str, SimMemory], head: QueuedSim) -> float | None:
+    """throughput(N+1) / throughput(N) from the settings' gate model, or None if not
+    computable."""
+    s = step.settings
+    if s.gate == "off":
+        return math.inf
+    if s.gate == "beta" and s.fitted_beta is not None:
+        shape = _shape(step, memory, head)
+        if shape is None:
+            return None
+        n = len(step.obs.sims)
+        return throughput(n + 1, s.fitted_beta, shape) / throughput(n, s.fitted_beta, shape)
+    if s.gate == "duty":
+        return _duty_model_gain(step, memory, head)
+    return _limit_gain(step, memory, head)
+
+
+def _shape(step: Step, memory: dict[str, SimMemory], head: QueuedSim) -> ClusterShape | None:
+    per_sim = [_running_duties(sim, memory[sim.sim_id]) for sim in step.obs.sims]
+    ranks = max([head.n_ranks, *(len(d) for d in per_sim)])
+    if ranks < 1 or step.obs.capacity_millis <= 0:
+        return None
+    return ClusterShape(ranks=ranks, nodes=1, cpus_per_node=step.obs.capacity_millis / 1000)
+
+
+def _duty_model_gain(step: Step, memory: dict[str, SimMemory], head: QueuedSim) -> float | None:
+    """The duty-cycle overlap predictor (`predict_from_duty_cycles`)."""
+    obs = step.obs
+    per_sim = [_running_duties(sim, memory[sim.sim_id]) for sim in obs.sims]
+    all_duties = [d for ds in per_sim for d in ds]
+    shape = _shape(step, memory, head)
+    if shape is None or not all_duties:
+        return None
+    mean = sum(all_duties) / len(all_duties)
+    duties = []
+    for i in range(shape.ranks):
+        column = [ds[i] for ds in per_sim if i < len(ds)]
+        duties.append(sum(column) / len(column) if column else mean)
+    duties = [min(1.0, max(0.0, d)) for d in duties]
+    n = len(obs.sims)
+    now = predict_from_duty_cycles(n, duties, shape)
+    then = predict_from_duty_cycles(n + 1, duties, shape)
+    return then.throughput / now.throughput
+
+
+def _limit_gain(step: Step, memory: dict[str, SimMemory], head: QueuedSim) -> float | None:
+    """The work-conserving bound (`rankpack.model.limit`) with the co-location efficiency.
+
+    Simulation j computes on ``C_j = sum_i d_i`` cores when alone (rank i's duty cycle d_i,
+    a core per rank). A simulation with more ranks than the P cores counts as filling them,
+    ``C_j = P``: alone, its ranks' waits are mostly waits for a core its own other ranks
+    hold, not free capacity (docs/benchmarks.md: 4-rank pitzDaily pairs on 2 cores gained
+    0.71-0.96x with polite waiting). A set S of
+    simulations then runs at ``X(S) = |S| x min(1, P / sum_j C_j)`` simulations' worth of
+    single-run speed (fair sharing of the cores once their compute exceeds them; waiting
+    costs nothing). Spinning waits cost a core: under a fixed ``spin`` mode ``C_j`` is the
+    cores its ranks occupy, ``min(R_j, P)``. The head's duty cycles are its
+    learned ones, else the running simulations' mean per rank. Prediction:
+    ``eta(S+h) X(S+h) / (eta(S) X(S))`` with eta = ``colocation_efficiency`` for two or
+    more simulations together and 1 for one alone.
+    """
+    obs, s = step.obs, step.settings
+    cores = obs.capacity_millis / 1000
+    if cores <= 0 or not obs.sims:
+        return None
+    spin = any(sim.wait == "spin" for sim in obs.sims)
+
+    def compute(duties: Sequence[float], ranks: int) -> float:
+        if spin or ranks > cores:
+            return min(float(ranks), cores)
+        return sum(min(1.0, max(0.0, d)) for d in duties)
+
+    duties = [_running_duties(sim, memory[sim.sim_id]) for sim in obs.sims]
+    running = [compute(d, len(sim.ranks)) for d, sim in zip(duties, obs.sims, strict=True)]
+    if len(head.duty) == head.n_ranks:
+        mine = compute(head.duty, head.n_ranks)
+    else:
+        flat = [d for ds in duties for d in ds]
+        mine = compute([sum(flat) / max(1, len(flat))] * head.n_ranks, head.n_ranks)
+
+    def speed(loads: Sequence[float]) -> float:
+        total = sum(loads)
+        eta = 1.0 if len(loads) < 2 else s.colocation_efficiency
+        return eta * len(loads) * (1.0 if total <= cores else cores / total)
+
+    return speed([*running, mine]) / speed(running)
+
+
+def fit_launch(wanted: Sequence[int], free_millis: int, floor_millis: int) -> list[int] | None:
+    """The initial requests of a simulation about to launch scaled down to ``free_millis``
+    (floors kept, in proportion), or None when they fit as they are or even the floors do
+    not (then it launches as planned and waits to be scheduled)."""
+    if sum(wanted) <= free_millis or free_millis < floor_millis * len(wanted):
+        return None
+    return proportional_millis([float(w) for w in wanted], free_millis, floor_millis)

@@ -1,0 +1,125 @@
+"""Where the control loop takes its work from: job sources.
+
+A `Job` is one submission waiting in a queue. The loop asks its `JobSource` for the pending
+jobs each tick, claims the one the policy launches, and tells the source when it started,
+is held and ended. `OneJob` is `rankpack run`'s queue of one (in memory); `StoreQueue` is
+the database's queue (`rankpack submit`, `rankpack multiplex`); the operator's queue of
+Simulation objects lives in `rankpack.operator.queue`. `Adopted` is what a source knows of
+a simulation an earlier controller process launched (`ControlLoop.adopt`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from rankpack.backend.protocol import StagedCase
+from rankpack.controller.submission import Submission
+from rankpack.core.failures import FailureCode
+from rankpack.store import Store
+
+
+@dataclass(frozen=True)
+class Job:
+    queue_id: int
+    submission: Submission
+
+
+class JobSource(Protocol):
+    def pending(self) -> list[Job]:
+        """Waiting jobs, first to launch first."""
+        ...
+
+    def claim(self, job: Job) -> bool:
+        """Take the job for this loop; False if another session has it."""
+        ...
+
+    def started(self, job: Job, run_id: int, sim_id: str, staged: StagedCase) -> None:
+        """The job was staged and is being launched as simulation ``sim_id``."""
+        ...
+
+    def finished(
+        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
+    ) -> None:
+        """The job ended (``message`` and ``failure``, its code: why, when it failed before
+        it had a run; a run's own code is its result's ``failure``)."""
+        ...
+
+    def heartbeat(self, jobs: Sequence[Job]) -> None: ...
+
+    def held(self, job: Job, code: str, reason: str) -> None:
+        """The job waits in the queue for this reason (the policy's ``launch-held`` code)."""
+        ...
+
+
+class OneJob:
+    """A queue of one, in memory: `rankpack run`."""
+
+    def __init__(self, submission: Submission) -> None:
+        self.job = Job(0, submission)
+        self.taken = False
+
+    def pending(self) -> list[Job]:
+        return [] if self.taken else [self.job]
+
+    def claim(self, job: Job) -> bool:
+        if self.taken:
+            return False
+        self.taken = True
+        return True
+
+    def started(self, job: Job, run_id: int, sim_id: str, staged: StagedCase) -> None:
+        pass
+
+    def finished(
+        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
+    ) -> None:
+        pass
+
+    def heartbeat(self, jobs: Sequence[Job]) -> None:
+        pass
+
+    def held(self, job: Job, code: str, reason: str) -> None:
+        pass
+
+
+class StoreQueue:
+    """The database's queue (`rankpack submit`), claimed with leases."""
+
+    def __init__(self, store: Store, multiplex_id: int | None) -> None:
+        self.store = store
+        self.multiplex_id = multiplex_id
+
+    def pending(self) -> list[Job]:
+        return [Job(q.id, Submission.from_json(q.options)) for q in self.store.queue()]
+
+    def claim(self, job: Job) -> bool:
+        return self.store.claim(job.queue_id, self.multiplex_id)
+
+    def started(self, job: Job, run_id: int, sim_id: str, staged: StagedCase) -> None:
+        self.store.set_queue_run(job.queue_id, run_id)
+
+    def finished(
+        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
+    ) -> None:
+        self.store.finish_queue(job.queue_id, status)
+
+    def heartbeat(self, jobs: Sequence[Job]) -> None:
+        self.store.heartbeat([j.queue_id for j in jobs])
+
+    def held(self, job: Job, code: str, reason: str) -> None:
+        pass  # the launch-held event says it (`rankpack events`)
+
+
+@dataclass(frozen=True)
+class Adopted:
+    """A simulation launched by an earlier controller process, as its job source recorded
+    it: what `ControlLoop.adopt` needs to follow it again."""
+
+    job: Job
+    sim_id: str
+    run_id: int | None
+    staged: StagedCase
+    elapsed_s: float
+    """Seconds since it was launched."""

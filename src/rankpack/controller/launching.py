@@ -1,0 +1,286 @@
+"""From a claimed job to running ranks: stage, stage ahead, fit, launch, adopt.
+
+`Launcher.stage` claims the job the policy launches and asks the backend to stage its case
+(asynchronous: a staging simulation never blocks the others); once the backend reports it
+staged, `staged` launches it: the run row, the wait rule's mode for its ranks, the backend
+spec. `prestage` stages the head of the queue ahead of its launch while others run.
+`adopt` follows a simulation an earlier controller process launched. A job that cannot be
+staged is recorded as a `StageFailure` with its code (`StageFailed`, `NotACase`); a launch
+the backend refuses ends the simulation through the loop (`LaunchFailed`,
+`SolverNotAllowed`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import Callable
+from dataclasses import replace
+from pathlib import Path
+
+from rankpack.backend.protocol import (
+    BackendError,
+    RankResources,
+    ShimSpec,
+    SimObservation,
+    SimPhase,
+    SimSpec,
+    StagedCase,
+    StageSpec,
+)
+from rankpack.case.openfoam import NotACase, rank_env
+from rankpack.controller import waits
+from rankpack.controller.gate import fit_launch
+from rankpack.controller.jobs import Adopted, Job
+from rankpack.controller.observing import Observer
+from rankpack.controller.outcomes import new_run
+from rankpack.controller.tracked import LoopContext, Tracked
+from rankpack.controller.views import StageFailure
+from rankpack.core.failures import Failure, FailureCode
+from rankpack.core.results import WaitRecord
+from rankpack.errors import UserError
+
+
+class Launcher:
+    def __init__(
+        self, ctx: LoopContext, observer: Observer, end: Callable[[Tracked, Failure], None]
+    ) -> None:
+        self.ctx = ctx
+        self.observer = observer
+        self.end = end
+        """Ends a simulation whose launch failed (the loop records it)."""
+        self.prestaged: dict[int, str] = {}
+        """queue id -> sim id of a case staged ahead of its launch (see `prestage`)."""
+
+    # -- staging -------------------------------------------------------------------------
+
+    def stage(self, job: Job, reason: str, request_millis: tuple[int, ...] = ()) -> None:
+        """The policy's `Launch`: claim the job, stage it (or take what was staged ahead)."""
+        ctx = self.ctx
+        sub = job.submission
+        wait_setting = waits.setting(sub.wait, ctx.settings.wait_mode)  # before anything starts
+        if not ctx.jobs.claim(job):
+            ctx.event(None, "launch-skipped", queue_id=job.queue_id,
+                      reason="another session claimed it first")  # fmt: skip
+            return
+        ahead = self.prestaged.pop(job.queue_id, None)
+        sim_id = ahead or self._start_staging(job)
+        if sim_id is None:
+            return
+        plan, found = self.observer.plan(sub)
+        if len(request_millis) == plan.n_ranks:
+            ranks = tuple(
+                replace(r, cpu_millis=m) for r, m in zip(plan.ranks, request_millis, strict=True)
+            )
+            plan = replace(plan, ranks=ranks)
+        ctx.sims[sim_id] = Tracked(
+            job=job, sim_id=sim_id, plan=plan, queued_s=ctx.now(),
+            wait_setting=wait_setting, learned_duty=found.duty if found else (),
+        )  # fmt: skip
+        ctx.event(None, "stage", queue_id=job.queue_id, case=sub.case, sim=sim_id, reason=reason,
+                  **({"staged_ahead": True} if ahead else {}))  # fmt: skip
+        if found is not None:
+            ctx.event(None, "learned-sizes", queue_id=job.queue_id, sim=sim_id,
+                      from_run=found.run_id, source=found.source,
+                      request_millis=list(found.request_millis),
+                      reason=found.describe())  # fmt: skip
+        if ahead:  # staged already (or still staging): launch now, not at the next tick
+            self.progress(ctx.sims[sim_id], ctx.backend.observe(sim_id))
+
+    def _start_staging(self, job: Job, failures_are_final: bool = True) -> str | None:
+        """Ask the backend to stage ``job``'s case; its sim id, or None if it was refused
+        (recorded as the job's failure when ``failures_are_final``)."""
+        sub = job.submission
+        sim_id = f"s{uuid.uuid4().hex[:10]}"
+        spec = StageSpec(
+            sim_id=sim_id,
+            case=sub.case,
+            n_ranks=sub.n_ranks,
+            runs_root=self.ctx.settings.runs_root,
+            iterations=sub.iterations,
+            decompose=sub.decompose,
+            decompose_weights=sub.decompose_weights or sub.weights,
+            center=sub.center,
+            workdir=Path(sub.workdir) if sub.workdir else None,
+        )
+        try:
+            self.ctx.backend.stage(spec)
+        except (UserError, BackendError) as exc:
+            if failures_are_final:
+                code = FailureCode.NOT_A_CASE if isinstance(exc, NotACase) else None
+                self._stage_failed(job, str(exc), code or FailureCode.STAGE_FAILED)
+            return None
+        return sim_id
+
+    def _stage_failed(self, job: Job, reason: str, code: FailureCode) -> None:
+        ctx = self.ctx
+        ctx.tally.stage_failures.append(StageFailure(job.queue_id, job.submission.case, reason,
+                                                     code))  # fmt: skip
+        ctx.jobs.finished(job, "failed", reason, code)
+        ctx.event(None, "launch-failed", queue_id=job.queue_id, reason=reason, code=code.value)
+
+    def progress(self, sim: Tracked, obs: SimObservation) -> None:
+        """A simulation in staging, as observed: launch it once staged, or record why its
+        case could not be staged."""
+        ctx = self.ctx
+        if obs.phase is SimPhase.STAGED and obs.staged is not None:
+            self._launch(sim, obs.staged)
+        elif obs.phase is SimPhase.FAILED:
+            ctx.backend.release(sim.sim_id)
+            del ctx.sims[sim.sim_id]
+            reason = obs.stage_error or obs.reason or "staging failed"
+            self._stage_failed(sim.job, reason, obs.failure or FailureCode.STAGE_FAILED)
+
+    def prestage(self, pending: list[Job]) -> None:
+        """Stage the queue's head ahead while simulations run (`LoopSettings.prestage`);
+        release what was staged ahead for jobs no longer at the head (cancelled, claimed
+        by another controller) or when the loop ends (``pending`` empty). ``pending`` is
+        the tick's queue: the jobs this tick staged or failed are not its head."""
+        ctx = self.ctx
+        taken = {s.job.queue_id for s in ctx.sims.values()}
+        taken |= {f.queue_id for f in ctx.tally.stage_failures}
+        waiting = [j for j in pending if j.queue_id not in taken]
+        head = waiting[0].queue_id if waiting and ctx.sims and ctx.settings.prestage else None
+        for qid in [q for q in self.prestaged if q != head]:
+            with contextlib.suppress(BackendError):
+                ctx.backend.release(self.prestaged.pop(qid))
+        if head is None or head in self.prestaged:
+            return
+        sim_id = self._start_staging(waiting[0], failures_are_final=False)
+        if sim_id is not None:  # a refusal is met again, and recorded, at its launch
+            self.prestaged[head] = sim_id
+
+    # -- launching -----------------------------------------------------------------------
+
+    def _launch(self, sim: Tracked, staged: StagedCase) -> None:
+        ctx = self.ctx
+        sub = sim.job.submission
+        if sub.solver and sub.solver != staged.solver:
+            ctx.event(None, "solver", sim=sim.sim_id, queue_id=sim.job.queue_id,
+                      reason=f"{sub.solver} as submitted instead of the case's application "
+                      f"{staged.solver}")  # fmt: skip
+            staged = replace(staged, solver=sub.solver)
+        sim.staged = staged
+        for warning in staged.warnings:
+            ctx.event(None, "warning", sim=sim.sim_id, reason=warning)
+        if ctx.settings.controller.launch_must_fit:
+            self._fit(sim)
+        sim.run_id = new_run(ctx, sim, staged)
+        ctx.jobs.started(sim.job, sim.run_id, sim.sim_id, staged)
+        sim.usages = [[] for _ in sim.plan.ranks]
+        # Under auto, the wait rule counts its ranks with those already on the node(s):
+        # spinning until the policy could switch it (its records publish ~1 s after launch)
+        # would cost the others, and ranks that outnumber cores slow each other down.
+        self._wait_at_launch(sim)
+        spec = self._spec(sim)
+        sim.t0 = ctx.backend.clock()
+        sim.started_s = ctx.now()
+        allowed = ctx.settings.solvers
+        if allowed is not None and staged.solver not in allowed:
+            sim.end_t = sim.t0
+            self.end(sim, Failure(FailureCode.SOLVER_NOT_ALLOWED, (
+                f"launch failed: {staged.solver!r} (the case's application) is not an allowed "
+                "solver; ask the admin to allow it (rankpack operator --solver)"
+            )))  # fmt: skip
+            return
+        try:
+            ctx.backend.launch(spec)
+        except (BackendError, UserError) as exc:
+            sim.end_t = sim.t0
+            self.end(sim, Failure(FailureCode.LAUNCH_FAILED, f"launch failed: {exc}"))
+            return
+        # Every rank's counter is 0 at launch: the CPU-seconds integral starts there, so
+        # start-up before the first sample is counted (short runs are mostly start-up).
+        sim.times.append(0.0)
+        for series in sim.usages:
+            series.append(0)
+        ctx.event(
+            sim.run_id, "launch", queue_id=sim.job.queue_id, case=sub.case, sim=sim.sim_id,
+            request_millis=[r.cpu_millis for r in sim.plan.ranks],
+        )  # fmt: skip
+
+    def _fit(self, sim: Tracked) -> None:
+        """Scale the initial requests down to the unrequested capacity (Kubernetes: rank
+        pods that do not fit are never scheduled; `gate.fit_launch`); the plan's total, the
+        budget, stays."""
+        free = self.observer.capacity().capacity_millis - self.observer.ours_millis(but=sim)
+        wanted = [r.cpu_millis for r in sim.plan.ranks]
+        fitted = fit_launch(wanted, free, self.ctx.settings.controller.floor_millis)
+        if fitted is None:
+            return
+        ranks = tuple(replace(r, cpu_millis=m) for r, m in zip(sim.plan.ranks, fitted, strict=True))
+        sim.plan = replace(sim.plan, ranks=ranks)
+        self.ctx.event(None, "launch-fitted", queue_id=sim.job.queue_id, sim=sim.sim_id,
+                       request_millis=fitted,
+                       reason=f"requests {sum(wanted)}m scaled to the {free}m unrequested "
+                       "so that every rank pod fits")  # fmt: skip
+
+    def _wait_at_launch(self, sim: Tracked) -> None:
+        """The wait rule for a simulation about to start beside the others of this loop
+        (`waits.at_launch`): its ranks' mode, and the MPI library's idle yield to match."""
+        obs = self.observer.observations([])
+        obs = replace(obs, sims=tuple(s for s in obs.sims if s.sim_id != sim.sim_id))
+        requests = tuple(r.cpu_millis for r in sim.plan.ranks)
+        choice = waits.at_launch(obs, sim.wait_setting, requests)
+        sim.idle_yield = choice.idle_yield
+        sim.wait_mode = choice.mode if self.ctx.settings.shim else None
+        sim.waits.append(
+            WaitRecord(round(self.ctx.now(), 3), choice.mode, choice.reason, choice.ranks)
+        )
+
+    def _spec(self, sim: Tracked) -> SimSpec:
+        assert sim.staged is not None
+        s, staged = self.ctx.settings, sim.staged
+        return SimSpec(
+            sim_id=sim.sim_id,
+            case_dir=staged.run_dir,
+            command=(staged.solver, "-parallel"),
+            ranks=tuple(RankResources(r.cpu_millis, r.limit_millis) for r in sim.plan.ranks),
+            log_path=staged.log_path,
+            env={**rank_env(), **waits.mpi_idle_env(sim.idle_yield)},
+            mpi=s.mpi,
+            shim=(ShimSpec(sim.wait_mode or "spin", s.mpi) if s.shim else None),
+            image=s.image,
+            volume=sim.job.submission.volume or s.volume,
+            labels={"rankpack.dev/run-id": str(sim.run_id)},
+        )
+
+    def adopt(self, adopted: Adopted) -> None:
+        """Take over a simulation an earlier controller process launched (its job source
+        knows it as running): the backend follows it again, and it ends as if launched here.
+
+        The controller's memory of it starts afresh (warm-up, then profiling), so it may be
+        sized again; resizes recorded before are kept, none is counted twice. Raises
+        BackendError (e.g. UnknownSimulation) if the backend no longer holds it.
+        """
+        ctx = self.ctx
+        job, staged = adopted.job, adopted.staged
+        setting = waits.setting(job.submission.wait, ctx.settings.wait_mode)
+        sim = Tracked(job=job, sim_id=adopted.sim_id, plan=job.submission.plan(), queued_s=0.0,
+                      wait_setting=setting)  # fmt: skip
+        sim.staged = staged
+        if adopted.run_id is not None and ctx.store.take_over_run(adopted.run_id):
+            sim.run_id = adopted.run_id
+            # resizes settled before are the run's: counted once, never again
+            sim.resizes = list(ctx.store.get_run(sim.run_id).resizes)
+        else:
+            sim.run_id = new_run(ctx, sim, staged)
+            ctx.jobs.started(job, sim.run_id, sim.sim_id, staged)
+        sim.usages = [[] for _ in sim.plan.ranks]
+        # What the earlier process last chose is not known: set what the rule gives now, so
+        # what the ranks do is known; the policy switches it from there.
+        self._wait_at_launch(sim)
+        ctx.backend.adopt(sim.sim_id, self._spec(sim))
+        if sim.wait_mode is not None:
+            try:
+                ctx.backend.set_wait_mode(sim.sim_id, sim.wait_mode)
+            except BackendError as exc:
+                ctx.event(sim.run_id, "wait-mode-failed", mode=sim.wait_mode,
+                          reason=f"adopted: {exc}")  # fmt: skip
+        sim.t0 = ctx.backend.clock() - adopted.elapsed_s
+        sim.started_s = ctx.now() - adopted.elapsed_s
+        sim.shared_s = None  # what it shared under the earlier controller is not known
+        ctx.sims[sim.sim_id] = sim
+        ctx.event(sim.run_id, "adopted", queue_id=job.queue_id, sim=sim.sim_id,
+                  reason=f"launched by an earlier controller {adopted.elapsed_s:.0f} s ago; "
+                  "followed again")  # fmt: skip

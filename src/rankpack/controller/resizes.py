@@ -1,0 +1,271 @@
+"""In-place resizes from the policy's action to their outcome: send, hold, follow, retry.
+
+Every rank's resize the loop is busy with is one `RankResize`: the request in flight
+(`InFlight`: asked when, from what to what, of which kind and why, deferred or not), the
+request last asked for, an increase held back, a failed request due again, the retries so
+far. `Resizes` owns them and is the only part of the loop that calls `Backend.resize`.
+
+* Order. A node admits resizes one at a time against what is allocated *now*, so trading
+  CPU between ranks (one shrinks, another grows, the total fits) can see the increase
+  refused (kubelet: Deferred, "OutOfcpu") while the decrease is still in flight, and a
+  deferred resize is only tried again much later (~13 s measured on the dev cluster). So
+  every decrease is sent first and an increase is held while any decrease is in flight;
+  held increases go out as soon as none is (`release_held`, every tick).
+* Follow. A resize is settled once the backend reports a final state, or the run ends.
+  Deferred (the node cannot grant it now; the kubelet keeps it and tries again) is not
+  final: it is recorded once as ``resize-deferred`` and followed on; it counts only if it
+  completes.
+* Retry. A FAILED resize (not applied: e.g. the apiserver did not answer) is asked for
+  again after the policy's back-off (`rankpack.controller.policy.retry_delay_s`) until it
+  is given up; refusals are not asked for again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from rankpack.backend.protocol import BackendError, RankResources, ResizeState
+from rankpack.controller.observations import Resize
+from rankpack.controller.policy import retry_delay_s
+from rankpack.controller.step import ResizeKind
+from rankpack.controller.tracked import LoopContext, Tracked
+from rankpack.core.results import ResizeRecord
+
+
+@dataclass
+class InFlight:
+    """A resize asked of the backend and not settled yet."""
+
+    t_s: float
+    """When it was asked, seconds since its simulation's launch."""
+    from_millis: int
+    to_millis: int
+    kind: ResizeKind
+    reason: str
+    deferred: str | None = None
+    """Why the node deferred it (recorded once), None while it is not deferred."""
+
+    @property
+    def decrease(self) -> bool:
+        return self.to_millis < self.from_millis
+
+
+@dataclass
+class RankResize:
+    """What the loop holds of one rank's resizes."""
+
+    inflight: InFlight | None = None
+    asked_millis: int | None = None
+    """The request last asked for and not refused (newer than the last observation when it
+    was asked after it)."""
+    held: Resize | None = None
+    """An increase waiting for the decreases in flight to settle."""
+    held_order: int = 0
+    """Held increases go out in the order they were held."""
+    held_noted: bool = False
+    """A ``resize-held`` event has been recorded for ``held``."""
+    retry: Resize | None = None
+    """A failed resize asked for again at ``retry_due_s``."""
+    retry_due_s: float = 0.0
+    attempts: int = 0
+    """Retries so far of the resize in flight (0: the first request)."""
+
+
+class Resizes:
+    """Every rank's resize of the loop's simulations (see the module docstring)."""
+
+    def __init__(self, ctx: LoopContext) -> None:
+        self.ctx = ctx
+        self.ranks: dict[tuple[str, int], RankResize] = {}
+        self._held_seq = 0
+
+    def _of(self, sim_id: str, rank: int) -> RankResize:
+        return self.ranks.setdefault((sim_id, rank), RankResize())
+
+    def inflight(self, sim_id: str, rank: int) -> InFlight | None:
+        entry = self.ranks.get((sim_id, rank))
+        return entry.inflight if entry else None
+
+    def asked_millis(self, sim_id: str, rank: int) -> int | None:
+        entry = self.ranks.get((sim_id, rank))
+        return entry.asked_millis if entry else None
+
+    # -- the policy's actions ------------------------------------------------------------
+
+    def send_decreases(self, actions: Sequence[Resize]) -> list[Resize]:
+        """Send the decreases among a decision's resizes now; return the increases (held by
+        `hold` after the decision's other actions). A new action supersedes what was held
+        or due again for its rank, and starts its retries afresh."""
+        grows = []
+        for action in actions:
+            entry = self._of(action.sim_id, action.rank)
+            entry.held, entry.held_noted, entry.retry, entry.attempts = None, False, None, 0
+            if self._change(action) < 0:
+                self._send(action)
+            else:
+                grows.append(action)
+        return grows
+
+    def hold(self, grows: Sequence[Resize]) -> None:
+        for action in grows:
+            entry = self._of(action.sim_id, action.rank)
+            entry.held, self._held_seq = action, self._held_seq + 1
+            entry.held_order = self._held_seq
+        self.release_held()
+
+    def release_held(self) -> None:
+        """Send the held increases once no decrease is in flight (else say why, once)."""
+        held = sorted(
+            ((key, e) for key, e in self.ranks.items() if e.held is not None),
+            key=lambda item: item[1].held_order,
+        )
+        if not held:
+            return
+        shrinking = sum(1 for e in self.ranks.values() if e.inflight and e.inflight.decrease)
+        if shrinking:
+            for (sim_id, _), entry in held:
+                if entry.held_noted or entry.held is None:
+                    continue
+                sim = self.ctx.sims.get(sim_id)
+                why = f"{shrinking} decrease(s) in flight settle first"
+                self.ctx.event(sim.run_id if sim else None, "resize-held", rank=entry.held.rank,
+                               request_millis=entry.held.request_millis, reason=why)  # fmt: skip
+                entry.held_noted = True
+            return
+        for _, entry in held:
+            action, entry.held, entry.held_noted = entry.held, None, False
+            if action is not None and action.sim_id in self.ctx.sims:
+                self._send(action)
+
+    def retry_due(self) -> None:
+        """Ask again for the failed resizes whose back-off is over (an increase is held
+        while decreases are in flight)."""
+        now = self.ctx.now()
+        for entry in list(self.ranks.values()):
+            action = entry.retry
+            if action is None or entry.retry_due_s > now:
+                continue
+            entry.retry = None
+            if action.sim_id not in self.ctx.sims:
+                entry.attempts = 0
+                continue
+            if self._change(action) < 0:
+                self._send(action)
+            else:
+                entry.held, self._held_seq = action, self._held_seq + 1
+                entry.held_order = self._held_seq
+
+    def _change(self, action: Resize) -> int:
+        """The resize's change of request (millicores); 0 when the simulation is gone."""
+        sim = self.ctx.sims.get(action.sim_id)
+        if sim is None or sim.last is None or action.rank >= len(sim.last.ranks):
+            return 0
+        return action.request_millis - sim.last.ranks[action.rank].desired.request_millis
+
+    def _send(self, action: Resize) -> None:
+        ctx = self.ctx
+        sim = ctx.sims.get(action.sim_id)
+        if sim is None or not sim.launched or sim.last is None:
+            return
+        rank = action.rank
+        old = sim.last.ranks[rank].desired
+        t_s = ctx.backend.clock() - sim.t0
+        new = RankResources(action.request_millis, old.limit_millis)
+        try:
+            status = ctx.backend.resize(sim.sim_id, rank, new)
+            state, latency, why = status.state, status.latency_s, status.reason
+        except BackendError as exc:
+            state, latency, why = ResizeState.REJECTED, None, str(exc)
+        entry = self._of(sim.sim_id, rank)
+        entry.inflight = InFlight(t_s, old.request_millis, action.request_millis, action.kind,
+                                  action.reason)  # fmt: skip
+        entry.asked_millis = action.request_millis
+        self.follow(sim, rank, state, latency, why)
+        if entry.inflight is not None:
+            ctx.event(sim.run_id, "resize-requested", rank=rank, kind=action.kind,
+                      request_millis=action.request_millis, reason=action.reason)  # fmt: skip
+
+    # -- following -----------------------------------------------------------------------
+
+    def follow(
+        self,
+        sim: Tracked,
+        rank: int,
+        state: ResizeState,
+        latency_s: float | None,
+        why: str,
+        *,
+        ended: bool = False,
+    ) -> None:
+        """Settle the rank's in-flight resize once ``state`` is final (or the run ``ended``)."""
+        ctx = self.ctx
+        entry = self.ranks.get((sim.sim_id, rank))
+        flight = entry.inflight if entry else None
+        if entry is None or flight is None:
+            return
+        if state is ResizeState.DEFERRED and not ended:
+            if flight.deferred is None:
+                flight.deferred = why
+                ctx.event(sim.run_id, "resize-deferred", rank=rank,
+                          request_millis=flight.to_millis,
+                          reason=f"{why or 'deferred by the node'}; the node tries it again, "
+                          "counted once it completes")  # fmt: skip
+            return
+        if not state.final and not ended:
+            return
+        if ended and flight.deferred is not None:
+            state = ResizeState.DEFERRED
+            why = f"still deferred when the run ended ({flight.deferred})"
+        entry.inflight = None
+        outcome = str(state) if state is not ResizeState.COMPLETED else "completed"
+        record = ResizeRecord(
+            rank=rank, t_s=round(flight.t_s, 3), from_millis=flight.from_millis,
+            to_millis=flight.to_millis, status=outcome,  # type: ignore[arg-type]  # a final state's name
+            latency_s=latency_s, reason=flight.reason if state is ResizeState.COMPLETED else why,
+            kind=flight.kind,
+        )  # fmt: skip
+        sim.resizes.append(record)
+        assert sim.run_id is not None
+        ctx.store.add_resize(sim.run_id, record)
+        if state is ResizeState.COMPLETED:
+            ctx.tally.resizes += 1
+            ctx.event(sim.run_id, "resize", kind=flight.kind, rank=rank,
+                      request_millis=flight.to_millis, reason=flight.reason,
+                      latency_s=latency_s)  # fmt: skip
+        else:
+            # The rank keeps running with its old request; the policy sees that next tick.
+            entry.asked_millis = None
+            ctx.tally.rejected += 1
+            ctx.event(sim.run_id, f"resize-{outcome}", rank=rank,
+                      request_millis=flight.to_millis, reason=why, final=True)  # fmt: skip
+            if state is ResizeState.FAILED and not ended:
+                self._retry(sim, entry, Resize(sim.sim_id, rank, flight.to_millis,
+                                               flight.reason, flight.kind), why)  # fmt: skip
+        if state is ResizeState.COMPLETED or ended:
+            entry.attempts = 0
+
+    def _retry(self, sim: Tracked, entry: RankResize, action: Resize, why: str) -> None:
+        attempt = entry.attempts
+        delay = retry_delay_s(attempt)
+        if delay is None:
+            entry.attempts = 0
+            self.ctx.event(sim.run_id, "resize-given-up", rank=action.rank,
+                           request_millis=action.request_millis,
+                           reason=f"failed {attempt + 1} times; last: {why}")  # fmt: skip
+            return
+        entry.attempts = attempt + 1
+        entry.retry, entry.retry_due_s = action, self.ctx.now() + delay
+        self.ctx.event(sim.run_id, "resize-retry", rank=action.rank,
+                       request_millis=action.request_millis, attempt=attempt + 1,
+                       delay_s=delay, reason=f"asked again in {delay:g} s: {why}")  # fmt: skip
+
+    def ended(self, sim: Tracked) -> None:
+        """The run ended: settle what is in flight (as failed, or still deferred) and
+        forget its ranks' resizes."""
+        for (sim_id, rank), entry in list(self.ranks.items()):
+            if sim_id == sim.sim_id and entry.inflight is not None:
+                self.follow(sim, rank, ResizeState.FAILED, None, "the run ended first",
+                            ended=True)  # fmt: skip
+        for key in [k for k in self.ranks if k[0] == sim.sim_id]:
+            del self.ranks[key]

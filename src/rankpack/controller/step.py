@@ -1,0 +1,78 @@
+"""The working state of one decision step (`rankpack.controller.policy.decide`).
+
+A step starts from the requests observed and applies each action it emits to them, so
+every rule after the first sees the requests as the earlier rules of the same step left
+them (sizing, then fairness, then the launch gate, see `rankpack.controller.gate`). Pure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from rankpack.controller.observations import (
+    Action,
+    ControllerSettings,
+    Observations,
+    Resize,
+    SimSnapshot,
+)
+from rankpack.core.actions import ResizeKind
+
+__all__ = ["ResizeKind", "Step", "has_shim"]
+
+
+@dataclass
+class Step:
+    """The requests as they stand after the actions emitted so far in this step."""
+
+    obs: Observations
+    settings: ControllerSettings
+    actions: list[Action] = field(default_factory=list)
+    requests: dict[str, list[int]] = field(default_factory=dict)
+    resized: bool = False
+
+    def __post_init__(self) -> None:
+        self.requests = {s.sim_id: [r.request_millis for r in s.ranks] for s in self.obs.sims}
+
+    def unrequested(self) -> int:
+        return self.obs.capacity_millis - sum(sum(r) for r in self.requests.values())
+
+    def total(self, sim_id: str) -> int:
+        return sum(self.requests[sim_id])
+
+    def room_for(self, sim: SimSnapshot) -> int:
+        """The most this simulation's requests may add up to after this step."""
+        current = self.total(sim.sim_id)
+        return min(sim.budget_millis, current + max(0, self.unrequested()))
+
+    def resize(
+        self,
+        sim: SimSnapshot,
+        targets: Sequence[int],
+        kind: ResizeKind,
+        reasons: Sequence[str],
+    ) -> int:
+        """Emit a Resize per rank whose request changes, decreases first; returns the count."""
+        current = self.requests[sim.sim_id]
+        changed = [i for i, t in enumerate(targets) if t != current[i]]
+        changed.sort(key=lambda i: (targets[i] > current[i], i))
+        for i in changed:
+            self.actions.append(
+                Resize(
+                    sim_id=sim.sim_id,
+                    rank=sim.ranks[i].rank,
+                    request_millis=targets[i],
+                    reason=reasons[i],
+                    kind=kind,
+                )
+            )
+            current[i] = targets[i]
+        if changed:
+            self.resized = True
+        return len(changed)
+
+
+def has_shim(sim: SimSnapshot) -> bool:
+    """Every rank has published the shim's live record (duty cycles can be measured)."""
+    return all(r.compute_ns is not None and r.mpi_ns is not None for r in sim.ranks)

@@ -1,0 +1,107 @@
+"""What the control loop shows: a view of each simulation every tick, and its result.
+
+`SimView` (with a `RankView` per rank) is handed to the `Display` once per tick: the live
+terminal tables of `rankpack run` and `multiplex`, the operator's Simulation status and
+metrics. `LoopResult` is what `ControlLoop.run` returns when the queue ran out or it was
+stopped: every run's `RunResult`, a `SimOutcome` row per simulation for session summaries,
+and the jobs that failed before they had a run (`StageFailure`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from rankpack.case.foamlog import LogState
+from rankpack.core.failures import FailureCode
+from rankpack.core.results import RunResult, WaitRecord
+
+
+@dataclass(frozen=True)
+class RankView:
+    rank: int
+    request_millis: int
+    limit_millis: int | None
+    cpu_cores: float
+    """CPU use over the last tick, in cores."""
+    nr_throttled: int
+    duty: float | None
+    allocated_millis: int | None = None
+    """The request the node has applied (None: not known)."""
+    restarts: int = 0
+    resize: str | None = None
+    """State of a resize not settled yet (pending, in-progress, deferred), else None."""
+    resize_to_millis: int | None = None
+    resize_reason: str = ""
+
+
+@dataclass(frozen=True)
+class SimView:
+    """What a display shows of one simulation each tick."""
+
+    sim_id: str
+    run_id: int | None
+    run_dir: str | None
+    case: str
+    stage: str
+    elapsed_s: float
+    log: LogState
+    expected_iterations: int
+    ranks: tuple[RankView, ...]
+    queue_id: int = 0
+    resizes: int = 0
+    """Resizes completed so far."""
+    wait: WaitRecord | None = None
+    """The wait mode its ranks have now and why (None: not launched yet)."""
+
+
+class Display(Protocol):
+    def update(self, now_s: float, sims: Sequence[SimView]) -> None: ...
+    def close(self) -> None: ...
+
+
+class NullDisplay:
+    def update(self, now_s: float, sims: Sequence[SimView]) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class SimOutcome:
+    id: int
+    queue_id: int
+    case: str
+    n_ranks: int
+    status: str
+    iterations: int
+    expected_iterations: int
+    wall_s: float
+    started_s: float
+    finished_s: float
+    run_dir: str
+
+
+@dataclass(frozen=True)
+class StageFailure:
+    """A job that failed before it had a run (its case could not be staged)."""
+
+    queue_id: int
+    case: str
+    reason: str
+    failure: FailureCode = FailureCode.STAGE_FAILED
+
+
+@dataclass(frozen=True)
+class LoopResult:
+    status: str
+    """completed (the queue ran out) | interrupted"""
+    results: tuple[RunResult, ...]
+    outcomes: tuple[SimOutcome, ...]
+    stage_failures: tuple[StageFailure, ...]
+    resizes: int
+    resizes_rejected: int
+    restarts: int
+    max_concurrent_seen: int
