@@ -328,10 +328,16 @@ def has_mesh(case_dir: Path) -> bool:
     return (case_dir / "constant" / "polyMesh" / "owner").is_file()
 
 
-def ensure_mesh(case_dir: Path) -> None:
+def ensure_mesh(case_dir: Path, *, confined: bool = False) -> None:
+    """Mesh the case unless it has a mesh; ``confined``: only OpenFOAM mesh utilities, with
+    arguments inside the case (`rankpack.case.confine`)."""
     if has_mesh(case_dir):
         return
     steps = mesh_steps(case_dir)
+    if confined:
+        from rankpack.case import confine
+
+        confine.check_steps(steps, case_dir)
     if not steps:
         raise UserError(
             f"{case_dir} has no mesh (constant/polyMesh) and no blockMeshDict or Allrun to make one"

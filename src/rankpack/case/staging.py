@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 
-from rankpack.case import openfoam
+from rankpack.case import confine, openfoam
 from rankpack.errors import UserError
 
 DECOMPOSITIONS = ("equal", "weighted", "concentric")
@@ -39,6 +39,9 @@ class StageSpec:
     center: tuple[float, float, float] | None = None
     workdir: Path | None = None
     """An exact run directory (must not exist or be empty) instead of one under runs_root."""
+    confined: bool = False
+    """Stage a case of someone with fewer rights (the operator's Simulations): none of its
+    code runs, nothing outside it is read (`rankpack.case.confine`)."""
 
 
 @dataclass(frozen=True)
@@ -69,6 +72,8 @@ def check(spec: StageSpec) -> openfoam.CaseSource:
     if spec.n_ranks < 1:
         raise UserError(f"a simulation needs at least one rank, got {spec.n_ranks}")
     source = openfoam.resolve_case(spec.case)
+    if spec.confined:
+        confine.check_source(source.path)
     if openfoam.has_mesh(source.path):
         _check_cells(openfoam.n_cells(source.path), spec.n_ranks, source.name)
     if spec.workdir is not None:
@@ -90,8 +95,10 @@ def stage(spec: StageSpec) -> StagedCase:
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         openfoam.copy_case(source, staging)
+        if spec.confined:
+            confine.check_case(staging)  # before any OpenFOAM tool reads a dictionary
         solver = openfoam.read_application(staging)
-        openfoam.ensure_mesh(staging)
+        openfoam.ensure_mesh(staging, confined=spec.confined)
         _check_cells(openfoam.n_cells(staging), spec.n_ranks, source.name)
         if spec.iterations is not None:
             tc = openfoam.set_iterations(staging, spec.iterations)

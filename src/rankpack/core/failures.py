@@ -30,6 +30,9 @@ class FailureCode(enum.StrEnum):
     """The case's application is not in the operator's solver allowlist."""
     HOST_VOLUME_NOT_ALLOWED = "HostVolumeNotAllowed"
     CASE_PATH_NOT_ALLOWED = "CasePathNotAllowed"
+    CASE_NOT_CONFINED = "CaseNotConfined"
+    """The case tries to run code or read files outside itself while it is staged
+    (`rankpack.case.confine`)."""
     DOES_NOT_FIT = "DoesNotFit"
     """It can never fit the cluster (or its quota), however long it waits."""
 

@@ -127,6 +127,12 @@ def test_rank_pod(given: dict[str, Any], want: dict[str, Any]) -> None:
     assert [m["mountPath"] for m in c["volumeMounts"]] == want["mounts"]
     assert s["volumes"] == want["volumes"]
     assert "nodeSelector" not in s
+    assert s["automountServiceAccountToken"] is False
+    assert c["securityContext"] == {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
 def test_placement_becomes_node_selector() -> None:

@@ -167,6 +167,16 @@ def resources(res: RankResources) -> Obj:
     return out
 
 
+CONTAINER_SECURITY: Obj = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+"""Every rank container's security context: what PodSecurity ``restricted`` asks for, but
+``runAsNonRoot``, which needs the real image's non-root user (the dev image is the host's
+``/usr``; its case volume is written by the operator as root)."""
+
+
 def is_dev_image(image: str) -> bool:
     return image.startswith(DEV_IMAGE_PREFIX)
 
@@ -194,6 +204,7 @@ def rank_pod(spec: SimSpec, rank: int, owner: OwnerRef, volume: VolumeSource, im
         "resources": resources(spec.ranks[rank]),
         "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"}],
         "volumeMounts": mounts,
+        "securityContext": CONTAINER_SECURITY,
     }
     if is_dev_image(image):
         container["imagePullPolicy"] = "Never"
