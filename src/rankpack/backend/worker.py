@@ -21,8 +21,7 @@ from dataclasses import dataclass
 
 from rankpack.backend.protocol import BackendError, SimObservation, SimPhase
 from rankpack.case import staging
-from rankpack.case.openfoam import NotACase
-from rankpack.case.staging import StagedCase, StageSpec
+from rankpack.case.staging import StagedCase, StageSpec, failure_code
 from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
 
@@ -78,7 +77,7 @@ class Stager:
             staging.check(spec)  # bad input fails here, before a thread or a directory exists
         except UserError as exc:
             entry.error, entry.done = str(exc), True
-            entry.failure = _code(exc)
+            entry.failure = failure_code(exc)
             self._notify()
             return
         entry.thread.start()
@@ -88,7 +87,7 @@ class Stager:
         try:
             entry.result = staging.stage(spec)
         except UserError as exc:
-            entry.error, entry.failure = str(exc), _code(exc)
+            entry.error, entry.failure = str(exc), failure_code(exc)
         except Exception as exc:  # a staging bug must not kill the loop: report it
             entry.error = f"staging failed: {exc!r}"
         entry.done = True
@@ -139,7 +138,3 @@ class Stager:
     def forget_all(self) -> None:
         """Drop every stage from memory (their workers finish on their own)."""
         self._stages.clear()
-
-
-def _code(exc: UserError) -> FailureCode:
-    return FailureCode.NOT_A_CASE if isinstance(exc, NotACase) else FailureCode.STAGE_FAILED

@@ -18,6 +18,7 @@ from datetime import datetime
 from pathlib import Path
 
 from rankpack.case import confine, openfoam
+from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
 
 DECOMPOSITIONS = ("equal", "weighted", "concentric")
@@ -59,6 +60,16 @@ class StagedCase:
     @property
     def log_path(self) -> Path:
         return self.run_dir / f"log.{self.solver}"
+
+
+def failure_code(error: UserError) -> FailureCode:
+    """The code of a staging error: the case is none, it is refused by confinement, or
+    staging it failed."""
+    if isinstance(error, openfoam.NotACase):
+        return FailureCode.NOT_A_CASE
+    if isinstance(error, confine.CaseNotConfined):
+        return FailureCode.CASE_NOT_CONFINED
+    return FailureCode.STAGE_FAILED
 
 
 def check(spec: StageSpec) -> openfoam.CaseSource:

@@ -5,8 +5,8 @@
 staged, `staged` launches it: the run row, the wait rule's mode for its ranks, the backend
 spec. `prestage` stages the head of the queue ahead of its launch while others run.
 `adopt` follows a simulation an earlier controller process launched. A job that cannot be
-staged is recorded as a `StageFailure` with its code (`StageFailed`, `NotACase`); a launch
-the backend refuses ends the simulation through the loop (`LaunchFailed`,
+staged is recorded as a `StageFailure` with its code (`StageFailed`, `NotACase`,
+`CaseNotConfined`); a launch the backend refuses ends the simulation through the loop (`LaunchFailed`,
 `SolverNotAllowed`).
 """
 
@@ -28,7 +28,8 @@ from rankpack.backend.protocol import (
     StagedCase,
     StageSpec,
 )
-from rankpack.case.openfoam import NotACase, rank_env
+from rankpack.case.openfoam import rank_env
+from rankpack.case.staging import failure_code
 from rankpack.controller import waits
 from rankpack.controller.gate import fit_launch
 from rankpack.controller.jobs import Adopted, Job
@@ -102,12 +103,13 @@ class Launcher:
             decompose_weights=sub.decompose_weights or sub.weights,
             center=sub.center,
             workdir=Path(sub.workdir) if sub.workdir else None,
+            confined=self.ctx.settings.confine_staging,
         )
         try:
             self.ctx.backend.stage(spec)
         except (UserError, BackendError) as exc:
             if failures_are_final:
-                code = FailureCode.NOT_A_CASE if isinstance(exc, NotACase) else None
+                code = failure_code(exc) if isinstance(exc, UserError) else None
                 self._stage_failed(job, str(exc), code or FailureCode.STAGE_FAILED)
             return None
         return sim_id

@@ -55,6 +55,10 @@ class LoopSettings:
     solvers: frozenset[str] | None = None
     """Applications a simulation may run (the operator's allowlist): a case whose
     application is not one of them fails at launch, before any rank pod exists (None: any)."""
+    confine_staging: bool = False
+    """Stage cases as the operator must, for users with fewer rights: none of a case's code
+    runs and nothing outside it is read (`rankpack.case.confine`); off for `run` and
+    `multiplex`, where users stage their own cases."""
     prestage: bool = True
     """While simulations run, stage the head of the queue ahead of its launch (copy, mesh,
     decompose), so that when it is launched - at once, or after the running ones end - it
