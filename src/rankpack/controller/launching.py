@@ -6,8 +6,8 @@ staged, `staged` launches it: the run row, the wait rule's mode for its ranks, t
 spec. `prestage` stages the head of the queue ahead of its launch while others run.
 `adopt` follows a simulation an earlier controller process launched. A job that cannot be
 staged is recorded as a `StageFailure` with its code (`StageFailed`, `NotACase`,
-`CaseNotConfined`); a launch the backend refuses ends the simulation through the loop (`LaunchFailed`,
-`SolverNotAllowed`).
+`CaseNotConfined`); a launch the backend refuses ends the simulation through the loop
+(`LaunchFailed`, `SolverNotAllowed`).
 """
 
 from __future__ import annotations
