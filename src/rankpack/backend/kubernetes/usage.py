@@ -45,15 +45,6 @@ class UsageSource(Protocol):
         ...
 
 
-class NoUsage:
-    """No counters."""
-
-    name = "none"
-
-    def read(self, pod: Obj) -> CpuCounters | None:
-        return None
-
-
 class Exec(Protocol):
     def exec(self, pod: str, container: str, argv: Sequence[str], timeout_s: float) -> Any: ...
 
@@ -180,19 +171,6 @@ class NodeCgroupUsage:
             return CpuCounters(usage, nthr, thr)
         except (OSError, ValueError):
             return None
-
-
-def container_cgroup_v1(
-    pod_uid: str, container_id: str, root: Path = Path("/sys/fs/cgroup")
-) -> Path | None:
-    """The cgroup v1 ``cpu`` directory of one container (for checks of ``cpu.shares``)."""
-    cid = container_id.split("://", 1)[-1]
-    for qos in QOS_DIRS:
-        base = root / "cpu" / "kubepods"
-        d = (base / qos / f"pod{pod_uid}" / cid) if qos else (base / f"pod{pod_uid}" / cid)
-        if d.is_dir():
-            return d
-    return None
 
 
 def _keyed(path: Path) -> dict[str, int]:
