@@ -362,7 +362,7 @@ def run_operator(
     events.start()
     display = _Display(queue, opts.status_interval_s, metrics, store, events)
     ctx = _Ctx(opts, backend, store, queue, display, stop, say, backend.clock())
-    watcher = _Watcher(sims, backend._notify, stop)
+    watcher = _Watcher(sims, backend.notify, stop)
     watcher.thread.start()
     result = OperatorResult("stopped", 0, 0, [])
     try:
@@ -472,7 +472,7 @@ def _term(ctx: _Ctx, lease: _Lease) -> tuple[str, int, int]:
         while not (ctx.stop.is_set() or lease.lost.is_set() or term_stop.is_set()):
             time.sleep(0.2)
         term_stop.set()
-        ctx.backend._notify()
+        ctx.backend.notify()
 
     threading.Thread(target=watch_lease, daemon=True, name="term").start()
     adopted = requeued = 0

@@ -1,0 +1,119 @@
+"""What `KubernetesBackend.observe` reports of one simulation, read from its record.
+
+Pure readings of a `SimRecord` (called under the backend's lock): its phase and why, the
+failure's code, each rank's observation (pod, counters, the shim's records) and the solver
+log appended since the last read.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+from rankpack.backend.kubernetes import builders, status, usage
+from rankpack.backend.kubernetes.api import Obj
+from rankpack.backend.kubernetes.record import SimRecord
+from rankpack.backend.kubernetes.starting import exit_reason
+from rankpack.backend.protocol import RankObservation, RankPhase, SimPhase
+from rankpack.core.failures import FailureCode
+from rankpack.errors import UserError
+
+C = builders.CONTAINER
+
+
+def phase(sim: SimRecord, poll_error: str | None) -> tuple[SimPhase, str]:
+    """The simulation's phase and why (no side effects: `list` uses it too)."""
+    life = sim.life
+    if not life.over:
+        if life.started:
+            return SimPhase.RUNNING, ""
+        if poll_error:
+            return SimPhase.PENDING, f"the API is not answering: {poll_error}"
+        if sim.reconcile_error:
+            return SimPhase.PENDING, f"creating its pods: {sim.reconcile_error}"
+        return SimPhase.PENDING, "; ".join(
+            f"rank {i}: {status.pending_reason(sim.pods.get(i))}"
+            for i in range(sim.n)
+            if not status.running(sim.pods.get(i) or {}, C)
+        )
+    if life.failure is not None:
+        return SimPhase.FAILED, life.failure.message
+    if life.stopped:
+        return SimPhase.FAILED, "stopped"
+    if life.exit_code == 0:
+        return SimPhase.SUCCEEDED, ""
+    return SimPhase.FAILED, exit_reason(life.exit_code)
+
+
+def failure_code(sim: SimRecord) -> FailureCode:
+    """The code of a failed simulation's `phase` (a failure's own, else from its end)."""
+    life = sim.life
+    if life.failure is not None:
+        return life.failure.code
+    if life.stopped:
+        return FailureCode.STOPPED
+    return FailureCode.RANK_FAILED if life.exit_code is not None else FailureCode.OTHER
+
+
+def observe_rank(sim: SimRecord, i: int, ended: bool, source: usage.UsageSource) -> RankObservation:
+    pod = sim.pods.get(i)
+    counters = source.read(pod) if pod is not None and status.running(pod, C) else None
+    last = sim.counters.get(i)
+    if counters is not None and (last is None or counters.usage_ns >= last.usage_ns):
+        sim.counters[i] = counters
+    counters = sim.counters.get(i) or usage.CpuCounters(0)
+    if ended:
+        life = sim.life
+        ok = life.exit_code == 0 and life.failure is None and not life.stopped
+        phase = RankPhase.SUCCEEDED if ok else RankPhase.FAILED
+    elif pod is None:
+        phase = RankPhase.FAILED if i in sim.seen else RankPhase.PENDING
+    else:
+        phase = status.rank_phase(pod, C)
+        if phase is RankPhase.RUNNING and not sim.life.started:
+            phase = RankPhase.PENDING  # the pod runs; its rank does not yet
+    compute = mpi = None
+    duty = None
+    wait_mode = None
+    if i < len(sim.readers):
+        with contextlib.suppress(UserError, OSError, ValueError):
+            rec = sim.readers[i].snapshot()
+            if rec is not None:
+                compute, mpi, duty = rec.compute_ns, rec.mpi_ns, rec.window_duty
+                wait_mode = rec.wait_mode
+    resize = sim.resizes.get(i)
+    return RankObservation(
+        rank=i,
+        phase=phase,
+        desired=sim.desired[i],
+        allocated=status.allocated(pod, C) if pod else None,
+        usage_ns=counters.usage_ns,
+        nr_throttled=counters.nr_throttled,
+        throttled_ns=counters.throttled_ns,
+        restarts=status.restarts(pod, C),
+        reason=_failure_text(pod),
+        node=(pod or {}).get("spec", {}).get("nodeName"),
+        pod=builders.pod_name(sim.spec.sim_id, i),
+        resize=resize.status if resize else None,
+        compute_ns=compute,
+        mpi_ns=mpi,
+        duty_window=duty,
+        wait_mode=wait_mode,
+    )
+
+
+def read_log(sim: SimRecord) -> str:
+    try:
+        with open(sim.spec.log_path, "rb") as fh:
+            fh.seek(sim.log_offset)
+            chunk = fh.read(8 << 20)
+    except FileNotFoundError:
+        return ""
+    done = sim.life.over
+    cut = chunk.rfind(b"\n") + 1 if not done else len(chunk)
+    sim.log_offset += cut
+    return chunk[:cut].decode("utf-8", errors="replace")
+
+
+def _failure_text(pod: Obj | None) -> str:
+    found = status.failure(pod, C) if pod else None
+    return found.message if found is not None else ""
