@@ -15,12 +15,9 @@ the PMPI shim's memory-mapped records itself and delivers them in observations.
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import os
 import re
-import shutil
 import signal
-import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -29,6 +26,16 @@ from pathlib import Path
 from typing import IO
 
 from rankpack.backend import cgroups
+from rankpack.backend.mpirun import (
+    LogTail,
+    MpirunProcess,
+    ShimRecords,
+    exit_failure,
+    find_mpirun,
+    root_env,
+    shim_dir,
+    stop_group,
+)
 from rankpack.backend.protocol import (
     BackendError,
     Inventory,
@@ -48,8 +55,11 @@ from rankpack.backend.protocol import (
 )
 from rankpack.backend.worker import News, Stager
 from rankpack.errors import UserError
-from rankpack.profile.records import RecordReader, record_path, set_wait_modes
 from rankpack.profile.shim import shim_env
+
+__all__ = ["LocalBackend", "find_mpirun", "launcher_path", "mpirun_argv", "shim_dir"]
+"""`find_mpirun` and `shim_dir` live in `rankpack.backend.mpirun`; they stay importable from
+here for the modules that imported them from this one."""
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 _RUN_CGROUP = re.compile(r"^run-(?P<sim>.+)-(?P<pid>\d+)$")
@@ -60,24 +70,6 @@ def launcher_path() -> Path:
     if not os.access(path, os.X_OK):
         path.chmod(0o755)
     return path
-
-
-def find_mpirun(flavour: str = "openmpi") -> str:
-    """The mpirun of the MPI the solver was built with; $RANKPACK_MPIRUN overrides."""
-    explicit = os.environ.get("RANKPACK_MPIRUN")
-    if explicit:
-        return explicit
-    names = (
-        ("mpirun.openmpi", "mpirun") if flavour == "openmpi" else ("mpirun.mpich", "mpiexec.hydra")
-    )
-    for name in names:
-        found = shutil.which(name)
-        if found:
-            return found
-    raise UserError(
-        f"no {flavour} mpirun found; install it (apt-get install openmpi-bin) "
-        "or set RANKPACK_MPIRUN"
-    )
 
 
 def mpirun_argv(mpirun: str, flavour: str, n_ranks: int, env_names: list[str]) -> list[str]:
@@ -94,11 +86,6 @@ def mpirun_argv(mpirun: str, flavour: str, n_ranks: int, env_names: list[str]) -
     return argv
 
 
-def shim_dir(case_dir: Path) -> Path:
-    """Where the shim's live records of a run go."""
-    return case_dir / ".rankpack" / "shim"
-
-
 @dataclass
 class _Sim:
     sim_id: str
@@ -106,18 +93,18 @@ class _Sim:
     cgroup_rel: str | None
     pid_dir: Path
     desired: list[RankResources]
-    process: subprocess.Popen[bytes] | None = None
+    log: LogTail
+    shim: ShimRecords
+    process: MpirunProcess | None = None
     """None for a simulation adopted from an earlier rankpack process."""
     log_file: IO[bytes] | None = field(default=None, repr=False)
     exit_code: int | None = None
     ended: bool = False
     released: bool = False
-    log_offset: int = 0
     pids: dict[int, str] = field(default_factory=dict)
     restarts: dict[int, int] = field(default_factory=dict)
     resizes: dict[int, ResizeStatus] = field(default_factory=dict)
     last_usage_ns: dict[int, int] = field(default_factory=dict)
-    readers: list[RecordReader] = field(default_factory=list)
     stopped: bool = False
 
 
@@ -231,9 +218,7 @@ class LocalBackend:
             )
         else:
             env.pop("RANKPACK_CGROUP_DIRS", None)
-        if spec.mpi == "openmpi" and os.geteuid() == 0:
-            env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
-            env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+        env.update(root_env(spec.mpi))
         forwarded_names = {"RANKPACK_PID_DIR", "RANKPACK_CGROUP_DIRS", *spec.env}
         if spec.shim is not None:
             forwarded_names |= {k for k in env if k.startswith("RANKPACK_SHIM_")} | {"LD_PRELOAD"}
@@ -242,16 +227,7 @@ class LocalBackend:
         argv += [str(launcher_path()), *spec.command]
         log_file = open(spec.log_path, "ab")  # noqa: SIM115 - closed in release()
         try:
-            process = subprocess.Popen(
-                argv,
-                cwd=spec.case_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=log_file,
-                stderr=subprocess.STDOUT,
-                env=env,
-                start_new_session=True,
-                preexec_fn=_terminate_with_parent,
-            )
+            process = MpirunProcess(argv, spec.case_dir, env, log_file)
         except OSError as exc:
             log_file.close()
             if self.driver is not None and cgroup_rel is not None:
@@ -263,17 +239,13 @@ class LocalBackend:
             cgroup_rel=cgroup_rel,
             pid_dir=pid_dir,
             desired=list(spec.ranks),
+            log=LogTail(spec.log_path),
+            shim=ShimRecords.of(spec),
             process=process,
             log_file=log_file,
         )
-        self._attach_readers(sim)
         self._sims[spec.sim_id] = sim
         threading.Thread(target=self._watch, args=(sim,), daemon=True).start()
-
-    def _attach_readers(self, sim: _Sim) -> None:
-        if sim.spec.shim is not None:
-            live = shim_dir(sim.spec.case_dir)
-            sim.readers = [RecordReader(record_path(live, r)) for r in range(len(sim.desired))]
 
     def _watch(self, sim: _Sim) -> None:
         assert sim.process is not None
@@ -332,13 +304,7 @@ class LocalBackend:
     # -- wait mode ---------------------------------------------------------------------------
 
     def set_wait_mode(self, sim_id: str, mode: str) -> None:
-        sim = self._sim(sim_id)
-        if sim.spec.shim is None:
-            raise BackendError(f"simulation {sim_id} runs without the shim: no wait mode to set")
-        try:
-            set_wait_modes(shim_dir(sim.spec.case_dir), len(sim.desired), mode)
-        except UserError as exc:
-            raise BackendError(str(exc)) from exc
+        self._sim(sim_id).shim.set_wait_mode(mode)
 
     def settings(self, sim_id: str, rank: int) -> cgroups.CpuSettings:
         """The cgroup values in force for a rank (for display and checks)."""
@@ -360,7 +326,7 @@ class LocalBackend:
             sim.ended = sim.exit_code is not None
         ended = sim.ended
         ranks = tuple(self._observe_rank(sim, i, ended) for i in range(len(sim.desired)))
-        log_text = self._read_log(sim)
+        log_text = sim.log.read(ended=sim.ended)
         if not ended:
             phase, reason = (SimPhase.RUNNING if sim.pids else SimPhase.PENDING), ""
         elif not sim.stopped and (
@@ -368,7 +334,8 @@ class LocalBackend:
         ):
             phase, reason = SimPhase.SUCCEEDED, ""
         else:
-            phase, reason = SimPhase.FAILED, _exit_reason(sim.exit_code, sim.stopped)
+            failure = exit_failure(sim.exit_code, stopped=sim.stopped)
+            phase, reason = SimPhase.FAILED, failure.message if failure else ""
         return SimObservation(
             sim_id, now, phase, ranks, exit_code=sim.exit_code, reason=reason, log_text=log_text
         )
@@ -392,16 +359,7 @@ class LocalBackend:
             phase = RankPhase.SUCCEEDED if sim.exit_code in (0, None) else RankPhase.FAILED
         else:
             phase = RankPhase.RUNNING if alive else RankPhase.PENDING
-        compute = mpi = None
-        duty_window = None
-        wait_mode = None
-        if i < len(sim.readers):
-            with contextlib.suppress(UserError, OSError, ValueError):
-                rec = sim.readers[i].snapshot()
-                if rec is not None:
-                    compute, mpi = rec.compute_ns, rec.mpi_ns
-                    duty_window = rec.window_duty
-                    wait_mode = rec.wait_mode
+        shim = sim.shim.sample(i)
         desired = sim.desired[i]
         return RankObservation(
             rank=i,
@@ -415,23 +373,11 @@ class LocalBackend:
             node=os.uname().nodename,
             pod=f"{sim.cgroup_rel}/rank-{i}" if sim.cgroup_rel else None,
             resize=sim.resizes.get(i),
-            compute_ns=compute,
-            mpi_ns=mpi,
-            duty_window=duty_window,
-            wait_mode=wait_mode,
+            compute_ns=shim.compute_ns,
+            mpi_ns=shim.mpi_ns,
+            duty_window=shim.duty_window,
+            wait_mode=shim.wait_mode,
         )
-
-    def _read_log(self, sim: _Sim) -> str:
-        try:
-            with open(sim.spec.log_path, "rb") as fh:
-                fh.seek(sim.log_offset)
-                chunk = fh.read(8 << 20)
-        except FileNotFoundError:
-            return ""
-        # only whole lines: a partial last line waits for the next call
-        cut = chunk.rfind(b"\n") + 1 if not sim.ended else len(chunk)
-        sim.log_offset += cut
-        return chunk[:cut].decode("utf-8", errors="replace")
 
     # -- stop and release ----------------------------------------------------------------------
 
@@ -445,16 +391,8 @@ class LocalBackend:
             return
         sim.stopped = True
         process = sim.process
-        if process is not None and process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, signal.SIGTERM)
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(process.pid, signal.SIGKILL)
-                process.wait(timeout=5)
         if process is not None:
+            stop_group(process)
             sim.exit_code = process.returncode
         # Ranks that escaped the process group (or outlived mpirun) are still in their cgroups.
         if self.driver is not None and sim.cgroup_rel is not None:
@@ -478,8 +416,7 @@ class LocalBackend:
             cgroups.remove_tree(self.driver, sim.cgroup_rel)
         if sim.log_file is not None:
             sim.log_file.close()
-        for reader in sim.readers:
-            reader.close()
+        sim.shim.close()
         sim.released = True
 
     # -- earlier processes' simulations ------------------------------------------------------
@@ -520,6 +457,8 @@ class LocalBackend:
             cgroup_rel=rel,
             pid_dir=spec.case_dir / ".rankpack" / "pids",
             desired=list(spec.ranks),
+            log=LogTail(spec.log_path),
+            shim=ShimRecords.of(spec),
         )
         for i in range(len(sim.desired)):
             with contextlib.suppress(OSError):
@@ -527,9 +466,8 @@ class LocalBackend:
                 sim.desired[i] = RankResources(
                     cgroups.request_millis_of(s), cgroups.limit_millis_of(s)
                 )
-        self._attach_readers(sim)
         with contextlib.suppress(OSError):
-            sim.log_offset = spec.log_path.stat().st_size
+            sim.log.offset = spec.log_path.stat().st_size
         self._sims[sim_id] = sim
         threading.Thread(target=self._watch_adopted, args=(sim,), daemon=True).start()
 
@@ -548,29 +486,6 @@ class LocalBackend:
         if sim is None or sim.released:
             raise UnknownSimulation(f"no simulation {sim_id} in this backend")
         return sim
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _terminate_with_parent() -> None:
-    """In the forked child: SIGTERM mpirun if rankpack dies (even by SIGKILL).
-
-    mpirun then takes its ranks down; anything left behind is reaped from its cgroup by the
-    next rankpack process (`cgroups.reap_stale_runs`).
-    """
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-
-
-def _exit_reason(code: int | None, stopped: bool) -> str:
-    if stopped:
-        return "stopped"
-    if code is None:
-        return "ended with an unknown status"
-    if code < 0:
-        return f"mpirun was killed by signal {-code}"
-    return f"the MPI job exited with code {code}"
 
 
 def _read_pid(pid_file: Path) -> str | None:

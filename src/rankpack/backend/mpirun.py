@@ -1,0 +1,286 @@
+"""What both real backends do with ``mpirun``, written once.
+
+The local backend (`rankpack.backend.local`) starts mpirun with one rank cgroup per rank on
+this machine; the Kubernetes backend (`rankpack.backend.kubernetes`) starts it on this host
+with one rank pod per rank. Both then handle mpirun and the files of its ranks the same way,
+and this module is that common part:
+
+- `find_mpirun`, `root_env`: which mpirun, and what Open MPI needs to run as root;
+- `MpirunProcess`, `Proc`, `stop_group`, `terminate_with_parent`: mpirun in a session of its
+  own, ended with the rankpack process that started it, stopped by its process group;
+- `shim_dir`, `ShimRecords`: the PMPI shim's live records of a run (counters, wait mode);
+- `LogTail`: the solver log, delivered in whole lines as it grows;
+- `exit_failure`: what an ended mpirun's exit status means, as a `Failure` (code, message).
+
+Nothing here knows of cgroups or pods; the backends import this module, never each other.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import os
+import shutil
+import signal
+import subprocess
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Protocol
+
+from rankpack.backend.protocol import BackendError, SimSpec
+from rankpack.core.failures import Failure, FailureCode
+from rankpack.errors import UserError
+from rankpack.profile.records import RecordReader, record_path, set_wait_modes
+
+# -- which mpirun --------------------------------------------------------------------------
+
+
+def find_mpirun(flavour: str = "openmpi") -> str:
+    """The mpirun of the MPI the solver was built with; $RANKPACK_MPIRUN overrides.
+
+    ``flavour`` is ``openmpi`` or ``mpich``. Raises UserError (with what to install) if none
+    is on PATH.
+    """
+    explicit = os.environ.get("RANKPACK_MPIRUN")
+    if explicit:
+        return explicit
+    names = (
+        ("mpirun.openmpi", "mpirun") if flavour == "openmpi" else ("mpirun.mpich", "mpiexec.hydra")
+    )
+    for name in names:
+        found = shutil.which(name)
+        if found:
+            return found
+    raise UserError(
+        f"no {flavour} mpirun found; install it (apt-get install openmpi-bin) "
+        "or set RANKPACK_MPIRUN"
+    )
+
+
+def root_env(flavour: str) -> dict[str, str]:
+    """Environment Open MPI's mpirun needs to run as root (empty otherwise: not root, or not
+    Open MPI)."""
+    if flavour != "openmpi" or os.geteuid() != 0:
+        return {}
+    return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+# -- the mpirun process --------------------------------------------------------------------
+
+_PR_SET_PDEATHSIG = 1
+
+
+def terminate_with_parent() -> None:
+    """In the forked mpirun (a ``preexec_fn``): SIGTERM it if rankpack dies, even by SIGKILL.
+
+    mpirun then takes its ranks (and orteds) down; anything left behind is reaped by the next
+    rankpack process (local: `cgroups.reap_stale_runs`).
+    """
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
+
+
+class Proc(Protocol):
+    """A running mpirun (an `MpirunProcess`, or a test's fake)."""
+
+    @property
+    def returncode(self) -> int | None: ...
+
+    def poll(self) -> int | None: ...
+    def wait(self, timeout: float | None = None) -> int: ...
+    def kill_group(self, sig: int) -> None:
+        """Send ``sig`` to the process's whole process group (mpirun and what it started)."""
+        ...
+
+
+class MpirunProcess:
+    """A process started in a session (and process group) of its own: mpirun, or a launcher
+    that runs it. stdin is closed, stdout and stderr go to ``log``.
+
+    With ``with_parent`` (the default) the process is SIGTERMed when this process dies
+    (`terminate_with_parent`); a detached launcher that must outlive us passes False.
+    Raises OSError if it cannot be started.
+    """
+
+    def __init__(
+        self,
+        argv: Sequence[str],
+        cwd: Path,
+        env: dict[str, str],
+        log: IO[bytes],
+        *,
+        with_parent: bool = True,
+        pass_fds: Sequence[int] = (),
+    ) -> None:
+        preexec: Callable[[], None] | None = terminate_with_parent if with_parent else None
+        self.popen = subprocess.Popen(
+            list(argv), cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True, preexec_fn=preexec,
+            pass_fds=tuple(pass_fds),
+        )  # fmt: skip
+
+    @property
+    def pid(self) -> int:
+        return self.popen.pid
+
+    @property
+    def returncode(self) -> int | None:
+        return self.popen.returncode
+
+    def poll(self) -> int | None:
+        return self.popen.poll()
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self.popen.wait(timeout)
+
+    def kill_group(self, sig: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(self.popen.pid, sig)
+
+
+def stop_group(process: Proc, grace_s: float = 5.0) -> None:
+    """SIGTERM the process's group; SIGKILL it if it has not ended after ``grace_s``.
+
+    Returns when it has ended, or after a second ``grace_s`` (a process stuck in the kernel
+    is then left to the caller's cleanup: cgroups, pods). Does nothing if it has ended.
+    """
+    if process.poll() is not None:
+        return
+    process.kill_group(signal.SIGTERM)
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        process.kill_group(signal.SIGKILL)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            process.wait(timeout=grace_s)
+
+
+# -- what it ended with --------------------------------------------------------------------
+
+_SIGNAL_BASE = 128
+"""mpirun exits with 128 + n when a rank was killed by signal n (Open MPI; the shell's
+convention)."""
+
+
+def exit_failure(code: int | None, *, stopped: bool = False) -> Failure | None:
+    """Why a simulation whose mpirun ended with ``code`` failed; None if it succeeded.
+
+    ``code`` is the return code as `subprocess` gives it (negative: mpirun itself was killed
+    by that signal; None: unknown, e.g. its launcher vanished). ``stopped``: the backend
+    stopped it on request, whatever the code.
+
+    - stopped: STOPPED;
+    - 0: success (None);
+    - 1..128: SOLVER_FAILED (the solver exited with an error, e.g. FOAM FATAL ERROR);
+    - above 128 (a rank killed by signal code - 128) or negative (mpirun killed, its ranks
+      with it): RANK_FAILED;
+    - None: OTHER.
+    """
+    if stopped:
+        return Failure(FailureCode.STOPPED, "stopped")
+    if code is None:
+        return Failure(FailureCode.OTHER, "ended with an unknown status")
+    if code == 0:
+        return None
+    if code < 0:
+        return Failure(FailureCode.RANK_FAILED, f"mpirun was killed by signal {-code}")
+    code_of = FailureCode.RANK_FAILED if code > _SIGNAL_BASE else FailureCode.SOLVER_FAILED
+    return Failure(code_of, f"the MPI job exited with code {code}")
+
+
+# -- the solver log ------------------------------------------------------------------------
+
+
+@dataclass
+class LogTail:
+    """The part of a solver log not delivered yet (read from ``offset`` on)."""
+
+    path: Path
+    offset: int = 0
+    """Bytes of the log delivered so far (set to its size to skip what is there)."""
+
+    def read(self, *, ended: bool) -> str:
+        """The log's new whole lines (at most 8 MiB); once ``ended``, also a last partial
+        line. Empty if the log does not exist (yet)."""
+        try:
+            with open(self.path, "rb") as fh:
+                fh.seek(self.offset)
+                chunk = fh.read(8 << 20)
+        except FileNotFoundError:
+            return ""
+        # only whole lines while it runs: a partial last line waits for the next call
+        cut = chunk.rfind(b"\n") + 1 if not ended else len(chunk)
+        self.offset += cut
+        return chunk[:cut].decode("utf-8", errors="replace")
+
+
+# -- the shim's live records -----------------------------------------------------------------
+
+
+def shim_dir(case_dir: Path) -> Path:
+    """Where the shim's live records of a run go (``<case>/.rankpack/shim``; on the shared
+    case volume for the Kubernetes backend, mounted at the same path in every rank pod)."""
+    return case_dir / ".rankpack" / "shim"
+
+
+@dataclass(frozen=True)
+class ShimSample:
+    """What a rank's shim record says now (all None without the shim or before its first
+    record)."""
+
+    compute_ns: int | None = None
+    """Cumulative wall time outside MPI."""
+    mpi_ns: int | None = None
+    """Cumulative wall time inside MPI."""
+    duty_window: float | None = None
+    """Duty cycle over the shim's latest window."""
+    wait_mode: str | None = None
+    """The wait mode the rank used at its latest wait."""
+
+
+@dataclass
+class ShimRecords:
+    """The shim's live records of one simulation's ranks (none if launched without the
+    shim). Not thread-safe: callers read it under their own lock if they have threads."""
+
+    spec: SimSpec
+    readers: list[RecordReader] = field(default_factory=list)
+
+    @classmethod
+    def of(cls, spec: SimSpec) -> ShimRecords:
+        """Readers for ranks 0..n-1 if ``spec`` runs with the shim (files may appear later)."""
+        if spec.shim is None:
+            return cls(spec)
+        live = shim_dir(spec.case_dir)
+        return cls(spec, [RecordReader(record_path(live, r)) for r in range(len(spec.ranks))])
+
+    def sample(self, rank: int) -> ShimSample:
+        """Rank ``rank``'s latest record; an empty sample if there is none (yet) or it cannot
+        be read (a torn or vanished file is not an error: the next sample may succeed)."""
+        if rank >= len(self.readers):
+            return ShimSample()
+        with contextlib.suppress(UserError, OSError, ValueError):
+            rec = self.readers[rank].snapshot()
+            if rec is not None:
+                return ShimSample(rec.compute_ns, rec.mpi_ns, rec.window_duty, rec.wait_mode)
+        return ShimSample()
+
+    def set_wait_mode(self, mode: str) -> None:
+        """Ask every rank to wait in ``mode`` from its next wait on (the control word in each
+        rank's record). BackendError for a simulation without the shim, an unknown mode, or
+        a rank whose record is not published yet."""
+        if self.spec.shim is None:
+            raise BackendError(
+                f"simulation {self.spec.sim_id} runs without the shim: no wait mode to set"
+            )
+        try:
+            set_wait_modes(shim_dir(self.spec.case_dir), len(self.spec.ranks), mode)
+        except UserError as exc:
+            raise BackendError(str(exc)) from exc
+
+    def close(self) -> None:
+        """Unmap every record (idempotent)."""
+        for reader in self.readers:
+            with contextlib.suppress(OSError, UserError):
+                reader.close()
