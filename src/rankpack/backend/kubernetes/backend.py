@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import signal
-import subprocess
 import threading
 import time
 from datetime import UTC, datetime
@@ -31,8 +29,9 @@ from rankpack.backend.kubernetes.api import KubeApi, KubeError, Obj
 from rankpack.backend.kubernetes.capacity import Capacity
 from rankpack.backend.kubernetes.config import KubernetesConfig, parse_volume
 from rankpack.backend.kubernetes.poller import Poller, check_adopted
-from rankpack.backend.kubernetes.record import Lifecycle, Resize, SimRecord, rank_dir, shim_dir
+from rankpack.backend.kubernetes.record import Lifecycle, Resize, SimRecord, rank_dir
 from rankpack.backend.kubernetes.starting import MpirunHost, Starter, prepare_files
+from rankpack.backend.mpirun import stop_group
 from rankpack.backend.protocol import (
     BackendError,
     Inventory,
@@ -50,7 +49,6 @@ from rankpack.backend.protocol import (
 from rankpack.backend.worker import News, Stager
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.errors import UserError
-from rankpack.profile.records import RecordReader, record_path, set_wait_modes
 
 C = builders.CONTAINER
 
@@ -150,15 +148,9 @@ class KubernetesBackend:
             # The apiserver is away: the poller creates what is missing once it answers
             # (get-or-create is idempotent), bounded by start_timeout_s like any start.
             sim.reconcile_error = str(exc)
-        self._attach_readers(sim)
         with self.lock:
             self.sims[spec.sim_id] = sim
         self._poller.ensure()
-
-    def _attach_readers(self, sim: SimRecord) -> None:
-        if sim.spec.shim is not None:
-            live = shim_dir(sim.spec.case_dir)
-            sim.readers = [RecordReader(record_path(live, r)) for r in range(sim.n)]
 
     # -- the poller: the backend's event source (`poller`) ------------------------------
 
@@ -237,13 +229,7 @@ class KubernetesBackend:
         the same path as the rank pods: the control word is written here, as locally, and
         every rank takes it up at its next wait. A simulation without the shim is refused
         (BackendError), as by every backend."""
-        sim = self._sim(sim_id)
-        if sim.spec.shim is None:
-            raise BackendError(f"simulation {sim_id} runs without the shim: no wait mode to set")
-        try:
-            set_wait_modes(shim_dir(sim.spec.case_dir), sim.n, mode)
-        except UserError as exc:
-            raise BackendError(str(exc)) from exc
+        self._sim(sim_id).shim.set_wait_mode(mode)
 
     # -- observe -----------------------------------------------------------------------------
 
@@ -261,9 +247,10 @@ class KubernetesBackend:
                     life.end(code)
             ended = life.over
             ranks = tuple(observing.observe_rank(sim, i, ended, self.usage) for i in range(sim.n))
-            log_text = observing.read_log(sim)
+            log_text = sim.log.read(ended=ended)
             phase, reason = self.phase(sim)
-            failure = observing.failure_code(sim) if phase is SimPhase.FAILED else None
+            over = observing.ended_failure(sim) if phase is SimPhase.FAILED else None
+            failure = over.code if over is not None else None
         return SimObservation(
             sim_id, now, phase, ranks, exit_code=life.exit_code, reason=reason, failure=failure,
             log_text=log_text,
@@ -286,14 +273,8 @@ class KubernetesBackend:
         with self.lock:
             sim.life.stop()
         process = sim.process
-        if process is not None and process.poll() is None:
-            process.kill_group(signal.SIGTERM)
-            try:
-                process.wait(timeout=5)
-            except subprocess.TimeoutExpired:
-                process.kill_group(signal.SIGKILL)
-                with contextlib.suppress(subprocess.TimeoutExpired):
-                    process.wait(timeout=5)
+        if process is not None:
+            stop_group(process)
         if sim.life.started:
             self.host.kill_in_pods(sim)
         with self.lock:
@@ -317,8 +298,7 @@ class KubernetesBackend:
             self._poller.ensure()
         if sim.log_file is not None:
             sim.log_file.close()
-        for reader in sim.readers:
-            reader.close()
+        sim.shim.close()
         sim.close_launch()
         with self.lock:
             sim.life.release()
@@ -338,9 +318,7 @@ class KubernetesBackend:
             if sim.log_file is not None:
                 with contextlib.suppress(OSError):
                     sim.log_file.close()
-            for reader in sim.readers:
-                with contextlib.suppress(OSError, UserError):
-                    reader.close()
+            sim.shim.close()
         return [k for k, v in sims.items() if not v.life.released]
 
     # -- earlier processes' simulations ------------------------------------------------------
@@ -411,11 +389,10 @@ class KubernetesBackend:
                     sim.desired[rank] = want
                     sim.pods[rank] = pod
                     sim.seen.add(rank)
-        self._attach_readers(sim)
         if launch == "ended":
             check_adopted(sim)
         # the log is delivered from its start, as the protocol says: the adopting
-        # controller parses it afresh (sim.log_offset stays 0)
+        # controller parses it afresh (sim.log starts at offset 0)
         with self.lock:
             self.sims[sim_id] = sim
         self._poller.ensure()

@@ -1,21 +1,17 @@
 """What `KubernetesBackend.observe` reports of one simulation, read from its record.
 
 Pure readings of a `SimRecord` (called under the backend's lock): its phase and why, the
-failure's code, each rank's observation (pod, counters, the shim's records) and the solver
-log appended since the last read.
+failure (code and message), each rank's observation (pod, counters, the shim's records).
 """
 
 from __future__ import annotations
 
-import contextlib
-
 from rankpack.backend.kubernetes import builders, status, usage
 from rankpack.backend.kubernetes.api import Obj
 from rankpack.backend.kubernetes.record import SimRecord
-from rankpack.backend.kubernetes.starting import exit_reason
+from rankpack.backend.mpirun import exit_failure
 from rankpack.backend.protocol import RankObservation, RankPhase, SimPhase
-from rankpack.core.failures import FailureCode
-from rankpack.errors import UserError
+from rankpack.core.failures import Failure
 
 C = builders.CONTAINER
 
@@ -35,23 +31,19 @@ def phase(sim: SimRecord, poll_error: str | None) -> tuple[SimPhase, str]:
             for i in range(sim.n)
             if not status.running(sim.pods.get(i) or {}, C)
         )
-    if life.failure is not None:
-        return SimPhase.FAILED, life.failure.message
-    if life.stopped:
-        return SimPhase.FAILED, "stopped"
-    if life.exit_code == 0:
+    failure = ended_failure(sim)
+    if failure is None:
         return SimPhase.SUCCEEDED, ""
-    return SimPhase.FAILED, exit_reason(life.exit_code)
+    return SimPhase.FAILED, failure.message
 
 
-def failure_code(sim: SimRecord) -> FailureCode:
-    """The code of a failed simulation's `phase` (a failure's own, else from its end)."""
+def ended_failure(sim: SimRecord) -> Failure | None:
+    """Why a simulation that is over failed (its own failure, else what its mpirun's end
+    means); None if it succeeded."""
     life = sim.life
     if life.failure is not None:
-        return life.failure.code
-    if life.stopped:
-        return FailureCode.STOPPED
-    return FailureCode.RANK_FAILED if life.exit_code is not None else FailureCode.OTHER
+        return life.failure
+    return exit_failure(life.exit_code, stopped=life.stopped)
 
 
 def observe_rank(sim: SimRecord, i: int, ended: bool, source: usage.UsageSource) -> RankObservation:
@@ -71,15 +63,7 @@ def observe_rank(sim: SimRecord, i: int, ended: bool, source: usage.UsageSource)
         phase = status.rank_phase(pod, C)
         if phase is RankPhase.RUNNING and not sim.life.started:
             phase = RankPhase.PENDING  # the pod runs; its rank does not yet
-    compute = mpi = None
-    duty = None
-    wait_mode = None
-    if i < len(sim.readers):
-        with contextlib.suppress(UserError, OSError, ValueError):
-            rec = sim.readers[i].snapshot()
-            if rec is not None:
-                compute, mpi, duty = rec.compute_ns, rec.mpi_ns, rec.window_duty
-                wait_mode = rec.wait_mode
+    shim = sim.shim.sample(i)
     resize = sim.resizes.get(i)
     return RankObservation(
         rank=i,
@@ -94,24 +78,11 @@ def observe_rank(sim: SimRecord, i: int, ended: bool, source: usage.UsageSource)
         node=(pod or {}).get("spec", {}).get("nodeName"),
         pod=builders.pod_name(sim.spec.sim_id, i),
         resize=resize.status if resize else None,
-        compute_ns=compute,
-        mpi_ns=mpi,
-        duty_window=duty,
-        wait_mode=wait_mode,
+        compute_ns=shim.compute_ns,
+        mpi_ns=shim.mpi_ns,
+        duty_window=shim.duty_window,
+        wait_mode=shim.wait_mode,
     )
-
-
-def read_log(sim: SimRecord) -> str:
-    try:
-        with open(sim.spec.log_path, "rb") as fh:
-            fh.seek(sim.log_offset)
-            chunk = fh.read(8 << 20)
-    except FileNotFoundError:
-        return ""
-    done = sim.life.over
-    cut = chunk.rfind(b"\n") + 1 if not done else len(chunk)
-    sim.log_offset += cut
-    return chunk[:cut].decode("utf-8", errors="replace")
 
 
 def _failure_text(pod: Obj | None) -> str:

@@ -16,34 +16,19 @@ import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
+from typing import IO
 
 from rankpack.backend.kubernetes import usage
 from rankpack.backend.kubernetes.api import Obj
 from rankpack.backend.kubernetes.config import VolumeSource
+from rankpack.backend.mpirun import LogTail, Proc, ShimRecords
 from rankpack.backend.protocol import RankResources, ResizeStatus, SimSpec
 from rankpack.core.failures import Failure
-from rankpack.profile.records import RecordReader
 
 
 def rank_dir(case_dir: Path) -> Path:
     """The backend's files on the case volume (hostfile, agent, shim copy, exit code)."""
     return case_dir / ".rankpack"
-
-
-def shim_dir(case_dir: Path) -> Path:
-    return rank_dir(case_dir) / "shim"
-
-
-class Proc(Protocol):
-    """The running mpirun (a `subprocess.Popen` in a new session, or a test's fake)."""
-
-    @property
-    def returncode(self) -> int | None: ...
-
-    def poll(self) -> int | None: ...
-    def wait(self, timeout: float | None = None) -> int: ...
-    def kill_group(self, sig: int) -> None: ...
 
 
 class Stage(enum.Enum):
@@ -143,14 +128,20 @@ class SimRecord:
     resizes: dict[int, Resize] = field(default_factory=dict)
     process: Proc | None = None
     log_file: IO[bytes] | None = field(default=None, repr=False)
-    log_offset: int = 0
-    readers: list[RecordReader] = field(default_factory=list)
+    log: LogTail = field(init=False)
+    """The solver log not delivered yet (from its start, also when adopted)."""
+    shim: ShimRecords = field(init=False)
+    """The shim's live records of its ranks (none without the shim)."""
     counters: dict[int, usage.CpuCounters] = field(default_factory=dict)
     created_t: float = field(default_factory=time.monotonic)
     launch_fd: int | None = None
     """The launch marker's locked descriptor while this process holds it (`launcher`)."""
     reconcile_error: str | None = None
     """Creating its objects failed transiently; the poller tries again."""
+
+    def __post_init__(self) -> None:
+        self.log = LogTail(self.spec.log_path)
+        self.shim = ShimRecords.of(self.spec)
 
     @property
     def n(self) -> int:

@@ -9,12 +9,9 @@ and a thread per mpirun waits for its end. `kill_in_pods` takes down ranks that 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import ipaddress
 import os
 import shutil
-import signal
-import subprocess
 import sys
 import threading
 from collections.abc import Callable
@@ -24,7 +21,8 @@ from typing import IO
 from rankpack.backend.kubernetes import builders, launcher, rsh, status
 from rankpack.backend.kubernetes.api import KubeApi, KubeError, Obj
 from rankpack.backend.kubernetes.config import KubernetesConfig
-from rankpack.backend.kubernetes.record import Proc, SimRecord, rank_dir, shim_dir
+from rankpack.backend.kubernetes.record import SimRecord, rank_dir
+from rankpack.backend.mpirun import MpirunProcess, Proc, find_mpirun, root_env, shim_dir
 from rankpack.backend.protocol import BackendError, LaunchFailed
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.errors import UserError
@@ -33,45 +31,25 @@ from rankpack.profile.shim import shim_env
 C = builders.CONTAINER
 
 
-class _Popen:
-    def __init__(
-        self,
-        argv: list[str],
-        cwd: Path,
-        env: dict[str, str],
-        log: IO[bytes],
-        *,
-        detach_exit_file: Path | None = None,
-        lock_fd: int | None = None,
-    ) -> None:
-        if detach_exit_file is not None:
-            lock = ["--lock-fd", str(lock_fd)] if lock_fd is not None else []
-            argv = [sys.executable, "-m", "rankpack.backend.kubernetes.launcher",
-                    str(detach_exit_file), *lock, "--", *argv]  # fmt: skip
-        self.p = subprocess.Popen(
-            argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-            stderr=subprocess.STDOUT, start_new_session=True,
-            preexec_fn=None if detach_exit_file is not None else _terminate_with_parent,
-            pass_fds=(lock_fd,) if lock_fd is not None else (),
-        )  # fmt: skip
-
-    @property
-    def pid(self) -> int:
-        return self.p.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.p.returncode
-
-    def poll(self) -> int | None:
-        return self.p.poll()
-
-    def wait(self, timeout: float | None = None) -> int:
-        return self.p.wait(timeout)
-
-    def kill_group(self, sig: int) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.killpg(self.p.pid, sig)
+def _mpirun_process(
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    log: IO[bytes],
+    *,
+    detach_exit_file: Path | None,
+    lock_fd: int | None,
+) -> Proc:
+    """mpirun as our child (ended with us), or detached under `launcher`, which outlives
+    this process and writes mpirun's exit code into ``detach_exit_file``."""
+    if detach_exit_file is not None:
+        lock = ["--lock-fd", str(lock_fd)] if lock_fd is not None else []
+        argv = [sys.executable, "-m", "rankpack.backend.kubernetes.launcher",
+                str(detach_exit_file), *lock, "--", *argv]  # fmt: skip
+    return MpirunProcess(
+        argv, cwd, env, log, with_parent=detach_exit_file is None,
+        pass_fds=(lock_fd,) if lock_fd is not None else (),
+    )  # fmt: skip
 
 
 Starter = Callable[[list[str], Path, dict[str, str], IO[bytes]], Proc]
@@ -79,7 +57,7 @@ Starter = Callable[[list[str], Path, dict[str, str], IO[bytes]], Proc]
 
 def _popen(exit_file: Path | None, lock_fd: int | None) -> Starter:
     def start(argv: list[str], cwd: Path, env: dict[str, str], log: IO[bytes]) -> Proc:
-        return _Popen(argv, cwd, env, log, detach_exit_file=exit_file, lock_fd=lock_fd)
+        return _mpirun_process(argv, cwd, env, log, detach_exit_file=exit_file, lock_fd=lock_fd)
 
     return start
 
@@ -130,7 +108,7 @@ class MpirunHost:
         notify: Callable[[], None],
     ) -> None:
         self.api, self.config, self.mpirun = api, config, mpirun
-        self.starter: Starter = starter if starter is not None else _Popen
+        self.starter: Starter = starter if starter is not None else _popen(None, None)
         self.default_starter = starter is None
         self.lock, self.notify = lock, notify
 
@@ -141,8 +119,6 @@ class MpirunHost:
             why = f"the Kubernetes backend launches Open MPI only, not {sim.spec.mpi}"
             life.fail(Failure(FailureCode.LAUNCH_FAILED, why))
             return
-        from rankpack.backend.local import find_mpirun
-
         d = rank_dir(sim.spec.case_dir)
         args = builders.MpirunArgs(
             mpirun=self.mpirun or find_mpirun("openmpi"),
@@ -160,9 +136,7 @@ class MpirunHost:
         env.update(
             rsh.agent_env(self.config.kubeconfig, self.config.context, self.api.namespace, C)
         )
-        if os.geteuid() == 0:
-            env["OMPI_ALLOW_RUN_AS_ROOT"] = "1"
-            env["OMPI_ALLOW_RUN_AS_ROOT_CONFIRM"] = "1"
+        env.update(root_env("openmpi"))
         try:
             fd = launcher.begin(rank_dir(sim.spec.case_dir))
         except OSError as exc:
@@ -224,20 +198,3 @@ def subnet_of(pods: list[Obj]) -> str | None:
     if all(ipaddress.ip_address(ip) in net for ip in ips):
         return str(net)
     return None
-
-
-def exit_reason(code: int | None) -> str:
-    if code is None:
-        return "ended with an unknown status"
-    if code < 0:
-        return f"mpirun was killed by signal {-code}"
-    return f"the MPI job exited with code {code}"
-
-
-_PR_SET_PDEATHSIG = 1
-
-
-def _terminate_with_parent() -> None:
-    """In the forked mpirun: SIGTERM it if rankpack dies (it then takes its orteds down)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
