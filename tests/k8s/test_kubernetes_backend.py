@@ -198,9 +198,9 @@ def kube(k8s: DevCluster) -> Iterator[Kube]:
 
 
 def test_identity_is_the_service_account(kube: Kube) -> None:
-    from rankpack.backend.kubernetes.api import KubeError
+    from rankpack.backend.kubernetes.api import ApiError
 
-    with pytest.raises(KubeError) as info:
+    with pytest.raises(ApiError) as info:
         kube.backend.api.list_nodes()
     assert info.value.status == 403
     inv = kube.backend.inventory()  # the given allocatable, requests of the namespace's pods

@@ -8,8 +8,10 @@ backend with the ServiceAccount's token (TokenRequest API), never as cluster adm
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
+from rankpack.backend.kubernetes.api import ClientKubeApi, Conflict
 from rankpack.backend.kubernetes.rbac import (
     ROLE,
     SERVICE_ACCOUNT,
@@ -22,69 +24,54 @@ from rankpack.devcluster.configs import kubeconfig
 __all__ = ["ROLE", "SERVICE_ACCOUNT", "apply", "apply_crd", "backend_rbac", "role_rules"]
 
 
-def apply(api_client: Any, namespace: str) -> None:
+def apply(api: ClientKubeApi, namespace: str) -> None:
     """Create the namespace and the backend's RBAC objects; existing ones are replaced."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    core: Any = client.CoreV1Api(api_client)  # bodies are plain dicts, as in deploy/
-    rbac: Any = client.RbacAuthorizationV1Api(api_client)
-    try:
-        core.create_namespace(namespace_object(namespace))
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
+    with contextlib.suppress(Conflict):
+        api.request("POST", "/api/v1/namespaces", body=namespace_object(namespace))
     sa, role, binding = backend_rbac(namespace)
-    calls: tuple[tuple[dict[str, Any], Any, Any], ...] = (
-        (sa, core.create_namespaced_service_account, core.replace_namespaced_service_account),
-        (role, rbac.create_namespaced_role, rbac.replace_namespaced_role),
-        (binding, rbac.create_namespaced_role_binding, rbac.replace_namespaced_role_binding),
-    )
-    for body, create, replace in calls:
+    rbac = f"/apis/rbac.authorization.k8s.io/v1/namespaces/{namespace}"
+    for body, collection in (
+        (sa, f"/api/v1/namespaces/{namespace}/serviceaccounts"),
+        (role, f"{rbac}/roles"),
+        (binding, f"{rbac}/rolebindings"),
+    ):
         try:
-            create(namespace, body)
-        except ApiException as exc:
-            if exc.status != 409:
-                raise
-            replace(body["metadata"]["name"], namespace, body)
+            api.request("POST", collection, body=body)
+        except Conflict:
+            api.request("PUT", f"{collection}/{body['metadata']['name']}", body=body)
 
 
-def apply_crd(api_client: Any) -> None:
+def apply_crd(api: ClientKubeApi) -> None:
     """Install (or update) the Simulation CRD: cluster-scoped, so done as the admin."""
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
     from rankpack.operator.crd import crd_manifest
 
-    ext: Any = client.ApiextensionsV1Api(api_client)
+    collection = "/apis/apiextensions.k8s.io/v1/customresourcedefinitions"
     body = crd_manifest()
     try:
-        ext.create_custom_resource_definition(body)
-    except ApiException as exc:
-        if exc.status != 409:
-            raise
-        current = ext.read_custom_resource_definition(body["metadata"]["name"])
-        body["metadata"]["resourceVersion"] = current.metadata.resource_version
-        ext.replace_custom_resource_definition(body["metadata"]["name"], body)
+        api.request("POST", collection, body=body)
+    except Conflict:
+        path = f"{collection}/{body['metadata']['name']}"
+        current = api.request("GET", path)
+        body["metadata"]["resourceVersion"] = current["metadata"]["resourceVersion"]
+        api.request("PUT", path, body=body)
 
 
-def mint_token(api_client: Any, namespace: str, expiration_s: int) -> str:
+def mint_token(api: ClientKubeApi, namespace: str, expiration_s: int) -> str:
     """A bound token for the backend's ServiceAccount (TokenRequest API)."""
-    from kubernetes import client
-
-    core = client.CoreV1Api(api_client)
-    request = client.AuthenticationV1TokenRequest(
-        spec=client.V1TokenRequestSpec(audiences=[], expiration_seconds=expiration_s)
-    )
-    result: Any = core.create_namespaced_service_account_token(SERVICE_ACCOUNT, namespace, request)
-    return str(result.status.token)
+    path = f"/api/v1/namespaces/{namespace}/serviceaccounts/{SERVICE_ACCOUNT}/token"
+    body = {
+        "apiVersion": "authentication.k8s.io/v1",
+        "kind": "TokenRequest",
+        "spec": {"audiences": [], "expirationSeconds": expiration_s},
+    }
+    return str(api.request("POST", path, body=body)["status"]["token"])
 
 
 def service_account_kubeconfig(
-    api_client: Any, *, server: str, ca_pem: str, namespace: str, expiration_s: int = 86400
+    api: ClientKubeApi, *, server: str, ca_pem: str, namespace: str, expiration_s: int = 86400
 ) -> dict[str, Any]:
     """A kubeconfig that authenticates as the backend's ServiceAccount, in its namespace."""
-    token = mint_token(api_client, namespace, expiration_s)
+    token = mint_token(api, namespace, expiration_s)
     return kubeconfig(
         server=server,
         ca_pem=ca_pem,

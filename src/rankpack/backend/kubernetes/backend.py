@@ -25,7 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from rankpack.backend.kubernetes import builders, launcher, objects, observing, status, usage
-from rankpack.backend.kubernetes.api import KubeApi, KubeError, Obj
+from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.capacity import Capacity
 from rankpack.backend.kubernetes.config import KubernetesConfig, parse_volume
 from rankpack.backend.kubernetes.poller import Poller, check_adopted
@@ -140,9 +140,9 @@ class KubernetesBackend:
         prepare_files(sim)
         try:
             objects.reconcile(self.api, spec, image, volume)
-        except KubeError as exc:
+        except ApiError as exc:
             if not exc.transient:
-                with contextlib.suppress(KubeError):
+                with contextlib.suppress(ApiError):
                     self.api.delete("configmaps", builders.owner_name(spec.sim_id), "Foreground")
                 raise LaunchFailed(f"cannot create the rank pods of {spec.sim_id}: {exc}") from exc
             # The apiserver is away: the poller creates what is missing once it answers
@@ -170,7 +170,7 @@ class KubernetesBackend:
             pod.get("metadata", {}).get("uid"), reason, message,
             datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         )  # fmt: skip
-        with contextlib.suppress(KubeError):
+        with contextlib.suppress(ApiError):
             self.api.create("events", body)
 
     # -- resize ------------------------------------------------------------------------------
@@ -196,7 +196,7 @@ class KubernetesBackend:
         name = builders.pod_name(sim_id, rank)
         try:
             pod = self.api.patch_resize(name, builders.resize_patch(resources))
-        except KubeError as exc:
+        except ApiError as exc:
             # 1.36 refuses a resize above the node's allocatable with Forbidden; validation
             # errors are 422; a vanished pod 404: all are final, the rank keeps its CPU.
             # An unreachable or overloaded apiserver, or a conflict, is FAILED: the control
@@ -344,7 +344,7 @@ class KubernetesBackend:
         launch = launcher.state(rank_dir(spec.case_dir))
         try:
             owner = self.api.get("configmaps", builders.owner_name(sim_id))
-        except KubeError as exc:
+        except ApiError as exc:
             if not exc.not_found:
                 raise
             if launch in ("running", "died"):
@@ -373,7 +373,7 @@ class KubernetesBackend:
             # is get-or-create, so the missing ones are made and the existing ones kept
             try:
                 objects.reconcile(self.api, spec, image, volume)
-            except KubeError as exc:
+            except ApiError as exc:
                 if not exc.transient:
                     raise LaunchFailed(f"cannot create the rank pods of {sim_id}: {exc}") from exc
                 sim.reconcile_error = str(exc)

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 from rankpack.backend.kubernetes import builders, status
-from rankpack.backend.kubernetes.api import KubeApi, KubeError, Obj
+from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.config import KubernetesConfig
 from rankpack.backend.protocol import BackendError, Inventory, NodeCapacity, Quota
 
@@ -33,13 +33,13 @@ class Capacity:
         and the control loop must not stop over it."""
         try:
             found = self._read_inventory()
-        except KubeError as exc:
+        except ApiError as exc:
             if exc.transient and self._inventory is not None:
                 return self._inventory
             raise
         except BackendError as exc:
             cause = exc.__cause__
-            if isinstance(cause, KubeError) and cause.transient and self._inventory is not None:
+            if isinstance(cause, ApiError) and cause.transient and self._inventory is not None:
                 return self._inventory
             raise
         self._inventory = found
@@ -51,7 +51,7 @@ class Capacity:
             return None
         try:
             found = self.api.list("resourcequotas", "")
-        except KubeError as exc:
+        except ApiError as exc:
             if exc.status != 403:
                 raise
             self._quotas_forbidden = True  # no right to read them: learned from refusals
@@ -69,12 +69,12 @@ class Capacity:
     def _read_nodes(self) -> Inventory:
         try:
             if self._nodes_forbidden:
-                raise KubeError(403, "Forbidden", "nodes (remembered)")
+                raise ApiError(403, "Forbidden", "nodes (remembered)")
             nodes = [
                 n for n in self.api.list_nodes()
                 if status.node_ready(n) and not n.get("spec", {}).get("unschedulable")
             ]  # fmt: skip
-        except KubeError as exc:
+        except ApiError as exc:
             self._nodes_forbidden = exc.status == 403
             if exc.status != 403 or self.config.allocatable_millis is None:
                 raise BackendError(
@@ -88,7 +88,7 @@ class Capacity:
         live = "status.phase!=Succeeded,status.phase!=Failed"
         try:
             pods = self.api.list_pods_all_namespaces(live)
-        except KubeError as exc:
+        except ApiError as exc:
             if exc.status != 403:
                 raise
             pods = [p for p in self.api.list_pods("") if _live(p)]

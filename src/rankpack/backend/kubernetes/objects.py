@@ -12,7 +12,7 @@ import contextlib
 import time
 
 from rankpack.backend.kubernetes import builders
-from rankpack.backend.kubernetes.api import KubeApi, KubeError, Obj
+from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.config import KubernetesConfig, VolumeSource
 from rankpack.backend.protocol import BackendError, LaunchFailed, SimSpec
 
@@ -31,7 +31,7 @@ def _get_or_create(api: KubeApi, kind: str, body: Obj, spec: SimSpec) -> Obj:
     name = str(body["metadata"]["name"])
     try:
         found = api.get(kind, name)
-    except KubeError as exc:
+    except ApiError as exc:
         if not exc.not_found:
             raise
     else:
@@ -41,7 +41,7 @@ def _get_or_create(api: KubeApi, kind: str, body: Obj, spec: SimSpec) -> Obj:
         return found
     try:
         return api.create(kind, body)
-    except KubeError as exc:
+    except ApiError as exc:
         if exc.conflict:  # created meanwhile (another controller): take it
             return api.get(kind, name)
         raise
@@ -55,7 +55,7 @@ def delete(api: KubeApi, config: KubernetesConfig, sim_id: str, *, wait: bool = 
     owner_gone = False
     try:
         api.delete("configmaps", builders.owner_name(sim_id), "Foreground")
-    except KubeError as exc:
+    except ApiError as exc:
         if not exc.not_found:
             raise BackendError(f"cannot delete simulation {sim_id}: {exc}") from exc
         owner_gone = True
@@ -68,7 +68,7 @@ def delete(api: KubeApi, config: KubernetesConfig, sim_id: str, *, wait: bool = 
         if not wait:
             if owner_gone:
                 for pod in left:
-                    with contextlib.suppress(KubeError):
+                    with contextlib.suppress(ApiError):
                         api.delete("pods", str(pod["metadata"]["name"]))
             return False
         if time.monotonic() > deadline:
@@ -77,9 +77,9 @@ def delete(api: KubeApi, config: KubernetesConfig, sim_id: str, *, wait: bool = 
             )
         if not direct and time.monotonic() > deadline - config.release_timeout_s / 2:
             for pod in left:  # no garbage collector at work? delete them ourselves
-                with contextlib.suppress(KubeError):
+                with contextlib.suppress(ApiError):
                     api.delete("pods", str(pod["metadata"]["name"]))
-            with contextlib.suppress(KubeError):
+            with contextlib.suppress(ApiError):
                 api.delete("services", builders.service_name(sim_id))
             direct = True
         time.sleep(min(0.2, config.poll_s))

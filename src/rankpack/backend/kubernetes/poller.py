@@ -17,7 +17,7 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from rankpack.backend.kubernetes import builders, objects, status
-from rankpack.backend.kubernetes.api import KubeError, Obj
+from rankpack.backend.kubernetes.api import ApiError, Obj
 from rankpack.backend.kubernetes.record import Resize, SimRecord
 from rankpack.backend.protocol import BackendError, ResizeState, ResizeStatus
 from rankpack.core.failures import Failure, FailureCode
@@ -82,7 +82,7 @@ class Poller:
             return bool(self.orphans)
         try:
             pods = b.api.list_pods(builders.ALL_SIMS_SELECTOR)
-        except KubeError as exc:
+        except ApiError as exc:
             self.error = str(exc)
             return True
         self.error = None
@@ -105,7 +105,7 @@ class Poller:
     def _retry_reconcile(self, sim: SimRecord) -> None:
         try:
             objects.reconcile(self.backend.api, sim.spec, sim.image, sim.volume)
-        except KubeError as exc:
+        except ApiError as exc:
             sim.reconcile_error = str(exc)
             if not exc.transient:
                 why = f"cannot create the rank pods of {sim.spec.sim_id}: {exc}"

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import IO
 
 from rankpack.backend.kubernetes import builders, launcher, rsh, status
-from rankpack.backend.kubernetes.api import KubeApi, KubeError, Obj
+from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.config import KubernetesConfig
 from rankpack.backend.kubernetes.record import SimRecord, rank_dir
 from rankpack.backend.mpirun import MpirunProcess, Proc, find_mpirun, root_env, shim_dir
@@ -178,7 +178,7 @@ class MpirunHost:
         argv = ["/bin/sh", "-c", "kill -9 -1 2>/dev/null; true"]
 
         def kill(rank: int) -> None:
-            with contextlib.suppress(KubeError):
+            with contextlib.suppress(ApiError):
                 self.api.exec(builders.pod_name(sim.spec.sim_id, rank), C, argv, 15.0)
 
         running = [i for i, p in sorted(sim.pods.items()) if status.running(p, C)]

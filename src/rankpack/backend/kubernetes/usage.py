@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from rankpack.backend.kubernetes.api import ApiError
+
 Obj = dict[str, Any]
 
 QOS_DIRS = ("burstable", "", "besteffort")
@@ -80,7 +82,7 @@ class PodExecUsage:
             return cached[1]
         try:
             out = self.api.exec(name, self.container, READ_OWN_CGROUP, 10.0)
-        except Exception:  # a pod that is going away: keep the last reading
+        except ApiError:  # a pod that is going away: keep the last reading
             return cached[1] if cached else None
         counters = parse_cpu_stat(str(getattr(out, "stdout", "")))
         if counters is None:
