@@ -21,7 +21,7 @@ import contextlib
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -70,6 +70,10 @@ class SimulationApi:
 
     def get(self, name: str) -> Obj:
         return self.api.request("GET", f"{self.path}/{name}")
+
+    def watch(self, timeout_s: float) -> Iterator[Obj]:
+        """The changes of the Simulations until the apiserver ends the watch."""
+        return self.api.watch(self.path, timeout_s=timeout_s)
 
     def create(self, body: Obj) -> Obj:
         return self.api.request("POST", self.path, body=body)

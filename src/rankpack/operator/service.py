@@ -125,7 +125,7 @@ class _Watcher:
         delay = 0.5
         while not self.stop.is_set():
             try:
-                for _event in self.api.api.watch(self.api.path, timeout_s=60):
+                for _event in self.api.watch(timeout_s=60):
                     delay = 0.5
                     self.wake()
                     if self.stop.is_set():

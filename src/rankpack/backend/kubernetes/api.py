@@ -177,7 +177,7 @@ class ClientKubeApi:
         raw: Any = response.response
         pending = b""
         try:
-            for chunk in raw.stream(4096, decode_content=True):
+            for chunk in raw.stream(None, decode_content=True):  # as each chunk arrives
                 pending += chunk
                 while b"\n" in pending:
                     line, pending = pending.split(b"\n", 1)
