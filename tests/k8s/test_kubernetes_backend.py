@@ -53,6 +53,13 @@ class Sample:
 YIELD = "OMPI_MCA_mpi_yield_when_idle"
 
 
+def _has_environ(pid: int) -> bool:
+    try:
+        return bool(Path(f"/proc/{pid}/environ").read_bytes())
+    except OSError:
+        return False
+
+
 def _env_of(pid: int, *names: str) -> tuple[str | None, str | None]:
     environ = dict(
         e.decode().split("=", 1)
@@ -101,6 +108,8 @@ class Watcher:
                         waits = _env_of(pids[0], "RANKPACK_SHIM_WAIT", YIELD)
                 except (OSError, ValueError):
                     pass
+                if pids and waits == (None, None) and not _has_environ(pids[0]):
+                    pids = []  # it exited meanwhile (a zombie has no environment)
                 status_cpu = (st.resources.requests or {}).get("cpu") if st.resources else None
                 self.samples.append(
                     Sample(
@@ -198,9 +207,9 @@ def kube(k8s: DevCluster) -> Iterator[Kube]:
 
 
 def test_identity_is_the_service_account(kube: Kube) -> None:
-    from rankpack.backend.kubernetes.api import KubeError
+    from rankpack.backend.kubernetes.api import ApiError
 
-    with pytest.raises(KubeError) as info:
+    with pytest.raises(ApiError) as info:
         kube.backend.api.list_nodes()
     assert info.value.status == 403
     inv = kube.backend.inventory()  # the given allocatable, requests of the namespace's pods

@@ -10,7 +10,7 @@ import logging
 import signal
 import uuid
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
@@ -33,6 +33,9 @@ from rankpack.operator.admission import AdmissionPolicy, openfoam_applications
 from rankpack.operator.crd import check_solver
 from rankpack.plan.allocation import budget_to_millis
 from rankpack.plan.submission import Submission
+
+if TYPE_CHECKING:
+    from rankpack.backend.kubernetes.api import ApiError
 
 
 def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
@@ -133,32 +136,20 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def simulation_api(args: argparse.Namespace) -> Any:
-    from kubernetes import config as kube_config
-
+    from rankpack.backend.kubernetes import ClientKubeApi
     from rankpack.operator.queue import SimulationApi
-
-    kconfig: Any = kube_config
 
     cfg = _config(args)
     try:
-        if cfg.kubeconfig is None:
-            from kubernetes import client
-
-            configuration = client.Configuration()
-            kconfig.load_incluster_config(client_configuration=configuration)
-            api_client = client.ApiClient(configuration)
-        else:
-            api_client = kconfig.new_client_from_config(
-                config_file=str(cfg.kubeconfig), context=cfg.context
-            )
-    except Exception as exc:
-        raise UserError(f"cannot load the Kubernetes configuration: {exc}") from None
-    return SimulationApi(api_client, cfg.namespace)
+        api = ClientKubeApi(cfg)
+    except BackendError as exc:
+        raise UserError(str(exc)) from None
+    return SimulationApi(api, cfg.namespace)
 
 
-def _api_error(exc: Exception, what: str) -> UserError:
-    status = getattr(exc, "status", None)
-    reason = getattr(exc, "reason", None) or type(exc).__name__
+def _api_error(exc: ApiError, what: str) -> UserError:
+    status = exc.status
+    reason = exc.reason or type(exc).__name__
     hint = ""
     if status == 404:
         hint = "; is the CRD installed (kubectl apply -f deploy/crd.yaml)?"
@@ -170,6 +161,7 @@ def _api_error(exc: Exception, what: str) -> UserError:
 def create_simulations(
     args: argparse.Namespace, sub: Submission, count: int, volume: str | None
 ) -> list[str]:
+    from rankpack.backend.kubernetes.api import ApiError
     from rankpack.operator import crd
 
     api = simulation_api(args)
@@ -180,17 +172,19 @@ def create_simulations(
         name = f"{base}-{uuid.uuid4().hex[:6]}"
         try:
             api.create(crd.simulation(name, sub, volume))
-        except Exception as exc:
+        except ApiError as exc:
             raise _api_error(exc, f"cannot create Simulation {name}") from None
         names.append(name)
     return names
 
 
 def list_simulations(args: argparse.Namespace) -> list[dict[str, Any]]:
+    from rankpack.backend.kubernetes.api import ApiError
+
     api = simulation_api(args)
     try:
         items = api.list()
-    except Exception as exc:
+    except ApiError as exc:
         raise _api_error(exc, "cannot list Simulations") from None
     return sorted(items, key=lambda o: o["metadata"].get("creationTimestamp", ""))
 
@@ -369,10 +363,12 @@ def handle_runs_kubernetes(args: argparse.Namespace) -> int:
 
 
 def handle_events_kubernetes(args: argparse.Namespace) -> int:
+    from rankpack.backend.kubernetes.api import ApiError
+
     api = simulation_api(args)
     try:
         events = api.events(args.simulation)
-    except Exception as exc:
+    except ApiError as exc:
         raise _api_error(exc, "cannot list Events") from None
     rows = [
         {

@@ -59,6 +59,8 @@ class FailureCode(enum.StrEnum):
     TIMEOUT = "Timeout"
     STOPPED = "Stopped"
     """Stopped on request (the Simulation was deleted, Ctrl-C, the operator shutting down)."""
+    LOST_ON_RESTART = "LostOnRestart"
+    """It ran under an operator that restarted, and the next one could not adopt it."""
 
     OTHER = "RunFailed"
     """No more specific code is known."""

@@ -25,6 +25,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from rankpack.backend.kubernetes import status as readings
+from rankpack.backend.kubernetes.api import ApiError, ClientKubeApi
+from rankpack.backend.kubernetes.config import KubernetesConfig
+from rankpack.backend.protocol import BackendError
 from rankpack.devcluster import binaries, configs, host, images, packages, pki, processes, rbac
 from rankpack.devcluster.binaries import KubeVersion
 from rankpack.devcluster.layout import (
@@ -182,30 +186,25 @@ def _http_ok(url: str, context: ssl.SSLContext | None = None, token: str | None 
         return False
 
 
-def _api_client(kubeconfig: Path) -> Any:
-    from kubernetes import config
+def _api_client(kubeconfig: Path) -> ClientKubeApi:
+    """The admin's REST client (cluster-scoped calls; bounded, so a booting apiserver that
+    hangs is one that does not answer)."""
+    return ClientKubeApi(KubernetesConfig(kubeconfig=kubeconfig, namespace=NAMESPACE),
+                         request_timeout_s=10.0)  # fmt: skip
 
-    return config.new_client_from_config(config_file=str(kubeconfig))  # type: ignore[no-untyped-call]
 
-
-def _node_ready(api_client: Any) -> bool:
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
+def _node_ready(api: ClientKubeApi) -> bool:
     try:
-        node: Any = client.CoreV1Api(api_client).read_node(NODE_NAME)
-    except (ApiException, OSError, Exception):  # the urllib3 errors while it boots
+        node = api.request("GET", f"/api/v1/nodes/{NODE_NAME}")
+    except ApiError:  # not registered yet, or the apiserver is still booting
         return False
-    return any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
+    return readings.node_ready(node)
 
 
-def _default_service_account(api_client: Any, namespace: str) -> bool:
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
+def _default_service_account(api: ClientKubeApi, namespace: str) -> bool:
     try:
-        client.CoreV1Api(api_client).read_namespaced_service_account("default", namespace)
-    except ApiException:
+        api.request("GET", f"/api/v1/namespaces/{namespace}/serviceaccounts/default")
+    except ApiError:
         return False
     return True
 
@@ -533,25 +532,19 @@ def status(state_dir: Path) -> dict[str, Any]:
     }
     if len(live) < len(COMPONENTS) or not os.access(layout.admin_kubeconfig, os.R_OK):
         return result
-    from kubernetes import client
-    from kubernetes.utils import parse_quantity
-
     try:
         api = _api_client(layout.admin_kubeconfig)
-        nodes: list[Any] = client.CoreV1Api(api).list_node(_request_timeout=10).items
-    except Exception as exc:  # the apiserver may be starting or gone: report, not crash
+        nodes = api.list_nodes()
+    except BackendError as exc:  # the apiserver may be starting or gone: report, not crash
         result["error"] = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
         return result
     for node in nodes:
-        ready = any(c.type == "Ready" and c.status == "True" for c in node.status.conditions or [])
         result["nodes"].append(
             {
-                "name": node.metadata.name,
-                "ready": ready,
-                "allocatable_millis": int(
-                    parse_quantity(node.status.allocatable["cpu"]) * 1000  # type: ignore[no-untyped-call]
-                ),
-                "kubelet_version": node.status.node_info.kubelet_version,
+                "name": node["metadata"]["name"],
+                "ready": readings.node_ready(node),
+                "allocatable_millis": readings.node_allocatable_millis(node),
+                "kubelet_version": node.get("status", {}).get("nodeInfo", {}).get("kubeletVersion"),
             }
         )
     result["ready"] = bool(result["nodes"]) and all(n["ready"] for n in result["nodes"])

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from rankpack.controller.submission import Submission
+from rankpack.core.failures import Failure, FailureCode
 from rankpack.errors import UserError
 
 TUTORIAL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
@@ -45,11 +46,13 @@ MIN_REQUEST_MILLIS = 1
 
 
 class Refused(UserError):
-    """A spec the admin's policy does not allow; ``code`` is the condition reason."""
+    """A spec the admin's policy does not allow; ``code`` is the Simulation's status and
+    condition reason."""
 
-    def __init__(self, code: str, message: str) -> None:
+    def __init__(self, code: FailureCode, message: str) -> None:
         super().__init__(message)
         self.code = code
+        self.failure = Failure(code, message)
 
 
 @dataclass(frozen=True)
@@ -103,7 +106,7 @@ def check_host_volume(volume: str | None, policy: AdmissionPolicy) -> None:
     allowed = ", ".join(policy.host_prefixes) or "none"
     if path is None or _under(path, policy.host_prefixes) is None:
         raise Refused(
-            "HostVolumeNotAllowed",
+            FailureCode.HOST_VOLUME_NOT_ALLOWED,
             f"spec.case.volume {volume[:200]!r} mounts a host directory the cluster admin did "
             f"not allow (allowed host prefixes: {allowed}); use a pvc: volume of your "
             "namespace, or ask the admin to allow the prefix (rankpack operator "
@@ -117,7 +120,7 @@ def check_case_path(
     if "/" not in path:
         if not TUTORIAL_NAME.match(path) or path in (".", ".."):
             raise Refused(
-                "CasePathNotAllowed",
+                FailureCode.CASE_PATH_NOT_ALLOWED,
                 f"spec.case.path {path[:80]!r} is neither a tutorial name (letters, digits, "
                 "_.+-) nor an absolute path; give e.g. pitzDaily",
             )
@@ -130,16 +133,19 @@ def check_case_path(
     text = _lexical(path)
     if text is None:
         raise Refused(
-            "CasePathNotAllowed",
+            FailureCode.CASE_PATH_NOT_ALLOWED,
             f"spec.case.path {path[:200]!r} must be absolute and may not contain '..'; {fix}",
         )
     root = _under(text, policy.case_roots)
     if root is None:
-        raise Refused("CasePathNotAllowed", f"spec.case.path {text[:200]!r} is not allowed; {fix}")
+        raise Refused(
+            FailureCode.CASE_PATH_NOT_ALLOWED,
+            f"spec.case.path {text[:200]!r} is not allowed; {fix}",
+        )
     real, real_root = resolve(text), resolve(root)
     if _under(real, (real_root,)) is None:
         raise Refused(
-            "CasePathNotAllowed",
+            FailureCode.CASE_PATH_NOT_ALLOWED,
             f"spec.case.path {text[:200]!r} leads out of the allowed root {root} through a "
             f"symbolic link (to {real[:200]}); {fix}",
         )
@@ -147,7 +153,7 @@ def check_case_path(
 
 def check_solver_allowed(solver: str | None, policy: AdmissionPolicy) -> None:
     if solver is not None and solver not in policy.solvers:
-        raise Refused("SolverNotAllowed", solver_refusal(solver, policy.solvers))
+        raise Refused(FailureCode.SOLVER_NOT_ALLOWED, solver_refusal(solver, policy.solvers))
 
 
 def solver_refusal(solver: str, allowed: frozenset[str]) -> str:
@@ -164,7 +170,7 @@ def check_fit(sub: Submission, policy: AdmissionPolicy) -> None:
     least = sub.n_ranks * max(MIN_REQUEST_MILLIS, sub.floor_millis)
     if least > policy.cluster_millis:
         raise Refused(
-            "DoesNotFit",
+            FailureCode.DOES_NOT_FIT,
             f"{sub.n_ranks} ranks need at least {least}m even at their minimum request, and "
             f"all nodes together can allocate {policy.cluster_millis}m; ask for fewer ranks "
             "(or a lower floorMillis)",

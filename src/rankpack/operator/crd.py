@@ -138,6 +138,15 @@ def _status_schema() -> Obj:
         "x-kubernetes-preserve-unknown-fields": True,
         "properties": {
             "phase": {"type": "string", "enum": list(PHASES)},
+            "reason": {
+                "type": "string",
+                "description": "why it failed, as a code (rankpack.core.failures.FailureCode: "
+                "PodDeleted, OOMKilled, InvalidSpec, ...)",
+            },
+            "message": {
+                "type": "string",
+                "description": "why it failed, in words (names the pod, the exit code, the error)",
+            },
             "operator": {"type": "string"},
             "simId": {"type": "string"},
             "runId": _int(0),
@@ -165,6 +174,7 @@ def _status_schema() -> Obj:
 def crd_manifest() -> Obj:
     columns = [
         ("Phase", "string", ".status.phase"),
+        ("Reason", "string", ".status.reason"),
         ("Case", "string", ".spec.case.path"),
         ("Ranks", "integer", ".spec.ranks"),
         ("Progress", "string", ".status.progress"),

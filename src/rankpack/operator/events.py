@@ -20,6 +20,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from rankpack.backend.kubernetes import builders
+from rankpack.backend.kubernetes.api import ApiError
+from rankpack.core.failures import FailureCode
 from rankpack.operator import crd
 from rankpack.store import EventRow
 
@@ -81,7 +83,9 @@ def event_body(
     etype, reason = kind
     if e.kind == "finished":
         ok = e.detail.get("status") == "completed"
-        etype, reason = ("Normal", "Succeeded") if ok else ("Warning", "Failed")
+        # a failed run's Event says why with its code (the loop records it as ``code``)
+        code = str(e.detail.get("code") or FailureCode.OTHER)
+        etype, reason = ("Normal", "Succeeded") if ok else ("Warning", code)
     if e.kind == "resize-deferred" and e.detail.get("final"):
         reason = "ResizeNeverApplied"
     involved: Obj = {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "name": name,
@@ -147,7 +151,7 @@ class SimulationEvents:
                 body = self.queue[0]
                 try:
                     self.post(body)
-                except Exception:  # the apiserver is away: keep it, try again later
+                except ApiError:  # the apiserver is away: keep it, try again later
                     self.failed += 1
                     self.stopped.wait(delay)
                     delay = min(delay * 2, 10.0)

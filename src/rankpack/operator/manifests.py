@@ -5,7 +5,7 @@
 ``deploy``); a unit test checks that the files are what the builders return, so the YAML is
 never edited by hand.
 
-The operator's Role has exactly the backend's rules (`rankpack.devcluster.rbac.RULES`: rank
+The operator's Role has exactly the backend's rules (`rankpack.backend.kubernetes.rbac.RULES`: rank
 pods and their resize and exec subresources, Services, ConfigMaps, Events, Simulations and
 their status, its Lease), all in its own namespace: never a ClusterRole, never nodes (give
 the capacity with ``--allocatable``), never secrets.
@@ -29,7 +29,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # (PyYAML, a dependency of kubernetes)
 
-from rankpack.devcluster.rbac import role_rules
+from rankpack.backend.kubernetes.rbac import role_rules
 from rankpack.operator import crd
 from rankpack.operator.policy_manifest import admission_objects
 

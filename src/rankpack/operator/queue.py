@@ -21,11 +21,12 @@ import contextlib
 import datetime as dt
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from rankpack.backend.kubernetes.api import ApiError, ClientKubeApi, Conflict, NotFound
 from rankpack.case.staging import StagedCase
 from rankpack.controller.loop import Adopted, Job, SimView
 from rankpack.core.failures import FailureCode
@@ -33,7 +34,7 @@ from rankpack.core.results import progress_text
 from rankpack.errors import UserError
 from rankpack.operator import crd
 from rankpack.operator.admission import AdmissionPolicy, Refused, admit
-from rankpack.store import Store
+from rankpack.store import RunRow, Store
 
 Obj = dict[str, Any]
 
@@ -51,87 +52,52 @@ def _seconds_since(stamp: str) -> float:
 
 
 class SimulationApi:
-    """The Simulations of one namespace through the official client's CustomObjectsApi."""
+    """The Simulations of one namespace (and the Events on them), through the project's
+    REST boundary (`ClientKubeApi.request`): plain JSON, typed errors (`NotFound`,
+    `Conflict`, `ApiError`)."""
 
-    def __init__(self, api_client: Any, namespace: str) -> None:
-        from kubernetes import client
-
-        self.custom: Any = client.CustomObjectsApi(api_client)
+    def __init__(self, api: ClientKubeApi, namespace: str) -> None:
+        self.api = api
         self.namespace = namespace
 
-    def _args(self) -> tuple[str, str, str, str]:
-        return crd.GROUP, crd.VERSION, self.namespace, crd.PLURAL
-
-    TIMEOUT_S = 30.0
-    """Every call is bounded: an apiserver that hangs is one that does not answer."""
+    @property
+    def path(self) -> str:
+        """The Simulations collection (also what `watch` follows)."""
+        return f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/{self.namespace}/{crd.PLURAL}"
 
     def list(self) -> list[Obj]:
-        found = self.custom.list_namespaced_custom_object(
-            *self._args(), _request_timeout=self.TIMEOUT_S
-        )
-        return list(found.get("items", []))
+        return list(self.api.request("GET", self.path).get("items", []))
 
     def get(self, name: str) -> Obj:
-        return dict(
-            self.custom.get_namespaced_custom_object(
-                *self._args(), name, _request_timeout=self.TIMEOUT_S
-            )
-        )
+        return self.api.request("GET", f"{self.path}/{name}")
+
+    def watch(self, timeout_s: float) -> Iterator[Obj]:
+        """The changes of the Simulations until the apiserver ends the watch."""
+        return self.api.watch(self.path, timeout_s=timeout_s)
 
     def create(self, body: Obj) -> Obj:
-        return dict(
-            self.custom.create_namespaced_custom_object(
-                *self._args(), body, _request_timeout=self.TIMEOUT_S
-            )
-        )
+        return self.api.request("POST", self.path, body=body)
 
     def replace_status(self, obj: Obj) -> Obj:
-        """Replace the status under the object's resourceVersion (409 if it changed)."""
+        """Replace the status under the object's resourceVersion (`Conflict` if it
+        changed)."""
         name = obj["metadata"]["name"]
-        return dict(
-            self.custom.replace_namespaced_custom_object_status(
-                *self._args(), name, obj, _request_timeout=self.TIMEOUT_S
-            )
-        )
+        return self.api.request("PUT", f"{self.path}/{name}/status", body=obj)
 
     def events(self, name: str | None = None) -> builtins.list[Obj]:
         """The core/v1 Events on Simulations (on ``name`` only, if given), oldest first."""
-        from kubernetes import client
-
-        core: Any = client.CoreV1Api(self.custom.api_client)
         selector = f"involvedObject.kind={crd.KIND}"
         if name:
             selector += f",involvedObject.name={name}"
-        items = core.list_namespaced_event(self.namespace, field_selector=selector).items
-        out = [core.api_client.sanitize_for_serialization(e) for e in items]
-        return sorted(out, key=_event_order)
+        found = self.api.request("GET", f"/api/v1/namespaces/{self.namespace}/events",
+                                 query={"fieldSelector": selector})  # fmt: skip
+        return sorted(found.get("items", []), key=_event_order)
 
     def patch_status(self, name: str, status: Obj) -> Obj:
-        return dict(
-            self.custom.patch_namespaced_custom_object_status(
-                *self._args(), name, {"status": status}, _request_timeout=self.TIMEOUT_S
-            )
-        )
-
-
-def _conflict(exc: Exception) -> bool:
-    return getattr(exc, "status", None) == 409
-
-
-def _not_found(exc: Exception) -> bool:
-    return getattr(exc, "status", None) == 404
-
-
-_FAILURE_REASONS = (
-    ("is not an allowed solver", "SolverNotAllowed"),
-    ("was evicted", "RankPodEvicted"),
-    ("was deleted", "RankPodDeleted"),
-    ("container ended", "RankContainerEnded"),
-    ("cannot start", "RankPodCannotStart"),
-    ("not running after", "RankPodsNotRunning"),
-    ("launch failed", "LaunchFailed"),
-    ("stopped", "Stopped"),
-)
+        return self.api.request(
+            "PATCH", f"{self.path}/{name}/status", body={"status": status},
+            content_type="application/merge-patch+json",
+        )  # fmt: skip
 
 
 HOLD_REASONS = {
@@ -142,12 +108,6 @@ HOLD_REASONS = {
     "no-gain": "NoGain",
 }
 """The policy's launch-held codes as the Queued condition's reason."""
-
-
-def failure_reason(message: str) -> str:
-    """The condition reason (CamelCase, bounded set) for a failed run's message; the
-    message itself names the pod, the exit code or the fatal error."""
-    return next((reason for key, reason in _FAILURE_REASONS if key in message), "RunFailed")
 
 
 def _condition(kind: str, status: bool, reason: str, message: str) -> Obj:
@@ -234,7 +194,7 @@ class SimulationQueue:
         """The Simulations, or None if the apiserver did not answer."""
         try:
             items = self.api.list()
-        except Exception as exc:
+        except ApiError as exc:
             self.api_error = _first_line(exc)
             return None
         self.api_error = None
@@ -281,7 +241,7 @@ class SimulationQueue:
                     policy = replace(self.admission, cluster_millis=self.cluster_millis())
                     admit(sub, policy)
             except Refused as exc:
-                self.fail(name, exc.code, str(exc))
+                self.fail(name, exc.failure.code, exc.failure.message)
                 continue
             except UserError as exc:
                 self._fail_invalid(obj, str(exc))
@@ -297,7 +257,7 @@ class SimulationQueue:
         name = self.names[job.queue_id]
         try:
             obj = self.api.get(name)
-        except Exception:
+        except ApiError:
             return False
         status = dict(obj.get("status") or {})
         if status.get("phase") not in (None, "Queued"):
@@ -314,12 +274,14 @@ class SimulationQueue:
             self.outbox.pop(name, None)
         try:
             self.api.replace_status(obj)
-        except Exception as exc:
-            # 409: another operator claimed it first; anything else (the apiserver went
-            # away): not claimed, it stays Queued and is tried again later
-            self.api_error = None if _conflict(exc) else _first_line(exc)
-            if not _conflict(exc):
-                self.uncertain.add(name)
+        except Conflict:  # another operator claimed it first
+            self.api_error = None
+            return False
+        except ApiError as exc:
+            # the apiserver went away: not claimed (or its answer was lost: `flush` checks),
+            # it stays Queued and is tried again later
+            self.api_error = _first_line(exc)
+            self.uncertain.add(name)
             return False
         self.uncertain.discard(name)
         return True
@@ -345,6 +307,9 @@ class SimulationQueue:
     def finished(
         self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
     ) -> None:
+        """Its end in its status: ``Succeeded``, or ``Failed`` with the code as the status's
+        and the conditions' reason (``failure`` when it ended before it had a run, else the
+        run's own code, `RunResult.failure` in the store's run row)."""
         name = self.names.get(job.queue_id)
         if name is None:
             return
@@ -356,9 +321,7 @@ class SimulationQueue:
         result: Obj = {"status": status}
         patch: Obj = {}
         run_id = self.run_ids.get(job.queue_id)
-        reason = "StagingFailed" if message else ""  # ended before it had a run
-        if failure is not None:
-            reason = failure.value
+        code = failure or (FailureCode.STAGE_FAILED if message else None)  # before a run
         if message:
             result["message"] = message
         if run_id is not None:
@@ -368,6 +331,7 @@ class SimulationQueue:
                 run = None
             if run is not None:
                 message = run.message or ""
+                code = _failure_code(run)
                 result.update(
                     iterations=run.iterations,
                     wallSeconds=round(run.wall_s or 0.0, 3),
@@ -386,9 +350,10 @@ class SimulationQueue:
         if phase == "Succeeded":
             ended = _condition("Succeeded", True, "Completed", message or status)
         else:
-            reason = reason or failure_reason(message)
-            result["reason"] = reason
+            reason = code or FailureCode.OTHER
+            result["reason"] = str(reason)
             ended = _condition("Failed", True, reason, message or status)
+            patch.update(reason=str(reason), message=(message or status)[:1000])
         patch.update(
             phase=phase,
             result=result,
@@ -466,9 +431,14 @@ class SimulationQueue:
             _condition("Queued", True, "Requeued", reason),
         )})  # fmt: skip
 
-    def fail(self, name: str, reason: str, message: str) -> None:
+    def fail(self, name: str, code: FailureCode, message: str) -> None:
+        """End it ``Failed`` without a run (refused, invalid, lost): ``code`` is the status's
+        and the conditions' reason."""
+        reason = str(code)
         self._patch(name, {
             "phase": "Failed",
+            "reason": reason,
+            "message": message[:1000],
             "result": {"status": "failed", "reason": reason, "message": message},
             "conditions": self._set_conditions(
                 name, _condition("Running", False, reason, "ended"),
@@ -479,7 +449,7 @@ class SimulationQueue:
     # -- helpers -----------------------------------------------------------------------------
 
     def _fail_invalid(self, obj: Obj, message: str) -> None:
-        self.fail(obj["metadata"]["name"], "InvalidSpec", message)
+        self.fail(obj["metadata"]["name"], FailureCode.INVALID_SPEC, message)
 
     def _set_conditions(self, name: str, *new: Obj) -> list[Obj]:
         """Its conditions with ``new`` replacing those of the same type (a transition time
@@ -515,9 +485,9 @@ class SimulationQueue:
                 return
         try:
             self.api.patch_status(name, status)
-        except Exception as exc:
-            if _not_found(exc):
-                return  # deleted by its user
+        except NotFound:
+            return  # deleted by its user
+        except ApiError as exc:
             self.api_error = _first_line(exc)
             with self.lock:
                 self.outbox[name] = {**self.outbox.get(name, {}), **status}
@@ -531,10 +501,10 @@ class SimulationQueue:
         for name in sorted(self.uncertain):
             try:
                 st = self.api.get(name).get("status") or {}
-            except Exception as exc:
-                if not _not_found(exc):
-                    return False
+            except NotFound:
                 st = {}
+            except ApiError:
+                return False
             self.uncertain.discard(name)
             ours = st.get("phase") == "Running" and st.get("operator") == self.identity
             if ours and not st.get("simId"):
@@ -548,10 +518,11 @@ class SimulationQueue:
                 continue
             try:
                 self.api.patch_status(name, status)
-            except Exception as exc:
-                if not _not_found(exc):
-                    self.api_error = _first_line(exc)
-                    return False
+            except NotFound:
+                pass  # deleted by its user: its patch is dropped
+            except ApiError as exc:
+                self.api_error = _first_line(exc)
+                return False
             with self.lock:
                 if self.outbox.get(name) is status:
                     del self.outbox[name]
@@ -607,7 +578,7 @@ class StatusWriter:
                     if deferred
                     else _condition("ResizeDeferred", False, "Applied", "no resize deferred"),
                 )
-            with contextlib.suppress(Exception):
+            with contextlib.suppress(ApiError):
                 self.queue.api.patch_status(name, status)
                 self.deferred[name] = deferred
 
@@ -645,6 +616,15 @@ class StatusWriter:
 
     def close(self) -> None:
         pass
+
+
+def _failure_code(run: RunRow) -> FailureCode:
+    """A failed run's code, from its run row (`RunResult.failure`); OTHER for a row without
+    one (a database written before codes) or with a code this version does not know."""
+    try:
+        return FailureCode(run.failure) if run.failure else FailureCode.OTHER
+    except ValueError:
+        return FailureCode.OTHER
 
 
 def _first_line(exc: BaseException) -> str:

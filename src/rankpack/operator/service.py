@@ -17,7 +17,6 @@ operator and leave the simulations running for the next leader.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import socket
@@ -26,16 +25,18 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
 
-from rankpack.backend.kubernetes import KubernetesBackend, KubernetesConfig, connect
+from rankpack.backend.kubernetes import KubernetesBackend, KubernetesConfig, connect_api
+from rankpack.backend.kubernetes.api import ApiError
 from rankpack.backend.protocol import BackendError, UnknownSimulation
 from rankpack.controller.loop import Adopted, ControlLoop, LoopSettings, SimView
 from rankpack.controller.observations import ControllerSettings
+from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
 from rankpack.operator import crd
 from rankpack.operator.admission import AdmissionPolicy, openfoam_applications
 from rankpack.operator.events import SimulationEvents
+from rankpack.operator.lease import Lease, LeaseTerms
 from rankpack.operator.metrics import OperatorMetrics
 from rankpack.operator.queue import SimulationApi, SimulationQueue, StatusWriter
 from rankpack.store import EventRow, Store
@@ -112,116 +113,6 @@ class OperatorResult:
     plot: str | None = None
 
 
-class _Lease:
-    """Leader election on a coordination.k8s.io Lease (the official client's elector).
-
-    The client's lock lets a connection error escape, which ends the election; here an
-    unreachable apiserver is a failed attempt like any other (retried every ``retry_s``),
-    so a leader whose apiserver is away loses the Lease after ``renew_s`` and a follower
-    keeps following.
-    """
-
-    def __init__(self, api_client: Any, opts: OperatorOptions, namespace: str) -> None:
-        from kubernetes import client
-        from kubernetes.leaderelection import electionconfig, leaderelection
-        from kubernetes.leaderelection.resourcelock import leaselock
-
-        election: Any = leaderelection
-        config_module: Any = electionconfig
-        lock_module: Any = leaselock
-        self.leading = threading.Event()
-        self.lost = threading.Event()
-        self.released = False
-        """Given up at a clean stop: the elector's renewals are refused from then on."""
-        self.last_error: tuple[int, str] | None = None
-        self.refused_since: float | None = None
-        """When 401/403 answers began (None: the last answer was not one): an apiserver
-        that has just started refuses for a moment until its authorizer has synced."""
-        lock = _safe_lock(lock_module.LeaseLock, self)(opts.lease_name, namespace, opts.identity)
-        lock.api_instance = client.CoordinationV1Api(api_client)
-        config = config_module.Config(
-            lock, opts.lease_s, opts.renew_s, opts.retry_s,
-            self.leading.set, self.lost.set,
-        )  # fmt: skip
-        self.elector = election.LeaderElection(config)
-        self.thread = threading.Thread(target=self._run, daemon=True, name="lease")
-
-    def _run(self) -> None:
-        try:
-            self.elector.run()
-        except Exception as exc:  # never expected (the lock catches); end the term
-            log.warning("leader election ended: %s", exc)
-        finally:
-            self.lost.set()
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def release(self) -> None:
-        """Give the Lease up at a clean stop (idle, or stopped by the user), so the next
-        operator leads at its next attempt instead of after the lease duration: the Go
-        client's ReleaseOnCancel, which the Python elector lacks. An elector reads a Lease
-        with no holder as free. A renewal racing this makes the replace conflict; the Lease
-        then expires as usual."""
-        self.released = True
-        if not self.leading.is_set() or self.lost.is_set():
-            return
-        lock = self.elector.election_config.lock
-        api = lock.api_instance
-        try:
-            lease = api.read_namespaced_lease(lock.name, lock.namespace)
-            if lease.spec is not None and lease.spec.holder_identity == lock.identity:
-                lease.spec.holder_identity = None
-                api.replace_namespaced_lease(lock.name, lock.namespace, lease)
-        except Exception as exc:  # it expires after lease_s anyway
-            log.info("could not give up the Lease %s/%s: %s", lock.namespace, lock.name, exc)
-
-
-class _Unanswered:
-    """What the lock's `get` returns in place of an ApiException when there is none."""
-
-    def __init__(self, exc: BaseException) -> None:
-        self.body = None
-        self.status = 0
-        self.reason = f"{type(exc).__name__}: {exc}".splitlines()[0][:200]
-
-
-def _safe_lock(base: Any, owner: _Lease) -> Any:
-    class SafeLeaseLock(base):  # type: ignore[misc]
-        def get(self, name: str, namespace: str) -> Any:
-            try:
-                found, record = super().get(name, namespace)
-            except Exception as exc:
-                owner.last_error = (0, str(exc).splitlines()[0][:200] if str(exc) else "")
-                return False, _Unanswered(exc)
-            status = int(getattr(record, "status", 0) or 0) if not found else 0
-            if not found and status != 404:
-                owner.last_error = (status, str(getattr(record, "reason", "")))
-            if status in (401, 403):
-                owner.refused_since = owner.refused_since or time.monotonic()
-            else:
-                owner.refused_since = None
-            return found, record
-
-        def create(self, name: str, namespace: str, election_record: Any) -> bool:
-            try:
-                return bool(super().create(name, namespace, election_record))
-            except Exception as exc:
-                owner.last_error = (0, str(exc)[:200])
-                return False
-
-        def update(self, name: str, namespace: str, updated_record: Any) -> bool:
-            if owner.released:
-                return False
-            try:
-                return bool(super().update(name, namespace, updated_record))
-            except Exception as exc:
-                owner.last_error = (0, str(exc)[:200])
-                return False
-
-    return SafeLeaseLock
-
-
 class _Watcher:
     """Wakes the loop when a Simulation changes; reconnects with back-off."""
 
@@ -231,28 +122,19 @@ class _Watcher:
         self.reconnects = 0
 
     def _run(self) -> None:
-        from kubernetes import watch
-
-        make_watch: Any = watch.Watch
         delay = 0.5
         while not self.stop.is_set():
-            w = make_watch()
             try:
-                for _event in w.stream(
-                    self.api.custom.list_namespaced_custom_object, crd.GROUP, crd.VERSION,
-                    self.api.namespace, crd.PLURAL, timeout_seconds=60,
-                ):  # fmt: skip
+                for _event in self.api.watch(timeout_s=60):
                     delay = 0.5
                     self.wake()
                     if self.stop.is_set():
                         break
-            except Exception as exc:  # apiserver gone, connection reset: retry
+            except (ApiError, ValueError) as exc:  # apiserver gone, connection reset: retry
                 log.info("watch on simulations: %s; reconnecting in %.1f s", exc, delay)
                 self.reconnects += 1
                 self.stop.wait(delay)
                 delay = min(delay * 2, 10.0)
-            finally:
-                w.stop()
 
 
 class _Display(StatusWriter):
@@ -326,13 +208,13 @@ def run_operator(
             "no solver is allowed: no OpenFOAM application (*Foam) was found in /usr/bin; "
             "name the solvers Simulations may run with --solver NAME"
         )
-    backend: KubernetesBackend = connect(opts.config)
-    api_client = backend.api.api_client  # type: ignore[attr-defined]
+    api = connect_api(opts.config)
+    backend = KubernetesBackend(api, opts.config)
     namespace = opts.config.namespace
-    sims = SimulationApi(api_client, namespace)
+    sims = SimulationApi(api, namespace)
     try:
         sims.list()
-    except Exception as exc:
+    except ApiError as exc:
         backend.close()
         raise BackendError(
             f"cannot list simulations.{crd.GROUP} in namespace {namespace}: "
@@ -362,12 +244,13 @@ def run_operator(
     events.start()
     display = _Display(queue, opts.status_interval_s, metrics, store, events)
     ctx = _Ctx(opts, backend, store, queue, display, stop, say, backend.clock())
-    watcher = _Watcher(sims, backend._notify, stop)
+    watcher = _Watcher(sims, backend.notify, stop)
     watcher.thread.start()
     result = OperatorResult("stopped", 0, 0, [])
     try:
         while not stop.is_set():
-            lease = _Lease(api_client, opts, namespace)
+            lease = Lease(api, LeaseTerms(opts.lease_name, namespace, identity, opts.lease_s,
+                                          opts.renew_s, opts.retry_s))  # fmt: skip
             lease.start()
             followed = _follow(lease, ctx)
             if followed == "stopped":
@@ -404,16 +287,15 @@ def run_operator(
             })  # fmt: skip
             if opts.plot is not None:
                 result.plot = _plot(ctx, opts.plot)
-        with contextlib.suppress(Exception):
-            backend.close()
+        backend.close()
     return result
 
 
-def _lease_error(lease: _Lease) -> str:
+def _lease_error(lease: Lease) -> str:
     return lease.last_error[1] if lease.last_error else ""
 
 
-def _follow(lease: _Lease, ctx: _Ctx) -> str:
+def _follow(lease: Lease, ctx: _Ctx) -> str:
     """Wait until this operator leads: leading | stopped | retry (the elector ended without
     leading; start another)."""
     ns, name = ctx.opts.config.namespace, ctx.opts.lease_name
@@ -463,7 +345,7 @@ def _settings(ctx: _Ctx) -> LoopSettings:
     )  # fmt: skip
 
 
-def _term(ctx: _Ctx, lease: _Lease) -> tuple[str, int, int]:
+def _term(ctx: _Ctx, lease: Lease) -> tuple[str, int, int]:
     """Lead until the Lease is lost, the operator is stopped or (until_idle) nothing is
     left. Returns (idle | stopped | lost-lease, adopted, requeued)."""
     term_stop = threading.Event()
@@ -472,7 +354,7 @@ def _term(ctx: _Ctx, lease: _Lease) -> tuple[str, int, int]:
         while not (ctx.stop.is_set() or lease.lost.is_set() or term_stop.is_set()):
             time.sleep(0.2)
         term_stop.set()
-        ctx.backend._notify()
+        ctx.backend.notify()
 
     threading.Thread(target=watch_lease, daemon=True, name="term").start()
     adopted = requeued = 0
@@ -532,7 +414,7 @@ def _adopt_all(ctx: _Ctx, loop: ControlLoop, term_stop: threading.Event) -> int 
             try:
                 loop.adopt(a)
             except UnknownSimulation as exc:
-                queue.fail(name, "LostOnRestart", f"could not be adopted: {exc}")
+                queue.fail(name, FailureCode.LOST_ON_RESTART, f"could not be adopted: {exc}")
                 ctx.say(f"{name}: could not be adopted ({exc}); failed")
             except BackendError as exc:  # the apiserver did not answer: try again
                 ctx.say(f"{name}: adoption waits ({exc})")

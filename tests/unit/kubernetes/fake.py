@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankpack.backend.kubernetes.api import ExecResult, KubeError
+from rankpack.backend.kubernetes.api import ApiError, ExecResult
 from rankpack.backend.kubernetes.status import cpu_millis
 
 Obj = dict[str, Any]
@@ -48,7 +48,7 @@ class FakeKubeApi:
     def list_nodes(self) -> list[Obj]:
         self.actions.append(("list", "nodes"))
         if self.forbid_nodes:
-            raise KubeError(403, "Forbidden", "nodes is forbidden")
+            raise ApiError(403, "Forbidden", "nodes is forbidden")
         return copy.deepcopy(self.nodes)
 
     def list_pods_all_namespaces(self, field_selector: str = "") -> list[Obj]:
@@ -73,7 +73,7 @@ class FakeKubeApi:
         name = body["metadata"]["name"]
         self.actions.append(("create", kind, name))
         if (kind, name) in self.objects:
-            raise KubeError(409, "AlreadyExists", f"{kind} {name} exists")
+            raise ApiError(409, "AlreadyExists", f"{kind} {name} exists")
         obj = copy.deepcopy(body)
         meta = obj["metadata"]
         meta["uid"] = f"uid-{next(self._uids)}"
@@ -88,7 +88,7 @@ class FakeKubeApi:
     def get(self, kind: str, name: str) -> Obj:
         self.actions.append(("get", kind, name))
         if (kind, name) not in self.objects:
-            raise KubeError(404, "NotFound", f"{kind} {name} not found")
+            raise ApiError(404, "NotFound", f"{kind} {name} not found")
         return copy.deepcopy(self.objects[(kind, name)])
 
     def list(self, kind: str, label_selector: str) -> list[Obj]:
@@ -103,7 +103,7 @@ class FakeKubeApi:
         self.actions.append(("delete", kind, name, propagation))
         obj = self.objects.pop((kind, name), None)
         if obj is None:
-            raise KubeError(404, "NotFound", f"{kind} {name} not found")
+            raise ApiError(404, "NotFound", f"{kind} {name} not found")
         uid = obj["metadata"]["uid"]
         for key, dep in list(self.objects.items()):  # the garbage collector
             owners = dep["metadata"].get("ownerReferences") or []
@@ -114,11 +114,11 @@ class FakeKubeApi:
         self.actions.append(("patch", "pods/resize", name))
         pod = self.objects.get(("pods", name))
         if pod is None:
-            raise KubeError(404, "NotFound", f"pods {name} not found")
+            raise ApiError(404, "NotFound", f"pods {name} not found")
         new = patch["spec"]["containers"][0]["resources"]
         want = cpu_millis(new["requests"]["cpu"]) or 0
         if self.resize_limit_millis is not None and want > self.resize_limit_millis:
-            raise KubeError(
+            raise ApiError(
                 403, "Forbidden", "pod resize: node didn't have enough allocatable resources"
             )
         container = pod["spec"]["containers"][0]

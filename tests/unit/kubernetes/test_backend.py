@@ -21,6 +21,7 @@ from rankpack.backend.protocol import (
     SimSpec,
     UnknownSimulation,
 )
+from rankpack.core.failures import FailureCode
 
 from .fake import FakeKubeApi
 
@@ -179,7 +180,7 @@ def test_mpirun_starts_only_when_every_rank_pod_runs(tmp_path: Path) -> None:
     assert (obs.ranks[0].usage_ns, obs.ranks[0].nr_throttled) == (10**9, 3)
     assert obs.log_text == "Time = 1\n"
     proc.exit(0)
-    h.backend._sims[SIM].exit_code = None  # the waiter thread may not have run yet
+    h.backend.sims[SIM].life.exit_code = None  # the waiter thread may not have run yet
     obs = h.backend.observe(SIM)
     assert obs.phase is SimPhase.SUCCEEDED and obs.exit_code == 0
     assert [r.phase for r in obs.ranks] == [RankPhase.SUCCEEDED] * 3
@@ -251,6 +252,7 @@ def test_a_deleted_rank_pod_fails_the_simulation(tmp_path: Path) -> None:
     obs = h.backend.observe(SIM)
     assert obs.phase is SimPhase.FAILED
     assert obs.reason == f"rank pod {PODS[1]} was deleted"
+    assert obs.failure is FailureCode.POD_DELETED
     assert obs.ranks[1].phase is RankPhase.FAILED
     assert proc.signals  # mpirun was told to end
     h.api.actions.clear()
@@ -268,6 +270,7 @@ def test_an_evicted_rank_pod_fails_the_simulation(tmp_path: Path) -> None:
     h.backend.poll_once()
     obs = h.backend.observe(SIM)
     assert obs.phase is SimPhase.FAILED and "evicted" in obs.reason
+    assert obs.failure is FailureCode.EVICTED
 
 
 def test_stop_and_release_delete_everything_through_the_owner(tmp_path: Path) -> None:

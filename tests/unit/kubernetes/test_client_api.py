@@ -12,7 +12,14 @@ from typing import Any, ClassVar
 
 import pytest
 
-from rankpack.backend.kubernetes import ClientKubeApi, KubeError, load_config
+from rankpack.backend.kubernetes import (
+    ApiError,
+    ClientKubeApi,
+    Conflict,
+    Gone,
+    NotFound,
+    load_config,
+)
 
 pytestmark = pytest.mark.timeout(30)
 
@@ -28,6 +35,26 @@ class Recorder(BaseHTTPRequestHandler):
             "content_type": self.headers.get("Content-Type"),
             "auth": self.headers.get("Authorization"),
         })  # fmt: skip
+        if "watch=true" in self.path:
+            lines = [
+                {"type": "ADDED", "object": {"metadata": {"name": "a"}}},
+                {
+                    "type": "ERROR",
+                    "object": {
+                        "kind": "Status",
+                        "code": 410,
+                        "reason": "Expired",
+                        "message": "too old",
+                    },
+                },
+            ]
+            data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+            return
         if "forbidden" in self.path:
             why = "node didn't have enough allocatable resources"
             code, out = 403, {"kind": "Status", "reason": "Forbidden", "message": why}
@@ -91,13 +118,31 @@ def test_requests_as_the_api_spells_them(tmp_path: Path, server: str) -> None:
 
 def test_error_statuses_become_kube_errors(tmp_path: Path, server: str) -> None:
     api = ClientKubeApi(load_config(kubeconfig(tmp_path, server)))
-    with pytest.raises(KubeError) as info:
+    with pytest.raises(ApiError) as info:
         api.patch_resize("forbidden", {})
     assert (info.value.status, info.value.reason) == (403, "Forbidden")
     assert "allocatable" in info.value.message
-    with pytest.raises(KubeError) as info:
+    with pytest.raises(NotFound) as found:
         api.get("pods", "missing")
-    assert info.value.not_found
+    assert found.value.not_found and isinstance(found.value, ApiError)
+
+
+def test_errors_are_typed_by_status() -> None:
+    assert type(ApiError(404, "NotFound", "x")) is NotFound
+    assert type(ApiError(409, "Conflict", "x")) is Conflict
+    assert type(ApiError(410, "Gone", "x")) is Gone
+    assert type(ApiError(500, "InternalError", "x")) is ApiError
+    assert ApiError(0, "Unreachable", "x").transient
+
+
+def test_a_watch_yields_events_and_raises_gone(tmp_path: Path, server: str) -> None:
+    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server)))
+    seen = []
+    with pytest.raises(Gone):
+        for event in api.watch("/apis/rankpack.dev/v1/namespaces/ns/simulations", timeout_s=5):
+            seen.append(event["object"]["metadata"]["name"])
+    assert seen == ["a"]
+    assert "timeoutSeconds=5" in Recorder.seen[-1]["path"]
 
 
 def test_an_unreachable_apiserver_is_a_clear_error(tmp_path: Path) -> None:

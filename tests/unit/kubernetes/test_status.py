@@ -8,6 +8,7 @@ import pytest
 
 from rankpack.backend.kubernetes import status
 from rankpack.backend.protocol import RankPhase, RankResources, ResizeState
+from rankpack.core.failures import FailureCode
 
 
 @pytest.mark.parametrize(
@@ -93,34 +94,54 @@ def test_resize_reason_carries_the_kubelet_message() -> None:
 
 
 PHASE_CASES = [
-    pytest.param(pod(), RankPhase.RUNNING, None, id="running"),
+    pytest.param(pod(), RankPhase.RUNNING, None, None, id="running"),
     pytest.param(pod(phase="Pending", state={"waiting": {"reason": "ContainerCreating"}}),
-                 RankPhase.PENDING, None, id="creating"),
+                 RankPhase.PENDING, None, None, id="creating"),
     pytest.param(pod(deletionTimestamp="2026-01-01T00:00:00Z"), RankPhase.FAILED,
-                 "rank pod p was deleted", id="deleting"),
+                 "rank pod p was deleted", FailureCode.POD_DELETED, id="deleting"),
     pytest.param(pod(deletionTimestamp="2026-01-01T00:00:00Z",
                      conditions=[cond("DisruptionTarget", "EvictionByEvictionAPI",
                                       "Eviction API: evicting")]),
                  RankPhase.FAILED, "was evicted (EvictionByEvictionAPI: Eviction API: evicting)",
-                 id="evicted-by-api"),
+                 FailureCode.EVICTED, id="evicted-by-api"),
     pytest.param(pod(phase="Failed") | {"status": {"phase": "Failed", "reason": "Evicted",
                                                    "message": "low on memory"}},
-                 RankPhase.FAILED, "evicted: low on memory", id="evicted"),
+                 RankPhase.FAILED, "evicted: low on memory", FailureCode.EVICTED, id="evicted"),
+    pytest.param(pod(deletionTimestamp="2026-01-01T00:00:00Z",
+                     conditions=[cond("DisruptionTarget", "DeletionByPodGC",
+                                      "PodGC: node no longer exists")]),
+                 RankPhase.FAILED, "DeletionByPodGC", FailureCode.NODE_LOST, id="node-deleted"),
+    pytest.param(pod(phase="Failed") | {"status": {"phase": "Failed", "reason": "NodeLost"}},
+                 RankPhase.FAILED, "nodelost", FailureCode.NODE_LOST, id="node-lost"),
     pytest.param(pod(state={"terminated": {"reason": "OOMKilled", "exitCode": 137}}),
-                 RankPhase.FAILED, "OOMKilled, exit code 137", id="container-ended"),
+                 RankPhase.FAILED, "OOMKilled, exit code 137", FailureCode.OOM_KILLED,
+                 id="oom-killed"),
+    pytest.param(pod(state={"terminated": {"reason": "Error", "exitCode": 1}}),
+                 RankPhase.FAILED, "Error, exit code 1", FailureCode.CONTAINER_EXITED,
+                 id="container-exited"),
+    pytest.param(pod(phase="Failed", state={"terminated": {"reason": "OOMKilled",
+                                                           "exitCode": 137}}),
+                 RankPhase.FAILED, "rank pod p failed", FailureCode.OOM_KILLED,
+                 id="failed-pod-oom-killed"),
+    pytest.param(pod(phase="Failed") | {"status": {"phase": "Failed", "reason": "OutOfcpu"}},
+                 RankPhase.FAILED, "outofcpu", FailureCode.CANNOT_START, id="refused-by-kubelet"),
     pytest.param(pod(phase="Pending", state={"waiting": {"reason": "ErrImageNeverPull"}}),
-                 RankPhase.FAILED, "ErrImageNeverPull", id="image-missing"),
+                 RankPhase.FAILED, "ErrImageNeverPull", FailureCode.CANNOT_START,
+                 id="image-missing"),
 ]  # fmt: skip
 
 
-@pytest.mark.parametrize(("p", "phase", "why"), PHASE_CASES)
-def test_phase_and_failure(p: dict[str, Any], phase: RankPhase, why: str | None) -> None:
+@pytest.mark.parametrize(("p", "phase", "why", "code"), PHASE_CASES)
+def test_phase_and_failure(
+    p: dict[str, Any], phase: RankPhase, why: str | None, code: FailureCode | None
+) -> None:
     assert status.rank_phase(p, "rank") is phase
     failure = status.failure(p, "rank")
     if why is None:
         assert failure is None
     else:
-        assert failure is not None and why in failure
+        assert failure is not None and why in failure.message
+        assert failure.code is code
 
 
 def test_allocated_and_desired() -> None:

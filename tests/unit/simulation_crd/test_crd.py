@@ -66,6 +66,6 @@ def test_the_crd_has_a_status_subresource_and_useful_columns() -> None:
     (version,) = m["spec"]["versions"]
     assert version["subresources"] == {"status": {}}
     columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns[:5] == ["Phase", "Case", "Ranks", "Progress", "Resizes"]
+    assert columns[:6] == ["Phase", "Reason", "Case", "Ranks", "Progress", "Resizes"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
-    assert {"phase", "restarts", "resizes", "iterations"} <= set(status)
+    assert {"phase", "reason", "message", "restarts", "resizes", "iterations"} <= set(status)

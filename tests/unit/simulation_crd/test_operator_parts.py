@@ -14,15 +14,17 @@ from typing import Any
 
 import pytest
 
+from rankpack.backend.kubernetes.api import ApiError, Conflict
 from rankpack.controller.submission import Submission
+from rankpack.core.failures import FailureCode
 from rankpack.operator import crd, events, queue
 from rankpack.store import EventRow, Store
 
 Obj = dict[str, Any]
 
 
-class Down(Exception):
-    status = 0
+def Down(message: str) -> ApiError:
+    return ApiError(0, "Unreachable", message)
 
 
 class FakeSims:
@@ -59,7 +61,7 @@ class FakeSims:
         self._check()
         name = obj["metadata"]["name"]
         if obj["metadata"]["resourceVersion"] != self.objs[name]["metadata"]["resourceVersion"]:
-            raise type("Conflict", (Exception,), {"status": 409})()
+            raise Conflict(409, "Conflict", "the object has been modified")
         self.objs[name]["status"] = copy.deepcopy(obj["status"])
         self._bump(name)
         return copy.deepcopy(self.objs[name])
@@ -109,7 +111,7 @@ def test_a_status_patch_made_while_down_is_written_when_it_is_back(
     q = _queue(sims, tmp_path)
     q._id("a")
     sims.down = True
-    q.fail("a", "RankPodDeleted", "rank pod rankpack-s1-1 was deleted")
+    q.fail("a", FailureCode.POD_DELETED, "rank pod rankpack-s1-1 was deleted")
     q.requeue("a", "x")  # merged after the failure: last write wins per field
     assert "a" in q.outbox and not q.flush()
     sims.down = False
@@ -125,7 +127,7 @@ def test_end_of_term_keeps_only_final_phases(sims: FakeSims, tmp_path: Path) -> 
     q = _queue(sims, tmp_path)
     sims.down = True
     q.requeue("a", "stopped before launch")  # another leader may have claimed it since
-    q.fail("b", "RunFailed", "exit code 1")
+    q.fail("b", FailureCode.OTHER, "exit code 1")
     q.end_term()
     assert set(q.outbox) == {"b"}
 
@@ -168,19 +170,6 @@ def test_conditions_are_one_per_type_and_keep_their_transition_time(
     assert again[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]
 
 
-@pytest.mark.parametrize(
-    ("message", "reason"),
-    [
-        ("rank pod rankpack-s1-1 was deleted; see /x/log.simpleFoam", "RankPodDeleted"),
-        ("rank pod rankpack-s1-0 was evicted (EvictionByEvictionAPI: ...)", "RankPodEvicted"),
-        ("the MPI job exited with code 1; see log", "RunFailed"),
-        ("launch failed: cannot create", "LaunchFailed"),
-    ],
-)
-def test_failure_reason_names_the_cause(message: str, reason: str) -> None:
-    assert queue.failure_reason(message) == reason
-
-
 def _event(kind: str, **detail: Any) -> EventRow:
     return EventRow(1, 7, "2026-01-01T00:00:00+00:00", 1.0, kind, detail, 3)
 
@@ -195,8 +184,9 @@ def _event(kind: str, **detail: Any) -> EventRow:
          "ResizeNeverApplied"),
         (_event("wait-mode", mode="polite", reason="sharing"), "Normal", "WaitMode"),
         (_event("finished", status="completed"), "Normal", "Succeeded"),
-        (_event("finished", status="failed", reason="rank pod p was deleted"), "Warning",
-         "Failed"),
+        (_event("finished", status="failed", reason="rank pod p was deleted", code="PodDeleted"),
+         "Warning", "PodDeleted"),
+        (_event("finished", status="failed", reason="exit code 1"), "Warning", "RunFailed"),
         (_event("launch-held", reason="no room"), None, None),
     ],
 )  # fmt: skip
@@ -349,6 +339,7 @@ def test_a_refused_spec_ends_failed_with_its_reason_and_is_never_a_job(
         assert st["result"]["message"]
         failed = {c["type"]: c for c in st["conditions"]}["Failed"]
         assert (failed["status"], failed["reason"]) == ("True", reason)
+        assert (st["reason"], st["message"]) == (reason, st["result"]["message"])
     # the valid one behind the refused ones is queued at once
     assert sims.objs["ok"]["status"]["phase"] == "Queued"
 
@@ -362,10 +353,33 @@ def test_a_staging_failure_puts_its_message_in_the_status(sims: FakeSims, tmp_pa
     q.finished(job, "failed", "nosuchcase is not an OpenFOAM case (no system/controlDict)")
     st = sims.objs["a"]["status"]
     assert st["phase"] == "Failed"
-    assert st["result"] == {"status": "failed", "reason": "StagingFailed",
-                            "message": "nosuchcase is not an OpenFOAM case "
-                            "(no system/controlDict)"}  # fmt: skip
+    message = "nosuchcase is not an OpenFOAM case (no system/controlDict)"
+    assert st["result"] == {"status": "failed", "reason": "StageFailed", "message": message}
+    assert (st["reason"], st["message"]) == ("StageFailed", message)
     assert isinstance(job, Job)
+
+
+def test_a_failure_before_the_run_carries_its_code(sims: FakeSims, tmp_path: Path) -> None:
+    sims.add("a")
+    q = _queue(sims, tmp_path)
+    (job,) = q.pending()
+    q.finished(job, "failed", "nosuchcase: no system/controlDict", FailureCode.NOT_A_CASE)
+    st = sims.objs["a"]["status"]
+    failed = {c["type"]: c for c in st["conditions"]}["Failed"]
+    assert st["reason"] == failed["reason"] == st["result"]["reason"] == "NotACase"
+
+
+@pytest.mark.parametrize(
+    ("failure", "code"),
+    [("PodDeleted", FailureCode.POD_DELETED), ("OOMKilled", FailureCode.OOM_KILLED),
+     (None, FailureCode.OTHER), ("NoSuchCode", FailureCode.OTHER)],
+)  # fmt: skip
+def test_a_runs_code_is_read_from_its_row(failure: str | None, code: FailureCode) -> None:
+    class Row:  # the store's run row: `RunResult.failure` as recorded
+        def __init__(self, failure: str | None) -> None:
+            self.failure = failure
+
+    assert queue._failure_code(Row(failure)) is code
 
 
 def test_a_held_head_says_why_in_its_queued_condition(sims: FakeSims, tmp_path: Path) -> None:

@@ -9,7 +9,14 @@ agent mpirun uses in `rsh`. See ``docs/decisions/0008-kubernetes-launcher.md``.
 
 from __future__ import annotations
 
-from rankpack.backend.kubernetes.api import ClientKubeApi, KubeApi, KubeError
+from rankpack.backend.kubernetes.api import (
+    ApiError,
+    ClientKubeApi,
+    Conflict,
+    Gone,
+    KubeApi,
+    NotFound,
+)
 from rankpack.backend.kubernetes.backend import KubernetesBackend
 from rankpack.backend.kubernetes.config import (
     DEV_IMAGE,
@@ -24,15 +31,19 @@ from rankpack.backend.protocol import BackendError
 
 __all__ = [
     "DEV_IMAGE",
+    "ApiError",
     "ClientKubeApi",
+    "Conflict",
+    "Gone",
     "HostPathVolume",
     "KubeApi",
-    "KubeError",
     "KubernetesBackend",
     "KubernetesConfig",
+    "NotFound",
     "PvcVolume",
     "VolumeSource",
     "connect",
+    "connect_api",
     "load_config",
     "parse_volume",
 ]
@@ -41,10 +52,16 @@ __all__ = [
 def connect(config: KubernetesConfig) -> KubernetesBackend:
     """A backend on the official client; fails at once, in one line, if the apiserver does
     not answer or the identity may not use the namespace."""
+    return KubernetesBackend(connect_api(config), config)
+
+
+def connect_api(config: KubernetesConfig) -> ClientKubeApi:
+    """The REST client `connect` gives its backend (the operator shares it for Simulations
+    and its Lease), checked the same way."""
     api = ClientKubeApi(config)
     try:
         api.list_pods("app.kubernetes.io/managed-by=rankpack")
-    except KubeError as exc:
+    except ApiError as exc:
         if exc.status == 0:
             raise BackendError(
                 f"the Kubernetes API at {api.host} is unreachable ({exc.message}); "
@@ -53,4 +70,4 @@ def connect(config: KubernetesConfig) -> KubernetesBackend:
         raise BackendError(
             f"cannot list pods in namespace {config.namespace} at {api.host}: {exc}"
         ) from exc
-    return KubernetesBackend(api, config)
+    return api

@@ -12,24 +12,44 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
+
+import urllib3
+import yaml  # type: ignore[import-untyped]  # (PyYAML, a dependency of kubernetes)
 
 from rankpack.backend.kubernetes.config import KubernetesConfig
 from rankpack.backend.protocol import BackendError
 
 Obj = dict[str, Any]
 
+NETWORK_ERRORS: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError, OSError)
+"""What a request that got no answer raises (refused, reset, TLS, timeouts)."""
+CONFIG_ERRORS: tuple[type[Exception], ...] = (OSError, ValueError, TypeError, KeyError,
+                                              yaml.YAMLError)  # fmt: skip
+"""What loading a kubeconfig raises besides the client's own ``ConfigException`` (a file that
+cannot be read, YAML or fields that do not parse)."""
 
-class KubeError(BackendError):
-    """The apiserver answered with an error status (or could not be reached: status 0)."""
 
-    def __init__(self, status: int, reason: str, message: str) -> None:
+class ApiError(BackendError):
+    """The apiserver answered with an error status (or could not be reached: status 0).
+
+    Constructed with a status it is the subclass that names it: `NotFound` (404),
+    `Conflict` (409), `Gone` (410), so callers catch what they mean."""
+
+    def __new__(cls, status: int, reason: str = "", message: str = "") -> ApiError:
+        kind = _BY_STATUS.get(status, cls) if cls is ApiError else cls
+        return super().__new__(kind)
+
+    def __init__(self, status: int, reason: str = "", message: str = "") -> None:
         super().__init__(f"{reason or status}: {message}" if message else str(reason or status))
         self.status = status
         self.reason = reason
         self.message = message
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (ApiError, (self.status, self.reason, self.message))
 
     @property
     def not_found(self) -> bool:
@@ -43,6 +63,21 @@ class KubeError(BackendError):
     def transient(self) -> bool:
         """Worth trying again: unreachable (0), throttled (429) or a server error (5xx)."""
         return self.status in (0, 429) or self.status >= 500
+
+
+class NotFound(ApiError):
+    """404: the object (or the resource type: a CRD not installed) does not exist."""
+
+
+class Conflict(ApiError):
+    """409: it exists already, or it changed since it was read (resourceVersion)."""
+
+
+class Gone(ApiError):
+    """410: a watch's resourceVersion is too old; list again."""
+
+
+_BY_STATUS: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone}
 
 
 @dataclass(frozen=True)
@@ -88,7 +123,9 @@ class ClientKubeApi:
     def __init__(self, config: KubernetesConfig, *, request_timeout_s: float = 30.0) -> None:
         from kubernetes import client
         from kubernetes import config as kconfig
+        from kubernetes.config import ConfigException
 
+        load_errors: tuple[type[Exception], ...] = (ConfigException, *CONFIG_ERRORS)
         try:
             if config.kubeconfig is None:
                 configuration = client.Configuration()
@@ -98,7 +135,7 @@ class ClientKubeApi:
                 self.api_client = kconfig.new_client_from_config(  # type: ignore[no-untyped-call]
                     config_file=str(config.kubeconfig), context=config.context
                 )
-        except Exception as exc:  # ConfigException, YAML and file errors alike
+        except load_errors as exc:
             raise BackendError(f"cannot load the Kubernetes configuration: {exc}") from exc
         self.core = client.CoreV1Api(self.api_client)
         self.namespace = config.namespace
@@ -107,7 +144,7 @@ class ClientKubeApi:
 
     # -- plumbing --------------------------------------------------------------------------
 
-    def _call(
+    def request(
         self,
         method: str,
         path: str,
@@ -116,6 +153,50 @@ class ClientKubeApi:
         body: Obj | None = None,
         content_type: str = "application/json",
     ) -> Obj:
+        """One REST call (``path`` as the API spells it, e.g. ``/apis/rankpack.dev/v1/...``),
+        JSON in and out; an error status raises the `ApiError` that names it."""
+        response = self._send(method, path, query, body, content_type, self.timeout_s)
+        data = response.read()
+        if not 200 <= int(response.status) < 300:
+            raise _error_from(int(response.status), str(response.reason or ""), data)
+        if not data:
+            return {}
+        result: Obj = json.loads(data)
+        return result
+
+    def watch(
+        self, path: str, *, query: Mapping[str, str] | None = None, timeout_s: float = 60.0
+    ) -> Iterator[Obj]:
+        """The events (``{"type": ..., "object": ...}``) of a watch on the collection at
+        ``path``, until the apiserver ends it after ``timeout_s``. An ``ERROR`` event raises
+        its `ApiError` (`Gone`: the resourceVersion is too old, list again)."""
+        q = {**(query or {}), "watch": "true", "timeoutSeconds": str(int(timeout_s))}
+        response = self._send("GET", path, q, None, "application/json", timeout_s + 10)
+        if not 200 <= int(response.status) < 300:
+            raise _error_from(int(response.status), str(response.reason or ""), response.read())
+        raw: Any = response.response
+        pending = b""
+        try:
+            for chunk in raw.stream(None, decode_content=True):  # as each chunk arrives
+                pending += chunk
+                while b"\n" in pending:
+                    line, pending = pending.split(b"\n", 1)
+                    if line.strip():
+                        yield _watch_event(json.loads(line))
+        except NETWORK_ERRORS as exc:
+            raise ApiError(0, "Unreachable", f"watch on {path} ended: {exc}") from exc
+        finally:
+            raw.release_conn()
+
+    def _send(
+        self,
+        method: str,
+        path: str,
+        query: Mapping[str, str] | None,
+        body: Obj | None,
+        content_type: str,
+        timeout_s: float,
+    ) -> Any:
         from kubernetes.client.exceptions import ApiException
 
         try:
@@ -127,23 +208,16 @@ class ClientKubeApi:
                 body=body,
                 auth_settings=["BearerToken"],
             )
-            response = self.api_client.call_api(
+            return self.api_client.call_api(
                 method, url, header_params=headers, body=body_s, post_params=post,
-                _request_timeout=self.timeout_s,
+                _request_timeout=timeout_s,
             )  # fmt: skip
-            data = response.read()  # type: ignore[no-untyped-call]
         except ApiException as exc:
             raise _api_error(exc) from exc
-        except Exception as exc:  # urllib3: connection refused, TLS, timeouts
-            raise KubeError(
+        except NETWORK_ERRORS as exc:  # connection refused, TLS, timeouts
+            raise ApiError(
                 0, "Unreachable", f"cannot reach the apiserver {self.host}: {exc}"
             ) from exc
-        if not 200 <= int(response.status) < 300:
-            raise _error_from(int(response.status), str(response.reason or ""), data)
-        if not data:
-            return {}
-        result: Obj = json.loads(data)
-        return result
 
     def _ns(self, kind: str, name: str = "") -> str:
         base = f"/api/v1/namespaces/{self.namespace}/{_PATHS[kind]}"
@@ -152,11 +226,11 @@ class ClientKubeApi:
     # -- KubeApi ---------------------------------------------------------------------------
 
     def list_nodes(self) -> list[Obj]:
-        return list(self._call("GET", "/api/v1/nodes").get("items", []))
+        return list(self.request("GET", "/api/v1/nodes").get("items", []))
 
     def list_pods_all_namespaces(self, field_selector: str = "") -> list[Obj]:
         query = {"fieldSelector": field_selector} if field_selector else None
-        return list(self._call("GET", "/api/v1/pods", query=query).get("items", []))
+        return list(self.request("GET", "/api/v1/pods", query=query).get("items", []))
 
     def list_pods(self, label_selector: str) -> list[Obj]:
         return self.list("pods", label_selector)
@@ -165,21 +239,21 @@ class ClientKubeApi:
         return self.get("pods", name)
 
     def create(self, kind: str, body: Obj) -> Obj:
-        return self._call("POST", self._ns(kind), body=body)
+        return self.request("POST", self._ns(kind), body=body)
 
     def get(self, kind: str, name: str) -> Obj:
-        return self._call("GET", self._ns(kind, name))
+        return self.request("GET", self._ns(kind, name))
 
     def list(self, kind: str, label_selector: str) -> list[Obj]:
         query = {"labelSelector": label_selector}
-        return list(self._call("GET", self._ns(kind), query=query).get("items", []))
+        return list(self.request("GET", self._ns(kind), query=query).get("items", []))
 
     def delete(self, kind: str, name: str, propagation: str = "Background") -> None:
         body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
-        self._call("DELETE", self._ns(kind, name), body=body)
+        self.request("DELETE", self._ns(kind, name), body=body)
 
     def patch_resize(self, name: str, patch: Obj) -> Obj:
-        return self._call(
+        return self.request(
             "PATCH",
             self._ns("pods", name) + "/resize",
             body=patch,
@@ -214,6 +288,9 @@ class ClientKubeApi:
         from kubernetes.client.exceptions import ApiException
         from kubernetes.stream import stream
         from kubernetes.stream.ws_client import ERROR_CHANNEL
+        from websocket import WebSocketException
+
+        exec_errors: tuple[type[Exception], ...] = (*NETWORK_ERRORS, WebSocketException)
 
         # `stream` swaps the request method of the ApiClient it is given for a websocket
         # while it runs: a private client per exec keeps concurrent REST calls (the poller,
@@ -234,8 +311,8 @@ class ClientKubeApi:
             )
         except ApiException as exc:
             raise _api_error(exc) from exc
-        except Exception as exc:
-            raise KubeError(0, "Unreachable", f"cannot exec in pod {pod}: {exc}") from exc
+        except exec_errors as exc:
+            raise ApiError(0, "Unreachable", f"cannot exec in pod {pod}: {exc}") from exc
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while ws.is_open():
@@ -245,7 +322,7 @@ class ClientKubeApi:
                 if ws.peek_stderr():
                     on_err(ws.read_stderr().encode())
                 if deadline is not None and time.monotonic() > deadline:
-                    raise KubeError(0, "Timeout", f"exec in pod {pod} took over {timeout_s} s")
+                    raise ApiError(0, "Timeout", f"exec in pod {pod} took over {timeout_s} s")
             for channel, sink in ((1, on_out), (2, on_err)):  # what arrived with the close
                 rest = ws.read_channel(channel)
                 if rest:
@@ -254,6 +331,14 @@ class ClientKubeApi:
         finally:
             ws.close()
         return _exec_code(status_text)
+
+
+def _watch_event(event: Obj) -> Obj:
+    if event.get("type") == "ERROR":
+        status = event.get("object") or {}
+        raise ApiError(int(status.get("code") or 0), str(status.get("reason") or ""),
+                       str(status.get("message") or ""))  # fmt: skip
+    return event
 
 
 def _writer(stream: BinaryIO) -> Any:
@@ -283,12 +368,12 @@ def _exec_code(status_text: str) -> int:
     return 1
 
 
-def _api_error(exc: Any) -> KubeError:
+def _api_error(exc: Any) -> ApiError:
     status = int(getattr(exc, "status", 0) or 0)
     return _error_from(status, str(getattr(exc, "reason", "") or ""), getattr(exc, "body", None))
 
 
-def _error_from(status: int, reason: str, body: Any) -> KubeError:
+def _error_from(status: int, reason: str, body: Any) -> ApiError:
     message = ""
     if body:
         try:
@@ -297,4 +382,4 @@ def _error_from(status: int, reason: str, body: Any) -> KubeError:
             reason = str(parsed.get("reason", reason))
         except (ValueError, AttributeError):
             message = str(body)[:500]
-    return KubeError(status, reason, message)
+    return ApiError(status, reason, message)

@@ -100,11 +100,13 @@ def load_config(
 
 def context_namespace(path: Path, context: str | None) -> str | None:
     """The namespace a kubeconfig context names (None if it names none)."""
+    import yaml  # type: ignore[import-untyped]  # (PyYAML, a dependency of kubernetes)
     from kubernetes import config as kconfig
+    from kubernetes.config import ConfigException
 
     try:
         contexts, active = kconfig.list_kube_config_contexts(config_file=str(path))  # type: ignore[no-untyped-call]
-    except Exception as exc:  # the client raises ConfigException and YAML errors alike
+    except (ConfigException, OSError, ValueError, TypeError, KeyError, yaml.YAMLError) as exc:
         raise UserError(f"cannot read kubeconfig {path}: {exc}") from exc
     chosen = active
     if context is not None:

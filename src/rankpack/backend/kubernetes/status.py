@@ -18,6 +18,7 @@ from decimal import Decimal, InvalidOperation
 from typing import Any
 
 from rankpack.backend.protocol import RankPhase, RankResources, ResizeState
+from rankpack.core.failures import Failure, FailureCode
 
 Obj = dict[str, Any]
 
@@ -109,37 +110,56 @@ def restarts(pod: Obj | None, container: str) -> int:
     return int(cs.get("restartCount", 0)) if cs else 0
 
 
-def failure(pod: Obj, container: str) -> str | None:
-    """Why a rank pod can no longer run its rank (None while it can)."""
+_CANNOT_START = ("ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull",
+                 "CreateContainerConfigError", "CreateContainerError", "InvalidImageName",
+                 "RunContainerError")  # fmt: skip
+"""A container waiting for one of these will not start without someone's help."""
+
+_NODE_GONE = ("DeletionByPodGC",)
+"""The DisruptionTarget reason of a pod PodGC deletes because its node no longer exists."""
+
+
+def failure(pod: Obj, container: str) -> Failure | None:
+    """Why a rank pod can no longer run its rank, as a code and a message naming the pod
+    (None while it can)."""
     name = pod.get("metadata", {}).get("name", "?")
     status = pod.get("status", {})
     disruption = _condition(pod, "DisruptionTarget")
     if disruption is not None:  # evicted (Eviction API, preemption, taint manager, node pressure)
         why = str(disruption.get("reason") or "DisruptionTarget")
         message = str(disruption.get("message") or "")
-        return f"rank pod {name} was evicted ({why}" + (f": {message})" if message else ")")
+        code = FailureCode.NODE_LOST if why in _NODE_GONE else FailureCode.EVICTED
+        text = f"rank pod {name} was evicted ({why}" + (f": {message})" if message else ")")
+        return Failure(code, text)
     if pod.get("metadata", {}).get("deletionTimestamp"):
-        return f"rank pod {name} was deleted"
+        return Failure(FailureCode.POD_DELETED, f"rank pod {name} was deleted")
+    cs = container_status(pod, container)
+    terminated = ((cs or {}).get("state") or {}).get("terminated")
+    ended = _terminated_code(terminated) if terminated else FailureCode.CANNOT_START
     if status.get("reason") == "Evicted" or status.get("phase") == "Failed":
         why = status.get("reason") or "Failed"
         message = status.get("message") or ""
-        return f"rank pod {name} {why.lower()}" + (f": {message}" if message else "")
-    cs = container_status(pod, container)
-    if cs is not None:
-        terminated = (cs.get("state") or {}).get("terminated")
-        if terminated:
-            return (
-                f"rank pod {name}'s container ended ({terminated.get('reason', '?')}, "
-                f"exit code {terminated.get('exitCode', '?')})"
-            )
-        waiting = (cs.get("state") or {}).get("waiting") or {}
-        if waiting.get("reason") in ("ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull",
-                                     "CreateContainerConfigError", "CreateContainerError",
-                                     "InvalidImageName", "RunContainerError"):  # fmt: skip
-            return (
-                f"rank pod {name} cannot start: {waiting['reason']}: {waiting.get('message', '')}"
-            )
+        code = {"Evicted": FailureCode.EVICTED, "NodeLost": FailureCode.NODE_LOST}.get(why, ended)
+        return Failure(code, f"rank pod {name} {why.lower()}" + (f": {message}" if message else ""))
+    if terminated:
+        return Failure(
+            ended,
+            f"rank pod {name}'s container ended ({terminated.get('reason', '?')}, "
+            f"exit code {terminated.get('exitCode', '?')})",
+        )
+    waiting = ((cs or {}).get("state") or {}).get("waiting") or {}
+    if waiting.get("reason") in _CANNOT_START:
+        return Failure(
+            FailureCode.CANNOT_START,
+            f"rank pod {name} cannot start: {waiting['reason']}: {waiting.get('message', '')}",
+        )
     return None
+
+
+def _terminated_code(terminated: Obj) -> FailureCode:
+    if terminated.get("reason") == "OOMKilled":
+        return FailureCode.OOM_KILLED
+    return FailureCode.CONTAINER_EXITED
 
 
 def pending_reason(pod: Obj | None) -> str:

@@ -25,6 +25,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
+from rankpack.backend.kubernetes.api import ApiError
+
 Obj = dict[str, Any]
 
 QOS_DIRS = ("burstable", "", "besteffort")
@@ -43,15 +45,6 @@ class UsageSource(Protocol):
     def read(self, pod: Obj) -> CpuCounters | None:
         """The rank pod's cumulative CPU counters (None if they cannot be read)."""
         ...
-
-
-class NoUsage:
-    """No counters."""
-
-    name = "none"
-
-    def read(self, pod: Obj) -> CpuCounters | None:
-        return None
 
 
 class Exec(Protocol):
@@ -89,7 +82,7 @@ class PodExecUsage:
             return cached[1]
         try:
             out = self.api.exec(name, self.container, READ_OWN_CGROUP, 10.0)
-        except Exception:  # a pod that is going away: keep the last reading
+        except ApiError:  # a pod that is going away: keep the last reading
             return cached[1] if cached else None
         counters = parse_cpu_stat(str(getattr(out, "stdout", "")))
         if counters is None:
@@ -180,19 +173,6 @@ class NodeCgroupUsage:
             return CpuCounters(usage, nthr, thr)
         except (OSError, ValueError):
             return None
-
-
-def container_cgroup_v1(
-    pod_uid: str, container_id: str, root: Path = Path("/sys/fs/cgroup")
-) -> Path | None:
-    """The cgroup v1 ``cpu`` directory of one container (for checks of ``cpu.shares``)."""
-    cid = container_id.split("://", 1)[-1]
-    for qos in QOS_DIRS:
-        base = root / "cpu" / "kubepods"
-        d = (base / qos / f"pod{pod_uid}" / cid) if qos else (base / f"pod{pod_uid}" / cid)
-        if d.is_dir():
-            return d
-    return None
 
 
 def _keyed(path: Path) -> dict[str, int]:

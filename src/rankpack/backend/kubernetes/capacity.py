@@ -1,0 +1,118 @@
+"""What the cluster can hold for the Kubernetes backend: its nodes, their use, the quota.
+
+`Capacity.inventory` answers `KubernetesBackend.inventory`: ready, schedulable nodes with
+the requests of every live pod (all namespaces if the identity may list them, else this
+namespace), and the namespace's tightest CPU-request quota. Refusals (403) are learned and
+remembered; while the apiserver does not answer, the last inventory read is answered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from rankpack.backend.kubernetes import builders, status
+from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
+from rankpack.backend.kubernetes.config import KubernetesConfig
+from rankpack.backend.protocol import BackendError, Inventory, NodeCapacity, Quota
+
+
+class Capacity:
+    def __init__(self, api: KubeApi, config: KubernetesConfig) -> None:
+        self.api, self.config = api, config
+        self._nodes_forbidden = False
+        self._quotas_forbidden = False
+        self._inventory: Inventory | None = None
+        """The last inventory read: answered while the apiserver does not answer."""
+
+    def inventory(self) -> Inventory:
+        """Ready, schedulable nodes: allocatable minus the requests of every pod that is not
+        terminated (all namespaces if the identity may list them, else this namespace).
+
+        While the apiserver does not answer (unreachable, 5xx), the last inventory read is
+        answered: nothing can be launched then anyway (creating pods fails and is retried),
+        and the control loop must not stop over it."""
+        try:
+            found = self._read_inventory()
+        except ApiError as exc:
+            if exc.transient and self._inventory is not None:
+                return self._inventory
+            raise
+        except BackendError as exc:
+            cause = exc.__cause__
+            if isinstance(cause, ApiError) and cause.transient and self._inventory is not None:
+                return self._inventory
+            raise
+        self._inventory = found
+        return found
+
+    def _quota(self) -> Quota | None:
+        """The namespace's tightest CPU-request quota (None: none, or not readable)."""
+        if self._quotas_forbidden:
+            return None
+        try:
+            found = self.api.list("resourcequotas", "")
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            self._quotas_forbidden = True  # no right to read them: learned from refusals
+            return None
+        quotas = []
+        for q in found:
+            cpu = status.cpu_quota(q)
+            if cpu is not None:
+                quotas.append(Quota(str(q["metadata"]["name"]), cpu[0], cpu[1]))
+        return min(quotas, key=lambda q: q.hard_millis - q.used_millis, default=None)
+
+    def _read_inventory(self) -> Inventory:
+        return replace(self._read_nodes(), quota=self._quota())
+
+    def _read_nodes(self) -> Inventory:
+        try:
+            if self._nodes_forbidden:
+                raise ApiError(403, "Forbidden", "nodes (remembered)")
+            nodes = [
+                n for n in self.api.list_nodes()
+                if status.node_ready(n) and not n.get("spec", {}).get("unschedulable")
+            ]  # fmt: skip
+        except ApiError as exc:
+            self._nodes_forbidden = exc.status == 403
+            if exc.status != 403 or self.config.allocatable_millis is None:
+                raise BackendError(
+                    f"cannot read the cluster's nodes ({exc}); give the CPU the namespace may "
+                    "use with --allocatable (e.g. --allocatable 2 on the dev cluster), or "
+                    "grant this identity get/list on nodes"
+                ) from exc
+            ours = self.api.list_pods("")
+            total = sum(status.pod_request_millis(p) for p in ours if _live(p))
+            return Inventory((NodeCapacity("cluster", self.config.allocatable_millis, total),))
+        live = "status.phase!=Succeeded,status.phase!=Failed"
+        try:
+            pods = self.api.list_pods_all_namespaces(live)
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+            pods = [p for p in self.api.list_pods("") if _live(p)]
+        used: dict[str, int] = {}
+        ranks: dict[str, int] = {}
+        for p in pods:
+            node = p.get("spec", {}).get("nodeName")
+            if node:
+                used[node] = used.get(node, 0) + status.pod_request_millis(p)
+                if builders.RANK_LABEL in (p.get("metadata", {}).get("labels") or {}):
+                    ranks[node] = ranks.get(node, 0) + 1
+        names = [str(n["metadata"]["name"]) for n in nodes]
+        return Inventory(
+            tuple(
+                NodeCapacity(
+                    name,
+                    status.node_allocatable_millis(n),
+                    used.get(name, 0),
+                    ranks.get(name, 0),
+                )
+                for name, n in zip(names, nodes, strict=True)
+            )
+        )
+
+
+def _live(pod: Obj) -> bool:
+    return pod.get("status", {}).get("phase") not in ("Succeeded", "Failed")

@@ -1,0 +1,85 @@
+"""A simulation's Kubernetes objects: created idempotently, deleted through their owner.
+
+Every simulation has an owner ConfigMap (its spec; the garbage collector's root), a headless
+Service and one pod per rank, built by `builders`. `reconcile` gets-or-creates them (at
+launch, adoption, and by the poller after a transient error); `delete` removes them at
+release (and the poller retries orphans without waiting).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+from rankpack.backend.kubernetes import builders
+from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
+from rankpack.backend.kubernetes.config import KubernetesConfig, VolumeSource
+from rankpack.backend.protocol import BackendError, LaunchFailed, SimSpec
+
+
+def reconcile(api: KubeApi, spec: SimSpec, image: str, volume: VolumeSource) -> None:
+    """Get-or-create the owner, the Service and every rank pod (idempotent: objects that
+    exist and belong to this simulation are left alone; someone else's are an error)."""
+    owner_obj = _get_or_create(api, "configmaps", builders.owner_configmap(spec, image), spec)
+    owner = builders.OwnerRef(builders.owner_name(spec.sim_id), str(owner_obj["metadata"]["uid"]))
+    _get_or_create(api, "services", builders.headless_service(spec, owner), spec)
+    for rank in range(len(spec.ranks)):
+        _get_or_create(api, "pods", builders.rank_pod(spec, rank, owner, volume, image), spec)
+
+
+def _get_or_create(api: KubeApi, kind: str, body: Obj, spec: SimSpec) -> Obj:
+    name = str(body["metadata"]["name"])
+    try:
+        found = api.get(kind, name)
+    except ApiError as exc:
+        if not exc.not_found:
+            raise
+    else:
+        found_labels = found.get("metadata", {}).get("labels") or {}
+        if found_labels.get(builders.SIM_LABEL) != spec.sim_id:
+            raise LaunchFailed(f"{kind} {name} exists and does not belong to {spec.sim_id}")
+        return found
+    try:
+        return api.create(kind, body)
+    except ApiError as exc:
+        if exc.conflict:  # created meanwhile (another controller): take it
+            return api.get(kind, name)
+        raise
+
+
+def delete(api: KubeApi, config: KubernetesConfig, sim_id: str, *, wait: bool = True) -> bool:
+    """Delete the owner (the garbage collector removes the Service and the pods) and
+    wait, bounded, until the rank pods are gone; delete leftovers directly. Without
+    ``wait``: one attempt, leftovers of a deleted owner deleted directly; True when no
+    rank pod is left."""
+    owner_gone = False
+    try:
+        api.delete("configmaps", builders.owner_name(sim_id), "Foreground")
+    except ApiError as exc:
+        if not exc.not_found:
+            raise BackendError(f"cannot delete simulation {sim_id}: {exc}") from exc
+        owner_gone = True
+    deadline = time.monotonic() + config.release_timeout_s
+    direct = False
+    while True:
+        left = api.list_pods(builders.sim_selector(sim_id))
+        if not left:
+            return True
+        if not wait:
+            if owner_gone:
+                for pod in left:
+                    with contextlib.suppress(ApiError):
+                        api.delete("pods", str(pod["metadata"]["name"]))
+            return False
+        if time.monotonic() > deadline:
+            raise BackendError(
+                f"rank pods of {sim_id} still exist after {config.release_timeout_s} s"
+            )
+        if not direct and time.monotonic() > deadline - config.release_timeout_s / 2:
+            for pod in left:  # no garbage collector at work? delete them ourselves
+                with contextlib.suppress(ApiError):
+                    api.delete("pods", str(pod["metadata"]["name"]))
+            with contextlib.suppress(ApiError):
+                api.delete("services", builders.service_name(sim_id))
+            direct = True
+        time.sleep(min(0.2, config.poll_s))

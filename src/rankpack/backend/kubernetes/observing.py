@@ -1,0 +1,90 @@
+"""What `KubernetesBackend.observe` reports of one simulation, read from its record.
+
+Pure readings of a `SimRecord` (called under the backend's lock): its phase and why, the
+failure (code and message), each rank's observation (pod, counters, the shim's records).
+"""
+
+from __future__ import annotations
+
+from rankpack.backend.kubernetes import builders, status, usage
+from rankpack.backend.kubernetes.api import Obj
+from rankpack.backend.kubernetes.record import SimRecord
+from rankpack.backend.mpirun import exit_failure
+from rankpack.backend.protocol import RankObservation, RankPhase, SimPhase
+from rankpack.core.failures import Failure
+
+C = builders.CONTAINER
+
+
+def phase(sim: SimRecord, poll_error: str | None) -> tuple[SimPhase, str]:
+    """The simulation's phase and why (no side effects: `list` uses it too)."""
+    life = sim.life
+    if not life.over:
+        if life.started:
+            return SimPhase.RUNNING, ""
+        if poll_error:
+            return SimPhase.PENDING, f"the API is not answering: {poll_error}"
+        if sim.reconcile_error:
+            return SimPhase.PENDING, f"creating its pods: {sim.reconcile_error}"
+        return SimPhase.PENDING, "; ".join(
+            f"rank {i}: {status.pending_reason(sim.pods.get(i))}"
+            for i in range(sim.n)
+            if not status.running(sim.pods.get(i) or {}, C)
+        )
+    failure = ended_failure(sim)
+    if failure is None:
+        return SimPhase.SUCCEEDED, ""
+    return SimPhase.FAILED, failure.message
+
+
+def ended_failure(sim: SimRecord) -> Failure | None:
+    """Why a simulation that is over failed (its own failure, else what its mpirun's end
+    means); None if it succeeded."""
+    life = sim.life
+    if life.failure is not None:
+        return life.failure
+    return exit_failure(life.exit_code, stopped=life.stopped)
+
+
+def observe_rank(sim: SimRecord, i: int, ended: bool, source: usage.UsageSource) -> RankObservation:
+    pod = sim.pods.get(i)
+    counters = source.read(pod) if pod is not None and status.running(pod, C) else None
+    last = sim.counters.get(i)
+    if counters is not None and (last is None or counters.usage_ns >= last.usage_ns):
+        sim.counters[i] = counters
+    counters = sim.counters.get(i) or usage.CpuCounters(0)
+    if ended:
+        life = sim.life
+        ok = life.exit_code == 0 and life.failure is None and not life.stopped
+        phase = RankPhase.SUCCEEDED if ok else RankPhase.FAILED
+    elif pod is None:
+        phase = RankPhase.FAILED if i in sim.seen else RankPhase.PENDING
+    else:
+        phase = status.rank_phase(pod, C)
+        if phase is RankPhase.RUNNING and not sim.life.started:
+            phase = RankPhase.PENDING  # the pod runs; its rank does not yet
+    shim = sim.shim.sample(i)
+    resize = sim.resizes.get(i)
+    return RankObservation(
+        rank=i,
+        phase=phase,
+        desired=sim.desired[i],
+        allocated=status.allocated(pod, C) if pod else None,
+        usage_ns=counters.usage_ns,
+        nr_throttled=counters.nr_throttled,
+        throttled_ns=counters.throttled_ns,
+        restarts=status.restarts(pod, C),
+        reason=_failure_text(pod),
+        node=(pod or {}).get("spec", {}).get("nodeName"),
+        pod=builders.pod_name(sim.spec.sim_id, i),
+        resize=resize.status if resize else None,
+        compute_ns=shim.compute_ns,
+        mpi_ns=shim.mpi_ns,
+        duty_window=shim.duty_window,
+        wait_mode=shim.wait_mode,
+    )
+
+
+def _failure_text(pod: Obj | None) -> str:
+    found = status.failure(pod, C) if pod else None
+    return found.message if found is not None else ""

@@ -1,0 +1,212 @@
+"""The Kubernetes backend's event source: one thread that lists the rank pods and acts.
+
+`Poller` runs while any simulation (or an orphan whose objects are still to delete) needs
+watching: every ``poll_s`` (faster while a resize is in flight) it lists the pods of all
+simulations at once, records each pod, turns a deleted, evicted or broken rank pod into the
+simulation's failure (`status.failure`: a code and a message), follows resizes from the
+pods' status, starts mpirun once every rank pod runs (`starting.MpirunHost`), and wakes the
+control loop (`notify`) when something changed. It shares the backend's records under the
+backend's lock.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+from typing import TYPE_CHECKING, Any
+
+from rankpack.backend.kubernetes import builders, objects, status
+from rankpack.backend.kubernetes.api import ApiError, Obj
+from rankpack.backend.kubernetes.record import Resize, SimRecord
+from rankpack.backend.protocol import BackendError, ResizeState, ResizeStatus
+from rankpack.core.failures import Failure, FailureCode
+
+if TYPE_CHECKING:
+    from rankpack.backend.kubernetes.backend import KubernetesBackend
+
+C = builders.CONTAINER
+
+
+class Poller:
+    """The poll thread of one `KubernetesBackend` (started on demand, ends when idle)."""
+
+    def __init__(self, backend: KubernetesBackend) -> None:
+        self.backend = backend
+        self.thread: threading.Thread | None = None
+        self.lock = threading.Lock()
+        """Guards starting and ending the thread, so work added while it ends is seen."""
+        self.closed = threading.Event()
+        self.error: str | None = None
+        """The last listing's error while the apiserver does not answer (None: it does)."""
+        self.orphans: set[str] = set()
+        """Released simulations whose objects could not be deleted yet (apiserver away)."""
+
+    def ensure(self) -> None:
+        if not self.backend.background:
+            return
+        with self.lock:
+            if self.thread is None or not self.thread.is_alive():
+                self.thread = threading.Thread(target=self._loop, daemon=True)
+                self.thread.start()
+
+    def _has_work(self) -> bool:
+        b = self.backend
+        with b.lock:
+            return bool(self.orphans) or any(not s.life.released for s in b.sims.values())
+
+    def _loop(self) -> None:
+        config = self.backend.config
+        while not self.closed.is_set():
+            busy = self.poll_once()
+            if not busy:
+                with self.lock:  # ends only if nothing arrived meanwhile
+                    if not self._has_work():
+                        self.thread = None
+                        return
+            fast = any(
+                r.status.state in (ResizeState.PENDING, ResizeState.IN_PROGRESS)
+                for s in list(self.backend.sims.values()) for r in s.resizes.values()
+            )  # fmt: skip
+            self.closed.wait(min(config.poll_s, 0.05) if fast else config.poll_s)
+
+    def poll_once(self) -> bool:
+        """List the pods of every simulation once and act on what changed; False when no
+        simulation needs watching any more."""
+        b = self.backend
+        if self.orphans:
+            self._delete_orphans()
+        with b.lock:
+            sims = [s for s in b.sims.values() if not s.life.released]
+        if not sims:
+            return bool(self.orphans)
+        try:
+            pods = b.api.list_pods(builders.ALL_SIMS_SELECTOR)
+        except ApiError as exc:
+            self.error = str(exc)
+            return True
+        self.error = None
+        for sim in sims:
+            if sim.reconcile_error is not None and not sim.life.over:
+                self._retry_reconcile(sim)
+        by_sim: dict[str, dict[int, Obj]] = {}
+        for pod in pods:
+            lab = pod.get("metadata", {}).get("labels") or {}
+            with contextlib.suppress(KeyError, ValueError):
+                by_sim.setdefault(lab[builders.SIM_LABEL], {})[int(lab[builders.RANK_LABEL])] = pod
+        news = False
+        with b.lock:
+            for sim in sims:
+                news |= self._update(sim, by_sim.get(sim.spec.sim_id, {}))
+        if news:
+            b.notify()
+        return True
+
+    def _retry_reconcile(self, sim: SimRecord) -> None:
+        try:
+            objects.reconcile(self.backend.api, sim.spec, sim.image, sim.volume)
+        except ApiError as exc:
+            sim.reconcile_error = str(exc)
+            if not exc.transient:
+                why = f"cannot create the rank pods of {sim.spec.sim_id}: {exc}"
+                sim.life.fail(Failure(FailureCode.LAUNCH_FAILED, why))
+            return
+        sim.reconcile_error = None
+
+    def _delete_orphans(self) -> None:
+        """One non-blocking attempt per orphan (the poller must not stall on one)."""
+        for sim_id in sorted(self.orphans):
+            try:
+                gone = objects.delete(self.backend.api, self.backend.config, sim_id, wait=False)
+            except BackendError:
+                continue
+            if gone:
+                self.orphans.discard(sim_id)
+
+    def _update(self, sim: SimRecord, pods: dict[int, Obj]) -> bool:
+        b, life = self.backend, sim.life
+        news = False
+        for rank in range(sim.n):
+            pod = pods.get(rank)
+            old = sim.pods.get(rank)
+            if pod is None:
+                if rank in sim.seen and old is not None:
+                    sim.pods.pop(rank)
+                    news = True
+                    name = builders.pod_name(sim.spec.sim_id, rank)
+                    life.fail(
+                        Failure(FailureCode.POD_DELETED, f"rank pod {name} was deleted"), rank
+                    )
+                continue
+            sim.seen.add(rank)
+            if old is None or _version(old) != _version(pod):
+                news = True
+            sim.pods[rank] = pod
+            why = status.failure(pod, C)
+            if why is not None:
+                life.fail(why, rank)
+            resize = sim.resizes.get(rank)
+            if resize is not None and not resize.status.state.final:
+                news |= self._follow_resize(resize, pod)
+        if (
+            not life.started
+            and life.failure is None
+            and b.clock() - sim.created_t > b.config.start_timeout_s
+        ):
+            waiting = b.phase(sim)[1]
+            late = f"rank pods not running after {b.config.start_timeout_s:.0f} s: {waiting}"
+            life.fail(Failure(FailureCode.NOT_RUNNING, late))
+        if self._handle_failure(sim):
+            return True
+        if (
+            not life.started
+            and not life.ended
+            and len(sim.pods) == sim.n
+            and all(status.running(p, C) for p in sim.pods.values())
+        ):
+            b.host.start(sim)
+            self._handle_failure(sim)
+            news = True
+        if life.adopted and not life.ended:
+            news |= check_adopted(sim)
+        return news
+
+    def _follow_resize(self, resize: Resize, pod: Obj) -> bool:
+        reading = status.resize_state(pod, C, resize.target, resize.generation)
+        old = resize.status
+        if reading.state is old.state and reading.reason == old.reason:
+            return False
+        latency = self.backend.clock() - old.requested_t_s if reading.state.final else None
+        resize.status = ResizeStatus(
+            reading.state, old.from_millis, old.to_millis, old.requested_t_s,
+            latency_s=latency, reason=reading.reason,
+        )  # fmt: skip
+        return True
+
+    def _handle_failure(self, sim: SimRecord) -> bool:
+        """A rank pod is gone or broken: the MPI job cannot go on; end it now (once)."""
+        failure = sim.life.failure_to_handle()
+        if failure is None:
+            return False
+        self.backend.record_event(sim, sim.life.failure_rank, "SimulationFailed", failure.message)
+        if sim.process is not None and sim.process.poll() is None:
+            sim.process.kill_group(signal.SIGTERM)
+        if sim.process is None:
+            sim.life.end()
+        return True
+
+
+def check_adopted(sim: SimRecord) -> bool:
+    """An adopted simulation's mpirun (not our child) has ended when its exit file exists."""
+    try:
+        text = sim.exit_file.read_text().strip()
+    except OSError:
+        return False
+    with contextlib.suppress(ValueError):
+        sim.life.exit_code = int(text)
+    sim.life.end()
+    return True
+
+
+def _version(obj: Obj) -> Any:
+    return obj.get("metadata", {}).get("resourceVersion")

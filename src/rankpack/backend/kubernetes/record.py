@@ -1,0 +1,159 @@
+"""What the Kubernetes backend knows of one simulation: its `Lifecycle` and its `SimRecord`.
+
+The control loop's thread (`KubernetesBackend`: launch, observe, stop, release) and the
+poller's (`poller`) share each record under the backend's lock. Where a simulation stands is
+one value, `Lifecycle`: a `Stage` (pending, running, ended, released) and the few facts of
+its outcome (exit code, the first failure and its rank, stopped on request). Every change of
+stage is a method of `Lifecycle`, so the rules (the first failure wins, nothing fails after
+the end, a stop after the end changes nothing) are written once.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO
+
+from rankpack.backend.kubernetes import usage
+from rankpack.backend.kubernetes.api import Obj
+from rankpack.backend.kubernetes.config import VolumeSource
+from rankpack.backend.mpirun import LogTail, Proc, ShimRecords
+from rankpack.backend.protocol import RankResources, ResizeStatus, SimSpec
+from rankpack.core.failures import Failure
+
+
+def rank_dir(case_dir: Path) -> Path:
+    """The backend's files on the case volume (hostfile, agent, shim copy, exit code)."""
+    return case_dir / ".rankpack"
+
+
+class Stage(enum.Enum):
+    PENDING = "pending"
+    """Its objects exist (or are being created); mpirun has not started."""
+    RUNNING = "running"
+    """mpirun was started (by this process, or by the one it was adopted from)."""
+    ENDED = "ended"
+    """mpirun ended (or was never started and never will be)."""
+    RELEASED = "released"
+    """Its objects are deleted (or left to the poller) and its files closed."""
+
+
+@dataclass
+class Lifecycle:
+    """Where one simulation stands; changed only through its methods (under the lock)."""
+
+    stage: Stage = Stage.PENDING
+    adopted: bool = False
+    """Its mpirun is not this process's child: its end is read from the exit file."""
+    exit_code: int | None = None
+    failure: Failure | None = None
+    """The first reason it cannot go on (a rank pod gone or broken, a launch that failed)."""
+    failure_rank: int = 0
+    failure_handled: bool = False
+    """The failure was acted on (Event recorded, mpirun told to end): done once."""
+    stopped: bool = False
+    """Stopped on request before it ended."""
+
+    @property
+    def started(self) -> bool:
+        return self.stage is not Stage.PENDING
+
+    @property
+    def ended(self) -> bool:
+        return self.stage in (Stage.ENDED, Stage.RELEASED)
+
+    @property
+    def released(self) -> bool:
+        return self.stage is Stage.RELEASED
+
+    @property
+    def over(self) -> bool:
+        """Ended, or failed and ending: it will not run on."""
+        return self.ended or self.failure is not None
+
+    def start(self, *, adopted: bool = False) -> None:
+        if self.stage is Stage.PENDING:
+            self.stage = Stage.RUNNING
+        self.adopted = self.adopted or adopted
+
+    def fail(self, failure: Failure, rank: int = 0) -> None:
+        """Record why it cannot go on, unless it ended, was stopped or failed already."""
+        if not self.ended and not self.stopped and self.failure is None:
+            self.failure, self.failure_rank = failure, rank
+
+    def failure_to_handle(self) -> Failure | None:
+        """The failure not acted on yet (then marked as acted on), else None."""
+        if self.failure is None or self.failure_handled:
+            return None
+        self.failure_handled = True
+        return self.failure
+
+    def stop(self) -> None:
+        if not self.ended:
+            self.stopped = True
+
+    def end(self, exit_code: int | None = None) -> None:
+        """mpirun ended (with ``exit_code`` if known; a known code is kept)."""
+        if exit_code is not None and self.exit_code is None:
+            self.exit_code = exit_code
+        if not self.released:
+            self.stage = Stage.ENDED
+
+    def release(self) -> None:
+        self.stage = Stage.RELEASED
+
+
+@dataclass
+class Resize:
+    status: ResizeStatus
+    target: RankResources
+    generation: int | None
+
+
+@dataclass
+class SimRecord:
+    """One simulation: its spec, its lifecycle, its pods as last listed, its files."""
+
+    spec: SimSpec
+    image: str
+    volume: VolumeSource
+    desired: list[RankResources]
+    life: Lifecycle = field(default_factory=Lifecycle)
+    pods: dict[int, Obj] = field(default_factory=dict)
+    seen: set[int] = field(default_factory=set)
+    resizes: dict[int, Resize] = field(default_factory=dict)
+    process: Proc | None = None
+    log_file: IO[bytes] | None = field(default=None, repr=False)
+    log: LogTail = field(init=False)
+    """The solver log not delivered yet (from its start, also when adopted)."""
+    shim: ShimRecords = field(init=False)
+    """The shim's live records of its ranks (none without the shim)."""
+    counters: dict[int, usage.CpuCounters] = field(default_factory=dict)
+    created_t: float = field(default_factory=time.monotonic)
+    launch_fd: int | None = None
+    """The launch marker's locked descriptor while this process holds it (`launcher`)."""
+    reconcile_error: str | None = None
+    """Creating its objects failed transiently; the poller tries again."""
+
+    def __post_init__(self) -> None:
+        self.log = LogTail(self.spec.log_path)
+        self.shim = ShimRecords.of(self.spec)
+
+    @property
+    def n(self) -> int:
+        return len(self.desired)
+
+    @property
+    def exit_file(self) -> Path:
+        return rank_dir(self.spec.case_dir) / "mpirun.exit"
+
+    def close_launch(self) -> None:
+        """Let go of the launch marker (the launcher and mpirun, if any, still hold it)."""
+        if self.launch_fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self.launch_fd)
+            self.launch_fd = None
