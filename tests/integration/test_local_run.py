@@ -18,8 +18,8 @@ from rankpack.backend.local import LocalBackend
 from rankpack.backend.protocol import RankResources
 from rankpack.controller.loop import LoopResult, LoopSettings, OneJob, SimView, run_jobs
 from rankpack.controller.observations import ControllerSettings
-from rankpack.controller.submission import Submission
 from rankpack.plan.allocation import QoS
+from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from tests.integration.helpers import (
     cgroup_subtree,

@@ -18,7 +18,7 @@ from rankpack.backend.local import LocalBackend
 from rankpack.controller.loop import LoopSettings
 from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.session import run_session
-from rankpack.controller.submission import Submission
+from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from tests.integration.helpers import processes_in, rankpack, run_cgroups, run_json, wait_for
 

@@ -1,24 +1,27 @@
 """Admission on the dev cluster (issue 26), as a user who may only create, read and delete
 Simulations: a host-root volume, a case path of /etc or /root, a shell as solver and a
 Simulation too big for the cluster are each refused with a reason code in their status,
-nothing is staged or created for them, and a valid Simulation submitted after them runs.
+nothing is staged or created for them; a case whose blockMeshDict would run a command is
+refused at staging (CaseNotConfined), and a valid Simulation submitted after them runs.
 A budget that leaves a rank without CPU is refused by the API itself (the CRD's CEL rule).
 """
 
 from __future__ import annotations
 
 import copy
+import shutil
 import uuid
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rankpack.controller.submission import Submission
 from rankpack.operator import crd
+from rankpack.plan.submission import Submission
 from tests.k8s.operators import Env
 
 USER = "simulation-user"
+PITZ = Path("/usr/share/doc/openfoam-examples/examples/incompressible/simpleFoam/pitzDaily")
 
 
 def _user_api(env: Env) -> Any:
@@ -100,6 +103,16 @@ def test_refused_specs_end_failed_with_a_reason_and_a_valid_one_runs(
             body = crd.simulation(name, small)
             body["spec"].update(copy.deepcopy(override))
             user.create_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, body)
+        # a case under the allowed root whose blockMeshDict would run a command at staging
+        coded = env.tmp / f"coded-{tag}"
+        shutil.copytree(PITZ, coded)
+        mesh = coded / "system" / "blockMeshDict"
+        code = 'scale #codeStream { code #{ system("id"); os << 0.001; #}; };'
+        mesh.write_text(mesh.read_text().replace("scale   0.001;", code))
+        confined = f"coded-{tag}"
+        body = crd.simulation(confined, small)
+        body["spec"]["case"] = {"path": str(coded)}
+        user.create_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, body)
         valid = f"valid-{tag}"
         user.create_namespaced_custom_object(
             crd.GROUP, crd.VERSION, ns, crd.PLURAL, crd.simulation(valid, small)
@@ -121,11 +134,15 @@ def test_refused_specs_end_failed_with_a_reason_and_a_valid_one_runs(
             failed = {c["type"]: c for c in st["conditions"]}["Failed"]
             assert failed["reason"] == reason and failed["message"] == st["result"]["message"]
             assert "simId" not in st, (name, "nothing was staged or launched for it")
+        st = env.status(confined)
+        assert st["phase"] == "Failed" and st["result"]["reason"] == "CaseNotConfined", st
+        assert st["result"]["message"].startswith("system/blockMeshDict:"), st["result"]
+        assert "#codeStream compiles and runs code" in st["result"]["message"]
         assert env.status(valid)["phase"] == "Succeeded", env.status(valid)
         # one run only: the valid one; no pod ever mounted a host path it was not given
         runs = env.runs()
         assert [r[1] for r in runs] == ["completed"], runs
-        print(f"\nrefused: { {n: env.status(n)['result']['reason'] for n in specs} }")
+        print(f"\nrefused: { {n: env.status(n)['result']['reason'] for n in [*specs, confined]} }")
     finally:
         _remove_user(env)
         for o in env.simulations():

@@ -23,7 +23,7 @@ from rankpack.backend.kubernetes.status import cpu_millis
 from rankpack.backend.protocol import RankResources, ResizeState, SimPhase
 from rankpack.controller.loop import LoopResult, LoopSettings, OneJob, run_jobs
 from rankpack.controller.observations import ControllerSettings, Phase
-from rankpack.controller.submission import Submission
+from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from tests.k8s.conftest import DevCluster
 from tests.k8s.pods import container_cgroup

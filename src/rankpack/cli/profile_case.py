@@ -9,7 +9,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from rankpack.backend.local import LocalBackend, shim_dir
+from rankpack.backend.local import LocalBackend
+from rankpack.backend.mpirun import shim_dir
 from rankpack.cli import OneLineArgumentParser
 from rankpack.cli.common import db_path, parse_output_file, parse_seconds, parse_skip, print_json
 from rankpack.cli.run_cmd import (

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rankpack.backend.protocol import StagedCase
-from rankpack.controller.submission import Submission
 from rankpack.core.failures import FailureCode
+from rankpack.plan.submission import Submission
 from rankpack.store import Store
 
 

@@ -33,9 +33,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from rankpack.controller.submission import Submission
 from rankpack.model.limit import rank_compute_cores
 from rankpack.plan.allocation import QoS, proportional_millis
+from rankpack.plan.submission import Submission
 from rankpack.store import RunRow, Store
 
 

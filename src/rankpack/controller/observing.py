@@ -24,9 +24,9 @@ from rankpack.controller.observations import (
     RankSnapshot,
     SimSnapshot,
 )
-from rankpack.controller.submission import Submission
 from rankpack.controller.tracked import LoopContext, Tracked
 from rankpack.plan.allocation import Plan
+from rankpack.plan.submission import Submission
 
 
 class Capacity(NamedTuple):

@@ -28,11 +28,11 @@ from rankpack.controller.observations import (
     ControllerSettings,
     GateModel,
 )
-from rankpack.controller.submission import Submission
 from rankpack.controller.tracked import LoopSettings
 from rankpack.controller.views import Display, LoopResult, SimOutcome
 from rankpack.errors import UserError
 from rankpack.model.limit import SingleRun, compute_cores, mixed_gain_limit
+from rankpack.plan.submission import Submission
 from rankpack.store import RunRow, SessionRow, Store
 
 

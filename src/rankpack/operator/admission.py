@@ -34,9 +34,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
-from rankpack.controller.submission import Submission
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.errors import UserError
+from rankpack.plan.submission import Submission
 
 TUTORIAL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
 OPENFOAM_BIN = Path("/usr/bin")

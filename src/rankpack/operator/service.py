@@ -341,7 +341,7 @@ def _settings(ctx: _Ctx) -> LoopSettings:
         label=f"operator-{ctx.multiplex_id}",
         extra={"multiplex_id": ctx.multiplex_id, "operator": opts.identity},
         image=opts.config.image, volume=opts.volume, leave_running=True,
-        solvers=opts.admission.solvers,
+        solvers=opts.admission.solvers, confine_staging=True,
     )  # fmt: skip
 
 

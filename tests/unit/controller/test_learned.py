@@ -16,7 +16,7 @@ from rankpack.controller.observations import (
     Decision,
     Observations,
 )
-from rankpack.controller.submission import Submission
+from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
 

@@ -35,7 +35,7 @@ from rankpack.controller.session import (
     measure_baselines,
     run_session,
 )
-from rankpack.controller.submission import Submission
+from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from rankpack.testing.simulated import (
     RankFault,

@@ -13,8 +13,8 @@ from rankpack.backend.worker import Stager
 from rankpack.case.openfoam import NotACase
 from rankpack.controller.jobs import Job, OneJob
 from rankpack.controller.loop import Display, LoopResult, LoopSettings, SimView, run_jobs
-from rankpack.controller.submission import Submission
 from rankpack.core.failures import FailureCode
+from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from rankpack.testing.simulated import (
     RankFault,

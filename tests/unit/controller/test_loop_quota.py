@@ -12,7 +12,7 @@ import pytest
 from rankpack.backend.protocol import Inventory, Quota
 from rankpack.controller.loop import LoopSettings, StoreQueue, run_jobs
 from rankpack.controller.observations import ControllerSettings
-from rankpack.controller.submission import Submission
+from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
 

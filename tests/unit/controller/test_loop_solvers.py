@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from rankpack.controller.loop import LoopSettings, OneJob, run_jobs
-from rankpack.controller.submission import Submission
+from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
 

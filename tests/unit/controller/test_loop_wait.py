@@ -8,7 +8,7 @@ from pathlib import Path
 from rankpack.backend.protocol import BackendError, ShimSpec, SimSpec
 from rankpack.controller.loop import LoopSettings, OneJob, StoreQueue, run_jobs
 from rankpack.controller.observations import ControllerSettings
-from rankpack.controller.submission import Submission
+from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
 

@@ -13,7 +13,7 @@ from rankpack.controller.gate import fit_launch
 from rankpack.controller.loop import LoopResult, LoopSettings, OneJob, run_jobs
 from rankpack.controller.observations import ControllerSettings, Phase
 from rankpack.controller.policy import RETRY_DELAYS_S, retry_delay_s
-from rankpack.controller.submission import Submission
+from rankpack.plan.submission import Submission
 from rankpack.store import EventRow, Store
 from rankpack.testing.simulated import (
     ResizeScript,

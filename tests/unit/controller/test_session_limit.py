@@ -10,7 +10,7 @@ import pytest
 from rankpack.controller.loop import LoopSettings
 from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.session import measure_baselines, run_session
-from rankpack.controller.submission import Submission
+from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
 

@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
 from rankpack.operator import crd
 from rankpack.operator.admission import AdmissionPolicy, Refused, admit, openfoam_applications
+from rankpack.plan.submission import Submission
 
 SUB = Submission(case="pitzDaily", weights=(1.0, 1.0), budget_millis=1000)
 POLICY = AdmissionPolicy(solvers=frozenset({"simpleFoam", "rhoSimpleFoam"}))

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 
 from rankpack.controller.observations import Phase
-from rankpack.controller.submission import Submission
 from rankpack.errors import UserError
 from rankpack.operator import crd
+from rankpack.plan.submission import Submission
 
 
 @pytest.mark.parametrize(

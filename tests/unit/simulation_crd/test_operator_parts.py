@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from rankpack.backend.kubernetes.api import ApiError, Conflict
-from rankpack.controller.submission import Submission
 from rankpack.core.failures import FailureCode
 from rankpack.operator import crd, events, queue
+from rankpack.plan.submission import Submission
 from rankpack.store import EventRow, Store
 
 Obj = dict[str, Any]

@@ -24,8 +24,5 @@ from __future__ import annotations
 
 from rankpack.backend.local.backend import LocalBackend
 from rankpack.backend.local.launching import launcher_path, mpirun_argv
-from rankpack.backend.mpirun import find_mpirun, shim_dir
 
-__all__ = ["LocalBackend", "find_mpirun", "launcher_path", "mpirun_argv", "shim_dir"]
-"""`find_mpirun` and `shim_dir` live in `rankpack.backend.mpirun`; they stay importable from
-here for the modules that imported them from this one."""
+__all__ = ["LocalBackend", "launcher_path", "mpirun_argv"]
