@@ -15,7 +15,7 @@ from tests.contract.env import ContractEnv, KubernetesEnv, LocalEnv, SimulatedEn
 
 BACKENDS = [
     # in the unit tier: the same hang guard as tests/unit (tests/unit/conftest.py)
-    pytest.param("simulated", id="simulated", marks=pytest.mark.timeout(5)),
+    pytest.param("simulated", id="simulated", marks=pytest.mark.timeout(10)),
     pytest.param("local", id="local", marks=pytest.mark.integration),
     pytest.param("kubernetes", id="kubernetes", marks=[pytest.mark.k8s, pytest.mark.timeout(900)]),
 ]
