@@ -208,12 +208,22 @@ class Quota:
 @dataclass(frozen=True)
 class Inventory:
     nodes: tuple[NodeCapacity, ...]
+    """The nodes ranks can be placed on now (Ready and schedulable)."""
     quota: Quota | None = None
     """The tightest CPU-request quota of the namespace the backend places in (None: none)."""
+    unready_millis: int = 0
+    """What schedulable nodes that are not Ready now (lost, or starting) can allocate: not
+    placeable now, but a simulation that fits once they are back must wait, not be refused."""
 
     @property
     def allocatable_millis(self) -> int:
         return sum(n.allocatable_millis for n in self.nodes)
+
+    @property
+    def all_nodes_millis(self) -> int:
+        """What every schedulable node, Ready or not, can allocate: the most a simulation
+        could ever be given."""
+        return self.allocatable_millis + self.unready_millis
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,8 @@ class AdmissionPolicy:
     solvers: frozenset[str] = frozenset()
     """Applications a Simulation may run (empty: none may be named in ``spec.solver``)."""
     cluster_millis: int | None = None
-    """What all nodes can allocate together (None: not known, no fit check)."""
+    """What all schedulable nodes, Ready or not, can allocate together (None: not known, no
+    fit check)."""
 
 
 def openfoam_applications(bin_dir: Path = OPENFOAM_BIN) -> frozenset[str]:
@@ -172,8 +173,8 @@ def check_fit(sub: Submission, policy: AdmissionPolicy) -> None:
         raise Refused(
             FailureCode.DOES_NOT_FIT,
             f"{sub.n_ranks} ranks need at least {least}m even at their minimum request, and "
-            f"all nodes together can allocate {policy.cluster_millis}m; ask for fewer ranks "
-            "(or a lower floorMillis)",
+            f"all nodes together (Ready or not) can allocate {policy.cluster_millis}m; ask for "
+            "fewer ranks (or a lower floorMillis)",
         )
 
 

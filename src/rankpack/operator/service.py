@@ -75,15 +75,16 @@ class OperatorOptions:
 
 
 def _cluster_millis(backend: KubernetesBackend, every_s: float = 30.0) -> Callable[[], int | None]:
-    """What all nodes can allocate, read at most every ``every_s`` (admission's fit check;
-    None while the inventory cannot be read)."""
+    """What all schedulable nodes, Ready or not, can allocate, read at most every
+    ``every_s`` (admission's fit check: a Simulation that fits once a lost node is back is
+    held, not refused; None while the inventory cannot be read)."""
     last: list[tuple[float, int | None]] = []
 
     def read() -> int | None:
         now = time.monotonic()
         if not last or now - last[0][0] > every_s:
             try:
-                found: int | None = backend.inventory().allocatable_millis
+                found: int | None = backend.inventory().all_nodes_millis
             except BackendError:
                 found = None
             last[:] = [(now, found)]

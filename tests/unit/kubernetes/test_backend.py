@@ -329,6 +329,25 @@ def test_inventory_subtracts_every_live_pod(tmp_path: Path) -> None:
     ]
 
 
+def test_a_node_that_is_not_ready_counts_only_towards_what_could_ever_fit(
+    tmp_path: Path,
+) -> None:
+    api = FakeKubeApi()
+    api.nodes = [
+        {"metadata": {"name": "n1"}, "spec": {},
+         "status": {"allocatable": {"cpu": "2"},
+                    "conditions": [{"type": "Ready", "status": "True"}]}},
+        {"metadata": {"name": "lost"}, "spec": {},
+         "status": {"allocatable": {"cpu": "4"},
+                    "conditions": [{"type": "Ready", "status": "Unknown"}]}},
+        {"metadata": {"name": "cordoned"}, "spec": {"unschedulable": True},
+         "status": {"allocatable": {"cpu": "8"}, "conditions": []}},
+    ]  # fmt: skip
+    inv = Harness(tmp_path, api).backend.inventory()
+    assert [n.name for n in inv.nodes] == ["n1"]  # placeable now
+    assert (inv.allocatable_millis, inv.unready_millis, inv.all_nodes_millis) == (2000, 4000, 6000)
+
+
 def test_inventory_without_node_access_needs_a_given_capacity(tmp_path: Path) -> None:
     h = Harness(tmp_path, FakeKubeApi(forbid_nodes=True))
     with pytest.raises(BackendError, match="--allocatable"):

@@ -112,6 +112,22 @@ def test_a_simulation_that_can_never_fit_is_refused() -> None:
     assert code(big, POLICY) is None  # the cluster's size unknown: no fit check
 
 
+def test_a_simulation_that_fits_once_a_lost_node_is_back_is_not_refused() -> None:
+    from rankpack.backend.protocol import Inventory, NodeCapacity
+    from rankpack.operator.service import _cluster_millis
+
+    class Backend:  # only what the fit check reads: one Ready node, one lost
+        def inventory(self) -> Inventory:
+            return Inventory((NodeCapacity("n1", 2000, 0),), unready_millis=4000)
+
+    millis = _cluster_millis(Backend())  # type: ignore[arg-type]  # a stand-in inventory
+    assert millis() == 6000
+    floored = Submission(case="pitzDaily", weights=(1.0,) * 4, budget_millis=4000, floor_millis=600)
+    assert code(floored, replace(POLICY, cluster_millis=millis())) is None  # held, not refused
+    big = Submission(case="pitzDaily", weights=(1.0,) * 8, budget_millis=8000, floor_millis=1000)
+    assert code(big, replace(POLICY, cluster_millis=millis())) == "DoesNotFit"
+
+
 def test_openfoams_applications_are_the_default_allowlist(tmp_path: Path) -> None:
     for name in ("simpleFoam", "pimpleFoam", "blockMesh", "sh"):
         (tmp_path / name).write_text("#!/bin/sh\n")

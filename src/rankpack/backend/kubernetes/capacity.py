@@ -2,7 +2,8 @@
 
 `Capacity.inventory` answers `KubernetesBackend.inventory`: ready, schedulable nodes with
 the requests of every live pod (all namespaces if the identity may list them, else this
-namespace), and the namespace's tightest CPU-request quota. Refusals (403) are learned and
+namespace), what schedulable nodes that are not Ready could allocate once back, and the
+namespace's tightest CPU-request quota. Refusals (403) are learned and
 remembered; while the apiserver does not answer, the last inventory read is answered.
 """
 
@@ -70,10 +71,13 @@ class Capacity:
         try:
             if self._nodes_forbidden:
                 raise ApiError(403, "Forbidden", "nodes (remembered)")
-            nodes = [
-                n for n in self.api.list_nodes()
-                if status.node_ready(n) and not n.get("spec", {}).get("unschedulable")
+            schedulable = [
+                n for n in self.api.list_nodes() if not n.get("spec", {}).get("unschedulable")
             ]  # fmt: skip
+            nodes = [n for n in schedulable if status.node_ready(n)]
+            unready = sum(
+                status.node_allocatable_millis(n) for n in schedulable if not status.node_ready(n)
+            )
         except ApiError as exc:
             self._nodes_forbidden = exc.status == 403
             if exc.status != 403 or self.config.allocatable_millis is None:
@@ -110,7 +114,8 @@ class Capacity:
                     ranks.get(name, 0),
                 )
                 for name, n in zip(names, nodes, strict=True)
-            )
+            ),
+            unready_millis=unready,
         )
 
 
