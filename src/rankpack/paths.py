@@ -15,6 +15,7 @@ from __future__ import annotations
 import errno
 import os
 import stat
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -265,13 +266,19 @@ def report_file(text: str | os.PathLike[str], name: str) -> Path:
     return path
 
 
-def check_tree(root: Path, *, skip_top: tuple[str, ...] = ()) -> None:
+def check_tree(
+    root: Path,
+    *,
+    skip_top: tuple[str, ...] = (),
+    on_link: Callable[[Path, Path, Path], None] | None = None,
+) -> None:
     """A directory to be copied or read whole (an OpenFOAM case): refuse FIFOs, sockets,
     devices, broken symlinks and symlink loops, which would hang or crash a copy.
 
     Symlinks are followed as `shutil.copytree(symlinks=False)` does; a directory reached
     twice on one path is a loop. Top-level names starting with ``skip_top`` are not walked
-    (they are not copied either).
+    (they are not copied either). ``on_link(root, link, target)`` is called for every
+    symlink with its resolved target (a confined staging refuses links out of the case).
     """
     entries = 0
     shown = literal(str(root), 80)
@@ -310,6 +317,8 @@ def check_tree(root: Path, *, skip_top: tuple[str, ...] = ()) -> None:
                 raise InvalidQuantity(
                     f"case {shown}: cannot read {path} ({exc.strerror})"
                 ) from None
+            if on_link is not None and entry.is_symlink():
+                on_link(root, path, path.resolve())
             if stat.S_ISDIR(st.st_mode):
                 key = (st.st_dev, st.st_ino)
                 if key in ancestors:

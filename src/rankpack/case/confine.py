@@ -11,8 +11,8 @@ and status. A case's ``Allrun`` names the programs rankpack runs to mesh it; a `
 entry with a path loads a shared object of the case's choosing. A symlink in the case
 makes the copy read whatever it points at.
 
-The operator stages every Simulation *confined*: `check_source` before the copy (symlinks
-that leave the case), `scan` on the copy before any OpenFOAM tool reads it (directives,
+The operator stages every Simulation *confined*: `check_link` in the walk before the copy
+(symlinks that leave the case), `scan` on the copy before any OpenFOAM tool reads it (directives,
 includes, ``libs``) and `check_steps` on the meshing commands. The scan is the protection:
 OpenFOAM's own switch does not help, measured on Debian's v1912 as a non-root user
 (``blockMesh -info-switch allowSystemOperations=0`` on a case with ``#codeStream`` still
@@ -106,17 +106,15 @@ class Finding:
     what: str
 
 
-def check_source(root: Path) -> None:
-    """Before the copy: no symlink in the case may point outside it (the copy follows links)."""
+def check_link(root: Path, link: Path, target: Path) -> None:
+    """No symlink in the case may point outside it (the copy follows links): the
+    ``on_link`` of the walk before the copy (`rankpack.paths.check_tree`)."""
     top = root.resolve()
-    for path in _walk(top):
-        if path.is_symlink():
-            target = path.resolve()
-            if not _inside(target, top):
-                raise CaseNotConfined(
-                    f"{path.relative_to(top)} in case {root} is a link to {target}, outside "
-                    "the case; copy the file into the case instead"
-                )
+    if not _inside(target, top):
+        raise CaseNotConfined(
+            f"{link.relative_to(root)} in case {root} is a link to {target}, outside "
+            "the case; copy the file into the case instead"
+        )
 
 
 def scan(case_dir: Path) -> list[Finding]:
@@ -174,13 +172,6 @@ def _resolve_arg(arg: str, top: Path) -> Path:
     return (top / arg).resolve()
 
 
-def _walk(top: Path) -> Iterator[Path]:
-    for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
-        here = Path(dirpath)
-        for name in dirnames + filenames:
-            yield here / name
-
-
 def _dictionaries(top: Path) -> Iterator[Path]:
     for dirpath, dirnames, filenames in os.walk(top, followlinks=False):
         here = Path(dirpath)
@@ -219,7 +210,7 @@ def _scan_bytes(path: Path) -> Iterator[Finding]:
     """A large file, read in bounded chunks (with an overlap for a match across chunks)."""
     overlap, chunk = 256, 1 << 20
     with open(path, "rb") as fh:
-        offset, tail, lines = 0, b"", 1
+        tail, lines = b"", 1
         while block := fh.read(chunk):
             data = tail + block
             for m in _CODE_BYTES.finditer(data):
@@ -229,7 +220,6 @@ def _scan_bytes(path: Path) -> Iterator[Finding]:
                 yield Finding(path, lines + data.count(b"\n", 0, m.start()), _describe(word))
             lines += data.count(b"\n", 0, len(data) - min(overlap, len(data)))
             tail = data[-overlap:]
-            offset += len(block)
 
 
 def _describe(word: str) -> str:

@@ -18,6 +18,7 @@ import shutil
 import signal
 import subprocess
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -79,11 +80,17 @@ def _is_case(path: Path) -> bool:
 COPY_SKIPS = ("processor", "log.", ".rankpack-")
 
 
-def resolve_case(text: str, *, require_solver: bool = True) -> CaseSource:
+def resolve_case(
+    text: str,
+    *,
+    require_solver: bool = True,
+    on_link: Callable[[Path, Path, Path], None] | None = None,
+) -> CaseSource:
     """A case directory, or the name of an installed tutorial (e.g. pitzDaily).
 
-    A directory is walked first (`rankpack.paths.check_tree`): a FIFO, a device, a broken
-    symlink or a symlink loop is refused before anything reads or copies it. With
+    A directory is walked first (`rankpack.paths.check_tree`, which also calls ``on_link``
+    for every symlink in it): a FIFO, a device, a broken symlink or a symlink loop is
+    refused before anything reads or copies it. With
     ``require_solver`` the controlDict's ``application`` must be an installed program,
     so a misspelt solver is reported before any copying or meshing.
     """
@@ -102,7 +109,7 @@ def resolve_case(text: str, *, require_solver: bool = True) -> CaseSource:
             raise NotACase(f"{shown} is a file; give an OpenFOAM case directory or a tutorial name")
         if not os.access(path, os.R_OK | os.X_OK):
             raise UserError(f"case directory {shown} cannot be read")
-        paths.check_tree(path, skip_top=COPY_SKIPS)
+        paths.check_tree(path, skip_top=COPY_SKIPS, on_link=on_link)
         if not _is_case(path):
             raise NotACase(
                 f"{shown} is not an OpenFOAM case (no system/controlDict); "

@@ -82,9 +82,7 @@ def check(spec: StageSpec) -> openfoam.CaseSource:
         )
     if spec.n_ranks < 1:
         raise UserError(f"a simulation needs at least one rank, got {spec.n_ranks}")
-    source = openfoam.resolve_case(spec.case)
-    if spec.confined:
-        confine.check_source(source.path)
+    source = openfoam.resolve_case(spec.case, on_link=confine.check_link if spec.confined else None)
     if openfoam.has_mesh(source.path):
         _check_cells(openfoam.n_cells(source.path), spec.n_ranks, source.name)
     if spec.workdir is not None:

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from rankpack import paths
 from rankpack.case import confine
 
 PITZ = Path("/usr/share/doc/openfoam-examples/examples/incompressible/simpleFoam/pitzDaily")
@@ -89,10 +90,10 @@ def test_a_link_out_of_the_case_is_refused_before_the_copy(case: Path, tmp_path:
     secret.write_text("s3cret")
     os.symlink(secret, case / "constant" / "token")
     with pytest.raises(confine.CaseNotConfined, match=r"link to .*token, outside the case"):
-        confine.check_source(case)
+        paths.check_tree(case, on_link=confine.check_link)
     (case / "constant" / "token").unlink()
     os.symlink(case / "system" / "controlDict", case / "constant" / "inside")
-    confine.check_source(case)
+    paths.check_tree(case, on_link=confine.check_link)
 
 
 @pytest.mark.parametrize(
