@@ -144,6 +144,7 @@ def check_down_leaves_nothing(dc: DevCluster) -> None:
     assert not list(Path("/sys/fs/cgroup").glob("*/kubepods")), "kubepods cgroups left"
     assert not Path("/sys/fs/cgroup/kubepods").exists()
     assert not host.node_address_present(), f"{NODE_IP} still on lo"
+    assert not host.service_address_present(), "the kubernetes Service address still on lo"
     assert not host.link_exists(BRIDGE)
     assert set(os.listdir("/sys/class/net")) <= dc.links_before, "veth/bridge devices left"
     for name in SYSCTLS:

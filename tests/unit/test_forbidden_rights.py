@@ -20,10 +20,10 @@ WRITES = {"create", "update", "patch", "delete", "deletecollection"}
 
 def _roles() -> list[dict[str, Any]]:
     roles = []
-    for path in sorted(DEPLOY.glob("*.yaml")):
+    for path in sorted(DEPLOY.rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc.get("kind") in ("Role", "ClusterRole"):
-                roles.append({**doc, "_file": path.name})
+                roles.append({**doc, "_file": str(path.relative_to(DEPLOY))})
     return roles
 
 
@@ -56,7 +56,7 @@ def test_no_forbidden_right(role: dict[str, Any]) -> None:
 
 
 def test_nothing_binds_cluster_admin() -> None:
-    for path in sorted(DEPLOY.glob("*.yaml")):
+    for path in sorted(DEPLOY.rglob("*.yaml")):
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc.get("kind") in ("RoleBinding", "ClusterRoleBinding"):
                 assert doc["roleRef"]["name"] not in ("cluster-admin", "admin", "edit"), path

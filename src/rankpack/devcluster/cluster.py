@@ -39,6 +39,7 @@ from rankpack.devcluster.layout import (
     NODE_IP,
     NODE_NAME,
     PORTS,
+    SERVICE_FIRST_IP,
     Layout,
 )
 from rankpack.errors import UserError
@@ -323,6 +324,7 @@ def _prepare_state(layout: Layout, opts: UpOptions) -> pki.Credentials:
 def _start(layout: Layout, opts: UpOptions, bin_dir: Path, say: Callable[[str], None]) -> None:
     creds = _prepare_state(layout, opts)
     host.add_node_address()
+    host.add_address(SERVICE_FIRST_IP)
     env = _daemon_env()
     timeout = opts.ready_timeout_s
 
@@ -351,6 +353,9 @@ def _start(layout: Layout, opts: UpOptions, bin_dir: Path, say: Callable[[str], 
         layout,
         str(layout.log_for("kube-apiserver")),
     )
+    # pods reach the apiserver at the kubernetes Service's address: the relay stands in
+    # for kube-proxy there (see `rankpack.devcluster.relay`)
+    launch("service-relay", configs.relay_argv(layout))
     say("rankpack: starting controller-manager, scheduler and kubelet")
     launch("kube-controller-manager", configs.controller_manager_argv(layout, bin_dir))
     launch("kube-scheduler", configs.scheduler_argv(layout, bin_dir))
@@ -418,7 +423,7 @@ def _teardown(layout: Layout) -> DownReport:
     shims = processes.shims_of(layout.containerd_socket)
     report.stopped_pids += shims
     processes.stop(shims, timeout_s=5)
-    for name in ("containerd", "kube-apiserver", "etcd"):
+    for name in ("containerd", "service-relay", "kube-apiserver", "etcd"):
         pid = processes.read_pid(layout.pid_for(name))
         if pid is not None:
             report.stopped_pids.append(pid)
@@ -449,6 +454,8 @@ def _teardown(layout: Layout) -> DownReport:
         host.remove_bridge()
     if not record.get("node_address_present", True):
         host.remove_node_address()
+    if not record.get("service_address_present", True):
+        host.remove_address(SERVICE_FIRST_IP)
     host.restore_sysctls(record.get("sysctls", {}))
 
     left_paths = host.remove_paths(created_paths)
@@ -485,6 +492,8 @@ def leftovers(layout: Layout, record: dict[str, Any]) -> list[str]:
     found += [f"cgroup {cg}" for cg in host.kubepods_cgroups() if str(cg) not in existing]
     if host.node_address_present() and not record.get("node_address_present", False):
         found.append(f"address {NODE_IP}/32 on lo")
+    if host.service_address_present() and not record.get("service_address_present", False):
+        found.append(f"address {SERVICE_FIRST_IP}/32 on lo")
     if host.link_exists(BRIDGE) and not record.get("bridge_present", False):
         found.append(f"network device {BRIDGE}")
     for name, value in record.get("sysctls", {}).items():

@@ -11,6 +11,7 @@ root without CAP_SYS_RESOURCE, no systemd): see docs/kubernetes.md.
 from __future__ import annotations
 
 import json
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,8 @@ from rankpack.devcluster.layout import (
     PAUSE_IMAGE,
     POD_GATEWAY,
     POD_SUBNET,
+    SERVICE_FIRST_IP,
+    SERVICE_PORT,
     SERVICE_SUBNET,
     Layout,
 )
@@ -151,13 +154,22 @@ def scheduler_argv(layout: Layout, bin_dir: Path) -> list[str]:
     ]
 
 
+def relay_argv(layout: Layout) -> list[str]:
+    """The relay standing in for kube-proxy for the ``kubernetes`` Service (`relay`); the
+    state directory in its argv marks it as the cluster's for `down`."""
+    return [
+        sys.executable, "-m", "rankpack.devcluster.relay",
+        f"{SERVICE_FIRST_IP}:{SERVICE_PORT}", f"127.0.0.1:{APISERVER_PORT}", str(layout.root),
+    ]  # fmt: skip
+
+
 def kubelet_argv(layout: Layout, bin_dir: Path) -> list[str]:
     return [
         str(bin_dir / "kubelet"),
         f"--config={layout.kubelet_config}",
         f"--kubeconfig={layout.kubeconfig_for('kubelet')}",
         f"--root-dir={layout.kubelet_root}",
-        f"--cert-dir={layout.kubelet_root / 'pki'}",
+        f"--cert-dir={layout.kubelet_pki}",
         f"--node-ip={NODE_IP}",
         f"--hostname-override={NODE_NAME}",
     ]

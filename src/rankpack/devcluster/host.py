@@ -21,7 +21,7 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rankpack.devcluster.layout import BRIDGE, HOST_PATHS, NODE_IP, SYSCTLS
+from rankpack.devcluster.layout import BRIDGE, HOST_PATHS, NODE_IP, SERVICE_FIRST_IP, SYSCTLS
 
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 KUBEPODS = "kubepods"
@@ -55,7 +55,7 @@ def kubepods_cgroups() -> list[Path]:
     return found
 
 
-def node_address_present() -> bool:
+def address_present(address: str) -> bool:
     out = subprocess.run(
         ["ip", "-o", "-4", "addr", "show", "dev", "lo"],
         capture_output=True,
@@ -63,7 +63,15 @@ def node_address_present() -> bool:
         timeout=10,
         check=False,
     ).stdout
-    return f" {NODE_IP}/32 " in out
+    return f" {address}/32 " in out
+
+
+def node_address_present() -> bool:
+    return address_present(NODE_IP)
+
+
+def service_address_present() -> bool:
+    return address_present(SERVICE_FIRST_IP)
 
 
 def link_exists(name: str) -> bool:
@@ -77,18 +85,27 @@ def record() -> dict[str, Any]:
         "existing_paths": [p for p in HOST_PATHS if os.path.lexists(p)],
         "existing_kubepods": [str(p) for p in kubepods_cgroups()],
         "node_address_present": node_address_present(),
+        "service_address_present": service_address_present(),
         "bridge_present": link_exists(BRIDGE),
     }
 
 
+def add_address(address: str) -> None:
+    if not address_present(address):
+        subprocess.run(["ip", "addr", "add", f"{address}/32", "dev", "lo"], check=True, timeout=10)
+
+
+def remove_address(address: str) -> None:
+    if address_present(address):
+        subprocess.run(["ip", "addr", "del", f"{address}/32", "dev", "lo"], check=True, timeout=10)
+
+
 def add_node_address() -> None:
-    if not node_address_present():
-        subprocess.run(["ip", "addr", "add", f"{NODE_IP}/32", "dev", "lo"], check=True, timeout=10)
+    add_address(NODE_IP)
 
 
 def remove_node_address() -> None:
-    if node_address_present():
-        subprocess.run(["ip", "addr", "del", f"{NODE_IP}/32", "dev", "lo"], check=True, timeout=10)
+    remove_address(NODE_IP)
 
 
 def run_ip(args: list[str]) -> None:

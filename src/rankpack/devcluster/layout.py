@@ -21,6 +21,8 @@ POD_SUBNET = "10.201.0.0/24"
 POD_GATEWAY = "10.201.0.1"
 SERVICE_SUBNET = "10.202.0.0/24"
 SERVICE_FIRST_IP = "10.202.0.1"
+"""The ``kubernetes`` Service's address: on ``lo`` too, where the relay stands in for kube-proxy."""
+SERVICE_PORT = 443
 BRIDGE = "rankpack0"
 CNI_NETWORK = "rankpack"
 NAMESPACE = "rankpack"
@@ -41,6 +43,8 @@ PAUSE_IMAGE = "rankpack.local/pause:1"
 # The "host /usr" image: an empty rootfs whose bin/lib/sbin link into usr/; pods mount the
 # host's /usr read-only over it (see `rankpack.devcluster.images`).
 HOST_USR_IMAGE = "rankpack.local/host-usr:1"
+
+KUBELET_ROOT = "/var/lib/kubelet"
 
 # Paths written by the kubelet / containerd / CNI whatever the flags say.
 HOST_PATHS = (
@@ -70,6 +74,7 @@ COMPONENTS = (
     "etcd",
     "containerd",
     "kube-apiserver",
+    "service-relay",
     "kube-controller-manager",
     "kube-scheduler",
     "kubelet",
@@ -120,7 +125,14 @@ class Layout:
 
     @property
     def kubelet_root(self) -> Path:
-        return self.root / "kubelet"
+        """The kubelet's ``--root-dir``: the standard path, so that a host path into it
+        (the node agent's view of pod volumes) means the same as on any node. Removed by
+        `down` when `up` created it (`HOST_PATHS`)."""
+        return Path(KUBELET_ROOT)
+
+    @property
+    def kubelet_pki(self) -> Path:
+        return self.root / "kubelet-pki"
 
     @property
     def kubelet_config(self) -> Path:

@@ -1,82 +1,96 @@
-"""The operator's manifests: the CRD (``deploy/crd.yaml``) and the in-cluster operator
-(``deploy/operator.yaml``: ServiceAccount, Role, RoleBinding, Deployment), as pure builders.
+"""The cluster's manifests as pure builders; ``deploy/`` is generated from them.
 
-``python -m rankpack.operator.manifests [DIR]`` writes both files into DIR (default
-``deploy``); a unit test checks that the files are what the builders return, so the YAML is
-never edited by hand.
+``deploy/`` is a kustomize base (``kubectl apply -k deploy/``): the namespace, the Simulation
+CRD, the API-level admission policy, the backend's identity for out-of-cluster use
+(``serviceaccount.yaml``, ``role.yaml``, ``rolebinding.yaml``), the in-cluster operator
+(``operator.yaml``), and the run directories' claim (``runs-pvc.yaml``). ``deploy/dev`` is the
+dev cluster's overlay: it changes only the images (the locally built ones) and the volume (a
+host-directory PersistentVolume the claim binds to). ``python -m rankpack.operator.manifests
+[DIR]`` writes every file; a unit test checks that the files are what the builders return,
+so the YAML is never edited by hand.
 
-The operator's Role has exactly the backend's rules (`rankpack.backend.kubernetes.rbac.RULES`: rank
-pods and their resize and exec subresources, Services, ConfigMaps, Events, Simulations and
-their status, its Lease), all in its own namespace: never a ClusterRole, never nodes (give
-the capacity with ``--allocatable``), never secrets.
-
-In the cluster the operator starts mpirun next to itself (decision 0008), so its pod must
-reach the rank pods (it is on the pod network), see the run directories at the same path as
-the rank pods (``--volume``: a ReadWriteMany claim mounted at the same path in both), and
-hold OpenFOAM (staging) and Open MPI (mpirun) — the image requirements of the rank image
-plus rankpack. `DevCluster` adapts the Deployment to the dev cluster, where there is no
-registry and no kube-proxy: the image is the locally imported ``rankpack.local/host-usr:1``
-(host /usr mounted read-only) with this host's Python and rankpack mounted at the same
-paths, and the pod uses the host's network to reach the apiserver on 127.0.0.1.
+The operator runs from the rank image (it stages cases, so it needs OpenFOAM), as a non-root
+user with the restricted security context, with no host mount: run directories are on the
+claim, mounted at the same path in the operator and every rank pod. Its rights: a Role in
+its namespace (`rankpack.backend.kubernetes.rbac.role_rules`) and a read-only ClusterRole for
+nodes (their allocatable CPU); never secrets, never a cluster-wide write.
 """
 
 from __future__ import annotations
 
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # (PyYAML, a dependency of kubernetes)
 
-from rankpack.backend.kubernetes.rbac import role_rules
+from rankpack.backend.kubernetes.rbac import DEPLOY_NAMESPACE, role_rules
 from rankpack.operator import crd
 from rankpack.operator.policy_manifest import admission_objects
 
 Obj = dict[str, Any]
 
 NAME = "rankpack-operator"
-IMAGE = "rankpack:0.1.0"
-"""The image name in ``deploy/operator.yaml``; build one holding rankpack, OpenFOAM and Open
-MPI (the same as the rank image's) and set it (``kustomize edit set image``)."""
+NODES_ROLE = "rankpack-operator-nodes"
+RANK_IMAGE = "rankpack/rank:0.1.0"
+"""The rank image as ``deploy/`` names it (rankpack, OpenFOAM, Open MPI, MPICH, the shim):
+the operator's own and, by default, its rank and launcher pods' (`images/Containerfile`)."""
+AGENT_IMAGE = "rankpack/rankpack:0.1.0"
+"""The rankpack image (no OpenFOAM): the node agent's."""
+IMAGE = RANK_IMAGE
+DEV_IMAGES = {RANK_IMAGE: "rankpack.local/rank:dev", AGENT_IMAGE: "rankpack.local/rankpack:dev"}
+"""What ``deploy/dev`` turns each image into: the images `rankpack dev-cluster up --operator`
+builds and imports."""
 RUNS_CLAIM = "rankpack-runs"
 RUNS_PATH = "/var/lib/rankpack"
+DEV_RUNS_DIR = "/var/lib/rankpack/dev-cluster-runs"
+"""The dev cluster's run directories on this host (the PersistentVolume behind the claim);
+kept by `down`, like results anywhere."""
 METRICS_PORT = 9464
+RUN_AS = 1000
+"""The images' non-root user and group (``rankpack``)."""
 LABELS = {"app.kubernetes.io/name": NAME, "app.kubernetes.io/managed-by": "rankpack"}
+MANAGED = {"app.kubernetes.io/managed-by": "rankpack"}
+
+POD_SECURITY: Obj = {
+    "runAsNonRoot": True,
+    "runAsUser": RUN_AS,
+    "runAsGroup": RUN_AS,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+CONTAINER_SECURITY: Obj = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "readOnlyRootFilesystem": True,
+}
 
 CRD_HEADER = """\
 # The Simulation custom resource (group rankpack.dev), generated from
 # src/rankpack/operator/crd.py (a unit test keeps both identical). Cluster-scoped: an admin
-# applies it once: kubectl apply -f deploy/crd.yaml
+# applies it once: kubectl apply -f deploy/crd.yaml (or all of deploy/: kubectl apply -k deploy/)
 """
 
-OPERATOR_HEADER = f"""\
-# rankpack operator in the cluster: its ServiceAccount, a namespace-scoped Role with exactly
-# the backend's rules (never cluster-admin, no nodes, no secrets), the RoleBinding and a
-# Deployment (one replica; a second would only wait on the Lease). Generated by
-#   python -m rankpack.operator.manifests deploy
-# (a unit test keeps it equal to src/rankpack/operator/manifests.py). Needs, in namespace
-# rankpack: deploy/crd.yaml applied, a ReadWriteMany PersistentVolumeClaim "{RUNS_CLAIM}"
-# (run directories, at {RUNS_PATH} in the operator and in every rank pod), and an image
-# holding rankpack, OpenFOAM and Open MPI ("{IMAGE}" below: set yours).
-#   kubectl apply -n rankpack -f deploy/operator.yaml
+GENERATED = """\
+# Generated by `python -m rankpack.operator.manifests deploy` from
+# src/rankpack/operator/manifests.py (a unit test keeps both identical): do not edit.
 """
 
+OPERATOR_HEADER = (
+    f"""\
+# rankpack operator in the cluster: its ServiceAccount, a Role in its namespace (the
+# backend's rules), a read-only ClusterRole for nodes, the bindings and a Deployment (one
+# replica; a second would only wait on the Lease) running the rank image as a non-root user,
+# with the run directories on the claim "{RUNS_CLAIM}" at {RUNS_PATH} (runs-pvc.yaml).
+"""
+    + GENERATED
+)
 
-@dataclass(frozen=True)
-class DevCluster:
-    """How the Deployment differs on `rankpack dev-cluster` (see the module doc)."""
 
-    python_prefix: Path = field(default_factory=lambda: Path(sys.base_prefix))
-    """The Python installation the operator runs on (mounted read-only, same path)."""
-    venv: Path = field(default_factory=lambda: Path(sys.prefix))
-    """The virtualenv holding rankpack and its dependencies (same path)."""
-    source: Path = field(default_factory=lambda: Path(__file__).resolve().parents[3])
-    """The rankpack checkout (an editable install's sources; same path)."""
-    runs: Path = Path("/var/lib/rankpack/operator")
-    """The host directory for run directories and the store (rank pods mount run
-    directories below it as host paths)."""
-    api_port: int = 6443
+def _meta(name: str, namespace: str | None, labels: dict[str, str] | None = None) -> Obj:
+    m: Obj = {"name": name, "labels": dict(labels if labels is not None else LABELS)}
+    if namespace:
+        m["namespace"] = namespace
+    return m
 
 
 def crd_yaml() -> str:
@@ -86,92 +100,92 @@ def crd_yaml() -> str:
 def operator_objects(
     namespace: str | None = None,
     *,
-    image: str = IMAGE,
-    allocatable: str = "2",
+    image: str = RANK_IMAGE,
     metrics_port: int = METRICS_PORT,
-    dev: DevCluster | None = None,
 ) -> list[Obj]:
-    """ServiceAccount, Role, RoleBinding and Deployment of the in-cluster operator."""
-
-    def meta(name: str) -> Obj:
-        m: Obj = {"name": name, "labels": dict(LABELS)}
-        if namespace:
-            m["namespace"] = namespace
-        return m
-
-    role = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": meta(NAME),
-        "rules": role_rules(),
-    }
-    binding = {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "RoleBinding",
-        "metadata": meta(NAME),
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
-        "subjects": [
-            {"kind": "ServiceAccount", "name": NAME, "namespace": namespace or "rankpack"}
-        ],
-    }
+    """ServiceAccount, Role, RoleBinding, the nodes ClusterRole and its binding, and the
+    Deployment of the in-cluster operator."""
+    subject = {"kind": "ServiceAccount", "name": NAME, "namespace": namespace or DEPLOY_NAMESPACE}
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(NAME)},
-        role,
-        binding,
-        _deployment(meta(NAME), image, allocatable, metrics_port, dev),
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(NAME, namespace)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(NAME, namespace),
+            "rules": role_rules(),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(NAME, namespace),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": NAME},
+            "subjects": [subject],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": _meta(NODES_ROLE, None),
+            # the nodes' allocatable CPU, to place and to refuse what can never fit
+            "rules": [
+                {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+            ],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": _meta(NODES_ROLE, None),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": NODES_ROLE,
+            },
+            "subjects": [subject],
+        },
+        _deployment(_meta(NAME, namespace), image, metrics_port),
     ]
 
 
-def _deployment(
-    meta: Obj, image: str, allocatable: str, metrics_port: int, dev: DevCluster | None
-) -> Obj:
-    runs = str(dev.runs) if dev else RUNS_PATH
-    python = [str(dev.venv / "bin" / "python"), "-m", "rankpack"] if dev else ["rankpack"]
-    command = [
-        *python, "operator", "--identity", "$(POD_NAME)", "--allocatable", allocatable,
-        "--metrics-port", str(metrics_port),
+def operator_command(metrics_port: int = METRICS_PORT) -> list[str]:
+    return [
+        "rankpack", "operator", "--identity", "$(POD_NAME)", "--metrics-port", str(metrics_port),
+        "--volume", f"pvc:{RUNS_CLAIM}:{RUNS_PATH}",
     ]  # fmt: skip
-    if not dev:
-        command += ["--volume", f"pvc:{RUNS_CLAIM}:{RUNS_PATH}"]
+
+
+def _deployment(meta: Obj, image: str, metrics_port: int) -> Obj:
     env: list[Obj] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
-        {"name": "RANKPACK_HOME", "value": runs},
-        {"name": "RANKPACK_DB", "value": f"{runs}/operator.db"},
+        {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
+        {"name": "RANKPACK_HOME", "value": RUNS_PATH},
+        {"name": "RANKPACK_DB", "value": f"{RUNS_PATH}/operator.db"},
         {"name": "MPLCONFIGDIR", "value": "/tmp"},
+        {"name": "HOME", "value": "/tmp"},
     ]
-    mounts: list[Obj] = [{"name": "runs", "mountPath": runs}, {"name": "tmp", "mountPath": "/tmp"}]
-    volumes: list[Obj] = [{"name": "tmp", "emptyDir": {}}]
-    pod: Obj = {"serviceAccountName": NAME, "terminationGracePeriodSeconds": 30}
-    if dev is None:
-        volumes.append({"name": "runs", "persistentVolumeClaim": {"claimName": RUNS_CLAIM}})
-    else:
-        # no kube-proxy: the Service IP of the apiserver does not route; on the host's
-        # network the apiserver is on 127.0.0.1 (its serving certificate names it)
-        env += [{"name": "KUBERNETES_SERVICE_HOST", "value": "127.0.0.1"},
-                {"name": "KUBERNETES_SERVICE_PORT", "value": str(dev.api_port)}]  # fmt: skip
-        pod.update(hostNetwork=True, dnsPolicy="ClusterFirstWithHostNet")
-        volumes.append({"name": "runs", "hostPath": {"path": runs, "type": "DirectoryOrCreate"}})
-        host = [("usr", Path("/usr")), ("python", dev.python_prefix), ("venv", dev.venv),
-                ("source", dev.source)]  # fmt: skip
-        seen: set[str] = set()
-        for name, path in sorted(host, key=lambda h: len(h[1].parts)):  # parents first
-            if str(path) in seen or any(str(path).startswith(s + "/") for s in seen):
-                continue
-            seen.add(str(path))
-            mounts.append({"name": name, "mountPath": str(path), "readOnly": True})
-            volumes.append({"name": name, "hostPath": {"path": str(path), "type": "Directory"}})
     container: Obj = {
         "name": "operator",
         "image": image,
-        "imagePullPolicy": "Never" if image.startswith("rankpack.local/") else "IfNotPresent",
-        "command": command,
+        "imagePullPolicy": "IfNotPresent",
+        "command": operator_command(metrics_port),
         "env": env,
         "ports": [{"name": "metrics", "containerPort": metrics_port}],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
-        "volumeMounts": mounts,
+        "securityContext": CONTAINER_SECURITY,
+        "volumeMounts": [
+            {"name": "runs", "mountPath": RUNS_PATH},
+            {"name": "tmp", "mountPath": "/tmp"},
+        ],
     }
-    pod.update(containers=[container], volumes=volumes)
-    labels = dict(LABELS)
+    pod: Obj = {
+        "serviceAccountName": NAME,
+        "terminationGracePeriodSeconds": 30,
+        "enableServiceLinks": False,
+        "securityContext": POD_SECURITY,
+        "containers": [container],
+        "volumes": [
+            {"name": "tmp", "emptyDir": {}},
+            {"name": "runs", "persistentVolumeClaim": {"claimName": RUNS_CLAIM}},
+        ],
+    }
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
@@ -180,14 +194,48 @@ def _deployment(
             "replicas": 1,
             "strategy": {"type": "Recreate"},
             "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
-            "template": {"metadata": {"labels": labels}, "spec": pod},
+            "template": {"metadata": {"labels": dict(LABELS)}, "spec": pod},
         },
     }
 
 
+def runs_claim(namespace: str | None = None) -> Obj:
+    """The run directories' claim: ReadWriteMany (the operator and every rank pod, on any
+    node, mount it at the same path). An admin points it at real shared storage (a storage
+    class, or a PersistentVolume); ``deploy/dev`` binds it to a host directory."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolumeClaim",
+        "metadata": _meta(RUNS_CLAIM, namespace, MANAGED),
+        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}},
+    }
+
+
+def dev_runs_volume() -> Obj:
+    """``deploy/dev``'s volume: a PersistentVolume on a directory of this host, bound to the
+    claim (every node of the dev cluster is this machine, so every pod sees one directory).
+    A PersistentVolume, not a host path in any pod spec: the pods name only the claim."""
+    return {
+        "apiVersion": "v1",
+        "kind": "PersistentVolume",
+        "metadata": {"name": "rankpack-dev-runs", "labels": dict(MANAGED)},
+        "spec": {
+            "capacity": {"storage": "10Gi"},
+            "accessModes": ["ReadWriteMany"],
+            "persistentVolumeReclaimPolicy": "Retain",
+            "storageClassName": "",
+            "claimRef": {"namespace": DEPLOY_NAMESPACE, "name": RUNS_CLAIM},
+            "hostPath": {"path": DEV_RUNS_DIR, "type": "Directory"},
+        },
+    }
+
+
+def namespace_object(namespace: str = DEPLOY_NAMESPACE) -> Obj:
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(namespace, None, MANAGED)}
+
+
 def operator_yaml() -> str:
-    docs = [str(yaml.safe_dump(o, sort_keys=False)) for o in operator_objects()]
-    return OPERATOR_HEADER + "---\n".join(docs)
+    return _docs(OPERATOR_HEADER, operator_objects())
 
 
 ADMISSION_HEADER = """\
@@ -203,17 +251,91 @@ ADMISSION_HEADER = """\
 
 
 def admission_yaml() -> str:
-    docs = [str(yaml.safe_dump(o, sort_keys=False)) for o in admission_objects("rankpack")]
-    return ADMISSION_HEADER + "---\n".join(docs)
+    return _docs(ADMISSION_HEADER, admission_objects("rankpack"))
+
+
+def _docs(header: str, objects: list[Obj]) -> str:
+    return header + "---\n".join(str(yaml.safe_dump(o, sort_keys=False)) for o in objects)
+
+
+BASE_RESOURCES = (
+    "namespace.yaml",
+    "crd.yaml",
+    "admission.yaml",
+    "serviceaccount.yaml",
+    "role.yaml",
+    "rolebinding.yaml",
+    "runs-pvc.yaml",
+    "operator.yaml",
+)
+"""The base's files, in the order kustomize lists them (the three backend files are written by
+hand around `rankpack.backend.kubernetes.rbac.backend_rbac`; a unit test compares them)."""
+
+
+def kustomization() -> Obj:
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "namespace": DEPLOY_NAMESPACE,
+        "resources": list(BASE_RESOURCES),
+    }
+
+
+def dev_kustomization() -> Obj:
+    """The dev cluster's overlay: the images built here, and a host directory as the volume;
+    nothing else differs from what a cluster admin applies."""
+    images = [
+        {"name": base.rpartition(":")[0], "newName": dev.rpartition(":")[0],
+         "newTag": dev.rpartition(":")[2]}
+        for base, dev in DEV_IMAGES.items()
+    ]  # fmt: skip
+    return {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": ["..", "runs-pv.yaml"],
+        "images": images,
+    }
+
+
+KUSTOMIZE_HEADER = (
+    """\
+# rankpack for a cluster admin: kubectl apply -k deploy/   (then submit Simulations; see
+# docs/deploy.md). The claim in runs-pvc.yaml must be bound to ReadWriteMany storage.
+"""
+    + GENERATED
+)
+
+DEV_HEADER = (
+    """\
+# The dev cluster's overlay (`rankpack dev-cluster up --operator` applies it): only the images
+# (built and imported by that command) and the volume (a directory of this host) differ.
+"""
+    + GENERATED
+)
+
+
+def files() -> dict[str, str]:
+    """Every generated file of ``deploy/``, by its path below it."""
+    pvc_header = "# The run directories: shared by the operator and every rank pod.\n" + GENERATED
+    return {
+        "kustomization.yaml": _docs(KUSTOMIZE_HEADER, [kustomization()]),
+        "namespace.yaml": _docs(GENERATED, [namespace_object()]),
+        "crd.yaml": crd_yaml(),
+        "admission.yaml": admission_yaml(),
+        "runs-pvc.yaml": _docs(pvc_header, [runs_claim()]),
+        "operator.yaml": operator_yaml(),
+        "dev/kustomization.yaml": _docs(DEV_HEADER, [dev_kustomization()]),
+        "dev/runs-pv.yaml": _docs(GENERATED, [dev_runs_volume()]),
+    }
 
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     out = Path(args[0] if args else "deploy")
-    (out / "crd.yaml").write_text(crd_yaml())
-    (out / "operator.yaml").write_text(operator_yaml())
-    (out / "admission.yaml").write_text(admission_yaml())
-    print(f"wrote {out / 'crd.yaml'}, {out / 'operator.yaml'} and {out / 'admission.yaml'}")
+    for name, text in files().items():
+        (out / name).parent.mkdir(parents=True, exist_ok=True)
+        (out / name).write_text(text)
+    print(f"wrote {len(files())} files under {out}")
     return 0
 
 

@@ -188,19 +188,15 @@ def test_token_file_and_kubeconfig() -> None:
     assert base64.b64decode(ca) == b"PEM"
 
 
-def _deploy_objects() -> list[dict[str, object]]:
-    kustomization = yaml.safe_load((REPO / "deploy" / "kustomization.yaml").read_text())
-    objects = []
-    for name in kustomization["resources"]:
-        objects += list(yaml.safe_load_all((REPO / "deploy" / name).read_text()))
-    return objects
-
-
 def test_deploy_manifests_match_the_rbac_builder() -> None:
     kustomization = yaml.safe_load((REPO / "deploy" / "kustomization.yaml").read_text())
     assert kustomization["kind"] == "Kustomization"
     assert kustomization["namespace"] == "rankpack"
-    assert _deploy_objects() == rbac.backend_rbac()
+    objects = []
+    for name in ("serviceaccount.yaml", "role.yaml", "rolebinding.yaml"):
+        assert name in kustomization["resources"]
+        objects += list(yaml.safe_load_all((REPO / "deploy" / name).read_text()))
+    assert objects == rbac.backend_rbac()
 
 
 def test_rbac_is_least_privilege() -> None:
@@ -246,36 +242,49 @@ def test_deploy_crd_matches_the_builder() -> None:
 def test_deploy_files_are_what_the_generator_writes() -> None:
     from rankpack.operator import manifests
 
-    assert (REPO / "deploy" / "crd.yaml").read_text() == manifests.crd_yaml()
-    assert (REPO / "deploy" / "operator.yaml").read_text() == manifests.operator_yaml()
-    assert (REPO / "deploy" / "admission.yaml").read_text() == manifests.admission_yaml()
+    files = manifests.files()
+    for name, text in files.items():
+        assert (REPO / "deploy" / name).read_text() == text, name
+    kustomization = yaml.safe_load(files["kustomization.yaml"])
+    on_disk = {p.name for p in (REPO / "deploy").glob("*.yaml")} - {"kustomization.yaml"}
+    assert set(kustomization["resources"]) == on_disk  # nothing shipped that is not applied
+
+
+def test_the_dev_overlay_changes_only_images_and_the_volume() -> None:
+    from rankpack.operator import manifests
+
+    dev = yaml.safe_load(manifests.files()["dev/kustomization.yaml"])
+    assert set(dev) == {"apiVersion", "kind", "resources", "images"}
+    assert dev["resources"] == ["..", "runs-pv.yaml"]
+    assert {i["name"] for i in dev["images"]} == {"rankpack/rank", "rankpack/rankpack"}
+    assert all(i["newName"].startswith("rankpack.local/") for i in dev["images"])
+    (pv,) = yaml.safe_load_all(manifests.files()["dev/runs-pv.yaml"])
+    assert pv["kind"] == "PersistentVolume"
+    assert pv["spec"]["claimRef"] == {"namespace": "rankpack", "name": manifests.RUNS_CLAIM}
 
 
 def test_in_cluster_operator_is_least_privilege() -> None:
     from rankpack.operator import manifests
 
-    sa, role, binding, deployment = manifests.operator_objects("ns")
+    sa, role, binding, nodes, nodes_binding, deployment = manifests.operator_objects("ns")
     assert [o["kind"] for o in (sa, role, binding)] == ["ServiceAccount", "Role", "RoleBinding"]
     assert role["rules"] == rbac.backend_rbac("ns")[1]["rules"]  # the backend's, no more
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": manifests.NAME}  # fmt: skip
+    # cluster-wide: reading nodes, nothing else
+    assert nodes["kind"] == "ClusterRole"
+    assert nodes["rules"] == [{"apiGroups": [""], "resources": ["nodes"],
+                               "verbs": ["get", "list", "watch"]}]  # fmt: skip
+    assert nodes_binding["roleRef"]["name"] == nodes["metadata"]["name"]
+    assert nodes_binding["subjects"] == binding["subjects"]
     pod = deployment["spec"]["template"]["spec"]
     assert pod["serviceAccountName"] == sa["metadata"]["name"]
     assert "hostNetwork" not in pod and all("hostPath" not in v for v in pod["volumes"])
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    assert pod["securityContext"]["seccompProfile"] == {"type": "RuntimeDefault"}
     (container,) = pod["containers"]
+    assert container["image"] == manifests.RANK_IMAGE
+    assert container["securityContext"]["allowPrivilegeEscalation"] is False
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert "--volume" in container["command"] and "$(POD_NAME)" in container["command"]
-
-
-def test_dev_cluster_operator_mounts_this_host(tmp_path: Path) -> None:
-    from rankpack.operator import manifests
-
-    dev = manifests.DevCluster(python_prefix=Path("/opt/py"), venv=Path("/src/r/.venv"),
-                               source=Path("/src/r"), runs=tmp_path)  # fmt: skip
-    *_, deployment = manifests.operator_objects("ns", image="rankpack.local/host-usr:1", dev=dev)
-    pod = deployment["spec"]["template"]["spec"]
-    assert pod["hostNetwork"] is True
-    paths = {v["hostPath"]["path"] for v in pod["volumes"] if "hostPath" in v}
-    assert paths == {"/usr", "/opt/py", "/src/r", str(tmp_path)}  # the venv is inside /src/r
-    (container,) = pod["containers"]
-    assert container["imagePullPolicy"] == "Never"
-    assert container["command"][:3] == ["/src/r/.venv/bin/python", "-m", "rankpack"]
+    assert "--allocatable" not in container["command"]  # read from the nodes
