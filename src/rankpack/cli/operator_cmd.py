@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import faulthandler
 import logging
+import os
 import signal
 import uuid
 from dataclasses import replace
@@ -228,6 +229,24 @@ def _admission(args: argparse.Namespace) -> AdmissionPolicy:
     )
 
 
+def own_image(config: Any) -> str | None:
+    """In a pod (in-cluster configuration, ``POD_NAME`` from the downward API): the image the
+    operator itself runs, the default for its rank and launcher pods (``deploy/`` runs the
+    operator from the rank image, so one `kustomize edit set image` moves both)."""
+    pod = os.environ.get("POD_NAME")
+    if config.kubeconfig is not None or not pod:
+        return None
+    from rankpack.backend.kubernetes import ClientKubeApi
+
+    try:
+        containers = ClientKubeApi(config).get_pod(pod)["spec"]["containers"]
+    except (BackendError, KeyError, IndexError) as exc:
+        raise UserError(f"cannot read this operator's own pod {pod} for its image: {exc}; "
+                        "give --image") from None  # fmt: skip
+    image = next((c.get("image") for c in containers if c.get("name") == "operator"), None)
+    return str(image or containers[0].get("image") or "") or None
+
+
 def handle_operator(args: argparse.Namespace) -> int:
     from rankpack.operator.service import OperatorOptions, run_operator
 
@@ -238,8 +257,13 @@ def handle_operator(args: argparse.Namespace) -> int:
     if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
         raise UserError(f"--metrics-port must be 1..65535, got {args.metrics_port}")
     admission = _admission(args)
+    config = _config(args)
+    if args.image is None:
+        image = own_image(config)
+        if image:
+            config = replace(config, image=image)
     opts = OperatorOptions(
-        config=_config(args),
+        config=config,
         runs_root=data_dir() / "runs",
         db_path=db_path(args),
         identity=args.identity or "",
