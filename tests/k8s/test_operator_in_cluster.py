@@ -1,107 +1,233 @@
-"""`rankpack operator` in the cluster: the Deployment of ``deploy/operator.yaml`` (its own
-ServiceAccount and least-privilege Role), adapted to the dev cluster by
-`manifests.DevCluster`, runs one Simulation to Succeeded with in-cluster configuration.
+"""rankpack as a cluster runs it (issue 27): `dev-cluster up --operator` builds the images,
+applies ``deploy/dev``, and the operator (a Deployment) and the node agent (a DaemonSet) run
+from them. Two Simulations created with `kubectl create` end Succeeded exactly once, with a
+duty cycle for every rank, in-place resizes and no restart, across a forced delete of the
+operator's pod and of the agent's pod mid-run; no pod of ours mounts a host path but the
+agent; no live record lives on the case volume; the agent answers 401 without a token, 403
+to a Simulation creator and 200 to the operator.
+
+The module's fixture removes the Deployment and the DaemonSet afterwards (not the
+namespace: the other k8s tests use it), so no in-cluster operator competes with the
+operators the other tests start for the Lease.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rankpack.devcluster.layout import HOST_USR_IMAGE
-from rankpack.operator import manifests
-from tests.k8s.operators import Env
+import pytest
+
+from rankpack.devcluster import deploy
+from rankpack.devcluster.binaries import DEFAULT_VERSION, KubeVersion
+from rankpack.devcluster.layout import NAMESPACE, Layout
+from rankpack.operator import crd, manifests
+from tests.k8s.conftest import DevCluster
+from tests.k8s.operators import endless_pitzdaily
+
+AGENT = "rankpack-node-agent"
+AGENT_PORT = 8475
+CREATOR = "simulation-creator"
 
 
-def _apply(api: Any, ns: str, objects: list[dict[str, Any]]) -> None:
-    from kubernetes import client
+@dataclass
+class InCluster:
+    k8s: DevCluster
+    layout: Layout
+    version: KubeVersion
+    deployed: deploy.Deployed
 
-    core, rbac, apps = (
-        client.CoreV1Api(api),
-        client.RbacAuthorizationV1Api(api),
-        client.AppsV1Api(api),
+    def kubectl(self, *args: str, timeout_s: float = 60) -> str:
+        return deploy.kubectl(self.layout, self.version, [*args], timeout_s)
+
+    def get(self, *args: str) -> Any:
+        return json.loads(self.kubectl("get", "-n", NAMESPACE, *args, "-o", "json"))
+
+    def pods(self, selector: str) -> list[Any]:
+        return list(self.get("pods", "-l", selector)["items"])
+
+    def status(self, name: str) -> dict[str, Any]:
+        return dict(self.get(f"simulations.{crd.GROUP}", name).get("status") or {})
+
+    def wait(self, what: str, cond: Any, timeout_s: float) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if cond():
+                return
+            time.sleep(1)
+        raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+    def token(self, service_account: str) -> str:
+        return self.kubectl("create", "token", service_account, "-n", NAMESPACE,
+                            "--duration=1h").strip()  # fmt: skip
+
+
+def _remove(ic: InCluster) -> None:
+    for kind, name in (("deployment", manifests.NAME), ("daemonset", AGENT)):
+        ic.kubectl("delete", kind, name, "-n", NAMESPACE, "--ignore-not-found", "--wait=true",
+                   timeout_s=120)  # fmt: skip
+    ic.wait(
+        "the operator's and agent's pods to go",
+        lambda: not ic.pods(f"app.kubernetes.io/name in ({manifests.NAME},{AGENT})"),
+        120,
     )
-    create = {
-        "ServiceAccount": core.create_namespaced_service_account,
-        "Role": rbac.create_namespaced_role,
-        "RoleBinding": rbac.create_namespaced_role_binding,
-        "Deployment": apps.create_namespaced_deployment,
-    }
-    for o in objects:
-        create[o["kind"]](ns, o)
 
 
-def _delete(api: Any, ns: str) -> None:
-    from kubernetes import client
-    from kubernetes.client.exceptions import ApiException
-
-    core, rbac, apps = (
-        client.CoreV1Api(api),
-        client.RbacAuthorizationV1Api(api),
-        client.AppsV1Api(api),
-    )
-    name = manifests.NAME
-    deletes = (apps.delete_namespaced_deployment, rbac.delete_namespaced_role_binding,
-               rbac.delete_namespaced_role, core.delete_namespaced_service_account)  # fmt: skip
-    for delete in deletes:
-        try:
-            delete(name, ns, propagation_policy="Foreground")
-        except ApiException as exc:
-            if exc.status != 404:
-                raise
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        pods = core.list_namespaced_pod(ns, label_selector=f"app.kubernetes.io/name={name}")
-        if not pods.items:
-            return
-        time.sleep(1)
-
-
-def test_the_operator_deployment_runs_a_simulation(env: Env, tmp_path: Path) -> None:
-    from kubernetes import client
-
-    api = env.k8s.admin_api()
-    ns = env.k8s.namespace
-    core = client.CoreV1Api(api)
-    dev = manifests.DevCluster(runs=tmp_path / "runs")
-    objects = manifests.operator_objects(ns, image=HOST_USR_IMAGE, dev=dev, metrics_port=9466)
-    _delete(api, ns)
-    _apply(api, ns, objects)
+@pytest.fixture(scope="module")
+def incluster(k8s: DevCluster) -> Iterator[InCluster]:
+    k8s.ensure_up()
+    layout, version = Layout(k8s.state_dir), KubeVersion.parse(DEFAULT_VERSION)
+    done = deploy.deploy(layout, version, 300)
+    ic = InCluster(k8s, layout, version, done)
     try:
-        made = env.cli("submit", "pitzDaily", "--backend", "kubernetes", "--ranks", "2",
-                       "--iterations", "60", "--json")  # fmt: skip
-        assert made.returncode == 0, made.stderr
-        (name,) = json.loads(made.stdout)["simulations"]
-
-        def ended() -> bool:
-            return env.status(name).get("phase") in ("Succeeded", "Failed")
-
-        try:
-            env.wait("the Simulation to end", ended, 420)
-        finally:
-            pods = core.list_namespaced_pod(
-                ns, label_selector=f"app.kubernetes.io/name={manifests.NAME}"
-            ).items
-            logs = "".join(
-                core.read_namespaced_pod_log(
-                    p.metadata.name, ns, container="operator", tail_lines=60
-                )
-                for p in pods
-                if p.status.phase in ("Running", "Succeeded", "Failed")
-            )
-            print(f"operator pod log:\n{logs}")
-        st = env.status(name)
-        assert st["phase"] == "Succeeded", (st, logs[-3000:])
-        assert st["operator"].startswith(f"{manifests.NAME}-")  # the pod, by its name
-        assert st["restarts"] == 0 and st["iterations"] == 60
-        assert Path(st["runDir"]).is_relative_to(tmp_path / "runs")
-        assert "leading" in logs
-        env.wait("its Succeeded Event (posted after the status)",
-                 lambda: "Succeeded" in [e.reason for e in env.events(name)], 60)  # fmt: skip
-        reasons = [e.reason for e in env.events(name)]
-        assert "Launched" in reasons and "Succeeded" in reasons, reasons
-        print(f"events: {sorted(reasons)}")
+        yield ic
     finally:
-        _delete(api, ns)
+        _remove(ic)
+
+
+def test_the_operator_and_the_agent_run_from_deploy(incluster: InCluster) -> None:
+    ic = incluster
+    (op,) = ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
+    spec = op["spec"]
+    assert all("hostPath" not in v for v in spec["volumes"]), spec["volumes"]
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    (container,) = spec["containers"]
+    assert container["image"] == manifests.DEV_IMAGES[manifests.RANK_IMAGE]
+    agents = ic.pods(f"app.kubernetes.io/name={AGENT}")
+    nodes = ic.get("nodes")["items"]
+    assert len(agents) == len(nodes)
+    assert {a["spec"]["nodeName"] for a in agents} == {n["metadata"]["name"] for n in nodes}
+    for image in ic.deployed.images.images:
+        print(f"image {image.ref}: {image.size_bytes / 1e6:.0f} MB")
+
+
+def _agent_get(ip: str, token: str | None) -> int:
+    req = urllib.request.Request(f"http://{ip}:{AGENT_PORT}/v1/ranks?namespace={NAMESPACE}")
+    if token is not None:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=10) as response:
+            json.load(response)
+            return int(response.status)
+    except urllib.error.HTTPError as exc:
+        return int(exc.code)
+
+
+def test_the_agent_answers_401_403_200(incluster: InCluster) -> None:
+    ic = incluster
+    (agent, *_) = ic.pods(f"app.kubernetes.io/name={AGENT}")
+    ip = agent["status"]["podIP"]
+    ic.kubectl("create", "serviceaccount", CREATOR, "-n", NAMESPACE)
+    try:
+        ic.kubectl("create", "role", CREATOR, "-n", NAMESPACE, "--verb=create,get,list,delete",
+                   f"--resource=simulations.{crd.GROUP}")  # fmt: skip
+        ic.kubectl("create", "rolebinding", CREATOR, "-n", NAMESPACE, f"--role={CREATOR}",
+                   f"--serviceaccount={NAMESPACE}:{CREATOR}")  # fmt: skip
+        assert _agent_get(ip, None) == 401
+        assert _agent_get(ip, "not-a-token") == 401
+        assert _agent_get(ip, ic.token(CREATOR)) == 403
+        assert _agent_get(ip, ic.token(manifests.NAME)) == 200
+    finally:
+        for kind in ("rolebinding", "role", "serviceaccount"):
+            ic.kubectl("delete", kind, CREATOR, "-n", NAMESPACE, "--ignore-not-found")
+
+
+def _simulation(name: str, case: str) -> dict[str, Any]:
+    return {
+        "apiVersion": crd.API_VERSION,
+        "kind": crd.KIND,
+        "metadata": {"name": name},
+        "spec": {
+            "case": {"path": case},
+            "ranks": 2,
+            "iterations": 700,
+            # a phase change half-way: every Simulation is resized in place at least once
+            "phases": [
+                {"startFraction": 0.0, "requestMillis": [300, 600]},
+                {"startFraction": 0.5, "requestMillis": [600, 300]},
+            ],
+        },
+    }
+
+
+def _running(ic: InCluster, name: str) -> bool:
+    st = ic.status(name)
+    return st.get("phase") == "Running" and int(st.get("iterations") or 0) > 20
+
+
+def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
+    incluster: InCluster,
+) -> None:
+    ic = incluster
+    runs = ic.deployed.runs_dir
+    cases = runs / "cases"
+    cases.mkdir(exist_ok=True)
+    os.chown(cases, manifests.RUN_AS, manifests.RUN_AS)
+    case = endless_pitzdaily(cases)
+    for path in [case, *case.rglob("*")]:
+        os.chown(path, manifests.RUN_AS, manifests.RUN_AS)
+    in_pod = Path(manifests.RUNS_PATH) / "cases" / case.name
+    names = ["incluster-a", "incluster-b"]
+    for name in names:
+        ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
+                   "--ignore-not-found")  # fmt: skip
+    manifest = runs / "simulations.json"
+    items = [_simulation(n, str(in_pod)) for n in names]
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
+    ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
+    try:
+        ic.wait("both Simulations running", lambda: all(_running(ic, n) for n in names), 420)
+        ranks = ic.pods("rankpack.dev/rank")
+        assert len(ranks) == 4, [p["metadata"]["name"] for p in ranks]
+        for pod in ranks:  # no host path; the restricted security context
+            spec = pod["spec"]
+            assert all("hostPath" not in v for v in spec["volumes"]), spec["volumes"]
+            (c,) = spec["containers"]
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False, c
+            assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}, c
+            assert (spec.get("securityContext") or {}).get("runAsNonRoot") or c[
+                "securityContext"].get("runAsNonRoot"), spec  # fmt: skip
+        (op,) = ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
+        ic.kubectl("delete", "pod", op["metadata"]["name"], "-n", NAMESPACE, "--force",
+                   "--grace-period=0")  # fmt: skip
+
+        def replaced() -> bool:
+            pods = ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
+            return any(p["metadata"]["name"] != op["metadata"]["name"]
+                       and p["status"].get("phase") == "Running" for p in pods)  # fmt: skip
+
+        ic.wait("a new operator pod", replaced, 120)
+        (agent, *_) = ic.pods(f"app.kubernetes.io/name={AGENT}")
+        ic.kubectl("delete", "pod", agent["metadata"]["name"], "-n", NAMESPACE, "--force",
+                   "--grace-period=0")  # fmt: skip
+        ic.wait("both Simulations to end",
+                lambda: all(ic.status(n).get("phase") in ("Succeeded", "Failed") for n in names),
+                900)  # fmt: skip
+        for name in names:
+            st = ic.status(name)
+            print(f"{name}: {json.dumps(st)[:1500]}")
+            assert st["phase"] == "Succeeded", st
+            assert st["iterations"] == 700 and st["restarts"] == 0, st
+            assert st["resizes"] >= 1, st
+            assert all(r.get("duty") is not None for r in st["ranks"]), st["ranks"]
+            assert st.get("usage") == "node-agent", st
+            run_dir = runs / Path(st["runDir"]).relative_to(manifests.RUNS_PATH)
+            # the shim's live records lived in the rank pods' own volumes, not on the case's
+            assert not list(run_dir.rglob("rank-*.rec")), list(run_dir.rglob("rank-*.rec"))
+            # run exactly once: one launch, one end
+            events = json.loads(ic.kubectl(
+                "get", "events", "-n", NAMESPACE, "-o", "json", "--field-selector",
+                f"involvedObject.kind=Simulation,involvedObject.name={name}"))["items"]  # fmt: skip
+            reasons = [e["reason"] for e in events]
+            assert reasons.count("Launched") == 1 and reasons.count("Succeeded") == 1, reasons
+    finally:
+        for name in names:
+            ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
+                       "--ignore-not-found")  # fmt: skip

@@ -148,6 +148,16 @@ def _status_schema() -> Obj:
                 "description": "why it failed, in words (names the pod, the exit code, the error)",
             },
             "operator": {"type": "string"},
+            "usage": {
+                "type": "string",
+                "description": "where its ranks' CPU usage and duty cycles are read: node-agent "
+                "(each node's rankpack node agent) or node-local (the controller is on the node)",
+            },
+            "launcher": {
+                "type": "string",
+                "description": "how its ranks are started: launcher-pod (mpirun in a pod of the "
+                "Simulation's namespace) or mpirun+pods/exec (mpirun beside the controller)",
+            },
             "simId": {"type": "string"},
             "runId": _int(0),
             "runDir": {"type": "string"},

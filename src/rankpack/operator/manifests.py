@@ -145,10 +145,16 @@ def operator_objects(
     ]
 
 
+CASES_PATH = f"{RUNS_PATH}/cases"
+"""Where users put their own cases on the shared volume: the operator's one case root (a
+Simulation's spec.case.path is a tutorial name or lies below it; run directories, other
+users' included, are elsewhere on the volume and never a case root)."""
+
+
 def operator_command(metrics_port: int = METRICS_PORT) -> list[str]:
     return [
         "rankpack", "operator", "--identity", "$(POD_NAME)", "--metrics-port", str(metrics_port),
-        "--volume", f"pvc:{RUNS_CLAIM}:{RUNS_PATH}",
+        "--volume", f"pvc:{RUNS_CLAIM}:{RUNS_PATH}", "--case-root", CASES_PATH,
     ]  # fmt: skip
 
 

@@ -154,8 +154,13 @@ class SimulationQueue:
         on_event: Callable[[str, Obj], None] | None = None,
         admission: AdmissionPolicy | None = None,
         cluster_millis: Callable[[], int | None] = lambda: None,
+        placement: Callable[[], dict[str, str]] = dict,
     ) -> None:
         self.api = api
+        self.placement = placement
+        """The backend's facts (`Backend.placement`): where usage and duty cycles come from
+        (``usage``: node-agent, node-local) and how ranks are started (``launcher``), written
+        into each Simulation's status at launch."""
         self.store = store
         self.identity = identity
         self.admission = admission
@@ -290,7 +295,10 @@ class SimulationQueue:
         self.run_ids[job.queue_id] = run_id
         name = self.names[job.queue_id]
         self.sim_names[sim_id] = name
+        facts = self.placement()
         self._patch(name, {
+            "usage": facts.get("usage"),
+            "launcher": facts.get("launcher"),
             "simId": sim_id,
             "runId": run_id,
             "runDir": str(staged.run_dir),

@@ -236,7 +236,7 @@ def run_operator(
     store = Store(opts.db_path)
     queue = SimulationQueue(
         sims, store, identity, admission=opts.admission,
-        cluster_millis=_cluster_millis(backend),
+        cluster_millis=_cluster_millis(backend), placement=backend.placement,
     )  # fmt: skip
     events = SimulationEvents(
         lambda body: backend.api.create("events", body), namespace, identity,
