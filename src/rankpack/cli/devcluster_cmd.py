@@ -1,4 +1,5 @@
-"""`rankpack dev-cluster up|down|status`: a real single-node Kubernetes on this machine.
+"""`rankpack dev-cluster up|down|status|stop-node|start-node`: a real Kubernetes of one or
+more nodes on this machine.
 
 Thin layer over `rankpack.devcluster.cluster`: parses options, prints what happened.
 """
@@ -16,9 +17,10 @@ from rankpack.devcluster.layout import NAMESPACE, default_state_dir
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "dev-cluster",
-        help="a real single-node Kubernetes on this machine (up, down, status)",
+        help="a real Kubernetes of one or more nodes on this machine (up, down, status, ...)",
         description=(
-            "Stand up, inspect or remove a single-node Kubernetes cluster on this machine, "
+            "Stand up, inspect or remove a Kubernetes cluster of one or more nodes (kubelets "
+            "splitting the CPUs) on this machine, "
             "for trying the Kubernetes backend and for the k8s test tier. Needs root and "
             "Debian's containerd, runc, containernetworking-plugins, etcd-server, "
             "busybox-static and umoci (bash setup.sh installs them). The Kubernetes "
@@ -63,6 +65,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         metavar="SECONDS",
         help="how long to wait for each start phase, e.g. node Ready (default 180)",
     )
+    up.add_argument(
+        "--nodes",
+        type=int,
+        default=1,
+        metavar="N",
+        help=(
+            "how many nodes (kubelets), each with its own share of the CPUs (cores split "
+            "evenly; at most one node per core) (default 1)"
+        ),
+    )
     up.add_argument("--json", action="store_true", help="print the result as JSON")
     up.set_defaults(handler=run_up)
 
@@ -87,6 +99,37 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     status.add_argument("--json", action="store_true", help="print the result as JSON")
     status.set_defaults(handler=run_status)
 
+    stop = actions.add_parser(
+        "stop-node",
+        help="crash one node: kill its kubelet, containerd and pods, take its pod network down",
+        description=(
+            "A node crash: SIGKILL to the node's kubelet, containerd, shims and every process "
+            "of its pods; its mount namespace, pod network namespaces and bridge are removed. "
+            "The Node object stays: the control plane sees the node stop answering."
+        ),
+    )
+    stop.add_argument("name", metavar="NAME", help="the node (see `status`)")
+    stop.add_argument("--json", action="store_true", help="print the result as JSON")
+    stop.set_defaults(handler=run_stop_node)
+
+    start = actions.add_parser(
+        "start-node",
+        help="bring a stopped node back, empty, and wait until it is Ready",
+        description=(
+            "Start a node `stop-node` stopped: its old containers, pod directories, IPAM and "
+            "cgroups are removed first, then its containerd (with the images) and kubelet "
+            "start and the node registers again. Pods the API still binds to it are the "
+            "control plane's to deal with."
+        ),
+    )
+    start.add_argument("name", metavar="NAME", help="the node (see `status`)")
+    start.add_argument(
+        "--timeout", type=float, default=180.0, metavar="SECONDS",
+        help="how long to wait for the node to be Ready (default 180)",
+    )  # fmt: skip
+    start.add_argument("--json", action="store_true", help="print the result as JSON")
+    start.set_defaults(handler=run_start_node)
+
 
 def _state_dir(args: argparse.Namespace) -> Path:
     explicit: Path | None = args.state_dir
@@ -102,7 +145,10 @@ def run_up(args: argparse.Namespace) -> int:
 
         raise UserError("--timeout must be a positive number of seconds")
     opts = cluster.UpOptions(
-        version=version, state_dir=_state_dir(args), ready_timeout_s=args.timeout
+        version=version,
+        state_dir=_state_dir(args),
+        ready_timeout_s=args.timeout,
+        nodes=args.nodes,
     )
     result = cluster.up(opts, say=(lambda _msg: None) if args.json else print)
     if args.json:
@@ -114,13 +160,17 @@ def run_up(args: argparse.Namespace) -> int:
                 "service_account_kubeconfig": str(result.service_account_kubeconfig),
                 "state_dir": str(result.state_dir),
                 "elapsed_s": round(result.elapsed_s, 2),
+                "nodes": list(result.nodes),
             }
         )
         return 0
+    nodes = f"{len(result.nodes)} node{'s' if len(result.nodes) != 1 else ''}"
     if result.already_up:
-        print(f"rankpack: the dev cluster {result.version} is already up")
+        print(f"rankpack: the dev cluster {result.version} ({nodes}) is already up")
     else:
-        print(f"rankpack: dev cluster {result.version} is Ready in {result.elapsed_s:.1f} s")
+        print(
+            f"rankpack: dev cluster {result.version} ({nodes}) is Ready in {result.elapsed_s:.1f} s"
+        )
     print(f"  admin kubeconfig:          {result.kubeconfig}")
     print(f"  backend kubeconfig (RBAC): {result.service_account_kubeconfig}")
     print(f"  try: KUBECONFIG={result.kubeconfig} kubectl get nodes")
@@ -170,9 +220,44 @@ def run_status(args: argparse.Namespace) -> int:
         state = "Ready" if result["ready"] else "not Ready"
         print(f"rankpack: dev cluster {result['version']} is {state}")
         for node in result["nodes"]:
-            print(f"  node {node['name']}: allocatable {node['allocatable_millis']}m CPU")
+            ready = "Ready" if node["ready"] else "stopped" if node.get("stopped") else "NotReady"
+            cpus = f", CPUs {node['cpus']}" if "cpus" in node else ""
+            print(
+                f"  node {node['name']}: {ready}{cpus}, allocatable "
+                f"{node['allocatable_millis']}m CPU"
+            )
         print(f"  kubeconfig: {result['kubeconfig']}")
         print(f"  backend kubeconfig: {result['service_account_kubeconfig']}")
         if "error" in result:
             print(f"  error: {result['error']}")
     return 0 if result["ready"] else 1
+
+
+def run_stop_node(args: argparse.Namespace) -> int:
+    from rankpack.devcluster import cluster
+
+    stopped = cluster.stop_node(_state_dir(args), args.name)
+    if args.json:
+        print_json({"node": stopped.name, "killed_pids": stopped.killed_pids})
+    else:
+        print(
+            f"rankpack: node {stopped.name} stopped ({len(stopped.killed_pids)} processes "
+            "killed, its pod network removed)"
+        )
+    return 0
+
+
+def run_start_node(args: argparse.Namespace) -> int:
+    from rankpack.devcluster import cluster
+    from rankpack.errors import UserError
+
+    if args.timeout <= 0:
+        raise UserError("--timeout must be a positive number of seconds")
+    took = cluster.start_node(_state_dir(args), args.name, args.timeout)
+    if args.json:
+        print_json({"node": args.name, "was_running": took == 0.0, "elapsed_s": round(took, 2)})
+    elif took == 0.0:
+        print(f"rankpack: node {args.name} is already running")
+    else:
+        print(f"rankpack: node {args.name} is back and Ready in {took:.1f} s")
+    return 0

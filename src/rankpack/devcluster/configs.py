@@ -18,17 +18,15 @@ from typing import Any
 
 from rankpack.devcluster.layout import (
     APISERVER_PORT,
-    BRIDGE,
     CNI_NETWORK,
+    KUBELET_ROOT,
     NODE_IP,
-    NODE_NAME,
     PAUSE_IMAGE,
-    POD_GATEWAY,
-    POD_SUBNET,
     SERVICE_FIRST_IP,
     SERVICE_PORT,
     SERVICE_SUBNET,
     Layout,
+    NodeLayout,
 )
 
 SERVICE_ACCOUNT_ISSUER = "https://kubernetes.default.svc.cluster.local"
@@ -163,20 +161,26 @@ def relay_argv(layout: Layout) -> list[str]:
     ]  # fmt: skip
 
 
-def kubelet_argv(layout: Layout, bin_dir: Path) -> list[str]:
+def in_node_namespace(node: NodeLayout, argv: list[str], nsenter: str = "nsenter") -> list[str]:
+    """`argv` run in the node's mount namespace (where its own directories are mounted at
+    the fixed paths). nsenter execs it: the pid stays the daemon's."""
+    return [nsenter, f"--mount={node.mount_namespace}", "--", *argv]
+
+
+def kubelet_argv(node: NodeLayout, bin_dir: Path) -> list[str]:
     return [
         str(bin_dir / "kubelet"),
-        f"--config={layout.kubelet_config}",
-        f"--kubeconfig={layout.kubeconfig_for('kubelet')}",
-        f"--root-dir={layout.kubelet_root}",
-        f"--cert-dir={layout.kubelet_pki}",
-        f"--node-ip={NODE_IP}",
-        f"--hostname-override={NODE_NAME}",
+        f"--config={node.kubelet_config}",
+        f"--kubeconfig={node.kubelet_kubeconfig}",
+        f"--root-dir={KUBELET_ROOT}",
+        f"--cert-dir={node.kubelet_pki}",
+        f"--node-ip={node.spec.ip}",
+        f"--hostname-override={node.name}",
     ]
 
 
-def containerd_argv(layout: Layout, containerd: str = "containerd") -> list[str]:
-    return [containerd, f"--config={layout.containerd_config}"]
+def containerd_argv(node: NodeLayout, containerd: str = "containerd") -> list[str]:
+    return [containerd, f"--config={node.containerd_config}"]
 
 
 def _toml_value(value: object) -> str:
@@ -200,10 +204,11 @@ def toml_text(tables: dict[str, dict[str, object]], top: dict[str, object]) -> s
     return "\n".join(out) + "\n"
 
 
-def containerd_config(layout: Layout, runc: str = "/usr/sbin/runc") -> str:
-    """containerd 1.6 config (version 2): everything under the state directory."""
+def containerd_config(node: NodeLayout, runc: str = "/usr/sbin/runc") -> str:
+    """containerd 1.6 config (version 2) of one node: everything under the node's runtime
+    directory (its shims' sockets go to /run/containerd, the node's own in its namespace)."""
     cri = 'plugins."io.containerd.grpc.v1.cri"'
-    root = layout.containerd
+    root = node.containerd
     return toml_text(
         top={
             "version": 2,
@@ -217,8 +222,8 @@ def containerd_config(layout: Layout, runc: str = "/usr/sbin/runc") -> str:
             ],
         },
         tables={
-            "grpc": {"address": str(layout.containerd_socket)},
-            "ttrpc": {"address": str(layout.containerd_socket) + ".ttrpc"},
+            "grpc": {"address": str(node.containerd_socket)},
+            "ttrpc": {"address": str(node.containerd_socket) + ".ttrpc"},
             'plugins."io.containerd.internal.v1.opt"': {"path": str(root / "opt")},
             cri: {
                 "sandbox_image": PAUSE_IMAGE,
@@ -238,22 +243,24 @@ def containerd_config(layout: Layout, runc: str = "/usr/sbin/runc") -> str:
             },
             f"{cri}.cni": {
                 "bin_dir": str(CNI_BIN_DIR),
-                "conf_dir": str(layout.cni_conf_dir),
+                "conf_dir": str(node.cni_conf_dir),
                 "max_conf_num": 1,
             },
         },
     )
 
 
-def cni_conflist(layout: Layout) -> dict[str, Any]:
-    """A bridge + host-local network: the node is NotReady until a CNI config exists."""
+def cni_conflist(node: NodeLayout) -> dict[str, Any]:
+    """A bridge + host-local network: the node is NotReady until a CNI config exists. Each
+    node has its own bridge and subnet on the host; the host routes between them."""
+    spec = node.spec
     return {
         "cniVersion": "1.0.0",
         "name": CNI_NETWORK,
         "plugins": [
             {
                 "type": "bridge",
-                "bridge": BRIDGE,
+                "bridge": spec.bridge,
                 "isGateway": True,
                 # No masquerading: pods talk to each other and to the host, nothing else,
                 # and no iptables rules are left behind.
@@ -261,8 +268,8 @@ def cni_conflist(layout: Layout) -> dict[str, Any]:
                 "hairpinMode": True,
                 "ipam": {
                     "type": "host-local",
-                    "dataDir": str(layout.cni_data_dir),
-                    "ranges": [[{"subnet": POD_SUBNET, "gateway": POD_GATEWAY}]],
+                    "dataDir": str(node.cni_data_dir),
+                    "ranges": [[{"subnet": spec.pod_subnet, "gateway": spec.pod_gateway}]],
                     "routes": [{"dst": "0.0.0.0/0"}],
                 },
             },
@@ -271,19 +278,21 @@ def cni_conflist(layout: Layout) -> dict[str, Any]:
     }
 
 
-def kubelet_config(layout: Layout) -> dict[str, Any]:
-    """KubeletConfiguration (JSON is valid YAML) for a cgroup v1, cgroupfs, no-swap-check node."""
+def kubelet_config(layout: Layout, node: NodeLayout) -> dict[str, Any]:
+    """KubeletConfiguration (JSON is valid YAML) for a cgroup v1, cgroupfs, no-swap-check node
+    with its own address, ports, cgroup root and share of the CPUs."""
     pki = layout.pki
-    return {
+    spec = node.spec
+    cfg: dict[str, Any] = {
         "apiVersion": "kubelet.config.k8s.io/v1beta1",
         "kind": "KubeletConfiguration",
-        "address": NODE_IP,
-        "port": 10250,
+        "address": spec.ip,
+        "port": spec.kubelet_port,
         "readOnlyPort": 0,
         "healthzBindAddress": "127.0.0.1",
-        "healthzPort": 10248,
-        "tlsCertFile": str(pki / "kubelet.crt"),
-        "tlsPrivateKeyFile": str(pki / "kubelet.key"),
+        "healthzPort": spec.healthz_port,
+        "tlsCertFile": str(pki / f"kubelet-{node.name}.crt"),
+        "tlsPrivateKeyFile": str(pki / f"kubelet-{node.name}.key"),
         # Only the apiserver (a client certificate signed by the cluster CA) may call the
         # kubelet; what it forwards (exec, logs) the apiserver has already authorized.
         "authentication": {
@@ -292,13 +301,17 @@ def kubelet_config(layout: Layout) -> dict[str, Any]:
             "x509": {"clientCAFile": str(pki / "ca.crt")},
         },
         "authorization": {"mode": "AlwaysAllow"},
-        "containerRuntimeEndpoint": f"unix://{layout.containerd_socket}",
+        "containerRuntimeEndpoint": f"unix://{node.containerd_socket}",
         "cgroupDriver": "cgroupfs",
+        # The node's pods live in <cgroupRoot>/kubepods; `up` creates the root in every
+        # hierarchy first, its cpuset.cpus the node's CPUs (the pods' cgroups inherit it).
+        "cgroupRoot": f"/{spec.cgroup_root}",
         # Kubernetes >= 1.35 refuses cgroup v1 unless told otherwise; this machine is v1.
         "failCgroupV1": False,
         "failSwapOn": False,
         "makeIPTablesUtilChains": False,
-        "podLogsDir": str(layout.pod_logs),
+        # The default, in the node's namespace: <runtime>/log-pods on the host.
+        "podLogsDir": "/var/log/pods",
         "clusterDomain": "cluster.local",
         "resolvConf": "/etc/resolv.conf",
         # Locally imported images cannot be pulled again: never garbage-collect them.
@@ -314,6 +327,11 @@ def kubelet_config(layout: Layout) -> dict[str, Any]:
         "serializeImagePulls": False,
         "registerNode": True,
     }
+    # No reserved CPUs: in its namespace the kubelet's cAdvisor sees only the node's CPUs
+    # online (`NodeLayout.cpu_online`), so capacity = allocatable = the node's share. (With
+    # every host CPU seen and the others reserved, the kubelet writes all of them into
+    # <cgroupRoot>/kubepods/cpuset.cpus, which the node's cpuset refuses.)
+    return cfg
 
 
 def dumps(obj: object) -> str:

@@ -10,18 +10,21 @@ Called by `rankpack.devcluster.cluster.up` once containerd runs:
   and so runs the host's OpenFOAM and Open MPI. On a real cluster a real image replaces it.
 
 Each image is an OCI layout made with umoci, archived with tar and imported with
-``ctr -n k8s.io images import``; pods use ``imagePullPolicy: Never``.
+``ctr -n k8s.io images import`` into every node's containerd; pods use
+``imagePullPolicy: Never``. The archives stay in ``<state>/images/archives`` (listed in its
+``index.json``) so that `start-node` can import them into a node that comes back empty;
+`register_archive` adds an image built elsewhere (the rankpack images of ``up --operator``).
 """
 
 from __future__ import annotations
 
-import os
+import json
 import shutil
 import subprocess
 import tarfile
 from pathlib import Path
 
-from rankpack.devcluster.layout import HOST_USR_IMAGE, PAUSE_IMAGE, Layout
+from rankpack.devcluster.layout import HOST_USR_IMAGE, PAUSE_IMAGE, Layout, NodeLayout
 from rankpack.devcluster.packages import tool
 from rankpack.errors import UserError
 
@@ -130,8 +133,40 @@ def import_image(archive: Path, ref: str, socket: Path, log: Path) -> None:
     _run(argv, log, timeout_s=180)
 
 
-def build_and_import(layout: Layout) -> None:
-    """Build both images and load them into the cluster's containerd."""
+def archives(layout: Layout) -> dict[str, Path]:
+    """The image archives every node gets: reference -> OCI archive."""
+    try:
+        index = json.loads((layout.image_archives / "index.json").read_text())
+    except (OSError, ValueError):
+        return {}
+    return {ref: layout.image_archives / name for ref, name in index.items()}
+
+
+def register_archive(layout: Layout, archive: Path, ref: str) -> Path:
+    """Keep `archive` (moved) as the image `ref` every node imports, now and at
+    `start-node`; returns where it is kept."""
+    layout.image_archives.mkdir(parents=True, exist_ok=True)
+    index = {r: p.name for r, p in archives(layout).items()}
+    name = ref.replace("/", "_").replace(":", "_") + ".tar"
+    kept = layout.image_archives / name
+    if archive.resolve() != kept.resolve():
+        shutil.move(str(archive), kept)
+    index[ref] = name
+    tmp = layout.image_archives / "index.json.tmp"
+    tmp.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    tmp.replace(layout.image_archives / "index.json")
+    return kept
+
+
+def import_all(layout: Layout, node: NodeLayout) -> None:
+    """Import every registered archive into `node`'s containerd."""
+    log = layout.logs / "images.log"
+    for ref, archive in archives(layout).items():
+        import_image(archive, ref, node.containerd_socket, log)
+
+
+def build(layout: Layout) -> None:
+    """Build the pause and host-usr images and register their archives."""
     log = layout.logs / "images.log"
     for ref, make, entrypoint in (
         (PAUSE_IMAGE, "pause", ["/pause"]),
@@ -142,5 +177,5 @@ def build_and_import(layout: Layout) -> None:
         workdir.mkdir(parents=True)
         files = pause_rootfs(workdir, log) if make == "pause" else host_usr_rootfs(workdir)
         archive = build_image(ref, files, workdir, log, entrypoint)
-        import_image(archive, ref, layout.containerd_socket, log)
-        os.unlink(archive)
+        register_archive(layout, archive, ref)
+        shutil.rmtree(workdir, ignore_errors=True)

@@ -25,7 +25,9 @@ REQUIRED: dict[str, tuple[str, ...]] = {
     "umoci": ("umoci",),
     "gcc": ("gcc",),
     "iproute2": ("ip",),
-    "mount": ("umount",),
+    "mount": ("mount", "umount"),
+    # each node's kubelet and containerd run in a mount namespace of the node's own
+    "util-linux": ("unshare", "nsenter"),
 }
 
 

@@ -7,9 +7,11 @@ the state directory, so nothing outlives the cluster). Produces under ``<state>/
 - ``apiserver.crt/.key``: serving cert for 127.0.0.1, the node IP, the first service IP
   and the `kubernetes.default.svc` names;
 - ``apiserver-kubelet-client.crt/.key``: the apiserver's client cert to the kubelet;
-- ``kubelet.crt/.key``: the kubelet's serving cert for the node IP (the apiserver checks it);
+- ``kubelet-<node>.crt/.key``: each node's kubelet serving cert for its node IP (the
+  apiserver checks it);
 - ``sa.key/.pub``: the service-account token signing key;
-- ``tokens.csv``: static bearer tokens for admin, kubelet, controller-manager and scheduler.
+- ``tokens.csv``: static bearer tokens for admin, each kubelet (``system:node:<node>``),
+  controller-manager and scheduler.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import datetime as dt
 import ipaddress
 import os
 import secrets
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -27,7 +30,7 @@ from cryptography.hazmat.primitives.asymmetric import ec, rsa
 from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
 
 from rankpack.devcluster.configs import Identity
-from rankpack.devcluster.layout import NODE_IP, NODE_NAME, SERVICE_FIRST_IP
+from rankpack.devcluster.layout import NODE_IP, SERVICE_FIRST_IP, NodeSpec
 
 VALIDITY = dt.timedelta(days=365)
 
@@ -36,13 +39,14 @@ VALIDITY = dt.timedelta(days=365)
 class Credentials:
     ca_pem: str
     admin: Identity
-    kubelet: Identity
+    kubelets: dict[str, Identity]
+    """Each node's kubelet (``system:node:<name>``), by node name."""
     controller_manager: Identity
     scheduler: Identity
 
     @property
     def identities(self) -> list[Identity]:
-        return [self.admin, self.kubelet, self.controller_manager, self.scheduler]
+        return [self.admin, *self.kubelets.values(), self.controller_manager, self.scheduler]
 
 
 def _write_private(path: Path, data: bytes) -> None:
@@ -146,8 +150,8 @@ def _pair(
     _write_private(pki / f"{name}.key", _key_pem(key))
 
 
-def generate(pki: Path) -> Credentials:
-    """Create every key, certificate and token of a new cluster under `pki`."""
+def generate(pki: Path, nodes: Sequence[NodeSpec]) -> Credentials:
+    """Create every key, certificate and token of a new cluster of `nodes` under `pki`."""
     pki.mkdir(mode=0o700, parents=True, exist_ok=True)
     ca_key = ec.generate_private_key(ec.SECP256R1())
     ca_cert = _issue(subject=_name("rankpack-dev-ca"), key=ca_key, ca_cert=None, ca_key=ca_key)
@@ -177,13 +181,14 @@ def generate(pki: Path) -> Credentials:
         _name("kube-apiserver-kubelet-client", "system:masters"),
         client=True,
     )
-    _pair(
-        pki,
-        "kubelet",
-        ca,
-        _name(f"system:node:{NODE_NAME}", "system:nodes"),
-        server_names=([NODE_NAME, "localhost"], [NODE_IP, "127.0.0.1"]),
-    )
+    for node in nodes:
+        _pair(
+            pki,
+            f"kubelet-{node.name}",
+            ca,
+            _name(f"system:node:{node.name}", "system:nodes"),
+            server_names=([node.name, "localhost"], [node.ip, "127.0.0.1"]),
+        )
 
     # Service-account tokens are signed with RSA (what every client expects of RS256).
     sa_key = rsa.generate_private_key(public_exponent=65537, key_size=2048)
@@ -200,7 +205,9 @@ def generate(pki: Path) -> Credentials:
     return Credentials(
         ca_pem=ca_pem.decode(),
         admin=Identity("rankpack-admin", ("system:masters",), token()),
-        kubelet=Identity(f"system:node:{NODE_NAME}", ("system:nodes",), token()),
+        kubelets={
+            n.name: Identity(f"system:node:{n.name}", ("system:nodes",), token()) for n in nodes
+        },
         controller_manager=Identity("system:kube-controller-manager", (), token()),
         scheduler=Identity("system:kube-scheduler", (), token()),
     )

@@ -50,35 +50,49 @@ def all_pids() -> list[int]:
     return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 
 
-# Run by a short-lived helper interpreter: fork, and in the child start a new session,
-# redirect output and exec the daemon; the helper prints the pid and exits, so the daemon is
-# nobody's child but init's and outlives whoever ran `up` (a shell, a pytest session).
+# Run by a short-lived helper interpreter: fork, and in the child start a new session, join
+# the given cgroups (each a cgroup.procs file), redirect output and exec the daemon; the
+# helper prints the pid and exits, so the daemon is nobody's child but init's and outlives
+# whoever ran `up` (a shell, a pytest session).
 _DAEMONIZE = """
 import os, sys
-log, argv = sys.argv[1], sys.argv[2:]
+log, cgroups, argv = sys.argv[1], sys.argv[2], sys.argv[3:]
 pid = os.fork()
 if pid == 0:
-    os.setsid()
-    out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    null = os.open(os.devnull, os.O_RDONLY)
-    os.dup2(null, 0)
-    os.dup2(out, 1)
-    os.dup2(out, 2)
-    os.closerange(3, 65536)
     try:
+        os.setsid()
+        out = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        null = os.open(os.devnull, os.O_RDONLY)
+        os.dup2(null, 0)
+        os.dup2(out, 1)
+        os.dup2(out, 2)
+        os.closerange(3, 65536)
+        for procs in filter(None, cgroups.split(os.pathsep)):
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
         os.execv(argv[0], argv)
+    except BaseException as exc:
+        print(f"rankpack: cannot start {argv[0]}: {exc}", file=sys.stderr, flush=True)
     finally:
         os._exit(127)
 print(pid, flush=True)
 """
 
 
-def start(argv: list[str], log: Path, pid_file: Path, env: dict[str, str] | None = None) -> int:
-    """Start `argv` (argv[0] an absolute path) detached; record and return its pid."""
+def start(
+    argv: list[str],
+    log: Path,
+    pid_file: Path,
+    env: dict[str, str] | None = None,
+    cgroups: list[Path] | None = None,
+) -> int:
+    """Start `argv` (argv[0] an absolute path) detached, in `cgroups` (``cgroup.procs``
+    files) if given; record and return its pid."""
     log.parent.mkdir(parents=True, exist_ok=True)
     pid_file.parent.mkdir(parents=True, exist_ok=True)
+    joined = os.pathsep.join(str(p) for p in cgroups or [])
     helper = subprocess.run(
-        [sys.executable, "-c", _DAEMONIZE, str(log), *argv],
+        [sys.executable, "-c", _DAEMONIZE, str(log), joined, *argv],
         capture_output=True,
         text=True,
         timeout=30,

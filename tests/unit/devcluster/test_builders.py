@@ -14,11 +14,12 @@ import yaml
 
 from rankpack.devcluster import binaries, configs, rbac
 from rankpack.devcluster.binaries import KubeVersion
-from rankpack.devcluster.layout import NODE_IP, PAUSE_IMAGE, PORTS, Layout
+from rankpack.devcluster.layout import NODE_IP, PAUSE_IMAGE, PORTS, Layout, node_specs
 from rankpack.errors import UserError
 
 REPO = Path(__file__).resolve().parents[3]
 LAYOUT = Layout(Path("/srv/state"))
+NODE = LAYOUT.node(node_specs(1, [0, 1])[0])
 
 GO_MOD = """module k8s.io/kubernetes
 
@@ -122,21 +123,22 @@ def test_dirhash_matches_go_algorithm() -> None:
 
 
 def test_containerd_config_is_toml_with_the_settings_that_matter() -> None:
-    cfg = tomllib.loads(configs.containerd_config(LAYOUT, "/usr/sbin/runc"))
+    cfg = tomllib.loads(configs.containerd_config(NODE, "/usr/sbin/runc"))
     assert cfg["version"] == 2
-    assert cfg["root"].startswith("/srv/state/") and cfg["state"].startswith("/srv/state/")
-    assert cfg["grpc"]["address"] == "/srv/state/containerd/containerd.sock"
+    runtime = "/srv/state/nodes/rankpack-node/runtime/"
+    assert cfg["root"].startswith(runtime) and cfg["state"].startswith(runtime)
+    assert cfg["grpc"]["address"] == runtime + "containerd/containerd.sock"
     cri = cfg["plugins"]["io.containerd.grpc.v1.cri"]
     assert cri["restrict_oom_score_adj"] is True
     assert cri["sandbox_image"] == PAUSE_IMAGE
     assert cri["containerd"]["snapshotter"] == "overlayfs"
     opts = cri["containerd"]["runtimes"]["runc"]["options"]
-    assert opts["SystemdCgroup"] is False and opts["Root"].startswith("/srv/state/")
-    assert cri["cni"]["conf_dir"] == "/srv/state/cni/net.d"
+    assert opts["SystemdCgroup"] is False and opts["Root"].startswith(runtime)
+    assert cri["cni"]["conf_dir"] == "/srv/state/nodes/rankpack-node/config/cni"
 
 
 def test_kubelet_config_for_cgroup_v1_without_systemd() -> None:
-    cfg = configs.kubelet_config(LAYOUT)
+    cfg = configs.kubelet_config(LAYOUT, NODE)
     assert cfg["kind"] == "KubeletConfiguration"
     assert cfg["failCgroupV1"] is False
     assert cfg["cgroupDriver"] == "cgroupfs"
@@ -144,16 +146,24 @@ def test_kubelet_config_for_cgroup_v1_without_systemd() -> None:
     assert cfg["imageGCHighThresholdPercent"] == 100
     assert cfg["authentication"]["anonymous"]["enabled"] is False
     assert cfg["address"] == NODE_IP
-    assert cfg["containerRuntimeEndpoint"] == "unix:///srv/state/containerd/containerd.sock"
+    assert cfg["containerRuntimeEndpoint"] == (
+        "unix:///srv/state/nodes/rankpack-node/runtime/containerd/containerd.sock"
+    )
+    # one node: every CPU is its own, its pods below its own cgroup root
+    assert cfg["cgroupRoot"] == "/rankpack-node"
+    assert "reservedSystemCPUs" not in cfg
+    assert (cfg["port"], cfg["healthzPort"]) == (10250, 10248)
     json.loads(configs.dumps(cfg))
 
 
 def test_cni_conflist_bridge_host_local_under_state() -> None:
-    cfg = configs.cni_conflist(LAYOUT)
+    cfg = configs.cni_conflist(NODE)
     bridge = cfg["plugins"][0]
     assert bridge["type"] == "bridge" and bridge["ipMasq"] is False
+    assert bridge["bridge"] == "rankpack0"
     assert bridge["ipam"]["type"] == "host-local"
-    assert bridge["ipam"]["dataDir"].startswith("/srv/state/")
+    assert bridge["ipam"]["dataDir"].startswith("/srv/state/nodes/rankpack-node/runtime/")
+    assert bridge["ipam"]["ranges"] == [[{"subnet": "10.201.0.0/24", "gateway": "10.201.0.1"}]]
 
 
 def test_component_argv_are_lists_with_state_paths() -> None:
@@ -167,7 +177,11 @@ def test_component_argv_are_lists_with_state_paths() -> None:
     cm = configs.controller_manager_argv(LAYOUT, bin_dir)
     assert "--controllers=*,-nodeipam,-cloud-node-lifecycle" in cm
     assert "--leader-elect=false" in configs.scheduler_argv(LAYOUT, bin_dir)
-    assert f"--node-ip={NODE_IP}" in configs.kubelet_argv(LAYOUT, bin_dir)
+    kubelet = configs.kubelet_argv(NODE, bin_dir)
+    assert f"--node-ip={NODE_IP}" in kubelet
+    assert (
+        "--root-dir=/var/lib/kubelet" in kubelet and "--hostname-override=rankpack-node" in kubelet
+    )
     assert {2379, 6443, 10250} <= set(PORTS)
 
 

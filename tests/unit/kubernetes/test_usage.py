@@ -82,3 +82,14 @@ def test_pod_exec_usage_reuses_a_reading_for_its_interval() -> None:
     assert api.calls == ["rankpack-s1-0"]
     source.interval_s = 0
     assert source.read(POD) == CpuCounters(300_000)
+
+
+def test_pods_below_a_node_cgroup_root_are_read_too(tmp_path: Path) -> None:
+    """The dev cluster's nodes: <node root>/kubepods (a kubelet with its own cgroupRoot)."""
+    write(tmp_path / "cpuacct/rankpack-node-1/kubepods/burstable/podabc/cpuacct.usage", "42\n")
+    write(tmp_path / "cpu/rankpack-node-1/kubepods/burstable/podabc/cpu.stat",
+          "nr_periods 0\nnr_throttled 0\nthrottled_time 0\n")  # fmt: skip
+    source = NodeCgroupUsage(tmp_path)
+    assert source.available
+    counters = source.read(POD)
+    assert counters is not None and counters.usage_ns == 42

@@ -14,11 +14,13 @@ Layouts (cgroupfs driver, as the kubelet names them):
 - v2: ``/sys/fs/cgroup/kubepods/<qos>/pod<UID>/cpu.stat`` (``usage_usec``, throttling);
 
 where ``<qos>`` is ``burstable`` or ``besteffort``, and Guaranteed pods sit right below
-``kubepods``.
+``kubepods``. A kubelet with a ``cgroupRoot`` of its own (the dev cluster's nodes, several
+on one machine) has ``<root>/kubepods`` instead: ``kubepods`` one level down is read too.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -111,6 +113,15 @@ def parse_cpu_stat(text: str) -> CpuCounters | None:
     return None
 
 
+def _pods_cgroups(base: Path) -> list[Path]:
+    """``kubepods`` below a hierarchy's root, and ``<node root>/kubepods`` (kubelets with a
+    ``cgroupRoot`` of their own: a pod's UID names its cgroup in one of them only)."""
+    found = [base / "kubepods"] if (base / "kubepods").is_dir() else []
+    with contextlib.suppress(OSError):
+        found += sorted(d / "kubepods" for d in base.iterdir() if (d / "kubepods").is_dir())
+    return found
+
+
 class NodeCgroupUsage:
     """The pod-level cgroup of a rank pod on this node (includes every container of it)."""
 
@@ -120,28 +131,22 @@ class NodeCgroupUsage:
         self.root = root
         self.v2 = (root / "cgroup.controllers").is_file()
         self.cpuacct = next(
-            (root / d for d in ("cpuacct", "cpu,cpuacct") if (root / d / "kubepods").is_dir()),
-            None,
+            (root / d for d in ("cpuacct", "cpu,cpuacct") if _pods_cgroups(root / d)), None
         )
-        self.cpu = next(
-            (root / d for d in ("cpu", "cpu,cpuacct") if (root / d / "kubepods").is_dir()), None
-        )
+        self.cpu = next((root / d for d in ("cpu", "cpu,cpuacct") if _pods_cgroups(root / d)), None)
 
     @property
     def available(self) -> bool:
         if self.v2:
-            return (self.root / "kubepods").is_dir()
+            return bool(_pods_cgroups(self.root))
         return self.cpuacct is not None
 
     def _pod_dir(self, base: Path, pod_uid: str) -> Path | None:
-        for qos in QOS_DIRS:
-            d = (
-                base / "kubepods" / qos / f"pod{pod_uid}"
-                if qos
-                else base / "kubepods" / (f"pod{pod_uid}")
-            )
-            if d.is_dir():
-                return d
+        for pods in _pods_cgroups(base):
+            for qos in QOS_DIRS:
+                d = pods / qos / f"pod{pod_uid}" if qos else pods / f"pod{pod_uid}"
+                if d.is_dir():
+                    return d
         return None
 
     def read(self, pod: Obj) -> CpuCounters | None:
