@@ -1,5 +1,8 @@
 """The `k8s` tier: a real single-node cluster (`rankpack dev-cluster`), up once per session.
 
+(`test_nodes.py` takes it down for a module of its own on a 2-node cluster; the next test
+that needs the session's cluster brings it up again: `DevCluster.ensure_up`.)
+
 The session fixture takes down a cluster that is already up, records the host, brings the
 dev cluster up with the cached binaries (`setup.sh test` builds them before pytest starts;
 a cold build inside a test would exceed the per-test timeout) and, as its teardown, takes
@@ -29,8 +32,11 @@ from rankpack.devcluster.layout import (
     BRIDGE,
     HOST_PATHS,
     NAMESPACE,
+    NODE_BINDS,
     NODE_IP,
     SYSCTLS,
+    SYSTEM_CGROUP,
+    UNREACHABLE_ROUTES,
     default_state_dir,
 )
 from tests.k8s.pods import container_cgroup, sleeper_pod, wait_running
@@ -58,10 +64,15 @@ class DevCluster:
     taken_down: bool = field(default=False, init=False)
 
     def ensure_up(self) -> None:
-        """Bring it (back) up if an earlier test took it down."""
+        """Bring it (back) up if an earlier test took it down (or left another one up:
+        the session's cluster has one node)."""
         st = cluster.status(self.state_dir)
-        if not st["ready"]:
-            self.up_result = cluster.up(self.options())
+        if st["ready"] and len(st["nodes"]) == 1:
+            return
+        if cluster.running_components(cluster.Layout(self.state_dir)):
+            report = cluster.down(self.state_dir)
+            assert not report.leftovers, report.leftovers
+        self.up_result = cluster.up(self.options())
 
     def options(self) -> cluster.UpOptions:
         return cluster.UpOptions(
@@ -115,7 +126,15 @@ def check_down_leaves_nothing(dc: DevCluster) -> None:
     pod_pids = [int(p) for p in (container_cgroup(pod) / "cgroup.procs").read_text().split()]
     assert pod_pids
     assert host.node_address_present() and host.link_exists(BRIDGE)
+    down_leaves_nothing(dc.state_dir, dc.before, dc.links_before, pod_pids)
 
+
+def down_leaves_nothing(
+    state_dir: Path, before: dict[str, Any], links_before: set[str], pod_pids: list[int]
+) -> None:
+    """`rankpack dev-cluster down` (of a cluster of any number of nodes, some stopped) leaves
+    no process, mount, cgroup, address, route, device, sysctl change or path, and a second
+    `down` has nothing to do; checked here on our own, not trusting its report."""
     proc = subprocess.run(
         [sys.executable, "-m", "rankpack", "dev-cluster", "down", "--json"],
         capture_output=True,
@@ -129,7 +148,7 @@ def check_down_leaves_nothing(dc: DevCluster) -> None:
     assert report["stopped_pids"]
 
     # Checked here on our own, not trusting the report:
-    state = str(dc.state_dir)
+    state = str(state_dir)
     for pid in processes.all_pids():
         argv = processes.cmdline(pid)
         if not argv or not processes.running(pid):
@@ -139,21 +158,25 @@ def check_down_leaves_nothing(dc: DevCluster) -> None:
     assert not any(processes.running(p) for p in pod_pids)
     with open("/proc/self/mountinfo") as f:
         mounts = f.read()
-    for prefix in (state, "/var/lib/kubelet", "/run/containerd", "/run/netns"):
+    for prefix in (state, *(fixed for fixed, _ in NODE_BINDS)):
         assert f" {prefix}/" not in mounts and f" {prefix} " not in mounts, prefix
     assert not list(Path("/sys/fs/cgroup").glob("*/kubepods")), "kubepods cgroups left"
     assert not Path("/sys/fs/cgroup/kubepods").exists()
+    for pattern in ("*/rankpack-node", "*/rankpack-node-*", f"*/{SYSTEM_CGROUP}"):
+        assert not list(Path("/sys/fs/cgroup").glob(pattern)), f"{pattern} cgroups left"
+    assert set(host.lo_addresses()) <= set(before.get("existing_addresses", [])), "lo addresses"
     assert not host.node_address_present(), f"{NODE_IP} still on lo"
     assert not host.service_address_present(), "the kubernetes Service address still on lo"
     assert not host.link_exists(BRIDGE)
-    assert set(os.listdir("/sys/class/net")) <= dc.links_before, "veth/bridge devices left"
+    assert set(os.listdir("/sys/class/net")) <= links_before, "veth/bridge devices left"
+    assert not set(host.unreachable_routes()) & set(UNREACHABLE_ROUTES), "routes left"
     for name in SYSCTLS:
-        assert host.read_sysctl(name) == dc.before["sysctls"][name], name
+        assert host.read_sysctl(name) == before["sysctls"][name], name
     for path in HOST_PATHS:
-        if path not in dc.before["existing_paths"]:
+        if path not in before["existing_paths"]:
             assert not os.path.lexists(path), path
     # The logs survive for a post-mortem; nothing else of the state does.
-    assert sorted(p.name for p in dc.state_dir.iterdir()) == ["logs"]
+    assert sorted(p.name for p in state_dir.iterdir()) == ["logs"]
 
     again = subprocess.run(
         [sys.executable, "-m", "rankpack", "dev-cluster", "down"],

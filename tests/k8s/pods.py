@@ -50,10 +50,12 @@ def wait_running(core: Any, name: str, namespace: str, timeout_s: float = 90) ->
     raise AssertionError(f"pod {name} not Running after {timeout_s} s: {pod and pod.status}")
 
 
-def container_cgroup(pod: Any) -> Path:
-    """cgroup v1 cpu directory of the pod's first container (burstable QoS: request only)."""
+def container_cgroup(pod: Any, hierarchy: Path = CGROUP_CPU) -> Path:
+    """cgroup v1 directory (cpu by default) of the pod's first container (burstable QoS:
+    request only), below its node's cgroup root (``<node name>/kubepods``)."""
     cid = pod.status.container_statuses[0].container_id.split("://", 1)[1]
-    return CGROUP_CPU / "kubepods" / "burstable" / f"pod{pod.metadata.uid}" / cid
+    pods = hierarchy / pod.spec.node_name / "kubepods"
+    return pods / "burstable" / f"pod{pod.metadata.uid}" / cid
 
 
 def delete_and_wait(core: Any, name: str, namespace: str, timeout_s: float = 60) -> None:

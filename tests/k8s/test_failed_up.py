@@ -33,4 +33,5 @@ def test_a_failed_up_names_the_log_and_leaves_nothing(k8s_down: DevCluster) -> N
     assert cluster.running_components(layout) == {}
     assert cluster.leftovers(layout, k8s_down.before) == []
     assert not list(Path("/sys/fs/cgroup").glob("*/kubepods"))
+    assert not host.cluster_cgroups()  # the nodes' cgroup roots, the daemons' cgroup
     assert not host.node_address_present()

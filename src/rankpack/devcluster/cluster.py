@@ -272,8 +272,8 @@ def up(opts: UpOptions, say: Callable[[str], None] = print) -> UpResult:
     """Stand the cluster up (or report that it is up). Raises UserError on any refusal."""
     started_at = time.monotonic()
     layout = Layout(opts.state_dir)
+    specs = _nodes_for(opts)  # first: a --nodes this machine cannot hold is refused as is
     _require_root()
-    specs = _nodes_for(opts)
     with _locked(layout):
         live = running_components(layout)
         if live:

@@ -158,6 +158,17 @@ def register_archive(layout: Layout, archive: Path, ref: str) -> Path:
     return kept
 
 
+def add_to_every_node(layout: Layout, archive: Path, ref: str) -> None:
+    """An image built elsewhere (``up --operator``'s): kept for `start-node` and imported
+    into every running node's containerd now."""
+    kept = register_archive(layout, archive, ref)
+    log = layout.logs / "images.log"
+    for spec in layout.recorded_nodes():
+        node = layout.node(spec)
+        if not node.stopped_marker.exists():
+            import_image(kept, ref, node.containerd_socket, log)
+
+
 def import_all(layout: Layout, node: NodeLayout) -> None:
     """Import every registered archive into `node`'s containerd."""
     log = layout.logs / "images.log"

@@ -138,3 +138,12 @@ def test_components_in_start_order_and_recorded_nodes(tmp_path: Path) -> None:
 def test_cpu_lists(text: str, cpus: list[int]) -> None:
     assert parse_cpus(text) == cpus
     assert parse_cpus(format_cpus(cpus)) == cpus
+
+
+def test_cli_refuses_more_nodes_than_cpus_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    from rankpack.cli import main
+
+    too_many = len(host.host_cpus()) + 1
+    assert main(["dev-cluster", "up", "--nodes", str(too_many)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and f"--nodes {too_many} needs at least one CPU per node" in err
