@@ -278,11 +278,16 @@ def up(opts: UpOptions, say: Callable[[str], None] = print) -> UpResult:
         live = running_components(layout)
         if live:
             recorded = _recorded_version(layout) or "?"
-            missing = [c for c in expected_components(layout) if c not in live]
-            if missing or not layout.recorded_nodes():
+            if not layout.recorded_nodes():
                 raise UserError(
-                    f"the dev cluster is half up ({', '.join(missing) or 'no nodes'} not "
-                    "running); run `rankpack dev-cluster down` first"
+                    "a dev cluster of an older rankpack (no recorded nodes) is up; run "
+                    "`rankpack dev-cluster down` first"
+                )
+            missing = [c for c in expected_components(layout) if c not in live]
+            if missing:
+                raise UserError(
+                    f"the dev cluster is half up ({', '.join(missing)} not running); "
+                    "run `rankpack dev-cluster down` first"
                 )
             if recorded != opts.version.tag:
                 raise UserError(
