@@ -51,8 +51,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="run Simulation resources on Kubernetes: profile, resize in place, pack, adopt",
         description=(
             "The multiplexing controller as a Kubernetes operator. Queued Simulations "
-            "(simulations.rankpack.dev, deploy/crd.yaml) in the namespace are launched as rank "
-            "pods, profiled, resized in place and packed, as `rankpack multiplex` does; their "
+            "(simulations.rankpack.dev, deploy/base/crd.yaml) in the namespace are launched as "
+            "rank pods, profiled, resized in place and packed, as `rankpack multiplex` does; their "
             "status shows phase, progress, per-rank CPU, resizes and the result, and its "
             "Events what was decided and why. Only the holder of the Lease acts; a restarted "
             "operator adopts the running simulations, and an operator whose apiserver went "
@@ -153,9 +153,9 @@ def _api_error(exc: ApiError, what: str) -> UserError:
     reason = exc.reason or type(exc).__name__
     hint = ""
     if status == 404:
-        hint = "; is the CRD installed (kubectl apply -f deploy/crd.yaml)?"
+        hint = "; is the CRD installed (kubectl apply -f deploy/base/crd.yaml)?"
     elif status == 403:
-        hint = "; this identity may not (see deploy/role.yaml)"
+        hint = "; this identity may not (see deploy/base/backend.yaml)"
     return UserError(f"{what}: {status or ''} {reason}{hint}".replace("  ", " "))
 
 

@@ -1,6 +1,6 @@
 """The `Simulation` custom resource: its definition, and its spec as a `Submission`.
 
-`crd_manifest()` is the single source of the CustomResourceDefinition; ``deploy/crd.yaml``
+`crd_manifest()` is the single source of the CustomResourceDefinition; ``deploy/base/crd.yaml``
 holds the same object and a unit test keeps the two identical. A spec is validated by the
 same `rankpack.plan.submission.validate` as `rankpack run` and `submit`; a bad spec fails its
 Simulation with the reason (``InvalidSpec``), it never stops the operator.

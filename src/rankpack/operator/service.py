@@ -219,8 +219,8 @@ def run_operator(
         backend.close()
         raise BackendError(
             f"cannot list simulations.{crd.GROUP} in namespace {namespace}: "
-            f"{_first_line(exc)}; is the CRD installed (kubectl apply -f deploy/crd.yaml) and "
-            "may this identity use it (deploy/role.yaml)?"
+            f"{_first_line(exc)}; is the CRD installed (kubectl apply -f deploy/base/crd.yaml) and "
+            "may this identity use it (deploy/base/backend.yaml)?"
         ) from exc
     metrics = OperatorMetrics()
     if opts.metrics_port is not None:
@@ -308,7 +308,7 @@ def _follow(lease: Lease, ctx: _Ctx) -> str:
         if refused is not None and time.monotonic() - refused > REFUSED_S and lease.last_error:
             raise BackendError(
                 f"leader election on Lease {ns}/{name} is refused ({lease.last_error[1]}); "
-                "may this identity use leases (deploy/role.yaml)?"
+                "may this identity use leases (deploy/base/backend.yaml)?"
             )
         if lease.lost.is_set() and not lease.leading.is_set():
             return "retry"

@@ -189,14 +189,29 @@ def test_token_file_and_kubeconfig() -> None:
 
 
 def test_deploy_manifests_match_the_rbac_builder() -> None:
-    kustomization = yaml.safe_load((REPO / "deploy" / "kustomization.yaml").read_text())
+    top = yaml.safe_load((REPO / "deploy" / "kustomization.yaml").read_text())
+    assert top["resources"] == ["base"]  # `kubectl apply -k deploy/` applies the base
+    kustomization = yaml.safe_load((REPO / "deploy" / "base" / "kustomization.yaml").read_text())
     assert kustomization["kind"] == "Kustomization"
-    assert kustomization["namespace"] == "rankpack"
-    objects = []
-    for name in ("serviceaccount.yaml", "role.yaml", "rolebinding.yaml"):
-        assert name in kustomization["resources"]
-        objects += list(yaml.safe_load_all((REPO / "deploy" / name).read_text()))
-    assert objects == rbac.backend_rbac()
+    assert "backend.yaml" in kustomization["resources"]
+    objects = list(yaml.safe_load_all((REPO / "deploy" / "base" / "backend.yaml").read_text()))
+    assert objects == rbac.backend_rbac("rankpack")
+
+
+def test_every_deployed_object_names_its_namespace() -> None:
+    """The base spans two namespaces (the agent's apart, for PodSecurity), so it sets none:
+    every namespaced object names its own."""
+    from rankpack.operator import manifests
+
+    cluster_scoped = {"Namespace", "CustomResourceDefinition", "ClusterRole",
+                      "ClusterRoleBinding", "PersistentVolume", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding", "Kustomization"}  # fmt: skip
+    for name, text in manifests.files().items():
+        for doc in yaml.safe_load_all(text):
+            if doc["kind"] not in cluster_scoped:
+                assert doc["metadata"].get("namespace"), (name, doc["kind"])
+    ns = {d["metadata"]["name"]: d["metadata"]["labels"] for d in manifests.namespaces()}
+    assert ns["rankpack"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 def test_rbac_is_least_privilege() -> None:
@@ -236,7 +251,7 @@ def test_cli_bad_version_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) 
 def test_deploy_crd_matches_the_builder() -> None:
     from rankpack.operator.crd import crd_manifest
 
-    assert yaml.safe_load((REPO / "deploy" / "crd.yaml").read_text()) == crd_manifest()
+    assert yaml.safe_load((REPO / "deploy" / "base" / "crd.yaml").read_text()) == crd_manifest()
 
 
 def test_deploy_files_are_what_the_generator_writes() -> None:
@@ -245,17 +260,24 @@ def test_deploy_files_are_what_the_generator_writes() -> None:
     files = manifests.files()
     for name, text in files.items():
         assert (REPO / "deploy" / name).read_text() == text, name
-    kustomization = yaml.safe_load(files["kustomization.yaml"])
-    on_disk = {p.name for p in (REPO / "deploy").glob("*.yaml")} - {"kustomization.yaml"}
-    assert set(kustomization["resources"]) == on_disk  # nothing shipped that is not applied
+    on_disk = {str(p.relative_to(REPO / "deploy")) for p in (REPO / "deploy").rglob("*.yaml")}
+    assert on_disk == set(files)  # nothing stale left in deploy/
+    base = yaml.safe_load(files["base/kustomization.yaml"])
+    shipped = {n.removeprefix("base/") for n in files if n.startswith("base/")}
+    assert set(base["resources"]) == shipped - {"kustomization.yaml"}  # all of it applied
 
 
 def test_the_dev_overlay_changes_only_images_and_the_volume() -> None:
     from rankpack.operator import manifests
 
     dev = yaml.safe_load(manifests.files()["dev/kustomization.yaml"])
-    assert set(dev) == {"apiVersion", "kind", "resources", "images"}
-    assert dev["resources"] == ["..", "runs-pv.yaml"]
+    assert set(dev) == {"apiVersion", "kind", "resources", "images", "patches"}
+    # the one patch: the dev image's /usr host mount admitted in the rankpack namespace
+    assert dev["patches"] == [{"path": "namespace-patch.yaml"}]
+    patch = yaml.safe_load(manifests.files()["dev/namespace-patch.yaml"])
+    relaxed = {"pod-security.kubernetes.io/enforce": "privileged"}
+    assert patch["metadata"] == {"name": "rankpack", "labels": relaxed}
+    assert dev["resources"] == ["../base", "runs-pv.yaml"]
     assert {i["name"] for i in dev["images"]} == {"rankpack/rank", "rankpack/rankpack"}
     assert all(i["newName"].startswith("rankpack.local/") for i in dev["images"])
     (pv,) = yaml.safe_load_all(manifests.files()["dev/runs-pv.yaml"])
