@@ -52,6 +52,9 @@ class FailureCode(enum.StrEnum):
     OOM_KILLED = "OOMKilled"
     EVICTED = "Evicted"
     NODE_LOST = "NodeLost"
+    LAUNCHER_LOST = "LauncherLost"
+    """The launcher pod that runs the simulation's mpirun was deleted, evicted or lost with
+    its node before mpirun's exit code was written (the Kubernetes backend's pod mode)."""
     RANK_FAILED = "RankFailed"
     """A rank's process was killed or exited non-zero (local backend: by signal or code)."""
     SOLVER_FAILED = "SolverFailed"

@@ -24,7 +24,15 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rankpack.backend.kubernetes import builders, launcher, objects, observing, status, usage
+from rankpack.backend.kubernetes import (
+    builders,
+    launcher,
+    objects,
+    observing,
+    pod_mode,
+    status,
+    usage,
+)
 from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.capacity import Capacity
 from rankpack.backend.kubernetes.config import KubernetesConfig, parse_volume
@@ -101,7 +109,7 @@ class KubernetesBackend:
             "namespace": self.api.namespace,
             "image": self.config.image,
             "usage": self.usage.name,
-            "launcher": "mpirun+pods/exec",
+            "launcher": "launcher-pod" if self.config.launcher == "pod" else "mpirun+pods/exec",
         }
 
     def clock(self) -> float:
@@ -130,16 +138,21 @@ class KubernetesBackend:
         if spec.sim_id in self.sims:
             raise BackendError(f"simulation {spec.sim_id} was launched already")
         builders.check_sim_id(spec.sim_id, len(spec.ranks))
+        in_pod = self.config.launcher == "pod"
+        if in_pod:
+            builders.check_launcher_name(spec.sim_id)
         self._stager.launched(spec.sim_id)
         try:
             volume = parse_volume(spec.volume, spec.case_dir)
         except UserError as exc:
             raise LaunchFailed(str(exc)) from exc
         image = spec.image or self.config.image
-        sim = SimRecord(spec=spec, image=image, volume=volume, desired=list(spec.ranks))
-        prepare_files(sim)
+        sim = SimRecord(spec=spec, image=image, volume=volume, desired=list(spec.ranks),
+                        in_pod=in_pod)  # fmt: skip
+        self._prepare(sim)
         try:
-            objects.reconcile(self.api, spec, image, volume)
+            objects.reconcile(self.api, spec, image, volume,
+                              launcher=pod_mode.options_of(sim, self.config))  # fmt: skip
         except ApiError as exc:
             if not exc.transient:
                 with contextlib.suppress(ApiError):
@@ -151,6 +164,13 @@ class KubernetesBackend:
         with self.lock:
             self.sims[spec.sim_id] = sim
         self._poller.ensure()
+
+    def _prepare(self, sim: SimRecord) -> None:
+        """The files on the case volume mpirun needs (and in pod mode its launcher's
+        instructions)."""
+        prepare_files(sim)
+        if sim.in_pod:
+            pod_mode.prepare(sim, self.config, self.api.namespace)
 
     # -- the poller: the backend's event source (`poller`) ------------------------------
 
@@ -258,7 +278,10 @@ class KubernetesBackend:
 
     def phase(self, sim: SimRecord) -> tuple[SimPhase, str]:
         """The simulation's phase and why (no side effects: `list` uses it too)."""
-        return observing.phase(sim, self.poll_error)
+        phase, reason = observing.phase(sim, self.poll_error)
+        if sim.in_pod and phase is SimPhase.PENDING and not self.poll_error:
+            reason = pod_mode.pending_reason(sim, reason)
+        return phase, reason
 
     # -- stop and release ----------------------------------------------------------------------
 
@@ -272,6 +295,13 @@ class KubernetesBackend:
             return
         with self.lock:
             sim.life.stop()
+        if sim.in_pod:  # mpirun runs in the launcher pod: its deletion ends it
+            if not sim.life.ended:
+                pod_mode.stop(self.api, sim)
+            with self.lock:
+                sim.life.end()
+            self.notify()
+            return
         process = sim.process
         if process is not None:
             stop_group(process)
@@ -340,7 +370,9 @@ class KubernetesBackend:
         followed again; its mpirun (not our child) is known to have ended by the exit file
         it leaves on the case volume. The launch marker (`launcher.state`) says whether
         mpirun was ever started: if not (the earlier process died mid-launch), the rank
-        pods are created if missing and mpirun is started here once they run."""
+        pods (and in pod mode the launcher pod) are created if missing and mpirun is started
+        once they run. A simulation with a launcher pod is followed through it (pod mode:
+        running, ended, or lost)."""
         launch = launcher.state(rank_dir(spec.case_dir))
         try:
             owner = self.api.get("configmaps", builders.owner_name(sim_id))
@@ -365,30 +397,44 @@ class KubernetesBackend:
         life = Lifecycle(adopted=True)
         if launch != "never":
             life.start()
+        in_pod = self.config.launcher == "pod"
         sim = SimRecord(spec=spec, image=image, volume=volume, desired=list(spec.ranks),
-                        life=life)  # fmt: skip
+                        life=life, in_pod=in_pod and launch == "never")  # fmt: skip
         if launch == "never":
-            prepare_files(sim)
+            if sim.in_pod:
+                builders.check_launcher_name(sim_id)
+            self._prepare(sim)
             # whatever the earlier process got to (owner, service, some rank pods): creating
             # is get-or-create, so the missing ones are made and the existing ones kept
             try:
-                objects.reconcile(self.api, spec, image, volume)
+                objects.reconcile(self.api, spec, image, volume,
+                                  launcher=pod_mode.options_of(sim, self.config))  # fmt: skip
             except ApiError as exc:
                 if not exc.transient:
                     raise LaunchFailed(f"cannot create the rank pods of {sim_id}: {exc}") from exc
                 sim.reconcile_error = str(exc)
-        elif launch == "died":
-            why = "its launcher and mpirun ended without an exit code (killed?)"
-            life.fail(Failure(FailureCode.OTHER, why))
         listed = bool(owner) or (launch == "never" and sim.reconcile_error is None)
+        launcher_pod: Obj | None = None
         for pod in self.api.list_pods(builders.sim_selector(sim_id)) if listed else []:
+            labels = pod.get("metadata", {}).get("labels") or {}
+            if labels.get(builders.ROLE_LABEL) == builders.LAUNCHER_ROLE:
+                launcher_pod = pod
+                continue
             with contextlib.suppress(KeyError, ValueError):
-                rank = int(pod["metadata"]["labels"][builders.RANK_LABEL])
+                rank = int(labels[builders.RANK_LABEL])
                 want = status.desired(pod, C)
                 if want is not None and 0 <= rank < sim.n:
                     sim.desired[rank] = want
                     sim.pods[rank] = pod
                     sim.seen.add(rank)
+        if launcher_pod is not None:  # pod mode: the launcher pod says where it stands
+            pod_mode.adopted(sim, launcher_pod)
+        elif launch == "died":
+            life.fail(
+                pod_mode.lost_on_adoption(sim) if in_pod else
+                Failure(FailureCode.OTHER,
+                        "its launcher and mpirun ended without an exit code (killed?)")
+            )  # fmt: skip
         if launch == "ended":
             check_adopted(sim)
         # the log is delivered from its start, as the protocol says: the adopting

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 from rankpack.errors import UserError
 
@@ -19,6 +20,8 @@ DEV_IMAGE = "rankpack.local/host-usr:1"
 """The dev cluster's "host /usr" image (`rankpack dev-cluster`): mounts this host's /usr."""
 DEV_IMAGE_PREFIX = "rankpack.local/"
 """Images built locally by the dev cluster: never pulled (``imagePullPolicy: Never``)."""
+LauncherMode = Literal["host", "pod"]
+"""Where a simulation's mpirun runs (`KubernetesConfig.launcher`)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +52,25 @@ class KubernetesConfig:
     """Start mpirun through a detached launcher that outlives this process (the operator:
     a restarted operator adopts the simulation); False: mpirun is SIGTERMed if rankpack
     dies (`rankpack run`: nothing is left running)."""
+    launcher: LauncherMode = "host"
+    """Where each simulation's mpirun runs. ``host``: on this host, as this process's child
+    (or detached, see `detach`); the ranks are entered through ``pods/exec`` with this
+    process's identity (`rankpack run`, the dev cluster's host-``/usr`` image, whose pods
+    hold no Python). ``pod``: in a launcher pod per simulation (``rankpack-<sim>-launcher``,
+    the simulation's image, ServiceAccount ``rankpack-launcher``), so this process needs no
+    ``pods/exec`` and may be killed, moved or upgraded while simulations run (the operator).
+    See ``docs/decisions/0008-kubernetes-launcher.md``."""
+    launcher_env: tuple[tuple[str, str], ...] = ()
+    """Extra environment of the launcher pods (pod mode), e.g. ``KUBERNETES_SERVICE_HOST``
+    and ``KUBERNETES_SERVICE_PORT`` on a cluster whose apiserver Service IP does not route
+    from pods (no kube-proxy)."""
+    launcher_cpu_millis: int = 50
+    """The launcher pods' CPU request (pod mode; no limit): mpirun forwards rank 0's output
+    and the rsh agents start the ranks, then mostly wait."""
+
+    def __post_init__(self) -> None:
+        if self.launcher not in ("host", "pod"):
+            raise UserError(f"launcher '{self.launcher}' not understood; use host or pod")
 
 
 def default_kubeconfig() -> Path | None:

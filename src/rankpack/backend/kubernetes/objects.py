@@ -1,9 +1,9 @@
 """A simulation's Kubernetes objects: created idempotently, deleted through their owner.
 
 Every simulation has an owner ConfigMap (its spec; the garbage collector's root), a headless
-Service and one pod per rank, built by `builders`. `reconcile` gets-or-creates them (at
-launch, adoption, and by the poller after a transient error); `delete` removes them at
-release (and the poller retries orphans without waiting).
+Service and one pod per rank (and in pod mode its launcher pod), built by `builders`.
+`reconcile` gets-or-creates them (at launch, adoption, and by the poller after a transient
+error); `delete` removes them at release (and the poller retries orphans without waiting).
 """
 
 from __future__ import annotations
@@ -17,14 +17,25 @@ from rankpack.backend.kubernetes.config import KubernetesConfig, VolumeSource
 from rankpack.backend.protocol import BackendError, LaunchFailed, SimSpec
 
 
-def reconcile(api: KubeApi, spec: SimSpec, image: str, volume: VolumeSource) -> None:
-    """Get-or-create the owner, the Service and every rank pod (idempotent: objects that
-    exist and belong to this simulation are left alone; someone else's are an error)."""
+def reconcile(
+    api: KubeApi,
+    spec: SimSpec,
+    image: str,
+    volume: VolumeSource,
+    *,
+    launcher: builders.LauncherOptions | None = None,
+) -> None:
+    """Get-or-create the owner, the Service and every rank pod, and with ``launcher`` (pod
+    mode) the launcher pod after them (idempotent: objects that exist and belong to this
+    simulation are left alone; someone else's are an error)."""
     owner_obj = _get_or_create(api, "configmaps", builders.owner_configmap(spec, image), spec)
     owner = builders.OwnerRef(builders.owner_name(spec.sim_id), str(owner_obj["metadata"]["uid"]))
     _get_or_create(api, "services", builders.headless_service(spec, owner), spec)
     for rank in range(len(spec.ranks)):
         _get_or_create(api, "pods", builders.rank_pod(spec, rank, owner, volume, image), spec)
+    if launcher is not None:
+        pod = builders.launcher_pod(spec, owner, volume, image, launcher)
+        _get_or_create(api, "pods", pod, spec)
 
 
 def _get_or_create(api: KubeApi, kind: str, body: Obj, spec: SimSpec) -> Obj:

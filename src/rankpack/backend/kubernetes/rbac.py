@@ -82,3 +82,80 @@ def namespace_object(namespace: str) -> dict[str, Any]:
         "kind": "Namespace",
         "metadata": {"name": namespace, "labels": dict(MANAGED_BY)},
     }
+
+
+# -- pod mode: the operator without pods/exec, and the launcher pods' identity --------------
+
+OPERATOR_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = tuple(
+    rule for rule in RULES if rule[1] != ("pods/exec",)
+)
+"""`RULES` without ``pods/exec``: the operator in pod mode (`KubernetesConfig.launcher`
+``pod``) enters no pod; mpirun runs in each simulation's launcher pod, under
+`LAUNCHER_SERVICE_ACCOUNT`. (Its usage readings must then come from the node's cgroups or
+the node agent: the pod-exec usage reader needs ``pods/exec``.)"""
+
+LAUNCHER_SERVICE_ACCOUNT = "rankpack-launcher"
+"""The identity of every launcher pod (``rankpack-<sim>-launcher``) in a namespace."""
+LAUNCHER_ROLE = "rankpack-launcher"
+
+LAUNCHER_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    # wait until the rank pods run and learn their addresses
+    ("", ("pods",), ("get", "list", "watch")),
+    # rankpack-exec (mpirun's rsh agent) starts orted in each rank pod through pods/exec. The
+    # client opens it as a websocket, an HTTP GET, which RBAC authorizes as `get`; since 1.35
+    # the apiserver also checks `create` on it (AuthorizePodWebsocketUpgradeCreatePermission,
+    # on by default), the verb kubectl's SPDY POST always needed. Both, nothing else.
+    ("", ("pods/exec",), ("create", "get")),
+)
+"""What a launcher pod may do in its namespace: read pods, exec into them. Nothing it may
+create, change or delete (`tests/unit/kubernetes/test_pod_mode.py` pins this)."""
+
+
+def launcher_rbac(namespace: str | None = None) -> list[dict[str, Any]]:
+    """The launcher pods' ServiceAccount, Role and RoleBinding for one namespace (the
+    admin's manifests install them in every namespace simulations run in; the operator
+    never creates Roles). Without `namespace` as in ``deploy/`` (kustomize sets it)."""
+
+    def meta(name: str) -> dict[str, Any]:
+        m: dict[str, Any] = {"name": name, "labels": dict(MANAGED_BY)}
+        if namespace:
+            m["namespace"] = namespace
+        return m
+
+    subject = {
+        "kind": "ServiceAccount",
+        "name": LAUNCHER_SERVICE_ACCOUNT,
+        "namespace": namespace or DEPLOY_NAMESPACE,
+    }
+    rules = _as_role_rules(LAUNCHER_RULES)
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": LAUNCHER_ROLE}
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(LAUNCHER_SERVICE_ACCOUNT)},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": meta(LAUNCHER_ROLE),
+            "rules": rules,
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": meta(LAUNCHER_ROLE),
+            "roleRef": role_ref,
+            "subjects": [subject],
+        },
+    ]
+
+
+def operator_role_rules() -> list[dict[str, Any]]:
+    """`OPERATOR_RULES` as a Role's ``rules`` (the operator's Role in pod mode)."""
+    return _as_role_rules(OPERATOR_RULES)
+
+
+def _as_role_rules(
+    rules: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...],
+) -> list[dict[str, Any]]:
+    return [
+        {"apiGroups": [group], "resources": list(resources), "verbs": list(verbs)}
+        for group, resources, verbs in rules
+    ]

@@ -31,6 +31,11 @@ def rank_dir(case_dir: Path) -> Path:
     return case_dir / ".rankpack"
 
 
+def launch_file(case_dir: Path) -> Path:
+    """The launcher pod's instructions (pod mode: `launch_pod.Instructions`)."""
+    return rank_dir(case_dir) / "launch.json"
+
+
 class Stage(enum.Enum):
     PENDING = "pending"
     """Its objects exist (or are being created); mpirun has not started."""
@@ -138,6 +143,14 @@ class SimRecord:
     """The launch marker's locked descriptor while this process holds it (`launcher`)."""
     reconcile_error: str | None = None
     """Creating its objects failed transiently; the poller tries again."""
+    in_pod: bool = False
+    """Its mpirun runs in its launcher pod (pod mode), not on this host."""
+    launcher: Obj | None = None
+    """Its launcher pod as last listed (pod mode)."""
+    launcher_seen: bool = False
+    """Its launcher pod was listed at least once (pod mode)."""
+    launcher_missing: int = 0
+    """Listings in a row, since it was created, without its launcher pod (pod mode)."""
 
     def __post_init__(self) -> None:
         self.log = LogTail(self.spec.log_path)

@@ -198,3 +198,9 @@ def subnet_of(pods: list[Obj]) -> str | None:
     if all(ipaddress.ip_address(ip) in net for ip in ips):
         return str(net)
     return None
+
+
+def rank_env(sim: SimRecord) -> dict[str, str]:
+    """The ranks' environment (mpirun's ``-x``), for the launcher pod's instructions too
+    (pod mode, `pod_mode`): the same as mpirun on this host gives them."""
+    return _rank_env(sim)
