@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from rankpack.backend.kubernetes.config import LAUNCHER_CHOICES, resolve_launcher
 from rankpack.backend.local import LocalBackend
 from rankpack.backend.protocol import Backend, BackendError
 from rankpack.cli.common import parse_cores
@@ -30,6 +31,12 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--image", help="kubernetes: rank pod image with the solver and MPI (default: the dev "
         "cluster's host-usr image)"
+    )  # fmt: skip
+    p.add_argument(
+        "--launcher", choices=LAUNCHER_CHOICES, default="auto",
+        help="kubernetes: where mpirun runs: pod (a launcher pod per simulation, beside its "
+        "ranks; needs a rank image with rankpack), host (here, ranks entered through "
+        "pods/exec), auto (default: pod unless the image is the dev cluster's host-usr)",
     )  # fmt: skip
     p.add_argument(
         "--allocatable",
@@ -53,6 +60,7 @@ def make_backend(args: argparse.Namespace, *, use_cgroups: bool = True) -> Backe
     from rankpack.plan.allocation import budget_to_millis
 
     config = load_config(args.kubeconfig, args.context, args.namespace, image=args.image)
+    config = replace(config, launcher=resolve_launcher(args.launcher, config.image))
     if args.allocatable is not None:
         config = replace(config, allocatable_millis=budget_to_millis(args.allocatable))
     try:

@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from rankpack.backend.kubernetes.config import LAUNCHER_CHOICES, resolve_launcher
 from rankpack.backend.protocol import BackendError
 from rankpack.cli.common import (
     data_dir,
@@ -61,7 +62,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         ),
     )
     add_cluster_arguments(p)
-    p.add_argument("--image", help="rank pod image (default: the dev cluster's host-usr image)")
+    p.add_argument(
+        "--image", help="rank pod image (default: in a pod, the operator's own image; else the "
+        "dev cluster's host-usr image)"
+    )  # fmt: skip
+    p.add_argument(
+        "--launcher", choices=LAUNCHER_CHOICES, default="auto",
+        help="where each simulation's mpirun runs: pod (a launcher pod beside its ranks, so the "
+        "operator needs no pods/exec and can move while simulations run), host (detached "
+        "beside the operator), auto (default: pod unless the image is the dev cluster's "
+        "host-usr)",
+    )  # fmt: skip
     p.add_argument(
         "--volume", help="where run directories live in the rank pods, for Simulations whose "
         "spec.case.volume is empty: pvc:CLAIM[:MOUNT_PATH] or host:DIR (default: each run "
@@ -262,6 +273,7 @@ def handle_operator(args: argparse.Namespace) -> int:
         image = own_image(config)
         if image:
             config = replace(config, image=image)
+    config = replace(config, launcher=resolve_launcher(args.launcher, config.image))
     opts = OperatorOptions(
         config=config,
         runs_root=data_dir() / "runs",

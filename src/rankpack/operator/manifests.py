@@ -27,7 +27,12 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # (PyYAML, a dependency of kubernetes)
 
-from rankpack.backend.kubernetes.rbac import DEPLOY_NAMESPACE, backend_rbac, role_rules
+from rankpack.backend.kubernetes.rbac import (
+    DEPLOY_NAMESPACE,
+    backend_rbac,
+    launcher_rbac,
+    operator_role_rules,
+)
 from rankpack.operator import crd
 from rankpack.operator.policy_manifest import admission_objects
 
@@ -123,7 +128,8 @@ def operator_objects(
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": _meta(NAME, namespace),
-            "rules": role_rules(),
+            # the backend's rules but pods/exec: mpirun runs in launcher pods
+            "rules": operator_role_rules(),
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -293,6 +299,7 @@ BASE_RESOURCES = (
     "crd.yaml",
     "admission.yaml",
     "backend.yaml",
+    "launcher.yaml",
     "runs-pvc.yaml",
     "operator.yaml",
 )
@@ -352,6 +359,15 @@ BACKEND_HEADER = (
     + GENERATED
 )
 
+LAUNCHER_HEADER = (
+    """\
+# The launcher pods' identity (one launcher pod per simulation runs its mpirun): reading the
+# rank pods and starting each rank in its pod (pods/exec), in this namespace only. Installed
+# by the admin in every namespace Simulations run in: the operator never creates Roles.
+"""
+    + GENERATED
+)
+
 DEV_HEADER = (
     """\
 # The dev cluster's overlay (`rankpack dev-cluster up --operator` applies it): the images
@@ -377,6 +393,7 @@ def files() -> dict[str, str]:
         "base/crd.yaml": crd_yaml(),
         "base/admission.yaml": admission_yaml(),
         "base/backend.yaml": _docs(BACKEND_HEADER, backend_rbac(DEPLOY_NAMESPACE)),
+        "base/launcher.yaml": _docs(LAUNCHER_HEADER, launcher_rbac(DEPLOY_NAMESPACE)),
         "base/runs-pvc.yaml": _docs(pvc_header, [runs_claim()]),
         "base/operator.yaml": operator_yaml(),
         "dev/kustomization.yaml": _docs(DEV_HEADER, [dev_kustomization()]),

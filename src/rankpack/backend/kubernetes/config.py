@@ -22,6 +22,23 @@ DEV_IMAGE_PREFIX = "rankpack.local/"
 """Images built locally by the dev cluster: never pulled (``imagePullPolicy: Never``)."""
 LauncherMode = Literal["host", "pod"]
 """Where a simulation's mpirun runs (`KubernetesConfig.launcher`)."""
+LAUNCHER_CHOICES = ("auto", "host", "pod")
+
+
+def resolve_launcher(choice: str, image: str) -> LauncherMode:
+    """``--launcher``: ``auto`` is a launcher pod whenever the rank image can hold one (every
+    image but the dev cluster's host-usr, whose pods have no rankpack), else mpirun here."""
+    if choice not in LAUNCHER_CHOICES:
+        raise UserError(f"launcher '{choice}' not understood; use auto, host or pod")
+    if choice == "auto":
+        return "host" if image == DEV_IMAGE else "pod"
+    if choice == "pod" and image == DEV_IMAGE:
+        raise UserError(
+            f"--launcher pod needs a rank image with rankpack in it, not the dev cluster's "
+            f"{DEV_IMAGE}; give --image (e.g. rankpack.local/rank:dev after "
+            "`rankpack dev-cluster up --operator`) or --launcher host"
+        )
+    return "host" if choice == "host" else "pod"
 
 
 @dataclass(frozen=True)
