@@ -9,8 +9,9 @@ of where the case lives in a rank pod (`parse_volume` reads ``SimSpec.volume``).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from rankpack.errors import UserError
 
@@ -19,6 +20,24 @@ DEV_IMAGE = "rankpack.local/host-usr:1"
 """The dev cluster's "host /usr" image (`rankpack dev-cluster`): mounts this host's /usr."""
 DEV_IMAGE_PREFIX = "rankpack.local/"
 """Images built locally by the dev cluster: never pulled (``imagePullPolicy: Never``)."""
+
+
+ReadingsMode = Literal["auto", "node", "agent"]
+AGENT_PORT = 8475
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """Where a node keeps what `nodereader` reads: the kubelet's root and the pods' cgroups.
+    The node agent takes them as flags; the backend uses them with ``readings="node"``."""
+
+    kubelet_root: Path = Path("/var/lib/kubelet")
+    """The kubelet's ``--root-dir`` (its ``pods/<uid>/volumes`` hold the rank pods' records)."""
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    """Where the node's cgroup hierarchy is mounted (in the agent's pod: its host mount)."""
+    pods_cgroup: str = "kubepods"
+    """The node's pods cgroup below the cgroup root (``kubepods``; ``<root>/kubepods`` for a
+    kubelet with ``--cgroup-root``: several nodes on one machine)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +68,16 @@ class KubernetesConfig:
     """Start mpirun through a detached launcher that outlives this process (the operator:
     a restarted operator adopts the simulation); False: mpirun is SIGTERMed if rankpack
     dies (`rankpack run`: nothing is left running)."""
+    readings: ReadingsMode = "auto"
+    """Where the ranks' counters and shim records come from (decision 0010): ``node``, this
+    process runs on the rank pods' node and reads its files (the single-node dev cluster);
+    ``agent``, from the node agents (``rankpack node-agent``, the in-cluster operator);
+    ``auto``, ``node`` when the kubelet's pods directory and the pods cgroup are here."""
+    node_files: NodeFiles = field(default_factory=NodeFiles)
+    """The node's files, for ``readings="node"``."""
+    agent_namespace: str | None = None
+    """Where the node agents' pods run (None: ``namespace``)."""
+    agent_port: int = AGENT_PORT
 
 
 def default_kubeconfig() -> Path | None:
