@@ -261,8 +261,8 @@ class ClientKubeApi:
         value = self.api_client.configuration.auth_settings().get("BearerToken", {}).get("value")
         if not value:
             return None
-        text = str(value)
-        return text[len("Bearer ") :] if text.startswith("Bearer ") else text
+        scheme, _, token = str(value).strip().partition(" ")  # "Bearer x"; in-cluster "bearer x"
+        return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
     def get_pod(self, name: str) -> Obj:
         return self.get("pods", name)
