@@ -154,7 +154,10 @@ class NodeAgent:
     # -- routes -----------------------------------------------------------------------------
 
     def _ranks(self, query: str, authorization: str | None) -> Response:
-        params = urllib.parse.parse_qs(query, max_num_fields=8)
+        try:
+            params = urllib.parse.parse_qs(query, max_num_fields=8)
+        except ValueError:
+            return Response.error(400, "too many query parameters")
         namespace = (params.get("namespace") or [""])[-1]
         if namespace and not _NAME.match(namespace):
             return Response.error(400, "namespace is not a namespace name")

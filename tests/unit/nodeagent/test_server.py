@@ -139,6 +139,7 @@ def test_ranks_401_403_200(node: Node) -> None:
 
 def test_bad_requests(node: Node) -> None:
     assert node.request("GET", "/v1/ranks?namespace=../x")[0] == 400
+    assert node.request("GET", "/v1/ranks?" + "&".join(f"a{i}=1" for i in range(20)))[0] == 400
     assert node.request("GET", "/nope")[0] == 404
     assert node.request("GET", "/v1/ranks/extra")[0] == 404
     assert node.request("POST", "/v1/ranks?namespace=runs", body=b"")[0] == 405
