@@ -153,6 +153,10 @@ class RankObservation:
     """The shim's duty cycle over its latest window."""
     wait_mode: str | None = None
     """The wait mode the rank's shim used at its latest wait (None: no shim data)."""
+    readings_ok: bool = True
+    """False: the rank's node could not be read for this observation (Kubernetes: its node
+    agent is unreachable); the counters and shim values are the last ones read, not fresh,
+    and the controller decides nothing for the simulation until they are."""
 
     @property
     def request_millis(self) -> int:

@@ -170,6 +170,10 @@ def _hold_reason(
         # A pack shrinks the running simulations' requests in place, which needs their
         # ranks running (a resize of a rank not started yet is not carried out).
         return "measuring", f"{name} waits for {', '.join(starting)} to start before a pack"
+    stale = [sim.sim_id for sim in obs.sims if not sim.readings_ok]
+    if free < need and stale:
+        # a pack resizes every running simulation; nothing is resized on stale readings
+        return "measuring", f"{name} waits for {', '.join(stale)} to be read again before a pack"
     gain = _predicted_gain(step, memory, head)
     if free < need:
         # Requests are shares of the node, not reservations of cores: when the model says

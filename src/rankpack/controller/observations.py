@@ -63,6 +63,9 @@ class RankSnapshot:
     """Cumulative time inside MPI calls, from the shim's live record."""
     node: str | None = None
     """The node the rank runs on (None: not placed yet)."""
+    readings_ok: bool = True
+    """False: its node could not be read this time (the backend's
+    ``RankObservation.readings_ok``): the counters are stale, nothing is decided on them."""
 
 
 @dataclass(frozen=True)
@@ -102,6 +105,12 @@ class SimSnapshot:
     @property
     def requested_millis(self) -> int:
         return sum(r.request_millis for r in self.ranks)
+
+    @property
+    def readings_ok(self) -> bool:
+        """Every rank's node was read for this step: the decision step neither resizes nor
+        switches the wait mode of a simulation with a stale rank (its node agent is away)."""
+        return all(r.readings_ok for r in self.ranks)
 
 
 @dataclass(frozen=True)

@@ -193,6 +193,7 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
                 compute_ns=r.compute_ns,
                 mpi_ns=r.mpi_ns,
                 node=r.node,
+                readings_ok=r.readings_ok,
             )
             for r in sim.last.ranks
         ),

@@ -61,6 +61,12 @@ Across simulations:
 * (E) Wait modes, last: ``auto`` simulations switch between spin and polite by where their
   ranks sit (`rankpack.controller.waits`).
 
+Stale readings. A simulation any of whose ranks has ``readings_ok`` False (its node could
+not be read: the node agent is away) gets no Resize and no SetWaitMode in that step: its
+stage does not advance (a profiling window grows; the counters are cumulative, so sizing
+once it is read again measures the whole window), fairness leaves it out, and the launch
+gate does not pack while it is stale (a pack resizes every running simulation).
+
 A resize the backend could not apply (``failed``: not refused, e.g. the apiserver did not
 answer) is asked for again after `retry_delay_s` (the loop keeps the count).
 """
@@ -103,6 +109,8 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
 
     for sim in obs.sims:
         mem = memory[sim.sim_id]
+        if not sim.readings_ok:
+            continue  # stale counters: its stage waits (a profiling window just grows)
         if mem.stage == "scheduled":
             memory[sim.sim_id] = _follow_phases(sim, mem, step)
         elif mem.stage == "warmup":
@@ -327,7 +335,9 @@ def _fairness(step: Step, memory: dict[str, SimMemory], engaged: bool) -> bool:
     """Adjust at most one simulation; returns whether a fairness episode is engaged."""
     s = step.settings
     now = step.obs.now_s
-    sized = [sim for sim in step.obs.sims if memory[sim.sim_id].stage == "sized"]
+    sized = [
+        sim for sim in step.obs.sims if memory[sim.sim_id].stage == "sized" and sim.readings_ok
+    ]
     if len(sized) < 2:
         return False
     if step.resized or any(m.stage == "profiling" for m in memory.values()):
@@ -417,7 +427,13 @@ def _wait_modes(step: Step, memory: dict[str, SimMemory], launching: int) -> Non
     loads, nodes = waits.node_loads(obs, launching), waits.nodes_of(obs)
     crowd = waits.others_crowd(obs, sum(step.total(sim.sim_id) for sim in obs.sims))
     for sim in obs.sims:
-        if sim.wait != "auto" or sim.starting or not sim.ranks or not has_shim(sim):
+        if (
+            sim.wait != "auto"
+            or sim.starting
+            or not sim.ranks
+            or not has_shim(sim)
+            or not sim.readings_ok
+        ):
             continue
         mem = memory[sim.sim_id]
         current = sim.wait_mode or mem.wait_mode or AUTO_LAUNCH_MODE

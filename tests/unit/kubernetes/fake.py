@@ -41,6 +41,7 @@ class FakeKubeApi:
     """Refuse resizes above this with Forbidden, like 1.36 above allocatable."""
     forbid_nodes: bool = False
     events: list[Obj] = field(default_factory=list)
+    token: str | None = "backend-token"
     _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # -- KubeApi ------------------------------------------------------------------------
@@ -51,11 +52,25 @@ class FakeKubeApi:
             raise ApiError(403, "Forbidden", "nodes is forbidden")
         return copy.deepcopy(self.nodes)
 
-    def list_pods_all_namespaces(self, field_selector: str = "") -> list[Obj]:
+    def list_pods_all_namespaces(
+        self, field_selector: str = "", label_selector: str = ""
+    ) -> list[Obj]:
         self.actions.append(("list", "pods", "*"))
-        return [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == "pods"] + [
+        pods = [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == "pods"] + [
             copy.deepcopy(p) for p in self.other_pods
         ]
+        return [p for p in pods if _matches(p, label_selector)]
+
+    def list_pods_in(self, namespace: str, label_selector: str) -> list[Obj]:
+        self.actions.append(("list", "pods", namespace, label_selector))
+        ours = [o for (k, _), o in sorted(self.objects.items()) if k == "pods"]
+        pods = (ours if namespace == self.namespace else []) + [
+            p for p in self.other_pods if p.get("metadata", {}).get("namespace") == namespace
+        ]
+        return [copy.deepcopy(p) for p in pods if _matches(p, label_selector)]
+
+    def bearer_token(self) -> str | None:
+        return self.token
 
     def list_pods(self, label_selector: str) -> list[Obj]:
         return self.list("pods", label_selector)

@@ -10,7 +10,9 @@ from typing import IO, Any
 import pytest
 
 from rankpack.backend.kubernetes import KubernetesBackend, KubernetesConfig
-from rankpack.backend.kubernetes.usage import CpuCounters
+from rankpack.backend.kubernetes.nodereader import CpuCounters, RankReading
+from rankpack.backend.kubernetes.readings import ReadingsMissing
+from rankpack.backend.mpirun import ShimSample
 from rankpack.backend.protocol import (
     BackendError,
     LaunchFailed,
@@ -56,21 +58,37 @@ class FakeProc:
         self.done.set()
 
 
-class FakeUsage:
+class FakeReadings:
+    """The rank pods' nodes, as `readings.Readings`: usage by pod uid, nodes that cannot be
+    read, and the wait modes asked for."""
+
     name = "fake"
 
     def __init__(self) -> None:
         self.by_uid: dict[str, int] = {}
+        self.shim: ShimSample | None = None
+        self.down: dict[str, str] = {}
+        """node -> why it cannot be read."""
+        self.modes: list[tuple[str, list[str], str]] = []
 
-    def read(self, pod: dict[str, Any]) -> CpuCounters | None:
+    def prefetch(self, pods: Any) -> None:
+        return None
+
+    def read(self, pod: dict[str, Any]) -> RankReading | None:
+        node = pod["spec"].get("nodeName", "")
+        if node in self.down:
+            raise ReadingsMissing(node, self.down[node])
         ns = self.by_uid.get(pod["metadata"]["uid"])
-        return CpuCounters(ns, 3, 40) if ns is not None else None
+        return RankReading(CpuCounters(ns, 3, 40), None, self.shim) if ns is not None else None
+
+    def set_wait_mode(self, sim_id: str, pods: Any, mode: str) -> None:
+        self.modes.append((sim_id, [p["metadata"]["name"] for p in pods], mode))
 
 
 class Harness:
     def __init__(self, tmp_path: Path, api: FakeKubeApi | None = None) -> None:
         self.api = api or FakeKubeApi()
-        self.usage = FakeUsage()
+        self.usage = FakeReadings()
         self.procs: list[FakeProc] = []
         self.case = tmp_path / "run"
         self.case.mkdir(exist_ok=True)
@@ -80,7 +98,7 @@ class Harness:
         return KubernetesBackend(
             self.api,
             KubernetesConfig(kubeconfig=Path("/k"), namespace="rankpack", release_timeout_s=2),
-            usage_source=self.usage,
+            source=self.usage,
             starter=self.start,
             mpirun="/usr/bin/mpirun",
             background=False,
@@ -514,3 +532,81 @@ def test_launch_marker_states(tmp_path: Path) -> None:
     assert launcher.state(tmp_path) == "died"
     (tmp_path / "mpirun.exit").write_text("0\n")
     assert launcher.state(tmp_path) == "ended"
+
+
+# -- readings from the rank pods' nodes (decision 0010) ---------------------------------------
+
+
+def _with_shim(h: Harness, monkeypatch: pytest.MonkeyPatch) -> SimSpec:
+    from rankpack.backend.protocol import ShimSpec
+
+    lib = h.case.parent / "librankpack_pmpi.openmpi.so"
+    lib.write_bytes(b"\x7fELF")
+    monkeypatch.setattr("rankpack.profile.shim.shim_library", lambda flavour: lib)
+    return h.spec(shim=ShimSpec("spin", "openmpi"))
+
+
+def test_the_shims_records_are_in_each_rank_pods_own_volume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(_with_shim(h, monkeypatch))
+    h.run_all()
+    (proc,) = h.procs
+    assert "-x RANKPACK_SHIM_DIR=/var/run/rankpack " in " ".join(proc.argv)
+    assert not (h.case / ".rankpack" / "shim").exists()  # nothing live on the case volume
+    assert (h.case / ".rankpack" / "lib" / "librankpack_pmpi.openmpi.so").is_file()
+    assert h.backend.placement()["usage"] == "fake"
+
+
+def test_a_node_that_cannot_be_read_flags_its_ranks_and_warns_once_per_outage(
+    tmp_path: Path,
+) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    h.usage.by_uid = {h.api.objects[("pods", p)]["metadata"]["uid"]: 10**9 for p in PODS}
+    h.usage.shim = ShimSample(7, 3, 0.7, "spin")
+    obs = h.backend.observe(SIM)
+    assert all(r.readings_ok for r in obs.ranks)
+    assert obs.ranks[0].compute_ns == 7
+    h.usage.by_uid = {k: 2 * 10**9 for k in h.usage.by_uid}
+    h.usage.down = {"node-1": "timed out"}
+    h.api.actions.clear()
+    for _ in range(3):
+        obs = h.backend.observe(SIM)
+        assert [r.readings_ok for r in obs.ranks] == [False] * 3
+        # the last counters, flagged: never the fresh ones it could not read
+        assert [r.usage_ns for r in obs.ranks] == [10**9] * 3
+        assert obs.ranks[0].compute_ns == 7
+    assert h.api.writes() == [("create", "events", PODS[0], "NodeAgentUnreachable")]
+    assert "node agent on node-1 unreachable: timed out" in h.api.events[-1]["message"]
+    h.usage.down = {}
+    obs = h.backend.observe(SIM)
+    assert all(r.readings_ok for r in obs.ranks) and obs.ranks[0].usage_ns == 2 * 10**9
+    h.usage.down = {"node-1": "connection refused"}
+    h.backend.observe(SIM)
+    assert [e["reason"] for e in h.api.events] == ["NodeAgentUnreachable"] * 2  # a new outage
+
+
+def test_wait_modes_are_set_on_the_ranks_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(_with_shim(h, monkeypatch))
+    with pytest.raises(BackendError, match="not every rank pod runs"):
+        h.backend.set_wait_mode(SIM, "polite")
+    h.run_all()
+    with pytest.raises(BackendError, match="unknown wait mode"):
+        h.backend.set_wait_mode(SIM, "nap")
+    h.backend.set_wait_mode(SIM, "polite")
+    assert h.usage.modes == [(SIM, PODS, "polite")]
+
+
+def test_a_simulation_without_the_shim_has_no_wait_mode(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    with pytest.raises(BackendError, match="without the shim"):
+        h.backend.set_wait_mode(SIM, "polite")
+    assert h.usage.modes == []

@@ -100,7 +100,9 @@ def test_launcher_pod_builder(
     assert c["resources"] == {"requests": {"cpu": "50m"}}
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     assert mounts["case"] == mount == rank["spec"]["containers"][0]["volumeMounts"][0]["mountPath"]
-    assert ps["volumes"] == rank["spec"]["volumes"]
+    # the rank pods' volumes but their own rankpack-live (the shim's records: ranks only)
+    rank_volumes = [v for v in rank["spec"]["volumes"] if v["name"] != builders.LIVE_VOLUME]
+    assert ps["volumes"] == rank_volumes
     security = c["securityContext"]
     assert {k: v for k, v in security.items() if k != "runAsNonRoot"} == builders.CONTAINER_SECURITY
     assert security.get("runAsNonRoot", False) is non_root

@@ -9,10 +9,10 @@ flight), starts ``mpirun`` on this host once every rank pod of a simulation runs
 pods' status (`status`), and turns a deleted or evicted rank pod into a failed simulation
 with a failure code. Each simulation's state is one `record.SimRecord` whose `Lifecycle`
 both threads change under one lock. `wait` wakes on the poller's and mpirun's news.
-`observe` reads a record (`observing`); counters come from the pods' cgroups on this node
-(`usage`), the solver log and the shim's records from the shared case volume; `inventory`
-from the nodes and the quota (`capacity`).
-See ``docs/decisions/0008-kubernetes-launcher.md``.
+`observe` reads a record (`observing`); counters and the shim's records come from the rank
+pods' nodes (`readings`: this node's files, or the node agents), the solver log from the
+shared case volume; `inventory` from the nodes and the quota (`capacity`).
+See ``docs/decisions/0008-kubernetes-launcher.md`` and ``0010-node-agent.md``.
 """
 
 from __future__ import annotations
@@ -30,8 +30,8 @@ from rankpack.backend.kubernetes import (
     objects,
     observing,
     pod_mode,
+    readings,
     status,
-    usage,
 )
 from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.capacity import Capacity
@@ -55,6 +55,7 @@ from rankpack.backend.protocol import (
     UnknownSimulation,
 )
 from rankpack.backend.worker import News, Stager
+from rankpack.core.actions import WAIT_MODES
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.errors import UserError
 
@@ -71,14 +72,15 @@ class KubernetesBackend:
         api: KubeApi,
         config: KubernetesConfig,
         *,
-        usage_source: usage.UsageSource | None = None,
+        source: readings.Readings | None = None,
         starter: Starter | None = None,
         mpirun: str | None = None,
         background: bool = True,
     ) -> None:
         self.api = api
         self._config = config
-        self.usage = usage_source if usage_source is not None else usage.detect(api, C)
+        self.readings = source if source is not None else readings.choose(api, config)
+        """Where the ranks' counters and shim records come from (`readings.choose`)."""
         self.background = background
         self._stager = Stager(self.notify)
         self.sims: dict[str, SimRecord] = {}
@@ -108,7 +110,7 @@ class KubernetesBackend:
         return {
             "namespace": self.api.namespace,
             "image": self.config.image,
-            "usage": self.usage.name,
+            "usage": self.readings.name,
             "launcher": "launcher-pod" if self.config.launcher == "pod" else "mpirun+pods/exec",
         }
 
@@ -245,11 +247,21 @@ class KubernetesBackend:
     # -- wait mode ---------------------------------------------------------------------------
 
     def set_wait_mode(self, sim_id: str, mode: str) -> None:
-        """The shim's records are on the shared case volume, which this process mounts at
-        the same path as the rank pods: the control word is written here, as locally, and
-        every rank takes it up at its next wait. A simulation without the shim is refused
-        (BackendError), as by every backend."""
-        self._sim(sim_id).shim.set_wait_mode(mode)
+        """The control word is in each rank's record, in its pod's own volume: written on
+        its node (`readings`: here, or by the node agent), every rank takes it up at its
+        next wait. A simulation without the shim is refused (BackendError), as by every
+        backend, and so is one whose ranks have not all published a record (asked again)."""
+        sim = self._sim(sim_id)
+        if sim.spec.shim is None:
+            raise BackendError(f"simulation {sim_id} runs without the shim: no wait mode to set")
+        if mode not in WAIT_MODES:
+            raise BackendError(f"unknown wait mode '{mode}'; use one of: {', '.join(WAIT_MODES)}")
+        with self.lock:
+            pods = [sim.pods.get(i) for i in range(sim.n)]
+        running = [p for p in pods if p is not None and status.running(p, C)]
+        if len(running) < sim.n:
+            raise BackendError(f"{sim_id}: not every rank pod runs yet; try again")
+        self.readings.set_wait_mode(sim_id, running, mode)
 
     # -- observe -----------------------------------------------------------------------------
 
@@ -260,17 +272,27 @@ class KubernetesBackend:
             return staged
         sim = self._sim(sim_id)
         with self.lock:
+            pods = list(sim.pods.values())
+        self.readings.prefetch(pods)  # (a node agent may take its timeout: not under the lock)
+        missing: dict[str, str] = {}
+        with self.lock:
             life = sim.life
             if sim.process is not None and life.exit_code is None:
                 code = sim.process.poll()
                 if code is not None:
                     life.end(code)
             ended = life.over
-            ranks = tuple(observing.observe_rank(sim, i, ended, self.usage) for i in range(sim.n))
+            ranks = tuple(observing.observe_rank(sim, i, ended, self.readings, missing)
+                          for i in range(sim.n))  # fmt: skip
+            outages = observing.outages(sim, missing)
             log_text = sim.log.read(ended=ended)
             phase, reason = self.phase(sim)
             over = observing.ended_failure(sim) if phase is SimPhase.FAILED else None
             failure = over.code if over is not None else None
+        for node, why in outages:  # once per outage, on rank 0's pod
+            self.record_event(sim, 0, "NodeAgentUnreachable",
+                              f"node agent on {node} unreachable: {why}; no resize or wait-mode "
+                              "change is decided for this simulation until it answers")  # fmt: skip
         return SimObservation(
             sim_id, now, phase, ranks, exit_code=life.exit_code, reason=reason, failure=failure,
             log_text=log_text,
@@ -328,7 +350,6 @@ class KubernetesBackend:
             self._poller.ensure()
         if sim.log_file is not None:
             sim.log_file.close()
-        sim.shim.close()
         sim.close_launch()
         with self.lock:
             sim.life.release()
@@ -348,7 +369,6 @@ class KubernetesBackend:
             if sim.log_file is not None:
                 with contextlib.suppress(OSError):
                     sim.log_file.close()
-            sim.shim.close()
         return [k for k, v in sims.items() if not v.life.released]
 
     # -- earlier processes' simulations ------------------------------------------------------

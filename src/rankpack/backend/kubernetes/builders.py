@@ -39,6 +39,13 @@ SIM_LABEL = "rankpack.dev/sim"
 RANK_LABEL = "rankpack.dev/rank"
 ROLE_LABEL = "rankpack.dev/role"
 CONTAINER = "rank"
+LIVE_VOLUME = "rankpack-live"
+"""The rank pod's own ``emptyDir`` for the shim's live records (``rank-<r>.rec``) and their
+wait-mode word: never on the case volume (a shared volume does not keep mmap coherent
+across nodes), never a host path in the rank pod; the node agent reads it through the
+kubelet's pod directory (decision 0010)."""
+LIVE_DIR = Path("/var/run/rankpack")
+"""Where the rank container mounts it (``RANKPACK_SHIM_DIR``)."""
 IDLE_COMMAND = ("/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done")
 """The rank container's entrypoint: idle (the launcher starts the rank into the container),
 end at once on SIGTERM (a shell as pid 1 ignores signals it does not trap), and outlive a
@@ -188,10 +195,16 @@ def volume_entry(volume: VolumeSource) -> Obj:
 
 
 def rank_pod(spec: SimSpec, rank: int, owner: OwnerRef, volume: VolumeSource, image: str) -> Obj:
-    """Rank ``rank``'s pod: the plan's request, the case volume at ``case_dir``'s path."""
+    """Rank ``rank``'s pod: the plan's request, the case volume at ``case_dir``'s path, and
+    its own ``rankpack-live`` volume for the shim's records."""
     name = pod_name(spec.sim_id, rank)
-    mounts: list[Obj] = [{"name": "case", "mountPath": str(mount_path(volume))}]
-    volumes: list[Obj] = [volume_entry(volume)]
+    mounts: list[Obj] = [
+        {"name": "case", "mountPath": str(mount_path(volume))},
+        {"name": LIVE_VOLUME, "mountPath": str(LIVE_DIR)},
+    ]
+    # on the node's disk, not medium Memory: a tmpfs would be a mount made after the agent
+    # started, which it sees only through mount propagation
+    volumes: list[Obj] = [volume_entry(volume), {"name": LIVE_VOLUME, "emptyDir": {}}]
     if image == DEV_IMAGE:
         # the dev cluster's image is an empty root whose bin/lib link into the host's /usr
         mounts.append({"name": "host-usr", "mountPath": "/usr", "readOnly": True})

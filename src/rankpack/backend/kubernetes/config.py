@@ -9,7 +9,7 @@ of where the case lives in a rank pod (`parse_volume` reads ``SimSpec.volume``).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
@@ -39,6 +39,24 @@ def resolve_launcher(choice: str, image: str) -> LauncherMode:
             "`rankpack dev-cluster up --operator`) or --launcher host"
         )
     return "host" if choice == "host" else "pod"
+
+
+ReadingsMode = Literal["auto", "node", "agent"]
+AGENT_PORT = 8475
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """Where a node keeps what `nodereader` reads: the kubelet's root and the pods' cgroups.
+    The node agent takes them as flags; the backend uses them with ``readings="node"``."""
+
+    kubelet_root: Path = Path("/var/lib/kubelet")
+    """The kubelet's ``--root-dir`` (its ``pods/<uid>/volumes`` hold the rank pods' records)."""
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    """Where the node's cgroup hierarchy is mounted (in the agent's pod: its host mount)."""
+    pods_cgroup: str = "kubepods"
+    """The node's pods cgroup below the cgroup root (``kubepods``; ``<root>/kubepods`` for a
+    kubelet with ``--cgroup-root``: several nodes on one machine)."""
 
 
 @dataclass(frozen=True)
@@ -84,6 +102,17 @@ class KubernetesConfig:
     launcher_cpu_millis: int = 50
     """The launcher pods' CPU request (pod mode; no limit): mpirun forwards rank 0's output
     and the rsh agents start the ranks, then mostly wait."""
+    readings: ReadingsMode = "auto"
+    """Where the ranks' counters and shim records come from (decision 0010): ``node``, this
+    process runs on the rank pods' node and reads its files (the single-node dev cluster);
+    ``agent``, from the node agents (``rankpack node-agent``, the in-cluster operator);
+    ``auto``, ``node`` when the kubelet's pods directory and the pods cgroup are here."""
+    node_files: NodeFiles = field(default_factory=NodeFiles)
+    """The node's files, for ``readings="node"``."""
+    agent_namespace: str | None = "rankpack-system"
+    """Where the node agents' pods run (``deploy/``: ``rankpack-system``, apart from the
+    restricted namespace Simulations run in; None: ``namespace``)."""
+    agent_port: int = AGENT_PORT
 
     def __post_init__(self) -> None:
         if self.launcher not in ("host", "pod"):

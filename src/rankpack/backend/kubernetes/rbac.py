@@ -1,6 +1,8 @@
 """The Kubernetes backend's least-privilege identity: ServiceAccount, Role, RoleBinding.
 
-`RULES` is the single source of what the backend (and the operator, which runs it) may do.
+`RULES` is the single source of what the backend (and the operator, which runs it) may do;
+`NODE_AGENT_RULES` of what the node agent may do, `AGENT_CALLER_RULES` of what a caller of
+the agents must be allowed (decision 0010).
 `rankpack.operator.manifests` writes these objects into ``deploy/`` for real clusters (a
 unit test checks the two agree); the dev tool (`rankpack.devcluster.rbac`) applies them to
 the dev cluster. Pure builders: objects in, nothing sent.
@@ -33,12 +35,49 @@ RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
 )
 
 
-def role_rules() -> list[dict[str, Any]]:
-    """`RULES` as a Role's ``rules``: the backend's Role and the operator's (deploy/)."""
+Rules = tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...]
+
+NODE_AGENT = "rankpack-node-agent"
+"""The node agent's ServiceAccount and ClusterRole (`rankpack.nodeagent`, decision 0010)."""
+NODE_AGENT_RULES: Rules = (
+    # its node's rank pods (listed with a field selector on spec.nodeName, all namespaces)
+    ("", ("pods",), ("get", "list", "watch")),
+    # who is calling (a bearer token) and may they (the ranks of a namespace): nothing else
+    ("authentication.k8s.io", ("tokenreviews",), ("create",)),
+    ("authorization.k8s.io", ("subjectaccessreviews",), ("create",)),
+)
+AGENT_CALLER_RULES: Rules = (("rankpack.dev", ("ranks",), ("get", "update")),)
+"""What a caller of the node agents needs (the agent asks a SubjectAccessReview for them):
+``get`` to read ``/v1/ranks`` of a namespace, ``update`` to set its simulations' wait modes.
+``ranks`` is not an API resource; RBAC grants it like any name. Goes into the Role of the
+identity that runs the backend (the operator's) in the rank pods' namespace."""
+
+
+def rules_of(rules: Rules) -> list[dict[str, Any]]:
     return [
         {"apiGroups": [group], "resources": list(resources), "verbs": list(verbs)}
-        for group, resources, verbs in RULES
+        for group, resources, verbs in rules
     ]
+
+
+def role_rules() -> list[dict[str, Any]]:
+    """`RULES` as a Role's ``rules``: the backend's Role and the operator's (deploy/)."""
+    return rules_of(RULES)
+
+
+def agent_caller_rules() -> list[dict[str, Any]]:
+    """`AGENT_CALLER_RULES` as Role ``rules``, to add to the caller's Role."""
+    return rules_of(AGENT_CALLER_RULES)
+
+
+def node_agent_cluster_role() -> dict[str, Any]:
+    """The node agent's ClusterRole: read pods, create token and access reviews."""
+    return {
+        "apiVersion": "rbac.authorization.k8s.io/v1",
+        "kind": "ClusterRole",
+        "metadata": {"name": NODE_AGENT, "labels": dict(MANAGED_BY)},
+        "rules": rules_of(NODE_AGENT_RULES),
+    }
 
 
 def backend_rbac(namespace: str | None = None) -> list[dict[str, Any]]:

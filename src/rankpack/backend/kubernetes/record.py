@@ -18,16 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from rankpack.backend.kubernetes import usage
 from rankpack.backend.kubernetes.api import Obj
 from rankpack.backend.kubernetes.config import VolumeSource
-from rankpack.backend.mpirun import LogTail, Proc, ShimRecords
+from rankpack.backend.kubernetes.nodereader import CpuCounters
+from rankpack.backend.mpirun import LogTail, Proc, ShimSample
 from rankpack.backend.protocol import RankResources, ResizeStatus, SimSpec
 from rankpack.core.failures import Failure
 
 
 def rank_dir(case_dir: Path) -> Path:
-    """The backend's files on the case volume (hostfile, agent, shim copy, exit code)."""
+    """The backend's files on the case volume (hostfile, agent, shim library, exit code)."""
     return case_dir / ".rankpack"
 
 
@@ -135,9 +135,14 @@ class SimRecord:
     log_file: IO[bytes] | None = field(default=None, repr=False)
     log: LogTail = field(init=False)
     """The solver log not delivered yet (from its start, also when adopted)."""
-    shim: ShimRecords = field(init=False)
-    """The shim's live records of its ranks (none without the shim)."""
-    counters: dict[int, usage.CpuCounters] = field(default_factory=dict)
+    counters: dict[int, CpuCounters] = field(default_factory=dict)
+    """Each rank's latest cgroup counters (kept while its node cannot be read)."""
+    shim: dict[int, ShimSample] = field(default_factory=dict)
+    """Each rank's latest shim sample (the records are in the rank pods' own volumes and
+    read through their nodes, `readings`)."""
+    unreadable: set[str] = field(default_factory=set)
+    """Nodes whose readings were missing at the last observation (an outage under way:
+    its Warning Event was recorded)."""
     created_t: float = field(default_factory=time.monotonic)
     launch_fd: int | None = None
     """The launch marker's locked descriptor while this process holds it (`launcher`)."""
@@ -154,7 +159,6 @@ class SimRecord:
 
     def __post_init__(self) -> None:
         self.log = LogTail(self.spec.log_path)
-        self.shim = ShimRecords.of(self.spec)
 
     @property
     def n(self) -> int:
