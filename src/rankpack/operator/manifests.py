@@ -29,10 +29,12 @@ import yaml  # type: ignore[import-untyped]  # (PyYAML, a dependency of kubernet
 
 from rankpack.backend.kubernetes.rbac import (
     DEPLOY_NAMESPACE,
+    agent_caller_rules,
     backend_rbac,
     launcher_rbac,
     operator_role_rules,
 )
+from rankpack.nodeagent import manifests as agent_manifests
 from rankpack.operator import crd
 from rankpack.operator.policy_manifest import admission_objects
 
@@ -128,8 +130,9 @@ def operator_objects(
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": _meta(NAME, namespace),
-            # the backend's rules but pods/exec: mpirun runs in launcher pods
-            "rules": operator_role_rules(),
+            # the backend's rules but pods/exec (mpirun runs in launcher pods), and being
+            # answered by the node agents (they ask a SubjectAccessReview for `ranks`)
+            "rules": [*operator_role_rules(), *agent_caller_rules()],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -158,8 +161,31 @@ def operator_objects(
             },
             "subjects": [subject],
         },
+        *_agent_finder(subject),
         _deployment(_meta(NAME, namespace), image, metrics_port),
     ]
+
+
+def _agent_finder(subject: Obj) -> list[Obj]:
+    """A Role in the agents' namespace: the operator finds each node's agent (its pod IP)
+    by listing the agents' pods; nothing else there."""
+    name = f"{NAME}-agents"
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(name, SYSTEM_NAMESPACE),
+            "rules": [{"apiGroups": [""], "resources": ["pods"],
+                       "verbs": ["get", "list", "watch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(name, SYSTEM_NAMESPACE),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [subject],
+        },
+    ]  # fmt: skip
 
 
 CASES_PATH = f"{RUNS_PATH}/cases"
@@ -300,6 +326,7 @@ BASE_RESOURCES = (
     "admission.yaml",
     "backend.yaml",
     "launcher.yaml",
+    "node-agent.yaml",
     "runs-pvc.yaml",
     "operator.yaml",
 )
@@ -394,6 +421,9 @@ def files() -> dict[str, str]:
         "base/admission.yaml": admission_yaml(),
         "base/backend.yaml": _docs(BACKEND_HEADER, backend_rbac(DEPLOY_NAMESPACE)),
         "base/launcher.yaml": _docs(LAUNCHER_HEADER, launcher_rbac(DEPLOY_NAMESPACE)),
+        "base/node-agent.yaml": _docs(
+            agent_manifests.HEADER, agent_manifests.agent_objects(SYSTEM_NAMESPACE)
+        ),
         "base/runs-pvc.yaml": _docs(pvc_header, [runs_claim()]),
         "base/operator.yaml": operator_yaml(),
         "dev/kustomization.yaml": _docs(DEV_HEADER, [dev_kustomization()]),

@@ -289,9 +289,19 @@ def test_the_dev_overlay_changes_only_images_and_the_volume() -> None:
 def test_in_cluster_operator_is_least_privilege() -> None:
     from rankpack.operator import manifests
 
-    sa, role, binding, nodes, nodes_binding, deployment = manifests.operator_objects("ns")
+    sa, role, binding, nodes, nodes_binding, finder, finder_binding, deployment = (
+        manifests.operator_objects("ns")
+    )
     assert [o["kind"] for o in (sa, role, binding)] == ["ServiceAccount", "Role", "RoleBinding"]
-    assert role["rules"] == backend_rbac_rules.operator_role_rules()  # the backend's, no more
+    assert role["rules"] == [  # the backend's, no more, and being answered by the agents
+        *backend_rbac_rules.operator_role_rules(),
+        *backend_rbac_rules.agent_caller_rules(),
+    ]
+    # where the agents run: finding them (their pods), nothing else
+    assert finder["metadata"]["namespace"] == manifests.SYSTEM_NAMESPACE
+    assert finder["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                                "verbs": ["get", "list", "watch"]}]  # fmt: skip
+    assert finder_binding["subjects"] == binding["subjects"]
     granted = {r for rule in role["rules"] for r in rule["resources"]}
     assert "pods/exec" not in granted  # mpirun runs in launcher pods
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",

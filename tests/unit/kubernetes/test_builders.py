@@ -132,11 +132,14 @@ def test_rank_pod(given: dict[str, Any], want: dict[str, Any]) -> None:
     assert s["volumes"] == want["volumes"]
     assert "nodeSelector" not in s
     assert s["automountServiceAccountToken"] is False
-    assert c["securityContext"] == {
+    restricted = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+    if want["pull"] is None:  # a real image: its user is rankpack, uid 1000
+        restricted["runAsNonRoot"] = True
+    assert c["securityContext"] == restricted
 
 
 def test_the_shims_records_live_in_the_pods_own_empty_dir() -> None:

@@ -179,13 +179,23 @@ CONTAINER_SECURITY: Obj = {
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
-"""Every rank container's security context: what PodSecurity ``restricted`` asks for, but
-``runAsNonRoot``, which needs the real image's non-root user (the dev image is the host's
-``/usr``; its case volume is written by the operator as root)."""
+"""Every rank and launcher container's security context: what PodSecurity ``restricted``
+asks for, but ``runAsNonRoot`` (`security_context`)."""
 
 
 def is_dev_image(image: str) -> bool:
     return image.startswith(DEV_IMAGE_PREFIX)
+
+
+def security_context(image: str) -> Obj:
+    """`CONTAINER_SECURITY`, plus ``runAsNonRoot`` with a real image (its user rankpack,
+    uid 1000): all PodSecurity ``restricted`` asks. Not with the dev cluster's host-usr
+    image, which is the host's ``/usr`` and runs as root (its case directories are written
+    by a controller running as root on the host)."""
+    security: Obj = dict(CONTAINER_SECURITY)
+    if image != DEV_IMAGE:
+        security["runAsNonRoot"] = True
+    return security
 
 
 def volume_entry(volume: VolumeSource) -> Obj:
@@ -217,7 +227,7 @@ def rank_pod(spec: SimSpec, rank: int, owner: OwnerRef, volume: VolumeSource, im
         "resources": resources(spec.ranks[rank]),
         "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"}],
         "volumeMounts": mounts,
-        "securityContext": CONTAINER_SECURITY,
+        "securityContext": security_context(image),
     }
     if is_dev_image(image):
         container["imagePullPolicy"] = "Never"
@@ -404,9 +414,7 @@ def launcher_pod(
     if image == DEV_IMAGE:
         mounts.append({"name": "host-usr", "mountPath": "/usr", "readOnly": True})
         volumes.append({"name": "host-usr", "hostPath": {"path": "/usr", "type": "Directory"}})
-    security: Obj = dict(CONTAINER_SECURITY)
-    if image != DEV_IMAGE:  # the real images run as the user rankpack (uid 1000)
-        security["runAsNonRoot"] = True
+    security = security_context(image)
     container: Obj = {
         "name": LAUNCHER_CONTAINER,
         "image": image,
