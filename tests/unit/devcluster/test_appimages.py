@@ -8,6 +8,7 @@ import importlib.util
 import re
 import shutil
 import sys
+import tarfile
 from pathlib import Path
 from types import ModuleType
 
@@ -457,3 +458,74 @@ def test_install_code_script_text() -> None:
         "#!/p/bin/python\nimport sys\nfrom a.b import c\n\n"
         'if __name__ == "__main__":\n    sys.exit(c.d())\n'
     )
+
+
+# -- an interrupted build leaves no half cache -----------------------------------------------
+
+
+def test_an_interrupted_base_build_leaves_nothing(
+    checkout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(appimages, "_pipeline", interrupted)
+    monkeypatch.setattr(appimages, "host_apt_source_files", lambda: {"a.sources": HOST_DEB822})
+    parent = tmp_path / "cache" / "base"
+    parent.mkdir(parents=True)
+    dest = parent / "rank-0123"
+    with pytest.raises(KeyboardInterrupt):
+        appimages.build_base(checkout, RANK, "0123", dest, tmp_path / "log")
+    assert list(parent.iterdir()) == []
+
+
+def test_a_failed_code_layer_leaves_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    steps: list[str] = []
+
+    def run(argv: list[str], log: Path, timeout_s: float = 120) -> None:
+        steps.append(argv[1])
+        if argv[1] == "config":
+            raise UserError("image build step umoci failed; see log")
+
+    monkeypatch.setattr(appimages, "_run", run)
+    base = tmp_path / "base" / "rank-0123"
+    (base / "oci" / "blobs" / "sha256").mkdir(parents=True)
+    (base / "oci" / "blobs" / "sha256" / "ab").write_bytes(b"layer")
+    (base / "oci" / "index.json").write_text("{}")
+    (base / "base.json").write_text('{"base_key": "0123", "unpacked_bytes": 10}')
+    parent = tmp_path / "dev"
+    parent.mkdir()
+    config = imagerecipe.image_config(RANK, "0.1.0", "0" * 64, "c" * 64)
+    with pytest.raises(UserError):
+        appimages.assemble(
+            RANK, base, (tmp_path / "code.tar", 1), config, parent / "rank-x", tmp_path / "l"
+        )
+    assert steps == ["raw", "config"]
+    assert list(parent.iterdir()) == []
+    # The base's blobs were hard-linked, never changed.
+    assert (base / "oci" / "blobs" / "sha256" / "ab").read_bytes() == b"layer"
+
+
+def test_the_code_layer_tar_is_root_owned_sorted_and_complete(tmp_path: Path) -> None:
+    stage = tmp_path / "stage"
+    (stage / "opt/rankpack/bin").mkdir(parents=True)
+    (stage / "opt/rankpack/bin/rankpack").write_text("#!/opt/rankpack/bin/python\n")
+    (stage / "opt/rankpack/bin/rankpack").chmod(0o755)
+    (stage / "opt/rankpack/x.py").write_text("x = 1\n")
+    layer = tmp_path / "code.tar"
+    assert appimages.code_layer(stage, layer) == 27 + 6
+    with tarfile.open(layer) as tar:  # reads to the end-of-archive blocks
+        members = tar.getmembers()
+    assert [m.name for m in members] == [
+        "opt",
+        "opt/rankpack",
+        "opt/rankpack/bin",
+        "opt/rankpack/bin/rankpack",
+        "opt/rankpack/x.py",
+    ]
+    assert {(m.uid, m.gid, m.uname, m.mtime) for m in members} == {
+        (0, 0, "root", appimages.LAYER_MTIME)
+    }
+    assert members[3].mode == 0o755 and members[4].mode & 0o777 == 0o644
