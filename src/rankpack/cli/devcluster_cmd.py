@@ -16,7 +16,7 @@ from rankpack.devcluster.layout import NAMESPACE, default_state_dir
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "dev-cluster",
-        help="a real single-node Kubernetes on this machine (up, down, status)",
+        help="a real single-node Kubernetes on this machine (up, down, status, images)",
         description=(
             "Stand up, inspect or remove a single-node Kubernetes cluster on this machine, "
             "for trying the Kubernetes backend and for the k8s test tier. Needs root and "
@@ -86,6 +86,29 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     status.add_argument("--json", action="store_true", help="print the result as JSON")
     status.set_defaults(handler=run_status)
+
+    images = actions.add_parser(
+        "images",
+        help="build or reuse rankpack's container images (rankpack, rank)",
+        description=(
+            "Build rankpack.local/rankpack:dev (the operator and node agent) and "
+            "rankpack.local/rank:dev (OpenFOAM, Open MPI, MPICH: rank and launcher pods) "
+            "from this checkout with mmdebstrap and umoci, no container engine needed. "
+            f"Cached under {CACHE_ROOT}/images: the Debian base of each (minutes) once per "
+            "package list, rankpack's code layer (seconds) once per source change. Prints "
+            "one line per image: reference, sizes, built or cached, archive path. Needs "
+            "root, mmdebstrap and umoci; images/Containerfile builds the same elsewhere."
+        ),
+    )
+    images.add_argument(
+        "--source",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the rankpack checkout to build from (default: the one this rankpack runs from)",
+    )
+    images.add_argument("--json", action="store_true", help="print the result as JSON")
+    images.set_defaults(handler=run_images)
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -176,3 +199,12 @@ def run_status(args: argparse.Namespace) -> int:
         if "error" in result:
             print(f"  error: {result['error']}")
     return 0 if result["ready"] else 1
+
+
+def run_images(args: argparse.Namespace) -> int:
+    from rankpack.devcluster import appimages
+
+    root = appimages.find_source_root(args.source)
+    result = appimages.ensure_images(root, say=(lambda _msg: None) if args.json else print)
+    appimages.print_result(result, args.json)
+    return 0

@@ -123,11 +123,11 @@ def host_usr_rootfs(workdir: Path, etc: Path = Path("/etc")) -> Path:
     return rootfs
 
 
-def import_image(archive: Path, ref: str, socket: Path, log: Path) -> None:
+def import_image(archive: Path, ref: str, socket: Path, log: Path, timeout_s: float = 180) -> None:
     name, _tag = _split_ref(ref)
     argv = [tool("ctr"), "--address", str(socket), "--namespace", "k8s.io", "images", "import"]
     argv += ["--base-name", name, str(archive)]
-    _run(argv, log, timeout_s=180)
+    _run(argv, log, timeout_s=timeout_s)
 
 
 def build_and_import(layout: Layout) -> None:
