@@ -10,7 +10,7 @@ writes under ``STAGE/opt/rankpack`` (the base image's venv, see install-rootfs.s
   ``_lib/*.so`` that ``make -C shim install`` built), byte-compiled when this Python is the
   image's;
 - ``lib/pythonX.Y/site-packages/rankpack-VERSION.dist-info/``: metadata, entry points, RECORD;
-- ``bin/rankpack``, ``bin/rankpack-exec``: the console scripts of ``[project.scripts]``.
+- ``bin/rankpack``, ``bin/rankpack-exec``, ``bin/rankpack-launcher``: the console scripts of ``[project.scripts]``.
 
 Both builds run this script, so the code in an image is the same whichever built it:
 images/Containerfile (in its ``code`` stage) and `rankpack.devcluster.appimages` (on the

@@ -6,9 +6,11 @@ operator's pod and of the agent's pod mid-run; no pod of ours mounts a host path
 agent; no live record lives on the case volume; the agent answers 401 without a token, 403
 to a Simulation creator and 200 to the operator.
 
-The module's fixture removes the Deployment and the DaemonSet afterwards (not the
-namespace: the other k8s tests use it), so no in-cluster operator competes with the
-operators the other tests start for the Lease.
+The namespace is labelled PodSecurity ``enforce=restricted`` for the module (deploy/dev
+relaxes it for the dev image's rank pods, which mount this host's /usr), so every rank and
+launcher pod the operator creates is admitted under ``restricted``. The fixture removes the
+Deployment and the DaemonSet afterwards (not the namespace: the other k8s tests use it), so
+no in-cluster operator competes for the Lease with the operators the other tests start.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from tests.k8s.operators import endless_pitzdaily
 AGENT = "rankpack-node-agent"
 AGENT_PORT = 8475
 CREATOR = "simulation-creator"
+ENFORCE = "pod-security.kubernetes.io/enforce"
 
 
 @dataclass
@@ -47,11 +50,14 @@ class InCluster:
     def kubectl(self, *args: str, timeout_s: float = 60) -> str:
         return deploy.kubectl(self.layout, self.version, [*args], timeout_s)
 
-    def get(self, *args: str) -> Any:
-        return json.loads(self.kubectl("get", "-n", NAMESPACE, *args, "-o", "json"))
+    def get(self, *args: str, namespace: str = NAMESPACE) -> Any:
+        return json.loads(self.kubectl("get", "-n", namespace, *args, "-o", "json"))
 
-    def pods(self, selector: str) -> list[Any]:
-        return list(self.get("pods", "-l", selector)["items"])
+    def pods(self, selector: str, namespace: str = NAMESPACE) -> list[Any]:
+        return list(self.get("pods", "-l", selector, namespace=namespace)["items"])
+
+    def agents(self) -> list[Any]:
+        return self.pods(f"app.kubernetes.io/name={AGENT}", manifests.SYSTEM_NAMESPACE)
 
     def status(self, name: str) -> dict[str, Any]:
         return dict(self.get(f"simulations.{crd.GROUP}", name).get("status") or {})
@@ -86,9 +92,13 @@ def incluster(k8s: DevCluster) -> Iterator[InCluster]:
     layout, version = Layout(k8s.state_dir), KubeVersion.parse(DEFAULT_VERSION)
     done = deploy.deploy(layout, version, 300)
     ic = InCluster(k8s, layout, version, done)
+    # deploy/dev admits the dev image's /usr host mount in the namespace; the operator's
+    # pods (rank and launcher pods of the real image) must pass `restricted` as on a cluster
+    ic.kubectl("label", "namespace", NAMESPACE, f"{ENFORCE}=restricted", "--overwrite")
     try:
         yield ic
     finally:
+        ic.kubectl("label", "namespace", NAMESPACE, f"{ENFORCE}=privileged", "--overwrite")
         _remove(ic)
 
 
@@ -100,7 +110,7 @@ def test_the_operator_and_the_agent_run_from_deploy(incluster: InCluster) -> Non
     assert spec["securityContext"]["runAsNonRoot"] is True
     (container,) = spec["containers"]
     assert container["image"] == manifests.DEV_IMAGES[manifests.RANK_IMAGE]
-    agents = ic.pods(f"app.kubernetes.io/name={AGENT}")
+    agents = ic.agents()
     nodes = ic.get("nodes")["items"]
     assert len(agents) == len(nodes)
     assert {a["spec"]["nodeName"] for a in agents} == {n["metadata"]["name"] for n in nodes}
@@ -122,7 +132,7 @@ def _agent_get(ip: str, token: str | None) -> int:
 
 def test_the_agent_answers_401_403_200(incluster: InCluster) -> None:
     ic = incluster
-    (agent, *_) = ic.pods(f"app.kubernetes.io/name={AGENT}")
+    (agent, *_) = ic.agents()
     ip = agent["status"]["podIP"]
     ic.kubectl("create", "serviceaccount", CREATOR, "-n", NAMESPACE)
     try:
@@ -204,9 +214,9 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
                        and p["status"].get("phase") == "Running" for p in pods)  # fmt: skip
 
         ic.wait("a new operator pod", replaced, 120)
-        (agent, *_) = ic.pods(f"app.kubernetes.io/name={AGENT}")
-        ic.kubectl("delete", "pod", agent["metadata"]["name"], "-n", NAMESPACE, "--force",
-                   "--grace-period=0")  # fmt: skip
+        (agent, *_) = ic.agents()
+        ic.kubectl("delete", "pod", agent["metadata"]["name"], "-n", manifests.SYSTEM_NAMESPACE,
+                   "--force", "--grace-period=0")  # fmt: skip
         ic.wait("both Simulations to end",
                 lambda: all(ic.status(n).get("phase") in ("Succeeded", "Failed") for n in names),
                 900)  # fmt: skip

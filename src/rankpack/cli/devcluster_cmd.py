@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rankpack.cli.common import print_json
 from rankpack.devcluster.binaries import CACHE_ROOT, DEFAULT_VERSION, KubeVersion
-from rankpack.devcluster.layout import NAMESPACE, default_state_dir
+from rankpack.devcluster.layout import NAMESPACE, Layout, default_state_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -62,6 +62,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         default=180.0,
         metavar="SECONDS",
         help="how long to wait for each start phase, e.g. node Ready (default 180)",
+    )
+    up.add_argument(
+        "--operator",
+        action="store_true",
+        help="also run rankpack in the cluster as a cluster admin would: build (or reuse) the "
+        "rankpack and rank images from this checkout, import them, and apply deploy/dev "
+        "(the operator Deployment and the node agent DaemonSet; kubectl apply -k), then wait "
+        "until both are ready",
     )
     up.add_argument("--json", action="store_true", help="print the result as JSON")
     up.set_defaults(handler=run_up)
@@ -127,7 +135,14 @@ def run_up(args: argparse.Namespace) -> int:
     opts = cluster.UpOptions(
         version=version, state_dir=_state_dir(args), ready_timeout_s=args.timeout
     )
-    result = cluster.up(opts, say=(lambda _msg: None) if args.json else print)
+    say = (lambda _msg: None) if args.json else print
+    result = cluster.up(opts, say=say)
+    operator: dict[str, object] | None = None
+    if args.operator:
+        from rankpack.devcluster import deploy
+
+        done = deploy.deploy(Layout(opts.state_dir), version, args.timeout, say=say)
+        operator = done.as_json()
     if args.json:
         print_json(
             {
@@ -137,6 +152,7 @@ def run_up(args: argparse.Namespace) -> int:
                 "service_account_kubeconfig": str(result.service_account_kubeconfig),
                 "state_dir": str(result.state_dir),
                 "elapsed_s": round(result.elapsed_s, 2),
+                "operator": operator,
             }
         )
         return 0
@@ -147,6 +163,9 @@ def run_up(args: argparse.Namespace) -> int:
     print(f"  admin kubeconfig:          {result.kubeconfig}")
     print(f"  backend kubeconfig (RBAC): {result.service_account_kubeconfig}")
     print(f"  try: KUBECONFIG={result.kubeconfig} kubectl get nodes")
+    if operator is not None:
+        print(f"  operator and node agent running in namespace {NAMESPACE} (deploy/dev, "
+              f"{operator['elapsed_s']} s); run directories in {operator['runs_dir']}")  # fmt: skip
     return 0
 
 

@@ -9,6 +9,7 @@ import re
 import shutil
 import sys
 import tarfile
+import tomllib
 from pathlib import Path
 from types import ModuleType
 
@@ -440,7 +441,10 @@ def test_install_code_lays_out_the_package_like_its_wheel(checkout: Path, tmp_pa
     ]
     assert (site / "rankpack/_lib/librankpack_pmpi.openmpi.so").stat().st_mode & 0o777 == 0o755
     assert (site / "rankpack/__init__.py").stat().st_mode & 0o777 == 0o644
-    assert sorted(p.name for p in (venv / "bin").iterdir()) == ["rankpack", "rankpack-exec"]
+    with open(REPO / "pyproject.toml", "rb") as f:
+        scripts = tomllib.load(f)["project"]["scripts"]
+    assert sorted(p.name for p in (venv / "bin").iterdir()) == sorted(scripts)
+    assert {"rankpack", "rankpack-exec", "rankpack-launcher"} <= set(scripts)
     script = (venv / "bin/rankpack").read_text()
     assert (
         script.startswith("#!/opt/rankpack/bin/python\n")
