@@ -218,6 +218,10 @@ class Inventory:
     unready_millis: int = 0
     """What schedulable nodes that are not Ready now (lost, or starting) can allocate: not
     placeable now, but a simulation that fits once they are back must wait, not be refused."""
+    launch_overhead_millis: int = 0
+    """What the backend requests for each simulation beside its ranks (the Kubernetes
+    backend's launcher pod): kept free for the next launch, so that its ranks and its
+    launcher both fit."""
 
     @property
     def allocatable_millis(self) -> int:

@@ -52,6 +52,11 @@ class JobSource(Protocol):
         """The job waits in the queue for this reason (the policy's ``launch-held`` code)."""
         ...
 
+    def withdrawn(self) -> set[int]:
+        """Queue ids of the jobs whose owner took them back while this loop held them (a
+        deleted Simulation): the loop stops and releases them, and writes nothing back."""
+        ...
+
 
 class OneJob:
     """A queue of one, in memory: `rankpack run`."""
@@ -83,6 +88,9 @@ class OneJob:
     def held(self, job: Job, code: str, reason: str) -> None:
         pass
 
+    def withdrawn(self) -> set[int]:
+        return set()
+
 
 class StoreQueue:
     """The database's queue (`rankpack submit`), claimed with leases."""
@@ -110,6 +118,9 @@ class StoreQueue:
 
     def held(self, job: Job, code: str, reason: str) -> None:
         pass  # the launch-held event says it (`rankpack events`)
+
+    def withdrawn(self) -> set[int]:
+        return set()  # an entry is taken back only once it ended (`rankpack queue`)
 
 
 @dataclass(frozen=True)

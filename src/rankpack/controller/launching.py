@@ -244,7 +244,7 @@ class Launcher:
             shim=(ShimSpec(sim.wait_mode or "spin", s.mpi) if s.shim else None),
             image=s.image,
             volume=sim.job.submission.volume or s.volume,
-            labels={"rankpack.dev/run-id": str(sim.run_id)},
+            labels={**self.ctx.settings.sim_labels, "rankpack.dev/run-id": str(sim.run_id)},
         )
 
     def adopt(self, adopted: Adopted) -> None:

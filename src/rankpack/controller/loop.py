@@ -74,6 +74,7 @@ __all__ = [
 ]
 
 STOPPED_BY_USER = "stopped by the user (Ctrl-C or SIGTERM)"
+WITHDRAWN = "stopped: its job was withdrawn (its Simulation was deleted)"
 
 
 class ControlLoop:
@@ -123,6 +124,7 @@ class ControlLoop:
             while True:
                 self._count_shared()
                 self._observe_all()
+                self._end_withdrawn()
                 self.resizes.retry_due()
                 self.resizes.release_held()
                 pending = ctx.jobs.pending()
@@ -159,6 +161,14 @@ class ControlLoop:
                     self._end(sim, Ending(stopped=STOPPED_BY_USER))
             self.display.close()
         return ctx.tally.result(status)
+
+    def _end_withdrawn(self) -> None:
+        """Jobs their owner took back (a deleted Simulation): stopped and released now,
+        recorded as interrupted."""
+        gone = self.ctx.jobs.withdrawn()
+        for sim in [s for s in self.sims.values() if s.job.queue_id in gone]:
+            self.ctx.event(sim.run_id, "withdrawn", sim=sim.sim_id, queue_id=sim.job.queue_id)
+            self._end(sim, Ending(stopped=WITHDRAWN))
 
     # -- observing -------------------------------------------------------------------------
 

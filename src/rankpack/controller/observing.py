@@ -79,7 +79,11 @@ class Observer:
         if len(nodes) == 1 and ctx.settings.capacity_millis:
             # one node, capped for this loop (--allocatable): the cap is its cores
             nodes = (replace(nodes[0], allocatable_millis=min(base, nodes[0].allocatable_millis)),)
-        capacity = max(0, min(base, inventory.allocatable_millis - others))
+        # room for the next launch's own pods beside its ranks (a launcher pod): the ranks of
+        # a plan that fills the capacity to the last millicore would not fit with it
+        capacity = max(
+            0, min(base, inventory.allocatable_millis - others) - inventory.launch_overhead_millis
+        )
         bound = ""
         quota = inventory.quota
         if quota is not None:

@@ -50,6 +50,9 @@ class LoopSettings:
     image: str | None = None
     volume: str | None = None
     leave_running: bool = False
+    sim_labels: dict[str, str] = field(default_factory=dict)
+    """Labels every simulation's objects carry besides the run id (the operator marks its
+    own, so that it never takes another controller's for an orphan)."""
     """When the loop is stopped, leave launched simulations running for a later controller
     to adopt (the operator) instead of stopping them (`rankpack run`, `multiplex`)."""
     solvers: frozenset[str] | None = None

@@ -141,6 +141,9 @@ def daemonset(
     }
     pod: Obj = {
         "serviceAccountName": NAME,
+        # scheduled before simulations (deploy/'s PriorityClass): a node full of rank pods
+        # must still run its agent
+        "priorityClassName": "rankpack-control",
         "automountServiceAccountToken": True,
         "enableServiceLinks": False,
         "terminationGracePeriodSeconds": 5,

@@ -226,6 +226,7 @@ def _deployment(meta: Obj, image: str, metrics_port: int) -> Obj:
     }
     pod: Obj = {
         "serviceAccountName": NAME,
+        "priorityClassName": PRIORITY_CLASS,
         "terminationGracePeriodSeconds": 30,
         "enableServiceLinks": False,
         "securityContext": POD_SECURITY,
@@ -276,6 +277,25 @@ def dev_runs_volume() -> Obj:
             "claimRef": {"namespace": DEPLOY_NAMESPACE, "name": RUNS_CLAIM},
             "hostPath": {"path": DEV_RUNS_DIR, "type": "Directory"},
         },
+    }
+
+
+PRIORITY_CLASS = "rankpack-control"
+
+
+def priority_class() -> Obj:
+    """The operator's and the node agents' priority: above every rank and launcher pod (no
+    class: 0), so that a full node never keeps them out — a rank pod of a simulation
+    deleted while no operator ran would otherwise hold the CPU the operator needs to start
+    and delete it. Preempting a rank pod fails its simulation (PodDeleted), which a
+    controller that cannot start could never do better."""
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": PRIORITY_CLASS, "labels": dict(MANAGED)},
+        "value": 1000000,
+        "globalDefault": False,
+        "description": "rankpack's operator and node agents: scheduled before simulations",
     }
 
 
@@ -416,7 +436,7 @@ def files() -> dict[str, str]:
         # one only names it, so that `kubectl apply -k deploy/` is the admin's command
         "kustomization.yaml": _docs(KUSTOMIZE_HEADER, [top]),
         "base/kustomization.yaml": _docs(GENERATED, [kustomization()]),
-        "base/namespaces.yaml": _docs(GENERATED, namespaces()),
+        "base/namespaces.yaml": _docs(GENERATED, [*namespaces(), priority_class()]),
         "base/crd.yaml": crd_yaml(),
         "base/admission.yaml": admission_yaml(),
         "base/backend.yaml": _docs(BACKEND_HEADER, backend_rbac(DEPLOY_NAMESPACE)),

@@ -184,13 +184,22 @@ class SimulationQueue:
         """Why the last call failed (None: the last call succeeded)."""
         self.uncertain: set[str] = set()
         """Claims whose answer was lost (the apiserver went away): checked in `flush`."""
+        self.listed: dict[str, str] | None = None
+        """Name -> uid of every Simulation in the last listing that succeeded."""
+        self.holding: dict[int, str] = {}
+        """Queue id -> uid of the Simulations this process claimed or adopted and has not
+        finished: what `withdrawn` looks for in each listing."""
+        self.gone: set[int] = set()
+        """Withdrawn jobs: their end is written nowhere (their Simulation is gone)."""
+        self._next_id = 1
         self.lock = threading.Lock()
 
     def _id(self, name: str) -> int:
         with self.lock:
             if name not in self.ids:
-                self.ids[name] = len(self.ids) + 1
-                self.names[self.ids[name]] = name
+                self.ids[name] = self._next_id
+                self.names[self._next_id] = name
+                self._next_id += 1
             return self.ids[name]
 
     # -- JobSource ---------------------------------------------------------------------------
@@ -203,10 +212,13 @@ class SimulationQueue:
             self.api_error = _first_line(exc)
             return None
         self.api_error = None
+        listed: dict[str, str] = {}
         for obj in items:
             meta = obj.get("metadata") or {}
+            listed[str(meta.get("name"))] = str(meta.get("uid") or "")
             if meta.get("uid"):
                 self.uids[str(meta["name"])] = str(meta["uid"])
+        self.listed = listed
         return items
 
     def idle(self) -> bool:
@@ -275,6 +287,7 @@ class SimulationQueue:
         )
         status.update(phase="Running", operator=self.identity, conditions=conditions)
         obj["status"] = status
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
         with self.lock:  # the claim writes the whole status: an unwritten "Queued" is stale
             self.outbox.pop(name, None)
         try:
@@ -289,6 +302,7 @@ class SimulationQueue:
             self.uncertain.add(name)
             return False
         self.uncertain.discard(name)
+        self.holding[job.queue_id] = uid
         return True
 
     def started(self, job: Job, run_id: int, sim_id: str, staged: StagedCase) -> None:
@@ -320,6 +334,10 @@ class SimulationQueue:
         run's own code, `RunResult.failure` in the store's run row)."""
         name = self.names.get(job.queue_id)
         if name is None:
+            return
+        self.holding.pop(job.queue_id, None)
+        if job.queue_id in self.gone:  # its Simulation was deleted: nothing to write
+            self.forget(job.queue_id)
             return
         if status == "queued":  # interrupted before launch: back to the queue
             self.requeue(name, "the operator stopped before launch")
@@ -386,6 +404,34 @@ class SimulationQueue:
         self._patch(name, {"conditions": self._set_conditions(
             name, _condition("Queued", True, why, reason))})  # fmt: skip
 
+    def withdrawn(self) -> set[int]:
+        """The Simulations this operator claimed that are gone from the last listing, or
+        were deleted and created again under the same name (another uid): their runs are
+        stopped and released by the loop (`kubectl delete simulation` stops a run)."""
+        listed = self.listed
+        if listed is None:
+            return set()
+        gone = set()
+        for qid, uid in list(self.holding.items()):
+            name = self.names.get(qid)
+            if name is not None and (name not in listed or (uid and listed[name] != uid)):
+                gone.add(qid)
+        self.gone |= gone
+        return gone
+
+    def forget(self, queue_id: int) -> None:
+        """A withdrawn job: nothing of it is written back (its Simulation is gone)."""
+        name = self.names.pop(queue_id, None)
+        if name is None:
+            return
+        self.ids.pop(name, None)
+        self.gone.discard(queue_id)
+        self.holding.pop(queue_id, None)
+        self.run_ids.pop(queue_id, None)
+        self.conditions.pop(name, None)
+        self.outbox.pop(name, None)
+        self.sim_names = {k: v for k, v in self.sim_names.items() if v != name}
+
     # -- adoption ----------------------------------------------------------------------------
 
     def running_for_adoption(self) -> list[Adopted] | None:
@@ -411,6 +457,7 @@ class SimulationQueue:
             except (UserError, KeyError, TypeError, ValueError):
                 continue
             qid = self._id(name)
+            self.holding[qid] = str((obj.get("metadata") or {}).get("uid") or "")
             if st.get("runId") is not None:
                 self.run_ids[qid] = int(st["runId"])
             out.append(Adopted(

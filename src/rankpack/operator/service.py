@@ -342,7 +342,7 @@ def _settings(ctx: _Ctx) -> LoopSettings:
         label=f"operator-{ctx.multiplex_id}",
         extra={"multiplex_id": ctx.multiplex_id, "operator": opts.identity},
         image=opts.config.image, volume=opts.volume, leave_running=True,
-        solvers=opts.admission.solvers, confine_staging=True,
+        solvers=opts.admission.solvers, confine_staging=True, sim_labels=dict(OPERATOR_LABEL),
     )  # fmt: skip
 
 
@@ -425,7 +425,29 @@ def _adopt_all(ctx: _Ctx, loop: ControlLoop, term_stop: threading.Event) -> int 
                 n += 1
                 ctx.say(f"adopted {name} (simulation {a.sim_id})")
             break
+    if not term_stop.is_set():
+        _discard_orphans(ctx, {a.sim_id for a in found})
     return None if term_stop.is_set() else n
+
+
+OPERATOR_LABEL = {"rankpack.dev/launched-by": "operator"}
+"""On every object of the simulations operators launch (`rankpack run` launches carry none)."""
+
+
+def _discard_orphans(ctx: _Ctx, held: set[str]) -> None:
+    """Simulations an operator launched whose Simulation is gone (deleted while no
+    operator ran): nobody will ever follow them, and their pods hold CPU; stopped and
+    deleted. Simulations launched otherwise (`rankpack run`) are never touched."""
+    try:
+        refs = ctx.backend.list()
+    except BackendError as exc:
+        ctx.say(f"cannot list the simulations to find orphans ({_first_line(exc)})")
+        return
+    for ref in refs:
+        ours = all(ref.labels.get(k) == v for k, v in OPERATOR_LABEL.items())
+        if ref.sim_id and ours and ref.sim_id not in held:
+            ctx.say(f"simulation {ref.sim_id} has no Simulation any more: stopped and deleted")
+            ctx.backend.discard(ref.sim_id)
 
 
 def _finished_run(store: Store, run_id: int | None) -> str | None:

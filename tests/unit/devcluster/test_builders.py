@@ -204,7 +204,7 @@ def test_every_deployed_object_names_its_namespace() -> None:
     every namespaced object names its own."""
     from rankpack.operator import manifests
 
-    cluster_scoped = {"Namespace", "CustomResourceDefinition", "ClusterRole",
+    cluster_scoped = {"Namespace", "CustomResourceDefinition", "ClusterRole", "PriorityClass",
                       "ClusterRoleBinding", "PersistentVolume", "ValidatingAdmissionPolicy",
                       "ValidatingAdmissionPolicyBinding", "Kustomization"}  # fmt: skip
     for name, text in manifests.files().items():

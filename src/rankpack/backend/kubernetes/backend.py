@@ -354,6 +354,22 @@ class KubernetesBackend:
         with self.lock:
             sim.life.release()
 
+    def discard(self, sim_id: str) -> None:
+        """A simulation nobody holds any more (the operator's: its Simulation was deleted
+        while no operator ran): stopped and its objects deleted. Deleting the owner takes
+        its pods (a launcher pod's SIGTERM ends its mpirun); one attempt, the poller
+        deletes leftovers later. Idempotent."""
+        if sim_id in self.sims:
+            self.release(sim_id)
+            return
+        try:
+            gone = objects.delete(self.api, self.config, sim_id, wait=False)
+        except BackendError:
+            gone = False
+        if not gone:
+            self._poller.orphans.add(sim_id)
+            self._poller.ensure()
+
     def close(self) -> None:
         self._poller.closed.set()
 

@@ -22,6 +22,7 @@ class Capacity:
         self.api, self.config = api, config
         self._nodes_forbidden = False
         self._quotas_forbidden = False
+        self._agents_forbidden = False
         self._inventory: Inventory | None = None
         """The last inventory read: answered while the apiserver does not answer."""
 
@@ -65,7 +66,29 @@ class Capacity:
         return min(quotas, key=lambda q: q.hard_millis - q.used_millis, default=None)
 
     def _read_inventory(self) -> Inventory:
-        return replace(self._read_nodes(), quota=self._quota())
+        overhead = self.config.launcher_cpu_millis if self.config.launcher == "pod" else 0
+        return replace(self._read_nodes(), quota=self._quota(), launch_overhead_millis=overhead)
+
+    def _visible_pods(self) -> list[Obj]:
+        """Every live pod when the identity may list them all; else this namespace's and
+        the node agents' (what the operator may read: the agents request CPU on every node
+        too, and a plan that ignored them would not fit)."""
+        live = "status.phase!=Succeeded,status.phase!=Failed"
+        try:
+            return self.api.list_pods_all_namespaces(live)
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+        pods = [p for p in self.api.list_pods("") if _live(p)]
+        agents = self.config.agent_namespace
+        if agents and agents != self.api.namespace and not self._agents_forbidden:
+            try:
+                pods += [p for p in self.api.list_pods_in(agents, "") if _live(p)]
+            except ApiError as exc:
+                if exc.status != 403:
+                    raise
+                self._agents_forbidden = True
+        return pods
 
     def _read_nodes(self) -> Inventory:
         try:
@@ -89,13 +112,7 @@ class Capacity:
             ours = self.api.list_pods("")
             total = sum(status.pod_request_millis(p) for p in ours if _live(p))
             return Inventory((NodeCapacity("cluster", self.config.allocatable_millis, total),))
-        live = "status.phase!=Succeeded,status.phase!=Failed"
-        try:
-            pods = self.api.list_pods_all_namespaces(live)
-        except ApiError as exc:
-            if exc.status != 403:
-                raise
-            pods = [p for p in self.api.list_pods("") if _live(p)]
+        pods = self._visible_pods()
         used: dict[str, int] = {}
         ranks: dict[str, int] = {}
         for p in pods:
