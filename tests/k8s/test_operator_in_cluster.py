@@ -37,6 +37,11 @@ from tests.k8s.operators import endless_pitzdaily
 AGENT = "rankpack-node-agent"
 AGENT_PORT = 8475
 CREATOR = "simulation-creator"
+ITERATIONS = {"incluster-a": 2000, "incluster-b": 400}
+"""The first is long (about 4 minutes here): the operator that replaces a deleted one was
+seen to lead again up to 100 s later on this busy 2-core node, and its phase change at 75 %
+must come after that. The second runs while an operator leads (either beside the first or
+after it, as the launch gate decides)."""
 ENFORCE = "pod-security.kubernetes.io/enforce"
 
 
@@ -87,7 +92,8 @@ def _remove(ic: InCluster) -> None:
 
 
 @pytest.fixture(scope="module")
-def incluster(k8s: DevCluster) -> Iterator[InCluster]:
+def incluster(dev_cluster: DevCluster) -> Iterator[InCluster]:
+    k8s = dev_cluster
     k8s.ensure_up()
     layout, version = Layout(k8s.state_dir), KubeVersion.parse(DEFAULT_VERSION)
     done = deploy.deploy(layout, version, 300)
@@ -115,7 +121,7 @@ def test_the_operator_and_the_agent_run_from_deploy(incluster: InCluster) -> Non
     assert len(agents) == len(nodes)
     assert {a["spec"]["nodeName"] for a in agents} == {n["metadata"]["name"] for n in nodes}
     for image in ic.deployed.images.images:
-        print(f"image {image.ref}: {image.size_bytes / 1e6:.0f} MB")
+        print(f"image {image.ref}: {image.unpacked_bytes / 1e6:.0f} MB unpacked")
 
 
 def _agent_get(ip: str, token: str | None) -> int:
@@ -150,6 +156,7 @@ def test_the_agent_answers_401_403_200(incluster: InCluster) -> None:
 
 
 def _simulation(name: str, case: str) -> dict[str, Any]:
+    iterations = ITERATIONS[name]
     return {
         "apiVersion": crd.API_VERSION,
         "kind": crd.KIND,
@@ -157,11 +164,12 @@ def _simulation(name: str, case: str) -> dict[str, Any]:
         "spec": {
             "case": {"path": case},
             "ranks": 2,
-            "iterations": 700,
-            # a phase change half-way: every Simulation is resized in place at least once
+            "iterations": iterations,
+            # a phase change late in the run: every Simulation is resized in place at least
+            # once, also the one whose operator was deleted early in its run
             "phases": [
-                {"startFraction": 0.0, "requestMillis": [300, 600]},
-                {"startFraction": 0.5, "requestMillis": [600, 300]},
+                {"startFraction": 0.0, "requestMillis": [250, 500]},
+                {"startFraction": 0.75, "requestMillis": [500, 250]},
             ],
         },
     }
@@ -169,7 +177,8 @@ def _simulation(name: str, case: str) -> dict[str, Any]:
 
 def _running(ic: InCluster, name: str) -> bool:
     st = ic.status(name)
-    return st.get("phase") == "Running" and int(st.get("iterations") or 0) > 20
+    done = int(st.get("iterations") or 0)
+    return st.get("phase") == "Running" and 20 < done < ITERATIONS[name] / 2
 
 
 def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
@@ -184,7 +193,7 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
     for path in [case, *case.rglob("*")]:
         os.chown(path, manifests.RUN_AS, manifests.RUN_AS)
     in_pod = Path(manifests.RUNS_PATH) / "cases" / case.name
-    names = ["incluster-a", "incluster-b"]
+    names = sorted(ITERATIONS)
     for name in names:
         ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
                    "--ignore-not-found")  # fmt: skip
@@ -193,9 +202,11 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
     try:
-        ic.wait("both Simulations running", lambda: all(_running(ic, n) for n in names), 420)
+        # the two run side by side or one after the other, as the operator's launch gate
+        # decides: the faults come while one of them runs, whichever it is
+        ic.wait("a Simulation running", lambda: any(_running(ic, n) for n in names), 420)
         ranks = ic.pods("rankpack.dev/rank")
-        assert len(ranks) == 4, [p["metadata"]["name"] for p in ranks]
+        assert len(ranks) in (2, 4), [p["metadata"]["name"] for p in ranks]
         for pod in ranks:  # no host path; the restricted security context
             spec = pod["spec"]
             assert all("hostPath" not in v for v in spec["volumes"]), spec["volumes"]
@@ -214,6 +225,7 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
                        and p["status"].get("phase") == "Running" for p in pods)  # fmt: skip
 
         ic.wait("a new operator pod", replaced, 120)
+        ic.wait("a Simulation running again", lambda: any(_running(ic, n) for n in names), 420)
         (agent, *_) = ic.agents()
         ic.kubectl("delete", "pod", agent["metadata"]["name"], "-n", manifests.SYSTEM_NAMESPACE,
                    "--force", "--grace-period=0")  # fmt: skip
@@ -224,7 +236,7 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
             st = ic.status(name)
             print(f"{name}: {json.dumps(st)[:1500]}")
             assert st["phase"] == "Succeeded", st
-            assert st["iterations"] == 700 and st["restarts"] == 0, st
+            assert st["iterations"] == ITERATIONS[name] and st["restarts"] == 0, st
             assert st["resizes"] >= 1, st
             assert all(r.get("duty") is not None for r in st["ranks"]), st["ranks"]
             assert st.get("usage") == "node-agent", st
@@ -238,6 +250,8 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
             reasons = [e["reason"] for e in events]
             assert reasons.count("Launched") == 1 and reasons.count("Succeeded") == 1, reasons
     finally:
+        print(ic.kubectl("logs", "-n", NAMESPACE, f"deployment/{manifests.NAME}", "--tail=40",
+                         "--timestamps"))  # fmt: skip
         for name in names:
             ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
                        "--ignore-not-found")  # fmt: skip
