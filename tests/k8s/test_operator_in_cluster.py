@@ -255,3 +255,33 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
         for name in names:
             ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
                        "--ignore-not-found")  # fmt: skip
+
+
+def test_a_deleted_launcher_pod_fails_its_simulation_with_a_code(incluster: InCluster) -> None:
+    """mpirun's pod gone: the Simulation ends Failed, reason LauncherLost, within a bound;
+    never a hang (its rank pods cannot go on without their mpirun)."""
+    ic = incluster
+    name = "incluster-launcher"
+    ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE, "--ignore-not-found")
+    manifest = ic.deployed.runs_dir / "launcher-lost.json"
+    body = _simulation("incluster-a", "pitzDaily")
+    body["metadata"]["name"] = name
+    manifest.write_text(json.dumps(body))
+    ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
+    try:
+        ic.wait("it running", lambda: int(ic.status(name).get("iterations") or 0) > 5, 300)
+        sim_id = ic.status(name)["simId"]
+        ic.kubectl("delete", "pod", f"rankpack-{sim_id}-launcher", "-n", NAMESPACE, "--force",
+                   "--grace-period=0")  # fmt: skip
+        deleted = time.monotonic()
+        ic.wait("it to fail", lambda: ic.status(name).get("phase") in ("Failed", "Succeeded"),
+                120)  # fmt: skip
+        st = ic.status(name)
+        print(f"{name}: ended {time.monotonic() - deleted:.1f} s after its launcher pod was "
+              f"deleted: {st.get('reason')}: {st.get('message')}")  # fmt: skip
+        assert st["phase"] == "Failed" and st["reason"] == "LauncherLost", st
+        assert f"rankpack-{sim_id}-launcher" in st["message"], st
+        ic.wait("its rank pods to go", lambda: not ic.pods(f"rankpack.dev/sim={sim_id}"), 120)
+    finally:
+        ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
+                   "--ignore-not-found")  # fmt: skip
