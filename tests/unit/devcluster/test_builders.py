@@ -323,3 +323,24 @@ def test_in_cluster_operator_is_least_privilege() -> None:
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert "--volume" in container["command"] and "$(POD_NAME)" in container["command"]
     assert "--allocatable" not in container["command"]  # read from the nodes
+
+
+def test_a_rollout_is_done_when_every_replica_is_updated_and_ready() -> None:
+    from rankpack.devcluster.deploy import _rollout_done
+
+    def dep(gen: int, seen: int, updated: int, available: int) -> dict[str, object]:
+        return {"kind": "Deployment", "metadata": {"generation": gen}, "spec": {"replicas": 1},
+                "status": {"observedGeneration": seen, "updatedReplicas": updated,
+                           "availableReplicas": available}}  # fmt: skip
+
+    assert _rollout_done(dep(2, 2, 1, 1))
+    assert not _rollout_done(dep(2, 1, 1, 1))  # the controller has not seen the new spec
+    assert not _rollout_done(dep(2, 2, 0, 1))  # the old pod still serves
+    ds = {"kind": "DaemonSet", "metadata": {"generation": 1},
+          "status": {"observedGeneration": 1, "desiredNumberScheduled": 2,
+                     "updatedNumberScheduled": 2, "numberReady": 1}}  # fmt: skip
+    assert not _rollout_done(ds)  # one node's agent not ready yet
+    ds["status"]["numberReady"] = 2  # type: ignore[index]
+    assert _rollout_done(ds)
+    ds["status"]["desiredNumberScheduled"] = 0  # type: ignore[index]
+    assert not _rollout_done(ds)  # no node at all: nothing runs

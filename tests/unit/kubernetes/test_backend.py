@@ -4,12 +4,14 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
 import pytest
 
 from rankpack.backend.kubernetes import KubernetesBackend, KubernetesConfig
+from rankpack.backend.kubernetes.api import ApiError, Obj
 from rankpack.backend.kubernetes.nodereader import CpuCounters, RankReading
 from rankpack.backend.kubernetes.readings import ReadingsMissing
 from rankpack.backend.mpirun import ShimSample
@@ -610,3 +612,35 @@ def test_a_simulation_without_the_shim_has_no_wait_mode(tmp_path: Path) -> None:
     with pytest.raises(BackendError, match="without the shim"):
         h.backend.set_wait_mode(SIM, "polite")
     assert h.usage.modes == []
+
+
+class NoClusterPods(FakeKubeApi):
+    """An identity that may not list pods cluster-wide (the in-cluster operator)."""
+
+    def list_pods_all_namespaces(
+        self, field_selector: str = "", label_selector: str = ""
+    ) -> list[Obj]:
+        raise ApiError(403, "Forbidden", "pods is forbidden at the cluster scope")
+
+
+def test_inventory_without_cluster_pods_counts_the_agents_and_room_for_a_launcher(
+    tmp_path: Path,
+) -> None:
+    def pod(ns: str, cpu: str) -> Obj:
+        containers = [{"resources": {"requests": {"cpu": cpu}}}]
+        return {"metadata": {"namespace": ns}, "spec": {"nodeName": "n1", "containers": containers},
+                "status": {"phase": "Running"}}  # fmt: skip
+
+    api = NoClusterPods()
+    api.nodes = [{"metadata": {"name": "n1"}, "spec": {},
+                  "status": {"allocatable": {"cpu": "2"},
+                             "conditions": [{"type": "Ready", "status": "True"}]}}]  # fmt: skip
+    # the agent (its namespace is readable), another tenant's pod (it is not: unseen)
+    api.other_pods = [pod("rankpack-system", "50m"), pod("elsewhere", "700m")]
+    h = Harness(tmp_path, api)
+    h.backend.config = replace(h.backend.config, launcher="pod", launcher_cpu_millis=50)
+    inv = h.backend.inventory()
+    assert [(n.name, n.requested_millis) for n in inv.nodes] == [("n1", 50)]
+    assert inv.launch_overhead_millis == 50
+    h.backend.config = replace(h.backend.config, launcher="host")
+    assert h.backend.inventory().launch_overhead_millis == 0

@@ -407,3 +407,27 @@ def test_cpu_quota_reads_requests_cpu(quota: Obj, want: tuple[int, int] | None) 
     from rankpack.backend.kubernetes.status import cpu_quota
 
     assert cpu_quota(quota) == want
+
+
+def test_a_claimed_simulation_deleted_or_created_again_is_withdrawn(
+    sims: FakeSims, tmp_path: Path
+) -> None:
+    sims.add("a")
+    sims.add("b")
+    sims.add("c")
+    q = _queue(sims, tmp_path)
+    jobs = {q.names[j.queue_id]: j for j in q.pending()}
+    assert q.claim(jobs["a"]) and q.claim(jobs["b"])  # c stays queued: never held
+    assert q.withdrawn() == set()
+    del sims.objs["a"]  # kubectl delete
+    sims.objs["b"]["metadata"]["uid"] = "uid-b-again"  # deleted and created again
+    del sims.objs["c"]
+    q.pending()  # a listing
+    assert q.withdrawn() == {jobs["a"].queue_id, jobs["b"].queue_id}
+    patches = len(sims.patches)
+    q.finished(jobs["b"], "interrupted")  # the loop stopped it: nothing is written back
+    assert len(sims.patches) == patches
+    assert jobs["b"].queue_id not in q.names and "b" not in q.ids
+    sims.objs["b"]["status"] = {}
+    (again,) = [j for j in q.pending() if q.names[j.queue_id] == "b"]
+    assert again.queue_id != jobs["b"].queue_id  # the new object is a new job
