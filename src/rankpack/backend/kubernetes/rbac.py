@@ -83,6 +83,13 @@ def node_agent_cluster_role() -> dict[str, Any]:
 def backend_rbac(namespace: str | None = None) -> list[dict[str, Any]]:
     """ServiceAccount, Role and RoleBinding; without `namespace` as in ``deploy/`` (kustomize
     sets the objects' namespace there)."""
+    return identity(SERVICE_ACCOUNT, ROLE, role_rules(), namespace)
+
+
+def identity(
+    account: str, role: str, rules: list[dict[str, Any]], namespace: str | None
+) -> list[dict[str, Any]]:
+    """A namespaced identity: its ServiceAccount, a Role with ``rules`` and the binding."""
 
     def meta(name: str) -> dict[str, Any]:
         m: dict[str, Any] = {"name": name, "labels": dict(MANAGED_BY)}
@@ -92,24 +99,22 @@ def backend_rbac(namespace: str | None = None) -> list[dict[str, Any]]:
 
     # kustomize's `namespace:` does not rewrite subjects (only those named "default"), so
     # the subject always names its namespace; deploy/ spells out "rankpack".
-    subject = {
-        "kind": "ServiceAccount",
-        "name": SERVICE_ACCOUNT,
-        "namespace": namespace or DEPLOY_NAMESPACE,
-    }
+    subject = {"kind": "ServiceAccount", "name": account,
+               "namespace": namespace or DEPLOY_NAMESPACE}  # fmt: skip
+    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": role}
     return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(SERVICE_ACCOUNT)},
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(account)},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
-            "metadata": meta(ROLE),
-            "rules": role_rules(),
+            "metadata": meta(role),
+            "rules": rules,
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
-            "metadata": meta(ROLE),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": ROLE},
+            "metadata": meta(role),
+            "roleRef": role_ref,
             "subjects": [subject],
         },
     ]
@@ -130,8 +135,7 @@ OPERATOR_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = tuple
 )
 """`RULES` without ``pods/exec``: the operator in pod mode (`KubernetesConfig.launcher`
 ``pod``) enters no pod; mpirun runs in each simulation's launcher pod, under
-`LAUNCHER_SERVICE_ACCOUNT`. (Its usage readings must then come from the node's cgroups or
-the node agent: the pod-exec usage reader needs ``pods/exec``.)"""
+`LAUNCHER_SERVICE_ACCOUNT`; usage and duty cycles come from the node agents."""
 
 LAUNCHER_SERVICE_ACCOUNT = "rankpack-launcher"
 """The identity of every launcher pod (``rankpack-<sim>-launcher``) in a namespace."""
@@ -154,36 +158,9 @@ def launcher_rbac(namespace: str | None = None) -> list[dict[str, Any]]:
     """The launcher pods' ServiceAccount, Role and RoleBinding for one namespace (the
     admin's manifests install them in every namespace simulations run in; the operator
     never creates Roles). Without `namespace` as in ``deploy/`` (kustomize sets it)."""
-
-    def meta(name: str) -> dict[str, Any]:
-        m: dict[str, Any] = {"name": name, "labels": dict(MANAGED_BY)}
-        if namespace:
-            m["namespace"] = namespace
-        return m
-
-    subject = {
-        "kind": "ServiceAccount",
-        "name": LAUNCHER_SERVICE_ACCOUNT,
-        "namespace": namespace or DEPLOY_NAMESPACE,
-    }
-    rules = _as_role_rules(LAUNCHER_RULES)
-    role_ref = {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": LAUNCHER_ROLE}
-    return [
-        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta(LAUNCHER_SERVICE_ACCOUNT)},
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": meta(LAUNCHER_ROLE),
-            "rules": rules,
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": meta(LAUNCHER_ROLE),
-            "roleRef": role_ref,
-            "subjects": [subject],
-        },
-    ]
+    return identity(
+        LAUNCHER_SERVICE_ACCOUNT, LAUNCHER_ROLE, _as_role_rules(LAUNCHER_RULES), namespace
+    )
 
 
 def operator_role_rules() -> list[dict[str, Any]]:
