@@ -22,6 +22,7 @@ from rankpack.cli.common import (
     db_path,
     parse_concurrent,
     parse_cores,
+    parse_limit,
     parse_output_file,
     parse_seconds,
     print_json,
@@ -31,7 +32,7 @@ from rankpack.cli.run_cmd import stop_on_signals
 from rankpack.controller.observations import ControllerSettings
 from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.errors import UserError
-from rankpack.operator.admission import AdmissionPolicy, openfoam_applications
+from rankpack.operator.admission import AdmissionPolicy, NamespaceLimits, openfoam_applications
 from rankpack.operator.crd import check_solver
 from rankpack.plan.allocation import budget_to_millis
 from rankpack.plan.submission import Submission
@@ -92,6 +93,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--max-concurrent", type=parse_concurrent, default=4, help="simulations at once (4)"
     )
+    p.add_argument(
+        "--max-running-per-namespace", type=parse_limit, metavar="N",
+        help="Simulations one namespace may have running at once; the next waits Queued "
+        "(reason MaxRunningPerNamespace) (default: only --max-concurrent bounds them)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-queued-per-namespace", type=parse_limit, default=100, metavar="N",
+        help="Simulations one namespace may have queued; one more is refused (Failed, "
+        "TooManyQueued) (default 100)",
+    )  # fmt: skip
     p.add_argument(
         "--profile-s", type=parse_seconds, default=5.0, help="profiling window (default 5 s)"
     )
@@ -288,6 +299,8 @@ def handle_operator(args: argparse.Namespace) -> int:
         plot=args.plot,
         volume=args.volume,
         admission=admission,
+        namespace_limits=NamespaceLimits(max_queued=args.max_queued_per_namespace,
+                                         max_running=args.max_running_per_namespace),
     )  # fmt: skip
     logging.basicConfig(level=logging.WARNING)
     # an apiserver that is away is reported once by the operator, not per retried request

@@ -20,8 +20,10 @@ At most one `Launch` per step, for ``obs.queue[0]``
   throughput(n) = n / slowdown(n) from `predict_from_duty_cycles`, and the launch needs
   throughput(N+1) >= (1 + ``min_predicted_gain``) x throughput(N). When the head is held
   back a ``launch-held`` note is emitted only when the reason code changes (``cooldown``,
-  ``max-concurrent``, ``no-room``, ``no-gain``); waiting for a simulation in warmup or
-  profiling (code ``measuring``) is silent.
+  ``max-concurrent``, ``no-room``, ``quota``, ``no-gain``); waiting for a simulation in warmup or
+  profiling (code ``measuring``) is silent. ``quota`` is ``no-room`` when the namespace's
+  ResourceQuota is what leaves no room, and the back-off after a launch the quota refused
+  (``QueuedSim.retry_at_s``): nothing is launched before it.
 
 `fit_launch` is the same gate's rule for a simulation staged and about to launch on
 Kubernetes (`ControllerSettings.launch_must_fit`): its initial requests scale down to the
@@ -123,6 +125,12 @@ def _hold_reason(
     """(None, why launch) or (code, why held)."""
     obs, s = step.obs, step.settings
     name = f"queued simulation {head.queue_id}"
+    if head.retry_at_s is not None and obs.now_s < head.retry_at_s:
+        # its last launch was refused for quota (taken between plan and create): back-off
+        return "quota", (
+            f"{name} was refused at launch ({head.retry_reason}); tried again in "
+            f"{head.retry_at_s - obs.now_s:.0f} s"
+        )
     if state.last_launch_s is not None and obs.now_s - state.last_launch_s < s.launch_cooldown_s:
         wait = s.launch_cooldown_s - (obs.now_s - state.last_launch_s)
         return "cooldown", f"{name} waits {wait:.1f} s more after the last launch"

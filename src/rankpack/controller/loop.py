@@ -232,8 +232,9 @@ class ControlLoop:
                 sim.restarts[r.rank] = r.restarts
             if r.resize is not None:
                 self.resizes.follow(
-                    sim, r.rank, r.resize.state, r.resize.latency_s, r.resize.reason
-                )
+                    sim, r.rank, r.resize.state, r.resize.latency_s, r.resize.reason,
+                    code=r.resize.code,
+                )  # fmt: skip
         sim.times.append(t)
         sim.cores = tuple(cores)
         sim.last = obs

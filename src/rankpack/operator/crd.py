@@ -140,12 +140,14 @@ def _status_schema() -> Obj:
             "phase": {"type": "string", "enum": list(PHASES)},
             "reason": {
                 "type": "string",
-                "description": "why it failed, as a code (rankpack.core.failures.FailureCode: "
-                "PodDeleted, OOMKilled, InvalidSpec, ...)",
+                "description": "why it failed, or why it waits while Queued, as a code "
+                "(rankpack.core.failures.FailureCode: PodDeleted, OOMKilled, InvalidSpec, ...; "
+                "QuotaExceeded, NoRoom, MaxRunningPerNamespace, ... while Queued)",
             },
             "message": {
                 "type": "string",
-                "description": "why it failed, in words (names the pod, the exit code, the error)",
+                "description": "why it failed or waits, in words (names the pod, the exit code, "
+                "the error, the quota)",
             },
             "operator": {"type": "string"},
             "usage": {

@@ -34,11 +34,16 @@ from rankpack.controller.observations import ControllerSettings
 from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
 from rankpack.operator import crd
-from rankpack.operator.admission import AdmissionPolicy, openfoam_applications
-from rankpack.operator.events import SimulationEvents
+from rankpack.operator.admission import (
+    AdmissionPolicy,
+    NamespaceLimits,
+    openfoam_applications,
+)
+from rankpack.operator.events import QUOTA_CODES, SimulationEvents
 from rankpack.operator.lease import Lease, LeaseTerms
 from rankpack.operator.metrics import OperatorMetrics
-from rankpack.operator.queue import SimulationApi, SimulationQueue, StatusWriter
+from rankpack.operator.queue import SimulationApi, SimulationQueue
+from rankpack.operator.status import StatusWriter
 from rankpack.store import EventRow, Store
 
 log = logging.getLogger("rankpack.operator")
@@ -72,6 +77,8 @@ class OperatorOptions:
         default_factory=lambda: AdmissionPolicy(solvers=openfoam_applications())
     )
     """What the admin allows Simulations to ask for (host paths, case roots, solvers)."""
+    namespace_limits: NamespaceLimits = field(default_factory=NamespaceLimits)
+    """How many Simulations one namespace may have queued and running."""
 
 
 def _cluster_millis(backend: KubernetesBackend, every_s: float = 30.0) -> Callable[[], int | None]:
@@ -161,6 +168,21 @@ class _Display(StatusWriter):
             self.last_event = new[-1].id
             self.metrics.count_events(new)
             self.events.add(new)
+            self._resizes_held(new)
+
+    def _resizes_held(self, new: Sequence[EventRow]) -> None:
+        """A grow held within the quota (or refused by it) shows in the status too."""
+        name_of = _name_of(self.queue)
+        for e in new:
+            quota = str(e.detail.get("code") or "") in QUOTA_CODES
+            if e.kind in ("resize-capped", "resize-skipped", "resize-rejected") and quota:
+                name = name_of(e)
+                if name is not None:
+                    self.resize_held(name, str(e.detail.get("reason") or "held for quota"))
+            elif e.kind == "resize":
+                name = name_of(e)
+                if name is not None:
+                    self.resize_held(name, None)
 
 
 @dataclass
@@ -237,6 +259,7 @@ def run_operator(
     queue = SimulationQueue(
         sims, store, identity, admission=opts.admission,
         cluster_millis=_cluster_millis(backend), placement=backend.placement,
+        limits=opts.namespace_limits,
     )  # fmt: skip
     events = SimulationEvents(
         lambda body: backend.api.create("events", body), namespace, identity,

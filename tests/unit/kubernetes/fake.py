@@ -40,6 +40,10 @@ class FakeKubeApi:
     resize_limit_millis: int | None = None
     """Refuse resizes above this with Forbidden, like 1.36 above allocatable."""
     forbid_nodes: bool = False
+    quota_millis: int | None = None
+    """The ResourceQuota admission: refuse a pod create or a resize that takes the pods'
+    CPU requests past this, with 403 ``exceeded quota`` (the quota's object, which the
+    backend reads, is whatever a test puts in ``objects``: it may be stale)."""
     events: list[Obj] = field(default_factory=list)
     token: str | None = "backend-token"
     _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
@@ -89,6 +93,8 @@ class FakeKubeApi:
         self.actions.append(("create", kind, name))
         if (kind, name) in self.objects:
             raise ApiError(409, "AlreadyExists", f"{kind} {name} exists")
+        if kind == "pods":
+            self._admit_quota(name, _request(body))
         obj = copy.deepcopy(body)
         meta = obj["metadata"]
         meta["uid"] = f"uid-{next(self._uids)}"
@@ -132,6 +138,7 @@ class FakeKubeApi:
             raise ApiError(404, "NotFound", f"pods {name} not found")
         new = patch["spec"]["containers"][0]["resources"]
         want = cpu_millis(new["requests"]["cpu"]) or 0
+        self._admit_quota(name, want - _request(pod))
         if self.resize_limit_millis is not None and want > self.resize_limit_millis:
             raise ApiError(
                 403, "Forbidden", "pod resize: node didn't have enough allocatable resources"
@@ -146,6 +153,16 @@ class FakeKubeApi:
     def exec(self, pod: str, container: str, argv: Sequence[str], timeout_s: float) -> ExecResult:
         self.actions.append(("exec", pod, " ".join(argv)))
         return ExecResult(0, "", "")
+
+    def _admit_quota(self, name: str, more: int) -> None:
+        if self.quota_millis is None or more <= 0:
+            return
+        used = sum(_request(o) for (k, _), o in self.objects.items() if k == "pods")
+        if used + more > self.quota_millis:
+            raise ApiError(403, "Forbidden", (
+                f'pods "{name}" is forbidden: exceeded quota: q, requested: requests.cpu='
+                f"{more}m, used: requests.cpu={used}m, limited: requests.cpu={self.quota_millis}m"
+            ))  # fmt: skip
 
     # -- what the kubelet and the scheduler would do -------------------------------------
 
@@ -200,3 +217,7 @@ class FakeKubeApi:
     def writes(self) -> list[tuple[str, ...]]:
         """The actions that change something (no get/list)."""
         return [a for a in self.actions if a[0] not in ("get", "list")]
+
+
+def _request(pod: Obj) -> int:
+    return cpu_millis(pod["spec"]["containers"][0]["resources"]["requests"]["cpu"]) or 0

@@ -134,6 +134,8 @@ def test_launch_creates_owner_then_service_then_pods(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.backend.launch(h.spec())
     assert h.api.actions == [
+        ("list", "resourcequotas", ""),  # checked against the namespace before any create
+        ("list", "limitranges", ""),
         ("get", "configmaps", "rankpack-s1"),
         ("create", "configmaps", "rankpack-s1"),
         ("get", "services", "rankpack-s1"),

@@ -163,8 +163,8 @@ def test_conditions_are_one_per_type_and_keep_their_transition_time(
 ) -> None:
     sims.add("a")
     q = _queue(sims, tmp_path)
-    first = q._set_conditions("a", queue._condition("Running", True, "Claimed", "x"))
-    again = q._set_conditions("a", {**queue._condition("Running", True, "Launched", "y"),
+    first = q._set_conditions("a", queue.condition("Running", True, "Claimed", "x"))
+    again = q._set_conditions("a", {**queue.condition("Running", True, "Launched", "y"),
                                      "lastTransitionTime": "later"})  # fmt: skip
     assert len(again) == 1 and again[0]["reason"] == "Launched"
     assert again[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]

@@ -60,6 +60,27 @@ class ApiError(BackendError):
         return self.status == 409
 
     @property
+    def quota_exceeded(self) -> bool:
+        """403 from the ResourceQuota admission: the namespace's quota has no room now
+        (``exceeded quota: q, requested: requests.cpu=1, used: ..., limited: ...``). The
+        apiserver says so only in the message."""
+        return self.status == 403 and "exceeded quota" in self.message
+
+    @property
+    def quota_needs_limits(self) -> bool:
+        """403 from the ResourceQuota admission: the quota tracks a resource the pod does not
+        set (``failed quota: q: must specify limits.cpu for: rank``)."""
+        return self.status == 403 and "must specify" in self.message
+
+    @property
+    def outside_limit_range(self) -> bool:
+        """403 from the LimitRanger admission (``minimum cpu usage per Container is 100m, but
+        request is 50m``; ``maximum ... per Pod``; ``... limit to request ratio ...``)."""
+        return self.status == 403 and (
+            " per Container is " in self.message or " per Pod is " in self.message
+        )
+
+    @property
     def transient(self) -> bool:
         """Worth trying again: unreachable (0), throttled (429) or a server error (5xx)."""
         return self.status in (0, 429) or self.status >= 500
@@ -126,7 +147,7 @@ class KubeApi(Protocol):
 
 
 _PATHS = {"pods": "pods", "services": "services", "configmaps": "configmaps", "events": "events",
-          "resourcequotas": "resourcequotas"}  # fmt: skip
+          "resourcequotas": "resourcequotas", "limitranges": "limitranges"}  # fmt: skip
 
 
 class ClientKubeApi:

@@ -44,6 +44,7 @@ from rankpack.backend.protocol import (
     BackendError,
     Inventory,
     LaunchFailed,
+    LaunchRefused,
     RankResources,
     ResizeState,
     ResizeStatus,
@@ -137,13 +138,25 @@ class KubernetesBackend:
     # -- launch ------------------------------------------------------------------------------
 
     def launch(self, spec: SimSpec) -> None:
+        """Create the owner, the Service and the rank pods. Checked first against the
+        namespace's LimitRanges and quotas, read now (`Capacity.launch_refusal`): no room
+        in a quota is `LaunchRefused` (still staged, nothing created), a rank the
+        LimitRange refuses is `LaunchFailed` with its code. A create the apiserver refuses
+        halfway (another tenant took the quota between that check and the create) deletes
+        what was created (`objects.undo`: no partial gang) and is `LaunchRefused` for
+        quota, else `LaunchFailed`."""
         if spec.sim_id in self.sims:
             raise BackendError(f"simulation {spec.sim_id} was launched already")
         builders.check_sim_id(spec.sim_id, len(spec.ranks))
         in_pod = self.config.launcher == "pod"
         if in_pod:
             builders.check_launcher_name(spec.sim_id)
-        self._stager.launched(spec.sim_id)
+        refusal = self._capacity.launch_refusal(spec.ranks)
+        if refusal is not None and refusal[0] is FailureCode.QUOTA_EXCEEDED:
+            raise LaunchRefused(f"{spec.sim_id} not launched: {refusal[1]}")
+        stage = self._stager.launched(spec.sim_id)
+        if refusal is not None:
+            raise LaunchFailed(f"{spec.sim_id} not launched: {refusal[1]}", refusal[0])
         try:
             volume = parse_volume(spec.volume, spec.case_dir)
         except UserError as exc:
@@ -157,9 +170,14 @@ class KubernetesBackend:
                               launcher=pod_mode.options_of(sim, self.config))  # fmt: skip
         except ApiError as exc:
             if not exc.transient:
-                with contextlib.suppress(ApiError):
-                    self.api.delete("configmaps", builders.owner_name(spec.sim_id), "Foreground")
-                raise LaunchFailed(f"cannot create the rank pods of {spec.sim_id}: {exc}") from exc
+                removed = objects.undo(self.api, spec.sim_id)
+                why = f"cannot create the rank pods of {spec.sim_id}: {exc}"
+                if exc.quota_exceeded:
+                    self._stager.restore(stage)
+                    raise LaunchRefused(
+                        f"{why} (the {removed} created were deleted; waiting for room)"
+                    ) from exc
+                raise LaunchFailed(why, _create_failure(exc)) from exc
             # The apiserver is away: the poller creates what is missing once it answers
             # (get-or-create is idempotent), bounded by start_timeout_s like any start.
             sim.reconcile_error = str(exc)
@@ -205,10 +223,13 @@ class KubernetesBackend:
         old = sim.desired[rank]
 
         def result(
-            state: ResizeState, reason: str = "", latency: float | None = None
+            state: ResizeState,
+            reason: str = "",
+            latency: float | None = None,
+            code: FailureCode | None = None,
         ) -> ResizeStatus:
             return ResizeStatus(state, old.request_millis, resources.request_millis, t0,
-                                latency_s=latency, reason=reason)  # fmt: skip
+                                latency_s=latency, reason=reason, code=code)  # fmt: skip
 
         if sim.life.over:
             st = result(ResizeState.REJECTED, "the simulation has ended")
@@ -223,13 +244,22 @@ class KubernetesBackend:
             # errors are 422; a vanished pod 404: all are final, the rank keeps its CPU.
             # An unreachable or overloaded apiserver, or a conflict, is FAILED: the control
             # loop asks again with back-off; a refusal is REJECTED.
+            # A grow past the namespace's quota (another tenant took it since the plan) is
+            # refused with its own code: the rank keeps its CPU, nothing fails.
             transient = exc.transient or exc.conflict
             state = ResizeState.FAILED if transient else ResizeState.REJECTED
-            st = result(state, f"{exc.reason}: {exc.message}" if exc.message else str(exc))
+            code = (
+                FailureCode.QUOTA_EXCEEDED if exc.quota_exceeded
+                else FailureCode.OUTSIDE_LIMIT_RANGE if exc.outside_limit_range
+                else None
+            )  # fmt: skip
+            st = result(state, f"{exc.reason}: {exc.message}" if exc.message else str(exc),
+                        code=code)  # fmt: skip
             with self.lock:
                 sim.resizes[rank] = Resize(st, resources, None)
             change = f"cpu {old.request_millis}m -> {resources.request_millis}m"
-            self.record_event(sim, rank, "ResizeRejected", f"{change}: {st.reason}")
+            why = "QuotaExceeded" if exc.quota_exceeded else "ResizeRejected"
+            self.record_event(sim, rank, why, f"{change}: {st.reason}")
             return st
         generation = pod.get("metadata", {}).get("generation")
         gen = int(generation) if generation is not None else None
@@ -447,7 +477,11 @@ class KubernetesBackend:
                                   launcher=pod_mode.options_of(sim, self.config))  # fmt: skip
             except ApiError as exc:
                 if not exc.transient:
-                    raise LaunchFailed(f"cannot create the rank pods of {sim_id}: {exc}") from exc
+                    objects.undo(self.api, sim_id)  # no partial gang, whatever the reason
+                    why = f"cannot create the rank pods of {sim_id}: {exc}"
+                    if exc.quota_exceeded:
+                        raise LaunchRefused(why) from exc
+                    raise LaunchFailed(why, _create_failure(exc)) from exc
                 sim.reconcile_error = str(exc)
         listed = bool(owner) or (launch == "never" and sim.reconcile_error is None)
         launcher_pod: Obj | None = None
@@ -484,6 +518,15 @@ class KubernetesBackend:
         if sim is None or sim.life.released:
             raise UnknownSimulation(f"no simulation {sim_id} in this backend")
         return sim
+
+
+def _create_failure(exc: ApiError) -> FailureCode:
+    """The code of a create the apiserver refused for good."""
+    if exc.outside_limit_range:
+        return FailureCode.OUTSIDE_LIMIT_RANGE
+    if exc.quota_needs_limits:
+        return FailureCode.QUOTA_NEEDS_LIMITS
+    return FailureCode.LAUNCH_FAILED
 
 
 def _phase_from_exit(owner: Obj) -> SimPhase:

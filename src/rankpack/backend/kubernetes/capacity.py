@@ -2,27 +2,32 @@
 
 `Capacity.inventory` answers `KubernetesBackend.inventory`: ready, schedulable nodes with
 the requests of every live pod (all namespaces if the identity may list them, else this
-namespace), what schedulable nodes that are not Ready could allocate once back, and the
-namespace's tightest CPU-request quota. Refusals (403) are learned and
+namespace), what schedulable nodes that are not Ready could allocate once back, the
+namespace's tightest CPU quotas (``requests.cpu``, ``limits.cpu``) and what its LimitRanges
+allow a rank's request (`limits`). `Capacity.launch_refusal` checks a launch against fresh
+quotas and LimitRanges before anything is created. Refusals (403) are learned and
 remembered; while the apiserver does not answer, the last inventory read is answered.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
-from rankpack.backend.kubernetes import builders, status
+from rankpack.backend.kubernetes import builders, limits, status
 from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.config import KubernetesConfig
-from rankpack.backend.protocol import BackendError, Inventory, NodeCapacity, Quota
+from rankpack.backend.protocol import BackendError, Inventory, NodeCapacity, Quota, RankResources
+from rankpack.core.failures import FailureCode
 
 
 class Capacity:
     def __init__(self, api: KubeApi, config: KubernetesConfig) -> None:
         self.api, self.config = api, config
         self._nodes_forbidden = False
-        self._quotas_forbidden = False
         self._agents_forbidden = False
+        self._forbidden: set[str] = set()
+        """Namespaced kinds this identity may not list (learned from a 403, not asked again)."""
         self._inventory: Inventory | None = None
         """The last inventory read: answered while the apiserver does not answer."""
 
@@ -47,27 +52,49 @@ class Capacity:
         self._inventory = found
         return found
 
-    def _quota(self) -> Quota | None:
-        """The namespace's tightest CPU-request quota (None: none, or not readable)."""
-        if self._quotas_forbidden:
-            return None
+    def _namespaced(self, kind: str) -> list[Obj]:
+        """The namespace's ``kind`` objects ([] if this identity may not list them)."""
+        if kind in self._forbidden:
+            return []
         try:
-            found = self.api.list("resourcequotas", "")
+            return self.api.list(kind, "")
         except ApiError as exc:
             if exc.status != 403:
                 raise
-            self._quotas_forbidden = True  # no right to read them: learned from refusals
-            return None
-        quotas = []
-        for q in found:
-            cpu = status.cpu_quota(q)
-            if cpu is not None:
-                quotas.append(Quota(str(q["metadata"]["name"]), cpu[0], cpu[1]))
-        return min(quotas, key=lambda q: q.hard_millis - q.used_millis, default=None)
+            self._forbidden.add(kind)  # no right to read them: learned from refusals
+            return []
+
+    def quotas(self) -> list[Quota]:
+        """Every CPU entry of the namespace's ResourceQuotas that counts rank pods."""
+        return [q for found in self._namespaced("resourcequotas") for q in limits.cpu_quotas(found)]
+
+    def limit_ranges(self) -> list[Obj]:
+        return self._namespaced("limitranges")
+
+    def launch_refusal(self, ranks: Sequence[RankResources]) -> tuple[FailureCode, str] | None:
+        """Why the namespace would refuse these rank pods (and, in pod mode, the launcher
+        pod), read now (`limits.launch_refusal`); None when they fit (or the apiserver does
+        not answer: the creates will tell)."""
+        pods = [(f"rank {i}", r) for i, r in enumerate(ranks)]
+        if self.config.launcher == "pod":
+            pods.append(("the launcher pod", RankResources(self.config.launcher_cpu_millis)))
+        try:
+            return limits.launch_refusal(pods, self.quotas(), self.limit_ranges())
+        except ApiError as exc:
+            if exc.transient:
+                return None
+            raise
 
     def _read_inventory(self) -> Inventory:
         overhead = self.config.launcher_cpu_millis if self.config.launcher == "pod" else 0
-        return replace(self._read_nodes(), quota=self._quota(), launch_overhead_millis=overhead)
+        quotas = self.quotas()
+        return replace(
+            self._read_nodes(),
+            quota=limits.tightest(quotas, "requests.cpu"),
+            limits_quota=limits.tightest(quotas, "limits.cpu"),
+            rank_bounds=limits.rank_bounds(self.limit_ranges()),
+            launch_overhead_millis=overhead,
+        )
 
     def _visible_pods(self) -> list[Obj]:
         """Every live pod when the identity may list them all; else this namespace's and

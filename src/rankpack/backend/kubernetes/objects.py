@@ -3,7 +3,9 @@
 Every simulation has an owner ConfigMap (its spec; the garbage collector's root), a headless
 Service and one pod per rank (and in pod mode its launcher pod), built by `builders`.
 `reconcile` gets-or-creates them (at launch, adoption, and by the poller after a transient
-error); `delete` removes them at release (and the poller retries orphans without waiting).
+error); `delete` removes them at release (and the poller retries orphans without waiting);
+`undo` removes at once what a launch the apiserver refused halfway had created (no partial
+gang is left).
 """
 
 from __future__ import annotations
@@ -56,6 +58,28 @@ def _get_or_create(api: KubeApi, kind: str, body: Obj, spec: SimSpec) -> Obj:
         if exc.conflict:  # created meanwhile (another controller): take it
             return api.get(kind, name)
         raise
+
+
+def undo(api: KubeApi, sim_id: str) -> int:
+    """Remove what a refused launch created, at once: the owner (Foreground: the garbage
+    collector deletes its dependents first), and every rank pod and the Service directly,
+    so that none is left running whether or not a garbage collector is at work. Never
+    waits; best effort against an apiserver that refuses (a `release` later retries).
+    Returns how many rank pods were deleted (gone or going)."""
+    deleted = 0
+    with contextlib.suppress(ApiError):
+        api.delete("configmaps", builders.owner_name(sim_id), "Foreground")
+    with contextlib.suppress(ApiError):
+        for pod in api.list_pods(builders.sim_selector(sim_id)):
+            try:
+                api.delete("pods", str(pod["metadata"]["name"]))
+            except ApiError as exc:
+                if not exc.not_found:
+                    continue
+            deleted += 1
+    with contextlib.suppress(ApiError):
+        api.delete("services", builders.service_name(sim_id))
+    return deleted
 
 
 def delete(api: KubeApi, config: KubernetesConfig, sim_id: str, *, wait: bool = True) -> bool:

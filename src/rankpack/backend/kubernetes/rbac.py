@@ -26,8 +26,9 @@ RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", ("pods/log",), ("get",)),
     ("", ("services", "configmaps"), ("get", "list", "watch", "create", "delete")),
     ("", ("events",), ("get", "list", "watch", "create")),
-    # the namespace's CPU quota, planned within instead of learned from refusals (issue 26)
-    ("", ("resourcequotas",), ("get", "list")),
+    # the namespace's CPU quotas and LimitRanges, planned within instead of learned from
+    # refusals (issue 26)
+    ("", ("resourcequotas", "limitranges"), ("get", "list")),
     # the operator (`rankpack operator`, issue 11): Simulations, their status, its Lease
     ("rankpack.dev", ("simulations",), ("get", "list", "watch", "create", "patch")),
     ("rankpack.dev", ("simulations/status",), ("get", "patch", "update")),
