@@ -68,7 +68,7 @@ def launch(
             step.actions.append(Launch(queue_id=head.queue_id, reason=reason,
                                        request_millis=packed))  # fmt: skip
             return obs.now_s, None, None
-        code, reason = "no-room", f"{reason}; but the floors leave no room to pack it"
+        code, reason = _no_room(obs, f"{reason}; but the floors leave no room to pack it")
     if code is None:
         step.actions.append(Launch(queue_id=head.queue_id, reason=reason))
         return obs.now_s, None, None

@@ -148,3 +148,15 @@ def test_a_grow_held_for_quota_sets_resize_held_until_a_resize_completes(
     writer.resize_held("a", None)
     held = {c["type"]: c for c in sims.objs["a"]["status"]["conditions"]}["ResizeHeld"]
     assert held["status"] == "False"
+
+
+def test_held_launches_are_counted_by_their_code() -> None:
+    from rankpack.operator.metrics import OperatorMetrics
+
+    metrics = OperatorMetrics()
+    metrics.count_events([
+        EventRow(1, None, "t", 1.0, "launch-held", {"code": "quota", "reason": "needs 1000m"}, 3),
+        EventRow(2, None, "t", 2.0, "launch-held", {"reason": "waits 1.0 s more after"}, 3),
+    ])  # fmt: skip
+    assert metrics.held.labels("quota")._value.get() == 1
+    assert metrics.held.labels("cooldown")._value.get() == 1
