@@ -469,6 +469,7 @@ class SimulationQueue:
         if name is None:
             return
         self.run_ids.pop(job.queue_id, None)
+        self.holding.pop(job.queue_id, None)  # back in the queue: not this loop's any more
         self.holds.pop(name, None)
         self.sim_names = {k: v for k, v in self.sim_names.items() if v != name}
         reason = str(why.code)
