@@ -24,6 +24,7 @@ import pytest
 
 from rankpack.backend.kubernetes import KubernetesBackend, connect, load_config
 from rankpack.backend.kubernetes.builders import SIM_LABEL
+from rankpack.backend.kubernetes.capacity import LaunchCheck
 from rankpack.backend.protocol import LaunchFailed, LaunchRefused, RankResources, SimSpec
 from rankpack.core.failures import FailureCode
 from tests.k8s.conftest import DevCluster
@@ -157,8 +158,8 @@ def test_a_create_refused_halfway_leaves_no_partial_gang(
         core.create_namespaced_pod(ns, sleeper_pod("other-tenant", 700))  # 500m left
         wait_running(core, "other-tenant", ns)
         # the plan's read of the quota is stale: another tenant took it since
-        checked = backend._capacity.launch_refusal
-        backend._capacity.launch_refusal = lambda ranks: None  # type: ignore[method-assign]
+        checked = backend._capacity.launch_check
+        backend._capacity.launch_check = lambda ranks: LaunchCheck(None, 50)  # type: ignore[method-assign]
         with pytest.raises(LaunchRefused) as refused:
             backend.launch(_spec("qrace1", tmp_path / "a", 400, 400))  # 400m made, 400m refused
         print(f"\nrefused: {refused.value}")
@@ -167,7 +168,7 @@ def test_a_create_refused_halfway_leaves_no_partial_gang(
         assert _live_rank_pods(core, ns).get("qrace1") is None  # gone or going, at once
         _gone(core, ns, "qrace1")
         # read now, the quota refuses the launch before anything is created
-        backend._capacity.launch_refusal = checked  # type: ignore[method-assign]
+        backend._capacity.launch_check = checked  # type: ignore[method-assign]
         # (500m, or less while the quota's usage still counts qrace1's deleted pod)
         with pytest.raises(
             LaunchRefused, match=r"rankpack-test-cpu has \d+m of requests\.cpu free"
@@ -203,7 +204,7 @@ def test_the_apiservers_limit_range_and_limits_quota_refusals_fail_with_their_co
 
     core = client.CoreV1Api(k8s.admin_api())
     ns = k8s.namespace
-    backend._capacity.launch_refusal = lambda ranks: None  # type: ignore[method-assign]
+    backend._capacity.launch_check = lambda ranks: LaunchCheck(None, 50)  # type: ignore[method-assign]
     lr = {"metadata": {"name": LIMIT_RANGE},
           "spec": {"limits": [{"type": "Container", "min": {"cpu": "100m"}}]}}  # fmt: skip
     core.create_namespaced_limit_range(ns, lr)

@@ -201,3 +201,31 @@ def test_a_grow_the_quota_refuses_is_rejected_with_the_quota_code(tmp_path: Path
     assert st.state is ResizeState.REJECTED and st.code is FailureCode.QUOTA_EXCEEDED
     assert ("create", "events", PODS[0], "QuotaExceeded") in api.actions
     assert h.backend.resize(SIM, 0, RankResources(300)).state is not ResizeState.REJECTED
+
+
+def test_in_pod_mode_the_launcher_pod_counts_against_the_quota_and_limit_range(
+    tmp_path: Path,
+) -> None:
+    from rankpack.backend.kubernetes import KubernetesConfig
+    from rankpack.backend.kubernetes.capacity import Capacity
+    from rankpack.backend.kubernetes.pod_mode import options_of
+    from rankpack.backend.kubernetes.record import SimRecord
+
+    api = FakeKubeApi()
+    api.objects[("resourcequotas", "q")] = quota("1", "0")
+    config = KubernetesConfig(kubeconfig=Path("/k"), namespace="rankpack", launcher="pod",
+                              launcher_cpu_millis=50)  # fmt: skip
+    ranks = [RankResources(500), RankResources(500)]  # the quota's 1000m, and 50m more
+    check = Capacity(api, config).launch_check(ranks)
+    assert check.refusal is not None and check.refusal[0] is FailureCode.QUOTA_EXCEEDED
+    assert "need 1050m" in check.refusal[1]
+    # a LimitRange min above the launcher's request raises it (and counts it so)
+    api.objects[("resourcequotas", "q")] = quota("2", "0")
+    api.objects[("limitranges", "lr")] = limit_range(min="100m")
+    check = Capacity(api, config).launch_check(ranks)
+    assert check.refusal is None and check.launcher_millis == 100
+    h = Harness(tmp_path)
+    sim = SimRecord(spec=h.spec(), image="i", volume=None, desired=[], in_pod=True)  # type: ignore[arg-type]
+    assert (opts := options_of(sim, config)) is not None and opts.cpu_millis == 50
+    sim.launcher_millis = check.launcher_millis
+    assert (opts := options_of(sim, config)) is not None and opts.cpu_millis == 100

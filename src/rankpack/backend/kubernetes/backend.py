@@ -139,7 +139,7 @@ class KubernetesBackend:
 
     def launch(self, spec: SimSpec) -> None:
         """Create the owner, the Service and the rank pods. Checked first against the
-        namespace's LimitRanges and quotas, read now (`Capacity.launch_refusal`): no room
+        namespace's LimitRanges and quotas, read now (`Capacity.launch_check`): no room
         in a quota is `LaunchRefused` (still staged, nothing created), a rank the
         LimitRange refuses is `LaunchFailed` with its code. A create the apiserver refuses
         halfway (another tenant took the quota between that check and the create) deletes
@@ -151,7 +151,8 @@ class KubernetesBackend:
         in_pod = self.config.launcher == "pod"
         if in_pod:
             builders.check_launcher_name(spec.sim_id)
-        refusal = self._capacity.launch_refusal(spec.ranks)
+        check = self._capacity.launch_check(spec.ranks)
+        refusal = check.refusal
         if refusal is not None and refusal[0] is FailureCode.QUOTA_EXCEEDED:
             raise LaunchRefused(f"{spec.sim_id} not launched: {refusal[1]}")
         stage = self._stager.launched(spec.sim_id)
@@ -164,6 +165,8 @@ class KubernetesBackend:
         image = spec.image or self.config.image
         sim = SimRecord(spec=spec, image=image, volume=volume, desired=list(spec.ranks),
                         in_pod=in_pod)  # fmt: skip
+        if check.launcher_millis != self.config.launcher_cpu_millis:
+            sim.launcher_millis = check.launcher_millis  # within the namespace's LimitRange
         self._prepare(sim)
         try:
             objects.reconcile(self.api, spec, image, volume,

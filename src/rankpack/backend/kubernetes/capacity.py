@@ -4,7 +4,7 @@
 the requests of every live pod (all namespaces if the identity may list them, else this
 namespace), what schedulable nodes that are not Ready could allocate once back, the
 namespace's tightest CPU quotas (``requests.cpu``, ``limits.cpu``) and what its LimitRanges
-allow a rank's request (`limits`). `Capacity.launch_refusal` checks a launch against fresh
+allow a rank's request (`limits`). `Capacity.launch_check` checks a launch against fresh
 quotas and LimitRanges before anything is created. Refusals (403) are learned and
 remembered; while the apiserver does not answer, the last inventory read is answered.
 """
@@ -13,12 +13,20 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
 from rankpack.backend.kubernetes import builders, limits, status
 from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.config import KubernetesConfig
 from rankpack.backend.protocol import BackendError, Inventory, NodeCapacity, Quota, RankResources
 from rankpack.core.failures import FailureCode
+
+
+class LaunchCheck(NamedTuple):
+    refusal: tuple[FailureCode, str] | None
+    """Why the namespace would refuse the launch (None: it would not)."""
+    launcher_millis: int
+    """The launcher pod's CPU request within the namespace's LimitRange (pod mode)."""
 
 
 class Capacity:
@@ -71,19 +79,24 @@ class Capacity:
     def limit_ranges(self) -> list[Obj]:
         return self._namespaced("limitranges")
 
-    def launch_refusal(self, ranks: Sequence[RankResources]) -> tuple[FailureCode, str] | None:
+    def launch_check(self, ranks: Sequence[RankResources]) -> LaunchCheck:
         """Why the namespace would refuse these rank pods (and, in pod mode, the launcher
-        pod), read now (`limits.launch_refusal`); None when they fit (or the apiserver does
-        not answer: the creates will tell)."""
-        pods = [(f"rank {i}", r) for i, r in enumerate(ranks)]
-        if self.config.launcher == "pod":
-            pods.append(("the launcher pod", RankResources(self.config.launcher_cpu_millis)))
+        pod, its request brought within the LimitRange), read now (`limits.launch_refusal`);
+        no refusal when they fit (or the apiserver does not answer: the creates will tell)."""
+        launcher = self.config.launcher_cpu_millis
         try:
-            return limits.launch_refusal(pods, self.quotas(), self.limit_ranges())
+            quotas, ranges = self.quotas(), self.limit_ranges()
         except ApiError as exc:
             if exc.transient:
-                return None
+                return LaunchCheck(None, launcher)
             raise
+        pods = [(f"rank {i}", r) for i, r in enumerate(ranks)]
+        if self.config.launcher == "pod":
+            bounds = limits.rank_bounds(ranges)
+            if bounds is not None and not bounds.empty:
+                launcher = bounds.clamp(launcher)
+            pods.append(("the launcher pod", RankResources(launcher)))
+        return LaunchCheck(limits.launch_refusal(pods, quotas, ranges), launcher)
 
     def _read_inventory(self) -> Inventory:
         overhead = self.config.launcher_cpu_millis if self.config.launcher == "pod" else 0

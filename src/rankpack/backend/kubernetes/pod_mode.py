@@ -17,7 +17,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rankpack.backend.kubernetes import builders, rbac, status
 from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
@@ -44,8 +44,12 @@ def options(config: KubernetesConfig, spec: SimSpec) -> builders.LauncherOptions
 
 
 def options_of(sim: SimRecord, config: KubernetesConfig) -> builders.LauncherOptions | None:
-    """`options` for a pod-mode simulation, None for one whose mpirun runs on this host."""
-    return options(config, sim.spec) if sim.in_pod else None
+    """`options` for a pod-mode simulation (its launcher's CPU within the namespace's
+    LimitRange, `SimRecord.launcher_millis`), None for one whose mpirun runs on this host."""
+    if not sim.in_pod:
+        return None
+    found = options(config, sim.spec)
+    return found if sim.launcher_millis is None else replace(found, cpu_millis=sim.launcher_millis)
 
 
 def instructions(sim: SimRecord, config: KubernetesConfig, namespace: str) -> Instructions:

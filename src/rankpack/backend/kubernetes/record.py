@@ -156,6 +156,9 @@ class SimRecord:
     """Its launcher pod was listed at least once (pod mode)."""
     launcher_missing: int = 0
     """Listings in a row, since it was created, without its launcher pod (pod mode)."""
+    launcher_millis: int | None = None
+    """Its launcher pod's CPU request when the namespace's LimitRange moved it from the
+    configured one (pod mode; None: `KubernetesConfig.launcher_cpu_millis`)."""
 
     def __post_init__(self) -> None:
         self.log = LogTail(self.spec.log_path)
