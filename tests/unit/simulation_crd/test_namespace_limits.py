@@ -160,3 +160,34 @@ def test_held_launches_are_counted_by_their_code() -> None:
     ])  # fmt: skip
     assert metrics.held.labels("quota")._value.get() == 1
     assert metrics.held.labels("cooldown")._value.get() == 1
+
+
+def test_the_loop_requeues_a_simulation_whose_launch_the_quota_refused(tmp_path: Path) -> None:
+    """The operator's queue under the one loop (simulated backend): the first launch is
+    refused for quota; the Simulation goes back to Queued with QuotaExceeded, then runs and
+    Succeeds; it never fails."""
+    from rankpack.controller.loop import LoopSettings, run_jobs
+    from rankpack.controller.observations import ControllerSettings
+    from tests.unit.controller.test_loop_requeue import TakenTwice
+
+    sims = FakeSims()
+    sims.add("a")
+    sims.objs["a"]["spec"].update(case={"path": "box"}, budgetMillis=1000, sizing="fixed")
+    q = _queue(sims, tmp_path)
+    seen: list[tuple[str, str | None]] = []
+    real = sims.patch_status
+
+    def watch(name: str, status: dict[str, Any]) -> dict[str, Any]:
+        out = real(name, status)
+        st = sims.objs[name]["status"]
+        seen.append((st.get("phase", "-"), st.get("reason")))
+        return out
+
+    sims.patch_status = watch  # type: ignore[method-assign]
+    settings = LoopSettings(runs_root=tmp_path / "runs",
+                            controller=ControllerSettings(launch_cooldown_s=0.0))  # fmt: skip
+    result = run_jobs(TakenTwice(refusals=1), q.store, q, settings)
+    assert [r.status for r in result.results] == ["completed"]
+    assert ("Queued", "QuotaExceeded") in seen
+    assert "Failed" not in {phase for phase, _ in seen}
+    assert sims.objs["a"]["status"]["phase"] == "Succeeded"
