@@ -264,7 +264,9 @@ class ControlLoop:
     def _note(self, action: Note, pending: list[Job]) -> None:
         ctx = self.ctx
         sim = ctx.sims.get(action.sim_id) if action.sim_id else None
-        coded = {"code": action.code} if action.code else {}
+        coded: dict[str, object] = {"code": action.code} if action.code else {}
+        if action.queue_id is not None:  # whose hold it is (the operator's Event names it)
+            coded["queue_id"] = action.queue_id
         ctx.event(sim.run_id if sim else None, action.kind, reason=action.reason, **coded)
         held = next((j for j in pending if j.queue_id == action.queue_id), None)
         if held is not None and action.kind == "launch-held":

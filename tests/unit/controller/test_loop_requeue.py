@@ -103,6 +103,7 @@ def test_run_waits_through_refused_launches_and_completes(tmp_path: Path) -> Non
     ]
     held = [e for e in store.events() if e.kind == "launch-held"]
     assert held and held[0].detail["code"] == "quota"
+    assert held[0].detail["queue_id"] == 0  # whose hold: the operator's Event names it
     assert not [e for e in store.events() if e.kind in ("launch-failed", "finished")
                 and e.detail.get("status") == "failed"]  # fmt: skip
 
