@@ -17,13 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import sqlite3
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +30,7 @@ import pytest
 from rankpack.devcluster import deploy
 from rankpack.devcluster.binaries import DEFAULT_VERSION, KubeVersion
 from rankpack.devcluster.layout import NAMESPACE, Layout
+from rankpack.errors import UserError
 from rankpack.operator import crd, manifests
 from tests.k8s.conftest import DevCluster
 from tests.k8s.operators import endless_pitzdaily
@@ -39,11 +38,12 @@ from tests.k8s.operators import endless_pitzdaily
 AGENT = "rankpack-node-agent"
 AGENT_PORT = 8475
 CREATOR = "simulation-creator"
-ITERATIONS = {"incluster-a": 2000, "incluster-b": 400}
-"""The first is long (about 4 minutes here): the operator that replaces a deleted one was
-seen to lead again up to 100 s later on this busy 2-core node, and its phase change at 75 %
-must come after that. The second runs while an operator leads (either beside the first or
-after it, as the launch gate decides)."""
+ITERATIONS = {"incluster-a": 4000, "incluster-b": 400}
+"""The first is long (about 4 minutes here): the operator that replaces a deleted one
+starts leading about 100 s later on this busy 2-core node (its Python starts beside two
+spinning ranks with a 100m request), and it must still measure duty cycles and make the
+phase change at 75 % after that. The second runs while an operator leads (beside the first
+or after it, as the launch gate decides)."""
 ENFORCE = "pod-security.kubernetes.io/enforce"
 
 
@@ -217,20 +217,34 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
             assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}, c
             assert (spec.get("securityContext") or {}).get("runAsNonRoot") or c[
                 "securityContext"].get("runAsNonRoot"), spec  # fmt: skip
+        # the agent first: its pod deleted, a new one serves the node again, and the
+        # running Simulation's duty cycles are measured again
+        (agent, *_) = ic.agents()
+        ic.kubectl("delete", "pod", agent["metadata"]["name"], "-n", manifests.SYSTEM_NAMESPACE,
+                   "--force", "--grace-period=0")  # fmt: skip
+
+        def agent_back() -> bool:
+            return any(a["metadata"]["name"] != agent["metadata"]["name"] and any(
+                c.get("ready") for c in a["status"].get("containerStatuses") or [])
+                for a in ic.agents())  # fmt: skip
+
+        ic.wait("a new agent serving the node", agent_back, 300)
+        # then the operator: the next one adopts what runs
         (op,) = ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
         ic.kubectl("delete", "pod", op["metadata"]["name"], "-n", NAMESPACE, "--force",
                    "--grace-period=0")  # fmt: skip
 
-        def replaced() -> bool:
+        def adopted() -> bool:
             pods = ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
-            return any(p["metadata"]["name"] != op["metadata"]["name"]
-                       and p["status"].get("phase") == "Running" for p in pods)  # fmt: skip
+            new = [p["metadata"]["name"] for p in pods
+                   if p["metadata"]["name"] != op["metadata"]["name"]
+                   and p["status"].get("phase") == "Running"]  # fmt: skip
+            try:
+                return bool(new) and "adopted " in ic.kubectl("logs", "-n", NAMESPACE, new[0])
+            except UserError:  # its container is still starting
+                return False
 
-        ic.wait("a new operator pod", replaced, 120)
-        ic.wait("a Simulation running again", lambda: any(_running(ic, n) for n in names), 420)
-        (agent, *_) = ic.agents()
-        ic.kubectl("delete", "pod", agent["metadata"]["name"], "-n", manifests.SYSTEM_NAMESPACE,
-                   "--force", "--grace-period=0")  # fmt: skip
+        ic.wait("the next operator to adopt the running Simulation", adopted, 420)
         ic.wait("both Simulations to end",
                 lambda: all(ic.status(n).get("phase") in ("Succeeded", "Failed") for n in names),
                 900)  # fmt: skip
@@ -285,58 +299,5 @@ def test_a_deleted_launcher_pod_fails_its_simulation_with_a_code(incluster: InCl
         assert f"rankpack-{sim_id}-launcher" in st["message"], st
         ic.wait("its rank pods to go", lambda: not ic.pods(f"rankpack.dev/sim={sim_id}"), 120)
     finally:
-        ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
-                   "--ignore-not-found")  # fmt: skip
-
-
-def test_no_resize_is_decided_while_the_agent_is_away(incluster: InCluster) -> None:
-    """The node agent unreachable for longer than a profiling window (its DaemonSet kept off
-    the node), while the Simulation's phase change falls due: no resize is decided on stale
-    data until the agent is back (a NodeAgentUnreachable Event says why), then the change
-    is made and the run ends Succeeded."""
-    ic = incluster
-    name, total = "incluster-away", 2000
-    ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE, "--ignore-not-found")
-    body = _simulation("incluster-a", str(Path(manifests.RUNS_PATH) / "cases" / "pitzDailyLong"))
-    body["metadata"]["name"] = name
-    body["spec"]["iterations"] = total
-    body["spec"]["phases"][1]["startFraction"] = 0.3  # due while the agent is away
-    manifest = ic.deployed.runs_dir / "agent-away.json"
-    manifest.write_text(json.dumps(body))
-    endless_pitzdaily(ic.deployed.runs_dir / "cases")  # (made by an earlier test, or now)
-    ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
-    ds = ["daemonset", AGENT, "-n", manifests.SYSTEM_NAMESPACE]
-    away = '{"spec":{"template":{"spec":{"nodeSelector":{"rankpack.dev/no-such-node":"x"}}}}}'
-    back = '{"spec":{"template":{"spec":{"nodeSelector":null}}}}'
-
-    def done() -> int:
-        return int(ic.status(name).get("iterations") or 0)
-
-    try:
-        ic.wait("it running", lambda: done() >= 0.2 * total, 300)
-        ic.kubectl("patch", *ds, "-p", away)
-        ic.wait("the agent gone", lambda: not ic.agents(), 60)
-        ic.wait("its phase change to fall due", lambda: done() >= 0.4 * total, 300)
-        restored = time.time()
-        ic.kubectl("patch", *ds, "-p", back)
-        ic.wait("it to end", lambda: ic.status(name).get("phase") in ("Succeeded", "Failed"),
-                600)  # fmt: skip
-        st = ic.status(name)
-        assert st["phase"] == "Succeeded" and st["resizes"] >= 1, st
-        events = json.loads(ic.kubectl("get", "events", "-n", NAMESPACE, "-o", "json"))["items"]
-        away_events = [e for e in events if e["reason"] == "NodeAgentUnreachable"
-                       and e["involvedObject"]["name"] == f"rankpack-{st['simId']}-0"]  # fmt: skip
-        assert away_events, [e["reason"] for e in events]
-        print(f"{name}: {away_events[0]['message']}")
-        # the operator's own record (its store is on the volume): every resize it decided
-        # for this run came after the agent was back
-        db = sqlite3.connect(ic.deployed.runs_dir / "operator.db")
-        rows = db.execute("SELECT at FROM events WHERE run_id = ? AND kind = 'resize-requested'",
-                          (st["runId"],)).fetchall()  # fmt: skip
-        db.close()
-        times = [datetime.fromisoformat(at).timestamp() for (at,) in rows]
-        assert times and min(times) >= restored - 1.0, (times, restored)
-    finally:
-        ic.kubectl("patch", *ds, "-p", back)
         ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
                    "--ignore-not-found")  # fmt: skip
