@@ -45,9 +45,8 @@ NODES_ROLE = "rankpack-operator-nodes"
 RANK_IMAGE = "rankpack/rank:0.1.0"
 """The rank image as ``deploy/`` names it (rankpack, OpenFOAM, Open MPI, MPICH, the shim):
 the operator's own and, by default, its rank and launcher pods' (`images/Containerfile`)."""
-AGENT_IMAGE = "rankpack/rankpack:0.1.0"
+AGENT_IMAGE = agent_manifests.IMAGE
 """The rankpack image (no OpenFOAM): the node agent's."""
-IMAGE = RANK_IMAGE
 DEV_IMAGES = {RANK_IMAGE: "rankpack.local/rank:dev", AGENT_IMAGE: "rankpack.local/rankpack:dev"}
 """What ``deploy/dev`` turns each image into: the images `rankpack dev-cluster up --operator`
 builds and imports."""
