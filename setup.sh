@@ -28,9 +28,10 @@ fi
 packages=(openfoam openfoam-examples openmpi-bin libopenmpi-dev mpich libmpich-dev
   build-essential make python3 python3-venv python3-dev
   containerd runc containernetworking-plugins etcd-server busybox-static umoci)
-# The test mode opens the HTML report in headless Chromium (tests/browser.py).
+# The test mode opens the HTML report in headless Chromium (tests/browser.py) and builds
+# rankpack's container images with mmdebstrap (rankpack.devcluster.appimages).
 if [ "$mode" = test ]; then
-  packages+=(chromium)
+  packages+=(chromium mmdebstrap)
 fi
 missing=()
 for p in "${packages[@]}"; do
@@ -91,6 +92,10 @@ case "$mode" in
     # (about 10 minutes on 2 cores; cached by version under /var/cache/rankpack, fetching a
     # Go toolchain from the proxy too if this machine has none new enough).
     .venv/bin/python -m rankpack.devcluster.binaries
+    # rankpack's container images (rankpack, rank) for the in-cluster tests: each Debian
+    # base once per package list (a few minutes; cached under /var/cache/rankpack/images),
+    # rankpack's code layer once per source change (seconds).
+    .venv/bin/python -m rankpack.devcluster.appimages
     # The peer tier: mpi4py built from its sdist against Open MPI and MPICH (a few minutes,
     # once; cached by version under /var/cache/rankpack/mpi4py). MPICH with 4 ranks runs a
     # subset here: its whole suite (over 40 min a run on 2 cores) is `peer_slow`, for

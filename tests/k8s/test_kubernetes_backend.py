@@ -23,6 +23,7 @@ from rankpack.backend.kubernetes.status import cpu_millis
 from rankpack.backend.protocol import RankResources, ResizeState, SimPhase
 from rankpack.controller.loop import LoopResult, LoopSettings, OneJob, run_jobs
 from rankpack.controller.observations import ControllerSettings, Phase
+from rankpack.devcluster.nodefiles import with_node_files
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from tests.k8s.conftest import DevCluster
@@ -195,7 +196,9 @@ def kube(k8s: DevCluster) -> Iterator[Kube]:
     config = load_config(
         k8s.up_result.service_account_kubeconfig, namespace=k8s.namespace, pod_subnet=POD_SUBNET
     )
-    config = dataclasses.replace(config, allocatable_millis=allocatable)
+    config = dataclasses.replace(
+        with_node_files(config, k8s.up_result.state_dir), allocatable_millis=allocatable
+    )
     backend = connect(config)
     kube = Kube(k8s, admin, allocatable, backend)
     yield kube

@@ -6,9 +6,11 @@ operator's pod and of the agent's pod mid-run; no pod of ours mounts a host path
 agent; no live record lives on the case volume; the agent answers 401 without a token, 403
 to a Simulation creator and 200 to the operator.
 
-The module's fixture removes the Deployment and the DaemonSet afterwards (not the
-namespace: the other k8s tests use it), so no in-cluster operator competes with the
-operators the other tests start for the Lease.
+The namespace is labelled PodSecurity ``enforce=restricted`` for the module (deploy/dev
+relaxes it for the dev image's rank pods, which mount this host's /usr), so every rank and
+launcher pod the operator creates is admitted under ``restricted``. The fixture removes the
+Deployment and the DaemonSet afterwards (not the namespace: the other k8s tests use it), so
+no in-cluster operator competes for the Lease with the operators the other tests start.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ import pytest
 from rankpack.devcluster import deploy
 from rankpack.devcluster.binaries import DEFAULT_VERSION, KubeVersion
 from rankpack.devcluster.layout import NAMESPACE, Layout
+from rankpack.errors import UserError
 from rankpack.operator import crd, manifests
 from tests.k8s.conftest import DevCluster
 from tests.k8s.operators import endless_pitzdaily
@@ -35,6 +38,13 @@ from tests.k8s.operators import endless_pitzdaily
 AGENT = "rankpack-node-agent"
 AGENT_PORT = 8475
 CREATOR = "simulation-creator"
+ITERATIONS = {"incluster-a": 4000, "incluster-b": 400}
+"""The first is long (about 4 minutes here): the operator that replaces a deleted one
+starts leading about 100 s later on this busy 2-core node (its Python starts beside two
+spinning ranks with a 100m request), and it must still measure duty cycles and make the
+phase change at 75 % after that. The second runs while an operator leads (beside the first
+or after it, as the launch gate decides)."""
+ENFORCE = "pod-security.kubernetes.io/enforce"
 
 
 @dataclass
@@ -47,11 +57,14 @@ class InCluster:
     def kubectl(self, *args: str, timeout_s: float = 60) -> str:
         return deploy.kubectl(self.layout, self.version, [*args], timeout_s)
 
-    def get(self, *args: str) -> Any:
-        return json.loads(self.kubectl("get", "-n", NAMESPACE, *args, "-o", "json"))
+    def get(self, *args: str, namespace: str = NAMESPACE) -> Any:
+        return json.loads(self.kubectl("get", "-n", namespace, *args, "-o", "json"))
 
-    def pods(self, selector: str) -> list[Any]:
-        return list(self.get("pods", "-l", selector)["items"])
+    def pods(self, selector: str, namespace: str = NAMESPACE) -> list[Any]:
+        return list(self.get("pods", "-l", selector, namespace=namespace)["items"])
+
+    def agents(self) -> list[Any]:
+        return self.pods(f"app.kubernetes.io/name={AGENT}", manifests.SYSTEM_NAMESPACE)
 
     def status(self, name: str) -> dict[str, Any]:
         return dict(self.get(f"simulations.{crd.GROUP}", name).get("status") or {})
@@ -81,14 +94,19 @@ def _remove(ic: InCluster) -> None:
 
 
 @pytest.fixture(scope="module")
-def incluster(k8s: DevCluster) -> Iterator[InCluster]:
+def incluster(dev_cluster: DevCluster) -> Iterator[InCluster]:
+    k8s = dev_cluster
     k8s.ensure_up()
     layout, version = Layout(k8s.state_dir), KubeVersion.parse(DEFAULT_VERSION)
     done = deploy.deploy(layout, version, 300)
     ic = InCluster(k8s, layout, version, done)
+    # deploy/dev admits the dev image's /usr host mount in the namespace; the operator's
+    # pods (rank and launcher pods of the real image) must pass `restricted` as on a cluster
+    ic.kubectl("label", "namespace", NAMESPACE, f"{ENFORCE}=restricted", "--overwrite")
     try:
         yield ic
     finally:
+        ic.kubectl("label", "namespace", NAMESPACE, f"{ENFORCE}=privileged", "--overwrite")
         _remove(ic)
 
 
@@ -100,12 +118,12 @@ def test_the_operator_and_the_agent_run_from_deploy(incluster: InCluster) -> Non
     assert spec["securityContext"]["runAsNonRoot"] is True
     (container,) = spec["containers"]
     assert container["image"] == manifests.DEV_IMAGES[manifests.RANK_IMAGE]
-    agents = ic.pods(f"app.kubernetes.io/name={AGENT}")
+    agents = ic.agents()
     nodes = ic.get("nodes")["items"]
     assert len(agents) == len(nodes)
     assert {a["spec"]["nodeName"] for a in agents} == {n["metadata"]["name"] for n in nodes}
     for image in ic.deployed.images.images:
-        print(f"image {image.ref}: {image.size_bytes / 1e6:.0f} MB")
+        print(f"image {image.ref}: {image.unpacked_bytes / 1e6:.0f} MB unpacked")
 
 
 def _agent_get(ip: str, token: str | None) -> int:
@@ -122,7 +140,7 @@ def _agent_get(ip: str, token: str | None) -> int:
 
 def test_the_agent_answers_401_403_200(incluster: InCluster) -> None:
     ic = incluster
-    (agent, *_) = ic.pods(f"app.kubernetes.io/name={AGENT}")
+    (agent, *_) = ic.agents()
     ip = agent["status"]["podIP"]
     ic.kubectl("create", "serviceaccount", CREATOR, "-n", NAMESPACE)
     try:
@@ -140,6 +158,7 @@ def test_the_agent_answers_401_403_200(incluster: InCluster) -> None:
 
 
 def _simulation(name: str, case: str) -> dict[str, Any]:
+    iterations = ITERATIONS[name]
     return {
         "apiVersion": crd.API_VERSION,
         "kind": crd.KIND,
@@ -147,11 +166,12 @@ def _simulation(name: str, case: str) -> dict[str, Any]:
         "spec": {
             "case": {"path": case},
             "ranks": 2,
-            "iterations": 700,
-            # a phase change half-way: every Simulation is resized in place at least once
+            "iterations": iterations,
+            # a phase change late in the run: every Simulation is resized in place at least
+            # once, also the one whose operator was deleted early in its run
             "phases": [
-                {"startFraction": 0.0, "requestMillis": [300, 600]},
-                {"startFraction": 0.5, "requestMillis": [600, 300]},
+                {"startFraction": 0.0, "requestMillis": [250, 500]},
+                {"startFraction": 0.75, "requestMillis": [500, 250]},
             ],
         },
     }
@@ -159,7 +179,8 @@ def _simulation(name: str, case: str) -> dict[str, Any]:
 
 def _running(ic: InCluster, name: str) -> bool:
     st = ic.status(name)
-    return st.get("phase") == "Running" and int(st.get("iterations") or 0) > 20
+    done = int(st.get("iterations") or 0)
+    return st.get("phase") == "Running" and 20 < done < ITERATIONS[name] / 2
 
 
 def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
@@ -174,7 +195,7 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
     for path in [case, *case.rglob("*")]:
         os.chown(path, manifests.RUN_AS, manifests.RUN_AS)
     in_pod = Path(manifests.RUNS_PATH) / "cases" / case.name
-    names = ["incluster-a", "incluster-b"]
+    names = sorted(ITERATIONS)
     for name in names:
         ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
                    "--ignore-not-found")  # fmt: skip
@@ -183,9 +204,11 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
     try:
-        ic.wait("both Simulations running", lambda: all(_running(ic, n) for n in names), 420)
+        # the two run side by side or one after the other, as the operator's launch gate
+        # decides: the faults come while one of them runs, whichever it is
+        ic.wait("a Simulation running", lambda: any(_running(ic, n) for n in names), 420)
         ranks = ic.pods("rankpack.dev/rank")
-        assert len(ranks) == 4, [p["metadata"]["name"] for p in ranks]
+        assert len(ranks) in (2, 4), [p["metadata"]["name"] for p in ranks]
         for pod in ranks:  # no host path; the restricted security context
             spec = pod["spec"]
             assert all("hostPath" not in v for v in spec["volumes"]), spec["volumes"]
@@ -194,19 +217,34 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
             assert c["securityContext"]["capabilities"] == {"drop": ["ALL"]}, c
             assert (spec.get("securityContext") or {}).get("runAsNonRoot") or c[
                 "securityContext"].get("runAsNonRoot"), spec  # fmt: skip
+        # the agent first: its pod deleted, a new one serves the node again, and the
+        # running Simulation's duty cycles are measured again
+        (agent, *_) = ic.agents()
+        ic.kubectl("delete", "pod", agent["metadata"]["name"], "-n", manifests.SYSTEM_NAMESPACE,
+                   "--force", "--grace-period=0")  # fmt: skip
+
+        def agent_back() -> bool:
+            return any(a["metadata"]["name"] != agent["metadata"]["name"] and any(
+                c.get("ready") for c in a["status"].get("containerStatuses") or [])
+                for a in ic.agents())  # fmt: skip
+
+        ic.wait("a new agent serving the node", agent_back, 300)
+        # then the operator: the next one adopts what runs
         (op,) = ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
         ic.kubectl("delete", "pod", op["metadata"]["name"], "-n", NAMESPACE, "--force",
                    "--grace-period=0")  # fmt: skip
 
-        def replaced() -> bool:
+        def adopted() -> bool:
             pods = ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
-            return any(p["metadata"]["name"] != op["metadata"]["name"]
-                       and p["status"].get("phase") == "Running" for p in pods)  # fmt: skip
+            new = [p["metadata"]["name"] for p in pods
+                   if p["metadata"]["name"] != op["metadata"]["name"]
+                   and p["status"].get("phase") == "Running"]  # fmt: skip
+            try:
+                return bool(new) and "adopted " in ic.kubectl("logs", "-n", NAMESPACE, new[0])
+            except UserError:  # its container is still starting
+                return False
 
-        ic.wait("a new operator pod", replaced, 120)
-        (agent, *_) = ic.pods(f"app.kubernetes.io/name={AGENT}")
-        ic.kubectl("delete", "pod", agent["metadata"]["name"], "-n", NAMESPACE, "--force",
-                   "--grace-period=0")  # fmt: skip
+        ic.wait("the next operator to adopt the running Simulation", adopted, 420)
         ic.wait("both Simulations to end",
                 lambda: all(ic.status(n).get("phase") in ("Succeeded", "Failed") for n in names),
                 900)  # fmt: skip
@@ -214,7 +252,7 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
             st = ic.status(name)
             print(f"{name}: {json.dumps(st)[:1500]}")
             assert st["phase"] == "Succeeded", st
-            assert st["iterations"] == 700 and st["restarts"] == 0, st
+            assert st["iterations"] == ITERATIONS[name] and st["restarts"] == 0, st
             assert st["resizes"] >= 1, st
             assert all(r.get("duty") is not None for r in st["ranks"]), st["ranks"]
             assert st.get("usage") == "node-agent", st
@@ -228,6 +266,38 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
             reasons = [e["reason"] for e in events]
             assert reasons.count("Launched") == 1 and reasons.count("Succeeded") == 1, reasons
     finally:
+        print(ic.kubectl("logs", "-n", NAMESPACE, f"deployment/{manifests.NAME}", "--tail=40",
+                         "--timestamps"))  # fmt: skip
         for name in names:
             ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
                        "--ignore-not-found")  # fmt: skip
+
+
+def test_a_deleted_launcher_pod_fails_its_simulation_with_a_code(incluster: InCluster) -> None:
+    """mpirun's pod gone: the Simulation ends Failed, reason LauncherLost, within a bound;
+    never a hang (its rank pods cannot go on without their mpirun)."""
+    ic = incluster
+    name = "incluster-launcher"
+    ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE, "--ignore-not-found")
+    manifest = ic.deployed.runs_dir / "launcher-lost.json"
+    body = _simulation("incluster-a", "pitzDaily")
+    body["metadata"]["name"] = name
+    manifest.write_text(json.dumps(body))
+    ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
+    try:
+        ic.wait("it running", lambda: int(ic.status(name).get("iterations") or 0) > 5, 300)
+        sim_id = ic.status(name)["simId"]
+        ic.kubectl("delete", "pod", f"rankpack-{sim_id}-launcher", "-n", NAMESPACE, "--force",
+                   "--grace-period=0")  # fmt: skip
+        deleted = time.monotonic()
+        ic.wait("it to fail", lambda: ic.status(name).get("phase") in ("Failed", "Succeeded"),
+                120)  # fmt: skip
+        st = ic.status(name)
+        print(f"{name}: ended {time.monotonic() - deleted:.1f} s after its launcher pod was "
+              f"deleted: {st.get('reason')}: {st.get('message')}")  # fmt: skip
+        assert st["phase"] == "Failed" and st["reason"] == "LauncherLost", st
+        assert f"rankpack-{sim_id}-launcher" in st["message"], st
+        ic.wait("its rank pods to go", lambda: not ic.pods(f"rankpack.dev/sim={sim_id}"), 120)
+    finally:
+        ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
+                   "--ignore-not-found")  # fmt: skip

@@ -219,8 +219,9 @@ class LogTail:
 
 
 def shim_dir(case_dir: Path) -> Path:
-    """Where the shim's live records of a run go (``<case>/.rankpack/shim``; on the shared
-    case volume for the Kubernetes backend, mounted at the same path in every rank pod)."""
+    """Where the shim's live records of a local run go (``<case>/.rankpack/shim``). The
+    Kubernetes backend's ranks write theirs into their pods' own volumes instead
+    (`rankpack.backend.kubernetes.nodereader`)."""
     return case_dir / ".rankpack" / "shim"
 
 

@@ -126,6 +126,9 @@ class ResizeStatus:
     latency_s: float | None = None
     """Request to confirmation, once final."""
     reason: str = ""
+    code: FailureCode | None = None
+    """Why it was refused, as a code, when the backend knows (`FailureCode.QUOTA_EXCEEDED`:
+    the namespace's quota had no room; the rank keeps its request)."""
 
 
 @dataclass(frozen=True)
@@ -153,6 +156,10 @@ class RankObservation:
     """The shim's duty cycle over its latest window."""
     wait_mode: str | None = None
     """The wait mode the rank's shim used at its latest wait (None: no shim data)."""
+    readings_ok: bool = True
+    """False: the rank's node could not be read for this observation (Kubernetes: its node
+    agent is unreachable); the counters and shim values are the last ones read, not fresh,
+    and the controller decides nothing for the simulation until they are."""
 
     @property
     def request_millis(self) -> int:
@@ -196,13 +203,44 @@ class NodeCapacity:
 
 @dataclass(frozen=True)
 class Quota:
-    """A namespace ResourceQuota on CPU requests (``requests.cpu`` or ``cpu``): Kubernetes
-    refuses a pod or a ``pods/resize`` that would take the namespace past it."""
+    """A namespace ResourceQuota on CPU (``requests.cpu``, or ``cpu`` which means the same;
+    or ``limits.cpu``): Kubernetes refuses a pod or a ``pods/resize`` that would take the
+    namespace past it."""
 
     name: str
     hard_millis: int
     used_millis: int
-    """Requests of every pod of the namespace, rankpack's included."""
+    """Requests (limits) of every pod of the namespace, rankpack's included."""
+    resource: str = "requests.cpu"
+    """``requests.cpu`` or ``limits.cpu``."""
+
+    @property
+    def free_millis(self) -> int:
+        return max(0, self.hard_millis - self.used_millis)
+
+
+@dataclass(frozen=True)
+class RankBounds:
+    """The CPU request a rank may have in the namespace the backend places in (Kubernetes:
+    its LimitRange; an admission plugin refuses a pod, or a ``pods/resize``, outside it)."""
+
+    min_millis: int = 0
+    max_millis: int | None = None
+    """None: no upper bound."""
+    default_limit_millis: int | None = None
+    """A CPU limit every rank pod without one gets (the LimitRange's ``default``): a hard
+    limit the ranks are throttled at, which also bounds the request from above."""
+    source: str = ""
+    """What sets them, for reasons (e.g. ``LimitRange lr (Container: min 100m, max 1)``)."""
+
+    def clamp(self, millis: int) -> int:
+        high = self.max_millis if self.max_millis is not None else millis
+        return max(self.min_millis, min(millis, high))
+
+    @property
+    def empty(self) -> bool:
+        """No request satisfies them (min above max)."""
+        return self.max_millis is not None and self.min_millis > self.max_millis
 
 
 @dataclass(frozen=True)
@@ -214,6 +252,15 @@ class Inventory:
     unready_millis: int = 0
     """What schedulable nodes that are not Ready now (lost, or starting) can allocate: not
     placeable now, but a simulation that fits once they are back must wait, not be refused."""
+    launch_overhead_millis: int = 0
+    """What the backend requests for each simulation beside its ranks (the Kubernetes
+    backend's launcher pod): kept free for the next launch, so that its ranks and its
+    launcher both fit."""
+    limits_quota: Quota | None = None
+    """The tightest ``limits.cpu`` quota of that namespace (None: none): it binds rank pods
+    that carry a CPU limit (``--qos limits``, or a LimitRange's default limit)."""
+    rank_bounds: RankBounds | None = None
+    """What a rank's request may be there (None: anything)."""
 
     @property
     def allocatable_millis(self) -> int:
@@ -244,7 +291,23 @@ class UnknownSimulation(BackendError):
 
 
 class LaunchFailed(BackendError):
-    """The simulation could not be started; nothing of it is left running."""
+    """The simulation could not be started; nothing of it is left running. ``code`` says
+    why (`FailureCode.LAUNCH_FAILED` unless the backend knows better)."""
+
+    def __init__(self, message: str, code: FailureCode = FailureCode.LAUNCH_FAILED) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+class LaunchRefused(LaunchFailed):
+    """The launch was refused for a reason that passes (``code``: `FailureCode.QUOTA_EXCEEDED`,
+    the namespace's quota has no room now, e.g. another tenant took it between plan and
+    create): nothing of it was created or is left (what was created is deleted), and its
+    case is still staged (``release`` removes the copy, as for any simulation never
+    launched). The caller tries again later; it is not a failure of the simulation."""
+
+    def __init__(self, message: str, code: FailureCode = FailureCode.QUOTA_EXCEEDED) -> None:
+        super().__init__(message, code)
 
 
 class Backend(Protocol):

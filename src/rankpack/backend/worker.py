@@ -109,9 +109,16 @@ class Stager:
             )  # fmt: skip
         return SimObservation(sim_id, now, SimPhase.STAGED, (), staged=entry.result)
 
-    def launched(self, sim_id: str) -> None:
-        """``sim_id`` is launched: its staging is over (its copy is the run directory)."""
-        self._stages.pop(sim_id, None)
+    def launched(self, sim_id: str) -> _Stage | None:
+        """``sim_id`` is launched: its staging is over (its copy is the run directory).
+        Returns its stage, for `restore` if the launch is refused after all."""
+        return self._stages.pop(sim_id, None)
+
+    def restore(self, stage: _Stage | None) -> None:
+        """A launch was refused and nothing of it is left: ``stage`` (from `launched`) is
+        staged again, so that it can be launched later or released (its copy removed)."""
+        if stage is not None:
+            self._stages[stage.spec.sim_id] = stage
 
     def cancel(self, sim_id: str) -> bool:
         """`stop` of a simulation in staging: its copy is removed when the worker ends.

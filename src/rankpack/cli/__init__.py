@@ -42,6 +42,7 @@ COMMAND_MODULES = (
     "rankpack.cli.model_cmd",
     "rankpack.cli.devcluster_cmd",
     "rankpack.cli.operator_cmd",
+    "rankpack.cli.nodeagent_cmd",
 )
 
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from rankpack.backend.kubernetes.config import LAUNCHER_CHOICES, resolve_launcher
 from rankpack.backend.local import LocalBackend
 from rankpack.backend.protocol import Backend, BackendError
 from rankpack.cli.common import parse_cores
@@ -32,6 +33,12 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
         "cluster's host-usr image)"
     )  # fmt: skip
     p.add_argument(
+        "--launcher", choices=LAUNCHER_CHOICES, default="auto",
+        help="kubernetes: where mpirun runs: pod (a launcher pod per simulation, beside its "
+        "ranks; needs a rank image with rankpack), host (here, ranks entered through "
+        "pods/exec), auto (default: pod unless the image is the dev cluster's host-usr)",
+    )  # fmt: skip
+    p.add_argument(
         "--allocatable",
         type=parse_cores,
         help="kubernetes: CPU (cores) rankpack may place on, when its identity may not read "
@@ -50,9 +57,13 @@ def make_backend(args: argparse.Namespace, *, use_cgroups: bool = True) -> Backe
     from dataclasses import replace
 
     from rankpack.backend.kubernetes import connect, load_config
+    from rankpack.devcluster.nodefiles import with_node_files
     from rankpack.plan.allocation import budget_to_millis
 
     config = load_config(args.kubeconfig, args.context, args.namespace, image=args.image)
+    config = replace(
+        with_node_files(config), launcher=resolve_launcher(args.launcher, config.image)
+    )
     if args.allocatable is not None:
         config = replace(config, allocatable_millis=budget_to_millis(args.allocatable))
     try:

@@ -1,4 +1,4 @@
-"""`rankpack dev-cluster up|down|status|stop-node|start-node`: a real Kubernetes of one or
+"""`rankpack dev-cluster up|down|status|stop-node|start-node|images`: a real Kubernetes of one or
 more nodes on this machine.
 
 Thin layer over `rankpack.devcluster.cluster`: parses options, prints what happened.
@@ -11,13 +11,13 @@ from pathlib import Path
 
 from rankpack.cli.common import print_json
 from rankpack.devcluster.binaries import CACHE_ROOT, DEFAULT_VERSION, KubeVersion
-from rankpack.devcluster.layout import NAMESPACE, default_state_dir
+from rankpack.devcluster.layout import NAMESPACE, Layout, default_state_dir
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p = sub.add_parser(
         "dev-cluster",
-        help="a real Kubernetes of one or more nodes on this machine (up, down, status, ...)",
+        help="a real Kubernetes of one or more nodes on this machine (up, down, images, ...)",
         description=(
             "Stand up, inspect or remove a Kubernetes cluster of one or more nodes (kubelets "
             "splitting the CPUs) on this machine, "
@@ -75,6 +75,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "evenly; at most one node per core) (default 1)"
         ),
     )
+    up.add_argument(
+        "--operator",
+        action="store_true",
+        help="also run rankpack in the cluster as a cluster admin would: build (or reuse) the "
+        "rankpack and rank images from this checkout, import them, and apply deploy/dev "
+        "(the operator Deployment and the node agent DaemonSet; kubectl apply -k), then wait "
+        "until both are ready",
+    )
     up.add_argument("--json", action="store_true", help="print the result as JSON")
     up.set_defaults(handler=run_up)
 
@@ -130,6 +138,29 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     start.add_argument("--json", action="store_true", help="print the result as JSON")
     start.set_defaults(handler=run_start_node)
 
+    images = actions.add_parser(
+        "images",
+        help="build or reuse rankpack's container images (rankpack, rank)",
+        description=(
+            "Build rankpack.local/rankpack:dev (the operator and node agent) and "
+            "rankpack.local/rank:dev (OpenFOAM, Open MPI, MPICH: rank and launcher pods) "
+            "from this checkout with mmdebstrap and umoci, no container engine needed. "
+            f"Cached under {CACHE_ROOT}/images: the Debian base of each (minutes) once per "
+            "package list, rankpack's code layer (seconds) once per source change. Prints "
+            "one line per image: reference, sizes, built or cached, archive path. Needs "
+            "root, mmdebstrap and umoci; images/Containerfile builds the same elsewhere."
+        ),
+    )
+    images.add_argument(
+        "--source",
+        type=Path,
+        default=None,
+        metavar="DIR",
+        help="the rankpack checkout to build from (default: the one this rankpack runs from)",
+    )
+    images.add_argument("--json", action="store_true", help="print the result as JSON")
+    images.set_defaults(handler=run_images)
+
 
 def _state_dir(args: argparse.Namespace) -> Path:
     explicit: Path | None = args.state_dir
@@ -150,7 +181,14 @@ def run_up(args: argparse.Namespace) -> int:
         ready_timeout_s=args.timeout,
         nodes=args.nodes,
     )
-    result = cluster.up(opts, say=(lambda _msg: None) if args.json else print)
+    say = (lambda _msg: None) if args.json else print
+    result = cluster.up(opts, say=say)
+    operator: dict[str, object] | None = None
+    if args.operator:
+        from rankpack.devcluster import deploy
+
+        done = deploy.deploy(Layout(opts.state_dir), version, args.timeout, say=say)
+        operator = done.as_json()
     if args.json:
         print_json(
             {
@@ -161,6 +199,7 @@ def run_up(args: argparse.Namespace) -> int:
                 "state_dir": str(result.state_dir),
                 "elapsed_s": round(result.elapsed_s, 2),
                 "nodes": list(result.nodes),
+                "operator": operator,
             }
         )
         return 0
@@ -174,6 +213,9 @@ def run_up(args: argparse.Namespace) -> int:
     print(f"  admin kubeconfig:          {result.kubeconfig}")
     print(f"  backend kubeconfig (RBAC): {result.service_account_kubeconfig}")
     print(f"  try: KUBECONFIG={result.kubeconfig} kubectl get nodes")
+    if operator is not None:
+        print(f"  operator and node agent running in namespace {NAMESPACE} (deploy/dev, "
+              f"{operator['elapsed_s']} s); run directories in {operator['runs_dir']}")  # fmt: skip
     return 0
 
 
@@ -260,4 +302,13 @@ def run_start_node(args: argparse.Namespace) -> int:
         print(f"rankpack: node {args.name} is already running")
     else:
         print(f"rankpack: node {args.name} is back and Ready in {took:.1f} s")
+    return 0
+
+
+def run_images(args: argparse.Namespace) -> int:
+    from rankpack.devcluster import appimages
+
+    root = appimages.find_source_root(args.source)
+    result = appimages.ensure_images(root, say=(lambda _msg: None) if args.json else print)
+    appimages.print_result(result, args.json)
     return 0

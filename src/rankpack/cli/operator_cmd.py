@@ -15,12 +15,14 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
+from rankpack.backend.kubernetes.config import LAUNCHER_CHOICES, resolve_launcher
 from rankpack.backend.protocol import BackendError
 from rankpack.cli.common import (
     data_dir,
     db_path,
     parse_concurrent,
     parse_cores,
+    parse_limit,
     parse_output_file,
     parse_seconds,
     print_json,
@@ -30,7 +32,7 @@ from rankpack.cli.run_cmd import stop_on_signals
 from rankpack.controller.observations import ControllerSettings
 from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.errors import UserError
-from rankpack.operator.admission import AdmissionPolicy, openfoam_applications
+from rankpack.operator.admission import AdmissionPolicy, NamespaceLimits, openfoam_applications
 from rankpack.operator.crd import check_solver
 from rankpack.plan.allocation import budget_to_millis
 from rankpack.plan.submission import Submission
@@ -51,8 +53,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="run Simulation resources on Kubernetes: profile, resize in place, pack, adopt",
         description=(
             "The multiplexing controller as a Kubernetes operator. Queued Simulations "
-            "(simulations.rankpack.dev, deploy/crd.yaml) in the namespace are launched as rank "
-            "pods, profiled, resized in place and packed, as `rankpack multiplex` does; their "
+            "(simulations.rankpack.dev, deploy/base/crd.yaml) in the namespace are launched as "
+            "rank pods, profiled, resized in place and packed, as `rankpack multiplex` does; their "
             "status shows phase, progress, per-rank CPU, resizes and the result, and its "
             "Events what was decided and why. Only the holder of the Lease acts; a restarted "
             "operator adopts the running simulations, and an operator whose apiserver went "
@@ -61,7 +63,17 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         ),
     )
     add_cluster_arguments(p)
-    p.add_argument("--image", help="rank pod image (default: the dev cluster's host-usr image)")
+    p.add_argument(
+        "--image", help="rank pod image (default: in a pod, the operator's own image; else the "
+        "dev cluster's host-usr image)"
+    )  # fmt: skip
+    p.add_argument(
+        "--launcher", choices=LAUNCHER_CHOICES, default="auto",
+        help="where each simulation's mpirun runs: pod (a launcher pod beside its ranks, so the "
+        "operator needs no pods/exec and can move while simulations run), host (detached "
+        "beside the operator), auto (default: pod unless the image is the dev cluster's "
+        "host-usr)",
+    )  # fmt: skip
     p.add_argument(
         "--volume", help="where run directories live in the rank pods, for Simulations whose "
         "spec.case.volume is empty: pvc:CLAIM[:MOUNT_PATH] or host:DIR (default: each run "
@@ -81,6 +93,16 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--max-concurrent", type=parse_concurrent, default=4, help="simulations at once (4)"
     )
+    p.add_argument(
+        "--max-running-per-namespace", type=parse_limit, metavar="N",
+        help="Simulations one namespace may have running at once; the next waits Queued "
+        "(reason MaxRunningPerNamespace) (default: only --max-concurrent bounds them)",
+    )  # fmt: skip
+    p.add_argument(
+        "--max-queued-per-namespace", type=parse_limit, default=100, metavar="N",
+        help="Simulations one namespace may have queued; one more is refused (Failed, "
+        "TooManyQueued) (default 100)",
+    )  # fmt: skip
     p.add_argument(
         "--profile-s", type=parse_seconds, default=5.0, help="profiling window (default 5 s)"
     )
@@ -124,9 +146,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def _config(args: argparse.Namespace) -> Any:
     from rankpack.backend.kubernetes import load_config
+    from rankpack.devcluster.nodefiles import with_node_files
 
-    config = load_config(args.kubeconfig, args.context, args.namespace,
-                         image=getattr(args, "image", None))  # fmt: skip
+    config = with_node_files(load_config(args.kubeconfig, args.context, args.namespace,
+                                         image=getattr(args, "image", None)))  # fmt: skip
     volume = getattr(args, "volume", None)
     if volume and not (volume.startswith(("host:/", "pvc:")) and len(volume) > 5):
         raise UserError(f"--volume '{volume}' not understood; use host:DIR or "
@@ -153,9 +176,9 @@ def _api_error(exc: ApiError, what: str) -> UserError:
     reason = exc.reason or type(exc).__name__
     hint = ""
     if status == 404:
-        hint = "; is the CRD installed (kubectl apply -f deploy/crd.yaml)?"
+        hint = "; is the CRD installed (kubectl apply -f deploy/base/crd.yaml)?"
     elif status == 403:
-        hint = "; this identity may not (see deploy/role.yaml)"
+        hint = "; this identity may not (see deploy/base/backend.yaml)"
     return UserError(f"{what}: {status or ''} {reason}{hint}".replace("  ", " "))
 
 
@@ -262,6 +285,7 @@ def handle_operator(args: argparse.Namespace) -> int:
         image = own_image(config)
         if image:
             config = replace(config, image=image)
+    config = replace(config, launcher=resolve_launcher(args.launcher, config.image))
     opts = OperatorOptions(
         config=config,
         runs_root=data_dir() / "runs",
@@ -276,6 +300,8 @@ def handle_operator(args: argparse.Namespace) -> int:
         plot=args.plot,
         volume=args.volume,
         admission=admission,
+        namespace_limits=NamespaceLimits(max_queued=args.max_queued_per_namespace,
+                                         max_running=args.max_running_per_namespace),
     )  # fmt: skip
     logging.basicConfig(level=logging.WARNING)
     # an apiserver that is away is reported once by the operator, not per retried request

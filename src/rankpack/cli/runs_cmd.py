@@ -17,7 +17,8 @@ from rankpack.errors import UserError
 from rankpack.report.tables import run_table, runs_list_table
 from rankpack.store import RunRow, Store
 
-FINISHED = ("completed", "failed", "interrupted")
+FINISHED = ("completed", "failed", "interrupted", "requeued")
+"""``requeued``: a launch refused for quota (nothing ran; its job went back to the queue)."""
 
 
 def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
@@ -44,13 +45,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     dp.add_argument("--json", action="store_true")
     dp.set_defaults(handler=handle_delete)
     pp = runs_sub.add_parser(
-        "prune", help="forget finished runs older than --days (default: failed and interrupted)"
+        "prune",
+        help="forget finished runs older than --days (default: failed, interrupted, requeued)",
     )
     pp.add_argument(
         "--status",
         choices=[*FINISHED, "all"],
         action="append",
-        help="which runs (repeatable; default failed and interrupted; all: every finished run)",
+        help="which runs (repeatable; default failed, interrupted and requeued; all: every finished"
+        " run)",
     )
     pp.add_argument(
         "--days", type=parse_limit, default=0, help="only runs created at least this many days ago"
@@ -95,7 +98,7 @@ def handle_delete(args: argparse.Namespace) -> int:
 
 def handle_prune(args: argparse.Namespace) -> int:
     store = Store.open_existing(db_path(args))
-    statuses = set(args.status or ["failed", "interrupted"])
+    statuses = set(args.status or ["failed", "interrupted", "requeued"])
     if "all" in statuses:
         statuses = set(FINISHED)
     cutoff = datetime.now(UTC) - timedelta(days=args.days)

@@ -20,8 +20,10 @@ At most one `Launch` per step, for ``obs.queue[0]``
   throughput(n) = n / slowdown(n) from `predict_from_duty_cycles`, and the launch needs
   throughput(N+1) >= (1 + ``min_predicted_gain``) x throughput(N). When the head is held
   back a ``launch-held`` note is emitted only when the reason code changes (``cooldown``,
-  ``max-concurrent``, ``no-room``, ``no-gain``); waiting for a simulation in warmup or
-  profiling (code ``measuring``) is silent.
+  ``max-concurrent``, ``no-room``, ``quota``, ``no-gain``); waiting for a simulation in warmup or
+  profiling (code ``measuring``) is silent. ``quota`` is ``no-room`` when the namespace's
+  ResourceQuota is what leaves no room, and the back-off after a launch the quota refused
+  (``QueuedSim.retry_at_s``): nothing is launched before it.
 
 `fit_launch` is the same gate's rule for a simulation staged and about to launch on
 Kubernetes (`ControllerSettings.launch_must_fit`): its initial requests scale down to the
@@ -66,7 +68,7 @@ def launch(
             step.actions.append(Launch(queue_id=head.queue_id, reason=reason,
                                        request_millis=packed))  # fmt: skip
             return obs.now_s, None, None
-        code, reason = "no-room", f"{reason}; but the floors leave no room to pack it"
+        code, reason = _no_room(obs, f"{reason}; but the floors leave no room to pack it")
     if code is None:
         step.actions.append(Launch(queue_id=head.queue_id, reason=reason))
         return obs.now_s, None, None
@@ -123,6 +125,12 @@ def _hold_reason(
     """(None, why launch) or (code, why held)."""
     obs, s = step.obs, step.settings
     name = f"queued simulation {head.queue_id}"
+    if head.retry_at_s is not None and obs.now_s < head.retry_at_s:
+        # its last launch was refused for quota (taken between plan and create): back-off
+        return "quota", (
+            f"{name} was refused at launch ({head.retry_reason}); tried again in "
+            f"{head.retry_at_s - obs.now_s:.0f} s"
+        )
     if state.last_launch_s is not None and obs.now_s - state.last_launch_s < s.launch_cooldown_s:
         wait = s.launch_cooldown_s - (obs.now_s - state.last_launch_s)
         return "cooldown", f"{name} waits {wait:.1f} s more after the last launch"
@@ -170,6 +178,10 @@ def _hold_reason(
         # A pack shrinks the running simulations' requests in place, which needs their
         # ranks running (a resize of a rank not started yet is not carried out).
         return "measuring", f"{name} waits for {', '.join(starting)} to start before a pack"
+    stale = [sim.sim_id for sim in obs.sims if not sim.readings_ok]
+    if free < need and stale:
+        # a pack resizes every running simulation; nothing is resized on stale readings
+        return "measuring", f"{name} waits for {', '.join(stale)} to be read again before a pack"
     gain = _predicted_gain(step, memory, head)
     if free < need:
         # Requests are shares of the node, not reservations of cores: when the model says

@@ -2,7 +2,8 @@
 
 A `Job` is one submission waiting in a queue. The loop asks its `JobSource` for the pending
 jobs each tick, claims the one the policy launches, and tells the source when it started,
-is held and ended. `OneJob` is `rankpack run`'s queue of one (in memory); `StoreQueue` is
+is held, handed back (a launch refused for quota) and ended. `OneJob` is `rankpack run`'s
+queue of one (in memory); `StoreQueue` is
 the database's queue (`rankpack submit`, `rankpack multiplex`); the operator's queue of
 Simulation objects lives in `rankpack.operator.queue`. `Adopted` is what a source knows of
 a simulation an earlier controller process launched (`ControlLoop.adopt`).
@@ -15,7 +16,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from rankpack.backend.protocol import StagedCase
-from rankpack.core.failures import FailureCode
+from rankpack.core.failures import Failure, FailureCode
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
 
@@ -52,6 +53,17 @@ class JobSource(Protocol):
         """The job waits in the queue for this reason (the policy's ``launch-held`` code)."""
         ...
 
+    def withdrawn(self) -> set[int]:
+        """Queue ids of the jobs whose owner took them back while this loop held them (a
+        deleted Simulation): the loop stops and releases them, and writes nothing back."""
+        ...
+
+    def requeued(self, job: Job, why: Failure) -> None:
+        """The job was claimed and launched, and the launch was refused for a reason that
+        passes (``why.code``: `FailureCode.QUOTA_EXCEEDED`) with nothing left of it: it is
+        pending again (claimable, not started), waiting for the reason to pass."""
+        ...
+
 
 class OneJob:
     """A queue of one, in memory: `rankpack run`."""
@@ -83,6 +95,15 @@ class OneJob:
     def held(self, job: Job, code: str, reason: str) -> None:
         pass
 
+    def withdrawn(self) -> set[int]:
+        return set()
+
+    def requeued(self, job: Job, why: Failure) -> None:
+        # `rankpack run` waits, as it does when the quota has no room at plan time: the
+        # loop launches it again once there is room (Ctrl-C stops it; `rankpack events`
+        # says why it waits)
+        self.taken = False
+
 
 class StoreQueue:
     """The database's queue (`rankpack submit`), claimed with leases."""
@@ -110,6 +131,12 @@ class StoreQueue:
 
     def held(self, job: Job, code: str, reason: str) -> None:
         pass  # the launch-held event says it (`rankpack events`)
+
+    def withdrawn(self) -> set[int]:
+        return set()  # an entry is taken back only once it ended (`rankpack queue`)
+
+    def requeued(self, job: Job, why: Failure) -> None:
+        self.store.release_claim(job.queue_id)  # the launch-requeued event says why
 
 
 @dataclass(frozen=True)

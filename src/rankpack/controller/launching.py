@@ -7,7 +7,11 @@ spec. `prestage` stages the head of the queue ahead of its launch while others r
 `adopt` follows a simulation an earlier controller process launched. A job that cannot be
 staged is recorded as a `StageFailure` with its code (`StageFailed`, `NotACase`,
 `CaseNotConfined`); a launch the backend refuses ends the simulation through the loop
-(`LaunchFailed`, `SolverNotAllowed`).
+(`LaunchFailed` or the backend's code, `SolverNotAllowed`), but one refused for a reason
+that passes (`LaunchRefused`: the namespace's quota, taken by another tenant between plan
+and create) is undone and its job handed back to its source (`JobSource.requeued`), to be
+launched again after a back-off. Initial requests are brought within what the namespace
+allows a rank (a LimitRange) before the launch.
 """
 
 from __future__ import annotations
@@ -20,6 +24,9 @@ from pathlib import Path
 
 from rankpack.backend.protocol import (
     BackendError,
+    LaunchFailed,
+    LaunchRefused,
+    RankBounds,
     RankResources,
     ShimSpec,
     SimObservation,
@@ -35,7 +42,8 @@ from rankpack.controller.gate import fit_launch
 from rankpack.controller.jobs import Adopted, Job
 from rankpack.controller.observing import Observer
 from rankpack.controller.outcomes import new_run
-from rankpack.controller.tracked import LoopContext, Tracked
+from rankpack.controller.policy import requeue_delay_s
+from rankpack.controller.tracked import LoopContext, Requeued, Tracked
 from rankpack.controller.views import StageFailure
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.core.results import WaitRecord
@@ -165,8 +173,10 @@ class Launcher:
         sim.staged = staged
         for warning in staged.warnings:
             ctx.event(None, "warning", sim=sim.sim_id, reason=warning)
+        capacity = self.observer.capacity(limited=sim.plan.qos.value == "limits")
+        self._bound(sim, capacity.bounds)
         if ctx.settings.controller.launch_must_fit:
-            self._fit(sim)
+            self._fit(sim, capacity.capacity_millis, capacity.bounds)
         sim.run_id = new_run(ctx, sim, staged)
         ctx.jobs.started(sim.job, sim.run_id, sim.sim_id, staged)
         sim.usages = [[] for _ in sim.plan.ranks]
@@ -187,10 +197,15 @@ class Launcher:
             return
         try:
             ctx.backend.launch(spec)
+        except LaunchRefused as exc:
+            self._requeue(sim, exc)
+            return
         except (BackendError, UserError) as exc:
             sim.end_t = sim.t0
-            self.end(sim, Failure(FailureCode.LAUNCH_FAILED, f"launch failed: {exc}"))
+            code = exc.code if isinstance(exc, LaunchFailed) else FailureCode.LAUNCH_FAILED
+            self.end(sim, Failure(code, f"launch failed: {exc}"))
             return
+        ctx.requeued.pop(sim.job.queue_id, None)
         # Every rank's counter is 0 at launch: the CPU-seconds integral starts there, so
         # start-up before the first sample is counted (short runs are mostly start-up).
         sim.times.append(0.0)
@@ -201,13 +216,57 @@ class Launcher:
             request_millis=[r.cpu_millis for r in sim.plan.ranks],
         )  # fmt: skip
 
-    def _fit(self, sim: Tracked) -> None:
+    def _requeue(self, sim: Tracked, exc: LaunchRefused) -> None:
+        """The backend refused the launch for a reason that passes (the namespace's quota,
+        taken by someone else between plan and create) and left nothing of it: undo the
+        launch (its staged copy released, its run row marked ``requeued``) and hand the job
+        back to its source, which launches it again after a back-off
+        (`policy.requeue_delay_s`), once the quota has room. Nothing fails."""
+        ctx, job = self.ctx, sim.job
+        with contextlib.suppress(BackendError):
+            ctx.backend.release(sim.sim_id)
+        ctx.sims.pop(sim.sim_id, None)
+        before = ctx.requeued.get(job.queue_id)
+        attempt = before.attempts if before else 0
+        delay = requeue_delay_s(attempt)
+        ctx.requeued[job.queue_id] = Requeued(attempt + 1, ctx.now() + delay, str(exc))
+        message = f"{exc}; back in the queue, tried again in {delay:g} s at the earliest"
+        assert sim.run_id is not None
+        ctx.store.requeue_run(sim.run_id, message, exc.code.value)
+        ctx.jobs.requeued(job, Failure(exc.code, message))
+        ctx.event(sim.run_id, "launch-requeued", queue_id=job.queue_id, sim=sim.sim_id,
+                  code=exc.code.value, attempt=attempt + 1, delay_s=delay,
+                  reason=message)  # fmt: skip
+
+    def _bound(self, sim: Tracked, bounds: RankBounds | None) -> None:
+        """Bring every rank's initial request within what the namespace allows a rank (a
+        LimitRange's min and max: a rank pod outside them is refused, and with it the
+        gang); an event says what changed. Bounds that no request satisfies are left to
+        the backend, which refuses the launch with the reason."""
+        if bounds is None or bounds.empty:
+            return
+        wanted = [r.cpu_millis for r in sim.plan.ranks]
+        bounded = [bounds.clamp(m) for m in wanted]
+        if bounded == wanted:
+            return
+        ranks = tuple(
+            replace(r, cpu_millis=m) for r, m in zip(sim.plan.ranks, bounded, strict=True)
+        )
+        sim.plan = replace(sim.plan, ranks=ranks)
+        self.ctx.event(None, "launch-fitted", queue_id=sim.job.queue_id, sim=sim.sim_id,
+                       request_millis=bounded,
+                       reason=f"requests {wanted} brought within {bounds.source}")  # fmt: skip
+
+    def _fit(self, sim: Tracked, capacity_millis: int, bounds: RankBounds | None) -> None:
         """Scale the initial requests down to the unrequested capacity (Kubernetes: rank
         pods that do not fit are never scheduled; `gate.fit_launch`); the plan's total, the
         budget, stays."""
-        free = self.observer.capacity().capacity_millis - self.observer.ours_millis(but=sim)
+        free = capacity_millis - self.observer.ours_millis(but=sim)
         wanted = [r.cpu_millis for r in sim.plan.ranks]
-        fitted = fit_launch(wanted, free, self.ctx.settings.controller.floor_millis)
+        floor = self.ctx.settings.controller.floor_millis
+        if bounds is not None and not bounds.empty:
+            floor = bounds.clamp(max(floor, bounds.min_millis))
+        fitted = fit_launch(wanted, free, floor)
         if fitted is None:
             return
         ranks = tuple(replace(r, cpu_millis=m) for r, m in zip(sim.plan.ranks, fitted, strict=True))
@@ -244,7 +303,7 @@ class Launcher:
             shim=(ShimSpec(sim.wait_mode or "spin", s.mpi) if s.shim else None),
             image=s.image,
             volume=sim.job.submission.volume or s.volume,
-            labels={"rankpack.dev/run-id": str(sim.run_id)},
+            labels={**self.ctx.settings.sim_labels, "rankpack.dev/run-id": str(sim.run_id)},
         )
 
     def adopt(self, adopted: Adopted) -> None:

@@ -74,6 +74,7 @@ __all__ = [
 ]
 
 STOPPED_BY_USER = "stopped by the user (Ctrl-C or SIGTERM)"
+WITHDRAWN = "stopped: its job was withdrawn (its Simulation was deleted)"
 
 
 class ControlLoop:
@@ -123,6 +124,7 @@ class ControlLoop:
             while True:
                 self._count_shared()
                 self._observe_all()
+                self._end_withdrawn()
                 self.resizes.retry_due()
                 self.resizes.release_held()
                 pending = ctx.jobs.pending()
@@ -159,6 +161,14 @@ class ControlLoop:
                     self._end(sim, Ending(stopped=STOPPED_BY_USER))
             self.display.close()
         return ctx.tally.result(status)
+
+    def _end_withdrawn(self) -> None:
+        """Jobs their owner took back (a deleted Simulation): stopped and released now,
+        recorded as interrupted."""
+        gone = self.ctx.jobs.withdrawn()
+        for sim in [s for s in self.sims.values() if s.job.queue_id in gone]:
+            self.ctx.event(sim.run_id, "withdrawn", sim=sim.sim_id, queue_id=sim.job.queue_id)
+            self._end(sim, Ending(stopped=WITHDRAWN))
 
     # -- observing -------------------------------------------------------------------------
 
@@ -222,8 +232,9 @@ class ControlLoop:
                 sim.restarts[r.rank] = r.restarts
             if r.resize is not None:
                 self.resizes.follow(
-                    sim, r.rank, r.resize.state, r.resize.latency_s, r.resize.reason
-                )
+                    sim, r.rank, r.resize.state, r.resize.latency_s, r.resize.reason,
+                    code=r.resize.code,
+                )  # fmt: skip
         sim.times.append(t)
         sim.cores = tuple(cores)
         sim.last = obs
@@ -253,7 +264,9 @@ class ControlLoop:
     def _note(self, action: Note, pending: list[Job]) -> None:
         ctx = self.ctx
         sim = ctx.sims.get(action.sim_id) if action.sim_id else None
-        coded = {"code": action.code} if action.code else {}
+        coded: dict[str, object] = {"code": action.code} if action.code else {}
+        if action.queue_id is not None:  # whose hold it is (the operator's Event names it)
+            coded["queue_id"] = action.queue_id
         ctx.event(sim.run_id if sim else None, action.kind, reason=action.reason, **coded)
         held = next((j for j in pending if j.queue_id == action.queue_id), None)
         if held is not None and action.kind == "launch-held":

@@ -63,6 +63,9 @@ class RankSnapshot:
     """Cumulative time inside MPI calls, from the shim's live record."""
     node: str | None = None
     """The node the rank runs on (None: not placed yet)."""
+    readings_ok: bool = True
+    """False: its node could not be read this time (the backend's
+    ``RankObservation.readings_ok``): the counters are stale, nothing is decided on them."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +106,12 @@ class SimSnapshot:
     def requested_millis(self) -> int:
         return sum(r.request_millis for r in self.ranks)
 
+    @property
+    def readings_ok(self) -> bool:
+        """Every rank's node was read for this step: the decision step neither resizes nor
+        switches the wait mode of a simulation with a stale rank (its node agent is away)."""
+        return all(r.readings_ok for r in self.ranks)
+
 
 @dataclass(frozen=True)
 class QueuedSim:
@@ -113,6 +122,11 @@ class QueuedSim:
     duty: tuple[float, ...] = ()
     """Per-rank duty cycles it is known to have (learned from an earlier run of the same
     case, or from a running copy of it); empty: unknown."""
+    retry_at_s: float | None = None
+    """Its last launch was refused for a reason that passes (the namespace's quota): not
+    launched again before this ``now_s`` (back-off); None: no such refusal."""
+    retry_reason: str = ""
+    """Why it was refused (for the hold's reason)."""
 
 
 @dataclass(frozen=True)
@@ -143,6 +157,14 @@ class Observations:
     capacity_bound: str = ""
     """What makes ``capacity_millis`` smaller than the nodes would (the namespace's
     ResourceQuota), for reasons; '' when the nodes bind."""
+    rank_min_millis: int = 0
+    """The least request a rank may have where ranks are placed (a LimitRange's ``min``):
+    the policy's floor is raised to it."""
+    rank_max_millis: int | None = None
+    """The most request a rank may have there (a LimitRange's ``max`` or default limit);
+    None: no bound."""
+    rank_bounds: str = ""
+    """What sets those bounds, for reasons ('' when none)."""
 
 
 SimStage = Literal["warmup", "profiling", "sized", "scheduled", "fixed"]

@@ -14,7 +14,7 @@ import json
 from dataclasses import replace
 from typing import NamedTuple, Protocol
 
-from rankpack.backend.protocol import SimPhase
+from rankpack.backend.protocol import Quota, RankBounds, SimPhase
 from rankpack.controller.jobs import Job
 from rankpack.controller.learned import LearnedSizes, learnable, learned_sizes
 from rankpack.controller.observations import (
@@ -35,6 +35,8 @@ class Capacity(NamedTuple):
     nodes: tuple[NodeCores, ...]
     bound: str
     """What binds the capacity when it is not the nodes (a ResourceQuota), else ''."""
+    bounds: RankBounds | None = None
+    """What a rank's request may be where ranks are placed (a LimitRange), None: anything."""
 
 
 class AskedMillis(Protocol):
@@ -60,9 +62,20 @@ class Observer:
             if s.launched and s is not but
         )
 
-    def capacity(self) -> Capacity:
+    def ours_limits_millis(self) -> int:
+        """The CPU limits of the launched simulations' ranks (those that have one)."""
+        return sum(
+            r.limit_millis or 0
+            for s in self.ctx.sims.values()
+            if s.launched
+            for r in (s.last.ranks if s.last else s.plan.ranks)
+        )
+
+    def capacity(self, limited: bool = False) -> Capacity:
         """The capacity left to this loop, what others request, the nodes as the wait rule
-        sees them, and the namespace's quota when it is what binds."""
+        sees them, and the namespace's quota when it is what binds. ``limited``: rank pods
+        carry CPU limits equal to their requests (``--qos limits``), so a ``limits.cpu``
+        quota binds their requests too."""
         ctx = self.ctx
         inventory = ctx.backend.inventory()
         ours = self.ours_millis()
@@ -79,20 +92,31 @@ class Observer:
         if len(nodes) == 1 and ctx.settings.capacity_millis:
             # one node, capped for this loop (--allocatable): the cap is its cores
             nodes = (replace(nodes[0], allocatable_millis=min(base, nodes[0].allocatable_millis)),)
-        capacity = max(0, min(base, inventory.allocatable_millis - others))
+        # room for the next launch's own pods beside its ranks (a launcher pod): the ranks of
+        # a plan that fills the capacity to the last millicore would not fit with it
+        capacity = max(
+            0, min(base, inventory.allocatable_millis - others) - inventory.launch_overhead_millis
+        )
         bound = ""
-        quota = inventory.quota
-        if quota is not None:
+        quotas: list[tuple[Quota, int]] = []
+        if inventory.quota is not None:
+            quotas.append((inventory.quota, ours))
+        limited = limited or any(
+            r.limit_millis is not None for s in ctx.sims.values() for r in s.plan.ranks
+        )
+        if inventory.limits_quota is not None and limited:
+            quotas.append((inventory.limits_quota, self.ours_limits_millis()))
+        for quota, mine in quotas:
             # the namespace may request hard - (what its other pods request) more: Kubernetes
             # refuses a pod or a resize past it, so plan within it instead
-            allowed = max(0, quota.hard_millis - max(0, quota.used_millis - ours))
+            allowed = max(0, quota.hard_millis - max(0, quota.used_millis - mine))
             if allowed < capacity:
                 capacity = allowed
                 bound = (
-                    f"the namespace's ResourceQuota {quota.name} (requests.cpu"
+                    f"the namespace's ResourceQuota {quota.name} ({quota.resource}"
                     f" {quota.hard_millis}m, {quota.used_millis}m used)"
                 )
-        return Capacity(capacity, others, nodes, bound)
+        return Capacity(capacity, others, nodes, bound, inventory.rank_bounds)
 
     def observations(self, pending: list[Job]) -> Observations:
         sims = [_snapshot(sim) for sim in self.ctx.sims.values()]
@@ -100,9 +124,14 @@ class Observer:
         for j in pending:
             found = self.learned_sizes(j.submission)
             initial = found.request_millis if found else j.submission.initial_millis
-            queued.append(QueuedSim(j.queue_id, j.submission.n_ranks, initial,
-                                    found.duty if found else ()))  # fmt: skip
-        cap = self.capacity()
+            refused = self.ctx.requeued.get(j.queue_id)
+            queued.append(QueuedSim(
+                j.queue_id, j.submission.n_ranks, initial, found.duty if found else (),
+                retry_at_s=refused.retry_at_s if refused else None,
+                retry_reason=refused.reason if refused else "",
+            ))  # fmt: skip
+        cap = self.capacity(limited=any(j.submission.qos == "limits" for j in pending[:1]))
+        bounds = cap.bounds
         return Observations(
             now_s=self.ctx.now(),
             capacity_millis=cap.capacity_millis,
@@ -111,6 +140,9 @@ class Observer:
             others_millis=cap.others_millis,
             nodes=cap.nodes,
             capacity_bound=cap.bound,
+            rank_min_millis=bounds.min_millis if bounds else 0,
+            rank_max_millis=bounds.max_millis if bounds else None,
+            rank_bounds=bounds.source if bounds else "",
         )
 
     # -- learned sizes -------------------------------------------------------------------
@@ -193,6 +225,7 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
                 compute_ns=r.compute_ns,
                 mpi_ns=r.mpi_ns,
                 node=r.node,
+                readings_ok=r.readings_ok,
             )
             for r in sim.last.ranks
         ),

@@ -61,6 +61,12 @@ Across simulations:
 * (E) Wait modes, last: ``auto`` simulations switch between spin and polite by where their
   ranks sit (`rankpack.controller.waits`).
 
+Stale readings. A simulation any of whose ranks has ``readings_ok`` False (its node could
+not be read: the node agent is away) gets no Resize and no SetWaitMode in that step: its
+stage does not advance (a profiling window grows; the counters are cumulative, so sizing
+once it is read again measures the whole window), fairness leaves it out, and the launch
+gate does not pack while it is stale (a pack resizes every running simulation).
+
 A resize the backend could not apply (``failed``: not refused, e.g. the apiserver did not
 answer) is asked for again after `retry_delay_s` (the loop keeps the count).
 """
@@ -88,14 +94,22 @@ from rankpack.controller.observations import (
 from rankpack.controller.step import ResizeKind, Step, has_shim
 from rankpack.plan.allocation import proportional_millis
 
-__all__ = ["RETRY_DELAYS_S", "ResizeKind", "decide", "retry_delay_s"]
+__all__ = [
+    "REQUEUE_DELAYS_S",
+    "RETRY_DELAYS_S",
+    "ResizeKind",
+    "decide",
+    "requeue_delay_s",
+    "retry_delay_s",
+    "within_bounds",
+]
 
 _EPS = 1e-6
 
 
 def decide(obs: Observations, state: ControllerState, settings: ControllerSettings) -> Decision:
     """One controller step: the actions to apply now and the memory for the next step."""
-    step = Step(obs=obs, settings=settings)
+    step = Step(obs=obs, settings=within_bounds(settings, obs))
     memory = {
         sim.sim_id: _with_mark(sim, state.sims.get(sim.sim_id), obs.now_s, settings)
         for sim in obs.sims
@@ -103,6 +117,8 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
 
     for sim in obs.sims:
         mem = memory[sim.sim_id]
+        if not sim.readings_ok:
+            continue  # stale counters: its stage waits (a profiling window just grows)
         if mem.stage == "scheduled":
             memory[sim.sim_id] = _follow_phases(sim, mem, step)
         elif mem.stage == "warmup":
@@ -127,6 +143,15 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
         head_no_room=head_no_room,
     )
     return Decision(state=new_state, actions=tuple(step.actions))
+
+
+def within_bounds(settings: ControllerSettings, obs: Observations) -> ControllerSettings:
+    """The settings with the floor raised to the least request a rank may have where it is
+    placed (a LimitRange's ``min``: a resize below it is refused), never above the most."""
+    floor = max(settings.floor_millis, obs.rank_min_millis)
+    if obs.rank_max_millis is not None:
+        floor = min(floor, obs.rank_max_millis)
+    return settings if floor == settings.floor_millis else replace(settings, floor_millis=floor)
 
 
 # --- memory ------------------------------------------------------------------------------
@@ -265,32 +290,53 @@ def _maybe_size(sim: SimSnapshot, mem: SimMemory, step: Step) -> SimMemory:
 
 
 def _fit(sim: SimSnapshot, wanted: list[int], step: Step) -> tuple[list[int], str]:
-    """``wanted`` capped to the simulation's budget and the node's unrequested capacity.
+    """``wanted`` capped to the most a rank may request (``rank_max_millis``), the
+    simulation's budget and the node's unrequested capacity.
 
     Returns the targets and what the cap did, for the reasons ("" when nothing was capped).
     When even the floors do not fit, the requests stay as they are and a
-    ``resize-skipped`` note says so.
+    ``resize-skipped`` note says so. When the namespace's quota is what leaves no room for
+    a grow (``capacity_bound``), a note with the code ``quota`` says so (the grow is held
+    within the quota instead of being sent to be refused).
     """
+    obs, notes = step.obs, []
+    high = obs.rank_max_millis
+    if high is not None and any(w > high for w in wanted):
+        wanted = [min(w, high) for w in wanted]
+        notes.append(f"ranks capped at {high}m by {obs.rank_bounds}")
     allowed = step.room_for(sim)
     if sum(wanted) <= allowed:
-        return wanted, ""
+        return wanted, "; ".join(notes)
     floor = step.settings.floor_millis
+    quota = bool(obs.capacity_bound) and allowed < sim.budget_millis
     if floor * len(wanted) > allowed:
+        where = f"the budget and {obs.capacity_bound}" if quota else "the budget and the node"
         step.actions.append(
             Note(
                 sim_id=sim.sim_id,
                 kind="resize-skipped",
                 reason=(
-                    f"wanted {sum(wanted)}m but only {allowed}m fits the budget and the node,"
+                    f"wanted {sum(wanted)}m but only {allowed}m fits {where},"
                     f" less than {len(wanted)} x the {floor}m floor: requests unchanged"
                 ),
+                code="quota" if quota else "",
             )
         )
         return list(step.requests[sim.sim_id]), ""
-    return (
-        proportional_millis([float(w) for w in wanted], allowed, floor),
-        f"sum {sum(wanted)}m capped to {allowed}m",
-    )
+    if quota and sum(wanted) > step.total(sim.sim_id):
+        step.actions.append(
+            Note(
+                sim_id=sim.sim_id,
+                kind="resize-capped",
+                reason=(
+                    f"{sim.sim_id} wanted {sum(wanted)}m, {allowed}m fit: grows held within "
+                    f"{obs.capacity_bound}"
+                ),
+                code="quota",
+            )
+        )
+    notes.append(f"sum {sum(wanted)}m capped to {allowed}m")
+    return proportional_millis([float(w) for w in wanted], allowed, floor), "; ".join(notes)
 
 
 def _tail(wanted: int, target: int, current: int, cap_note: str) -> str:
@@ -327,7 +373,9 @@ def _fairness(step: Step, memory: dict[str, SimMemory], engaged: bool) -> bool:
     """Adjust at most one simulation; returns whether a fairness episode is engaged."""
     s = step.settings
     now = step.obs.now_s
-    sized = [sim for sim in step.obs.sims if memory[sim.sim_id].stage == "sized"]
+    sized = [
+        sim for sim in step.obs.sims if memory[sim.sim_id].stage == "sized" and sim.readings_ok
+    ]
     if len(sized) < 2:
         return False
     if step.resized or any(m.stage == "profiling" for m in memory.values()):
@@ -397,6 +445,12 @@ def _adjust(
         return False
     weights = [float(max(1, r)) for r in current]
     targets = proportional_millis(weights, new_total, step.settings.floor_millis)
+    high = step.obs.rank_max_millis
+    if high is not None:
+        targets = [min(t, high) for t in targets]  # a LimitRange's max: refused above it
+        if targets == current:
+            return False
+        new_total = sum(targets)
     reason = f"fairness: {why} {sim.sim_id} from {total}m to {new_total}m in total"
     step.resize(sim, targets, "fairness", [reason] * len(targets))
     memory[sim.sim_id] = replace(
@@ -417,7 +471,13 @@ def _wait_modes(step: Step, memory: dict[str, SimMemory], launching: int) -> Non
     loads, nodes = waits.node_loads(obs, launching), waits.nodes_of(obs)
     crowd = waits.others_crowd(obs, sum(step.total(sim.sim_id) for sim in obs.sims))
     for sim in obs.sims:
-        if sim.wait != "auto" or sim.starting or not sim.ranks or not has_shim(sim):
+        if (
+            sim.wait != "auto"
+            or sim.starting
+            or not sim.ranks
+            or not has_shim(sim)
+            or not sim.readings_ok
+        ):
             continue
         mem = memory[sim.sim_id]
         current = sim.wait_mode or mem.wait_mode or AUTO_LAUNCH_MODE
@@ -445,3 +505,14 @@ def retry_delay_s(attempt: int) -> float | None:
     """When to ask again for a resize that failed after ``attempt`` retries (0: the first
     request failed); None: give it up."""
     return RETRY_DELAYS_S[attempt] if attempt < len(RETRY_DELAYS_S) else None
+
+
+REQUEUE_DELAYS_S = (2.0, 4.0, 8.0, 16.0, 30.0)
+"""Back-off of a launch the namespace's quota refused (the job waits in its queue); after
+the last one it stays at the last (a launch is never given up for quota)."""
+
+
+def requeue_delay_s(attempt: int) -> float:
+    """How long a job whose launch was refused ``attempt`` + 1 times in a row waits before
+    it may be launched again."""
+    return REQUEUE_DELAYS_S[min(attempt, len(REQUEUE_DELAYS_S) - 1)]

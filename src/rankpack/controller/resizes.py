@@ -30,6 +30,7 @@ from rankpack.controller.observations import Resize
 from rankpack.controller.policy import retry_delay_s
 from rankpack.controller.step import ResizeKind
 from rankpack.controller.tracked import LoopContext, Tracked
+from rankpack.core.failures import FailureCode
 from rankpack.core.results import ResizeRecord
 
 
@@ -172,16 +173,17 @@ class Resizes:
         old = sim.last.ranks[rank].desired
         t_s = ctx.backend.clock() - sim.t0
         new = RankResources(action.request_millis, old.limit_millis)
+        code: FailureCode | None = None
         try:
             status = ctx.backend.resize(sim.sim_id, rank, new)
-            state, latency, why = status.state, status.latency_s, status.reason
+            state, latency, why, code = status.state, status.latency_s, status.reason, status.code
         except BackendError as exc:
             state, latency, why = ResizeState.REJECTED, None, str(exc)
         entry = self._of(sim.sim_id, rank)
         entry.inflight = InFlight(t_s, old.request_millis, action.request_millis, action.kind,
                                   action.reason)  # fmt: skip
         entry.asked_millis = action.request_millis
-        self.follow(sim, rank, state, latency, why)
+        self.follow(sim, rank, state, latency, why, code=code)
         if entry.inflight is not None:
             ctx.event(sim.run_id, "resize-requested", rank=rank, kind=action.kind,
                       request_millis=action.request_millis, reason=action.reason)  # fmt: skip
@@ -197,8 +199,10 @@ class Resizes:
         why: str,
         *,
         ended: bool = False,
+        code: FailureCode | None = None,
     ) -> None:
-        """Settle the rank's in-flight resize once ``state`` is final (or the run ``ended``)."""
+        """Settle the rank's in-flight resize once ``state`` is final (or the run ``ended``);
+        ``code``: why it was refused, when the backend says (``QuotaExceeded``)."""
         ctx = self.ctx
         entry = self.ranks.get((sim.sim_id, rank))
         flight = entry.inflight if entry else None
@@ -237,8 +241,10 @@ class Resizes:
             # The rank keeps running with its old request; the policy sees that next tick.
             entry.asked_millis = None
             ctx.tally.rejected += 1
+            coded = {"code": str(code)} if code is not None else {}
             ctx.event(sim.run_id, f"resize-{outcome}", rank=rank,
-                      request_millis=flight.to_millis, reason=why, final=True)  # fmt: skip
+                      request_millis=flight.to_millis, reason=why, final=True,
+                      **coded)  # fmt: skip
             if state is ResizeState.FAILED and not ended:
                 self._retry(sim, entry, Resize(sim.sim_id, rank, flight.to_millis,
                                                flight.reason, flight.kind), why)  # fmt: skip

@@ -50,6 +50,9 @@ class LoopSettings:
     image: str | None = None
     volume: str | None = None
     leave_running: bool = False
+    sim_labels: dict[str, str] = field(default_factory=dict)
+    """Labels every simulation's objects carry besides the run id (the operator marks its
+    own, so that it never takes another controller's for an orphan)."""
     """When the loop is stopped, leave launched simulations running for a later controller
     to adopt (the operator) instead of stopping them (`rankpack run`, `multiplex`)."""
     solvers: frozenset[str] | None = None
@@ -139,6 +142,18 @@ class Tally:
         )
 
 
+@dataclass(frozen=True)
+class Requeued:
+    """A job whose launch was refused for a reason that passes (the namespace's quota) and
+    that went back to its queue: when it may be launched again, and why."""
+
+    attempts: int
+    """Refusals in a row."""
+    retry_at_s: float
+    """Loop time before which it is not launched again (`policy.requeue_delay_s`)."""
+    reason: str
+
+
 @dataclass
 class LoopContext:
     """What the loop's rooms share."""
@@ -155,6 +170,8 @@ class LoopContext:
     state: ControllerState = field(default_factory=ControllerState)
     """The policy's memory, as its last decision returned it."""
     tally: Tally = field(default_factory=Tally)
+    requeued: dict[int, Requeued] = field(default_factory=dict)
+    """Queue id -> its last refused launch, while it waits to be launched again."""
 
     def now(self) -> float:
         return self.backend.clock() - self.t0

@@ -35,6 +35,15 @@ class FailureCode(enum.StrEnum):
     (`rankpack.case.confine`)."""
     DOES_NOT_FIT = "DoesNotFit"
     """It can never fit the cluster (or its quota), however long it waits."""
+    TOO_MANY_QUEUED = "TooManyQueued"
+    """Its namespace has as many Simulations queued as the operator allows
+    (``--max-queued-per-namespace``)."""
+    OUTSIDE_LIMIT_RANGE = "OutsideLimitRange"
+    """A rank's CPU cannot be planned within the namespace's LimitRange (min above max,
+    or a rank pod the LimitRanger admission refused)."""
+    QUOTA_NEEDS_LIMITS = "QuotaNeedsLimits"
+    """The namespace's ResourceQuota limits ``limits.cpu`` and nothing gives rank pods
+    (requests only) a CPU limit, so the apiserver refuses every rank pod."""
 
     # Launching.
     LAUNCH_FAILED = "LaunchFailed"
@@ -43,6 +52,10 @@ class FailureCode(enum.StrEnum):
     """A rank pod cannot start (image pull, volume, configuration error)."""
     NOT_RUNNING = "NotRunning"
     """The rank pods were not all running within the launch timeout."""
+    QUOTA_EXCEEDED = "QuotaExceeded"
+    """Not a failure: a launch (or a grow) the namespace's ResourceQuota does not allow
+    now. The simulation waits (held, or handed back to its queue) and runs once the quota
+    has room; nothing ends with this code."""
 
     # While running.
     POD_DELETED = "PodDeleted"
@@ -52,6 +65,9 @@ class FailureCode(enum.StrEnum):
     OOM_KILLED = "OOMKilled"
     EVICTED = "Evicted"
     NODE_LOST = "NodeLost"
+    LAUNCHER_LOST = "LauncherLost"
+    """The launcher pod that runs the simulation's mpirun was deleted, evicted or lost with
+    its node before mpirun's exit code was written (the Kubernetes backend's pod mode)."""
     RANK_FAILED = "RankFailed"
     """A rank's process was killed or exited non-zero (local backend: by signal or code)."""
     SOLVER_FAILED = "SolverFailed"

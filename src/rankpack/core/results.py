@@ -15,7 +15,7 @@ from rankpack.core.actions import RankWait
 ResizeOutcome = Literal["pending", "completed", "deferred", "infeasible", "rejected", "failed"]
 """How a resize ended (``pending``: still in flight when the run ended)."""
 
-RunStatus = Literal["running", "completed", "failed", "interrupted"]
+RunStatus = Literal["running", "completed", "failed", "interrupted", "requeued"]
 
 CONVERGED = "converged at iteration"
 """How a completed run's message starts when the solver stopped before endTime because its

@@ -18,4 +18,8 @@ Modules, in the order `up` uses them:
   mount namespace), recorded and undone;
 - `rbac`: the backend's ServiceAccount/Role/RoleBinding (= ``deploy/``) and its kubeconfig;
 - `cluster`: `up`, `down`, `status`, `stop_node`, `start_node`.
+
+Beside `up`: `appimages` builds rankpack's own container images (``rankpack/rankpack`` and
+``rankpack/rank``) from the checkout's ``images/`` with mmdebstrap and umoci, cached; what
+they are made of (keys, config, the mmdebstrap command) is `imagerecipe`, pure.
 """

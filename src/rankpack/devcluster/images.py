@@ -28,6 +28,9 @@ from rankpack.devcluster.layout import HOST_USR_IMAGE, PAUSE_IMAGE, Layout, Node
 from rankpack.devcluster.packages import tool
 from rankpack.errors import UserError
 
+IMPORT_TIMEOUT_S = 600.0
+"""A large image (the rank image: ~1.3 GB unpacked) into one node's containerd."""
+
 PAUSE_C = r"""/* rankpack dev-cluster pod sandbox: hold the pod's namespaces, reap orphans. */
 #include <signal.h>
 #include <sys/wait.h>
@@ -126,11 +129,11 @@ def host_usr_rootfs(workdir: Path, etc: Path = Path("/etc")) -> Path:
     return rootfs
 
 
-def import_image(archive: Path, ref: str, socket: Path, log: Path) -> None:
+def import_image(archive: Path, ref: str, socket: Path, log: Path, timeout_s: float = 180) -> None:
     name, _tag = _split_ref(ref)
     argv = [tool("ctr"), "--address", str(socket), "--namespace", "k8s.io", "images", "import"]
     argv += ["--base-name", name, str(archive)]
-    _run(argv, log, timeout_s=180)
+    _run(argv, log, timeout_s=timeout_s)
 
 
 def archives(layout: Layout) -> dict[str, Path]:
@@ -142,38 +145,45 @@ def archives(layout: Layout) -> dict[str, Path]:
     return {ref: layout.image_archives / name for ref, name in index.items()}
 
 
-def register_archive(layout: Layout, archive: Path, ref: str) -> Path:
-    """Keep `archive` (moved) as the image `ref` every node imports, now and at
-    `start-node`; returns where it is kept."""
+def register_archive(
+    layout: Layout, archive: Path, ref: str, *, keep_in_place: bool = False
+) -> Path:
+    """Record `archive` as the image `ref` every node imports, now and at `start-node`;
+    returns where it is kept. Moved below the state directory, unless `keep_in_place` (an
+    archive of the image cache, ``up --operator``'s: recorded by its absolute path)."""
     layout.image_archives.mkdir(parents=True, exist_ok=True)
-    index = {r: p.name for r, p in archives(layout).items()}
-    name = ref.replace("/", "_").replace(":", "_") + ".tar"
-    kept = layout.image_archives / name
-    if archive.resolve() != kept.resolve():
-        shutil.move(str(archive), kept)
-    index[ref] = name
+    index = {r: str(p) for r, p in archives(layout).items()}
+    if keep_in_place:
+        kept = archive.resolve()
+    else:
+        kept = layout.image_archives / (ref.replace("/", "_").replace(":", "_") + ".tar")
+        if archive.resolve() != kept.resolve():
+            shutil.move(str(archive), kept)
+    index[ref] = str(kept)
     tmp = layout.image_archives / "index.json.tmp"
     tmp.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
     tmp.replace(layout.image_archives / "index.json")
     return kept
 
 
-def add_to_every_node(layout: Layout, archive: Path, ref: str) -> None:
-    """An image built elsewhere (``up --operator``'s): kept for `start-node` and imported
-    into every running node's containerd now."""
-    kept = register_archive(layout, archive, ref)
+def add_to_every_node(
+    layout: Layout, archive: Path, ref: str, timeout_s: float = IMPORT_TIMEOUT_S
+) -> None:
+    """An image built elsewhere (``up --operator``'s, in the image cache, left there):
+    recorded for `start-node` and imported into every running node's containerd now."""
+    kept = register_archive(layout, archive, ref, keep_in_place=True)
     log = layout.logs / "images.log"
     for spec in layout.recorded_nodes():
         node = layout.node(spec)
         if not node.stopped_marker.exists():
-            import_image(kept, ref, node.containerd_socket, log)
+            import_image(kept, ref, node.containerd_socket, log, timeout_s=timeout_s)
 
 
 def import_all(layout: Layout, node: NodeLayout) -> None:
     """Import every registered archive into `node`'s containerd."""
     log = layout.logs / "images.log"
     for ref, archive in archives(layout).items():
-        import_image(archive, ref, node.containerd_socket, log)
+        import_image(archive, ref, node.containerd_socket, log, timeout_s=IMPORT_TIMEOUT_S)
 
 
 def build(layout: Layout) -> None:

@@ -62,10 +62,15 @@ async def _serve_one(
                 w.close()
 
 
-async def serve(listen: tuple[str, int], target: tuple[str, int]) -> None:
-    server = await asyncio.start_server(
+async def start(listen: tuple[str, int], target: tuple[str, int]) -> asyncio.Server:
+    """The relay listening on ``listen`` (port 0: any free one), serving until closed."""
+    return await asyncio.start_server(
         lambda r, w: _serve_one(r, w, target), listen[0], listen[1], reuse_address=True
     )
+
+
+async def serve(listen: tuple[str, int], target: tuple[str, int]) -> None:
+    server = await start(listen, target)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):

@@ -187,3 +187,43 @@ def admit(
     check_solver_allowed(sub.solver, policy)
     check_fit(sub, policy)
     check_case_path(sub.case, policy, resolve)
+
+
+MAX_RUNNING_REASON = "MaxRunningPerNamespace"
+"""The reason of a Simulation held because its namespace runs as many as allowed."""
+
+
+@dataclass(frozen=True)
+class NamespaceLimits:
+    """How many Simulations one namespace may have queued and running (the admin's
+    ``--max-queued-per-namespace`` and ``--max-running-per-namespace``), so that no
+    namespace fills the queue or the cluster for the others. Counted per namespace, so
+    that they hold when several namespaces are served."""
+
+    max_queued: int | None = 100
+    """Queued Simulations per namespace; one more is refused ``TooManyQueued``. None: any."""
+    max_running: int | None = None
+    """Running (claimed) Simulations per namespace; the next waits ``Queued``. None: only
+    the operator's ``--max-concurrent`` bounds them."""
+
+    def queued_refusal(self, namespace: str, queued: int) -> str:
+        """Why a new Simulation of ``namespace``, which has ``queued`` queued already, is
+        refused ('' if it is not)."""
+        if self.max_queued is None or queued < self.max_queued:
+            return ""
+        return (
+            f"namespace {namespace} already has {queued} Simulations queued, the most the "
+            f"operator accepts (--max-queued-per-namespace {self.max_queued}); create it again "
+            "once some of them have started, or delete queued ones you no longer need"
+        )
+
+    def running_hold(self, namespace: str, running: int) -> str:
+        """Why a queued Simulation of ``namespace``, which runs ``running``, waits ('' if it
+        does not)."""
+        if self.max_running is None or running < self.max_running:
+            return ""
+        return (
+            f"namespace {namespace} runs {running} Simulations, the most the operator runs at "
+            f"once for one namespace (--max-running-per-namespace {self.max_running}); it "
+            "starts when one of them ends"
+        )

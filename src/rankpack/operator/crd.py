@@ -1,6 +1,6 @@
 """The `Simulation` custom resource: its definition, and its spec as a `Submission`.
 
-`crd_manifest()` is the single source of the CustomResourceDefinition; ``deploy/crd.yaml``
+`crd_manifest()` is the single source of the CustomResourceDefinition; ``deploy/base/crd.yaml``
 holds the same object and a unit test keeps the two identical. A spec is validated by the
 same `rankpack.plan.submission.validate` as `rankpack run` and `submit`; a bad spec fails its
 Simulation with the reason (``InvalidSpec``), it never stops the operator.
@@ -140,12 +140,14 @@ def _status_schema() -> Obj:
             "phase": {"type": "string", "enum": list(PHASES)},
             "reason": {
                 "type": "string",
-                "description": "why it failed, as a code (rankpack.core.failures.FailureCode: "
-                "PodDeleted, OOMKilled, InvalidSpec, ...)",
+                "description": "why it failed, or why it waits while Queued, as a code "
+                "(rankpack.core.failures.FailureCode: PodDeleted, OOMKilled, InvalidSpec, ...; "
+                "QuotaExceeded, NoRoom, MaxRunningPerNamespace, ... while Queued)",
             },
             "message": {
                 "type": "string",
-                "description": "why it failed, in words (names the pod, the exit code, the error)",
+                "description": "why it failed or waits, in words (names the pod, the exit code, "
+                "the error, the quota)",
             },
             "operator": {"type": "string"},
             "usage": {

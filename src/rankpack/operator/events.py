@@ -31,8 +31,12 @@ COMPONENT = "rankpack-operator"
 MAX_QUEUED = 1000
 """Events kept while the apiserver does not answer; older ones are dropped first."""
 
+QUOTA_CODES = frozenset({"quota", str(FailureCode.QUOTA_EXCEEDED)})
+"""Event codes that mean the namespace's quota: posted with the reason ``QuotaExceeded``."""
+
 # store event kind -> (Event type, reason). Kinds not listed are not posted (queue-level
-# notes such as launch-held are in the metrics; per-tick details stay in the store).
+# notes such as launch-held are in the metrics, but a hold for quota; per-tick details stay
+# in the store).
 KINDS: Mapping[str, tuple[str, str]] = {
     "stage": ("Normal", "Staging"),
     "learned-sizes": ("Normal", "LearnedSizes"),
@@ -41,12 +45,14 @@ KINDS: Mapping[str, tuple[str, str]] = {
     "warning": ("Warning", "CaseWarning"),
     "launch": ("Normal", "Launched"),
     "launch-failed": ("Warning", "LaunchFailed"),
+    "launch-requeued": ("Warning", "Requeued"),
     "adopted": ("Normal", "Adopted"),
     "profile-start": ("Normal", "Profiling"),
     "profile-restart": ("Normal", "ProfilingRestarted"),
     "resize": ("Normal", "Resized"),
     "resize-held": ("Normal", "ResizeHeld"),
     "resize-skipped": ("Normal", "ResizeSkipped"),
+    "resize-capped": ("Normal", "ResizeCapped"),
     "resize-deferred": ("Warning", "ResizeDeferred"),
     "resize-retry": ("Warning", "ResizeRetry"),
     "resize-given-up": ("Warning", "ResizeGivenUp"),
@@ -77,10 +83,16 @@ def event_body(
     e: EventRow, name: str, uid: str | None, namespace: str, instance: str
 ) -> Obj | None:
     """The core/v1 Event for store event ``e`` on Simulation ``name`` (None: not posted)."""
+    code = str(e.detail.get("code") or "")
+    quota = code in QUOTA_CODES
     kind = KINDS.get(e.kind)
+    if kind is None and e.kind == "launch-held" and quota:
+        kind = ("Normal", "QuotaExceeded")  # the one hold posted: the quota is someone's
     if kind is None:
         return None
     etype, reason = kind
+    if quota:  # a launch or a grow the namespace's quota does not allow (now)
+        reason = "QuotaExceeded"
     if e.kind == "finished":
         ok = e.detail.get("status") == "completed"
         # a failed run's Event says why with its code (the loop records it as ``code``)

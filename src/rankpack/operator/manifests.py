@@ -1,13 +1,16 @@
 """The cluster's manifests as pure builders; ``deploy/`` is generated from them.
 
-``deploy/`` is a kustomize base (``kubectl apply -k deploy/``): the namespace, the Simulation
-CRD, the API-level admission policy, the backend's identity for out-of-cluster use
-(``serviceaccount.yaml``, ``role.yaml``, ``rolebinding.yaml``), the in-cluster operator
-(``operator.yaml``), and the run directories' claim (``runs-pvc.yaml``). ``deploy/dev`` is the
-dev cluster's overlay: it changes only the images (the locally built ones) and the volume (a
-host-directory PersistentVolume the claim binds to). ``python -m rankpack.operator.manifests
-[DIR]`` writes every file; a unit test checks that the files are what the builders return,
-so the YAML is never edited by hand.
+``deploy/`` is a kustomize base (``kubectl apply -k deploy/``): the namespaces (``rankpack``
+under PodSecurity ``restricted``; ``rankpack-system`` for the node agent, the one component
+with host mounts), the Simulation CRD, the API-level admission policy, the backend's identity
+for out-of-cluster use (``backend.yaml``), the in-cluster operator (``operator.yaml``), and the
+run directories' claim (``runs-pvc.yaml``). Every object names its namespace (the base sets
+none: it spans two). ``deploy/dev`` is the dev cluster's overlay: the images (the locally
+built ones), the volume (a host-directory PersistentVolume the claim binds to), and — the one
+exception, for the dev image whose rank pods mount this host's ``/usr`` — the ``rankpack``
+namespace's PodSecurity level (``enforce: privileged``, ``warn: restricted``).
+``python -m rankpack.operator.manifests [DIR]`` writes every file; a unit test checks that
+the files are what the builders return, so the YAML is never edited by hand.
 
 The operator runs from the rank image (it stages cases, so it needs OpenFOAM), as a non-root
 user with the restricted security context, with no host mount: run directories are on the
@@ -24,7 +27,14 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # (PyYAML, a dependency of kubernetes)
 
-from rankpack.backend.kubernetes.rbac import DEPLOY_NAMESPACE, role_rules
+from rankpack.backend.kubernetes.rbac import (
+    DEPLOY_NAMESPACE,
+    agent_caller_rules,
+    backend_rbac,
+    launcher_rbac,
+    operator_role_rules,
+)
+from rankpack.nodeagent import manifests as agent_manifests
 from rankpack.operator import crd
 from rankpack.operator.policy_manifest import admission_objects
 
@@ -35,9 +45,8 @@ NODES_ROLE = "rankpack-operator-nodes"
 RANK_IMAGE = "rankpack/rank:0.1.0"
 """The rank image as ``deploy/`` names it (rankpack, OpenFOAM, Open MPI, MPICH, the shim):
 the operator's own and, by default, its rank and launcher pods' (`images/Containerfile`)."""
-AGENT_IMAGE = "rankpack/rankpack:0.1.0"
+AGENT_IMAGE = agent_manifests.IMAGE
 """The rankpack image (no OpenFOAM): the node agent's."""
-IMAGE = RANK_IMAGE
 DEV_IMAGES = {RANK_IMAGE: "rankpack.local/rank:dev", AGENT_IMAGE: "rankpack.local/rankpack:dev"}
 """What ``deploy/dev`` turns each image into: the images `rankpack dev-cluster up --operator`
 builds and imports."""
@@ -67,7 +76,7 @@ CONTAINER_SECURITY: Obj = {
 CRD_HEADER = """\
 # The Simulation custom resource (group rankpack.dev), generated from
 # src/rankpack/operator/crd.py (a unit test keeps both identical). Cluster-scoped: an admin
-# applies it once: kubectl apply -f deploy/crd.yaml (or all of deploy/: kubectl apply -k deploy/)
+# applies it once: kubectl apply -f deploy/base/crd.yaml (or all: kubectl apply -k deploy/)
 """
 
 GENERATED = """\
@@ -97,8 +106,16 @@ def crd_yaml() -> str:
     return CRD_HEADER + str(yaml.safe_dump(crd.crd_manifest(), sort_keys=False))
 
 
+SYSTEM_NAMESPACE = "rankpack-system"
+"""The node agent's namespace: its pods mount host paths, which PodSecurity ``restricted``
+(and ``baseline``) forbid, so it is kept apart from the namespace where Simulations run."""
+RESTRICTED = {f"pod-security.kubernetes.io/{mode}": "restricted"
+              for mode in ("enforce", "warn", "audit")}  # fmt: skip
+PRIVILEGED = {"pod-security.kubernetes.io/enforce": "privileged"}
+
+
 def operator_objects(
-    namespace: str | None = None,
+    namespace: str | None = DEPLOY_NAMESPACE,
     *,
     image: str = RANK_IMAGE,
     metrics_port: int = METRICS_PORT,
@@ -112,7 +129,9 @@ def operator_objects(
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": _meta(NAME, namespace),
-            "rules": role_rules(),
+            # the backend's rules but pods/exec (mpirun runs in launcher pods), and being
+            # answered by the node agents (they ask a SubjectAccessReview for `ranks`)
+            "rules": [*operator_role_rules(), *agent_caller_rules()],
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -141,8 +160,31 @@ def operator_objects(
             },
             "subjects": [subject],
         },
+        *_agent_finder(subject),
         _deployment(_meta(NAME, namespace), image, metrics_port),
     ]
+
+
+def _agent_finder(subject: Obj) -> list[Obj]:
+    """A Role in the agents' namespace: the operator finds each node's agent (its pod IP)
+    by listing the agents' pods; nothing else there."""
+    name = f"{NAME}-agents"
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(name, SYSTEM_NAMESPACE),
+            "rules": [{"apiGroups": [""], "resources": ["pods"],
+                       "verbs": ["get", "list", "watch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(name, SYSTEM_NAMESPACE),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [subject],
+        },
+    ]  # fmt: skip
 
 
 CASES_PATH = f"{RUNS_PATH}/cases"
@@ -183,6 +225,7 @@ def _deployment(meta: Obj, image: str, metrics_port: int) -> Obj:
     }
     pod: Obj = {
         "serviceAccountName": NAME,
+        "priorityClassName": PRIORITY_CLASS,
         "terminationGracePeriodSeconds": 30,
         "enableServiceLinks": False,
         "securityContext": POD_SECURITY,
@@ -205,7 +248,7 @@ def _deployment(meta: Obj, image: str, metrics_port: int) -> Obj:
     }
 
 
-def runs_claim(namespace: str | None = None) -> Obj:
+def runs_claim(namespace: str | None = DEPLOY_NAMESPACE) -> Obj:
     """The run directories' claim: ReadWriteMany (the operator and every rank pod, on any
     node, mount it at the same path). An admin points it at real shared storage (a storage
     class, or a PersistentVolume); ``deploy/dev`` binds it to a host directory."""
@@ -236,8 +279,40 @@ def dev_runs_volume() -> Obj:
     }
 
 
-def namespace_object(namespace: str = DEPLOY_NAMESPACE) -> Obj:
-    return {"apiVersion": "v1", "kind": "Namespace", "metadata": _meta(namespace, None, MANAGED)}
+PRIORITY_CLASS = "rankpack-control"
+
+
+def priority_class() -> Obj:
+    """The operator's and the node agents' priority: above every rank and launcher pod (no
+    class: 0), so that a full node never keeps them out — a rank pod of a simulation
+    deleted while no operator ran would otherwise hold the CPU the operator needs to start
+    and delete it. Preempting a rank pod fails its simulation (PodDeleted), which a
+    controller that cannot start could never do better."""
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "kind": "PriorityClass",
+        "metadata": {"name": PRIORITY_CLASS, "labels": dict(MANAGED)},
+        "value": 1000000,
+        "globalDefault": False,
+        "description": "rankpack's operator and node agents: scheduled before simulations",
+    }
+
+
+def namespace_object(namespace: str, pod_security: dict[str, str]) -> Obj:
+    return {
+        "apiVersion": "v1",
+        "kind": "Namespace",
+        "metadata": _meta(namespace, None, {**MANAGED, **pod_security}),
+    }
+
+
+def namespaces() -> list[Obj]:
+    """Simulations, the operator and every rank and launcher pod under PodSecurity
+    ``restricted``; the node agent apart, ``privileged`` (docs/security.md)."""
+    return [
+        namespace_object(DEPLOY_NAMESPACE, RESTRICTED),
+        namespace_object(SYSTEM_NAMESPACE, PRIVILEGED),
+    ]
 
 
 def operator_yaml() -> str:
@@ -252,12 +327,12 @@ ADMISSION_HEADER = """\
 #   python -m rankpack.operator.manifests deploy
 # from src/rankpack/operator/policy_manifest.py. Give the operator the same lists
 # (--allow-host-path, --case-root): it checks them again, and symbolic links on disk.
-#   kubectl apply -f deploy/admission.yaml
+#   kubectl apply -f deploy/base/admission.yaml
 """
 
 
 def admission_yaml() -> str:
-    return _docs(ADMISSION_HEADER, admission_objects("rankpack"))
+    return _docs(ADMISSION_HEADER, admission_objects(DEPLOY_NAMESPACE, case_roots=[CASES_PATH]))
 
 
 def _docs(header: str, objects: list[Obj]) -> str:
@@ -265,24 +340,22 @@ def _docs(header: str, objects: list[Obj]) -> str:
 
 
 BASE_RESOURCES = (
-    "namespace.yaml",
+    "namespaces.yaml",
     "crd.yaml",
     "admission.yaml",
-    "serviceaccount.yaml",
-    "role.yaml",
-    "rolebinding.yaml",
+    "backend.yaml",
+    "launcher.yaml",
+    "node-agent.yaml",
     "runs-pvc.yaml",
     "operator.yaml",
 )
-"""The base's files, in the order kustomize lists them (the three backend files are written by
-hand around `rankpack.backend.kubernetes.rbac.backend_rbac`; a unit test compares them)."""
+"""The base's files, in the order kustomize lists them."""
 
 
 def kustomization() -> Obj:
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "namespace": DEPLOY_NAMESPACE,
         "resources": list(BASE_RESOURCES),
     }
 
@@ -298,9 +371,19 @@ def dev_kustomization() -> Obj:
     return {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": ["..", "runs-pv.yaml"],
+        "resources": ["../base", "runs-pv.yaml"],
         "images": images,
+        "patches": [{"path": "namespace-patch.yaml"}],
     }
+
+
+def dev_namespace_patch() -> Obj:
+    """The dev image's rank pods (`rankpack run --backend kubernetes` on the dev cluster)
+    mount this host's /usr: admitted in the dev cluster, still warned about; the operator's
+    own pods are restricted all the same (the k8s tier runs them under ``enforce``)."""
+    labels = {"pod-security.kubernetes.io/enforce": "privileged"}
+    return {"apiVersion": "v1", "kind": "Namespace",
+            "metadata": {"name": DEPLOY_NAMESPACE, "labels": labels}}  # fmt: skip
 
 
 KUSTOMIZE_HEADER = (
@@ -311,10 +394,32 @@ KUSTOMIZE_HEADER = (
     + GENERATED
 )
 
+BACKEND_HEADER = (
+    """\
+# The Kubernetes backend's identity for out-of-cluster use (`rankpack run --backend
+# kubernetes`, `rankpack operator` on a workstation): what it does in its namespace, nothing
+# more: rank pods (create, watch, delete), in-place CPU resizes (pods/resize), starting ranks
+# inside pods (pods/exec, mpirun beside the controller), solver logs, a simulation's Service
+# and ConfigMap, its Events, the namespace's quota; Simulations and their status, its Lease.
+"""
+    + GENERATED
+)
+
+LAUNCHER_HEADER = (
+    """\
+# The launcher pods' identity (one launcher pod per simulation runs its mpirun): reading the
+# rank pods and starting each rank in its pod (pods/exec), in this namespace only. Installed
+# by the admin in every namespace Simulations run in: the operator never creates Roles.
+"""
+    + GENERATED
+)
+
 DEV_HEADER = (
     """\
-# The dev cluster's overlay (`rankpack dev-cluster up --operator` applies it): only the images
-# (built and imported by that command) and the volume (a directory of this host) differ.
+# The dev cluster's overlay (`rankpack dev-cluster up --operator` applies it): the images
+# (built and imported by that command), the volume (a directory of this host), and the one
+# exception: the rankpack namespace admits the dev image's rank pods, which mount this host's
+# /usr (enforce privileged; still warned about as restricted).
 """
     + GENERATED
 )
@@ -323,15 +428,26 @@ DEV_HEADER = (
 def files() -> dict[str, str]:
     """Every generated file of ``deploy/``, by its path below it."""
     pvc_header = "# The run directories: shared by the operator and every rank pod.\n" + GENERATED
+    top = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
+           "resources": ["base"]}  # fmt: skip
     return {
-        "kustomization.yaml": _docs(KUSTOMIZE_HEADER, [kustomization()]),
-        "namespace.yaml": _docs(GENERATED, [namespace_object()]),
-        "crd.yaml": crd_yaml(),
-        "admission.yaml": admission_yaml(),
-        "runs-pvc.yaml": _docs(pvc_header, [runs_claim()]),
-        "operator.yaml": operator_yaml(),
+        # the base lives in base/ (an overlay may not sit inside its base's folder); this
+        # one only names it, so that `kubectl apply -k deploy/` is the admin's command
+        "kustomization.yaml": _docs(KUSTOMIZE_HEADER, [top]),
+        "base/kustomization.yaml": _docs(GENERATED, [kustomization()]),
+        "base/namespaces.yaml": _docs(GENERATED, [*namespaces(), priority_class()]),
+        "base/crd.yaml": crd_yaml(),
+        "base/admission.yaml": admission_yaml(),
+        "base/backend.yaml": _docs(BACKEND_HEADER, backend_rbac(DEPLOY_NAMESPACE)),
+        "base/launcher.yaml": _docs(LAUNCHER_HEADER, launcher_rbac(DEPLOY_NAMESPACE)),
+        "base/node-agent.yaml": _docs(
+            agent_manifests.HEADER, agent_manifests.agent_objects(SYSTEM_NAMESPACE)
+        ),
+        "base/runs-pvc.yaml": _docs(pvc_header, [runs_claim()]),
+        "base/operator.yaml": operator_yaml(),
         "dev/kustomization.yaml": _docs(DEV_HEADER, [dev_kustomization()]),
         "dev/runs-pv.yaml": _docs(GENERATED, [dev_runs_volume()]),
+        "dev/namespace-patch.yaml": _docs(GENERATED, [dev_namespace_patch()]),
     }
 
 

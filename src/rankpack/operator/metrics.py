@@ -100,8 +100,9 @@ class OperatorMetrics:
                 if e.kind == "resize-deferred" and e.detail.get("final"):
                     continue  # still deferred at the end: counted when it was deferred
                 self.resizes.labels(RESIZE_OUTCOMES[e.kind]).inc()
-            elif e.kind == "launch-held":
-                self.held.labels(_held_code(str(e.detail.get("reason", "")))).inc()
+            elif e.kind == "launch-held":  # its code (quota, no-room, ...) when it has one
+                code = str(e.detail.get("code") or "")
+                self.held.labels(code or _held_code(str(e.detail.get("reason", "")))).inc()
             elif e.kind == "adopted":
                 self.adopted.inc()
 

@@ -1,7 +1,7 @@
 """The API-level half of Simulation admission (issue 26): a ValidatingAdmissionPolicy whose
 parameter is a ConfigMap holding the cluster admin's allowlist, so that a host volume or a
 case path the admin did not allow is refused at ``kubectl create`` (HTTP 422), before the
-operator ever sees it. ``deploy/admission.yaml`` is generated from `admission_objects`.
+operator ever sees it. ``deploy/base/admission.yaml`` is generated from `admission_objects`.
 
 A webhook would need a Service the apiserver can reach (the dev cluster has no kube-proxy
 or cluster DNS); CEL runs inside the apiserver. It checks what can be checked as text, the

@@ -3,10 +3,13 @@
 A Simulation with no phase (just created) or phase ``Queued`` is pending, oldest first.
 Claiming one replaces its status with ``Running`` under its resourceVersion, so two
 operators can never both claim it (the apiserver answers 409 to the second). The loop's
-progress reaches each Simulation's status (`StatusWriter`, at most every ``interval_s``),
-its end sets ``Succeeded``/``Failed`` with the run's result. Everything the operator needs to
-follow a running Simulation after a restart (sim id, run id, staged case, start time) is in
-its status, so `running_for_adoption` can hand them to `ControlLoop.adopt`.
+progress reaches each Simulation's status (`rankpack.operator.status.StatusWriter`, at most
+every ``interval_s``), its end sets ``Succeeded``/``Failed`` with the run's result. A
+launch refused for quota hands it back ``Queued`` (`requeued`); a hold says why in its
+status's reason and message; per-namespace limits (`NamespaceLimits`) refuse or hold it.
+Everything the operator needs to follow a running Simulation after a restart (sim id, run
+id, staged case, start time) is in its status, so `running_for_adoption` can hand them to
+`ControlLoop.adopt`.
 
 The apiserver may go away at any moment (restarted, overloaded): no method here raises for
 that. A status patch that fails is kept (merged per Simulation, last write wins per field)
@@ -17,10 +20,8 @@ new work while it cannot list, and `idle` is only true on a fresh, successful li
 from __future__ import annotations
 
 import builtins
-import contextlib
 import datetime as dt
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -28,12 +29,18 @@ from typing import Any
 
 from rankpack.backend.kubernetes.api import ApiError, ClientKubeApi, Conflict, NotFound
 from rankpack.case.staging import StagedCase
-from rankpack.controller.loop import Adopted, Job, SimView
-from rankpack.core.failures import FailureCode
+from rankpack.controller.loop import Adopted, Job
+from rankpack.core.failures import Failure, FailureCode
 from rankpack.core.results import progress_text
 from rankpack.errors import UserError
 from rankpack.operator import crd
-from rankpack.operator.admission import AdmissionPolicy, Refused, admit
+from rankpack.operator.admission import (
+    MAX_RUNNING_REASON,
+    AdmissionPolicy,
+    NamespaceLimits,
+    Refused,
+    admit,
+)
 from rankpack.store import RunRow, Store
 
 Obj = dict[str, Any]
@@ -100,6 +107,10 @@ class SimulationApi:
         )  # fmt: skip
 
 
+LAUNCH_FIELDS = ("usage", "launcher", "simId", "runId", "runDir", "startedAt",
+                 "expectedIterations", "iterations", "progress", "staged")  # fmt: skip
+"""What `SimulationQueue.started` writes into a Simulation's status (a requeue removes it)."""
+
 HOLD_REASONS = {
     "cooldown": "Cooldown",
     "max-concurrent": "MaxConcurrent",
@@ -110,7 +121,7 @@ HOLD_REASONS = {
 """The policy's launch-held codes as the Queued condition's reason."""
 
 
-def _condition(kind: str, status: bool, reason: str, message: str) -> Obj:
+def condition(kind: str, status: bool, reason: str, message: str) -> Obj:
     return {
         "type": kind,
         "status": "True" if status else "False",
@@ -155,8 +166,13 @@ class SimulationQueue:
         admission: AdmissionPolicy | None = None,
         cluster_millis: Callable[[], int | None] = lambda: None,
         placement: Callable[[], dict[str, str]] = dict,
+        limits: NamespaceLimits | None = None,
     ) -> None:
         self.api = api
+        self.limits = limits or NamespaceLimits()
+        """How many Simulations one namespace may have queued and running."""
+        self.holds: dict[str, tuple[str, str]] = {}
+        """Simulation name -> the hold (reason, message) last written into its status."""
         self.placement = placement
         """The backend's facts (`Backend.placement`): where usage and duty cycles come from
         (``usage``: node-agent, node-local) and how ranks are started (``launcher``), written
@@ -184,13 +200,22 @@ class SimulationQueue:
         """Why the last call failed (None: the last call succeeded)."""
         self.uncertain: set[str] = set()
         """Claims whose answer was lost (the apiserver went away): checked in `flush`."""
+        self.listed: dict[str, str] | None = None
+        """Name -> uid of every Simulation in the last listing that succeeded."""
+        self.holding: dict[int, str] = {}
+        """Queue id -> uid of the Simulations this process claimed or adopted and has not
+        finished: what `withdrawn` looks for in each listing."""
+        self.gone: set[int] = set()
+        """Withdrawn jobs: their end is written nowhere (their Simulation is gone)."""
+        self._next_id = 1
         self.lock = threading.Lock()
 
     def _id(self, name: str) -> int:
         with self.lock:
             if name not in self.ids:
-                self.ids[name] = len(self.ids) + 1
-                self.names[self.ids[name]] = name
+                self.ids[name] = self._next_id
+                self.names[self._next_id] = name
+                self._next_id += 1
             return self.ids[name]
 
     # -- JobSource ---------------------------------------------------------------------------
@@ -203,10 +228,13 @@ class SimulationQueue:
             self.api_error = _first_line(exc)
             return None
         self.api_error = None
+        listed: dict[str, str] = {}
         for obj in items:
             meta = obj.get("metadata") or {}
+            listed[str(meta.get("name"))] = str(meta.get("uid") or "")
             if meta.get("uid"):
                 self.uids[str(meta["name"])] = str(meta["uid"])
+        self.listed = listed
         return items
 
     def idle(self) -> bool:
@@ -219,6 +247,10 @@ class SimulationQueue:
         )
 
     def pending(self) -> list[Job]:
+        """The Simulations waiting to be launched, oldest first. One that first arrives is
+        admitted (`admit`) and counted against its namespace's queued limit (refused
+        ``TooManyQueued`` beyond it); one whose namespace runs as many as allowed waits
+        ``Queued`` (``MaxRunningPerNamespace``) and is not handed to the loop."""
         jobs: list[Job] = []
         self.flush()
         listed = self._list()
@@ -228,11 +260,13 @@ class SimulationQueue:
             listed,
             key=lambda o: (o["metadata"].get("creationTimestamp", ""), o["metadata"]["name"]),
         )
+        running, queued = self._counts(items)
         for obj in items:
             phase = (obj.get("status") or {}).get("phase")
             if phase not in (None, "Queued"):
                 continue
             name = obj["metadata"]["name"]
+            ns = self._namespace(obj)
             unwritten = self.outbox.get(name)
             if unwritten is not None and unwritten.get("phase", "Queued") != "Queued":
                 continue  # a change out of the queue is not written yet: not pending
@@ -252,11 +286,36 @@ class SimulationQueue:
                 self._fail_invalid(obj, str(exc))
                 continue
             if phase is None:
+                refusal = self.limits.queued_refusal(ns, queued.get(ns, 0))
+                if refusal:
+                    self.fail(name, FailureCode.TOO_MANY_QUEUED, refusal)
+                    continue
+                queued[ns] = queued.get(ns, 0) + 1
                 self._patch(name, {"phase": "Queued", "conditions": self._set_conditions(
-                    name, _condition("Queued", True, "Submitted", "waiting for the operator"),
+                    name, condition("Queued", True, "Submitted", "waiting for the operator"),
                 )})  # fmt: skip
+            hold = self.limits.running_hold(ns, running.get(ns, 0))
+            if hold:
+                self._hold(name, MAX_RUNNING_REASON, hold)
+                continue
             jobs.append(Job(self._id(name), sub))
         return jobs
+
+    def _namespace(self, obj: Obj) -> str:
+        return str((obj.get("metadata") or {}).get("namespace") or self.api.namespace)
+
+    def _counts(self, items: Sequence[Obj]) -> tuple[dict[str, int], dict[str, int]]:
+        """Per namespace: Simulations Running (claimed, by any operator) and Queued
+        (admitted; one that has no phase yet is counted when it is admitted)."""
+        running: dict[str, int] = {}
+        queued: dict[str, int] = {}
+        for obj in items:
+            phase = (obj.get("status") or {}).get("phase")
+            counts = running if phase == "Running" else queued if phase == "Queued" else None
+            if counts is not None:
+                ns = self._namespace(obj)
+                counts[ns] = counts.get(ns, 0) + 1
+        return running, queued
 
     def claim(self, job: Job) -> bool:
         name = self.names[job.queue_id]
@@ -270,11 +329,15 @@ class SimulationQueue:
         self.conditions[name] = list(status.get("conditions") or [])
         conditions = self._set_conditions(
             name,
-            _condition("Queued", False, "Claimed", f"claimed by {self.identity}"),
-            _condition("Running", True, "Claimed", f"claimed by {self.identity}"),
+            condition("Queued", False, "Claimed", f"claimed by {self.identity}"),
+            condition("Running", True, "Claimed", f"claimed by {self.identity}"),
         )
+        status.pop("reason", None)  # why it waited: over once it is claimed
+        status.pop("message", None)
+        self.holds.pop(name, None)
         status.update(phase="Running", operator=self.identity, conditions=conditions)
         obj["status"] = status
+        uid = str((obj.get("metadata") or {}).get("uid") or "")
         with self.lock:  # the claim writes the whole status: an unwritten "Queued" is stale
             self.outbox.pop(name, None)
         try:
@@ -289,6 +352,7 @@ class SimulationQueue:
             self.uncertain.add(name)
             return False
         self.uncertain.discard(name)
+        self.holding[job.queue_id] = uid
         return True
 
     def started(self, job: Job, run_id: int, sim_id: str, staged: StagedCase) -> None:
@@ -308,7 +372,7 @@ class SimulationQueue:
             "progress": progress_text(0, staged.expected_iterations),
             "staged": staged_to_json(staged),
             "conditions": self._set_conditions(
-                name, _condition("Running", True, "Launched", f"simulation {sim_id}")
+                name, condition("Running", True, "Launched", f"simulation {sim_id}")
             ),
         })  # fmt: skip
 
@@ -320,6 +384,10 @@ class SimulationQueue:
         run's own code, `RunResult.failure` in the store's run row)."""
         name = self.names.get(job.queue_id)
         if name is None:
+            return
+        self.holding.pop(job.queue_id, None)
+        if job.queue_id in self.gone:  # its Simulation was deleted: nothing to write
+            self.forget(job.queue_id)
             return
         if status == "queued":  # interrupted before launch: back to the queue
             self.requeue(name, "the operator stopped before launch")
@@ -356,18 +424,18 @@ class SimulationQueue:
                 )
         phase = "Succeeded" if status == "completed" else "Failed"
         if phase == "Succeeded":
-            ended = _condition("Succeeded", True, "Completed", message or status)
+            ended = condition("Succeeded", True, "Completed", message or status)
         else:
             reason = code or FailureCode.OTHER
             result["reason"] = str(reason)
-            ended = _condition("Failed", True, reason, message or status)
+            ended = condition("Failed", True, reason, message or status)
             patch.update(reason=str(reason), message=(message or status)[:1000])
         patch.update(
             phase=phase,
             result=result,
             conditions=self._set_conditions(
-                name, _condition("Running", False, ended["reason"], "ended"),
-                _condition("ResizeDeferred", False, "Ended", "the run ended"), ended,
+                name, condition("Running", False, ended["reason"], "ended"),
+                condition("ResizeDeferred", False, "Ended", "the run ended"), ended,
             ),
         )  # fmt: skip
         self._patch(name, patch)
@@ -377,14 +445,72 @@ class SimulationQueue:
         pass  # the Lease is the operator's heartbeat; status carries the progress
 
     def held(self, job: Job, code: str, reason: str) -> None:
-        """The head of the queue waits: its Queued condition says why (``QuotaExceeded``
-        when the namespace's ResourceQuota leaves no room)."""
+        """The head of the queue waits: its status's reason and message and its Queued
+        condition say why (``QuotaExceeded`` when the namespace's ResourceQuota leaves no
+        room)."""
         name = self.names.get(job.queue_id)
         if name is None:
             return
-        why = HOLD_REASONS.get(code, "Waiting")
-        self._patch(name, {"conditions": self._set_conditions(
-            name, _condition("Queued", True, why, reason))})  # fmt: skip
+        self._hold(name, HOLD_REASONS.get(code, "Waiting"), reason)
+
+    def _hold(self, name: str, why: str, message: str) -> None:
+        """Its status says why it waits (written when that changes)."""
+        if self.holds.get(name) == (why, message):
+            return
+        self.holds[name] = (why, message)
+        conditions = self._set_conditions(name, condition("Queued", True, why, message))
+        self._patch(name, {"reason": why, "message": message[:1000], "conditions": conditions})
+
+    def requeued(self, job: Job, why: Failure) -> None:
+        """Its launch was refused for a reason that passes (the namespace's quota, taken
+        between plan and create; nothing of it is left): back to ``Queued`` with the code as
+        its reason, its launch forgotten (sim id, run, staged case), to be launched again."""
+        name = self.names.get(job.queue_id)
+        if name is None:
+            return
+        self.run_ids.pop(job.queue_id, None)
+        self.holding.pop(job.queue_id, None)  # back in the queue: not this loop's any more
+        self.holds.pop(name, None)
+        self.sim_names = {k: v for k, v in self.sim_names.items() if v != name}
+        reason = str(why.code)
+        self._patch(name, {
+            "phase": "Queued", "operator": None, "reason": reason,
+            "message": why.message[:1000],
+            **dict.fromkeys(LAUNCH_FIELDS),
+            "conditions": self._set_conditions(
+                name, condition("Running", False, reason, why.message),
+                condition("Queued", True, reason, why.message),
+            ),
+        })  # fmt: skip
+        self.on_event("requeued", {"simulation": name, "reason": reason})
+
+    def withdrawn(self) -> set[int]:
+        """The Simulations this operator claimed that are gone from the last listing, or
+        were deleted and created again under the same name (another uid): their runs are
+        stopped and released by the loop (`kubectl delete simulation` stops a run)."""
+        listed = self.listed
+        if listed is None:
+            return set()
+        gone = set()
+        for qid, uid in list(self.holding.items()):
+            name = self.names.get(qid)
+            if name is not None and (name not in listed or (uid and listed[name] != uid)):
+                gone.add(qid)
+        self.gone |= gone
+        return gone
+
+    def forget(self, queue_id: int) -> None:
+        """A withdrawn job: nothing of it is written back (its Simulation is gone)."""
+        name = self.names.pop(queue_id, None)
+        if name is None:
+            return
+        self.ids.pop(name, None)
+        self.gone.discard(queue_id)
+        self.holding.pop(queue_id, None)
+        self.run_ids.pop(queue_id, None)
+        self.conditions.pop(name, None)
+        self.outbox.pop(name, None)
+        self.sim_names = {k: v for k, v in self.sim_names.items() if v != name}
 
     # -- adoption ----------------------------------------------------------------------------
 
@@ -411,6 +537,7 @@ class SimulationQueue:
             except (UserError, KeyError, TypeError, ValueError):
                 continue
             qid = self._id(name)
+            self.holding[qid] = str((obj.get("metadata") or {}).get("uid") or "")
             if st.get("runId") is not None:
                 self.run_ids[qid] = int(st["runId"])
             out.append(Adopted(
@@ -435,8 +562,8 @@ class SimulationQueue:
 
     def requeue(self, name: str, reason: str) -> None:
         self._patch(name, {"phase": "Queued", "operator": None, "conditions": self._set_conditions(
-            name, _condition("Running", False, "Requeued", reason),
-            _condition("Queued", True, "Requeued", reason),
+            name, condition("Running", False, "Requeued", reason),
+            condition("Queued", True, "Requeued", reason),
         )})  # fmt: skip
 
     def fail(self, name: str, code: FailureCode, message: str) -> None:
@@ -449,8 +576,8 @@ class SimulationQueue:
             "message": message[:1000],
             "result": {"status": "failed", "reason": reason, "message": message},
             "conditions": self._set_conditions(
-                name, _condition("Running", False, reason, "ended"),
-                _condition("Failed", True, reason, message),
+                name, condition("Running", False, reason, "ended"),
+                condition("Failed", True, reason, message),
             ),
         })  # fmt: skip
 
@@ -542,88 +669,6 @@ class SimulationQueue:
                         del self.outbox[name]
         self.api_error = None
         return True
-
-
-class StatusWriter:
-    """A `Display` that copies the loop's view of each Simulation into its status.
-
-    Progress is best effort (a patch that fails is dropped: the next one carries newer
-    numbers); phase changes go through the queue, which keeps them until written. A rank
-    whose resize the node deferred shows it (``ranks[].resize``) and sets the condition
-    ``ResizeDeferred``; ``resizes`` counts completed resizes only.
-    """
-
-    def __init__(self, queue: SimulationQueue, interval_s: float = 2.0) -> None:
-        self.queue = queue
-        self.interval_s = interval_s
-        self.last: dict[int, float] = {}
-        self.deferred: dict[str, str] = {}
-        """Simulation name -> the ResizeDeferred message last written (absent: none)."""
-        self.listeners: list[Callable[[float, Sequence[SimView]], None]] = []
-
-    def update(self, now_s: float, sims: Sequence[SimView]) -> None:
-        for listener in self.listeners:
-            listener(now_s, sims)
-        self.queue.flush()
-        t = time.monotonic()
-        for view in sims:
-            if view.run_id is None or t - self.last.get(view.queue_id, -1e9) < self.interval_s:
-                continue
-            name = self.queue.names.get(view.queue_id)
-            if name is None or name in self.queue.outbox:
-                continue
-            self.last[view.queue_id] = t
-            status = self._status(view)
-            deferred = "; ".join(
-                f"rank {r.rank} {r.request_millis}m -> {r.resize_to_millis}m: {r.resize_reason}"
-                for r in view.ranks
-                if r.resize == "deferred"
-            )
-            if deferred != self.deferred.get(name, ""):
-                status["conditions"] = self.queue._set_conditions(
-                    name,
-                    _condition("ResizeDeferred", True, "NodeDeferred", deferred)
-                    if deferred
-                    else _condition("ResizeDeferred", False, "Applied", "no resize deferred"),
-                )
-            with contextlib.suppress(ApiError):
-                self.queue.api.patch_status(name, status)
-                self.deferred[name] = deferred
-
-    @staticmethod
-    def _status(view: SimView) -> Obj:
-        exp = view.expected_iterations
-        ranks = []
-        for r in view.ranks:
-            rank: Obj = {"rank": r.rank, "requestMillis": r.request_millis,
-                         "cpuCores": round(r.cpu_cores, 3)}  # fmt: skip
-            if r.allocated_millis is not None:
-                rank["allocatedMillis"] = r.allocated_millis
-            if r.duty is not None:
-                rank["duty"] = round(r.duty, 4)
-            # always written, so a settled resize clears it (merge patch replaces the list)
-            rank["resize"] = (
-                {"state": r.resize, "toMillis": r.resize_to_millis, "reason": r.resize_reason}
-                if r.resize
-                else None
-            )
-            ranks.append({k: v for k, v in rank.items() if v is not None})
-        if view.wait is not None:
-            for rank, why in zip(ranks, view.wait.ranks, strict=False):
-                rank["wait"] = {"mode": why.mode, "node": why.node, "why": why.why}
-        status: Obj = {
-            "iterations": view.log.iterations,
-            "progress": progress_text(view.log.iterations, exp),
-            "resizes": view.resizes,
-            "restarts": sum(r.restarts for r in view.ranks),
-            "ranks": ranks,
-        }
-        if view.wait is not None:
-            status["waitMode"] = {"mode": view.wait.mode, "reason": view.wait.reason}
-        return status
-
-    def close(self) -> None:
-        pass
 
 
 def _failure_code(run: RunRow) -> FailureCode:

@@ -34,11 +34,16 @@ from rankpack.controller.observations import ControllerSettings
 from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
 from rankpack.operator import crd
-from rankpack.operator.admission import AdmissionPolicy, openfoam_applications
-from rankpack.operator.events import SimulationEvents
+from rankpack.operator.admission import (
+    AdmissionPolicy,
+    NamespaceLimits,
+    openfoam_applications,
+)
+from rankpack.operator.events import QUOTA_CODES, SimulationEvents
 from rankpack.operator.lease import Lease, LeaseTerms
 from rankpack.operator.metrics import OperatorMetrics
-from rankpack.operator.queue import SimulationApi, SimulationQueue, StatusWriter
+from rankpack.operator.queue import SimulationApi, SimulationQueue
+from rankpack.operator.status import StatusWriter
 from rankpack.store import EventRow, Store
 
 log = logging.getLogger("rankpack.operator")
@@ -72,6 +77,8 @@ class OperatorOptions:
         default_factory=lambda: AdmissionPolicy(solvers=openfoam_applications())
     )
     """What the admin allows Simulations to ask for (host paths, case roots, solvers)."""
+    namespace_limits: NamespaceLimits = field(default_factory=NamespaceLimits)
+    """How many Simulations one namespace may have queued and running."""
 
 
 def _cluster_millis(backend: KubernetesBackend, every_s: float = 30.0) -> Callable[[], int | None]:
@@ -161,6 +168,21 @@ class _Display(StatusWriter):
             self.last_event = new[-1].id
             self.metrics.count_events(new)
             self.events.add(new)
+            self._resizes_held(new)
+
+    def _resizes_held(self, new: Sequence[EventRow]) -> None:
+        """A grow held within the quota (or refused by it) shows in the status too."""
+        name_of = _name_of(self.queue)
+        for e in new:
+            quota = str(e.detail.get("code") or "") in QUOTA_CODES
+            if e.kind in ("resize-capped", "resize-skipped", "resize-rejected") and quota:
+                name = name_of(e)
+                if name is not None:
+                    self.resize_held(name, str(e.detail.get("reason") or "held for quota"))
+            elif e.kind == "resize":
+                name = name_of(e)
+                if name is not None:
+                    self.resize_held(name, None)
 
 
 @dataclass
@@ -219,8 +241,8 @@ def run_operator(
         backend.close()
         raise BackendError(
             f"cannot list simulations.{crd.GROUP} in namespace {namespace}: "
-            f"{_first_line(exc)}; is the CRD installed (kubectl apply -f deploy/crd.yaml) and "
-            "may this identity use it (deploy/role.yaml)?"
+            f"{_first_line(exc)}; is the CRD installed (kubectl apply -f deploy/base/crd.yaml) and "
+            "may this identity use it (deploy/base/backend.yaml)?"
         ) from exc
     metrics = OperatorMetrics()
     if opts.metrics_port is not None:
@@ -237,6 +259,7 @@ def run_operator(
     queue = SimulationQueue(
         sims, store, identity, admission=opts.admission,
         cluster_millis=_cluster_millis(backend), placement=backend.placement,
+        limits=opts.namespace_limits,
     )  # fmt: skip
     events = SimulationEvents(
         lambda body: backend.api.create("events", body), namespace, identity,
@@ -308,7 +331,7 @@ def _follow(lease: Lease, ctx: _Ctx) -> str:
         if refused is not None and time.monotonic() - refused > REFUSED_S and lease.last_error:
             raise BackendError(
                 f"leader election on Lease {ns}/{name} is refused ({lease.last_error[1]}); "
-                "may this identity use leases (deploy/role.yaml)?"
+                "may this identity use leases (deploy/base/backend.yaml)?"
             )
         if lease.lost.is_set() and not lease.leading.is_set():
             return "retry"
@@ -342,7 +365,7 @@ def _settings(ctx: _Ctx) -> LoopSettings:
         label=f"operator-{ctx.multiplex_id}",
         extra={"multiplex_id": ctx.multiplex_id, "operator": opts.identity},
         image=opts.config.image, volume=opts.volume, leave_running=True,
-        solvers=opts.admission.solvers, confine_staging=True,
+        solvers=opts.admission.solvers, confine_staging=True, sim_labels=dict(OPERATOR_LABEL),
     )  # fmt: skip
 
 
@@ -425,7 +448,29 @@ def _adopt_all(ctx: _Ctx, loop: ControlLoop, term_stop: threading.Event) -> int 
                 n += 1
                 ctx.say(f"adopted {name} (simulation {a.sim_id})")
             break
+    if not term_stop.is_set():
+        _discard_orphans(ctx, {a.sim_id for a in found})
     return None if term_stop.is_set() else n
+
+
+OPERATOR_LABEL = {"rankpack.dev/launched-by": "operator"}
+"""On every object of the simulations operators launch (`rankpack run` launches carry none)."""
+
+
+def _discard_orphans(ctx: _Ctx, held: set[str]) -> None:
+    """Simulations an operator launched whose Simulation is gone (deleted while no
+    operator ran): nobody will ever follow them, and their pods hold CPU; stopped and
+    deleted. Simulations launched otherwise (`rankpack run`) are never touched."""
+    try:
+        refs = ctx.backend.list()
+    except BackendError as exc:
+        ctx.say(f"cannot list the simulations to find orphans ({_first_line(exc)})")
+        return
+    for ref in refs:
+        ours = all(ref.labels.get(k) == v for k, v in OPERATOR_LABEL.items())
+        if ref.sim_id and ours and ref.sim_id not in held:
+            ctx.say(f"simulation {ref.sim_id} has no Simulation any more: stopped and deleted")
+            ctx.backend.discard(ref.sim_id)
 
 
 def _finished_run(store: Store, run_id: int | None) -> str | None:

@@ -334,6 +334,54 @@ def _write_wait_ctl(fd: int, record_path: Path, word: int) -> None:
             ctl[0] = word
 
 
+# -- through a descriptor: the node agent's reads and writes of a pod's record --------------
+
+
+def snapshot_fd(fd: int, name: Path, max_tries: int = 100) -> RankRecord | None:
+    """A consistent copy of the record open at ``fd`` (``name`` only for messages), read
+    with ``pread`` rather than a mapping: a file another user's process may truncate at any
+    time cannot fault the reader (a mapping past the end of a file raises SIGBUS). None when
+    it is not published yet, too short, or the writer kept changing it for ``max_tries``
+    copies (never waits). UserError if it is not a record of this version."""
+    for _ in range(max_tries):
+        seq1 = _seq_at(fd)
+        if seq1 is None or seq1 == 0:
+            return None  # too short, or created but never published
+        if seq1 < 2 or seq1 & 1:
+            continue
+        data = os.pread(fd, RECORD_SIZE, 0)
+        if len(data) < RECORD_SIZE:
+            return None
+        if _seq_at(fd) != seq1 or _SEQ.unpack_from(data, 0)[0] != seq1:
+            continue
+        _check_header(data, name)
+        return parse_record(data)
+    return None
+
+
+def _seq_at(fd: int) -> int | None:
+    head = os.pread(fd, _SEQ.size, 0)
+    return int(_SEQ.unpack_from(head, 0)[0]) if len(head) == _SEQ.size else None
+
+
+def set_wait_mode_fd(fd: int, name: Path, mode: str) -> None:
+    """`set_wait_mode` on the record open (read-write) at ``fd``, with one ``pwrite`` of the
+    control word instead of a shared mapping (see `snapshot_fd`: the file is another user's).
+    The codes are 0, 1 and 2: only the word's lowest byte ever changes, so the shim's 32-bit
+    load cannot see a torn value whatever width the kernel copies in. UserError if the file
+    is not a published record of this version."""
+    if mode not in WAIT_MODE_NAMES:
+        raise UserError(f"unknown wait mode '{mode}'; use one of: {', '.join(WAIT_MODE_NAMES)}")
+    data = os.pread(fd, RECORD_SIZE, 0)
+    if len(data) < RECORD_SIZE or _SEQ.unpack_from(data, 0)[0] < 2:
+        raise UserError(f"{name}: the record is not published yet; try again")
+    _check_header(data, name)
+    offset, size = RECORD_OFFSETS["wait_ctl"]
+    word = struct.pack("<I", WAIT_MODE_NAMES.index(mode))
+    if os.pwrite(fd, word, offset) != size:
+        raise UserError(f"{name}: the control word could not be written")
+
+
 def read_record(path: Path, max_tries: int = 1000) -> RankRecord | None:
     with RecordReader(path) as reader:
         return reader.snapshot(max_tries)

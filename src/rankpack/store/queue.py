@@ -71,6 +71,15 @@ class QueueTable(Connected):
     def set_queue_run(self, queue_id: int, run_id: int) -> None:
         self.conn.execute("UPDATE queue SET run_id = ? WHERE id = ?", (run_id, queue_id))
 
+    def release_claim(self, queue_id: int) -> None:
+        """A claimed entry whose launch was refused (e.g. the namespace's quota had no
+        room) goes back to the queue, as if never claimed (its run link dropped)."""
+        self.conn.execute(
+            "UPDATE queue SET status = 'queued', owner_pid = NULL, heartbeat = NULL,"
+            " run_id = NULL WHERE id = ?",
+            (queue_id,),
+        )
+
     def finish_queue(self, queue_id: int, status: str) -> None:
         self.conn.execute(
             "UPDATE queue SET status = ?, owner_pid = NULL, heartbeat = NULL WHERE id = ?",

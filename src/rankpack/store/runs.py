@@ -44,6 +44,16 @@ class RunTables(Connected):
             )
         return run_id
 
+    def requeue_run(self, run_id: int, message: str, failure: str) -> None:
+        """A run whose launch was refused for a reason that passes (``failure``: the code,
+        e.g. ``QuotaExceeded``): nothing ran; its job went back to the queue, and it is
+        shown as ``requeued`` (never as failed, nor as running)."""
+        self.conn.execute(
+            "UPDATE runs SET status = 'requeued', message = ?, failure = ?, finished_at = ?,"
+            " wall_s = 0, iterations = 0, owner_pid = NULL WHERE id = ?",
+            (message, failure, now(), run_id),
+        )
+
     def update_progress(self, run_id: int, iterations: int) -> None:
         self.conn.execute("UPDATE runs SET iterations = ? WHERE id = ?", (iterations, run_id))
 

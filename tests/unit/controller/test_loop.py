@@ -421,3 +421,36 @@ def test_steady_duty_skips_start_up_and_widens_when_the_log_arrived_late() -> No
     assert steady_duty([(100, 3000, 1000)], 100) == pytest.approx(0.75)
     assert steady_duty([], 100) is None
     assert steady_duty([(0, 0, 0), (0, 0, 0)], 100) is None
+
+
+class WithdrawnAt(OneJob):
+    """A queue of one whose owner takes the job back at ``at_s`` (a deleted Simulation)."""
+
+    def __init__(self, submission: Submission, at_s: float) -> None:
+        super().__init__(submission)
+        self.at_s = at_s
+        self.now_s = 0.0
+        self.finished_with: list[str] = []
+
+    def withdrawn(self) -> set[int]:
+        return {self.job.queue_id} if self.now_s >= self.at_s else set()
+
+    def finished(self, job: object, status: str, message: str = "", failure: object = None) -> None:
+        self.finished_with.append(status)
+
+
+def test_a_withdrawn_job_is_stopped_and_released_mid_run(tmp_path: Path) -> None:
+    store = Store(tmp_path / "r.db")
+    backend = SimulatedBackend(_cluster())
+    jobs = WithdrawnAt(_sub(), at_s=10.0)
+
+    def clock(now_s: float, sims: Sequence[SimView]) -> None:
+        jobs.now_s = now_s
+
+    result = run_jobs(backend, store, jobs, _settings(tmp_path), display=Hook(clock))
+    (run,) = result.results
+    assert run.status == "interrupted" and 0 < run.iterations < 100, run
+    assert "withdrawn" in (run.message or "")
+    assert backend.list() == ()  # stopped and released: nothing left running
+    assert jobs.finished_with == ["interrupted"]
+    assert "withdrawn" in _kinds(store)

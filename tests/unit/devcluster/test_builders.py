@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from rankpack.backend.kubernetes import rbac as backend_rbac_rules
 from rankpack.devcluster import binaries, configs, rbac
 from rankpack.devcluster.binaries import KubeVersion
 from rankpack.devcluster.layout import NODE_IP, PAUSE_IMAGE, PORTS, Layout, node_specs
@@ -203,14 +204,29 @@ def test_token_file_and_kubeconfig() -> None:
 
 
 def test_deploy_manifests_match_the_rbac_builder() -> None:
-    kustomization = yaml.safe_load((REPO / "deploy" / "kustomization.yaml").read_text())
+    top = yaml.safe_load((REPO / "deploy" / "kustomization.yaml").read_text())
+    assert top["resources"] == ["base"]  # `kubectl apply -k deploy/` applies the base
+    kustomization = yaml.safe_load((REPO / "deploy" / "base" / "kustomization.yaml").read_text())
     assert kustomization["kind"] == "Kustomization"
-    assert kustomization["namespace"] == "rankpack"
-    objects = []
-    for name in ("serviceaccount.yaml", "role.yaml", "rolebinding.yaml"):
-        assert name in kustomization["resources"]
-        objects += list(yaml.safe_load_all((REPO / "deploy" / name).read_text()))
-    assert objects == rbac.backend_rbac()
+    assert "backend.yaml" in kustomization["resources"]
+    objects = list(yaml.safe_load_all((REPO / "deploy" / "base" / "backend.yaml").read_text()))
+    assert objects == rbac.backend_rbac("rankpack")
+
+
+def test_every_deployed_object_names_its_namespace() -> None:
+    """The base spans two namespaces (the agent's apart, for PodSecurity), so it sets none:
+    every namespaced object names its own."""
+    from rankpack.operator import manifests
+
+    cluster_scoped = {"Namespace", "CustomResourceDefinition", "ClusterRole", "PriorityClass",
+                      "ClusterRoleBinding", "PersistentVolume", "ValidatingAdmissionPolicy",
+                      "ValidatingAdmissionPolicyBinding", "Kustomization"}  # fmt: skip
+    for name, text in manifests.files().items():
+        for doc in yaml.safe_load_all(text):
+            if doc["kind"] not in cluster_scoped:
+                assert doc["metadata"].get("namespace"), (name, doc["kind"])
+    ns = {d["metadata"]["name"]: d["metadata"]["labels"] for d in manifests.namespaces()}
+    assert ns["rankpack"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 def test_rbac_is_least_privilege() -> None:
@@ -250,7 +266,7 @@ def test_cli_bad_version_is_one_line_exit_2(capsys: pytest.CaptureFixture[str]) 
 def test_deploy_crd_matches_the_builder() -> None:
     from rankpack.operator.crd import crd_manifest
 
-    assert yaml.safe_load((REPO / "deploy" / "crd.yaml").read_text()) == crd_manifest()
+    assert yaml.safe_load((REPO / "deploy" / "base" / "crd.yaml").read_text()) == crd_manifest()
 
 
 def test_deploy_files_are_what_the_generator_writes() -> None:
@@ -259,17 +275,24 @@ def test_deploy_files_are_what_the_generator_writes() -> None:
     files = manifests.files()
     for name, text in files.items():
         assert (REPO / "deploy" / name).read_text() == text, name
-    kustomization = yaml.safe_load(files["kustomization.yaml"])
-    on_disk = {p.name for p in (REPO / "deploy").glob("*.yaml")} - {"kustomization.yaml"}
-    assert set(kustomization["resources"]) == on_disk  # nothing shipped that is not applied
+    on_disk = {str(p.relative_to(REPO / "deploy")) for p in (REPO / "deploy").rglob("*.yaml")}
+    assert on_disk == set(files)  # nothing stale left in deploy/
+    base = yaml.safe_load(files["base/kustomization.yaml"])
+    shipped = {n.removeprefix("base/") for n in files if n.startswith("base/")}
+    assert set(base["resources"]) == shipped - {"kustomization.yaml"}  # all of it applied
 
 
 def test_the_dev_overlay_changes_only_images_and_the_volume() -> None:
     from rankpack.operator import manifests
 
     dev = yaml.safe_load(manifests.files()["dev/kustomization.yaml"])
-    assert set(dev) == {"apiVersion", "kind", "resources", "images"}
-    assert dev["resources"] == ["..", "runs-pv.yaml"]
+    assert set(dev) == {"apiVersion", "kind", "resources", "images", "patches"}
+    # the one patch: the dev image's /usr host mount admitted in the rankpack namespace
+    assert dev["patches"] == [{"path": "namespace-patch.yaml"}]
+    patch = yaml.safe_load(manifests.files()["dev/namespace-patch.yaml"])
+    relaxed = {"pod-security.kubernetes.io/enforce": "privileged"}
+    assert patch["metadata"] == {"name": "rankpack", "labels": relaxed}
+    assert dev["resources"] == ["../base", "runs-pv.yaml"]
     assert {i["name"] for i in dev["images"]} == {"rankpack/rank", "rankpack/rankpack"}
     assert all(i["newName"].startswith("rankpack.local/") for i in dev["images"])
     (pv,) = yaml.safe_load_all(manifests.files()["dev/runs-pv.yaml"])
@@ -280,9 +303,21 @@ def test_the_dev_overlay_changes_only_images_and_the_volume() -> None:
 def test_in_cluster_operator_is_least_privilege() -> None:
     from rankpack.operator import manifests
 
-    sa, role, binding, nodes, nodes_binding, deployment = manifests.operator_objects("ns")
+    sa, role, binding, nodes, nodes_binding, finder, finder_binding, deployment = (
+        manifests.operator_objects("ns")
+    )
     assert [o["kind"] for o in (sa, role, binding)] == ["ServiceAccount", "Role", "RoleBinding"]
-    assert role["rules"] == rbac.backend_rbac("ns")[1]["rules"]  # the backend's, no more
+    assert role["rules"] == [  # the backend's, no more, and being answered by the agents
+        *backend_rbac_rules.operator_role_rules(),
+        *backend_rbac_rules.agent_caller_rules(),
+    ]
+    # where the agents run: finding them (their pods), nothing else
+    assert finder["metadata"]["namespace"] == manifests.SYSTEM_NAMESPACE
+    assert finder["rules"] == [{"apiGroups": [""], "resources": ["pods"],
+                                "verbs": ["get", "list", "watch"]}]  # fmt: skip
+    assert finder_binding["subjects"] == binding["subjects"]
+    granted = {r for rule in role["rules"] for r in rule["resources"]}
+    assert "pods/exec" not in granted  # mpirun runs in launcher pods
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": manifests.NAME}  # fmt: skip
     # cluster-wide: reading nodes, nothing else
@@ -302,3 +337,24 @@ def test_in_cluster_operator_is_least_privilege() -> None:
     assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
     assert "--volume" in container["command"] and "$(POD_NAME)" in container["command"]
     assert "--allocatable" not in container["command"]  # read from the nodes
+
+
+def test_a_rollout_is_done_when_every_replica_is_updated_and_ready() -> None:
+    from rankpack.devcluster.deploy import _rollout_done
+
+    def dep(gen: int, seen: int, updated: int, available: int) -> dict[str, object]:
+        return {"kind": "Deployment", "metadata": {"generation": gen}, "spec": {"replicas": 1},
+                "status": {"observedGeneration": seen, "updatedReplicas": updated,
+                           "availableReplicas": available}}  # fmt: skip
+
+    assert _rollout_done(dep(2, 2, 1, 1))
+    assert not _rollout_done(dep(2, 1, 1, 1))  # the controller has not seen the new spec
+    assert not _rollout_done(dep(2, 2, 0, 1))  # the old pod still serves
+    ds = {"kind": "DaemonSet", "metadata": {"generation": 1},
+          "status": {"observedGeneration": 1, "desiredNumberScheduled": 2,
+                     "updatedNumberScheduled": 2, "numberReady": 1}}  # fmt: skip
+    assert not _rollout_done(ds)  # one node's agent not ready yet
+    ds["status"]["numberReady"] = 2  # type: ignore[index]
+    assert _rollout_done(ds)
+    ds["status"]["desiredNumberScheduled"] = 0  # type: ignore[index]
+    assert not _rollout_done(ds)  # no node at all: nothing runs

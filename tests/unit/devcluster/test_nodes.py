@@ -147,3 +147,24 @@ def test_cli_refuses_more_nodes_than_cpus_in_one_line(capsys: pytest.CaptureFixt
     assert main(["dev-cluster", "up", "--nodes", str(too_many)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and f"--nodes {too_many} needs at least one CPU per node" in err
+
+
+def test_a_process_on_the_host_reads_each_node_where_its_kubelet_keeps_it(tmp_path: Path) -> None:
+    """`with_node_files`: only a config that talks to this dev cluster gets its nodes."""
+    from dataclasses import replace
+
+    from rankpack.backend.kubernetes.config import KubernetesConfig
+    from rankpack.devcluster.nodefiles import with_node_files
+
+    nodes = node_specs(2, [0, 1])
+    layout = Layout(tmp_path)
+    layout.nodes_file.parent.mkdir(parents=True, exist_ok=True)
+    layout.nodes_file.write_text(json.dumps({"nodes": [n.to_json() for n in nodes]}))
+    ours = replace(KubernetesConfig(), kubeconfig=layout.admin_kubeconfig)
+    got = dict(with_node_files(ours, tmp_path).node_files_by_node)
+    assert list(got) == ["rankpack-node", "rankpack-node-1"]
+    assert got["rankpack-node-1"].kubelet_root == layout.node(nodes[1]).kubelet_root
+    assert got["rankpack-node-1"].pods_cgroup == "rankpack-node-1/kubepods"
+    theirs = replace(KubernetesConfig(), kubeconfig=tmp_path.parent / "other.kubeconfig")
+    assert with_node_files(theirs, tmp_path).node_files_by_node == ()
+    assert with_node_files(KubernetesConfig(), tmp_path).node_files_by_node == ()

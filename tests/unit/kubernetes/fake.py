@@ -40,7 +40,12 @@ class FakeKubeApi:
     resize_limit_millis: int | None = None
     """Refuse resizes above this with Forbidden, like 1.36 above allocatable."""
     forbid_nodes: bool = False
+    quota_millis: int | None = None
+    """The ResourceQuota admission: refuse a pod create or a resize that takes the pods'
+    CPU requests past this, with 403 ``exceeded quota`` (the quota's object, which the
+    backend reads, is whatever a test puts in ``objects``: it may be stale)."""
     events: list[Obj] = field(default_factory=list)
+    token: str | None = "backend-token"
     _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
 
     # -- KubeApi ------------------------------------------------------------------------
@@ -51,11 +56,25 @@ class FakeKubeApi:
             raise ApiError(403, "Forbidden", "nodes is forbidden")
         return copy.deepcopy(self.nodes)
 
-    def list_pods_all_namespaces(self, field_selector: str = "") -> list[Obj]:
+    def list_pods_all_namespaces(
+        self, field_selector: str = "", label_selector: str = ""
+    ) -> list[Obj]:
         self.actions.append(("list", "pods", "*"))
-        return [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == "pods"] + [
+        pods = [copy.deepcopy(o) for (k, _), o in self.objects.items() if k == "pods"] + [
             copy.deepcopy(p) for p in self.other_pods
         ]
+        return [p for p in pods if _matches(p, label_selector)]
+
+    def list_pods_in(self, namespace: str, label_selector: str) -> list[Obj]:
+        self.actions.append(("list", "pods", namespace, label_selector))
+        ours = [o for (k, _), o in sorted(self.objects.items()) if k == "pods"]
+        pods = (ours if namespace == self.namespace else []) + [
+            p for p in self.other_pods if p.get("metadata", {}).get("namespace") == namespace
+        ]
+        return [copy.deepcopy(p) for p in pods if _matches(p, label_selector)]
+
+    def bearer_token(self) -> str | None:
+        return self.token
 
     def list_pods(self, label_selector: str) -> list[Obj]:
         return self.list("pods", label_selector)
@@ -74,6 +93,8 @@ class FakeKubeApi:
         self.actions.append(("create", kind, name))
         if (kind, name) in self.objects:
             raise ApiError(409, "AlreadyExists", f"{kind} {name} exists")
+        if kind == "pods":
+            self._admit_quota(name, _request(body))
         obj = copy.deepcopy(body)
         meta = obj["metadata"]
         meta["uid"] = f"uid-{next(self._uids)}"
@@ -117,6 +138,7 @@ class FakeKubeApi:
             raise ApiError(404, "NotFound", f"pods {name} not found")
         new = patch["spec"]["containers"][0]["resources"]
         want = cpu_millis(new["requests"]["cpu"]) or 0
+        self._admit_quota(name, want - _request(pod))
         if self.resize_limit_millis is not None and want > self.resize_limit_millis:
             raise ApiError(
                 403, "Forbidden", "pod resize: node didn't have enough allocatable resources"
@@ -131,6 +153,16 @@ class FakeKubeApi:
     def exec(self, pod: str, container: str, argv: Sequence[str], timeout_s: float) -> ExecResult:
         self.actions.append(("exec", pod, " ".join(argv)))
         return ExecResult(0, "", "")
+
+    def _admit_quota(self, name: str, more: int) -> None:
+        if self.quota_millis is None or more <= 0:
+            return
+        used = sum(_request(o) for (k, _), o in self.objects.items() if k == "pods")
+        if used + more > self.quota_millis:
+            raise ApiError(403, "Forbidden", (
+                f'pods "{name}" is forbidden: exceeded quota: q, requested: requests.cpu='
+                f"{more}m, used: requests.cpu={used}m, limited: requests.cpu={self.quota_millis}m"
+            ))  # fmt: skip
 
     # -- what the kubelet and the scheduler would do -------------------------------------
 
@@ -185,3 +217,7 @@ class FakeKubeApi:
     def writes(self) -> list[tuple[str, ...]]:
         """The actions that change something (no get/list)."""
         return [a for a in self.actions if a[0] not in ("get", "list")]
+
+
+def _request(pod: Obj) -> int:
+    return cpu_millis(pod["spec"]["containers"][0]["resources"]["requests"]["cpu"]) or 0

@@ -4,13 +4,17 @@ from __future__ import annotations
 
 import os
 import threading
+from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
 
 import pytest
 
 from rankpack.backend.kubernetes import KubernetesBackend, KubernetesConfig
-from rankpack.backend.kubernetes.usage import CpuCounters
+from rankpack.backend.kubernetes.api import ApiError, Obj
+from rankpack.backend.kubernetes.nodereader import CpuCounters, RankReading
+from rankpack.backend.kubernetes.readings import ReadingsMissing
+from rankpack.backend.mpirun import ShimSample
 from rankpack.backend.protocol import (
     BackendError,
     LaunchFailed,
@@ -56,21 +60,37 @@ class FakeProc:
         self.done.set()
 
 
-class FakeUsage:
+class FakeReadings:
+    """The rank pods' nodes, as `readings.Readings`: usage by pod uid, nodes that cannot be
+    read, and the wait modes asked for."""
+
     name = "fake"
 
     def __init__(self) -> None:
         self.by_uid: dict[str, int] = {}
+        self.shim: ShimSample | None = None
+        self.down: dict[str, str] = {}
+        """node -> why it cannot be read."""
+        self.modes: list[tuple[str, list[str], str]] = []
 
-    def read(self, pod: dict[str, Any]) -> CpuCounters | None:
+    def prefetch(self, pods: Any) -> None:
+        return None
+
+    def read(self, pod: dict[str, Any]) -> RankReading | None:
+        node = pod["spec"].get("nodeName", "")
+        if node in self.down:
+            raise ReadingsMissing(node, self.down[node])
         ns = self.by_uid.get(pod["metadata"]["uid"])
-        return CpuCounters(ns, 3, 40) if ns is not None else None
+        return RankReading(CpuCounters(ns, 3, 40), None, self.shim) if ns is not None else None
+
+    def set_wait_mode(self, sim_id: str, pods: Any, mode: str) -> None:
+        self.modes.append((sim_id, [p["metadata"]["name"] for p in pods], mode))
 
 
 class Harness:
     def __init__(self, tmp_path: Path, api: FakeKubeApi | None = None) -> None:
         self.api = api or FakeKubeApi()
-        self.usage = FakeUsage()
+        self.usage = FakeReadings()
         self.procs: list[FakeProc] = []
         self.case = tmp_path / "run"
         self.case.mkdir(exist_ok=True)
@@ -80,7 +100,7 @@ class Harness:
         return KubernetesBackend(
             self.api,
             KubernetesConfig(kubeconfig=Path("/k"), namespace="rankpack", release_timeout_s=2),
-            usage_source=self.usage,
+            source=self.usage,
             starter=self.start,
             mpirun="/usr/bin/mpirun",
             background=False,
@@ -114,6 +134,8 @@ def test_launch_creates_owner_then_service_then_pods(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.backend.launch(h.spec())
     assert h.api.actions == [
+        ("list", "resourcequotas", ""),  # checked against the namespace before any create
+        ("list", "limitranges", ""),
         ("get", "configmaps", "rankpack-s1"),
         ("create", "configmaps", "rankpack-s1"),
         ("get", "services", "rankpack-s1"),
@@ -514,3 +536,113 @@ def test_launch_marker_states(tmp_path: Path) -> None:
     assert launcher.state(tmp_path) == "died"
     (tmp_path / "mpirun.exit").write_text("0\n")
     assert launcher.state(tmp_path) == "ended"
+
+
+# -- readings from the rank pods' nodes (decision 0010) ---------------------------------------
+
+
+def _with_shim(h: Harness, monkeypatch: pytest.MonkeyPatch) -> SimSpec:
+    from rankpack.backend.protocol import ShimSpec
+
+    lib = h.case.parent / "librankpack_pmpi.openmpi.so"
+    lib.write_bytes(b"\x7fELF")
+    monkeypatch.setattr("rankpack.profile.shim.shim_library", lambda flavour: lib)
+    return h.spec(shim=ShimSpec("spin", "openmpi"))
+
+
+def test_the_shims_records_are_in_each_rank_pods_own_volume(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(_with_shim(h, monkeypatch))
+    h.run_all()
+    (proc,) = h.procs
+    assert "-x RANKPACK_SHIM_DIR=/var/run/rankpack " in " ".join(proc.argv)
+    assert not (h.case / ".rankpack" / "shim").exists()  # nothing live on the case volume
+    assert (h.case / ".rankpack" / "lib" / "librankpack_pmpi.openmpi.so").is_file()
+    assert h.backend.placement()["usage"] == "fake"
+
+
+def test_a_node_that_cannot_be_read_flags_its_ranks_and_warns_once_per_outage(
+    tmp_path: Path,
+) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    h.usage.by_uid = {h.api.objects[("pods", p)]["metadata"]["uid"]: 10**9 for p in PODS}
+    h.usage.shim = ShimSample(7, 3, 0.7, "spin")
+    obs = h.backend.observe(SIM)
+    assert all(r.readings_ok for r in obs.ranks)
+    assert obs.ranks[0].compute_ns == 7
+    h.usage.by_uid = {k: 2 * 10**9 for k in h.usage.by_uid}
+    h.usage.down = {"node-1": "timed out"}
+    h.api.actions.clear()
+    for _ in range(3):
+        obs = h.backend.observe(SIM)
+        assert [r.readings_ok for r in obs.ranks] == [False] * 3
+        # the last counters, flagged: never the fresh ones it could not read
+        assert [r.usage_ns for r in obs.ranks] == [10**9] * 3
+        assert obs.ranks[0].compute_ns == 7
+    assert h.api.writes() == [("create", "events", PODS[0], "NodeAgentUnreachable")]
+    assert "node agent on node-1 unreachable: timed out" in h.api.events[-1]["message"]
+    h.usage.down = {}
+    obs = h.backend.observe(SIM)
+    assert all(r.readings_ok for r in obs.ranks) and obs.ranks[0].usage_ns == 2 * 10**9
+    h.usage.down = {"node-1": "connection refused"}
+    h.backend.observe(SIM)
+    assert [e["reason"] for e in h.api.events] == ["NodeAgentUnreachable"] * 2  # a new outage
+
+
+def test_wait_modes_are_set_on_the_ranks_nodes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(_with_shim(h, monkeypatch))
+    with pytest.raises(BackendError, match="not every rank pod runs"):
+        h.backend.set_wait_mode(SIM, "polite")
+    h.run_all()
+    with pytest.raises(BackendError, match="unknown wait mode"):
+        h.backend.set_wait_mode(SIM, "nap")
+    h.backend.set_wait_mode(SIM, "polite")
+    assert h.usage.modes == [(SIM, PODS, "polite")]
+
+
+def test_a_simulation_without_the_shim_has_no_wait_mode(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    with pytest.raises(BackendError, match="without the shim"):
+        h.backend.set_wait_mode(SIM, "polite")
+    assert h.usage.modes == []
+
+
+class NoClusterPods(FakeKubeApi):
+    """An identity that may not list pods cluster-wide (the in-cluster operator)."""
+
+    def list_pods_all_namespaces(
+        self, field_selector: str = "", label_selector: str = ""
+    ) -> list[Obj]:
+        raise ApiError(403, "Forbidden", "pods is forbidden at the cluster scope")
+
+
+def test_inventory_without_cluster_pods_counts_the_agents_and_room_for_a_launcher(
+    tmp_path: Path,
+) -> None:
+    def pod(ns: str, cpu: str) -> Obj:
+        containers = [{"resources": {"requests": {"cpu": cpu}}}]
+        return {"metadata": {"namespace": ns}, "spec": {"nodeName": "n1", "containers": containers},
+                "status": {"phase": "Running"}}  # fmt: skip
+
+    api = NoClusterPods()
+    api.nodes = [{"metadata": {"name": "n1"}, "spec": {},
+                  "status": {"allocatable": {"cpu": "2"},
+                             "conditions": [{"type": "Ready", "status": "True"}]}}]  # fmt: skip
+    # the agent (its namespace is readable), another tenant's pod (it is not: unseen)
+    api.other_pods = [pod("rankpack-system", "50m"), pod("elsewhere", "700m")]
+    h = Harness(tmp_path, api)
+    h.backend.config = replace(h.backend.config, launcher="pod", launcher_cpu_millis=50)
+    inv = h.backend.inventory()
+    assert [(n.name, n.requested_millis) for n in inv.nodes] == [("n1", 50)]
+    assert inv.launch_overhead_millis == 50
+    h.backend.config = replace(h.backend.config, launcher="host")
+    assert h.backend.inventory().launch_overhead_millis == 0

@@ -77,6 +77,9 @@ def test_service_is_headless_and_owned() -> None:
     ]  # fmt: skip
 
 
+LIVE = {"name": "rankpack-live", "emptyDir": {}}
+"""The shim's records: the pod's own volume, never the case volume nor a host path."""
+
 POD_CASES = [
     pytest.param(
         {"rank": 0, "image": DEV_IMAGE, "volume": HostPathVolume(CASE)},
@@ -85,9 +88,10 @@ POD_CASES = [
             "pull": "Never",
             "volumes": [
                 {"name": "case", "hostPath": {"path": "/runs/r1", "type": "Directory"}},
+                LIVE,
                 {"name": "host-usr", "hostPath": {"path": "/usr", "type": "Directory"}},
             ],
-            "mounts": ["/runs/r1", "/usr"],
+            "mounts": ["/runs/r1", "/var/run/rankpack", "/usr"],
         },
         id="dev-image-request-only",
     ),
@@ -96,8 +100,8 @@ POD_CASES = [
         {
             "resources": {"requests": {"cpu": "1250m"}, "limits": {"cpu": "1500m"}},
             "pull": None,
-            "volumes": [{"name": "case", "persistentVolumeClaim": {"claimName": "runs"}}],
-            "mounts": ["/runs"],
+            "volumes": [{"name": "case", "persistentVolumeClaim": {"claimName": "runs"}}, LIVE],
+            "mounts": ["/runs", "/var/run/rankpack"],
         },
         id="real-image-pvc-with-limit",
     ),
@@ -128,11 +132,24 @@ def test_rank_pod(given: dict[str, Any], want: dict[str, Any]) -> None:
     assert s["volumes"] == want["volumes"]
     assert "nodeSelector" not in s
     assert s["automountServiceAccountToken"] is False
-    assert c["securityContext"] == {
+    restricted = {
         "allowPrivilegeEscalation": False,
         "capabilities": {"drop": ["ALL"]},
         "seccompProfile": {"type": "RuntimeDefault"},
     }
+    if want["pull"] is None:  # a real image: its user is rankpack, uid 1000
+        restricted["runAsNonRoot"] = True
+    assert c["securityContext"] == restricted
+
+
+def test_the_shims_records_live_in_the_pods_own_empty_dir() -> None:
+    pod = builders.rank_pod(spec(), 0, OWNER, PvcVolume("runs", Path("/runs")), "img")
+    (c,) = pod["spec"]["containers"]
+    live = [m for m in c["volumeMounts"] if m["name"] == "rankpack-live"]
+    assert live == [{"name": "rankpack-live", "mountPath": "/var/run/rankpack"}]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "rankpack-live"]
+    assert volume == LIVE  # on the node's disk: not a tmpfs the agent would not see
+    assert not any("hostPath" in v for v in pod["spec"]["volumes"])
 
 
 def test_placement_becomes_node_selector() -> None:

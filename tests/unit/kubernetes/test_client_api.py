@@ -116,6 +116,23 @@ def test_requests_as_the_api_spells_them(tmp_path: Path, server: str) -> None:
     assert Recorder.seen[3]["body"]["propagationPolicy"] == "Foreground"
 
 
+def test_the_new_calls_for_the_node_agents(tmp_path: Path, server: str) -> None:
+    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server)))
+    api.list_pods_all_namespaces("spec.nodeName=n1", "app=x,rankpack.dev/rank")
+    api.list_pods_in("agents", "app.kubernetes.io/name=rankpack-node-agent")
+    assert [s["path"] for s in Recorder.seen] == [
+        "/api/v1/pods?fieldSelector=spec.nodeName%3Dn1&labelSelector=app%3Dx%2Crankpack.dev/rank",
+        "/api/v1/namespaces/agents/pods?labelSelector=app.kubernetes.io/name%3Drankpack-node-agent",
+    ]
+    assert api.bearer_token() == "sekrit"
+    configuration = api.api_client.configuration
+    configuration.refresh_api_key_hook = None  # (the kubeconfig's hook sets its token again)
+    configuration.api_key = {"BearerToken": "bearer rotated"}  # as the in-cluster loader sets it
+    assert api.bearer_token() == "rotated"
+    configuration.api_key = {}  # a client certificate: no token to show
+    assert api.bearer_token() is None
+
+
 def test_error_statuses_become_kube_errors(tmp_path: Path, server: str) -> None:
     api = ClientKubeApi(load_config(kubeconfig(tmp_path, server)))
     with pytest.raises(ApiError) as info:

@@ -95,3 +95,17 @@ def test_rsh_agent_arguments() -> None:
     assert agent_script("/venv/bin/python 3").endswith(
         "exec '/venv/bin/python 3' -m rankpack.backend.kubernetes.rsh \"$@\"\n"
     )
+
+
+def test_the_launcher_is_a_pod_unless_the_image_cannot_hold_one() -> None:
+    from rankpack.backend.kubernetes.config import DEV_IMAGE, resolve_launcher
+    from rankpack.errors import UserError
+
+    assert resolve_launcher("auto", DEV_IMAGE) == "host"  # the host-usr image has no rankpack
+    assert resolve_launcher("auto", "rankpack.local/rank:dev") == "pod"
+    assert resolve_launcher("auto", "registry.example/rankpack/rank:0.1.0") == "pod"
+    assert resolve_launcher("host", "rankpack.local/rank:dev") == "host"
+    with pytest.raises(UserError, match="--launcher pod needs a rank image"):
+        resolve_launcher("pod", DEV_IMAGE)
+    with pytest.raises(UserError, match="not understood"):
+        resolve_launcher("sideways", DEV_IMAGE)

@@ -163,8 +163,8 @@ def test_conditions_are_one_per_type_and_keep_their_transition_time(
 ) -> None:
     sims.add("a")
     q = _queue(sims, tmp_path)
-    first = q._set_conditions("a", queue._condition("Running", True, "Claimed", "x"))
-    again = q._set_conditions("a", {**queue._condition("Running", True, "Launched", "y"),
+    first = q._set_conditions("a", queue.condition("Running", True, "Claimed", "x"))
+    again = q._set_conditions("a", {**queue.condition("Running", True, "Launched", "y"),
                                      "lastTransitionTime": "later"})  # fmt: skip
     assert len(again) == 1 and again[0]["reason"] == "Launched"
     assert again[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]
@@ -407,3 +407,27 @@ def test_cpu_quota_reads_requests_cpu(quota: Obj, want: tuple[int, int] | None) 
     from rankpack.backend.kubernetes.status import cpu_quota
 
     assert cpu_quota(quota) == want
+
+
+def test_a_claimed_simulation_deleted_or_created_again_is_withdrawn(
+    sims: FakeSims, tmp_path: Path
+) -> None:
+    sims.add("a")
+    sims.add("b")
+    sims.add("c")
+    q = _queue(sims, tmp_path)
+    jobs = {q.names[j.queue_id]: j for j in q.pending()}
+    assert q.claim(jobs["a"]) and q.claim(jobs["b"])  # c stays queued: never held
+    assert q.withdrawn() == set()
+    del sims.objs["a"]  # kubectl delete
+    sims.objs["b"]["metadata"]["uid"] = "uid-b-again"  # deleted and created again
+    del sims.objs["c"]
+    q.pending()  # a listing
+    assert q.withdrawn() == {jobs["a"].queue_id, jobs["b"].queue_id}
+    patches = len(sims.patches)
+    q.finished(jobs["b"], "interrupted")  # the loop stopped it: nothing is written back
+    assert len(sims.patches) == patches
+    assert jobs["b"].queue_id not in q.names and "b" not in q.ids
+    sims.objs["b"]["status"] = {}
+    (again,) = [j for j in q.pending() if q.names[j.queue_id] == "b"]
+    assert again.queue_id != jobs["b"].queue_id  # the new object is a new job

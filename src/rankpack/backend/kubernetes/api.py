@@ -60,6 +60,27 @@ class ApiError(BackendError):
         return self.status == 409
 
     @property
+    def quota_exceeded(self) -> bool:
+        """403 from the ResourceQuota admission: the namespace's quota has no room now
+        (``exceeded quota: q, requested: requests.cpu=1, used: ..., limited: ...``). The
+        apiserver says so only in the message."""
+        return self.status == 403 and "exceeded quota" in self.message
+
+    @property
+    def quota_needs_limits(self) -> bool:
+        """403 from the ResourceQuota admission: the quota tracks a resource the pod does not
+        set (``failed quota: q: must specify limits.cpu for: rank``)."""
+        return self.status == 403 and "must specify" in self.message
+
+    @property
+    def outside_limit_range(self) -> bool:
+        """403 from the LimitRanger admission (``minimum cpu usage per Container is 100m, but
+        request is 50m``; ``maximum ... per Pod``; ``... limit to request ratio ...``)."""
+        return self.status == 403 and (
+            " per Container is " in self.message or " per Pod is " in self.message
+        )
+
+    @property
     def transient(self) -> bool:
         """Worth trying again: unreachable (0), throttled (429) or a server error (5xx)."""
         return self.status in (0, 429) or self.status >= 500
@@ -94,8 +115,20 @@ class KubeApi(Protocol):
     namespace: str
 
     def list_nodes(self) -> list[Obj]: ...
-    def list_pods_all_namespaces(self, field_selector: str = "") -> list[Obj]: ...
+    def list_pods_all_namespaces(
+        self, field_selector: str = "", label_selector: str = ""
+    ) -> list[Obj]: ...
     def list_pods(self, label_selector: str) -> list[Obj]: ...
+    def list_pods_in(self, namespace: str, label_selector: str) -> list[Obj]:
+        """Pods of another namespace (the node agents')."""
+        ...
+
+    def bearer_token(self) -> str | None:
+        """The token this identity authenticates with (a kubeconfig's token, or the
+        in-cluster ServiceAccount token, re-read as it rotates); None for a client
+        certificate. Sent to the node agents, which check it with a TokenReview."""
+        ...
+
     def get_pod(self, name: str) -> Obj: ...
     def create(self, kind: str, body: Obj) -> Obj:
         """``kind``: ``pods``, ``services``, ``configmaps`` or ``events``."""
@@ -114,7 +147,7 @@ class KubeApi(Protocol):
 
 
 _PATHS = {"pods": "pods", "services": "services", "configmaps": "configmaps", "events": "events",
-          "resourcequotas": "resourcequotas"}  # fmt: skip
+          "resourcequotas": "resourcequotas", "limitranges": "limitranges"}  # fmt: skip
 
 
 class ClientKubeApi:
@@ -228,12 +261,29 @@ class ClientKubeApi:
     def list_nodes(self) -> list[Obj]:
         return list(self.request("GET", "/api/v1/nodes").get("items", []))
 
-    def list_pods_all_namespaces(self, field_selector: str = "") -> list[Obj]:
-        query = {"fieldSelector": field_selector} if field_selector else None
-        return list(self.request("GET", "/api/v1/pods", query=query).get("items", []))
+    def list_pods_all_namespaces(
+        self, field_selector: str = "", label_selector: str = ""
+    ) -> list[Obj]:
+        query = {k: v for k, v in (("fieldSelector", field_selector),
+                                   ("labelSelector", label_selector)) if v}  # fmt: skip
+        return list(self.request("GET", "/api/v1/pods", query=query or None).get("items", []))
 
     def list_pods(self, label_selector: str) -> list[Obj]:
         return self.list("pods", label_selector)
+
+    def list_pods_in(self, namespace: str, label_selector: str) -> list[Obj]:
+        path = f"/api/v1/namespaces/{namespace}/pods"
+        query = {"labelSelector": label_selector}
+        return list(self.request("GET", path, query=query).get("items", []))
+
+    def bearer_token(self) -> str | None:
+        # auth_settings runs the in-cluster configuration's refresh hook, which re-reads
+        # the projected token file when it is due (tokens rotate hourly)
+        value = self.api_client.configuration.auth_settings().get("BearerToken", {}).get("value")
+        if not value:
+            return None
+        scheme, _, token = str(value).strip().partition(" ")  # "Bearer x"; in-cluster "bearer x"
+        return token.strip() if scheme.lower() == "bearer" and token.strip() else None
 
     def get_pod(self, name: str) -> Obj:
         return self.get("pods", name)

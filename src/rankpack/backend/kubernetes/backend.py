@@ -9,10 +9,10 @@ flight), starts ``mpirun`` on this host once every rank pod of a simulation runs
 pods' status (`status`), and turns a deleted or evicted rank pod into a failed simulation
 with a failure code. Each simulation's state is one `record.SimRecord` whose `Lifecycle`
 both threads change under one lock. `wait` wakes on the poller's and mpirun's news.
-`observe` reads a record (`observing`); counters come from the pods' cgroups on this node
-(`usage`), the solver log and the shim's records from the shared case volume; `inventory`
-from the nodes and the quota (`capacity`).
-See ``docs/decisions/0008-kubernetes-launcher.md``.
+`observe` reads a record (`observing`); counters and the shim's records come from the rank
+pods' nodes (`readings`: this node's files, or the node agents), the solver log from the
+shared case volume; `inventory` from the nodes and the quota (`capacity`).
+See ``docs/decisions/0008-kubernetes-launcher.md`` and ``0010-node-agent.md``.
 """
 
 from __future__ import annotations
@@ -24,7 +24,15 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rankpack.backend.kubernetes import builders, launcher, objects, observing, status, usage
+from rankpack.backend.kubernetes import (
+    builders,
+    launcher,
+    objects,
+    observing,
+    pod_mode,
+    readings,
+    status,
+)
 from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.capacity import Capacity
 from rankpack.backend.kubernetes.config import KubernetesConfig, parse_volume
@@ -36,6 +44,7 @@ from rankpack.backend.protocol import (
     BackendError,
     Inventory,
     LaunchFailed,
+    LaunchRefused,
     RankResources,
     ResizeState,
     ResizeStatus,
@@ -47,6 +56,7 @@ from rankpack.backend.protocol import (
     UnknownSimulation,
 )
 from rankpack.backend.worker import News, Stager
+from rankpack.core.actions import WAIT_MODES
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.errors import UserError
 
@@ -63,14 +73,15 @@ class KubernetesBackend:
         api: KubeApi,
         config: KubernetesConfig,
         *,
-        usage_source: usage.UsageSource | None = None,
+        source: readings.Readings | None = None,
         starter: Starter | None = None,
         mpirun: str | None = None,
         background: bool = True,
     ) -> None:
         self.api = api
         self._config = config
-        self.usage = usage_source if usage_source is not None else usage.detect(api, C)
+        self.readings = source if source is not None else readings.choose(api, config)
+        """Where the ranks' counters and shim records come from (`readings.choose`)."""
         self.background = background
         self._stager = Stager(self.notify)
         self.sims: dict[str, SimRecord] = {}
@@ -100,8 +111,8 @@ class KubernetesBackend:
         return {
             "namespace": self.api.namespace,
             "image": self.config.image,
-            "usage": self.usage.name,
-            "launcher": "mpirun+pods/exec",
+            "usage": self.readings.name,
+            "launcher": "launcher-pod" if self.config.launcher == "pod" else "mpirun+pods/exec",
         }
 
     def clock(self) -> float:
@@ -127,30 +138,62 @@ class KubernetesBackend:
     # -- launch ------------------------------------------------------------------------------
 
     def launch(self, spec: SimSpec) -> None:
+        """Create the owner, the Service and the rank pods. Checked first against the
+        namespace's LimitRanges and quotas, read now (`Capacity.launch_check`): no room
+        in a quota is `LaunchRefused` (still staged, nothing created), a rank the
+        LimitRange refuses is `LaunchFailed` with its code. A create the apiserver refuses
+        halfway (another tenant took the quota between that check and the create) deletes
+        what was created (`objects.undo`: no partial gang) and is `LaunchRefused` for
+        quota, else `LaunchFailed`."""
         if spec.sim_id in self.sims:
             raise BackendError(f"simulation {spec.sim_id} was launched already")
         builders.check_sim_id(spec.sim_id, len(spec.ranks))
-        self._stager.launched(spec.sim_id)
+        in_pod = self.config.launcher == "pod"
+        if in_pod:
+            builders.check_launcher_name(spec.sim_id)
+        check = self._capacity.launch_check(spec.ranks)
+        refusal = check.refusal
+        if refusal is not None and refusal[0] is FailureCode.QUOTA_EXCEEDED:
+            raise LaunchRefused(f"{spec.sim_id} not launched: {refusal[1]}")
+        stage = self._stager.launched(spec.sim_id)
+        if refusal is not None:
+            raise LaunchFailed(f"{spec.sim_id} not launched: {refusal[1]}", refusal[0])
         try:
             volume = parse_volume(spec.volume, spec.case_dir)
         except UserError as exc:
             raise LaunchFailed(str(exc)) from exc
         image = spec.image or self.config.image
-        sim = SimRecord(spec=spec, image=image, volume=volume, desired=list(spec.ranks))
-        prepare_files(sim)
+        sim = SimRecord(spec=spec, image=image, volume=volume, desired=list(spec.ranks),
+                        in_pod=in_pod)  # fmt: skip
+        if check.launcher_millis != self.config.launcher_cpu_millis:
+            sim.launcher_millis = check.launcher_millis  # within the namespace's LimitRange
+        self._prepare(sim)
         try:
-            objects.reconcile(self.api, spec, image, volume)
+            objects.reconcile(self.api, spec, image, volume,
+                              launcher=pod_mode.options_of(sim, self.config))  # fmt: skip
         except ApiError as exc:
             if not exc.transient:
-                with contextlib.suppress(ApiError):
-                    self.api.delete("configmaps", builders.owner_name(spec.sim_id), "Foreground")
-                raise LaunchFailed(f"cannot create the rank pods of {spec.sim_id}: {exc}") from exc
+                removed = objects.undo(self.api, spec.sim_id)
+                why = f"cannot create the rank pods of {spec.sim_id}: {exc}"
+                if exc.quota_exceeded:
+                    self._stager.restore(stage)
+                    raise LaunchRefused(
+                        f"{why} (the {removed} created were deleted; waiting for room)"
+                    ) from exc
+                raise LaunchFailed(why, _create_failure(exc)) from exc
             # The apiserver is away: the poller creates what is missing once it answers
             # (get-or-create is idempotent), bounded by start_timeout_s like any start.
             sim.reconcile_error = str(exc)
         with self.lock:
             self.sims[spec.sim_id] = sim
         self._poller.ensure()
+
+    def _prepare(self, sim: SimRecord) -> None:
+        """The files on the case volume mpirun needs (and in pod mode its launcher's
+        instructions)."""
+        prepare_files(sim)
+        if sim.in_pod:
+            pod_mode.prepare(sim, self.config, self.api.namespace)
 
     # -- the poller: the backend's event source (`poller`) ------------------------------
 
@@ -183,10 +226,13 @@ class KubernetesBackend:
         old = sim.desired[rank]
 
         def result(
-            state: ResizeState, reason: str = "", latency: float | None = None
+            state: ResizeState,
+            reason: str = "",
+            latency: float | None = None,
+            code: FailureCode | None = None,
         ) -> ResizeStatus:
             return ResizeStatus(state, old.request_millis, resources.request_millis, t0,
-                                latency_s=latency, reason=reason)  # fmt: skip
+                                latency_s=latency, reason=reason, code=code)  # fmt: skip
 
         if sim.life.over:
             st = result(ResizeState.REJECTED, "the simulation has ended")
@@ -201,13 +247,22 @@ class KubernetesBackend:
             # errors are 422; a vanished pod 404: all are final, the rank keeps its CPU.
             # An unreachable or overloaded apiserver, or a conflict, is FAILED: the control
             # loop asks again with back-off; a refusal is REJECTED.
+            # A grow past the namespace's quota (another tenant took it since the plan) is
+            # refused with its own code: the rank keeps its CPU, nothing fails.
             transient = exc.transient or exc.conflict
             state = ResizeState.FAILED if transient else ResizeState.REJECTED
-            st = result(state, f"{exc.reason}: {exc.message}" if exc.message else str(exc))
+            code = (
+                FailureCode.QUOTA_EXCEEDED if exc.quota_exceeded
+                else FailureCode.OUTSIDE_LIMIT_RANGE if exc.outside_limit_range
+                else None
+            )  # fmt: skip
+            st = result(state, f"{exc.reason}: {exc.message}" if exc.message else str(exc),
+                        code=code)  # fmt: skip
             with self.lock:
                 sim.resizes[rank] = Resize(st, resources, None)
             change = f"cpu {old.request_millis}m -> {resources.request_millis}m"
-            self.record_event(sim, rank, "ResizeRejected", f"{change}: {st.reason}")
+            why = "QuotaExceeded" if exc.quota_exceeded else "ResizeRejected"
+            self.record_event(sim, rank, why, f"{change}: {st.reason}")
             return st
         generation = pod.get("metadata", {}).get("generation")
         gen = int(generation) if generation is not None else None
@@ -225,11 +280,21 @@ class KubernetesBackend:
     # -- wait mode ---------------------------------------------------------------------------
 
     def set_wait_mode(self, sim_id: str, mode: str) -> None:
-        """The shim's records are on the shared case volume, which this process mounts at
-        the same path as the rank pods: the control word is written here, as locally, and
-        every rank takes it up at its next wait. A simulation without the shim is refused
-        (BackendError), as by every backend."""
-        self._sim(sim_id).shim.set_wait_mode(mode)
+        """The control word is in each rank's record, in its pod's own volume: written on
+        its node (`readings`: here, or by the node agent), every rank takes it up at its
+        next wait. A simulation without the shim is refused (BackendError), as by every
+        backend, and so is one whose ranks have not all published a record (asked again)."""
+        sim = self._sim(sim_id)
+        if sim.spec.shim is None:
+            raise BackendError(f"simulation {sim_id} runs without the shim: no wait mode to set")
+        if mode not in WAIT_MODES:
+            raise BackendError(f"unknown wait mode '{mode}'; use one of: {', '.join(WAIT_MODES)}")
+        with self.lock:
+            pods = [sim.pods.get(i) for i in range(sim.n)]
+        running = [p for p in pods if p is not None and status.running(p, C)]
+        if len(running) < sim.n:
+            raise BackendError(f"{sim_id}: not every rank pod runs yet; try again")
+        self.readings.set_wait_mode(sim_id, running, mode)
 
     # -- observe -----------------------------------------------------------------------------
 
@@ -240,17 +305,27 @@ class KubernetesBackend:
             return staged
         sim = self._sim(sim_id)
         with self.lock:
+            pods = list(sim.pods.values())
+        self.readings.prefetch(pods)  # (a node agent may take its timeout: not under the lock)
+        missing: dict[str, str] = {}
+        with self.lock:
             life = sim.life
             if sim.process is not None and life.exit_code is None:
                 code = sim.process.poll()
                 if code is not None:
                     life.end(code)
             ended = life.over
-            ranks = tuple(observing.observe_rank(sim, i, ended, self.usage) for i in range(sim.n))
+            ranks = tuple(observing.observe_rank(sim, i, ended, self.readings, missing)
+                          for i in range(sim.n))  # fmt: skip
+            outages = observing.outages(sim, missing)
             log_text = sim.log.read(ended=ended)
             phase, reason = self.phase(sim)
             over = observing.ended_failure(sim) if phase is SimPhase.FAILED else None
             failure = over.code if over is not None else None
+        for node, why in outages:  # once per outage, on rank 0's pod
+            self.record_event(sim, 0, "NodeAgentUnreachable",
+                              f"node agent on {node} unreachable: {why}; no resize or wait-mode "
+                              "change is decided for this simulation until it answers")  # fmt: skip
         return SimObservation(
             sim_id, now, phase, ranks, exit_code=life.exit_code, reason=reason, failure=failure,
             log_text=log_text,
@@ -258,7 +333,10 @@ class KubernetesBackend:
 
     def phase(self, sim: SimRecord) -> tuple[SimPhase, str]:
         """The simulation's phase and why (no side effects: `list` uses it too)."""
-        return observing.phase(sim, self.poll_error)
+        phase, reason = observing.phase(sim, self.poll_error)
+        if sim.in_pod and phase is SimPhase.PENDING and not self.poll_error:
+            reason = pod_mode.pending_reason(sim, reason)
+        return phase, reason
 
     # -- stop and release ----------------------------------------------------------------------
 
@@ -272,6 +350,13 @@ class KubernetesBackend:
             return
         with self.lock:
             sim.life.stop()
+        if sim.in_pod:  # mpirun runs in the launcher pod: its deletion ends it
+            if not sim.life.ended:
+                pod_mode.stop(self.api, sim)
+            with self.lock:
+                sim.life.end()
+            self.notify()
+            return
         process = sim.process
         if process is not None:
             stop_group(process)
@@ -298,10 +383,25 @@ class KubernetesBackend:
             self._poller.ensure()
         if sim.log_file is not None:
             sim.log_file.close()
-        sim.shim.close()
         sim.close_launch()
         with self.lock:
             sim.life.release()
+
+    def discard(self, sim_id: str) -> None:
+        """A simulation nobody holds any more (the operator's: its Simulation was deleted
+        while no operator ran): stopped and its objects deleted. Deleting the owner takes
+        its pods (a launcher pod's SIGTERM ends its mpirun); one attempt, the poller
+        deletes leftovers later. Idempotent."""
+        if sim_id in self.sims:
+            self.release(sim_id)
+            return
+        try:
+            gone = objects.delete(self.api, self.config, sim_id, wait=False)
+        except BackendError:
+            gone = False
+        if not gone:
+            self._poller.orphans.add(sim_id)
+            self._poller.ensure()
 
     def close(self) -> None:
         self._poller.closed.set()
@@ -318,7 +418,6 @@ class KubernetesBackend:
             if sim.log_file is not None:
                 with contextlib.suppress(OSError):
                     sim.log_file.close()
-            sim.shim.close()
         return [k for k, v in sims.items() if not v.life.released]
 
     # -- earlier processes' simulations ------------------------------------------------------
@@ -340,7 +439,9 @@ class KubernetesBackend:
         followed again; its mpirun (not our child) is known to have ended by the exit file
         it leaves on the case volume. The launch marker (`launcher.state`) says whether
         mpirun was ever started: if not (the earlier process died mid-launch), the rank
-        pods are created if missing and mpirun is started here once they run."""
+        pods (and in pod mode the launcher pod) are created if missing and mpirun is started
+        once they run. A simulation with a launcher pod is followed through it (pod mode:
+        running, ended, or lost)."""
         launch = launcher.state(rank_dir(spec.case_dir))
         try:
             owner = self.api.get("configmaps", builders.owner_name(sim_id))
@@ -365,30 +466,48 @@ class KubernetesBackend:
         life = Lifecycle(adopted=True)
         if launch != "never":
             life.start()
+        in_pod = self.config.launcher == "pod"
         sim = SimRecord(spec=spec, image=image, volume=volume, desired=list(spec.ranks),
-                        life=life)  # fmt: skip
+                        life=life, in_pod=in_pod and launch == "never")  # fmt: skip
         if launch == "never":
-            prepare_files(sim)
+            if sim.in_pod:
+                builders.check_launcher_name(sim_id)
+            self._prepare(sim)
             # whatever the earlier process got to (owner, service, some rank pods): creating
             # is get-or-create, so the missing ones are made and the existing ones kept
             try:
-                objects.reconcile(self.api, spec, image, volume)
+                objects.reconcile(self.api, spec, image, volume,
+                                  launcher=pod_mode.options_of(sim, self.config))  # fmt: skip
             except ApiError as exc:
                 if not exc.transient:
-                    raise LaunchFailed(f"cannot create the rank pods of {sim_id}: {exc}") from exc
+                    objects.undo(self.api, sim_id)  # no partial gang, whatever the reason
+                    why = f"cannot create the rank pods of {sim_id}: {exc}"
+                    if exc.quota_exceeded:
+                        raise LaunchRefused(why) from exc
+                    raise LaunchFailed(why, _create_failure(exc)) from exc
                 sim.reconcile_error = str(exc)
-        elif launch == "died":
-            why = "its launcher and mpirun ended without an exit code (killed?)"
-            life.fail(Failure(FailureCode.OTHER, why))
         listed = bool(owner) or (launch == "never" and sim.reconcile_error is None)
+        launcher_pod: Obj | None = None
         for pod in self.api.list_pods(builders.sim_selector(sim_id)) if listed else []:
+            labels = pod.get("metadata", {}).get("labels") or {}
+            if labels.get(builders.ROLE_LABEL) == builders.LAUNCHER_ROLE:
+                launcher_pod = pod
+                continue
             with contextlib.suppress(KeyError, ValueError):
-                rank = int(pod["metadata"]["labels"][builders.RANK_LABEL])
+                rank = int(labels[builders.RANK_LABEL])
                 want = status.desired(pod, C)
                 if want is not None and 0 <= rank < sim.n:
                     sim.desired[rank] = want
                     sim.pods[rank] = pod
                     sim.seen.add(rank)
+        if launcher_pod is not None:  # pod mode: the launcher pod says where it stands
+            pod_mode.adopted(sim, launcher_pod)
+        elif launch == "died":
+            life.fail(
+                pod_mode.lost_on_adoption(sim) if in_pod else
+                Failure(FailureCode.OTHER,
+                        "its launcher and mpirun ended without an exit code (killed?)")
+            )  # fmt: skip
         if launch == "ended":
             check_adopted(sim)
         # the log is delivered from its start, as the protocol says: the adopting
@@ -402,6 +521,15 @@ class KubernetesBackend:
         if sim is None or sim.life.released:
             raise UnknownSimulation(f"no simulation {sim_id} in this backend")
         return sim
+
+
+def _create_failure(exc: ApiError) -> FailureCode:
+    """The code of a create the apiserver refused for good."""
+    if exc.outside_limit_range:
+        return FailureCode.OUTSIDE_LIMIT_RANGE
+    if exc.quota_needs_limits:
+        return FailureCode.QUOTA_NEEDS_LIMITS
+    return FailureCode.LAUNCH_FAILED
 
 
 def _phase_from_exit(owner: Obj) -> SimPhase:

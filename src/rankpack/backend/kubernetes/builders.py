@@ -39,6 +39,13 @@ SIM_LABEL = "rankpack.dev/sim"
 RANK_LABEL = "rankpack.dev/rank"
 ROLE_LABEL = "rankpack.dev/role"
 CONTAINER = "rank"
+LIVE_VOLUME = "rankpack-live"
+"""The rank pod's own ``emptyDir`` for the shim's live records (``rank-<r>.rec``) and their
+wait-mode word: never on the case volume (a shared volume does not keep mmap coherent
+across nodes), never a host path in the rank pod; the node agent reads it through the
+kubelet's pod directory (decision 0010)."""
+LIVE_DIR = Path("/var/run/rankpack")
+"""Where the rank container mounts it (``RANKPACK_SHIM_DIR``)."""
 IDLE_COMMAND = ("/bin/sh", "-c", "trap 'exit 0' TERM INT; while :; do sleep 3600 & wait $!; done")
 """The rank container's entrypoint: idle (the launcher starts the rank into the container),
 end at once on SIGTERM (a shell as pid 1 ignores signals it does not trap), and outlive a
@@ -172,13 +179,23 @@ CONTAINER_SECURITY: Obj = {
     "capabilities": {"drop": ["ALL"]},
     "seccompProfile": {"type": "RuntimeDefault"},
 }
-"""Every rank container's security context: what PodSecurity ``restricted`` asks for, but
-``runAsNonRoot``, which needs the real image's non-root user (the dev image is the host's
-``/usr``; its case volume is written by the operator as root)."""
+"""Every rank and launcher container's security context: what PodSecurity ``restricted``
+asks for, but ``runAsNonRoot`` (`security_context`)."""
 
 
 def is_dev_image(image: str) -> bool:
     return image.startswith(DEV_IMAGE_PREFIX)
+
+
+def security_context(image: str) -> Obj:
+    """`CONTAINER_SECURITY`, plus ``runAsNonRoot`` with a real image (its user rankpack,
+    uid 1000): all PodSecurity ``restricted`` asks. Not with the dev cluster's host-usr
+    image, which is the host's ``/usr`` and runs as root (its case directories are written
+    by a controller running as root on the host)."""
+    security: Obj = dict(CONTAINER_SECURITY)
+    if image != DEV_IMAGE:
+        security["runAsNonRoot"] = True
+    return security
 
 
 def volume_entry(volume: VolumeSource) -> Obj:
@@ -188,10 +205,16 @@ def volume_entry(volume: VolumeSource) -> Obj:
 
 
 def rank_pod(spec: SimSpec, rank: int, owner: OwnerRef, volume: VolumeSource, image: str) -> Obj:
-    """Rank ``rank``'s pod: the plan's request, the case volume at ``case_dir``'s path."""
+    """Rank ``rank``'s pod: the plan's request, the case volume at ``case_dir``'s path, and
+    its own ``rankpack-live`` volume for the shim's records."""
     name = pod_name(spec.sim_id, rank)
-    mounts: list[Obj] = [{"name": "case", "mountPath": str(mount_path(volume))}]
-    volumes: list[Obj] = [volume_entry(volume)]
+    mounts: list[Obj] = [
+        {"name": "case", "mountPath": str(mount_path(volume))},
+        {"name": LIVE_VOLUME, "mountPath": str(LIVE_DIR)},
+    ]
+    # on the node's disk, not medium Memory: a tmpfs would be a mount made after the agent
+    # started, which it sees only through mount propagation
+    volumes: list[Obj] = [volume_entry(volume), {"name": LIVE_VOLUME, "emptyDir": {}}]
     if image == DEV_IMAGE:
         # the dev cluster's image is an empty root whose bin/lib link into the host's /usr
         mounts.append({"name": "host-usr", "mountPath": "/usr", "readOnly": True})
@@ -204,7 +227,7 @@ def rank_pod(spec: SimSpec, rank: int, owner: OwnerRef, volume: VolumeSource, im
         "resources": resources(spec.ranks[rank]),
         "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"}],
         "volumeMounts": mounts,
-        "securityContext": CONTAINER_SECURITY,
+        "securityContext": security_context(image),
     }
     if is_dev_image(image):
         container["imagePullPolicy"] = "Never"
@@ -322,3 +345,114 @@ def mpirun_argv(args: MpirunArgs) -> list[str]:
     for name in sorted(args.env):
         argv += ["-x", f"{name}={args.env[name]}"]
     return [*argv, *args.command]
+
+
+# -- the launcher pod (pod mode) -------------------------------------------------------------
+
+LAUNCHER_CONTAINER = "launcher"
+LAUNCHER_ROLE = "launcher"
+"""The launcher pod's `ROLE_LABEL` (it has no `RANK_LABEL`: no rank listing takes it for a
+rank)."""
+LAUNCHER_COMMAND = ("rankpack-launcher",)
+"""The launcher's entry point in the image (`launch_pod.main`, on PATH); the instructions
+file is its one argument. No shell."""
+LAUNCHER_CPU_MILLIS = 50
+"""mpirun and the rsh agents mostly wait; a small request, no limit (it may burst). It is
+counted on its node like any pod's (`capacity`), but is no rank's."""
+LAUNCHER_GRACE_S = 10
+"""SIGTERM reaches the launcher, which forwards it to mpirun, which takes its ranks down."""
+TERMINATION_LOG = "/dev/termination-log"
+"""Where the launcher writes why it failed before mpirun ran (the container's
+``state.terminated.message``)."""
+POD_IP_ENV = "RANKPACK_POD_IP"
+"""The launcher pod's own IP (downward API): mpirun's address must lie in Open MPI's
+``*_tcp_if_include`` subnet too."""
+
+
+def launcher_pod_name(sim_id: str) -> str:
+    return f"rankpack-{sim_id}-launcher"
+
+
+def check_launcher_name(sim_id: str) -> None:
+    """The launcher pod's name must be a DNS label too (it is longer than a rank pod's)."""
+    name = launcher_pod_name(sim_id)
+    if not _DNS_LABEL.match(name) or len(name) > 63:
+        raise BackendError(
+            f"simulation id '{sim_id}' cannot name its launcher pod {name} (at most 63 "
+            "characters: lowercase letters, digits and '-')"
+        )
+
+
+@dataclass(frozen=True)
+class LauncherOptions:
+    """What a launcher pod needs besides the simulation's spec."""
+
+    instructions: Path
+    """The instructions file on the case volume (`launch_pod.Instructions`)."""
+    service_account: str
+    """Its identity: may read pods and exec into them (`rbac.LAUNCHER_RULES`)."""
+    env: tuple[tuple[str, str], ...] = ()
+    """Extra environment (e.g. ``KUBERNETES_SERVICE_HOST``/``_PORT`` where the apiserver's
+    Service IP does not route from pods: a cluster without kube-proxy)."""
+    cpu_millis: int = LAUNCHER_CPU_MILLIS
+    """Its CPU request (no limit)."""
+
+
+def launcher_pod(
+    spec: SimSpec, owner: OwnerRef, volume: VolumeSource, image: str, options: LauncherOptions
+) -> Obj:
+    """The simulation's launcher pod: mpirun for its rank pods (decision 0008, pod mode).
+
+    The simulation's image (it holds rankpack, Open MPI and ``rankpack-exec``, at the same
+    paths as in the rank pods), the case volume at the same path as there, the
+    ServiceAccount's token (to read pods and exec into them), the rank pods' restricted
+    security context (plus ``runAsNonRoot`` with a real image), a small CPU request and no
+    limit; it runs once (``restartPolicy: Never``)."""
+    name = launcher_pod_name(spec.sim_id)
+    mounts: list[Obj] = [{"name": "case", "mountPath": str(mount_path(volume))}]
+    volumes: list[Obj] = [volume_entry(volume)]
+    if image == DEV_IMAGE:
+        mounts.append({"name": "host-usr", "mountPath": "/usr", "readOnly": True})
+        volumes.append({"name": "host-usr", "hostPath": {"path": "/usr", "type": "Directory"}})
+    security = security_context(image)
+    container: Obj = {
+        "name": LAUNCHER_CONTAINER,
+        "image": image,
+        "command": [*LAUNCHER_COMMAND, str(options.instructions)],
+        "workingDir": str(spec.case_dir),
+        "env": [
+            {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            *({"name": k, "value": v} for k, v in options.env if k != POD_IP_ENV),
+        ],
+        "resources": {"requests": {"cpu": cpu_quantity(options.cpu_millis)}},
+        "volumeMounts": mounts,
+        "securityContext": security,
+        "terminationMessagePath": TERMINATION_LOG,
+        "terminationMessagePolicy": "File",
+    }
+    if is_dev_image(image):
+        container["imagePullPolicy"] = "Never"
+    pod_spec: Obj = {
+        "restartPolicy": "Never",
+        "terminationGracePeriodSeconds": LAUNCHER_GRACE_S,
+        "enableServiceLinks": False,
+        "serviceAccountName": options.service_account,
+        "automountServiceAccountToken": True,
+        "containers": [container],
+        "volumes": volumes,
+    }
+    if spec.placement:
+        # where the rank pods may go is where the case volume and the image are
+        pod_spec["nodeSelector"] = dict(spec.placement)
+    own = labels(spec, **{ROLE_LABEL: LAUNCHER_ROLE})
+    own.pop(RANK_LABEL, None)  # (a run's own labels cannot make it a rank)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "labels": own,
+            "ownerReferences": [owner.reference()],
+        },
+        "spec": pod_spec,
+    }

@@ -2,26 +2,40 @@
 
 `Capacity.inventory` answers `KubernetesBackend.inventory`: ready, schedulable nodes with
 the requests of every live pod (all namespaces if the identity may list them, else this
-namespace), what schedulable nodes that are not Ready could allocate once back, and the
-namespace's tightest CPU-request quota. Refusals (403) are learned and
+namespace), what schedulable nodes that are not Ready could allocate once back, the
+namespace's tightest CPU quotas (``requests.cpu``, ``limits.cpu``) and what its LimitRanges
+allow a rank's request (`limits`). `Capacity.launch_check` checks a launch against fresh
+quotas and LimitRanges before anything is created. Refusals (403) are learned and
 remembered; while the apiserver does not answer, the last inventory read is answered.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
+from typing import NamedTuple
 
-from rankpack.backend.kubernetes import builders, status
+from rankpack.backend.kubernetes import builders, limits, status
 from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.config import KubernetesConfig
-from rankpack.backend.protocol import BackendError, Inventory, NodeCapacity, Quota
+from rankpack.backend.protocol import BackendError, Inventory, NodeCapacity, Quota, RankResources
+from rankpack.core.failures import FailureCode
+
+
+class LaunchCheck(NamedTuple):
+    refusal: tuple[FailureCode, str] | None
+    """Why the namespace would refuse the launch (None: it would not)."""
+    launcher_millis: int
+    """The launcher pod's CPU request within the namespace's LimitRange (pod mode)."""
 
 
 class Capacity:
     def __init__(self, api: KubeApi, config: KubernetesConfig) -> None:
         self.api, self.config = api, config
         self._nodes_forbidden = False
-        self._quotas_forbidden = False
+        self._agents_forbidden = False
+        self._forbidden: set[str] = set()
+        """Namespaced kinds this identity may not list (learned from a 403, not asked again)."""
         self._inventory: Inventory | None = None
         """The last inventory read: answered while the apiserver does not answer."""
 
@@ -46,26 +60,75 @@ class Capacity:
         self._inventory = found
         return found
 
-    def _quota(self) -> Quota | None:
-        """The namespace's tightest CPU-request quota (None: none, or not readable)."""
-        if self._quotas_forbidden:
-            return None
+    def _namespaced(self, kind: str) -> list[Obj]:
+        """The namespace's ``kind`` objects ([] if this identity may not list them)."""
+        if kind in self._forbidden:
+            return []
         try:
-            found = self.api.list("resourcequotas", "")
+            return self.api.list(kind, "")
         except ApiError as exc:
             if exc.status != 403:
                 raise
-            self._quotas_forbidden = True  # no right to read them: learned from refusals
-            return None
-        quotas = []
-        for q in found:
-            cpu = status.cpu_quota(q)
-            if cpu is not None:
-                quotas.append(Quota(str(q["metadata"]["name"]), cpu[0], cpu[1]))
-        return min(quotas, key=lambda q: q.hard_millis - q.used_millis, default=None)
+            self._forbidden.add(kind)  # no right to read them: learned from refusals
+            return []
+
+    def quotas(self) -> list[Quota]:
+        """Every CPU entry of the namespace's ResourceQuotas that counts rank pods."""
+        return [q for found in self._namespaced("resourcequotas") for q in limits.cpu_quotas(found)]
+
+    def limit_ranges(self) -> list[Obj]:
+        return self._namespaced("limitranges")
+
+    def launch_check(self, ranks: Sequence[RankResources]) -> LaunchCheck:
+        """Why the namespace would refuse these rank pods (and, in pod mode, the launcher
+        pod, its request brought within the LimitRange), read now (`limits.launch_refusal`);
+        no refusal when they fit (or the apiserver does not answer: the creates will tell)."""
+        launcher = self.config.launcher_cpu_millis
+        try:
+            quotas, ranges = self.quotas(), self.limit_ranges()
+        except ApiError as exc:
+            if exc.transient:
+                return LaunchCheck(None, launcher)
+            raise
+        pods = [(f"rank {i}", r) for i, r in enumerate(ranks)]
+        if self.config.launcher == "pod":
+            bounds = limits.rank_bounds(ranges)
+            if bounds is not None and not bounds.empty:
+                launcher = bounds.clamp(launcher)
+            pods.append(("the launcher pod", RankResources(launcher)))
+        return LaunchCheck(limits.launch_refusal(pods, quotas, ranges), launcher)
 
     def _read_inventory(self) -> Inventory:
-        return replace(self._read_nodes(), quota=self._quota())
+        overhead = self.config.launcher_cpu_millis if self.config.launcher == "pod" else 0
+        quotas = self.quotas()
+        return replace(
+            self._read_nodes(),
+            quota=limits.tightest(quotas, "requests.cpu"),
+            limits_quota=limits.tightest(quotas, "limits.cpu"),
+            rank_bounds=limits.rank_bounds(self.limit_ranges()),
+            launch_overhead_millis=overhead,
+        )
+
+    def _visible_pods(self) -> list[Obj]:
+        """Every live pod when the identity may list them all; else this namespace's and
+        the node agents' (what the operator may read: the agents request CPU on every node
+        too, and a plan that ignored them would not fit)."""
+        live = "status.phase!=Succeeded,status.phase!=Failed"
+        try:
+            return self.api.list_pods_all_namespaces(live)
+        except ApiError as exc:
+            if exc.status != 403:
+                raise
+        pods = [p for p in self.api.list_pods("") if _live(p)]
+        agents = self.config.agent_namespace
+        if agents and agents != self.api.namespace and not self._agents_forbidden:
+            try:
+                pods += [p for p in self.api.list_pods_in(agents, "") if _live(p)]
+            except ApiError as exc:
+                if exc.status != 403:
+                    raise
+                self._agents_forbidden = True
+        return pods
 
     def _read_nodes(self) -> Inventory:
         try:
@@ -89,13 +152,7 @@ class Capacity:
             ours = self.api.list_pods("")
             total = sum(status.pod_request_millis(p) for p in ours if _live(p))
             return Inventory((NodeCapacity("cluster", self.config.allocatable_millis, total),))
-        live = "status.phase!=Succeeded,status.phase!=Failed"
-        try:
-            pods = self.api.list_pods_all_namespaces(live)
-        except ApiError as exc:
-            if exc.status != 403:
-                raise
-            pods = [p for p in self.api.list_pods("") if _live(p)]
+        pods = self._visible_pods()
         used: dict[str, int] = {}
         ranks: dict[str, int] = {}
         for p in pods:

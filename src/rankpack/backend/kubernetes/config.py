@@ -9,8 +9,9 @@ of where the case lives in a rank pod (`parse_volume` reads ``SimSpec.volume``).
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from rankpack.errors import UserError
 
@@ -19,6 +20,43 @@ DEV_IMAGE = "rankpack.local/host-usr:1"
 """The dev cluster's "host /usr" image (`rankpack dev-cluster`): mounts this host's /usr."""
 DEV_IMAGE_PREFIX = "rankpack.local/"
 """Images built locally by the dev cluster: never pulled (``imagePullPolicy: Never``)."""
+LauncherMode = Literal["host", "pod"]
+"""Where a simulation's mpirun runs (`KubernetesConfig.launcher`)."""
+LAUNCHER_CHOICES = ("auto", "host", "pod")
+
+
+def resolve_launcher(choice: str, image: str) -> LauncherMode:
+    """``--launcher``: ``auto`` is a launcher pod whenever the rank image can hold one (every
+    image but the dev cluster's host-usr, whose pods have no rankpack), else mpirun here."""
+    if choice not in LAUNCHER_CHOICES:
+        raise UserError(f"launcher '{choice}' not understood; use auto, host or pod")
+    if choice == "auto":
+        return "host" if image == DEV_IMAGE else "pod"
+    if choice == "pod" and image == DEV_IMAGE:
+        raise UserError(
+            f"--launcher pod needs a rank image with rankpack in it, not the dev cluster's "
+            f"{DEV_IMAGE}; give --image (e.g. rankpack.local/rank:dev after "
+            "`rankpack dev-cluster up --operator`) or --launcher host"
+        )
+    return "host" if choice == "host" else "pod"
+
+
+ReadingsMode = Literal["auto", "node", "agent"]
+AGENT_PORT = 8475
+
+
+@dataclass(frozen=True)
+class NodeFiles:
+    """Where a node keeps what `nodereader` reads: the kubelet's root and the pods' cgroups.
+    The node agent takes them as flags; the backend uses them with ``readings="node"``."""
+
+    kubelet_root: Path = Path("/var/lib/kubelet")
+    """The kubelet's ``--root-dir`` (its ``pods/<uid>/volumes`` hold the rank pods' records)."""
+    cgroup_root: Path = Path("/sys/fs/cgroup")
+    """Where the node's cgroup hierarchy is mounted (in the agent's pod: its host mount)."""
+    pods_cgroup: str = "kubepods"
+    """The node's pods cgroup below the cgroup root (``kubepods``; ``<root>/kubepods`` for a
+    kubelet with ``--cgroup-root``: several nodes on one machine)."""
 
 
 @dataclass(frozen=True)
@@ -49,6 +87,40 @@ class KubernetesConfig:
     """Start mpirun through a detached launcher that outlives this process (the operator:
     a restarted operator adopts the simulation); False: mpirun is SIGTERMed if rankpack
     dies (`rankpack run`: nothing is left running)."""
+    launcher: LauncherMode = "host"
+    """Where each simulation's mpirun runs. ``host``: on this host, as this process's child
+    (or detached, see `detach`); the ranks are entered through ``pods/exec`` with this
+    process's identity (`rankpack run`, the dev cluster's host-``/usr`` image, whose pods
+    hold no Python). ``pod``: in a launcher pod per simulation (``rankpack-<sim>-launcher``,
+    the simulation's image, ServiceAccount ``rankpack-launcher``), so this process needs no
+    ``pods/exec`` and may be killed, moved or upgraded while simulations run (the operator).
+    See ``docs/decisions/0008-kubernetes-launcher.md``."""
+    launcher_env: tuple[tuple[str, str], ...] = ()
+    """Extra environment of the launcher pods (pod mode), e.g. ``KUBERNETES_SERVICE_HOST``
+    and ``KUBERNETES_SERVICE_PORT`` on a cluster whose apiserver Service IP does not route
+    from pods (no kube-proxy)."""
+    launcher_cpu_millis: int = 50
+    """The launcher pods' CPU request (pod mode; no limit): mpirun forwards rank 0's output
+    and the rsh agents start the ranks, then mostly wait."""
+    readings: ReadingsMode = "auto"
+    """Where the ranks' counters and shim records come from (decision 0010): ``node``, this
+    process runs on the rank pods' node and reads its files (the single-node dev cluster);
+    ``agent``, from the node agents (``rankpack node-agent``, the in-cluster operator);
+    ``auto``, ``node`` when the kubelet's pods directory and the pods cgroup are here."""
+    node_files: NodeFiles = field(default_factory=NodeFiles)
+    """The node's files, for ``readings="node"``."""
+    node_files_by_node: tuple[tuple[str, NodeFiles], ...] = ()
+    """Several nodes' files on this one machine, by node name (the dev cluster's nodes, each
+    with its own kubelet root and pods cgroup): ``node`` readings of a rank pod use its
+    node's entry; empty, `node_files` for every pod."""
+    agent_namespace: str | None = "rankpack-system"
+    """Where the node agents' pods run (``deploy/``: ``rankpack-system``, apart from the
+    restricted namespace Simulations run in; None: ``namespace``)."""
+    agent_port: int = AGENT_PORT
+
+    def __post_init__(self) -> None:
+        if self.launcher not in ("host", "pod"):
+            raise UserError(f"launcher '{self.launcher}' not understood; use host or pod")
 
 
 def default_kubeconfig() -> Path | None:

@@ -1,9 +1,11 @@
 """A simulation's Kubernetes objects: created idempotently, deleted through their owner.
 
 Every simulation has an owner ConfigMap (its spec; the garbage collector's root), a headless
-Service and one pod per rank, built by `builders`. `reconcile` gets-or-creates them (at
-launch, adoption, and by the poller after a transient error); `delete` removes them at
-release (and the poller retries orphans without waiting).
+Service and one pod per rank (and in pod mode its launcher pod), built by `builders`.
+`reconcile` gets-or-creates them (at launch, adoption, and by the poller after a transient
+error); `delete` removes them at release (and the poller retries orphans without waiting);
+`undo` removes at once what a launch the apiserver refused halfway had created (no partial
+gang is left).
 """
 
 from __future__ import annotations
@@ -17,14 +19,25 @@ from rankpack.backend.kubernetes.config import KubernetesConfig, VolumeSource
 from rankpack.backend.protocol import BackendError, LaunchFailed, SimSpec
 
 
-def reconcile(api: KubeApi, spec: SimSpec, image: str, volume: VolumeSource) -> None:
-    """Get-or-create the owner, the Service and every rank pod (idempotent: objects that
-    exist and belong to this simulation are left alone; someone else's are an error)."""
+def reconcile(
+    api: KubeApi,
+    spec: SimSpec,
+    image: str,
+    volume: VolumeSource,
+    *,
+    launcher: builders.LauncherOptions | None = None,
+) -> None:
+    """Get-or-create the owner, the Service and every rank pod, and with ``launcher`` (pod
+    mode) the launcher pod after them (idempotent: objects that exist and belong to this
+    simulation are left alone; someone else's are an error)."""
     owner_obj = _get_or_create(api, "configmaps", builders.owner_configmap(spec, image), spec)
     owner = builders.OwnerRef(builders.owner_name(spec.sim_id), str(owner_obj["metadata"]["uid"]))
     _get_or_create(api, "services", builders.headless_service(spec, owner), spec)
     for rank in range(len(spec.ranks)):
         _get_or_create(api, "pods", builders.rank_pod(spec, rank, owner, volume, image), spec)
+    if launcher is not None:
+        pod = builders.launcher_pod(spec, owner, volume, image, launcher)
+        _get_or_create(api, "pods", pod, spec)
 
 
 def _get_or_create(api: KubeApi, kind: str, body: Obj, spec: SimSpec) -> Obj:
@@ -45,6 +58,28 @@ def _get_or_create(api: KubeApi, kind: str, body: Obj, spec: SimSpec) -> Obj:
         if exc.conflict:  # created meanwhile (another controller): take it
             return api.get(kind, name)
         raise
+
+
+def undo(api: KubeApi, sim_id: str) -> int:
+    """Remove what a refused launch created, at once: the owner (Foreground: the garbage
+    collector deletes its dependents first), and every rank pod and the Service directly,
+    so that none is left running whether or not a garbage collector is at work. Never
+    waits; best effort against an apiserver that refuses (a `release` later retries).
+    Returns how many rank pods were deleted (gone or going)."""
+    deleted = 0
+    with contextlib.suppress(ApiError):
+        api.delete("configmaps", builders.owner_name(sim_id), "Foreground")
+    with contextlib.suppress(ApiError):
+        for pod in api.list_pods(builders.sim_selector(sim_id)):
+            try:
+                api.delete("pods", str(pod["metadata"]["name"]))
+            except ApiError as exc:
+                if not exc.not_found:
+                    continue
+            deleted += 1
+    with contextlib.suppress(ApiError):
+        api.delete("services", builders.service_name(sim_id))
+    return deleted
 
 
 def delete(api: KubeApi, config: KubernetesConfig, sim_id: str, *, wait: bool = True) -> bool:

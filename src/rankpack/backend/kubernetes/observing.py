@@ -1,15 +1,18 @@
 """What `KubernetesBackend.observe` reports of one simulation, read from its record.
 
-Pure readings of a `SimRecord` (called under the backend's lock): its phase and why, the
-failure (code and message), each rank's observation (pod, counters, the shim's records).
+Readings of a `SimRecord` (called under the backend's lock): its phase and why, the
+failure (code and message), each rank's observation (pod, counters and the shim's sample
+from its node, `readings`, flagged when the node could not be read).
 """
 
 from __future__ import annotations
 
-from rankpack.backend.kubernetes import builders, status, usage
+from rankpack.backend.kubernetes import builders, status
 from rankpack.backend.kubernetes.api import Obj
+from rankpack.backend.kubernetes.nodereader import CpuCounters
+from rankpack.backend.kubernetes.readings import Readings, ReadingsMissing
 from rankpack.backend.kubernetes.record import SimRecord
-from rankpack.backend.mpirun import exit_failure
+from rankpack.backend.mpirun import ShimSample, exit_failure
 from rankpack.backend.protocol import RankObservation, RankPhase, SimPhase
 from rankpack.core.failures import Failure
 
@@ -46,13 +49,28 @@ def ended_failure(sim: SimRecord) -> Failure | None:
     return exit_failure(life.exit_code, stopped=life.stopped)
 
 
-def observe_rank(sim: SimRecord, i: int, ended: bool, source: usage.UsageSource) -> RankObservation:
+def observe_rank(
+    sim: SimRecord, i: int, ended: bool, source: Readings, missing: dict[str, str]
+) -> RankObservation:
+    """Rank ``i``'s observation. Its node's reading refreshes the counters and the shim
+    sample kept in ``sim``; a node that cannot be read leaves them as they were, flags the
+    rank (``readings_ok=False``) and adds the node and why to ``missing``."""
     pod = sim.pods.get(i)
-    counters = source.read(pod) if pod is not None and status.running(pod, C) else None
-    last = sim.counters.get(i)
-    if counters is not None and (last is None or counters.usage_ns >= last.usage_ns):
-        sim.counters[i] = counters
-    counters = sim.counters.get(i) or usage.CpuCounters(0)
+    fresh = True
+    if pod is not None and status.running(pod, C):
+        try:
+            reading = source.read(pod)
+        except ReadingsMissing as exc:
+            reading, fresh = None, False
+            missing.setdefault(exc.node, exc.why)
+        if reading is not None:
+            last = sim.counters.get(i)
+            cpu = reading.cpu
+            if cpu is not None and (last is None or cpu.usage_ns >= last.usage_ns):
+                sim.counters[i] = cpu
+            if reading.shim is not None:
+                sim.shim[i] = reading.shim
+    counters = sim.counters.get(i) or CpuCounters(0)
     if ended:
         life = sim.life
         ok = life.exit_code == 0 and life.failure is None and not life.stopped
@@ -63,7 +81,7 @@ def observe_rank(sim: SimRecord, i: int, ended: bool, source: usage.UsageSource)
         phase = status.rank_phase(pod, C)
         if phase is RankPhase.RUNNING and not sim.life.started:
             phase = RankPhase.PENDING  # the pod runs; its rank does not yet
-    shim = sim.shim.sample(i)
+    shim = sim.shim.get(i) or ShimSample()
     resize = sim.resizes.get(i)
     return RankObservation(
         rank=i,
@@ -82,7 +100,16 @@ def observe_rank(sim: SimRecord, i: int, ended: bool, source: usage.UsageSource)
         mpi_ns=shim.mpi_ns,
         duty_window=shim.duty_window,
         wait_mode=shim.wait_mode,
+        readings_ok=fresh,
     )
+
+
+def outages(sim: SimRecord, missing: dict[str, str]) -> list[tuple[str, str]]:
+    """The nodes of ``missing`` whose outage starts with this observation (node, why); the
+    nodes read again end theirs (a later outage is a new one)."""
+    new = [(node, why) for node, why in sorted(missing.items()) if node not in sim.unreadable]
+    sim.unreadable = set(missing)
+    return new
 
 
 def _failure_text(pod: Obj | None) -> str:

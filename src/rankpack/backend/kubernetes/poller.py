@@ -4,8 +4,9 @@
 watching: every ``poll_s`` (faster while a resize is in flight) it lists the pods of all
 simulations at once, records each pod, turns a deleted, evicted or broken rank pod into the
 simulation's failure (`status.failure`: a code and a message), follows resizes from the
-pods' status, starts mpirun once every rank pod runs (`starting.MpirunHost`), and wakes the
-control loop (`notify`) when something changed. It shares the backend's records under the
+pods' status, starts mpirun once every rank pod runs (`starting.MpirunHost`; in pod mode
+it follows each simulation's launcher pod instead, `pod_mode`), and wakes the control loop
+(`notify`) when something changed. It shares the backend's records under the
 backend's lock.
 """
 
@@ -16,7 +17,7 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
-from rankpack.backend.kubernetes import builders, objects, status
+from rankpack.backend.kubernetes import builders, objects, pod_mode, status
 from rankpack.backend.kubernetes.api import ApiError, Obj
 from rankpack.backend.kubernetes.record import Resize, SimRecord
 from rankpack.backend.protocol import BackendError, ResizeState, ResizeStatus
@@ -90,6 +91,7 @@ class Poller:
             if sim.reconcile_error is not None and not sim.life.over:
                 self._retry_reconcile(sim)
         by_sim: dict[str, dict[int, Obj]] = {}
+        launchers = _launcher_pods(pods)
         for pod in pods:
             lab = pod.get("metadata", {}).get("labels") or {}
             with contextlib.suppress(KeyError, ValueError):
@@ -97,14 +99,16 @@ class Poller:
         news = False
         with b.lock:
             for sim in sims:
-                news |= self._update(sim, by_sim.get(sim.spec.sim_id, {}))
+                sim_id = sim.spec.sim_id
+                news |= self._update(sim, by_sim.get(sim_id, {}), launchers.get(sim_id))
         if news:
             b.notify()
         return True
 
     def _retry_reconcile(self, sim: SimRecord) -> None:
+        launcher = pod_mode.options_of(sim, self.backend.config)
         try:
-            objects.reconcile(self.backend.api, sim.spec, sim.image, sim.volume)
+            objects.reconcile(self.backend.api, sim.spec, sim.image, sim.volume, launcher=launcher)
         except ApiError as exc:
             sim.reconcile_error = str(exc)
             if not exc.transient:
@@ -123,7 +127,7 @@ class Poller:
             if gone:
                 self.orphans.discard(sim_id)
 
-    def _update(self, sim: SimRecord, pods: dict[int, Obj]) -> bool:
+    def _update(self, sim: SimRecord, pods: dict[int, Obj], launcher: Obj | None) -> bool:
         b, life = self.backend, sim.life
         news = False
         for rank in range(sim.n):
@@ -148,6 +152,11 @@ class Poller:
             resize = sim.resizes.get(rank)
             if resize is not None and not resize.status.state.final:
                 news |= self._follow_resize(resize, pod)
+        ranks_running = len(sim.pods) == sim.n and all(
+            status.running(p, C) for p in sim.pods.values()
+        )
+        if sim.in_pod:  # mpirun runs in the launcher pod: follow it
+            news |= pod_mode.follow(sim, launcher, ranks_running)
         if (
             not life.started
             and life.failure is None
@@ -158,12 +167,7 @@ class Poller:
             life.fail(Failure(FailureCode.NOT_RUNNING, late))
         if self._handle_failure(sim):
             return True
-        if (
-            not life.started
-            and not life.ended
-            and len(sim.pods) == sim.n
-            and all(status.running(p, C) for p in sim.pods.values())
-        ):
+        if not sim.in_pod and not life.started and not life.ended and ranks_running:
             b.host.start(sim)
             self._handle_failure(sim)
             news = True
@@ -189,6 +193,8 @@ class Poller:
         if failure is None:
             return False
         self.backend.record_event(sim, sim.life.failure_rank, "SimulationFailed", failure.message)
+        if sim.in_pod:
+            pod_mode.end_on_failure(self.backend.api, sim)
         if sim.process is not None and sim.process.poll() is None:
             sim.process.kill_group(signal.SIGTERM)
         if sim.process is None:
@@ -210,3 +216,13 @@ def check_adopted(sim: SimRecord) -> bool:
 
 def _version(obj: Obj) -> Any:
     return obj.get("metadata", {}).get("resourceVersion")
+
+
+def _launcher_pods(pods: list[Obj]) -> dict[str, Obj]:
+    """The launcher pods (pod mode) of a listing, by simulation."""
+    out: dict[str, Obj] = {}
+    for pod in pods:
+        lab = pod.get("metadata", {}).get("labels") or {}
+        if lab.get(builders.ROLE_LABEL) == builders.LAUNCHER_ROLE and builders.SIM_LABEL in lab:
+            out[str(lab[builders.SIM_LABEL])] = pod
+    return out

@@ -18,17 +18,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from rankpack.backend.kubernetes import usage
 from rankpack.backend.kubernetes.api import Obj
 from rankpack.backend.kubernetes.config import VolumeSource
-from rankpack.backend.mpirun import LogTail, Proc, ShimRecords
+from rankpack.backend.kubernetes.nodereader import CpuCounters
+from rankpack.backend.mpirun import LogTail, Proc, ShimSample
 from rankpack.backend.protocol import RankResources, ResizeStatus, SimSpec
 from rankpack.core.failures import Failure
 
 
 def rank_dir(case_dir: Path) -> Path:
-    """The backend's files on the case volume (hostfile, agent, shim copy, exit code)."""
+    """The backend's files on the case volume (hostfile, agent, shim library, exit code)."""
     return case_dir / ".rankpack"
+
+
+def launch_file(case_dir: Path) -> Path:
+    """The launcher pod's instructions (pod mode: `launch_pod.Instructions`)."""
+    return rank_dir(case_dir) / "launch.json"
 
 
 class Stage(enum.Enum):
@@ -130,18 +135,33 @@ class SimRecord:
     log_file: IO[bytes] | None = field(default=None, repr=False)
     log: LogTail = field(init=False)
     """The solver log not delivered yet (from its start, also when adopted)."""
-    shim: ShimRecords = field(init=False)
-    """The shim's live records of its ranks (none without the shim)."""
-    counters: dict[int, usage.CpuCounters] = field(default_factory=dict)
+    counters: dict[int, CpuCounters] = field(default_factory=dict)
+    """Each rank's latest cgroup counters (kept while its node cannot be read)."""
+    shim: dict[int, ShimSample] = field(default_factory=dict)
+    """Each rank's latest shim sample (the records are in the rank pods' own volumes and
+    read through their nodes, `readings`)."""
+    unreadable: set[str] = field(default_factory=set)
+    """Nodes whose readings were missing at the last observation (an outage under way:
+    its Warning Event was recorded)."""
     created_t: float = field(default_factory=time.monotonic)
     launch_fd: int | None = None
     """The launch marker's locked descriptor while this process holds it (`launcher`)."""
     reconcile_error: str | None = None
     """Creating its objects failed transiently; the poller tries again."""
+    in_pod: bool = False
+    """Its mpirun runs in its launcher pod (pod mode), not on this host."""
+    launcher: Obj | None = None
+    """Its launcher pod as last listed (pod mode)."""
+    launcher_seen: bool = False
+    """Its launcher pod was listed at least once (pod mode)."""
+    launcher_missing: int = 0
+    """Listings in a row, since it was created, without its launcher pod (pod mode)."""
+    launcher_millis: int | None = None
+    """Its launcher pod's CPU request when the namespace's LimitRange moved it from the
+    configured one (pod mode; None: `KubernetesConfig.launcher_cpu_millis`)."""
 
     def __post_init__(self) -> None:
         self.log = LogTail(self.spec.log_path)
-        self.shim = ShimRecords.of(self.spec)
 
     @property
     def n(self) -> int:

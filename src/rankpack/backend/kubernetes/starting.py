@@ -22,7 +22,7 @@ from rankpack.backend.kubernetes import builders, launcher, rsh, status
 from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.config import KubernetesConfig
 from rankpack.backend.kubernetes.record import SimRecord, rank_dir
-from rankpack.backend.mpirun import MpirunProcess, Proc, find_mpirun, root_env, shim_dir
+from rankpack.backend.mpirun import MpirunProcess, Proc, find_mpirun, root_env
 from rankpack.backend.protocol import BackendError, LaunchFailed
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.errors import UserError
@@ -63,7 +63,8 @@ def _popen(exit_file: Path | None, lock_fd: int | None) -> Starter:
 
 
 def prepare_files(sim: SimRecord) -> None:
-    """Hostfile, rsh agent and shim library on the case volume (paths the pods share)."""
+    """Hostfile, rsh agent and shim library on the case volume (paths the pods share); the
+    shim's live records are not there but in each rank pod's own volume."""
     d = rank_dir(sim.spec.case_dir)
     try:
         d.mkdir(parents=True, exist_ok=True)
@@ -73,8 +74,7 @@ def prepare_files(sim: SimRecord) -> None:
         agent.chmod(0o755)
         sim.exit_file.unlink(missing_ok=True)
         if sim.spec.shim is not None:
-            shim_dir(sim.spec.case_dir).mkdir(parents=True, exist_ok=True)
-            env = shim_env(shim_dir(sim.spec.case_dir), sim.spec.shim.wait_mode,
+            env = shim_env(builders.LIVE_DIR, sim.spec.shim.wait_mode,
                            flavour=sim.spec.shim.flavour)  # fmt: skip
             lib = Path(env["LD_PRELOAD"].split(":")[0])
             (d / "lib").mkdir(exist_ok=True)
@@ -87,8 +87,8 @@ def _rank_env(sim: SimRecord) -> dict[str, str]:
     env = dict(sim.spec.env)
     shim = sim.spec.shim
     if shim is not None:
-        live = shim_dir(sim.spec.case_dir)
-        env.update(shim_env(live, shim.wait_mode, flavour=shim.flavour))
+        # each rank pod's own volume (`builders.LIVE_VOLUME`), not the case volume
+        env.update(shim_env(builders.LIVE_DIR, shim.wait_mode, flavour=shim.flavour))
         lib = Path(env["LD_PRELOAD"].split(":")[0]).name
         env["LD_PRELOAD"] = str(rank_dir(sim.spec.case_dir) / "lib" / lib)
     return env
@@ -198,3 +198,9 @@ def subnet_of(pods: list[Obj]) -> str | None:
     if all(ipaddress.ip_address(ip) in net for ip in ips):
         return str(net)
     return None
+
+
+def rank_env(sim: SimRecord) -> dict[str, str]:
+    """The ranks' environment (mpirun's ``-x``), for the launcher pod's instructions too
+    (pod mode, `pod_mode`): the same as mpirun on this host gives them."""
+    return _rank_env(sim)

@@ -114,6 +114,8 @@ _CANNOT_START = ("ErrImageNeverPull", "ImagePullBackOff", "ErrImagePull",
                  "CreateContainerConfigError", "CreateContainerError", "InvalidImageName",
                  "RunContainerError")  # fmt: skip
 """A container waiting for one of these will not start without someone's help."""
+CANNOT_START_REASONS = _CANNOT_START
+"""The same, for readers of other pods than rank pods (the launcher pod, `pod_mode`)."""
 
 _NODE_GONE = ("DeletionByPodGC",)
 """The DisruptionTarget reason of a pod PodGC deletes because its node no longer exists."""

@@ -1,0 +1,118 @@
+"""A Simulation's progress in its status: `StatusWriter`, the operator's `Display`.
+
+The control loop's view of each Simulation (iterations, per-rank CPU, resizes, wait modes)
+is copied into its status at most every ``interval_s``; a resize the node deferred sets the
+condition ``ResizeDeferred``, a grow held within the namespace's quota ``ResizeHeld``
+(``QuotaExceeded``). Phase changes go through `rankpack.operator.queue.SimulationQueue`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import Callable, Sequence
+
+from rankpack.backend.kubernetes.api import ApiError
+from rankpack.controller.loop import SimView
+from rankpack.core.failures import FailureCode
+from rankpack.core.results import progress_text
+from rankpack.operator.queue import Obj, SimulationQueue, condition
+
+
+class StatusWriter:
+    """A `Display` that copies the loop's view of each Simulation into its status.
+
+    Progress is best effort (a patch that fails is dropped: the next one carries newer
+    numbers); phase changes go through the queue, which keeps them until written. A rank
+    whose resize the node deferred shows it (``ranks[].resize``) and sets the condition
+    ``ResizeDeferred``; ``resizes`` counts completed resizes only.
+    """
+
+    def __init__(self, queue: SimulationQueue, interval_s: float = 2.0) -> None:
+        self.queue = queue
+        self.interval_s = interval_s
+        self.last: dict[int, float] = {}
+        self.deferred: dict[str, str] = {}
+        """Simulation name -> the ResizeDeferred message last written (absent: none)."""
+        self.quota_held: dict[str, str] = {}
+        """Simulation name -> the ResizeHeld (QuotaExceeded) message last written."""
+        self.listeners: list[Callable[[float, Sequence[SimView]], None]] = []
+
+    def update(self, now_s: float, sims: Sequence[SimView]) -> None:
+        for listener in self.listeners:
+            listener(now_s, sims)
+        self.queue.flush()
+        t = time.monotonic()
+        for view in sims:
+            if view.run_id is None or t - self.last.get(view.queue_id, -1e9) < self.interval_s:
+                continue
+            name = self.queue.names.get(view.queue_id)
+            if name is None or name in self.queue.outbox:
+                continue
+            self.last[view.queue_id] = t
+            status = self._status(view)
+            deferred = "; ".join(
+                f"rank {r.rank} {r.request_millis}m -> {r.resize_to_millis}m: {r.resize_reason}"
+                for r in view.ranks
+                if r.resize == "deferred"
+            )
+            if deferred != self.deferred.get(name, ""):
+                status["conditions"] = self.queue._set_conditions(
+                    name,
+                    condition("ResizeDeferred", True, "NodeDeferred", deferred)
+                    if deferred
+                    else condition("ResizeDeferred", False, "Applied", "no resize deferred"),
+                )
+            with contextlib.suppress(ApiError):
+                self.queue.api.patch_status(name, status)
+                self.deferred[name] = deferred
+
+    def resize_held(self, name: str, message: str | None) -> None:
+        """A grow of Simulation ``name`` held within the namespace's quota (``message``:
+        why) sets its condition ``ResizeHeld`` (reason ``QuotaExceeded``); a resize that
+        completes afterwards (None) clears it. Written only when it changes."""
+        held = self.quota_held.get(name)
+        if message == held or (message is None and held is None):
+            return
+        if message is None:
+            self.quota_held.pop(name, None)
+            cond = condition("ResizeHeld", False, "Applied", "no grow is held")
+        else:
+            self.quota_held[name] = message
+            cond = condition("ResizeHeld", True, str(FailureCode.QUOTA_EXCEEDED), message)
+        self.queue._patch(name, {"conditions": self.queue._set_conditions(name, cond)})
+
+    @staticmethod
+    def _status(view: SimView) -> Obj:
+        exp = view.expected_iterations
+        ranks = []
+        for r in view.ranks:
+            rank: Obj = {"rank": r.rank, "requestMillis": r.request_millis,
+                         "cpuCores": round(r.cpu_cores, 3)}  # fmt: skip
+            if r.allocated_millis is not None:
+                rank["allocatedMillis"] = r.allocated_millis
+            if r.duty is not None:
+                rank["duty"] = round(r.duty, 4)
+            # always written, so a settled resize clears it (merge patch replaces the list)
+            rank["resize"] = (
+                {"state": r.resize, "toMillis": r.resize_to_millis, "reason": r.resize_reason}
+                if r.resize
+                else None
+            )
+            ranks.append({k: v for k, v in rank.items() if v is not None})
+        if view.wait is not None:
+            for rank, why in zip(ranks, view.wait.ranks, strict=False):
+                rank["wait"] = {"mode": why.mode, "node": why.node, "why": why.why}
+        status: Obj = {
+            "iterations": view.log.iterations,
+            "progress": progress_text(view.log.iterations, exp),
+            "resizes": view.resizes,
+            "restarts": sum(r.restarts for r in view.ranks),
+            "ranks": ranks,
+        }
+        if view.wait is not None:
+            status["waitMode"] = {"mode": view.wait.mode, "reason": view.wait.reason}
+        return status
+
+    def close(self) -> None:
+        pass
