@@ -405,7 +405,8 @@ def create_node_namespace(
     """A new mount namespace (private propagation: nothing mounted in it reaches the host,
     nor the host's later mounts it) kept by a bind mount at `ns_file`, with each
     (directory or file, fixed path) of `binds` mounted there (a missing source is made a
-    directory). The fixed paths must exist."""
+    directory; a directory's mount is made shared within the namespace). The fixed paths
+    must exist."""
     ns_file.touch()
     subprocess.run(
         [unshare, f"--mount={ns_file}", "--propagation", "private", "true"],
@@ -418,6 +419,15 @@ def create_node_namespace(
             [nsenter, f"--mount={ns_file}", "--", "mount", "--bind", str(source), target],
             check=True, timeout=10, capture_output=True,
         )  # fmt: skip
+        if source.is_dir():
+            # shared inside the node's namespace only (a peer group of its own: nothing
+            # reaches the host), as a kubelet's directories are on a real host: a pod's
+            # host path with HostToContainer propagation (the node agent's
+            # /var/lib/kubelet/pods) needs a shared or slave mount below it
+            subprocess.run(
+                [nsenter, f"--mount={ns_file}", "--", "mount", "--make-shared", target],
+                check=True, timeout=10, capture_output=True,
+            )  # fmt: skip
 
 
 def namespace_id(path: Path | str) -> tuple[int, int] | None:
