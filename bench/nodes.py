@@ -127,7 +127,10 @@ def main() -> int:
     for key in ("single_wall_s", "pair_makespan_s"):
         ratios = [r["2x"][key] / r["1x"][key] for r in reps]
         summary[f"{key}_ratio_2x1_over_1x2"] = {
-            "median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)}  # fmt: skip
+            "median": statistics.median(ratios),
+            "min": min(ratios),
+            "max": max(ratios),
+        }
     for n in SHAPES:
         lat = [v for r in reps for v in r[f"{n}x"]["resize_latencies_s"]]
         summary[f"resize_latency_{n}_nodes"] = {"n": len(lat), "p50_s": pct(lat, 0.5),
