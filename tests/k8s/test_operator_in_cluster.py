@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import json
 import os
+import sqlite3
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -299,5 +301,59 @@ def test_a_deleted_launcher_pod_fails_its_simulation_with_a_code(incluster: InCl
         assert f"rankpack-{sim_id}-launcher" in st["message"], st
         ic.wait("its rank pods to go", lambda: not ic.pods(f"rankpack.dev/sim={sim_id}"), 120)
     finally:
+        ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
+                   "--ignore-not-found")  # fmt: skip
+
+
+def test_no_resize_is_decided_while_the_agent_is_away(incluster: InCluster) -> None:
+    """The node agent unreachable for longer than a profiling window (its DaemonSet kept off
+    the node), while the Simulation's phase change falls due: no resize is decided on stale
+    data until the agent is back (a NodeAgentUnreachable Event says why), then the change
+    is made and the run ends Succeeded."""
+    ic = incluster
+    name, total = "incluster-away", 3000
+    ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE, "--ignore-not-found")
+    body = _simulation("incluster-a", str(Path(manifests.RUNS_PATH) / "cases" / "pitzDailyLong"))
+    body["metadata"]["name"] = name
+    body["spec"]["iterations"] = total
+    body["spec"]["phases"][1]["startFraction"] = 0.3  # due while the agent is away
+    manifest = ic.deployed.runs_dir / "agent-away.json"
+    manifest.write_text(json.dumps(body))
+    endless_pitzdaily(ic.deployed.runs_dir / "cases")  # (made by an earlier test, or now)
+    ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
+    ds = ["daemonset", AGENT, "-n", manifests.SYSTEM_NAMESPACE]
+    away = '{"spec":{"template":{"spec":{"nodeSelector":{"rankpack.dev/no-such-node":"x"}}}}}'
+    back = '{"spec":{"template":{"spec":{"nodeSelector":null}}}}'
+
+    def done() -> int:
+        return int(ic.status(name).get("iterations") or 0)
+
+    try:
+        ic.wait("it running", lambda: done() >= 0.2 * total, 300)
+        ic.kubectl("patch", *ds, "-p", away)
+        ic.wait("the agent gone", lambda: not ic.agents(), 60)
+        ic.wait("its phase change to fall due", lambda: done() >= 0.4 * total, 300)
+        restored = time.time()
+        ic.kubectl("patch", *ds, "-p", back)
+        ic.wait("it to end", lambda: ic.status(name).get("phase") in ("Succeeded", "Failed"),
+                600)  # fmt: skip
+        st = ic.status(name)
+        assert st["phase"] == "Succeeded" and st["resizes"] >= 1, st
+        events = json.loads(ic.kubectl("get", "events", "-n", NAMESPACE, "-o", "json"))["items"]
+        away_events = [e for e in events if e["reason"] == "NodeAgentUnreachable"
+                       and e["involvedObject"]["name"] == f"rankpack-{st['simId']}-0"]  # fmt: skip
+        assert away_events, [e["reason"] for e in events]
+        print(f"{name}: {away_events[0]['message']}")
+        # the operator's own record (its store is on the volume): every resize it decided
+        # for this run came after the agent was back
+        db = sqlite3.connect(ic.deployed.runs_dir / "operator.db")
+        rows = db.execute("SELECT at FROM events WHERE run_id = ? AND kind = 'resize-requested'",
+                          (st["runId"],)).fetchall()  # fmt: skip
+        db.close()
+        times = [datetime.fromisoformat(at).timestamp() for (at,) in rows]
+        assert times and min(times) >= restored - 1.0, (times, restored)
+        print(f"{name}: first resize {min(times) - restored:.1f} s after the agent was let back")
+    finally:
+        ic.kubectl("patch", *ds, "-p", back)
         ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
                    "--ignore-not-found")  # fmt: skip

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -79,3 +80,49 @@ def test_help_lists_the_commands(capsys: pytest.CaptureFixture[str]) -> None:
     out = capsys.readouterr().out
     for command in ("demo", "plan", "run", "runs", "report"):
         assert command in out
+
+
+def test_each_command_is_registered_by_the_module_the_lazy_table_names() -> None:
+    """`rankpack.cli.COMMANDS` = what the modules register (a command line that names a
+    command imports only its module)."""
+    import argparse
+    import importlib
+
+    from rankpack.cli import COMMAND_MODULES, COMMANDS
+
+    registered: dict[str, str] = {}
+    for name in COMMAND_MODULES:
+        sub = argparse.ArgumentParser().add_subparsers()
+        importlib.import_module(name).register(sub)
+        registered.update(dict.fromkeys(sub.choices, name))
+    assert registered == COMMANDS
+
+
+@pytest.mark.parametrize(
+    ("argv", "command"),
+    [
+        (["node-agent", "--port", "1"], "node-agent"),
+        (["--debug", "--db", "/tmp/x.db", "runs", "--json"], "runs"),
+        (["--db=/tmp/x.db", "operator"], "operator"),
+        (["--help"], None),
+        ([], None),
+    ],
+)
+def test_the_named_command(argv: list[str], command: str | None) -> None:
+    from rankpack.cli import named_command
+
+    assert named_command(argv) == command
+
+
+def test_a_named_command_gets_only_its_own_parser_and_the_rest_all() -> None:
+    from rankpack.cli import build_parser
+
+    def commands(argv: list[str] | None) -> set[str]:
+        parser = build_parser(argv)
+        (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+        return set(sub.choices)
+
+    assert commands(["simulations", "--json"]) == {"operator", "simulations"}
+    everything = commands(None)
+    assert {"run", "node-agent", "dev-cluster"} <= everything
+    assert commands(["no-such-command"]) == everything

@@ -22,8 +22,6 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from foamlib import FoamFile
-
 from rankpack import paths, quantities
 from rankpack.errors import UserError
 
@@ -133,6 +131,8 @@ def _control_dict(case_dir: Path) -> Path:
 
 def check_solver(case_dir: Path) -> str:
     """The controlDict's application, which must be an installed OpenFOAM program."""
+    from foamlib import FoamFile  # (lazy: ~0.15 s to import)
+
     try:
         application = FoamFile(_control_dict(case_dir)).get("application")
     except Exception as exc:  # foamlib raises its own parse errors; the file is the user's
@@ -367,6 +367,8 @@ def n_cells(case_dir: Path) -> int:
 
 
 def read_application(case_dir: Path) -> str:
+    from foamlib import FoamFile  # (lazy: ~0.15 s to import)
+
     value = FoamFile(_control_dict(case_dir)).get("application")
     if not isinstance(value, str) or not value:
         raise UserError(f"{case_dir}/system/controlDict has no 'application' entry")
@@ -386,6 +388,8 @@ class TimeControl:
 
 
 def read_time_control(case_dir: Path) -> TimeControl:
+    from foamlib import FoamFile  # (lazy: ~0.15 s to import)
+
     cd = FoamFile(case_dir / "system" / "controlDict")
     start_from = cd.get("startFrom", "startTime")
     start = float(cd.get("startTime", 0)) if start_from == "startTime" else 0.0  # type: ignore[arg-type]
@@ -405,6 +409,8 @@ def set_iterations(case_dir: Path, iterations: int) -> TimeControl:
     """
     tc = read_time_control(case_dir)
     end = tc.start + iterations * tc.delta_t
+    from foamlib import FoamFile  # (lazy: ~0.15 s to import)
+
     cd = FoamFile(case_dir / "system" / "controlDict")
     with cd:
         cd["endTime"] = int(end) if float(end).is_integer() else end

@@ -46,6 +46,42 @@ COMMAND_MODULES = (
 )
 
 
+COMMANDS = {
+    "demo": "rankpack.cli.demo_cmd",
+    "plan": "rankpack.cli.plan_cmd",
+    "decompose": "rankpack.cli.decompose_cmd",
+    "run": "rankpack.cli.run_cmd",
+    "runs": "rankpack.cli.runs_cmd",
+    "profile": "rankpack.cli.profile_cmd",
+    "submit": "rankpack.cli.queue_cmd",
+    "queue": "rankpack.cli.queue_cmd",
+    "multiplex": "rankpack.cli.multiplex_cmd",
+    "events": "rankpack.cli.multiplex_cmd",
+    "report": "rankpack.cli.report_cmd",
+    "model": "rankpack.cli.model_cmd",
+    "dev-cluster": "rankpack.cli.devcluster_cmd",
+    "operator": "rankpack.cli.operator_cmd",
+    "simulations": "rankpack.cli.operator_cmd",
+    "node-agent": "rankpack.cli.nodeagent_cmd",
+}
+"""Which module registers each sub-command (a unit test keeps it equal to what they
+register): a command line that names one imports only that module, so a daemon's start
+(``node-agent``, ``operator``) costs only what it uses."""
+
+
+def named_command(argv: Sequence[str]) -> str | None:
+    """The sub-command `argv` names (after the global options), None if none."""
+    skip = False
+    for token in argv:
+        if skip:
+            skip = False
+        elif token == "--db":
+            skip = True
+        elif not token.startswith("-"):
+            return token
+    return None
+
+
 class OneLineArgumentParser(argparse.ArgumentParser):
     """argparse prints usage plus the error; we print only the error, on one line."""
 
@@ -58,7 +94,8 @@ class OneLineArgumentParser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The whole command line; only the named command's module when `argv` names one."""
     parser = OneLineArgumentParser(
         prog="rankpack",
         description=(
@@ -79,7 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
         dest="command", metavar="COMMAND", parser_class=OneLineArgumentParser
     )
     sub.required = True
-    for name in COMMAND_MODULES:
+    command = named_command(argv) if argv is not None else None
+    modules = (COMMANDS[command],) if command in COMMANDS else COMMAND_MODULES
+    for name in modules:
         try:
             module = importlib.import_module(name)
         except ModuleNotFoundError as exc:
@@ -174,7 +213,7 @@ def _main(args_list: list[str], debug: bool) -> int:
     parser: argparse.ArgumentParser | None = None
     args: argparse.Namespace | None = None
     try:
-        parser = build_parser()
+        parser = build_parser(args_list)
         try:
             args = parser.parse_args(args_list)
         except SystemExit as exc:  # --help (0) or a usage error (2), already printed

@@ -115,7 +115,7 @@ def daemonset(
             "httpGet": {"path": "/healthz", "port": "http"},
             "periodSeconds": 5,
         },
-        "resources": {"requests": {"cpu": "50m", "memory": "128Mi"}},  # ~95 MB RSS measured
+        "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},  # ~95 MB RSS measured
         "securityContext": {
             # root: the records are the rank pods' user's, in the kubelet's 0750 root dirs
             "runAsUser": 0,
