@@ -643,3 +643,49 @@ def test_inventory_without_cluster_pods_counts_the_agents_and_room_for_a_launche
     assert inv.launch_overhead_millis == 50
     h.backend.config = replace(h.backend.config, launcher="host")
     assert h.backend.inventory().launch_overhead_millis == 0
+
+
+# -- what it costs the apiserver (issue 29) --------------------------------------------------
+
+
+def test_following_a_running_simulation_sends_no_request(tmp_path: Path) -> None:
+    """Once every collection is listed and watched, rounds of the follower and the loop's
+    inventory every tick read the cache: only changes (a resize) cost requests."""
+    api = FakeKubeApi()
+    api.nodes = [{"metadata": {"name": "node-1"}, "spec": {},
+                  "status": {"allocatable": {"cpu": "2"},
+                             "conditions": [{"type": "Ready", "status": "True"}]}}]  # fmt: skip
+    h = Harness(tmp_path, api)
+    h.backend.launch(h.spec())
+    h.run_all()
+    h.backend.inventory()
+    lists = [a for a in api.actions if a[0] == "list"]
+    assert len(set(lists)) == len(lists)  # every collection listed once
+    before = len(api.actions)
+    for _ in range(20):  # twenty ticks
+        h.backend.poll_once()
+        h.backend.inventory()
+        h.backend.observe(SIM)
+    # (without threads, each read of the cache is one round of its watch: the fake's
+    # watches answer at once; a real one stays open for minutes)
+    assert {a[0] for a in api.actions[before:]} == {"watch"}
+    before = len(api.actions)
+    h.backend.resize(SIM, 2, RankResources(750))
+    h.api.settle_resize(PODS[2])
+    h.backend.poll_once()
+    assert h.backend.observe(SIM).ranks[2].resize.state is ResizeState.COMPLETED  # type: ignore[union-attr]
+    assert [a for a in api.actions[before:] if a[0] != "watch"] == [
+        ("patch", "pods/resize", PODS[2])
+    ]
+
+
+def test_a_watch_answered_gone_lists_again_once(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.backend.poll_once()
+    path = "/api/v1/namespaces/rankpack/pods"
+    h.api.gone.add(path)
+    h.run_all()  # the next watch is answered 410: the pods are listed again
+    assert [a for a in h.api.actions if a[:2] == ("list", "pods")] == [("list", "pods")] * 2
+    assert len(h.procs) == 1  # and the round went on from the fresh List
+    assert h.backend.cache.stats()[path]["gone"] == 1

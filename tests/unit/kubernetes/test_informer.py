@@ -43,7 +43,7 @@ class Replay(BaseHTTPRequestHandler):
     script: ClassVar[deque[tuple[Any, ...]]] = deque()
     seen: ClassVar[list[tuple[str, dict[str, str]]]] = []
 
-    def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+    def do_GET(self) -> None:
         url = urllib.parse.urlsplit(self.path)
         query = dict(urllib.parse.parse_qsl(url.query))
         self.seen.append((url.path, query))
@@ -153,7 +153,7 @@ def test_gone_as_an_error_event_lists_again_and_resumes_from_the_new_list(
                "metadata": {}, "status": "Failure", "reason": "Expired", "code": 410,
                "message": "too old resource version: 100 (2410)"}}  # fmt: skip
     later = recorded("pod_life.json")["relist"]
-    Replay.script.extend([("list", seq["list"]), ("watch", seq["watch"][:2] + [expired]),
+    Replay.script.extend([("list", seq["list"]), ("watch", [*seq["watch"][:2], expired]),
                           ("list", later), ("watch", [])])  # fmt: skip
     heard: list[tuple[str, str]] = []
     inf = Informer(api, PODS)

@@ -247,13 +247,28 @@ class Informer:
                 return
             self.stats.events += 1
             key = key_of(obj)
+            held = self._objs.get(key)
+            if newer(rv, self.resource_version):
+                self.resource_version = rv
+            if held is not None and kind != "DELETED" and newer(version_of(held), rv):
+                return  # this process's own write (`saw`) got here first
             if kind == "DELETED":
                 self._objs.pop(key, None)
             else:
                 self._objs[key] = obj
-            if newer(rv, self.resource_version):
-                self.resource_version = rv
         self._changed([(kind, obj)])
+
+    def saw(self, obj: Obj) -> None:
+        """An object as this process's own write returned it: held at once if it is newer
+        than the cache's copy (read your writes), ahead of its watch event. Where the watch
+        resumes does not move: events up to it are still to come."""
+        rv = version_of(obj)
+        with self._cond:
+            held = self._objs.get(key_of(obj))
+            if held is None or not rv or not newer(rv, version_of(held)):
+                return
+            self._objs[key_of(obj)] = obj
+        self._changed([("MODIFIED", obj)])
 
     def _changed(self, changes: list[tuple[str, Obj]], *, always: bool = False) -> None:
         if not changes and not always:
