@@ -25,6 +25,8 @@ import pytest
 from rankpack.backend.kubernetes import ClientKubeApi, load_config
 from rankpack.backend.kubernetes.informer import Cache, Informer, core
 
+Obj = dict[str, Any]
+
 pytestmark = pytest.mark.timeout(30)
 
 DATA = Path(__file__).parent / "data"
@@ -97,7 +99,30 @@ def api(tmp_path: Path) -> Iterator[ClientKubeApi]:
 
 def names(inf: Informer) -> dict[str, str]:
     """name -> phase of the pods the cache holds."""
-    return {p["metadata"]["name"]: p.get("status", {}).get("phase", "") for p in inf.items()}
+    return phases(inf.items())
+
+
+def phases(pods: list[Obj]) -> dict[str, str]:
+    return {p["metadata"]["name"]: p.get("status", {}).get("phase", "") for p in pods}
+
+
+def fold(listed: Obj, events: list[Obj]) -> dict[str, str]:
+    """What a List and the events after it say exists (name -> phase), worked out here."""
+    held = {p["metadata"]["name"]: p for p in listed["items"]}
+    for e in events:
+        if e["type"] in ("ADDED", "MODIFIED"):
+            held[e["object"]["metadata"]["name"]] = e["object"]
+        elif e["type"] == "DELETED":
+            held.pop(e["object"]["metadata"]["name"], None)
+    return phases(list(held.values()))
+
+
+def changes(events: list[Obj]) -> list[Obj]:
+    return [e for e in events if e["type"] != "BOOKMARK"]
+
+
+def name_of(event: Obj) -> str:
+    return str(event["object"]["metadata"]["name"])
 
 
 def test_a_pods_life_is_followed_from_the_list_and_one_watch(api: ClientKubeApi) -> None:
@@ -107,16 +132,24 @@ def test_a_pods_life_is_followed_from_the_list_and_one_watch(api: ClientKubeApi)
     inf = Informer(api, PODS)
     inf.listeners.append(lambda kind, obj: heard.append((kind, obj["metadata"]["name"])))
     inf.list_now()
-    assert names(inf) == {"rankpack-s1-0": "Running"}
+    assert names(inf) == phases(seq["list"]["items"])
     assert inf.resource_version == seq["list"]["metadata"]["resourceVersion"]
     inf.watch_once()
-    assert names(inf) == {"rankpack-s1-0": "Running", "rankpack-s1-1": "Running"}
-    assert heard == [("ADDED", "rankpack-s1-0"), ("ADDED", "rankpack-s1-1"),
-                     ("MODIFIED", "rankpack-s1-1"), ("MODIFIED", "rankpack-s1-1"),
-                     ("ADDED", "rankpack-s1-2"), ("DELETED", "rankpack-s1-2")]  # fmt: skip
-    # the last event is a bookmark: where the next watch starts, nothing else changed
+    assert names(inf) == fold(seq["list"], seq["watch"])
+    born = [name_of(e) for e in seq["watch"] if e["type"] == "ADDED"]
+    gone = [name_of(e) for e in seq["watch"] if e["type"] == "DELETED"]
+    assert len(born) == 2 and len(gone) == 1 and gone[0] == born[1]  # one runs, one went
+    assert names(inf)[born[0]] == "Running" and gone[0] not in names(inf)
+    assert heard == [("ADDED", p["metadata"]["name"]) for p in seq["list"]["items"]] + [
+        (e["type"], name_of(e)) for e in changes(seq["watch"])
+    ]
+    # the stream ends with a bookmark: where the next watch starts, nothing else changed
+    assert seq["watch"][-1]["type"] == "BOOKMARK"
     assert inf.resource_version == seq["watch"][-1]["object"]["metadata"]["resourceVersion"]
-    assert (inf.stats.events, inf.stats.bookmarks, inf.stats.dropped) == (5, 1, 0)
+    n_marks = len(seq["watch"]) - len(changes(seq["watch"]))
+    assert (inf.stats.events, inf.stats.bookmarks, inf.stats.dropped) == (
+        len(changes(seq["watch"])), n_marks, 0,
+    )  # fmt: skip
     (_, listed), (path, watched) = Replay.seen
     assert path == "/api/v1/namespaces/rankpack/pods"
     assert listed["labelSelector"] == watched["labelSelector"] == PODS.label_selector
@@ -137,12 +170,15 @@ def test_a_resize_completes_in_the_cache_when_the_watch_brings_it(api: ClientKub
     versions = [inf.version]
     inf.listeners.append(lambda kind, obj: versions.append(inf.version))
     inf.watch_once()
-    (pod,) = inf.items()
+    (resized,) = {name_of(e) for e in changes(seq["watch"])}
+    pod = inf.get(resized, "rankpack")
+    assert pod is not None
     cs = pod["status"]["containerStatuses"][0]
     assert pod["spec"]["containers"][0]["resources"]["requests"]["cpu"] == "700m"
     assert cs["resources"]["requests"]["cpu"] == "700m"  # the kubelet applied it
-    assert not [c for c in pod["status"].get("conditions", []) if c["type"].startswith("PodResize")]
-    assert versions == sorted(versions) and len(versions) == 1 + len(seq["watch"]) - 1
+    conditions = pod["status"].get("conditions") or []
+    assert not [c for c in conditions if c["type"].startswith("PodResize")]
+    assert versions == sorted(versions) and len(versions) == 1 + len(changes(seq["watch"]))
 
 
 def test_gone_as_an_error_event_lists_again_and_resumes_from_the_new_list(
@@ -152,8 +188,11 @@ def test_gone_as_an_error_event_lists_again_and_resumes_from_the_new_list(
     expired = {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
                "metadata": {}, "status": "Failure", "reason": "Expired", "code": 410,
                "message": "too old resource version: 100 (2410)"}}  # fmt: skip
-    later = recorded("pod_life.json")["relist"]
-    Replay.script.extend([("list", seq["list"]), ("watch", [*seq["watch"][:2], expired]),
+    gone = next(name_of(e) for e in seq["watch"] if e["type"] == "DELETED")
+    upto = next(i for i, e in enumerate(seq["watch"]) if e["type"] == "ADDED"
+                and name_of(e) == gone)  # fmt: skip
+    later = seq["relist"]
+    Replay.script.extend([("list", seq["list"]), ("watch", [*seq["watch"][: upto + 1], expired]),
                           ("list", later), ("watch", [])])  # fmt: skip
     heard: list[tuple[str, str]] = []
     inf = Informer(api, PODS)
@@ -161,8 +200,8 @@ def test_gone_as_an_error_event_lists_again_and_resumes_from_the_new_list(
     inf.list_now()
     inf.pump()  # the watch ends with 410: listed again at once
     assert inf.stats.gone == 1 and inf.stats.lists == 2
-    assert names(inf) == {"rankpack-s1-1": "Running"}  # what the new List says
-    assert ("DELETED", "rankpack-s1-0") in heard  # gone while the watch was away
+    assert names(inf) == phases(later["items"])  # what the new List says
+    assert gone not in names(inf) and ("DELETED", gone) in heard  # went while unwatched
     assert inf.resource_version == later["metadata"]["resourceVersion"]
     inf.pump()
     assert Replay.seen[-1][1]["resourceVersion"] == later["metadata"]["resourceVersion"]
@@ -205,7 +244,7 @@ def test_a_broken_watch_resumes_from_its_resource_version_without_a_list(
     thread.start()
     assert done.wait(20)
     stop.set()
-    assert names(inf) == {"rankpack-s1-0": "Running", "rankpack-s1-1": "Running"}
+    assert names(inf) == fold(seq["list"], [e for e in seq["watch"] if e["type"] != "BOOKMARK"])
     assert inf.stats.lists == 1 and inf.stats.gone == 0 and inf.stats.broken >= 2
     watches = [q for _, q in Replay.seen if q.get("watch") == "true"]
     assert [q["resourceVersion"] for q in watches] == [
@@ -221,7 +260,7 @@ def test_the_resource_version_never_goes_back(api: ClientKubeApi) -> None:
     inf.watch_once()
     rv = inf.resource_version
     kept = {p["metadata"]["name"]: p["metadata"]["resourceVersion"] for p in inf.items()}
-    old_pod = seq["watch"][1]["object"]  # rankpack-s1-1 as first ADDED: older than the cache's
+    old_pod = seq["watch"][1]["object"]  # an early version: older than the cache
     Replay.script.append(("watch", [
         {"type": "MODIFIED", "object": old_pod},
         {"type": "DELETED", "object": seq["list"]["items"][0] | {"metadata": {
@@ -245,7 +284,7 @@ def test_a_watch_refused_falls_back_to_listing_and_a_list_refused_is_forbidden(
     inf.list_now()
     inf.pump()  # the watch is refused: from now on a List is the poll
     inf.pump()
-    assert names(inf) == {"rankpack-s1-1": "Running"}
+    assert names(inf) == phases(seq["relist"]["items"])
     assert [q.get("watch") for _, q in Replay.seen] == [None, "true", None]
     nodes = Cache(api, background=False)
     Replay.script.append(("status", 403, {"reason": "Forbidden", "message": "nodes"}))
@@ -262,4 +301,5 @@ def test_a_shared_cache_lists_each_collection_once_for_every_reader(api: ClientK
     assert a is b and a.stats.lists == 1 and a.stats.watches == 1
     assert api.requests.counts() == {("list", "pods", 200): 1, ("watch", "pods", 200): 1}
     stats = cache.stats()[str(PODS)]
-    assert (stats["lists"], stats["watches"], stats["objects"]) == (1, 1, 2)
+    held = len(fold(seq["list"], seq["watch"]))
+    assert (stats["lists"], stats["watches"], stats["objects"]) == (1, 1, held)
