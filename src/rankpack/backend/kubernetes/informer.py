@@ -39,7 +39,7 @@ log = logging.getLogger("rankpack.kubernetes")
 WATCH_S = 300.0
 """A watch asks the apiserver to end it after between this and twice this (client-go: 5 to
 10 minutes), so that watches of many clients do not all start again at once."""
-BACKOFF_S = (0.5, 10.0)
+BACKOFF_S = (0.5, 5.0)
 """The first and the longest wait before a broken watch (or a failed List) is tried again."""
 
 Listener = Callable[[str, Obj], None]
