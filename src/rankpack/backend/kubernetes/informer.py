@@ -332,6 +332,15 @@ class Informer:
                 stop.wait(delay)
                 delay = min(delay * 2, BACKOFF_S[1])
                 continue
+            except Exception as exc:  # a bug must not leave the cache stale for good
+                self.stats.broken += 1
+                self.error = repr(exc)
+                self._relist = True
+                log.warning("watch on %s failed: %r; listing again in %.1f s",
+                            self.collection, exc, delay)  # fmt: skip
+                stop.wait(delay)
+                delay = min(delay * 2, BACKOFF_S[1])
+                continue
             delay = BACKOFF_S[0]
             if not self._watchable:
                 stop.wait(self.poll_s)
@@ -377,6 +386,8 @@ class Cache:
             return inf
         if not self.background:
             inf.pump()
+        elif not inf.forbidden and not self.stop.is_set():
+            self._start(collection, inf)  # (cheap when its thread runs)
         return inf
 
     def _start(self, collection: Collection, inf: Informer) -> None:
