@@ -28,6 +28,7 @@ from __future__ import annotations
 import logging
 import random
 import threading
+import time
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -211,22 +212,26 @@ class Informer:
             self.synced, self.forbidden, self._relist, self.error = True, False, False, None
         self._changed(changes, always=True)
 
-    def watch_once(self, stop: threading.Event | None = None) -> None:
+    def watch_once(self, stop: threading.Event | None = None) -> int:
         """One watch from `resource_version`, its events applied until it ends (the
-        apiserver's timeout; an error raises: `Gone` means list again)."""
+        apiserver's timeout; an error raises: `Gone` means list again). Returns how many
+        events it brought."""
         timeout = self.watch_s * (1.0 + self.rng.random())
         query: Mapping[str, str] = {**self.collection.query(), "allowWatchBookmarks": "true",
                                     "resourceVersion": self.resource_version}  # fmt: skip
         self.stats.watches += 1
         stream = self.api.watch(self.collection.path, query=query, timeout_s=timeout)
         self.error = None
+        n = 0
         try:
             for event in stream:
+                n += 1
                 self.apply(event)
                 if stop is not None and stop.is_set():
                     break
         finally:
             _close(stream)
+        return n
 
     def apply(self, event: Obj) -> None:
         """Take one watch event in (see the module doc)."""
@@ -302,7 +307,11 @@ class Informer:
             self.list_now()  # may list, may not watch: the List is the poll
         else:
             try:
-                self.watch_once(stop)
+                t0 = time.monotonic()
+                if self.watch_once(stop) == 0 and time.monotonic() - t0 < 1.0 and stop:
+                    # ended at once with nothing (client-go's "very short watch"): not
+                    # opened again in a tight loop
+                    raise ApiError(0, "ShortWatch", "the watch ended at once without events")
             except ApiError as exc:
                 if exc.status != 403:
                     raise
