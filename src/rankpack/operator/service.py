@@ -248,7 +248,8 @@ def run_operator(
         name_of=_name_of(queue), uid_of=queue.uids.get,
     )  # fmt: skip
     events.start()
-    display = _Display(queue, opts.status_interval_s, metrics, store, events)
+    # every tick's view goes to the queue, which writes it at most every status_interval_s
+    display = _Display(queue, 0.0, metrics, store, events)
     ctx = _Ctx(opts, backend, store, queue, display, stop, say, backend.clock())
     result = OperatorResult("stopped", 0, 0, [])
     try:
