@@ -19,10 +19,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="serve this node's rank pods' CPU counters and shim records (a DaemonSet)",
         description=(
             "The node agent: one per node (deploy it as a DaemonSet with "
-            "`python -m rankpack.nodeagent.manifests`). It lists the rank pods on its node "
-            "from the API, reads their cgroups' CPU counters and pressure and the PMPI shim's "
-            "live records in each pod's own volume (through the kubelet's pods directory), "
-            "and serves them on the pod network: GET /v1/ranks?namespace=NS, PUT "
+            "`python -m rankpack.nodeagent.manifests`). It follows the rank pods on its node "
+            "through a watch on the API, reads their cgroups' CPU counters and pressure and "
+            "the PMPI shim's live records in each pod's own volume (through the kubelet's "
+            "pods directory), and serves them on the pod network: GET /v1/ranks?namespace=NS, PUT "
             "/v1/namespaces/NS/simulations/SIM/wait-mode, GET /metrics, GET /healthz. "
             "Requests carry a ServiceAccount token, checked by TokenReview and "
             "SubjectAccessReview (ranks.rankpack.dev: get, update)."
@@ -45,7 +45,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def handle_node_agent(args: argparse.Namespace) -> int:
-    from rankpack.backend.kubernetes import ClientKubeApi, KubernetesConfig
+    from rankpack.backend.kubernetes import ApiError, ClientKubeApi, KubernetesConfig
+    from rankpack.backend.kubernetes.informer import Cache, core
     from rankpack.backend.kubernetes.nodereader import NodeReader, resolve_pods_cgroup
     from rankpack.nodeagent.auth import ApiReviewer, Authorizer
     from rankpack.nodeagent.server import AgentServer
@@ -71,8 +72,17 @@ def handle_node_agent(args: argparse.Namespace) -> int:
     if not reader.available:
         log.warning("this node's pods are not visible here (%s/pods, %s/%s): readings will be "
                     "empty", args.kubelet_root, args.cgroup_root, pods_cgroup)  # fmt: skip
-    selector = f"spec.nodeName={args.node}"
-    pods = RankPods(lambda: api.list_pods_all_namespaces(selector, RANK_PODS_SELECTOR))
+    # this node's rank pods: listed once, then watched (issue 29), read from the cache
+    ranks = core("pods", labels=RANK_PODS_SELECTOR, fields=f"spec.nodeName={args.node}")
+    cache = Cache(api)
+
+    def listed() -> list[dict[str, object]]:
+        found = cache.informer(ranks)
+        if found.forbidden:
+            raise ApiError(403, "Forbidden", "this node's pods may not be listed")
+        return found.items()
+
+    pods = RankPods(listed)
     agent = NodeAgent(args.node, reader, pods, Authorizer(ApiReviewer(api)))
     try:
         server = AgentServer((args.address, args.port), agent)
@@ -91,5 +101,6 @@ def handle_node_agent(args: argparse.Namespace) -> int:
         signal.signal(signal.SIGTERM, previous)
         server.shutdown()
         server.server_close()
+        cache.close()
     log.info("node agent stopped")
     return 0

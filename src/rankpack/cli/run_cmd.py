@@ -277,7 +277,11 @@ def handle(args: argparse.Namespace) -> int:
                 Path(f"{db}{suffix}").unlink(missing_ok=True)
         raise
     if args.json:
-        print_json(result.to_json())
+        data = result.to_json()
+        requests = getattr(backend, "api_requests", None)
+        if requests is not None:  # the Kubernetes backend: what the run cost the apiserver
+            data["api_requests"] = requests()
+        print_json(data)
     else:
         Console().print(run_table(result))
         if result.message:

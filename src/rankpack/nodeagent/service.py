@@ -12,8 +12,9 @@ Routes (decision 0010):
   rank's record is not published yet (nothing is changed then), 400 for a bad body.
 
 Every route but ``/healthz`` is authorized first (`auth`). The rank pods are those the API
-lists on this node (`RankPods`: ``spec.nodeName`` field selector, rankpack's labels, all
-namespaces), listed at most once a second.
+holds on this node (`RankPods`: ``spec.nodeName`` field selector, rankpack's labels, all
+namespaces), read at most once a second from a cache that lists them once and then watches
+(`rankpack node-agent` builds it on `backend.kubernetes.informer`).
 """
 
 from __future__ import annotations

@@ -1,9 +1,13 @@
 """Leader election on a coordination.k8s.io Lease: only the holder of the Lease acts.
 
 `Lease` follows client-go's (and the official Python client's) elector on plain JSON through
-the project's REST boundary (`ClientKubeApi.request`): try to take or renew the Lease every
+the project's REST boundary (`ClientKubeApi.request`): try to take the Lease every
 ``retry_s``; a Lease held by another identity is free once its record has not changed for
-``lease_s``; a leader that cannot renew for ``renew_s`` has lost it. An unreachable or
+``lease_s``; the leader renews it every ``lease_s / 3`` (at least ``retry_s``; a failed
+renewal is tried again every ``retry_s``) by replacing the record it last wrote, with no
+read first (client-go's fast path; a conflict reads it again), so leading costs the
+apiserver one request per renewal (issue 29); a leader that cannot renew for ``renew_s``
+since its last renewal has lost it. An unreachable or
 refusing apiserver is a failed attempt like any other (retried), so a leader whose apiserver
 is away loses the Lease after ``renew_s`` and a follower keeps following; 401/403 answers
 are remembered (`refused_since`) so the operator can say the identity may not use Leases.
@@ -19,7 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rankpack.backend.kubernetes.api import ApiError, ClientKubeApi, NotFound
+from rankpack.backend.kubernetes.api import ApiError, ClientKubeApi, Conflict, NotFound
 
 log = logging.getLogger("rankpack.operator")
 
@@ -54,6 +58,8 @@ class Lease:
         that has just started refuses for a moment until its authorizer has synced."""
         self._observed: tuple[Any, ...] | None = None
         self._observed_t = 0.0
+        self._mine: Obj | None = None
+        """The Lease as this leader last wrote it (renewed without reading it first)."""
         self.thread = threading.Thread(target=self._run, daemon=True, name="lease")
 
     def start(self) -> None:
@@ -74,19 +80,32 @@ class Lease:
                 return
             time.sleep(retry)
         self.leading.set()
+        every = max(float(retry), self.terms.lease_s / 3)
+        renewed = time.monotonic()
         while not self.released:
-            deadline = time.monotonic() + self.terms.renew_s
+            time.sleep(every)
             while not self._attempt():
-                if self.released or time.monotonic() >= deadline:
+                if self.released or time.monotonic() >= renewed + self.terms.renew_s:
                     return  # could not renew in time: the term ends
                 time.sleep(retry)
-            time.sleep(retry)
+            renewed = time.monotonic()
 
     def _attempt(self) -> bool:
         """Take or renew the Lease once; True if this identity holds it now."""
         if self.released:
             return False
         now = _micro_time()
+        mine = self._mine if self.leading.is_set() else None
+        if mine is not None:  # renew what this leader last wrote (a conflict reads it again)
+            spec = {**(mine.get("spec") or {}), "renewTime": now}
+            try:
+                self._mine = self.api.request("PUT", self.path, body={**mine, "spec": spec})
+                return True
+            except Conflict:
+                self._mine = None
+            except ApiError as exc:
+                self._note(exc)
+                return False
         try:
             lease = self.api.request("GET", self.path)
         except NotFound:
@@ -115,7 +134,7 @@ class Lease:
         )
         lease["spec"] = spec
         try:
-            self.api.request("PUT", self.path, body=lease)
+            self._mine = self.api.request("PUT", self.path, body=lease)
         except ApiError as exc:  # Conflict: someone else wrote it first
             self.last_error = (exc.status, _first_line(exc))
             return False
@@ -131,7 +150,7 @@ class Lease:
                      "acquireTime": now, "renewTime": now, "leaseTransitions": 0},
         }  # fmt: skip
         try:
-            self.api.request("POST", self.path.rsplit("/", 1)[0], body=body)
+            self._mine = self.api.request("POST", self.path.rsplit("/", 1)[0], body=body)
         except ApiError as exc:
             self.last_error = (exc.status, _first_line(exc))
             return False

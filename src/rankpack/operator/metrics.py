@@ -1,17 +1,41 @@
 """The operator's Prometheus endpoint (the ``prometheus-client`` package).
 
-Gauges are set from the control loop's view every tick; counters from its recorded events.
+Gauges are set from the control loop's view every tick; counters from its recorded events;
+``rankpack_apiserver_requests_total`` (by verb, resource and code) from the client's own
+request counter (`api.RequestCounter`), read when scraped: divide its rate by
+``rankpack_simulations_running`` for the requests per running simulation (issue 29).
 """
 
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_server
+from prometheus_client.core import CounterMetricFamily, Metric
+from prometheus_client.registry import Collector
 
+from rankpack.backend.kubernetes.api import RequestCounter
 from rankpack.controller.loop import SimView
 from rankpack.store import EventRow
+
+
+class ApiRequests(Collector):
+    """The operator's requests to the apiserver, as counted by its client."""
+
+    def __init__(self, counter: RequestCounter) -> None:
+        self.counter = counter
+
+    def collect(self) -> Iterator[Metric]:
+        family = CounterMetricFamily(
+            "rankpack_apiserver_requests",
+            "requests this operator sent to the apiserver (a watch counts once, when opened)",
+            labels=["verb", "resource", "code"],
+        )
+        for (verb, resource, code), n in sorted(self.counter.counts().items()):
+            family.add_metric([verb, resource, str(code)], n)
+        yield family
+
 
 RESIZE_OUTCOMES = {"resize": "completed", "resize-rejected": "rejected",
                    "resize-infeasible": "infeasible", "resize-failed": "failed",
@@ -23,9 +47,11 @@ requests sent again after a failure."""
 
 
 class OperatorMetrics:
-    def __init__(self) -> None:
+    def __init__(self, requests: RequestCounter | None = None) -> None:
         self.registry = CollectorRegistry()
         r = self.registry
+        if requests is not None:
+            r.register(ApiRequests(requests))
         self.progress = Gauge(
             "rankpack_simulation_progress_ratio",
             "iterations done / iterations expected",

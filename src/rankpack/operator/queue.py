@@ -15,6 +15,12 @@ The apiserver may go away at any moment (restarted, overloaded): no method here 
 that. A status patch that fails is kept (merged per Simulation, last write wins per field)
 and written when the apiserver answers again (`flush`, every tick); `pending` answers no
 new work while it cannot list, and `idle` is only true on a fresh, successful listing.
+
+Status writes are coalesced (issue 29): a change of phase or a launch (`URGENT`) is written
+at once, with whatever else waits for that Simulation; anything else (progress, holds,
+conditions) at most once per Simulation per ``status_interval_s`` (merged meanwhile and
+written by `flush`). The Simulations are read from the operator's cache (`SimulationApi.cache`,
+`simcache`: listed once, then watched), not listed every tick.
 """
 
 from __future__ import annotations
@@ -22,10 +28,11 @@ from __future__ import annotations
 import builtins
 import datetime as dt
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rankpack.backend.kubernetes.api import ApiError, ClientKubeApi, Conflict, NotFound
 from rankpack.case.staging import StagedCase
@@ -43,7 +50,13 @@ from rankpack.operator.admission import (
 )
 from rankpack.store import RunRow, Store
 
+if TYPE_CHECKING:
+    from rankpack.operator.simcache import SimulationCache
+
 Obj = dict[str, Any]
+
+URGENT = ("phase", "simId")
+"""Status fields written at once (a phase change, a launch); others are coalesced."""
 
 
 def now_rfc3339() -> str:
@@ -66,6 +79,8 @@ class SimulationApi:
     def __init__(self, api: ClientKubeApi, namespace: str) -> None:
         self.api = api
         self.namespace = namespace
+        self.cache: SimulationCache | None = None
+        """Where `list` reads them (listed once, then watched); None: a List per call."""
 
     @property
     def path(self) -> str:
@@ -73,7 +88,14 @@ class SimulationApi:
         return f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/{self.namespace}/{crd.PLURAL}"
 
     def list(self) -> list[Obj]:
+        if self.cache is not None:
+            return self.cache.list()
         return list(self.api.request("GET", self.path).get("items", []))
+
+    def _saw(self, obj: Obj) -> Obj:
+        if self.cache is not None:
+            self.cache.saw(obj)
+        return obj
 
     def get(self, name: str) -> Obj:
         return self.api.request("GET", f"{self.path}/{name}")
@@ -89,7 +111,7 @@ class SimulationApi:
         """Replace the status under the object's resourceVersion (`Conflict` if it
         changed)."""
         name = obj["metadata"]["name"]
-        return self.api.request("PUT", f"{self.path}/{name}/status", body=obj)
+        return self._saw(self.api.request("PUT", f"{self.path}/{name}/status", body=obj))
 
     def events(self, name: str | None = None) -> builtins.list[Obj]:
         """The core/v1 Events on Simulations (on ``name`` only, if given), oldest first."""
@@ -101,10 +123,10 @@ class SimulationApi:
         return sorted(found.get("items", []), key=_event_order)
 
     def patch_status(self, name: str, status: Obj) -> Obj:
-        return self.api.request(
+        return self._saw(self.api.request(
             "PATCH", f"{self.path}/{name}/status", body={"status": status},
             content_type="application/merge-patch+json",
-        )  # fmt: skip
+        ))  # fmt: skip
 
 
 LAUNCH_FIELDS = ("usage", "launcher", "simId", "runId", "runDir", "startedAt",
@@ -167,8 +189,15 @@ class SimulationQueue:
         cluster_millis: Callable[[], int | None] = lambda: None,
         placement: Callable[[], dict[str, str]] = dict,
         limits: NamespaceLimits | None = None,
+        status_interval_s: float = 0.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.api = api
+        self.status_interval_s = status_interval_s
+        """At most one status patch per Simulation per this many seconds, but `URGENT` ones."""
+        self.clock = clock
+        self.written: dict[str, float] = {}
+        """Simulation name -> when its status was last written (`clock`)."""
         self.limits = limits or NamespaceLimits()
         """How many Simulations one namespace may have queued and running."""
         self.holds: dict[str, tuple[str, str]] = {}
@@ -353,6 +382,7 @@ class SimulationQueue:
             return False
         self.uncertain.discard(name)
         self.holding[job.queue_id] = uid
+        self.written[name] = self.clock()
         return True
 
     def started(self, job: Job, run_id: int, sim_id: str, staged: StagedCase) -> None:
@@ -612,27 +642,44 @@ class SimulationQueue:
             self.uncertain.clear()
 
     def _patch(self, name: str, status: Obj) -> None:
-        """Merge-patch the status now, or keep it for `flush` if the apiserver does not
-        answer (a deleted Simulation's patches are dropped)."""
+        """Merge-patch the status: now if it is `URGENT` (with what waits for it) or due
+        (nothing written for ``status_interval_s``), else kept in the outbox for `flush`;
+        kept too if the apiserver does not answer (a deleted Simulation's patches are
+        dropped)."""
+        urgent = any(k in status for k in URGENT)
         with self.lock:
-            if name in self.outbox:  # keep the order: older changes go first, merged
-                self.outbox[name] = {**self.outbox[name], **status}
-                return
+            waiting = name in self.outbox
+            if waiting or not (urgent or self._due(name)):
+                self.outbox[name] = {**self.outbox.get(name, {}), **status}
+                if not urgent:
+                    return  # keep the order: older changes go first, merged
+                status = self.outbox.pop(name)
+        self._write(name, status)
+
+    def _due(self, name: str) -> bool:
+        last = self.written.get(name)
+        return last is None or self.clock() - last >= self.status_interval_s
+
+    def _write(self, name: str, status: Obj) -> bool:
+        """One patch; False (and kept in the outbox) if the apiserver did not answer."""
         try:
             self.api.patch_status(name, status)
         except NotFound:
-            return  # deleted by its user
+            return True  # deleted by its user
         except ApiError as exc:
             self.api_error = _first_line(exc)
             with self.lock:
-                self.outbox[name] = {**self.outbox.get(name, {}), **status}
-            return
+                self.outbox[name] = {**status, **self.outbox.get(name, {})}
+            return False
         self.api_error = None
+        self.written[name] = self.clock()
+        return True
 
     def flush(self) -> bool:
-        """Write the status patches kept while the apiserver did not answer; True when
-        none is left. A claim whose answer was lost and that did take effect (Running, ours,
-        never launched) goes back to the queue."""
+        """Write the status patches kept while the apiserver did not answer, and those
+        coalesced that are due (`URGENT`, or ``status_interval_s`` after the last write);
+        False if the apiserver did not answer. A claim whose answer was lost and that did
+        take effect (Running, ours, never launched) goes back to the queue."""
         for name in sorted(self.uncertain):
             try:
                 st = self.api.get(name).get("status") or {}
@@ -649,7 +696,7 @@ class SimulationQueue:
         for name in names:
             with self.lock:
                 status = self.outbox.get(name)
-            if status is None:
+            if status is None or not (any(k in status for k in URGENT) or self._due(name)):
                 continue
             try:
                 self.api.patch_status(name, status)
@@ -658,6 +705,7 @@ class SimulationQueue:
             except ApiError as exc:
                 self.api_error = _first_line(exc)
                 return False
+            self.written[name] = self.clock()
             with self.lock:
                 if self.outbox.get(name) is status:
                     del self.outbox[name]

@@ -3,8 +3,9 @@
 Start-up: take the Lease (leader election: only the holder acts), then adopt every Running
 Simulation an earlier operator launched (its mpirun outlives the operator: the backend is
 configured with ``detach``), requeue the ones it claimed but never launched, and run the
-control loop on the queue of Simulations. A watch on Simulations wakes the loop when one is
-created or changed; it reconnects with back-off when the apiserver goes away.
+control loop on the queue of Simulations. The Simulations are read from a cache (`simcache`:
+listed once, then watched from their resourceVersion; the watch resumes after the apiserver
+went away), whose changes wake the loop.
 
 A *term* is one stretch of leadership. The apiserver going away is not fatal: for a few
 seconds the loop carries on with what it knows (status patches and Events wait, resizes
@@ -43,6 +44,7 @@ from rankpack.operator.events import QUOTA_CODES, SimulationEvents
 from rankpack.operator.lease import Lease, LeaseTerms
 from rankpack.operator.metrics import OperatorMetrics
 from rankpack.operator.queue import SimulationApi, SimulationQueue
+from rankpack.operator.simcache import SimulationCache
 from rankpack.operator.status import StatusWriter
 from rankpack.store import EventRow, Store
 
@@ -68,7 +70,9 @@ class OperatorOptions:
     """auto, spin, polite or adaptive: for Simulations whose spec has no ``wait``."""
     until_idle: bool = False
     """Return once nothing is queued or running (tests, batch use); default: run forever."""
-    status_interval_s: float = 2.0
+    status_interval_s: float = 10.0
+    """At most one status patch per Simulation per this many seconds (progress, holds,
+    conditions); a phase change or a launch is written at once (issue 29)."""
     plot: Path | None = None
     """Write the session's timeline PNG here when the operator ends."""
     volume: str | None = None
@@ -119,30 +123,6 @@ class OperatorResult:
     """Stretches of leadership (more than one: the Lease was lost and taken again)."""
     multiplex_id: int | None = None
     plot: str | None = None
-
-
-class _Watcher:
-    """Wakes the loop when a Simulation changes; reconnects with back-off."""
-
-    def __init__(self, api: SimulationApi, wake: Callable[[], None], stop: threading.Event):
-        self.api, self.wake, self.stop = api, wake, stop
-        self.thread = threading.Thread(target=self._run, daemon=True, name="watch")
-        self.reconnects = 0
-
-    def _run(self) -> None:
-        delay = 0.5
-        while not self.stop.is_set():
-            try:
-                for _event in self.api.watch(timeout_s=60):
-                    delay = 0.5
-                    self.wake()
-                    if self.stop.is_set():
-                        break
-            except (ApiError, ValueError) as exc:  # apiserver gone, connection reset: retry
-                log.info("watch on simulations: %s; reconnecting in %.1f s", exc, delay)
-                self.reconnects += 1
-                self.stop.wait(delay)
-                delay = min(delay * 2, 10.0)
 
 
 class _Display(StatusWriter):
@@ -235,8 +215,9 @@ def run_operator(
     backend = KubernetesBackend(api, opts.config)
     namespace = opts.config.namespace
     sims = SimulationApi(api, namespace)
+    sims.cache = SimulationCache(backend.cache, [namespace])
     try:
-        sims.list()
+        sims.cache.start()
     except ApiError as exc:
         backend.close()
         raise BackendError(
@@ -244,7 +225,8 @@ def run_operator(
             f"{_first_line(exc)}; is the CRD installed (kubectl apply -f deploy/base/crd.yaml) and "
             "may this identity use it (deploy/base/backend.yaml)?"
         ) from exc
-    metrics = OperatorMetrics()
+    sims.cache.on_change(backend.notify)  # a Simulation created or changed wakes the loop
+    metrics = OperatorMetrics(api.requests)
     if opts.metrics_port is not None:
         try:
             metrics.serve(opts.metrics_port)
@@ -259,17 +241,16 @@ def run_operator(
     queue = SimulationQueue(
         sims, store, identity, admission=opts.admission,
         cluster_millis=_cluster_millis(backend), placement=backend.placement,
-        limits=opts.namespace_limits,
+        limits=opts.namespace_limits, status_interval_s=opts.status_interval_s,
     )  # fmt: skip
     events = SimulationEvents(
         lambda body: backend.api.create("events", body), namespace, identity,
         name_of=_name_of(queue), uid_of=queue.uids.get,
     )  # fmt: skip
     events.start()
-    display = _Display(queue, opts.status_interval_s, metrics, store, events)
+    # every tick's view goes to the queue, which writes it at most every status_interval_s
+    display = _Display(queue, 0.0, metrics, store, events)
     ctx = _Ctx(opts, backend, store, queue, display, stop, say, backend.clock())
-    watcher = _Watcher(sims, backend.notify, stop)
-    watcher.thread.start()
     result = OperatorResult("stopped", 0, 0, [])
     try:
         while not stop.is_set():

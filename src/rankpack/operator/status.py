@@ -3,16 +3,16 @@
 The control loop's view of each Simulation (iterations, per-rank CPU, resizes, wait modes)
 is copied into its status at most every ``interval_s``; a resize the node deferred sets the
 condition ``ResizeDeferred``, a grow held within the namespace's quota ``ResizeHeld``
-(``QuotaExceeded``). Phase changes go through `rankpack.operator.queue.SimulationQueue`.
+(``QuotaExceeded``). Every write goes through `rankpack.operator.queue.SimulationQueue`,
+which coalesces them: at most one patch per Simulation per its ``status_interval_s`` but
+for phase changes and launches (issue 29).
 """
 
 from __future__ import annotations
 
-import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from rankpack.backend.kubernetes.api import ApiError
 from rankpack.controller.loop import SimView
 from rankpack.core.failures import FailureCode
 from rankpack.core.results import progress_text
@@ -22,8 +22,8 @@ from rankpack.operator.queue import Obj, SimulationQueue, condition
 class StatusWriter:
     """A `Display` that copies the loop's view of each Simulation into its status.
 
-    Progress is best effort (a patch that fails is dropped: the next one carries newer
-    numbers); phase changes go through the queue, which keeps them until written. A rank
+    Progress goes through the queue's coalescing (`SimulationQueue._patch`: merged with
+    what waits, written once due, kept while the apiserver does not answer). A rank
     whose resize the node deferred shows it (``ranks[].resize``) and sets the condition
     ``ResizeDeferred``; ``resizes`` counts completed resizes only.
     """
@@ -47,7 +47,7 @@ class StatusWriter:
             if view.run_id is None or t - self.last.get(view.queue_id, -1e9) < self.interval_s:
                 continue
             name = self.queue.names.get(view.queue_id)
-            if name is None or name in self.queue.outbox:
+            if name is None:
                 continue
             self.last[view.queue_id] = t
             status = self._status(view)
@@ -63,9 +63,8 @@ class StatusWriter:
                     if deferred
                     else condition("ResizeDeferred", False, "Applied", "no resize deferred"),
                 )
-            with contextlib.suppress(ApiError):
-                self.queue.api.patch_status(name, status)
-                self.deferred[name] = deferred
+            self.queue._patch(name, status)
+            self.deferred[name] = deferred
 
     def resize_held(self, name: str, message: str | None) -> None:
         """A grow of Simulation ``name`` held within the namespace's quota (``message``:

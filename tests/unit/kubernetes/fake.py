@@ -1,18 +1,23 @@
 """FakeKubeApi: the `KubeApi` boundary in memory, recording every action (mpi-operator style).
 
 Tests move pods through their lives themselves (`run_pod`, `settle_resize`), as the
-kubelet and the scheduler would; deleting an owner garbage-collects its dependents.
+kubelet and the scheduler would; deleting an owner garbage-collects its dependents. Lists
+and watches of any collection (`list_collection`, `watch`) serve the backend's cache
+(`informer`): a watch yields what changed since that collection was last listed or watched
+(found by comparing, so a test may also change objects in place), each change with a new
+(global) resourceVersion, then a BOOKMARK, and ends; `gone` makes the next watch of a path answer
+410 Gone.
 """
 
 from __future__ import annotations
 
 import copy
 import itertools
-from collections.abc import Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankpack.backend.kubernetes.api import ApiError, ExecResult
+from rankpack.backend.kubernetes.api import ApiError, ExecResult, RequestCounter
 from rankpack.backend.kubernetes.status import cpu_millis
 
 Obj = dict[str, Any]
@@ -26,6 +31,26 @@ def _matches(obj: Obj, selector: str) -> bool:
             return False
         if not eq and key not in labels:
             return False
+    return True
+
+
+def _field(obj: Obj, path: str) -> str:
+    value: Any = obj
+    for part in path.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return "" if value is None else str(value)
+
+
+def _fields_match(obj: Obj, selector: str) -> bool:
+    for term in filter(None, selector.split(",")):
+        if "!=" in term:
+            key, value = term.split("!=", 1)
+            if _field(obj, key) == value:
+                return False
+        else:
+            key, _, value = term.replace("==", "=").partition("=")
+            if _field(obj, key) != value:
+                return False
     return True
 
 
@@ -46,7 +71,118 @@ class FakeKubeApi:
     backend reads, is whatever a test puts in ``objects``: it may be stale)."""
     events: list[Obj] = field(default_factory=list)
     token: str | None = "backend-token"
+    requests: RequestCounter = field(default_factory=RequestCounter)
+    gone: set[str] = field(default_factory=set)
+    """Paths whose next watch answers 410 Gone (as after etcd's compaction)."""
     _uids: itertools.count[int] = field(default_factory=lambda: itertools.count(1))
+    _rv: itertools.count[int] = field(default_factory=lambda: itertools.count(2))
+    rv_now: int = 1
+    forbid_paths: set[str] = field(default_factory=set)
+    """Collections this identity may not list nor watch (403), e.g. ``/api/v1/pods``."""
+    _snapshot: dict[tuple[str, str, str], Obj] = field(default_factory=dict)
+    _history: list[tuple[int, str, tuple[str, str, str], Obj | None, Obj]] = field(
+        default_factory=list
+    )
+    """(resourceVersion, type, (kind, namespace, name), the object before, after): what
+    watches replay."""
+
+    # -- lists and watches of any collection (the cache's) ---------------------------------
+
+    def _next_rv(self) -> str:
+        self.rv_now = next(self._rv)
+        return str(self.rv_now)
+
+    def _everything(self) -> dict[tuple[str, str, str], Obj]:
+        """(kind, namespace, name) -> the stored object (not a copy), names and versions
+        given to what tests wrote by hand."""
+        out: dict[tuple[str, str, str], Obj] = {}
+        stored = [(k, o, self.namespace) for (k, _), o in sorted(self.objects.items())]
+        stored += [("pods", p, str(p.get("metadata", {}).get("namespace") or ""))
+                   for p in self.other_pods]  # fmt: skip
+        stored += [("nodes", n, "") for n in self.nodes]
+        for i, (kind, obj, ns) in enumerate(stored):
+            meta = obj.setdefault("metadata", {})
+            meta.setdefault("name", f"unnamed-{i}")
+            out[(kind, ns, str(meta["name"]))] = obj
+        return out
+
+    def _sync(self) -> None:
+        """Every change since the last call, into the history (each with a new version)."""
+        now = self._everything()
+        for key, obj in now.items():
+            old = self._snapshot.get(key)
+            if old is not None and old == obj:
+                continue
+            obj["metadata"]["resourceVersion"] = self._next_rv()
+            what = "ADDED" if old is None else "MODIFIED"
+            self._history.append((self.rv_now, what, key, old, copy.deepcopy(obj)))
+        for key, old in self._snapshot.items():
+            if key not in now:
+                gone = copy.deepcopy(old)
+                gone["metadata"]["resourceVersion"] = self._next_rv()
+                self._history.append((self.rv_now, "DELETED", key, old, gone))
+        self._snapshot = {k: copy.deepcopy(o) for k, o in now.items()}
+
+    def _scope(self, path: str) -> tuple[str, str | None]:
+        """(kind, namespace; None: every namespace) of a collection's path."""
+        if path in self.forbid_paths or (path == "/api/v1/nodes" and self.forbid_nodes):
+            raise ApiError(403, "Forbidden", f"{path} is forbidden")
+        parts = [p for p in path.split("/") if p][2:]  # after /api/v1
+        if len(parts) == 1:
+            return parts[0], None
+        assert parts[0] == "namespaces" and len(parts) == 3, path
+        return parts[2], parts[1]
+
+    @staticmethod
+    def _words(kind: str, ns: str | None, own: str) -> tuple[str, ...]:
+        if ns is None:
+            return (kind,) if kind == "nodes" else (kind, "*")
+        return (kind,) if ns == own else (kind, ns)
+
+    def _in(self, kind: str, ns: str | None, query: Mapping[str, str], key: tuple[str, str, str],
+            obj: Obj | None) -> bool:  # fmt: skip
+        if obj is None or key[0] != kind or (ns is not None and key[1] != ns):
+            return False
+        return _matches(obj, query.get("labelSelector", "")) and _fields_match(
+            obj, query.get("fieldSelector", "")
+        )
+
+    def list_collection(self, path: str, query: Mapping[str, str] | None = None) -> Obj:
+        query = query or {}
+        kind, ns = self._scope(path)
+        words = self._words(kind, ns, self.namespace)
+        label = [query["labelSelector"]] if "labelSelector" in query else []
+        self.actions.append(("list", *words, *label))
+        self.requests.add("list", kind)
+        self._sync()
+        items = [copy.deepcopy(o) for k, o in self._snapshot.items()
+                 if self._in(kind, ns, query, k, o)]  # fmt: skip
+        return {"items": items, "metadata": {"resourceVersion": str(self.rv_now)}}
+
+    def watch(
+        self, path: str, *, query: Mapping[str, str] | None = None, timeout_s: float = 60.0
+    ) -> Iterator[Obj]:
+        query = query or {}
+        kind, ns = self._scope(path)
+        self.actions.append(("watch", *self._words(kind, ns, self.namespace)))
+        self.requests.add("watch", kind)
+        if path in self.gone:
+            self.gone.discard(path)
+            raise ApiError(410, "Expired", "too old resource version")
+        self._sync()
+        since = int(query.get("resourceVersion") or 0)
+        events: list[Obj] = []
+        for rv, kind_of, key, old, new in self._history:
+            if rv <= since:
+                continue
+            was = self._in(kind, ns, query, key, old)
+            now = kind_of != "DELETED" and self._in(kind, ns, query, key, new)
+            if was or now:
+                what = "MODIFIED" if was and now else "ADDED" if now else "DELETED"
+                events.append({"type": what, "object": copy.deepcopy(new)})
+        events.append({"type": "BOOKMARK",
+                       "object": {"metadata": {"resourceVersion": str(self.rv_now)}}})  # fmt: skip
+        return iter(events)
 
     # -- KubeApi ------------------------------------------------------------------------
 
@@ -98,7 +234,7 @@ class FakeKubeApi:
         obj = copy.deepcopy(body)
         meta = obj["metadata"]
         meta["uid"] = f"uid-{next(self._uids)}"
-        meta["resourceVersion"] = "1"
+        meta["resourceVersion"] = self._next_rv()
         meta["generation"] = 1
         meta["namespace"] = self.namespace
         if kind == "pods":
@@ -167,7 +303,7 @@ class FakeKubeApi:
     # -- what the kubelet and the scheduler would do -------------------------------------
 
     def _bump(self, obj: Obj) -> None:
-        obj["metadata"]["resourceVersion"] = str(int(obj["metadata"]["resourceVersion"]) + 1)
+        obj["metadata"]["resourceVersion"] = self._next_rv()
 
     def run_pod(self, name: str, node: str = "node-1", ip: str = "10.201.0.5") -> None:
         pod = self.objects[("pods", name)]
@@ -215,8 +351,8 @@ class FakeKubeApi:
         self._bump(pod)
 
     def writes(self) -> list[tuple[str, ...]]:
-        """The actions that change something (no get/list)."""
-        return [a for a in self.actions if a[0] not in ("get", "list")]
+        """The actions that change something (no get, list or watch)."""
+        return [a for a in self.actions if a[0] not in ("get", "list", "watch")]
 
 
 def _request(pod: Obj) -> int:

@@ -11,7 +11,7 @@ from typing import IO, Any
 import pytest
 
 from rankpack.backend.kubernetes import KubernetesBackend, KubernetesConfig
-from rankpack.backend.kubernetes.api import ApiError, Obj
+from rankpack.backend.kubernetes.api import Obj
 from rankpack.backend.kubernetes.nodereader import CpuCounters, RankReading
 from rankpack.backend.kubernetes.readings import ReadingsMissing
 from rankpack.backend.mpirun import ShimSample
@@ -136,11 +136,9 @@ def test_launch_creates_owner_then_service_then_pods(tmp_path: Path) -> None:
     assert h.api.actions == [
         ("list", "resourcequotas", ""),  # checked against the namespace before any create
         ("list", "limitranges", ""),
-        ("get", "configmaps", "rankpack-s1"),
-        ("create", "configmaps", "rankpack-s1"),
-        ("get", "services", "rankpack-s1"),
+        ("create", "configmaps", "rankpack-s1"),  # one request per object: created, not read
         ("create", "services", "rankpack-s1"),
-        *[a for p in PODS for a in (("get", "pods", p), ("create", "pods", p))],
+        *[("create", "pods", p) for p in PODS],
     ]
     owner_uid = h.api.objects[("configmaps", "rankpack-s1")]["metadata"]["uid"]
     for p in PODS:
@@ -159,9 +157,12 @@ def test_launch_is_idempotent_across_processes(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.backend.launch(h.spec())
     h.api.actions.clear()
+    before = {k: o["metadata"]["uid"] for k, o in h.api.objects.items()}
     again = h.make()  # a second controller process over the same cluster
     again.launch(h.spec())
-    assert h.api.writes() == []  # everything exists already: nothing is created
+    # everything exists already: each create is answered 409 and the object taken
+    assert {k: o["metadata"]["uid"] for k, o in h.api.objects.items()} == before
+    assert [a for a in h.api.writes() if a[0] != "create"] == []
     with pytest.raises(BackendError):
         again.launch(h.spec())  # the same process launching twice is a bug of the caller
 
@@ -616,13 +617,9 @@ def test_a_simulation_without_the_shim_has_no_wait_mode(tmp_path: Path) -> None:
     assert h.usage.modes == []
 
 
-class NoClusterPods(FakeKubeApi):
+def NoClusterPods() -> FakeKubeApi:
     """An identity that may not list pods cluster-wide (the in-cluster operator)."""
-
-    def list_pods_all_namespaces(
-        self, field_selector: str = "", label_selector: str = ""
-    ) -> list[Obj]:
-        raise ApiError(403, "Forbidden", "pods is forbidden at the cluster scope")
+    return FakeKubeApi(forbid_paths={"/api/v1/pods"})
 
 
 def test_inventory_without_cluster_pods_counts_the_agents_and_room_for_a_launcher(
@@ -646,3 +643,49 @@ def test_inventory_without_cluster_pods_counts_the_agents_and_room_for_a_launche
     assert inv.launch_overhead_millis == 50
     h.backend.config = replace(h.backend.config, launcher="host")
     assert h.backend.inventory().launch_overhead_millis == 0
+
+
+# -- what it costs the apiserver (issue 29) --------------------------------------------------
+
+
+def test_following_a_running_simulation_sends_no_request(tmp_path: Path) -> None:
+    """Once every collection is listed and watched, rounds of the follower and the loop's
+    inventory every tick read the cache: only changes (a resize) cost requests."""
+    api = FakeKubeApi()
+    api.nodes = [{"metadata": {"name": "node-1"}, "spec": {},
+                  "status": {"allocatable": {"cpu": "2"},
+                             "conditions": [{"type": "Ready", "status": "True"}]}}]  # fmt: skip
+    h = Harness(tmp_path, api)
+    h.backend.launch(h.spec())
+    h.run_all()
+    h.backend.inventory()
+    lists = [a for a in api.actions if a[0] == "list"]
+    assert len(set(lists)) == len(lists)  # every collection listed once
+    before = len(api.actions)
+    for _ in range(20):  # twenty ticks
+        h.backend.poll_once()
+        h.backend.inventory()
+        h.backend.observe(SIM)
+    # (without threads, each read of the cache is one round of its watch: the fake's
+    # watches answer at once; a real one stays open for minutes)
+    assert {a[0] for a in api.actions[before:]} == {"watch"}
+    before = len(api.actions)
+    h.backend.resize(SIM, 2, RankResources(750))
+    h.api.settle_resize(PODS[2])
+    h.backend.poll_once()
+    assert h.backend.observe(SIM).ranks[2].resize.state is ResizeState.COMPLETED  # type: ignore[union-attr]
+    assert [a for a in api.actions[before:] if a[0] != "watch"] == [
+        ("patch", "pods/resize", PODS[2])
+    ]
+
+
+def test_a_watch_answered_gone_lists_again_once(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.backend.poll_once()
+    path = "/api/v1/namespaces/rankpack/pods"
+    h.api.gone.add(path)
+    h.run_all()  # the next watch is answered 410: the pods are listed again
+    assert [a for a in h.api.actions if a[:2] == ("list", "pods")] == [("list", "pods")] * 2
+    assert len(h.procs) == 1  # and the round went on from the fresh List
+    assert h.backend.cache.stats()[path]["gone"] == 1

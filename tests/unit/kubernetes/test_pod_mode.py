@@ -229,8 +229,10 @@ def test_launch_creates_the_launcher_pod_after_the_rank_pods(tmp_path: Path) -> 
     assert (h.case / ".rankpack" / "hostfile").read_text().splitlines()[0] == f"{PODS[0]} slots=1"
     assert h.backend.placement()["launcher"] == "launcher-pod"
     h.api.actions.clear()
-    h.make().launch(h.spec())  # idempotent across processes
-    assert h.api.writes() == []
+    uids = {k: o["metadata"]["uid"] for k, o in h.api.objects.items()}
+    h.make().launch(h.spec())  # idempotent across processes: each create answered 409
+    assert {k: o["metadata"]["uid"] for k, o in h.api.objects.items()} == uids
+    assert [a for a in h.api.writes() if a[0] != "create"] == []
 
 
 def test_the_simulation_starts_when_the_launcher_and_every_rank_pod_run(tmp_path: Path) -> None:

@@ -4,7 +4,8 @@
 that node's agent, found by listing the pods labelled
 ``app.kubernetes.io/name=rankpack-node-agent`` in the agents' namespace and taking the one
 whose ``spec.nodeName`` is the node (its pod IP: no Service, the dev cluster has neither
-kube-proxy nor cluster DNS). ``GET /v1/ranks?namespace=NS`` is fetched once per node per
+kube-proxy nor cluster DNS); the backend reads them from its cache (`cached_agents`: listed
+once, then watched). ``GET /v1/ranks?namespace=NS`` is fetched once per node per
 observation round (an answer is reused for ``cache_s``), with bounded timeouts, and the
 backend's own bearer token (`KubeApi.bearer_token`), which the agent checks with a
 TokenReview and a SubjectAccessReview (``ranks`` in ``rankpack.dev``: get, update). Wait
@@ -27,6 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
+from rankpack.backend.kubernetes.informer import Cache, core
 from rankpack.backend.kubernetes.nodereader import RankReading, reading_from_json
 from rankpack.backend.kubernetes.readings import ReadingsMissing
 from rankpack.backend.protocol import BackendError
@@ -59,9 +61,14 @@ class AgentReadings:
         cache_s: float = 0.5,
         discover_s: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        agents: Callable[[], list[Obj]] | None = None,
     ) -> None:
         self.api = api
         self.agent_namespace = agent_namespace
+        self.agents: Callable[[], list[Obj]] = agents or (
+            lambda: api.list_pods_in(agent_namespace, AGENT_LABEL)
+        )
+        """The agents' pods (from the backend's cache; else listed each time)."""
         self.port = port
         self.timeout_s = timeout_s
         self.cache_s = cache_s
@@ -151,7 +158,7 @@ class AgentReadings:
         # a node without a known agent (or whose agent failed) relists, at most once a second
         if stale or (relist and (self._agents_t is None or now - self._agents_t >= 1.0)):
             try:
-                pods = self.api.list_pods_in(self.agent_namespace, AGENT_LABEL)
+                pods = self.agents()
             except ApiError as exc:
                 raise _Failed(f"cannot list the node agents in {self.agent_namespace}: "
                               f"{exc}") from exc  # fmt: skip
@@ -186,6 +193,19 @@ class AgentReadings:
                 self._agents_t = None  # the agent may have moved: list them again
             reason = getattr(exc, "reason", exc)
             raise _Failed(f"{address}: {reason}") from exc
+
+
+def cached_agents(cache: Cache, namespace: str) -> Callable[[], list[Obj]]:
+    """The node agents' pods in ``namespace`` from ``cache`` (an `ApiError` when the
+    identity may not list them, as a List would answer)."""
+
+    def read() -> list[Obj]:
+        found = cache.informer(core("pods", namespace, labels=AGENT_LABEL))
+        if found.forbidden:
+            raise ApiError(403, "Forbidden", f"pods in namespace {namespace} may not be listed")
+        return found.items()
+
+    return read
 
 
 class _Failed(Exception):

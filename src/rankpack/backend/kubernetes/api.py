@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Iterator, Mapping, Sequence
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, BinaryIO, Protocol
 
@@ -101,6 +103,73 @@ class Gone(ApiError):
 _BY_STATUS: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone}
 
 
+class RequestCounter:
+    """The requests this process sent to the apiserver, by verb, resource and answer
+    (issue 29: requests per minute are read off it; the run JSON's ``api_requests`` and the
+    operator's ``rankpack_apiserver_requests_total``). A watch counts once, when it is
+    opened (its events are not requests); ``code`` is the HTTP status, 0 when no answer
+    came."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self.clock = clock
+        self.t0 = clock()
+        self._counts: dict[tuple[str, str, int], int] = {}
+        self._lock = threading.Lock()
+
+    def add(self, verb: str, resource: str, code: int = 200, n: int = 1) -> None:
+        with self._lock:
+            key = (verb, resource, code)
+            self._counts[key] = self._counts.get(key, 0) + n
+
+    def counts(self) -> dict[tuple[str, str, int], int]:
+        """(verb, resource, code) -> requests, since this counter was made."""
+        with self._lock:
+            return dict(self._counts)
+
+    @property
+    def total(self) -> int:
+        with self._lock:
+            return sum(self._counts.values())
+
+    def summary(self, since: Mapping[tuple[str, str, int], int] | None = None) -> dict[str, Any]:
+        """JSON: the total, the seconds counted, requests per minute, and ``"VERB
+        RESOURCE"`` -> requests (those after ``since``, an earlier `counts`, if given)."""
+        by: dict[str, int] = {}
+        for (verb, resource, _code), n in self.counts().items():
+            n -= (since or {}).get((verb, resource, _code), 0)
+            if n:
+                by[f"{verb} {resource}"] = by.get(f"{verb} {resource}", 0) + n
+        total = sum(by.values())
+        elapsed = max(self.clock() - self.t0, 1e-9)
+        per_minute = round(total * 60.0 / elapsed, 2)
+        return {"total": total, "elapsed_s": round(elapsed, 3), "per_minute": per_minute,
+                "by": dict(sorted(by.items()))}  # fmt: skip
+
+
+def request_labels(method: str, path: str, query: Mapping[str, str] | None) -> tuple[str, str]:
+    """(verb, resource) of a REST call as the apiserver names them: ``list``/``watch``/``get``
+    for a GET, ``create``, ``update``, ``patch``, ``delete``; the resource with its
+    subresource (``pods/resize``, ``simulations/status``)."""
+    parts = [p for p in path.split("?")[0].split("/") if p]
+    # /api/v1/... or /apis/GROUP/VERSION/...
+    rest = parts[2:] if parts[:1] == ["api"] else parts[3:] if parts[:1] == ["apis"] else parts
+    if len(rest) >= 2 and rest[0] == "namespaces" and len(rest) > 2:
+        rest = rest[2:]
+    resource = rest[0] if rest else "?"
+    named = len(rest) >= 2
+    if len(rest) >= 3:
+        resource = f"{resource}/{rest[2]}"
+    verbs = {"POST": "create", "PUT": "update", "PATCH": "patch", "DELETE": "delete"}
+    if method.upper() == "GET":
+        if (query or {}).get("watch") in ("true", "1"):
+            verb = "watch"
+        else:
+            verb = "get" if named else "list"
+    else:
+        verb = verbs.get(method.upper(), method.lower())
+    return verb, resource
+
+
 @dataclass(frozen=True)
 class ExecResult:
     exit_code: int
@@ -110,9 +179,24 @@ class ExecResult:
 
 class KubeApi(Protocol):
     """What the backend does with the API, in the API's own words (namespace-scoped but
-    `list_nodes` and `list_pods_all_namespaces`)."""
+    `list_nodes` and `list_pods_all_namespaces`; `list_collection` and `watch` take any
+    collection's path: the shared cache, `informer`, is built on them)."""
 
     namespace: str
+    requests: RequestCounter
+    """Every request sent, by verb and resource."""
+
+    def list_collection(self, path: str, query: Mapping[str, str] | None = None) -> Obj:
+        """The List at ``path`` (``items`` and ``metadata.resourceVersion``)."""
+        ...
+
+    def watch(
+        self, path: str, *, query: Mapping[str, str] | None = None, timeout_s: float = 60.0
+    ) -> Iterator[Obj]:
+        """The events of a watch on the collection at ``path`` (``query``: resourceVersion,
+        selectors, allowWatchBookmarks), opened before this returns (an error to open it
+        raises here); an ``ERROR`` event raises its `ApiError` (`Gone`: list again)."""
+        ...
 
     def list_nodes(self) -> list[Obj]: ...
     def list_pods_all_namespaces(
@@ -174,6 +258,7 @@ class ClientKubeApi:
         self.namespace = config.namespace
         self.timeout_s = request_timeout_s
         self.host = str(self.api_client.configuration.host)
+        self.requests = RequestCounter()
 
     # -- plumbing --------------------------------------------------------------------------
 
@@ -197,16 +282,23 @@ class ClientKubeApi:
         result: Obj = json.loads(data)
         return result
 
+    def list_collection(self, path: str, query: Mapping[str, str] | None = None) -> Obj:
+        return self.request("GET", path, query=query)
+
     def watch(
         self, path: str, *, query: Mapping[str, str] | None = None, timeout_s: float = 60.0
     ) -> Iterator[Obj]:
         """The events (``{"type": ..., "object": ...}``) of a watch on the collection at
-        ``path``, until the apiserver ends it after ``timeout_s``. An ``ERROR`` event raises
-        its `ApiError` (`Gone`: the resourceVersion is too old, list again)."""
+        ``path``, until the apiserver ends it after ``timeout_s``. The watch is open when
+        this returns (a refusal or an unreachable apiserver raises here). An ``ERROR``
+        event raises its `ApiError` (`Gone`: the resourceVersion is too old, list again)."""
         q = {**(query or {}), "watch": "true", "timeoutSeconds": str(int(timeout_s))}
         response = self._send("GET", path, q, None, "application/json", timeout_s + 10)
         if not 200 <= int(response.status) < 300:
             raise _error_from(int(response.status), str(response.reason or ""), response.read())
+        return self._events(path, response)
+
+    def _events(self, path: str, response: Any) -> Iterator[Obj]:
         raw: Any = response.response
         pending = b""
         try:
@@ -232,6 +324,7 @@ class ClientKubeApi:
     ) -> Any:
         from kubernetes.client.exceptions import ApiException
 
+        verb, resource = request_labels(method, path, query)
         try:
             method, url, headers, body_s, post = self.api_client.param_serialize(
                 method=method,
@@ -241,16 +334,20 @@ class ClientKubeApi:
                 body=body,
                 auth_settings=["BearerToken"],
             )
-            return self.api_client.call_api(
+            response = self.api_client.call_api(
                 method, url, header_params=headers, body=body_s, post_params=post,
                 _request_timeout=timeout_s,
             )  # fmt: skip
         except ApiException as exc:
+            self.requests.add(verb, resource, int(getattr(exc, "status", 0) or 0))
             raise _api_error(exc) from exc
         except NETWORK_ERRORS as exc:  # connection refused, TLS, timeouts
+            self.requests.add(verb, resource, 0)
             raise ApiError(
                 0, "Unreachable", f"cannot reach the apiserver {self.host}: {exc}"
             ) from exc
+        self.requests.add(verb, resource, int(response.status))
+        return response
 
     def _ns(self, kind: str, name: str = "") -> str:
         base = f"/api/v1/namespaces/{self.namespace}/{_PATHS[kind]}"
@@ -346,6 +443,7 @@ class ClientKubeApi:
         # while it runs: a private client per exec keeps concurrent REST calls (the poller,
         # other execs) on plain HTTP.
         core = client.CoreV1Api(client.ApiClient(self.api_client.configuration))
+        self.requests.add("create", "pods/exec")
         try:
             ws = stream(
                 core.connect_get_namespaced_pod_exec,

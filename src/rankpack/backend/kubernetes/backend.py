@@ -1,17 +1,20 @@
 """`KubernetesBackend`: backend protocol v2 with one pod per MPI rank, resized in place.
 
 Called by the control loop (`rankpack.controller.loop`) exactly like the local backend.
-`launch` creates (get-or-create: idempotent) the simulation's owner ConfigMap, headless
-Service and rank pods (`objects`, from the pure `builders`) and returns; the poll thread
-(`poller`) lists the pods of all simulations every ``poll_s`` (faster while a resize is in
-flight), starts ``mpirun`` on this host once every rank pod of a simulation runs
-(`starting`; ranks enter the pods through the rsh agent, `rsh`), follows resizes from the
-pods' status (`status`), and turns a deleted or evicted rank pod into a failed simulation
-with a failure code. Each simulation's state is one `record.SimRecord` whose `Lifecycle`
-both threads change under one lock. `wait` wakes on the poller's and mpirun's news.
+`launch` creates (idempotent: existing objects of the simulation are taken) the
+simulation's owner ConfigMap, headless Service and rank pods (`objects`, from the pure
+`builders`) and returns. Everything the backend reads of the cluster comes from one shared
+cache (`informer`: each collection listed once, then watched; issue 29): the follower
+thread (`poller`) acts on each change of the namespace's pods, starts ``mpirun`` on this
+host once every rank pod of a simulation runs (`starting`; ranks enter the pods through the
+rsh agent, `rsh`), follows resizes from the pods' status as the watch brings it (`status`),
+and turns a deleted or evicted rank pod into a failed simulation with a failure code. Each
+simulation's state is one `record.SimRecord` whose `Lifecycle` both threads change under
+one lock. `wait` wakes on the poller's and mpirun's news.
 `observe` reads a record (`observing`); counters and the shim's records come from the rank
 pods' nodes (`readings`: this node's files, or the node agents), the solver log from the
-shared case volume; `inventory` from the nodes and the quota (`capacity`).
+shared case volume; `inventory` from the cached nodes, pods and quotas (`capacity`). Every
+request sent is counted (`api_requests`).
 See ``docs/decisions/0008-kubernetes-launcher.md`` and ``0010-node-agent.md``.
 """
 
@@ -26,6 +29,7 @@ from pathlib import Path
 
 from rankpack.backend.kubernetes import (
     builders,
+    informer,
     launcher,
     objects,
     observing,
@@ -80,7 +84,13 @@ class KubernetesBackend:
     ) -> None:
         self.api = api
         self._config = config
-        self.readings = source if source is not None else readings.choose(api, config)
+        self.cache = informer.Cache(api, background=background)
+        """The shared local cache of what this backend reads (`informer`)."""
+        self.pods_collection = informer.core("pods", api.namespace)
+        """The namespace's pods (rank and launcher pods among them), as the cache holds them."""
+        self.readings = (
+            source if source is not None else readings.choose(api, config, cache=self.cache)
+        )
         """Where the ranks' counters and shim records come from (`readings.choose`)."""
         self.background = background
         self._stager = Stager(self.notify)
@@ -91,7 +101,7 @@ class KubernetesBackend:
         self.host = MpirunHost(api, config, mpirun=mpirun, starter=starter, lock=self.lock,
                                notify=self.notify)  # fmt: skip
         self._poller = Poller(self)
-        self._capacity = Capacity(api, config)
+        self._capacity = Capacity(api, config, self.cache)
 
     # -- capacity and facts ------------------------------------------------------------------
 
@@ -117,6 +127,27 @@ class KubernetesBackend:
 
     def clock(self) -> float:
         return time.monotonic()
+
+    def api_requests(self) -> dict[str, object]:
+        """The requests this backend sent to the apiserver (and its rsh agents, one exec
+        per rank pod when mpirun starts here), by verb and resource, per minute since it
+        was made (`api.RequestCounter.summary`), and what each watched collection cost."""
+        summary: dict[str, object] = dict(self.api.requests.summary())
+        summary["watched"] = self.cache.stats()
+        return summary
+
+    def pods_left(self, sim_id: str) -> objects.PodsLeft:
+        """A simulation's pods in the cache, after waiting for a change (`objects.delete`)."""
+
+        def left(wait_s: float) -> list[Obj]:
+            found = self.cache.informer(self.pods_collection)
+            if wait_s > 0:
+                found.wait(found.version, wait_s)
+            return [p for p in found.items()
+                    if (p.get("metadata", {}).get("labels") or {}).get(builders.SIM_LABEL)
+                    == sim_id]  # fmt: skip
+
+        return left
 
     # -- events ------------------------------------------------------------------------------
 
@@ -169,8 +200,10 @@ class KubernetesBackend:
             sim.launcher_millis = check.launcher_millis  # within the namespace's LimitRange
         self._prepare(sim)
         try:
-            objects.reconcile(self.api, spec, image, volume,
-                              launcher=pod_mode.options_of(sim, self.config))  # fmt: skip
+            sim.created_rv = objects.reconcile(
+                self.api, spec, image, volume, launcher=pod_mode.options_of(sim, self.config),
+                create_first=True,
+            )  # fmt: skip
         except ApiError as exc:
             if not exc.transient:
                 removed = objects.undo(self.api, spec.sim_id)
@@ -375,7 +408,7 @@ class KubernetesBackend:
         if not sim.life.ended or (sim.process is not None and sim.process.poll() is None):
             self.stop(sim_id)
         try:
-            objects.delete(self.api, self.config, sim_id)
+            objects.delete(self.api, self.config, sim_id, self.pods_left(sim_id))
         except BackendError:
             # The apiserver is away or the pods are slow to go: the poller deletes them
             # later; the simulation itself is over and its results are on the volume.
@@ -396,7 +429,8 @@ class KubernetesBackend:
             self.release(sim_id)
             return
         try:
-            gone = objects.delete(self.api, self.config, sim_id, wait=False)
+            gone = objects.delete(self.api, self.config, sim_id, self.pods_left(sim_id),
+                                  wait=False)  # fmt: skip
         except BackendError:
             gone = False
         if not gone:
@@ -405,6 +439,7 @@ class KubernetesBackend:
 
     def close(self) -> None:
         self._poller.closed.set()
+        self.cache.close()
 
     def forget_all(self) -> list[str]:
         """Drop every simulation from this process's memory without stopping anything (the
@@ -476,8 +511,9 @@ class KubernetesBackend:
             # whatever the earlier process got to (owner, service, some rank pods): creating
             # is get-or-create, so the missing ones are made and the existing ones kept
             try:
-                objects.reconcile(self.api, spec, image, volume,
-                                  launcher=pod_mode.options_of(sim, self.config))  # fmt: skip
+                sim.created_rv = objects.reconcile(
+                    self.api, spec, image, volume, launcher=pod_mode.options_of(sim, self.config)
+                )
             except ApiError as exc:
                 if not exc.transient:
                     objects.undo(self.api, sim_id)  # no partial gang, whatever the reason
@@ -488,7 +524,7 @@ class KubernetesBackend:
                 sim.reconcile_error = str(exc)
         listed = bool(owner) or (launch == "never" and sim.reconcile_error is None)
         launcher_pod: Obj | None = None
-        for pod in self.api.list_pods(builders.sim_selector(sim_id)) if listed else []:
+        for pod in self.pods_left(sim_id)(0.0) if listed else []:
             labels = pod.get("metadata", {}).get("labels") or {}
             if labels.get(builders.ROLE_LABEL) == builders.LAUNCHER_ROLE:
                 launcher_pod = pod

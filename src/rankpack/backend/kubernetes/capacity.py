@@ -2,11 +2,14 @@
 
 `Capacity.inventory` answers `KubernetesBackend.inventory`: ready, schedulable nodes with
 the requests of every live pod (all namespaces if the identity may list them, else this
-namespace), what schedulable nodes that are not Ready could allocate once back, the
-namespace's tightest CPU quotas (``requests.cpu``, ``limits.cpu``) and what its LimitRanges
-allow a rank's request (`limits`). `Capacity.launch_check` checks a launch against fresh
-quotas and LimitRanges before anything is created. Refusals (403) are learned and
-remembered; while the apiserver does not answer, the last inventory read is answered.
+namespace and the node agents'), what schedulable nodes that are not Ready could allocate
+once back, the namespace's tightest CPU quotas (``requests.cpu``, ``limits.cpu``) and what
+its LimitRanges allow a rank's request (`limits`). All of it is read from the backend's
+cache (`informer`: listed once, then watched), so the control loop's inventory every tick
+costs the apiserver nothing. `Capacity.launch_check` checks a launch against quotas and
+LimitRanges listed fresh, before anything is created. Refusals (403) are learned and
+remembered; while the apiserver does not answer, the cache answers what it last saw (and
+before it was ever listed, the last inventory read).
 """
 
 from __future__ import annotations
@@ -18,6 +21,7 @@ from typing import NamedTuple
 from rankpack.backend.kubernetes import builders, limits, status
 from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.config import KubernetesConfig
+from rankpack.backend.kubernetes.informer import Cache, core
 from rankpack.backend.protocol import BackendError, Inventory, NodeCapacity, Quota, RankResources
 from rankpack.core.failures import FailureCode
 
@@ -30,8 +34,12 @@ class LaunchCheck(NamedTuple):
 
 
 class Capacity:
-    def __init__(self, api: KubeApi, config: KubernetesConfig) -> None:
-        self.api, self.config = api, config
+    LIVE = "status.phase!=Succeeded,status.phase!=Failed"
+    """Pods that hold their CPU request (a field selector: a pod that ends leaves the watch
+    as DELETED)."""
+
+    def __init__(self, api: KubeApi, config: KubernetesConfig, cache: Cache) -> None:
+        self.api, self.config, self.cache = api, config, cache
         self._nodes_forbidden = False
         self._agents_forbidden = False
         self._forbidden: set[str] = set()
@@ -60,9 +68,16 @@ class Capacity:
         self._inventory = found
         return found
 
-    def _namespaced(self, kind: str) -> list[Obj]:
-        """The namespace's ``kind`` objects ([] if this identity may not list them)."""
+    def _namespaced(self, kind: str, *, fresh: bool = False) -> list[Obj]:
+        """The namespace's ``kind`` objects, from the cache (``fresh``: listed now); [] if
+        this identity may not list them."""
         if kind in self._forbidden:
+            return []
+        if not fresh:
+            cached = self.cache.informer(core(kind, self.api.namespace))
+            if not cached.forbidden:
+                return cached.items()
+            self._forbidden.add(kind)
             return []
         try:
             return self.api.list(kind, "")
@@ -72,12 +87,13 @@ class Capacity:
             self._forbidden.add(kind)  # no right to read them: learned from refusals
             return []
 
-    def quotas(self) -> list[Quota]:
+    def quotas(self, *, fresh: bool = False) -> list[Quota]:
         """Every CPU entry of the namespace's ResourceQuotas that counts rank pods."""
-        return [q for found in self._namespaced("resourcequotas") for q in limits.cpu_quotas(found)]
+        found = self._namespaced("resourcequotas", fresh=fresh)
+        return [q for quota in found for q in limits.cpu_quotas(quota)]
 
-    def limit_ranges(self) -> list[Obj]:
-        return self._namespaced("limitranges")
+    def limit_ranges(self, *, fresh: bool = False) -> list[Obj]:
+        return self._namespaced("limitranges", fresh=fresh)
 
     def launch_check(self, ranks: Sequence[RankResources]) -> LaunchCheck:
         """Why the namespace would refuse these rank pods (and, in pod mode, the launcher
@@ -85,7 +101,7 @@ class Capacity:
         no refusal when they fit (or the apiserver does not answer: the creates will tell)."""
         launcher = self.config.launcher_cpu_millis
         try:
-            quotas, ranges = self.quotas(), self.limit_ranges()
+            quotas, ranges = self.quotas(fresh=True), self.limit_ranges(fresh=True)
         except ApiError as exc:
             if exc.transient:
                 return LaunchCheck(None, launcher)
@@ -109,34 +125,34 @@ class Capacity:
             launch_overhead_millis=overhead,
         )
 
+    def _here(self) -> list[Obj]:
+        """This namespace's pods, as the backend's cache holds them."""
+        return self.cache.informer(core("pods", self.api.namespace)).items()
+
     def _visible_pods(self) -> list[Obj]:
         """Every live pod when the identity may list them all; else this namespace's and
         the node agents' (what the operator may read: the agents request CPU on every node
         too, and a plan that ignored them would not fit)."""
-        live = "status.phase!=Succeeded,status.phase!=Failed"
-        try:
-            return self.api.list_pods_all_namespaces(live)
-        except ApiError as exc:
-            if exc.status != 403:
-                raise
-        pods = [p for p in self.api.list_pods("") if _live(p)]
+        everywhere = self.cache.informer(core("pods", fields=self.LIVE))
+        if not everywhere.forbidden:
+            return everywhere.items()
+        pods = [p for p in self._here() if _live(p)]
         agents = self.config.agent_namespace
         if agents and agents != self.api.namespace and not self._agents_forbidden:
-            try:
-                pods += [p for p in self.api.list_pods_in(agents, "") if _live(p)]
-            except ApiError as exc:
-                if exc.status != 403:
-                    raise
-                self._agents_forbidden = True
+            theirs = self.cache.informer(core("pods", agents))
+            self._agents_forbidden = theirs.forbidden
+            pods += [p for p in theirs.items() if _live(p)]
         return pods
 
     def _read_nodes(self) -> Inventory:
         try:
-            if self._nodes_forbidden:
-                raise ApiError(403, "Forbidden", "nodes (remembered)")
+            cached = None if self._nodes_forbidden else self.cache.informer(core("nodes"))
+            if cached is None or cached.forbidden:
+                raise ApiError(403, "Forbidden", "nodes is forbidden (remembered)")
             schedulable = [
-                n for n in self.api.list_nodes() if not n.get("spec", {}).get("unschedulable")
+                n for n in cached.items() if not n.get("spec", {}).get("unschedulable")
             ]  # fmt: skip
+            schedulable.sort(key=lambda n: str(n.get("metadata", {}).get("name")))
             nodes = [n for n in schedulable if status.node_ready(n)]
             unready = sum(
                 status.node_allocatable_millis(n) for n in schedulable if not status.node_ready(n)
@@ -149,8 +165,7 @@ class Capacity:
                     "use with --allocatable (e.g. --allocatable 2 on the dev cluster), or "
                     "grant this identity get/list on nodes"
                 ) from exc
-            ours = self.api.list_pods("")
-            total = sum(status.pod_request_millis(p) for p in ours if _live(p))
+            total = sum(status.pod_request_millis(p) for p in self._here() if _live(p))
             return Inventory((NodeCapacity("cluster", self.config.allocatable_millis, total),))
         pods = self._visible_pods()
         used: dict[str, int] = {}

@@ -77,8 +77,10 @@ class KubernetesConfig:
     None: let Open MPI pick interfaces."""
     allocatable_millis: int | None = None
     """Capacity to assume when the identity may not read nodes (no ClusterRole)."""
-    poll_s: float = 0.25
-    """How often the pods of all simulations are listed (the backend's event source)."""
+    poll_s: float = 1.0
+    """The follower's timer (`poller`): between watch events, how often it looks at its
+    timeouts, the creates to retry, the orphans to delete and an adopted mpirun's exit file.
+    It reads the backend's cache: no request is sent to look (issue 29)."""
     start_timeout_s: float = 300.0
     """A simulation whose rank pods do not all run within this fails (e.g. unschedulable)."""
     release_timeout_s: float = 60.0

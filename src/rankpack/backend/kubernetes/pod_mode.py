@@ -160,16 +160,16 @@ def _lost(name: str, pod: Obj | None) -> Failure | None:
 # -- following it (the poller, under the backend's lock) --------------------------------------
 
 
-def follow(sim: SimRecord, pod: Obj | None, ranks_running: bool) -> bool:
-    """Act on the launcher pod as listed now (None: not in the listing); True if something
-    changed. A pod missing from the first listing after it was created may have been
-    created after that listing was taken: only a second miss counts."""
+def follow(sim: SimRecord, pod: Obj | None, ranks_running: bool, *, caught_up: bool = True) -> bool:
+    """Act on the launcher pod as the cache holds it now (None: not in it); True if
+    something changed. A pod missing from a cache that has not taken in its create yet
+    (``caught_up`` False) is not missing; once it has, only a second miss counts."""
     life = sim.life
     name = builders.launcher_pod_name(sim.spec.sim_id)
     news = False
     if pod is None:
-        if life.ended or sim.reconcile_error is not None:
-            return False  # over, or not created yet (the poller creates it)
+        if life.ended or sim.reconcile_error is not None or not caught_up:
+            return False  # over, not created yet (the poller creates it), or not seen yet
         if not sim.launcher_seen:
             sim.launcher_missing += 1
             if sim.launcher_missing < 2:

@@ -1,13 +1,16 @@
-"""The Kubernetes backend's event source: one thread that lists the rank pods and acts.
+"""The Kubernetes backend's event source: one thread that follows the rank pods and acts.
 
 `Poller` runs while any simulation (or an orphan whose objects are still to delete) needs
-watching: every ``poll_s`` (faster while a resize is in flight) it lists the pods of all
-simulations at once, records each pod, turns a deleted, evicted or broken rank pod into the
-simulation's failure (`status.failure`: a code and a message), follows resizes from the
-pods' status, starts mpirun once every rank pod runs (`starting.MpirunHost`; in pod mode
-it follows each simulation's launcher pod instead, `pod_mode`), and wakes the control loop
-(`notify`) when something changed. It shares the backend's records under the
-backend's lock.
+watching. It reads the pods of all simulations from the shared cache (`informer`: the
+namespace's pods, listed once and then watched) each time a watch event changes it, and at
+least every ``poll_s`` for its timers (a start timeout, a create to retry, orphans to
+delete): no request to the apiserver is made to look. Each round records each pod, turns a
+deleted, evicted or broken rank pod into the simulation's failure (`status.failure`: a code
+and a message), follows resizes from the pods' status (a resize completes when the watch
+brings the pod whose status shows it), starts mpirun once every rank pod runs
+(`starting.MpirunHost`; in pod mode it follows each simulation's launcher pod instead,
+`pod_mode`), and wakes the control loop (`notify`) when something changed. It shares the
+backend's records under the backend's lock.
 """
 
 from __future__ import annotations
@@ -19,8 +22,9 @@ from typing import TYPE_CHECKING, Any
 
 from rankpack.backend.kubernetes import builders, objects, pod_mode, status
 from rankpack.backend.kubernetes.api import ApiError, Obj
+from rankpack.backend.kubernetes.informer import Informer, selected
 from rankpack.backend.kubernetes.record import Resize, SimRecord
-from rankpack.backend.protocol import BackendError, ResizeState, ResizeStatus
+from rankpack.backend.protocol import BackendError, ResizeStatus
 from rankpack.core.failures import Failure, FailureCode
 
 if TYPE_CHECKING:
@@ -59,21 +63,27 @@ class Poller:
     def _loop(self) -> None:
         config = self.backend.config
         while not self.closed.is_set():
+            pods = self._informer()
+            seen = pods.version if pods is not None else -1
             busy = self.poll_once()
             if not busy:
                 with self.lock:  # ends only if nothing arrived meanwhile
                     if not self._has_work():
                         self.thread = None
                         return
-            fast = any(
-                r.status.state in (ResizeState.PENDING, ResizeState.IN_PROGRESS)
-                for s in list(self.backend.sims.values()) for r in s.resizes.values()
-            )  # fmt: skip
-            self.closed.wait(min(config.poll_s, 0.05) if fast else config.poll_s)
+            if pods is None:  # not listed yet (the apiserver did not answer): try again
+                self.closed.wait(config.poll_s)
+            else:  # until the watch brings a change, or the timers are due
+                pods.wait(seen, config.poll_s)
+
+    def _informer(self) -> Informer | None:
+        cache = self.backend.cache
+        found = cache.informers().get(self.backend.pods_collection)
+        return found if found is not None and found.synced else None
 
     def poll_once(self) -> bool:
-        """List the pods of every simulation once and act on what changed; False when no
-        simulation needs watching any more."""
+        """Read the pods of every simulation from the cache and act on what changed; False
+        when no simulation needs watching any more."""
         b = self.backend
         if self.orphans:
             self._delete_orphans()
@@ -82,11 +92,12 @@ class Poller:
         if not sims:
             return bool(self.orphans)
         try:
-            pods = b.api.list_pods(builders.ALL_SIMS_SELECTOR)
+            informer = b.cache.informer(b.pods_collection)
         except ApiError as exc:
             self.error = str(exc)
             return True
-        self.error = None
+        self.error = informer.error
+        pods = [p for p in informer.items() if selected(p, builders.ALL_SIMS_SELECTOR)]
         for sim in sims:
             if sim.reconcile_error is not None and not sim.life.over:
                 self._retry_reconcile(sim)
@@ -100,7 +111,9 @@ class Poller:
         with b.lock:
             for sim in sims:
                 sim_id = sim.spec.sim_id
-                news |= self._update(sim, by_sim.get(sim_id, {}), launchers.get(sim_id))
+                caught_up = informer.caught_up(sim.created_rv)
+                news |= self._update(sim, by_sim.get(sim_id, {}), launchers.get(sim_id),
+                                     caught_up)  # fmt: skip
         if news:
             b.notify()
         return True
@@ -108,7 +121,8 @@ class Poller:
     def _retry_reconcile(self, sim: SimRecord) -> None:
         launcher = pod_mode.options_of(sim, self.backend.config)
         try:
-            objects.reconcile(self.backend.api, sim.spec, sim.image, sim.volume, launcher=launcher)
+            sim.created_rv = objects.reconcile(self.backend.api, sim.spec, sim.image, sim.volume,
+                                               launcher=launcher)  # fmt: skip
         except ApiError as exc:
             sim.reconcile_error = str(exc)
             if not exc.transient:
@@ -121,13 +135,18 @@ class Poller:
         """One non-blocking attempt per orphan (the poller must not stall on one)."""
         for sim_id in sorted(self.orphans):
             try:
-                gone = objects.delete(self.backend.api, self.backend.config, sim_id, wait=False)
+                gone = objects.delete(self.backend.api, self.backend.config, sim_id,
+                                      self.backend.pods_left(sim_id), wait=False)  # fmt: skip
             except BackendError:
                 continue
             if gone:
                 self.orphans.discard(sim_id)
 
-    def _update(self, sim: SimRecord, pods: dict[int, Obj], launcher: Obj | None) -> bool:
+    def _update(
+        self, sim: SimRecord, pods: dict[int, Obj], launcher: Obj | None, caught_up: bool = True
+    ) -> bool:
+        """Act on a simulation's pods as the cache holds them (``caught_up``: the cache has
+        taken in the simulation's own creates, so a pod missing from it is gone)."""
         b, life = self.backend, sim.life
         news = False
         for rank in range(sim.n):
@@ -156,7 +175,7 @@ class Poller:
             status.running(p, C) for p in sim.pods.values()
         )
         if sim.in_pod:  # mpirun runs in the launcher pod: follow it
-            news |= pod_mode.follow(sim, launcher, ranks_running)
+            news |= pod_mode.follow(sim, launcher, ranks_running, caught_up=caught_up)
         if (
             not life.started
             and life.failure is None

@@ -27,8 +27,8 @@ RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", ("services", "configmaps"), ("get", "list", "watch", "create", "delete")),
     ("", ("events",), ("get", "list", "watch", "create")),
     # the namespace's CPU quotas and LimitRanges, planned within instead of learned from
-    # refusals (issue 26)
-    ("", ("resourcequotas", "limitranges"), ("get", "list")),
+    # refusals (issue 26), watched into the backend's cache (issue 29)
+    ("", ("resourcequotas", "limitranges"), ("get", "list", "watch")),
     # the operator (`rankpack operator`, issue 11): Simulations, their status, its Lease
     ("rankpack.dev", ("simulations",), ("get", "list", "watch", "create", "patch")),
     ("rankpack.dev", ("simulations/status",), ("get", "patch", "update")),

@@ -21,13 +21,16 @@ counters as fresh, and the controller decides nothing for their simulation meanw
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from rankpack.backend.kubernetes.api import KubeApi, Obj
 from rankpack.backend.kubernetes.config import KubernetesConfig, NodeFiles
 from rankpack.backend.kubernetes.nodereader import NodeReader, NotPublished, RankReading
 from rankpack.backend.protocol import BackendError
 from rankpack.errors import UserError
+
+if TYPE_CHECKING:
+    from rankpack.backend.kubernetes.informer import Cache
 
 
 class ReadingsMissing(BackendError):
@@ -112,13 +115,14 @@ def local_readings(config: KubernetesConfig) -> LocalReadings:
     )
 
 
-def choose(api: KubeApi, config: KubernetesConfig) -> Readings:
+def choose(api: KubeApi, config: KubernetesConfig, *, cache: Cache | None = None) -> Readings:
     """The readings ``config.readings`` asks for (``auto``: this node's files when they are
-    here, else the agents)."""
-    from rankpack.backend.kubernetes.agents import AgentReadings
+    here, else the agents, found through ``cache`` when given: no List per lookup)."""
+    from rankpack.backend.kubernetes.agents import AgentReadings, cached_agents
 
     local = local_readings(config)
     if config.readings == "node" or (config.readings == "auto" and local.available):
         return local
-    return AgentReadings(api, agent_namespace=config.agent_namespace or config.namespace,
-                         port=config.agent_port)  # fmt: skip
+    namespace = config.agent_namespace or config.namespace
+    return AgentReadings(api, agent_namespace=namespace, port=config.agent_port,
+                         agents=cached_agents(cache, namespace) if cache else None)  # fmt: skip

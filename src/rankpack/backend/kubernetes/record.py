@@ -148,6 +148,9 @@ class SimRecord:
     """The launch marker's locked descriptor while this process holds it (`launcher`)."""
     reconcile_error: str | None = None
     """Creating its objects failed transiently; the poller tries again."""
+    created_rv: str | None = None
+    """The newest resourceVersion of its objects as created (or found) at launch: a cache
+    that has taken in this much holds every one of them that still exists."""
     in_pod: bool = False
     """Its mpirun runs in its launcher pod (pod mode), not on this host."""
     launcher: Obj | None = None

@@ -158,6 +158,9 @@ class MpirunHost:
             life.fail(Failure(FailureCode.LAUNCH_FAILED, f"cannot start mpirun: {exc}"))
             return
         launcher.launched(fd, int(getattr(sim.process, "pid", 0) or os.getpid()))
+        # mpirun's rsh agent (another process, `rsh`) opens one pods/exec per rank pod:
+        # counted here, with this process's own requests
+        self.api.requests.add("create", "pods/exec", n=sim.n)
         life.start()
         threading.Thread(target=self._watch, args=(sim,), daemon=True).start()
 
