@@ -49,7 +49,7 @@ def test_the_agent_runs_with_least_privilege() -> None:
     assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"} and not sc.get("privileged")
     assert c["image"] == "rankpack/rankpack:0.1.0"
-    assert c["resources"]["requests"]["cpu"] == "50m"
+    assert c["resources"]["requests"]["cpu"] == "100m"
     assert c["ports"] == [{"name": "http", "containerPort": 8475, "protocol": "TCP"}]
     assert c["readinessProbe"]["httpGet"] == {"path": "/healthz", "port": "http"}
     assert {"name": "NODE_NAME",
