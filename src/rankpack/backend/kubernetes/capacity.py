@@ -110,9 +110,10 @@ class Capacity:
         )
 
     def _visible_pods(self) -> list[Obj]:
-        """Every live pod when the identity may list them all; else this namespace's and
-        the node agents' (what the operator may read: the agents request CPU on every node
-        too, and a plan that ignored them would not fit)."""
+        """Every live pod when the identity may list them all; else this namespace's, the
+        other namespaces the operator serves (`KubernetesConfig.counted_namespaces`) and the
+        node agents' (what the operator may read: the agents request CPU on every node too,
+        and a plan that ignored them would not fit)."""
         live = "status.phase!=Succeeded,status.phase!=Failed"
         try:
             return self.api.list_pods_all_namespaces(live)
@@ -120,6 +121,9 @@ class Capacity:
             if exc.status != 403:
                 raise
         pods = [p for p in self.api.list_pods("") if _live(p)]
+        for other in self.config.counted_namespaces:  # the operator's other namespaces
+            if other != self.api.namespace:
+                pods += [p for p in self.api.list_pods_in(other, "") if _live(p)]
         agents = self.config.agent_namespace
         if agents and agents != self.api.namespace and not self._agents_forbidden:
             try:
