@@ -1,10 +1,12 @@
-"""`rankpack operator`: the one control loop, on the Simulations of a namespace.
+"""`rankpack operator`: the one control loop, on the Simulations of the served namespaces.
 
 Start-up: take the Lease (leader election: only the holder acts), then adopt every Running
 Simulation an earlier operator launched (its mpirun outlives the operator: the backend is
 configured with ``detach``), requeue the ones it claimed but never launched, and run the
 control loop on the queue of Simulations. A watch on Simulations wakes the loop when one is
-created or changed; it reconnects with back-off when the apiserver goes away.
+created or changed; it reconnects with back-off when the apiserver goes away. Each served
+namespace has its own backend, watch and Role (`rankpack.operator.tenancy`); the Lease is in
+the operator's own namespace (``config.namespace``).
 
 A *term* is one stretch of leadership. The apiserver going away is not fatal: for a few
 seconds the loop carries on with what it knows (status patches and Events wait, resizes
@@ -26,8 +28,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rankpack.backend.kubernetes import KubernetesBackend, KubernetesConfig, connect_api
-from rankpack.backend.kubernetes.api import ApiError
+from rankpack.backend.kubernetes import (
+    ClientKubeApi,
+    KubernetesConfig,
+    NamespacedBackends,
+    connect_namespaces,
+)
+from rankpack.backend.kubernetes.api import ApiError, Obj
 from rankpack.backend.protocol import BackendError, UnknownSimulation
 from rankpack.controller.loop import Adopted, ControlLoop, LoopSettings, SimView
 from rankpack.controller.observations import ControllerSettings
@@ -44,6 +51,7 @@ from rankpack.operator.lease import Lease, LeaseTerms
 from rankpack.operator.metrics import OperatorMetrics
 from rankpack.operator.queue import SimulationApi, SimulationQueue
 from rankpack.operator.status import StatusWriter
+from rankpack.operator.tenancy import Tenancy
 from rankpack.store import EventRow, Store
 
 log = logging.getLogger("rankpack.operator")
@@ -52,7 +60,9 @@ log = logging.getLogger("rankpack.operator")
 @dataclass(frozen=True)
 class OperatorOptions:
     config: KubernetesConfig
+    """The cluster; its ``namespace`` is the operator's own (its Lease's)."""
     runs_root: Path
+    """Where run directories are staged; ``{namespace}`` is the Simulation's namespace."""
     db_path: Path
     identity: str = ""
     lease_name: str = "rankpack-operator"
@@ -72,7 +82,10 @@ class OperatorOptions:
     plot: Path | None = None
     """Write the session's timeline PNG here when the operator ends."""
     volume: str | None = None
-    """The rank pods' case volume for Simulations whose spec names none."""
+    """The rank pods' case volume for Simulations whose spec names none (``{namespace}``:
+    the Simulation's)."""
+    namespaces: tuple[str, ...] = ()
+    """The namespaces whose Simulations are served (empty: ``config.namespace``)."""
     admission: AdmissionPolicy = field(
         default_factory=lambda: AdmissionPolicy(solvers=openfoam_applications())
     )
@@ -81,7 +94,7 @@ class OperatorOptions:
     """How many Simulations one namespace may have queued and running."""
 
 
-def _cluster_millis(backend: KubernetesBackend, every_s: float = 30.0) -> Callable[[], int | None]:
+def _cluster_millis(backend: NamespacedBackends, every_s: float = 30.0) -> Callable[[], int | None]:
     """What all schedulable nodes, Ready or not, can allocate, read at most every
     ``every_s`` (admission's fit check: a Simulation that fits once a lost node is back is
     held, not refused; None while the inventory cannot be read)."""
@@ -124,16 +137,17 @@ class OperatorResult:
 class _Watcher:
     """Wakes the loop when a Simulation changes; reconnects with back-off."""
 
-    def __init__(self, api: SimulationApi, wake: Callable[[], None], stop: threading.Event):
-        self.api, self.wake, self.stop = api, wake, stop
-        self.thread = threading.Thread(target=self._run, daemon=True, name="watch")
+    def __init__(self, api: SimulationApi, wake: Callable[[], None], stop: threading.Event,
+                 namespace: str) -> None:  # fmt: skip
+        self.api, self.wake, self.stop, self.namespace = api, wake, stop, namespace
+        self.thread = threading.Thread(target=self._run, daemon=True, name=f"watch-{namespace}")
         self.reconnects = 0
 
     def _run(self) -> None:
         delay = 0.5
         while not self.stop.is_set():
             try:
-                for _event in self.api.watch(timeout_s=60):
+                for _event in self.api.watch(timeout_s=60, namespace=self.namespace):
                     delay = 0.5
                     self.wake()
                     if self.stop.is_set():
@@ -190,7 +204,7 @@ class _Ctx:
     """What lives as long as the operator process (across terms)."""
 
     opts: OperatorOptions
-    backend: KubernetesBackend
+    backend: NamespacedBackends
     store: Store
     queue: SimulationQueue
     display: _Display
@@ -231,19 +245,23 @@ def run_operator(
             "no solver is allowed: no OpenFOAM application (*Foam) was found in /usr/bin; "
             "name the solvers Simulations may run with --solver NAME"
         )
-    api = connect_api(opts.config)
-    backend = KubernetesBackend(api, opts.config)
     namespace = opts.config.namespace
-    sims = SimulationApi(api, namespace)
-    try:
-        sims.list()
-    except ApiError as exc:
-        backend.close()
-        raise BackendError(
-            f"cannot list simulations.{crd.GROUP} in namespace {namespace}: "
-            f"{_first_line(exc)}; is the CRD installed (kubectl apply -f deploy/base/crd.yaml) and "
-            "may this identity use it (deploy/base/backend.yaml)?"
-        ) from exc
+    tenancy = Tenancy(opts.namespaces or (namespace,), str(opts.runs_root), opts.volume)
+    tenancy.check(opts.admission)
+    backend = connect_namespaces(opts.config, tenancy.namespaces)
+    api = ClientKubeApi(opts.config)  # the operator's own namespace: its Lease
+    sims = SimulationApi(api, tenancy.namespaces)
+    for ns in tenancy.namespaces:
+        try:
+            api.request("GET", sims.path_in(ns))
+        except ApiError as exc:
+            backend.close()
+            raise BackendError(
+                f"cannot list simulations.{crd.GROUP} in namespace {ns}: {_first_line(exc)}; "
+                "is the CRD installed (kubectl apply -f deploy/base/crd.yaml) and may this "
+                "identity use it there (deploy/base/backend.yaml; serving several namespaces, "
+                "the Role of deploy/tenants in each)?"
+            ) from exc
     metrics = OperatorMetrics()
     if opts.metrics_port is not None:
         try:
@@ -259,17 +277,17 @@ def run_operator(
     queue = SimulationQueue(
         sims, store, identity, admission=opts.admission,
         cluster_millis=_cluster_millis(backend), placement=backend.placement,
-        limits=opts.namespace_limits,
+        limits=opts.namespace_limits, tenancy=tenancy,
     )  # fmt: skip
     events = SimulationEvents(
-        lambda body: backend.api.create("events", body), namespace, identity,
+        _post_event(backend), tenancy.namespaces[0], identity,
         name_of=_name_of(queue), uid_of=queue.uids.get,
     )  # fmt: skip
     events.start()
     display = _Display(queue, opts.status_interval_s, metrics, store, events)
     ctx = _Ctx(opts, backend, store, queue, display, stop, say, backend.clock())
-    watcher = _Watcher(sims, backend.notify, stop)
-    watcher.thread.start()
+    for ns in tenancy.namespaces:
+        _Watcher(sims, backend.notify, stop, ns).thread.start()
     result = OperatorResult("stopped", 0, 0, [])
     try:
         while not stop.is_set():
@@ -313,6 +331,16 @@ def run_operator(
                 result.plot = _plot(ctx, opts.plot)
         backend.close()
     return result
+
+
+def _post_event(backend: NamespacedBackends) -> Callable[[Obj], object]:
+    """Posts an Event in its Simulation's namespace, with the rights held there."""
+
+    def post(body: Obj) -> object:
+        ns = str(body["metadata"].get("namespace") or backend.namespaces[0])
+        return backend.backend_of(ns).api.create("events", body)
+
+    return post
 
 
 def _lease_error(lease: Lease) -> str:
@@ -364,7 +392,8 @@ def _settings(ctx: _Ctx) -> LoopSettings:
         capacity_millis=ctx.capacity_millis, multiplex_id=ctx.multiplex_id,
         label=f"operator-{ctx.multiplex_id}",
         extra={"multiplex_id": ctx.multiplex_id, "operator": opts.identity},
-        image=opts.config.image, volume=opts.volume, leave_running=True,
+        # each job carries its namespace's run directories and volume (`Tenancy`)
+        image=opts.config.image, volume=None, leave_running=True,
         solvers=opts.admission.solvers, confine_staging=True, sim_labels=dict(OPERATOR_LABEL),
     )  # fmt: skip
 
