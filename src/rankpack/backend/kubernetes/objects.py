@@ -34,7 +34,9 @@ def reconcile(
     owner = builders.OwnerRef(builders.owner_name(spec.sim_id), str(owner_obj["metadata"]["uid"]))
     _get_or_create(api, "services", builders.headless_service(spec, owner), spec)
     for rank in range(len(spec.ranks)):
-        _get_or_create(api, "pods", builders.rank_pod(spec, rank, owner, volume, image), spec)
+        account = launcher.rank_service_account if launcher is not None else None
+        pod = builders.rank_pod(spec, rank, owner, volume, image, account)
+        _get_or_create(api, "pods", pod, spec)
     if launcher is not None:
         pod = builders.launcher_pod(spec, owner, volume, image, launcher)
         _get_or_create(api, "pods", pod, spec)
