@@ -82,12 +82,14 @@ def connect_api(config: KubernetesConfig) -> ClientKubeApi:
 def connect_namespaces(config: KubernetesConfig, namespaces: tuple[str, ...]) -> NamespacedBackends:
     """A backend per namespace (``config`` with that namespace), each checked as `connect`
     checks one (the error names the namespace the identity may not use), all waking one
-    `News`; each counts the others' pods in its inventory."""
+    `News`; each counts the others' pods in its inventory, and those of ``config``'s own
+    namespace (where the operator itself runs) when it is not one of them."""
     news = News()
     backends: dict[str, KubernetesBackend] = {}
+    counted = (*namespaces, *((config.namespace,) if config.namespace not in namespaces else ()))
     try:
         for ns in namespaces:
-            others = tuple(n for n in namespaces if n != ns)
+            others = tuple(n for n in counted if n != ns)
             cfg = replace(config, namespace=ns, counted_namespaces=others)
             backends[ns] = KubernetesBackend(connect_api(cfg), cfg, news=news)
     except BackendError:

@@ -34,6 +34,8 @@ class Capacity:
         self.api, self.config = api, config
         self._nodes_forbidden = False
         self._agents_forbidden = False
+        self._unseen: set[str] = set()
+        """Counted namespaces whose pods this identity may not list (learned from a 403)."""
         self._forbidden: set[str] = set()
         """Namespaced kinds this identity may not list (learned from a 403, not asked again)."""
         self._inventory: Inventory | None = None
@@ -122,8 +124,14 @@ class Capacity:
                 raise
         pods = [p for p in self.api.list_pods("") if _live(p)]
         for other in self.config.counted_namespaces:  # the operator's other namespaces
-            if other != self.api.namespace:
+            if other == self.api.namespace or other in self._unseen:
+                continue
+            try:
                 pods += [p for p in self.api.list_pods_in(other, "") if _live(p)]
+            except ApiError as exc:
+                if exc.status != 403:
+                    raise
+                self._unseen.add(other)  # no right to read them: learned once
         agents = self.config.agent_namespace
         if agents and agents != self.api.namespace and not self._agents_forbidden:
             try:
