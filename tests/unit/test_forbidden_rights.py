@@ -60,3 +60,24 @@ def test_nothing_binds_cluster_admin() -> None:
         for doc in yaml.safe_load_all(path.read_text()):
             if doc and doc.get("kind") in ("RoleBinding", "ClusterRoleBinding"):
                 assert doc["roleRef"]["name"] not in ("cluster-admin", "admin", "edit"), path
+
+
+def test_the_served_namespaces_bindings_are_checked_too() -> None:
+    """deploy/tenants (and dev-tenants): a Role and a RoleBinding per served namespace, each
+    checked above; a binding there names a Role of its own namespace (never a ClusterRole),
+    and its subjects are rankpack's own ServiceAccounts."""
+    checked = {(r["_file"], r["metadata"].get("namespace"), r["metadata"]["name"])
+               for r in _roles()}  # fmt: skip
+    for overlay in ("tenants", "dev-tenants"):
+        for ns in ("team-a", "team-b"):
+            for role in ("rankpack-operator", "rankpack-launcher"):
+                assert (f"{overlay}/{ns}.yaml", ns, role) in checked
+    for path in sorted(DEPLOY.glob("*tenants/*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if not doc or doc.get("kind") not in ("RoleBinding", "ClusterRoleBinding"):
+                continue
+            assert doc["kind"] == "RoleBinding", path  # never a cluster-wide grant
+            assert doc["roleRef"]["kind"] == "Role", (path, doc["metadata"])
+            for subject in doc["subjects"]:
+                assert subject["kind"] == "ServiceAccount"
+                assert subject["name"].startswith("rankpack-"), subject

@@ -108,6 +108,9 @@ class SimSpec:
     shim: ShimSpec | None = None
     image: str | None = None
     volume: str | None = None
+    namespace: str | None = None
+    """Where it runs, for a backend that places in several (the operator serving several
+    Kubernetes namespaces); None: the backend's own."""
     labels: Mapping[str, str] = field(default_factory=dict)
     """Put on everything the backend creates for this simulation."""
     placement: Mapping[str, str] = field(default_factory=dict)

@@ -43,6 +43,9 @@ class StageSpec:
     confined: bool = False
     """Stage a case of someone with fewer rights (the operator's Simulations): none of its
     code runs, nothing outside it is read (`rankpack.case.confine`)."""
+    namespace: str | None = None
+    """Where the simulation will run, for a backend that places in several (the operator
+    serving several Kubernetes namespaces); None: the backend's own. Staging ignores it."""
 
 
 @dataclass(frozen=True)

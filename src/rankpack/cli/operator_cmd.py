@@ -11,6 +11,7 @@ import os
 import signal
 import uuid
 from dataclasses import replace
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
@@ -34,6 +35,7 @@ from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.errors import UserError
 from rankpack.operator.admission import AdmissionPolicy, NamespaceLimits, openfoam_applications
 from rankpack.operator.crd import check_solver
+from rankpack.operator.tenancy import parse_namespaces
 from rankpack.plan.allocation import budget_to_millis
 from rankpack.plan.submission import Submission
 
@@ -41,9 +43,18 @@ if TYPE_CHECKING:
     from rankpack.backend.kubernetes.api import ApiError
 
 
-def add_cluster_arguments(p: argparse.ArgumentParser) -> None:
+def add_cluster_arguments(p: argparse.ArgumentParser, *, several: bool = False) -> None:
     p.add_argument("--kubeconfig", help="kubeconfig file (default: as kubectl)")
     p.add_argument("--context", help="kubeconfig context (default: current)")
+    if several:  # the operator serves several namespaces (issue 26, item 7)
+        p.add_argument(
+            "--namespace", action="append", default=[], metavar="NS",
+            help="a namespace whose Simulations it serves (repeat, or a comma list: "
+            "--namespace a,b; default: the one it runs in: in a pod its pod's, else the "
+            "context's); each needs the Role deploy/ installs there. Its Lease is in its own "
+            "namespace (in a pod its pod's, else the first --namespace)",
+        )  # fmt: skip
+        return
     p.add_argument("--namespace", help="namespace (default: the context's)")
 
 
@@ -62,7 +73,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "Ctrl-C/SIGTERM stop the operator and leave the simulations running."
         ),
     )
-    add_cluster_arguments(p)
+    add_cluster_arguments(p, several=True)
     p.add_argument(
         "--image", help="rank pod image (default: in a pod, the operator's own image; else the "
         "dev cluster's host-usr image)"
@@ -76,8 +87,15 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )  # fmt: skip
     p.add_argument(
         "--volume", help="where run directories live in the rank pods, for Simulations whose "
-        "spec.case.volume is empty: pvc:CLAIM[:MOUNT_PATH] or host:DIR (default: each run "
-        "directory as a host path, for the dev cluster)",
+        "spec.case.volume is empty: pvc:CLAIM[:MOUNT_PATH] (a claim of the pods' namespace) "
+        "or host:DIR; {namespace} is the Simulation's (default: each run directory as a host "
+        "path, for the dev cluster)",
+    )  # fmt: skip
+    p.add_argument(
+        "--runs-root", metavar="DIR",
+        help="where run directories are staged (default: the data directory's runs/); "
+        "{namespace} is the Simulation's namespace (required serving several: run "
+        "directories apart per namespace, e.g. /var/lib/rankpack/namespaces/{namespace}/runs)",
     )  # fmt: skip
     p.add_argument(
         "--wait", choices=WAIT_SETTINGS, default="auto",
@@ -109,12 +127,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--allow-host-path", action="append", default=[], metavar="DIR",
         help="a host directory under which a Simulation's spec.case.volume host:DIR may lie "
-        "(repeat for several; default: none, host volumes are refused: HostVolumeNotAllowed)",
+        "(repeat for several; {namespace} is the Simulation's namespace; default: none, host "
+        "volumes are refused: HostVolumeNotAllowed)",
     )  # fmt: skip
     p.add_argument(
         "--case-root", action="append", default=[], metavar="DIR",
         help="a directory under which a Simulation's spec.case.path may lie (repeat for "
-        "several; default: none, tutorial names only: CasePathNotAllowed)",
+        "several; {namespace} is the Simulation's namespace; default: none, tutorial names "
+        "only: CasePathNotAllowed)",
     )  # fmt: skip
     p.add_argument(
         "--solver", action="append", default=[], metavar="NAME",
@@ -148,7 +168,9 @@ def _config(args: argparse.Namespace) -> Any:
     from rankpack.backend.kubernetes import load_config
     from rankpack.devcluster.nodefiles import with_node_files
 
-    config = with_node_files(load_config(args.kubeconfig, args.context, args.namespace,
+    # the operator's --namespace is the list it serves (`handle_operator`), not its own
+    namespace = args.namespace if isinstance(args.namespace, str) else None
+    config = with_node_files(load_config(args.kubeconfig, args.context, namespace,
                                          image=getattr(args, "image", None)))  # fmt: skip
     volume = getattr(args, "volume", None)
     if volume and not (volume.startswith(("host:/", "pvc:")) and len(volume) > 5):
@@ -280,7 +302,11 @@ def handle_operator(args: argparse.Namespace) -> int:
     if args.metrics_port is not None and not 0 < args.metrics_port < 65536:
         raise UserError(f"--metrics-port must be 1..65535, got {args.metrics_port}")
     admission = _admission(args)
-    config = _config(args)
+    served = parse_namespaces(args.namespace)
+    config = _config(args)  # in a pod: the pod's namespace; else the context's
+    if served and config.kubeconfig is not None:
+        # out of the cluster the first --namespace is also its own (the Lease's), as before
+        config = replace(config, namespace=served[0])
     if args.image is None:
         image = own_image(config)
         if image:
@@ -288,7 +314,8 @@ def handle_operator(args: argparse.Namespace) -> int:
     config = replace(config, launcher=resolve_launcher(args.launcher, config.image))
     opts = OperatorOptions(
         config=config,
-        runs_root=data_dir() / "runs",
+        runs_root=Path(args.runs_root) if args.runs_root else data_dir() / "runs",
+        namespaces=served,
         db_path=db_path(args),
         identity=args.identity or "",
         lease_name=args.lease,

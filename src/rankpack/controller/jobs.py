@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from rankpack.backend.protocol import StagedCase
@@ -25,6 +26,15 @@ from rankpack.store import Store
 class Job:
     queue_id: int
     submission: Submission
+    namespace: str | None = None
+    """Where it runs, for a backend that places in several (the operator serving several
+    Kubernetes namespaces, `rankpack.operator.tenancy`); None: the backend's own."""
+    runs_root: Path | None = None
+    """Its run directory goes below this instead of the loop's ``runs_root`` (run directories
+    kept apart per namespace)."""
+    volume: str | None = None
+    """Where its run directory lives in its rank pods when its submission names no volume,
+    instead of the loop's ``volume`` (its namespace's own claim)."""
 
 
 class JobSource(Protocol):

@@ -105,13 +105,14 @@ class Launcher:
             sim_id=sim_id,
             case=sub.case,
             n_ranks=sub.n_ranks,
-            runs_root=self.ctx.settings.runs_root,
+            runs_root=job.runs_root or self.ctx.settings.runs_root,
             iterations=sub.iterations,
             decompose=sub.decompose,
             decompose_weights=sub.decompose_weights or sub.weights,
             center=sub.center,
             workdir=Path(sub.workdir) if sub.workdir else None,
             confined=self.ctx.settings.confine_staging,
+            namespace=job.namespace,
         )
         try:
             self.ctx.backend.stage(spec)
@@ -302,7 +303,8 @@ class Launcher:
             mpi=s.mpi,
             shim=(ShimSpec(sim.wait_mode or "spin", s.mpi) if s.shim else None),
             image=s.image,
-            volume=sim.job.submission.volume or s.volume,
+            volume=sim.job.submission.volume or sim.job.volume or s.volume,
+            namespace=sim.job.namespace,
             labels={**self.ctx.settings.sim_labels, "rankpack.dev/run-id": str(sim.run_id)},
         )
 

@@ -145,10 +145,12 @@ class SimulationEvents:
 
     def add(self, events: Sequence[EventRow]) -> None:
         for e in events:
-            name = self.name_of(e)
-            if name is None:
+            key = self.name_of(e)
+            if key is None:
                 continue
-            body = event_body(e, name, self.uid_of(name), self.namespace, self.instance)
+            # a key names its namespace when several are served (`queue.simulation_key`)
+            ns, _, name = key.rpartition("/")
+            body = event_body(e, name, self.uid_of(key), ns or self.namespace, self.instance)
             if body is not None:
                 self.queue.append(body)
         if self.queue:

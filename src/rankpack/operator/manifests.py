@@ -33,6 +33,7 @@ from rankpack.backend.kubernetes.rbac import (
     backend_rbac,
     launcher_rbac,
     operator_role_rules,
+    rank_service_account,
 )
 from rankpack.nodeagent import manifests as agent_manifests
 from rankpack.operator import crd
@@ -316,7 +317,7 @@ def namespaces() -> list[Obj]:
 
 
 def operator_yaml() -> str:
-    return _docs(OPERATOR_HEADER, operator_objects())
+    return docs(OPERATOR_HEADER, operator_objects())
 
 
 ADMISSION_HEADER = """\
@@ -332,10 +333,10 @@ ADMISSION_HEADER = """\
 
 
 def admission_yaml() -> str:
-    return _docs(ADMISSION_HEADER, admission_objects(DEPLOY_NAMESPACE, case_roots=[CASES_PATH]))
+    return docs(ADMISSION_HEADER, admission_objects(DEPLOY_NAMESPACE, case_roots=[CASES_PATH]))
 
 
-def _docs(header: str, objects: list[Obj]) -> str:
+def docs(header: str, objects: list[Obj]) -> str:
     return header + "---\n".join(str(yaml.safe_dump(o, sort_keys=False)) for o in objects)
 
 
@@ -408,8 +409,9 @@ BACKEND_HEADER = (
 LAUNCHER_HEADER = (
     """\
 # The launcher pods' identity (one launcher pod per simulation runs its mpirun): reading the
-# rank pods and starting each rank in its pod (pods/exec), in this namespace only. Installed
-# by the admin in every namespace Simulations run in: the operator never creates Roles.
+# rank pods and starting each rank in its pod (pods/exec), in this namespace only; and the
+# rank pods' (no Role, no token mounted). Installed by the admin in every namespace
+# Simulations run in (deploy/tenants for more namespaces): the operator never creates Roles.
 """
     + GENERATED
 )
@@ -427,38 +429,74 @@ DEV_HEADER = (
 
 def files() -> dict[str, str]:
     """Every generated file of ``deploy/``, by its path below it."""
+    from rankpack.operator import tenant_manifests  # (it builds on this module's builders)
+
     pvc_header = "# The run directories: shared by the operator and every rank pod.\n" + GENERATED
     top = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
            "resources": ["base"]}  # fmt: skip
     return {
         # the base lives in base/ (an overlay may not sit inside its base's folder); this
         # one only names it, so that `kubectl apply -k deploy/` is the admin's command
-        "kustomization.yaml": _docs(KUSTOMIZE_HEADER, [top]),
-        "base/kustomization.yaml": _docs(GENERATED, [kustomization()]),
-        "base/namespaces.yaml": _docs(GENERATED, [*namespaces(), priority_class()]),
+        "kustomization.yaml": docs(KUSTOMIZE_HEADER, [top]),
+        "base/kustomization.yaml": docs(GENERATED, [kustomization()]),
+        "base/namespaces.yaml": docs(GENERATED, [*namespaces(), priority_class()]),
         "base/crd.yaml": crd_yaml(),
         "base/admission.yaml": admission_yaml(),
-        "base/backend.yaml": _docs(BACKEND_HEADER, backend_rbac(DEPLOY_NAMESPACE)),
-        "base/launcher.yaml": _docs(LAUNCHER_HEADER, launcher_rbac(DEPLOY_NAMESPACE)),
-        "base/node-agent.yaml": _docs(
+        "base/backend.yaml": docs(BACKEND_HEADER, backend_rbac(DEPLOY_NAMESPACE)),
+        "base/launcher.yaml": docs(
+            LAUNCHER_HEADER,
+            [*launcher_rbac(DEPLOY_NAMESPACE), rank_service_account(DEPLOY_NAMESPACE)],
+        ),
+        "base/node-agent.yaml": docs(
             agent_manifests.HEADER, agent_manifests.agent_objects(SYSTEM_NAMESPACE)
         ),
-        "base/runs-pvc.yaml": _docs(pvc_header, [runs_claim()]),
+        "base/runs-pvc.yaml": docs(pvc_header, [runs_claim()]),
         "base/operator.yaml": operator_yaml(),
-        "dev/kustomization.yaml": _docs(DEV_HEADER, [dev_kustomization()]),
-        "dev/runs-pv.yaml": _docs(GENERATED, [dev_runs_volume()]),
-        "dev/namespace-patch.yaml": _docs(GENERATED, [dev_namespace_patch()]),
+        "dev/kustomization.yaml": docs(DEV_HEADER, [dev_kustomization()]),
+        "dev/runs-pv.yaml": docs(GENERATED, [dev_runs_volume()]),
+        "dev/namespace-patch.yaml": docs(GENERATED, [dev_namespace_patch()]),
+        # serving several namespaces: deploy/tenants (and deploy/dev-tenants) list them
+        **tenant_manifests.files(),
     }
 
 
 def main(argv: list[str] | None = None) -> int:
+    """``[DIR]``: write ``deploy/`` (default ``deploy``); ``tenants DIR NS... [--base PATH]``:
+    write an overlay serving the namespaces NS into DIR (its base: PATH, default
+    ``../base``), as ``deploy/tenants`` is for its example namespaces."""
     args = sys.argv[1:] if argv is None else argv
+    if args[:1] == ["tenants"]:
+        return _tenants(args[1:])
     out = Path(args[0] if args else "deploy")
-    for name, text in files().items():
+    written = files()
+    _write(out, written)
+    print(f"wrote {len(written)} files under {out}")
+    return 0
+
+
+def _tenants(args: list[str]) -> int:
+    from rankpack.operator import tenant_manifests
+    from rankpack.operator.tenancy import parse_namespaces
+
+    base = "../base"
+    if "--base" in args:
+        at = args.index("--base")
+        base, args = args[at + 1], args[:at] + args[at + 2 :]
+    if len(args) < 2:
+        print("usage: python -m rankpack.operator.manifests tenants DIR NS... [--base PATH]",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    out, namespaces = Path(args[0]), parse_namespaces(args[1:])
+    written = tenant_manifests.overlay(namespaces, base, where=f"{out}/")
+    _write(out, written)
+    print(f"wrote {len(written)} files under {out}: kubectl apply -k {out}")
+    return 0
+
+
+def _write(out: Path, written: dict[str, str]) -> None:
+    for name, text in written.items():
         (out / name).parent.mkdir(parents=True, exist_ok=True)
         (out / name).write_text(text)
-    print(f"wrote {len(files())} files under {out}")
-    return 0
 
 
 if __name__ == "__main__":

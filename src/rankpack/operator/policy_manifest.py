@@ -11,6 +11,9 @@ checks symbolic links on disk and the solver allowlist):
 * ``spec.case.volume: host:DIR``: DIR absolute, no ``..``, under one of the ConfigMap's
   ``hostPathPrefixes`` (comma-separated; empty: none);
 * ``spec.case.path``: a tutorial name, or absolute, no ``..``, under one of ``caseRoots``.
+
+``{namespace}`` in either list is the Simulation's namespace (``request.namespace``), so
+that each served namespace has its own roots (``deploy/tenants``).
 """
 
 from __future__ import annotations
@@ -61,11 +64,14 @@ _VALIDATIONS = [
 
 
 def _list_param(key: str) -> str:
-    """A comma-separated ConfigMap entry as a list of prefixes without a trailing '/'."""
+    """A comma-separated ConfigMap entry as a list of prefixes without a trailing '/', each
+    ``{namespace}`` in them replaced by the Simulation's namespace (an operator serving
+    several namespaces gives each its own roots: `rankpack.operator.tenancy`)."""
     return (
         f"has(params.data) && '{key}' in params.data ? params.data['{key}'].split(',')"
-        ".map(p, p.trim()).filter(p, p != '').map(p, p.endsWith('/') && size(p) > 1 ? "
-        "p.substring(0, size(p) - 1) : p) : []"
+        ".map(p, p.trim()).filter(p, p != '')"
+        ".map(p, p.replace('{namespace}', request.namespace))"
+        ".map(p, p.endsWith('/') && size(p) > 1 ? p.substring(0, size(p) - 1) : p) : []"
     )
 
 

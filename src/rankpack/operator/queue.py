@@ -1,4 +1,4 @@
-"""The control loop's job source on Kubernetes: the Simulations of one namespace.
+"""The control loop's job source on Kubernetes: the Simulations of the served namespaces.
 
 A Simulation with no phase (just created) or phase ``Queued`` is pending, oldest first.
 Claiming one replaces its status with ``Running`` under its resourceVersion, so two
@@ -21,6 +21,11 @@ at once, with whatever else waits for that Simulation; anything else (progress, 
 conditions) at most once per Simulation per ``status_interval_s`` (merged meanwhile and
 written by `flush`). The Simulations are read from the operator's cache (`SimulationApi.cache`,
 `simcache`: listed once, then watched), not listed every tick.
+
+Serving several namespaces (`rankpack.operator.tenancy`), a Simulation is known by its key,
+``namespace/name`` (client-go's cache key; one namespace: its name alone), and its job
+carries its namespace, its namespace's run directories and volume, and is admitted against
+its namespace's case roots.
 """
 
 from __future__ import annotations
@@ -48,6 +53,8 @@ from rankpack.operator.admission import (
     Refused,
     admit,
 )
+from rankpack.operator.tenancy import Tenancy
+from rankpack.plan.submission import Submission
 from rankpack.store import RunRow, Store
 
 if TYPE_CHECKING:
@@ -72,46 +79,64 @@ def _seconds_since(stamp: str) -> float:
 
 
 class SimulationApi:
-    """The Simulations of one namespace (and the Events on them), through the project's
-    REST boundary (`ClientKubeApi.request`): plain JSON, typed errors (`NotFound`,
-    `Conflict`, `ApiError`)."""
+    """The Simulations of the served namespaces (and the Events on them), through the
+    project's REST boundary (`ClientKubeApi.request`): plain JSON, typed errors
+    (`NotFound`, `Conflict`, `ApiError`). One list per namespace (the operator holds no
+    cluster-wide right); a Simulation is named by its key (`simulation_key`)."""
 
-    def __init__(self, api: ClientKubeApi, namespace: str) -> None:
+    def __init__(self, api: ClientKubeApi, namespace: str | Sequence[str]) -> None:
         self.api = api
-        self.namespace = namespace
+        self.namespaces = (namespace,) if isinstance(namespace, str) else tuple(namespace)
+        self.namespace = self.namespaces[0]
+        """The first served namespace (a key without one names a Simulation there)."""
         self.cache: SimulationCache | None = None
         """Where `list` reads them (listed once, then watched); None: a List per call."""
 
+    def path_in(self, namespace: str) -> str:
+        return f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/{namespace}/{crd.PLURAL}"
+
     @property
     def path(self) -> str:
-        """The Simulations collection (also what `watch` follows)."""
-        return f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/{self.namespace}/{crd.PLURAL}"
+        """The first namespace's Simulations collection."""
+        return self.path_in(self.namespace)
+
+    def _at(self, key: str) -> str:
+        ns, _, name = key.rpartition("/")
+        return f"{self.path_in(ns or self.namespace)}/{name}"
 
     def list(self) -> list[Obj]:
+        """Every served namespace's Simulations; an error in any is the listing's (a
+        namespace that does not answer must not look empty)."""
         if self.cache is not None:
             return self.cache.list()
-        return list(self.api.request("GET", self.path).get("items", []))
+        items: list[Obj] = []
+        for ns in self.namespaces:
+            items += self.api.request("GET", self.path_in(ns)).get("items", [])
+        return items
 
     def _saw(self, obj: Obj) -> Obj:
         if self.cache is not None:
             self.cache.saw(obj)
         return obj
 
-    def get(self, name: str) -> Obj:
-        return self.api.request("GET", f"{self.path}/{name}")
+    def get(self, key: str) -> Obj:
+        return self.api.request("GET", self._at(key))
 
-    def watch(self, timeout_s: float) -> Iterator[Obj]:
-        """The changes of the Simulations until the apiserver ends the watch."""
-        return self.api.watch(self.path, timeout_s=timeout_s)
+    def watch(self, timeout_s: float, namespace: str | None = None) -> Iterator[Obj]:
+        """The changes of a namespace's Simulations (default: the first) until the apiserver
+        ends the watch."""
+        return self.api.watch(self.path_in(namespace or self.namespace), timeout_s=timeout_s)
 
     def create(self, body: Obj) -> Obj:
-        return self.api.request("POST", self.path, body=body)
+        ns = str((body.get("metadata") or {}).get("namespace") or self.namespace)
+        return self.api.request("POST", self.path_in(ns), body=body)
 
     def replace_status(self, obj: Obj) -> Obj:
         """Replace the status under the object's resourceVersion (`Conflict` if it
         changed)."""
-        name = obj["metadata"]["name"]
-        return self._saw(self.api.request("PUT", f"{self.path}/{name}/status", body=obj))
+        meta = obj["metadata"]
+        key = f"{meta.get('namespace') or self.namespace}/{meta['name']}"
+        return self._saw(self.api.request("PUT", f"{self._at(key)}/status", body=obj))
 
     def events(self, name: str | None = None) -> builtins.list[Obj]:
         """The core/v1 Events on Simulations (on ``name`` only, if given), oldest first."""
@@ -122,11 +147,19 @@ class SimulationApi:
                                  query={"fieldSelector": selector})  # fmt: skip
         return sorted(found.get("items", []), key=_event_order)
 
-    def patch_status(self, name: str, status: Obj) -> Obj:
+    def patch_status(self, key: str, status: Obj) -> Obj:
         return self._saw(self.api.request(
-            "PATCH", f"{self.path}/{name}/status", body={"status": status},
+            "PATCH", f"{self._at(key)}/status", body={"status": status},
             content_type="application/merge-patch+json",
         ))  # fmt: skip
+
+
+def simulation_key(obj: Obj, several: bool) -> str:
+    """A Simulation's key: ``namespace/name`` when several namespaces are served (client-go's
+    cache key), else its name (a name holds no '/', so a key is never ambiguous)."""
+    meta = obj.get("metadata") or {}
+    name = str(meta.get("name"))
+    return f"{meta.get('namespace')}/{name}" if several and meta.get("namespace") else name
 
 
 LAUNCH_FIELDS = ("usage", "launcher", "simId", "runId", "runDir", "startedAt",
@@ -191,17 +224,22 @@ class SimulationQueue:
         limits: NamespaceLimits | None = None,
         status_interval_s: float = 0.0,
         clock: Callable[[], float] = time.monotonic,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self.api = api
         self.status_interval_s = status_interval_s
         """At most one status patch per Simulation per this many seconds, but `URGENT` ones."""
         self.clock = clock
         self.written: dict[str, float] = {}
-        """Simulation name -> when its status was last written (`clock`)."""
+        """Simulation key -> when its status was last written (`clock`)."""
+        self.tenancy = tenancy
+        """The served namespaces' run directories, volumes and case roots (None: the loop's
+        own, one namespace, as before)."""
         self.limits = limits or NamespaceLimits()
         """How many Simulations one namespace may have queued and running."""
         self.holds: dict[str, tuple[str, str]] = {}
-        """Simulation name -> the hold (reason, message) last written into its status."""
+        """Simulation key (`simulation_key`) -> the hold (reason, message) last written
+        into its status."""
         self.placement = placement
         """The backend's facts (`Backend.placement`): where usage and duty cycles come from
         (``usage``: node-agent, node-local) and how ranks are started (``launcher``), written
@@ -214,15 +252,15 @@ class SimulationQueue:
         """What all nodes can allocate (for `DoesNotFit`), asked only while checking."""
         self.on_event = on_event or (lambda name, detail: None)
         self.ids: dict[str, int] = {}
-        """Simulation name -> the queue id the loop knows it by (stable in this process)."""
+        """Simulation key -> the queue id the loop knows it by (stable in this process)."""
         self.names: dict[int, str] = {}
         self.run_ids: dict[int, int] = {}
         self.uids: dict[str, str] = {}
-        """Simulation name -> metadata.uid (what its Events refer to)."""
+        """Simulation key -> metadata.uid (what its Events refer to)."""
         self.sim_names: dict[str, str] = {}
-        """The backend's sim id -> Simulation name."""
+        """The backend's sim id -> Simulation key."""
         self.conditions: dict[str, list[Obj]] = {}
-        """Simulation name -> its conditions as last written (one per type)."""
+        """Simulation key -> its conditions as last written (one per type)."""
         self.outbox: dict[str, Obj] = {}
         """Status patches not written yet (the apiserver did not answer)."""
         self.api_error: str | None = None
@@ -230,7 +268,7 @@ class SimulationQueue:
         self.uncertain: set[str] = set()
         """Claims whose answer was lost (the apiserver went away): checked in `flush`."""
         self.listed: dict[str, str] | None = None
-        """Name -> uid of every Simulation in the last listing that succeeded."""
+        """Key -> uid of every Simulation in the last listing that succeeded."""
         self.holding: dict[int, str] = {}
         """Queue id -> uid of the Simulations this process claimed or adopted and has not
         finished: what `withdrawn` looks for in each listing."""
@@ -259,10 +297,10 @@ class SimulationQueue:
         self.api_error = None
         listed: dict[str, str] = {}
         for obj in items:
-            meta = obj.get("metadata") or {}
-            listed[str(meta.get("name"))] = str(meta.get("uid") or "")
+            meta, key = obj.get("metadata") or {}, self._key(obj)
+            listed[key] = str(meta.get("uid") or "")
             if meta.get("uid"):
-                self.uids[str(meta["name"])] = str(meta["uid"])
+                self.uids[key] = str(meta["uid"])
         self.listed = listed
         return items
 
@@ -294,7 +332,7 @@ class SimulationQueue:
             phase = (obj.get("status") or {}).get("phase")
             if phase not in (None, "Queued"):
                 continue
-            name = obj["metadata"]["name"]
+            name = self._key(obj)
             ns = self._namespace(obj)
             unwritten = self.outbox.get(name)
             if unwritten is not None and unwritten.get("phase", "Queued") != "Queued":
@@ -306,7 +344,8 @@ class SimulationQueue:
                 if self.admission is not None and phase is None:
                     # checked once, when it first arrives: a refusal ends it before anything
                     # is staged or created (a Queued one was admitted by this rule)
-                    policy = replace(self.admission, cluster_millis=self.cluster_millis())
+                    policy = replace(self._admission_of(ns),
+                                     cluster_millis=self.cluster_millis())  # fmt: skip
                     admit(sub, policy)
             except Refused as exc:
                 self.fail(name, exc.failure.code, exc.failure.message)
@@ -327,8 +366,27 @@ class SimulationQueue:
             if hold:
                 self._hold(name, MAX_RUNNING_REASON, hold)
                 continue
-            jobs.append(Job(self._id(name), sub))
+            jobs.append(self._job(self._id(name), sub, ns))
         return jobs
+
+    def _admission_of(self, namespace: str) -> AdmissionPolicy:
+        """The admin's policy for a Simulation of ``namespace`` (its own case roots)."""
+        assert self.admission is not None
+        if self.tenancy is None:
+            return self.admission
+        return self.tenancy.admission_of(self.admission, namespace)
+
+    def _job(self, queue_id: int, sub: Submission, namespace: str) -> Job:
+        """The loop's job: in its namespace, with that namespace's run directories and
+        volume (`Tenancy`)."""
+        t = self.tenancy
+        if t is None:
+            return Job(queue_id, sub)
+        return Job(queue_id, sub, namespace=namespace, runs_root=t.runs_root_of(namespace),
+                   volume=t.volume_of(namespace))  # fmt: skip
+
+    def _key(self, obj: Obj) -> str:
+        return simulation_key(obj, self.tenancy is not None and self.tenancy.several)
 
     def _namespace(self, obj: Obj) -> str:
         return str((obj.get("metadata") or {}).get("namespace") or self.api.namespace)
@@ -558,7 +616,7 @@ class SimulationQueue:
             st = obj.get("status") or {}
             if st.get("phase") != "Running" or not st.get("simId") or not st.get("staged"):
                 continue
-            name = obj["metadata"]["name"]
+            name = self._key(obj)
             self.conditions[name] = list(st.get("conditions") or [])
             self.sim_names[str(st["simId"])] = name
             try:
@@ -571,7 +629,7 @@ class SimulationQueue:
             if st.get("runId") is not None:
                 self.run_ids[qid] = int(st["runId"])
             out.append(Adopted(
-                job=Job(qid, sub), sim_id=str(st["simId"]),
+                job=self._job(qid, sub, self._namespace(obj)), sim_id=str(st["simId"]),
                 run_id=int(st["runId"]) if st.get("runId") is not None else None,
                 staged=staged, elapsed_s=_seconds_since(str(st.get("startedAt", ""))),
             ))  # fmt: skip
@@ -584,7 +642,7 @@ class SimulationQueue:
         if items is None:
             return None
         return [
-            o["metadata"]["name"]
+            self._key(o)
             for o in items
             if (o.get("status") or {}).get("phase") == "Running"
             and not (o.get("status") or {}).get("simId")
@@ -614,7 +672,7 @@ class SimulationQueue:
     # -- helpers -----------------------------------------------------------------------------
 
     def _fail_invalid(self, obj: Obj, message: str) -> None:
-        self.fail(obj["metadata"]["name"], FailureCode.INVALID_SPEC, message)
+        self.fail(self._key(obj), FailureCode.INVALID_SPEC, message)
 
     def _set_conditions(self, name: str, *new: Obj) -> list[Obj]:
         """Its conditions with ``new`` replacing those of the same type (a transition time

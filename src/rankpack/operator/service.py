@@ -1,11 +1,13 @@
-"""`rankpack operator`: the one control loop, on the Simulations of a namespace.
+"""`rankpack operator`: the one control loop, on the Simulations of the served namespaces.
 
 Start-up: take the Lease (leader election: only the holder acts), then adopt every Running
 Simulation an earlier operator launched (its mpirun outlives the operator: the backend is
 configured with ``detach``), requeue the ones it claimed but never launched, and run the
 control loop on the queue of Simulations. The Simulations are read from a cache (`simcache`:
 listed once, then watched from their resourceVersion; the watch resumes after the apiserver
-went away), whose changes wake the loop.
+went away), whose changes wake the loop. Each served namespace has its own backend and Role
+(`rankpack.operator.tenancy`); the Lease is in the operator's own namespace
+(``config.namespace``).
 
 A *term* is one stretch of leadership. The apiserver going away is not fatal: for a few
 seconds the loop carries on with what it knows (status patches and Events wait, resizes
@@ -27,8 +29,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rankpack.backend.kubernetes import KubernetesBackend, KubernetesConfig, connect_api
-from rankpack.backend.kubernetes.api import ApiError
+from rankpack.backend.kubernetes import (
+    ClientKubeApi,
+    KubernetesConfig,
+    NamespacedBackends,
+    connect_namespaces,
+)
+from rankpack.backend.kubernetes.api import ApiError, Obj
 from rankpack.backend.protocol import BackendError, UnknownSimulation
 from rankpack.controller.loop import Adopted, ControlLoop, LoopSettings, SimView
 from rankpack.controller.observations import ControllerSettings
@@ -46,6 +53,7 @@ from rankpack.operator.metrics import OperatorMetrics
 from rankpack.operator.queue import SimulationApi, SimulationQueue
 from rankpack.operator.simcache import SimulationCache
 from rankpack.operator.status import StatusWriter
+from rankpack.operator.tenancy import Tenancy
 from rankpack.store import EventRow, Store
 
 log = logging.getLogger("rankpack.operator")
@@ -54,7 +62,9 @@ log = logging.getLogger("rankpack.operator")
 @dataclass(frozen=True)
 class OperatorOptions:
     config: KubernetesConfig
+    """The cluster; its ``namespace`` is the operator's own (its Lease's)."""
     runs_root: Path
+    """Where run directories are staged; ``{namespace}`` is the Simulation's namespace."""
     db_path: Path
     identity: str = ""
     lease_name: str = "rankpack-operator"
@@ -76,7 +86,10 @@ class OperatorOptions:
     plot: Path | None = None
     """Write the session's timeline PNG here when the operator ends."""
     volume: str | None = None
-    """The rank pods' case volume for Simulations whose spec names none."""
+    """The rank pods' case volume for Simulations whose spec names none (``{namespace}``:
+    the Simulation's)."""
+    namespaces: tuple[str, ...] = ()
+    """The namespaces whose Simulations are served (empty: ``config.namespace``)."""
     admission: AdmissionPolicy = field(
         default_factory=lambda: AdmissionPolicy(solvers=openfoam_applications())
     )
@@ -85,7 +98,7 @@ class OperatorOptions:
     """How many Simulations one namespace may have queued and running."""
 
 
-def _cluster_millis(backend: KubernetesBackend, every_s: float = 30.0) -> Callable[[], int | None]:
+def _cluster_millis(backend: NamespacedBackends, every_s: float = 30.0) -> Callable[[], int | None]:
     """What all schedulable nodes, Ready or not, can allocate, read at most every
     ``every_s`` (admission's fit check: a Simulation that fits once a lost node is back is
     held, not refused; None while the inventory cannot be read)."""
@@ -170,7 +183,7 @@ class _Ctx:
     """What lives as long as the operator process (across terms)."""
 
     opts: OperatorOptions
-    backend: KubernetesBackend
+    backend: NamespacedBackends
     store: Store
     queue: SimulationQueue
     display: _Display
@@ -211,19 +224,24 @@ def run_operator(
             "no solver is allowed: no OpenFOAM application (*Foam) was found in /usr/bin; "
             "name the solvers Simulations may run with --solver NAME"
         )
-    api = connect_api(opts.config)
-    backend = KubernetesBackend(api, opts.config)
     namespace = opts.config.namespace
-    sims = SimulationApi(api, namespace)
-    sims.cache = SimulationCache(backend.cache, [namespace])
+    tenancy = Tenancy(opts.namespaces or (namespace,), str(opts.runs_root), opts.volume)
+    tenancy.check(opts.admission)
+    backend = connect_namespaces(opts.config, tenancy.namespaces)
+    api = backend.primary.api  # one client for the Simulations and the Lease (its counter)
+    if not isinstance(api, ClientKubeApi):  # (connect_namespaces makes client APIs)
+        raise BackendError("the operator needs the Kubernetes client")
+    sims = SimulationApi(api, tenancy.namespaces)
+    sims.cache = SimulationCache(backend.primary.cache, tenancy.namespaces)
     try:
         sims.cache.start()
     except ApiError as exc:
         backend.close()
         raise BackendError(
-            f"cannot list simulations.{crd.GROUP} in namespace {namespace}: "
-            f"{_first_line(exc)}; is the CRD installed (kubectl apply -f deploy/base/crd.yaml) and "
-            "may this identity use it (deploy/base/backend.yaml)?"
+            f"cannot list simulations.{crd.GROUP} in namespaces {', '.join(tenancy.namespaces)}: "
+            f"{_first_line(exc)}; is the CRD installed (kubectl apply -f deploy/base/crd.yaml) "
+            "and may this identity use it there (deploy/base/backend.yaml; serving several "
+            "namespaces, the Role of deploy/tenants in each)?"
         ) from exc
     sims.cache.on_change(backend.notify)  # a Simulation created or changed wakes the loop
     metrics = OperatorMetrics(api.requests)
@@ -242,9 +260,10 @@ def run_operator(
         sims, store, identity, admission=opts.admission,
         cluster_millis=_cluster_millis(backend), placement=backend.placement,
         limits=opts.namespace_limits, status_interval_s=opts.status_interval_s,
+        tenancy=tenancy,
     )  # fmt: skip
     events = SimulationEvents(
-        lambda body: backend.api.create("events", body), namespace, identity,
+        _post_event(backend), tenancy.namespaces[0], identity,
         name_of=_name_of(queue), uid_of=queue.uids.get,
     )  # fmt: skip
     events.start()
@@ -296,6 +315,16 @@ def run_operator(
     return result
 
 
+def _post_event(backend: NamespacedBackends) -> Callable[[Obj], object]:
+    """Posts an Event in its Simulation's namespace, with the rights held there."""
+
+    def post(body: Obj) -> object:
+        ns = str(body["metadata"].get("namespace") or backend.namespaces[0])
+        return backend.backend_of(ns).api.create("events", body)
+
+    return post
+
+
 def _lease_error(lease: Lease) -> str:
     return lease.last_error[1] if lease.last_error else ""
 
@@ -345,7 +374,8 @@ def _settings(ctx: _Ctx) -> LoopSettings:
         capacity_millis=ctx.capacity_millis, multiplex_id=ctx.multiplex_id,
         label=f"operator-{ctx.multiplex_id}",
         extra={"multiplex_id": ctx.multiplex_id, "operator": opts.identity},
-        image=opts.config.image, volume=opts.volume, leave_running=True,
+        # each job carries its namespace's run directories and volume (`Tenancy`)
+        image=opts.config.image, volume=None, leave_running=True,
         solvers=opts.admission.solvers, confine_staging=True, sim_labels=dict(OPERATOR_LABEL),
     )  # fmt: skip
 

@@ -164,6 +164,17 @@ def test_the_launchers_rights_are_reading_pods_and_exec() -> None:
     assert "namespace" not in rbac.launcher_rbac()[0]["metadata"]
 
 
+def test_the_rank_pods_identity_has_no_token_and_host_mode_keeps_the_default() -> None:
+    sa = rbac.rank_service_account("sims")
+    assert sa["automountServiceAccountToken"] is False
+    assert (sa["metadata"]["name"], sa["metadata"]["namespace"]) == (rbac.RANK_SERVICE_ACCOUNT,
+                                                                     "sims")  # fmt: skip
+    assert (
+        "serviceAccountName"
+        not in builders.rank_pod(spec(), 0, OWNER, PvcVolume("r", CASE), IMAGE)["spec"]
+    )
+
+
 def test_the_operator_in_pod_mode_needs_no_exec() -> None:
     assert [r for r in rbac.RULES if "pods/exec" not in r[1]] == list(rbac.OPERATOR_RULES)
     assert not any("pods/exec" in r["resources"] for r in rbac.operator_role_rules())
@@ -221,6 +232,10 @@ def test_launch_creates_the_launcher_pod_after_the_rank_pods(tmp_path: Path) -> 
     created = [a[2] for a in h.api.writes() if a[:2] == ("create", "pods")]
     assert created == [*PODS, LAUNCHER]
     assert h.launcher()["spec"]["serviceAccountName"] == "rankpack-launcher"
+    for name in PODS:  # the rank pods' own identity (deploy/ installs it): no rights, no token
+        pod = h.api.objects[("pods", name)]["spec"]
+        assert pod["serviceAccountName"] == rbac.RANK_SERVICE_ACCOUNT
+        assert pod["automountServiceAccountToken"] is False
     ins = Instructions.parse((h.case / ".rankpack" / "launch.json").read_text())
     assert ins.pods == tuple(PODS) and ins.namespace == "rankpack" and ins.container == "rank"
     assert ins.exit_path == h.exit_file and ins.log_path == h.case / "log.simpleFoam"

@@ -9,6 +9,8 @@ agent mpirun uses in `rsh`. See ``docs/decisions/0008-kubernetes-launcher.md``.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rankpack.backend.kubernetes.api import (
     ApiError,
     ClientKubeApi,
@@ -27,7 +29,9 @@ from rankpack.backend.kubernetes.config import (
     load_config,
     parse_volume,
 )
+from rankpack.backend.kubernetes.tenants import NamespacedBackends
 from rankpack.backend.protocol import BackendError
+from rankpack.backend.worker import News
 
 __all__ = [
     "DEV_IMAGE",
@@ -39,11 +43,13 @@ __all__ = [
     "KubeApi",
     "KubernetesBackend",
     "KubernetesConfig",
+    "NamespacedBackends",
     "NotFound",
     "PvcVolume",
     "VolumeSource",
     "connect",
     "connect_api",
+    "connect_namespaces",
     "load_config",
     "parse_volume",
 ]
@@ -71,3 +77,23 @@ def connect_api(config: KubernetesConfig) -> ClientKubeApi:
             f"cannot list pods in namespace {config.namespace} at {api.host}: {exc}"
         ) from exc
     return api
+
+
+def connect_namespaces(config: KubernetesConfig, namespaces: tuple[str, ...]) -> NamespacedBackends:
+    """A backend per namespace (``config`` with that namespace), each checked as `connect`
+    checks one (the error names the namespace the identity may not use), all waking one
+    `News`; each counts the others' pods in its inventory, and those of ``config``'s own
+    namespace (where the operator itself runs) when it is not one of them."""
+    news = News()
+    backends: dict[str, KubernetesBackend] = {}
+    counted = (*namespaces, *((config.namespace,) if config.namespace not in namespaces else ()))
+    try:
+        for ns in namespaces:
+            others = tuple(n for n in counted if n != ns)
+            cfg = replace(config, namespace=ns, counted_namespaces=others)
+            backends[ns] = KubernetesBackend(connect_api(cfg), cfg, news=news)
+    except BackendError:
+        for backend in backends.values():
+            backend.close()
+        raise
+    return NamespacedBackends(backends, news)

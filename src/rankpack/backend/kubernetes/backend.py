@@ -31,6 +31,7 @@ from rankpack.backend.kubernetes import (
     builders,
     informer,
     launcher,
+    limits,
     objects,
     observing,
     pod_mode,
@@ -49,6 +50,7 @@ from rankpack.backend.protocol import (
     Inventory,
     LaunchFailed,
     LaunchRefused,
+    RankBounds,
     RankResources,
     ResizeState,
     ResizeStatus,
@@ -81,6 +83,7 @@ class KubernetesBackend:
         starter: Starter | None = None,
         mpirun: str | None = None,
         background: bool = True,
+        news: News | None = None,
     ) -> None:
         self.api = api
         self._config = config
@@ -97,7 +100,8 @@ class KubernetesBackend:
         self.sims: dict[str, SimRecord] = {}
         self.lock = threading.RLock()
         """Guards the records, which the control loop's thread and the poller's share."""
-        self._news = News()
+        self._news = news if news is not None else News()
+        """What `wait` waits on (shared by the backends of several namespaces: `tenants`)."""
         self.host = MpirunHost(api, config, mpirun=mpirun, starter=starter, lock=self.lock,
                                notify=self.notify)  # fmt: skip
         self._poller = Poller(self)
@@ -116,6 +120,10 @@ class KubernetesBackend:
 
     def inventory(self) -> Inventory:
         return self._capacity.inventory()
+
+    def rank_bounds(self) -> RankBounds | None:
+        """What the namespace's LimitRanges allow a rank's request, read now (None: any)."""
+        return limits.rank_bounds(self._capacity.limit_ranges())
 
     def placement(self) -> dict[str, str]:
         return {

@@ -204,9 +204,17 @@ def volume_entry(volume: VolumeSource) -> Obj:
     return {"name": "case", "persistentVolumeClaim": {"claimName": volume.claim}}
 
 
-def rank_pod(spec: SimSpec, rank: int, owner: OwnerRef, volume: VolumeSource, image: str) -> Obj:
+def rank_pod(
+    spec: SimSpec,
+    rank: int,
+    owner: OwnerRef,
+    volume: VolumeSource,
+    image: str,
+    service_account: str | None = None,
+) -> Obj:
     """Rank ``rank``'s pod: the plan's request, the case volume at ``case_dir``'s path, and
-    its own ``rankpack-live`` volume for the shim's records."""
+    its own ``rankpack-live`` volume for the shim's records; ``service_account`` its identity
+    (None: the namespace's default), never with a token mounted."""
     name = pod_name(spec.sim_id, rank)
     mounts: list[Obj] = [
         {"name": "case", "mountPath": str(mount_path(volume))},
@@ -241,6 +249,8 @@ def rank_pod(spec: SimSpec, rank: int, owner: OwnerRef, volume: VolumeSource, im
         "containers": [container],
         "volumes": volumes,
     }
+    if service_account:
+        pod_spec["serviceAccountName"] = service_account
     if spec.placement:
         pod_spec["nodeSelector"] = dict(spec.placement)
     return {
@@ -396,6 +406,8 @@ class LauncherOptions:
     Service IP does not route from pods: a cluster without kube-proxy)."""
     cpu_millis: int = LAUNCHER_CPU_MILLIS
     """Its CPU request (no limit)."""
+    rank_service_account: str | None = None
+    """The rank pods' identity beside it (no rights; `rbac.RANK_SERVICE_ACCOUNT`)."""
 
 
 def launcher_pod(

@@ -130,13 +130,20 @@ class Capacity:
         return self.cache.informer(core("pods", self.api.namespace)).items()
 
     def _visible_pods(self) -> list[Obj]:
-        """Every live pod when the identity may list them all; else this namespace's and
-        the node agents' (what the operator may read: the agents request CPU on every node
-        too, and a plan that ignored them would not fit)."""
+        """Every live pod when the identity may list them all; else this namespace's, the
+        other namespaces the operator serves (`KubernetesConfig.counted_namespaces`) and the
+        node agents' (what the operator may read: the agents request CPU on every node too,
+        and a plan that ignored them would not fit)."""
         everywhere = self.cache.informer(core("pods", fields=self.LIVE))
         if not everywhere.forbidden:
             return everywhere.items()
         pods = [p for p in self._here() if _live(p)]
+        for other in self.config.counted_namespaces:  # the operator's other namespaces
+            if other == self.api.namespace:
+                continue
+            theirs = self.cache.informer(core("pods", other))
+            if not theirs.forbidden:  # (no right to read them: the cache learned it once)
+                pods += [p for p in theirs.items() if _live(p)]
         agents = self.config.agent_namespace
         if agents and agents != self.api.namespace and not self._agents_forbidden:
             theirs = self.cache.informer(core("pods", agents))

@@ -119,6 +119,10 @@ class KubernetesConfig:
     """Where the node agents' pods run (``deploy/``: ``rankpack-system``, apart from the
     restricted namespace Simulations run in; None: ``namespace``)."""
     agent_port: int = AGENT_PORT
+    counted_namespaces: tuple[str, ...] = ()
+    """Other namespaces whose live pods count in the inventory when this identity may not
+    list pods cluster-wide: the other namespaces one operator serves (their rank pods share
+    the nodes; `tenants`)."""
 
     def __post_init__(self) -> None:
         if self.launcher not in ("host", "pod"):

@@ -52,7 +52,9 @@ def reconcile(
     owner = builders.OwnerRef(builders.owner_name(spec.sim_id), str(owner_obj["metadata"]["uid"]))
     made.append(take(api, "services", builders.headless_service(spec, owner), spec))
     for rank in range(len(spec.ranks)):
-        made.append(take(api, "pods", builders.rank_pod(spec, rank, owner, volume, image), spec))
+        account = launcher.rank_service_account if launcher is not None else None
+        pod = builders.rank_pod(spec, rank, owner, volume, image, account)
+        made.append(take(api, "pods", pod, spec))
     if launcher is not None:
         made.append(take(api, "pods", builders.launcher_pod(spec, owner, volume, image, launcher),
                          spec))  # fmt: skip

@@ -40,6 +40,8 @@ def options(config: KubernetesConfig, spec: SimSpec) -> builders.LauncherOptions
         rbac.LAUNCHER_SERVICE_ACCOUNT,
         config.launcher_env,
         config.launcher_cpu_millis,
+        # its rank pods' identity: deploy/ installs it beside the launcher's (no rights)
+        rank_service_account=rbac.RANK_SERVICE_ACCOUNT,
     )
 
 

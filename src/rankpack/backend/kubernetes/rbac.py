@@ -164,6 +164,39 @@ def launcher_rbac(namespace: str | None = None) -> list[dict[str, Any]]:
     )
 
 
+RANK_SERVICE_ACCOUNT = "rankpack-rank"
+"""The identity of every rank pod (pod mode) in a namespace: no Role is bound to it and its
+token is never mounted; it only keeps rank pods off the namespace's ``default`` account,
+which an admin may have given rights."""
+
+
+def rank_service_account(namespace: str | None = None) -> dict[str, Any]:
+    """The rank pods' ServiceAccount (no rights, no token mounted)."""
+    meta: dict[str, Any] = {"name": RANK_SERVICE_ACCOUNT, "labels": dict(MANAGED_BY)}
+    if namespace:
+        meta["namespace"] = namespace
+    return {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": meta,
+            "automountServiceAccountToken": False}  # fmt: skip
+
+
+def tenant_operator_rules() -> list[dict[str, Any]]:
+    """The operator's rules in a namespace it serves besides its own: `OPERATOR_RULES`
+    without its Lease (that lives in its own namespace), and being answered by the node
+    agents about the namespace's ranks (`AGENT_CALLER_RULES`)."""
+    own = tuple(rule for rule in OPERATOR_RULES if rule[0] != "coordination.k8s.io")
+    return [*_as_role_rules(own), *rules_of(AGENT_CALLER_RULES)]
+
+
+HOME_RULES: Rules = (
+    ("coordination.k8s.io", ("leases",), ("get", "create", "update")),
+    # its own pod (its image: the rank and launcher pods' default), and what else runs
+    # there (counted in the inventory: it shares the nodes)
+    ("", ("pods",), ("get", "list")),
+)
+"""The operator's rules in its own namespace when it serves only others (``deploy/tenants``):
+its Lease, and reading pods."""
+
+
 def operator_role_rules() -> list[dict[str, Any]]:
     """`OPERATOR_RULES` as a Role's ``rules`` (the operator's Role in pod mode)."""
     return _as_role_rules(OPERATOR_RULES)
