@@ -9,6 +9,8 @@ agent mpirun uses in `rsh`. See ``docs/decisions/0008-kubernetes-launcher.md``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from rankpack.backend.kubernetes.api import (
     ApiError,
     ClientKubeApi,
@@ -51,16 +53,31 @@ __all__ = [
 
 def connect(config: KubernetesConfig) -> KubernetesBackend:
     """A backend on the official client; fails at once, in one line, if the apiserver does
-    not answer or the identity may not use the namespace."""
-    return KubernetesBackend(connect_api(config), config)
-
-
-def connect_api(config: KubernetesConfig) -> ClientKubeApi:
-    """The REST client `connect` gives its backend (the operator shares it for Simulations
-    and its Lease), checked the same way."""
-    api = ClientKubeApi(config)
+    not answer or the identity may not use the namespace (checked by the first List of its
+    cache: the namespace's pods, watched from then on)."""
+    api = connect_api(config, check=False)
+    backend = KubernetesBackend(api, config)
     try:
-        api.list_pods("app.kubernetes.io/managed-by=rankpack")
+        _check(api, config, lambda: backend.cache.informer(backend.pods_collection))
+    except BackendError:
+        backend.close()
+        raise
+    return backend
+
+
+def connect_api(config: KubernetesConfig, *, check: bool = True) -> ClientKubeApi:
+    """The REST client `connect` gives its backend (the operator shares it for Simulations
+    and its Lease), checked the same way (a List of rankpack's pods) unless ``check`` is
+    false."""
+    api = ClientKubeApi(config)
+    if check:
+        _check(api, config, lambda: api.list_pods("app.kubernetes.io/managed-by=rankpack"))
+    return api
+
+
+def _check(api: ClientKubeApi, config: KubernetesConfig, read: Callable[[], object]) -> None:
+    try:
+        found = read()
     except ApiError as exc:
         if exc.status == 0:
             raise BackendError(
@@ -70,4 +87,7 @@ def connect_api(config: KubernetesConfig) -> ClientKubeApi:
         raise BackendError(
             f"cannot list pods in namespace {config.namespace} at {api.host}: {exc}"
         ) from exc
-    return api
+    if getattr(found, "forbidden", False):
+        raise BackendError(
+            f"cannot list pods in namespace {config.namespace} at {api.host}: 403 Forbidden"
+        )
