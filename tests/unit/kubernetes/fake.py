@@ -123,10 +123,12 @@ class FakeKubeApi:
                 self._history.append((self.rv_now, "DELETED", key, old, gone))
         self._snapshot = {k: copy.deepcopy(o) for k, o in now.items()}
 
-    def _scope(self, path: str) -> tuple[str, str | None]:
-        """(kind, namespace; None: every namespace) of a collection's path."""
+    def _check(self, path: str) -> None:
         if path in self.forbid_paths or (path == "/api/v1/nodes" and self.forbid_nodes):
             raise ApiError(403, "Forbidden", f"{path} is forbidden")
+
+    def _scope(self, path: str) -> tuple[str, str | None]:
+        """(kind, namespace; None: every namespace) of a collection's path."""
         parts = [p for p in path.split("/") if p][2:]  # after /api/v1
         if len(parts) == 1:
             return parts[0], None
@@ -154,6 +156,7 @@ class FakeKubeApi:
         label = [query["labelSelector"]] if "labelSelector" in query else []
         self.actions.append(("list", *words, *label))
         self.requests.add("list", kind)
+        self._check(path)
         self._sync()
         items = [copy.deepcopy(o) for k, o in self._snapshot.items()
                  if self._in(kind, ns, query, k, o)]  # fmt: skip
@@ -166,6 +169,7 @@ class FakeKubeApi:
         kind, ns = self._scope(path)
         self.actions.append(("watch", *self._words(kind, ns, self.namespace)))
         self.requests.add("watch", kind)
+        self._check(path)
         if path in self.gone:
             self.gone.discard(path)
             raise ApiError(410, "Expired", "too old resource version")

@@ -134,8 +134,8 @@ def test_launch_creates_owner_then_service_then_pods(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.backend.launch(h.spec())
     assert h.api.actions == [
-        ("list", "resourcequotas", ""),  # checked against the namespace before any create
-        ("list", "limitranges", ""),
+        ("list", "resourcequotas"),  # checked against the namespace before any create (and
+        ("list", "limitranges"),  # watched from then on: the cache's first Lists)
         ("create", "configmaps", "rankpack-s1"),  # one request per object: created, not read
         ("create", "services", "rankpack-s1"),
         *[("create", "pods", p) for p in PODS],

@@ -178,18 +178,12 @@ def test_inventory_carries_the_quotas_and_the_rank_bounds(tmp_path: Path) -> Non
 
 
 def test_limit_ranges_not_readable_are_learned_and_not_asked_again(tmp_path: Path) -> None:
-    class NoLimitRanges(FakeKubeApi):
-        def list(self, kind: str, label_selector: str) -> list[dict[str, Any]]:
-            if kind == "limitranges":
-                self.actions.append(("list", kind, label_selector))
-                raise ApiError(403, "Forbidden", "limitranges is forbidden")
-            return super().list(kind, label_selector)
-
-    api = NoLimitRanges()
+    api = FakeKubeApi(forbid_paths={"/api/v1/namespaces/rankpack/limitranges"})
     h = Harness(tmp_path, api)
     h.backend.launch(h.spec())
     h.backend.launch(h.spec(sim_id="s2"))
-    assert api.actions.count(("list", "limitranges", "")) == 1
+    h.backend.inventory()
+    assert [a for a in api.actions if a[1] == "limitranges"] == [("list", "limitranges")]
 
 
 def test_a_grow_the_quota_refuses_is_rejected_with_the_quota_code(tmp_path: Path) -> None:

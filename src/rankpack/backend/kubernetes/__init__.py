@@ -9,7 +9,9 @@ agent mpirun uses in `rsh`. See ``docs/decisions/0008-kubernetes-launcher.md``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
+from functools import partial
 
 from rankpack.backend.kubernetes.api import (
     ApiError,
@@ -57,16 +59,31 @@ __all__ = [
 
 def connect(config: KubernetesConfig) -> KubernetesBackend:
     """A backend on the official client; fails at once, in one line, if the apiserver does
-    not answer or the identity may not use the namespace."""
-    return KubernetesBackend(connect_api(config), config)
-
-
-def connect_api(config: KubernetesConfig) -> ClientKubeApi:
-    """The REST client `connect` gives its backend (the operator shares it for Simulations
-    and its Lease), checked the same way."""
-    api = ClientKubeApi(config)
+    not answer or the identity may not use the namespace (checked by the first List of its
+    cache: the namespace's pods, watched from then on)."""
+    api = connect_api(config, check=False)
+    backend = KubernetesBackend(api, config)
     try:
-        api.list_pods("app.kubernetes.io/managed-by=rankpack")
+        _check(api, config, lambda: backend.cache.informer(backend.pods_collection))
+    except BackendError:
+        backend.close()
+        raise
+    return backend
+
+
+def connect_api(config: KubernetesConfig, *, check: bool = True) -> ClientKubeApi:
+    """The REST client `connect` gives its backend (the operator shares it for Simulations
+    and its Lease), checked the same way (a List of rankpack's pods) unless ``check`` is
+    false."""
+    api = ClientKubeApi(config)
+    if check:
+        _check(api, config, lambda: api.list_pods("app.kubernetes.io/managed-by=rankpack"))
+    return api
+
+
+def _check(api: ClientKubeApi, config: KubernetesConfig, read: Callable[[], object]) -> None:
+    try:
+        found = read()
     except ApiError as exc:
         if exc.status == 0:
             raise BackendError(
@@ -76,7 +93,10 @@ def connect_api(config: KubernetesConfig) -> ClientKubeApi:
         raise BackendError(
             f"cannot list pods in namespace {config.namespace} at {api.host}: {exc}"
         ) from exc
-    return api
+    if getattr(found, "forbidden", False):
+        raise BackendError(
+            f"cannot list pods in namespace {config.namespace} at {api.host}: 403 Forbidden"
+        )
 
 
 def connect_namespaces(config: KubernetesConfig, namespaces: tuple[str, ...]) -> NamespacedBackends:
@@ -91,7 +111,10 @@ def connect_namespaces(config: KubernetesConfig, namespaces: tuple[str, ...]) ->
         for ns in namespaces:
             others = tuple(n for n in counted if n != ns)
             cfg = replace(config, namespace=ns, counted_namespaces=others)
-            backends[ns] = KubernetesBackend(connect_api(cfg), cfg, news=news)
+            api = connect_api(cfg, check=False)
+            backend = backends[ns] = KubernetesBackend(api, cfg, news=news)
+            cache, pods = backend.cache, backend.pods_collection
+            _check(api, cfg, partial(cache.informer, pods))
     except BackendError:
         for backend in backends.values():
             backend.close()

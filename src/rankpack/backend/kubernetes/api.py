@@ -28,6 +28,8 @@ Obj = dict[str, Any]
 
 NETWORK_ERRORS: tuple[type[Exception], ...] = (urllib3.exceptions.HTTPError, OSError)
 """What a request that got no answer raises (refused, reset, TLS, timeouts)."""
+POOL_SIZE = 32
+"""Connections kept to the apiserver (the client's default is 5 per CPU)."""
 CONFIG_ERRORS: tuple[type[Exception], ...] = (OSError, ValueError, TypeError, KeyError,
                                               yaml.YAMLError)  # fmt: skip
 """What loading a kubeconfig raises besides the client's own ``ConfigException`` (a file that
@@ -243,14 +245,19 @@ class ClientKubeApi:
         from kubernetes.config import ConfigException
 
         load_errors: tuple[type[Exception], ...] = (ConfigException, *CONFIG_ERRORS)
+        configuration = client.Configuration()
+        # each watched collection holds a connection for minutes (`informer`): room for
+        # them beside the REST calls, so that none is opened and thrown away per call
+        configuration.connection_pool_maxsize = POOL_SIZE
         try:
             if config.kubeconfig is None:
-                configuration = client.Configuration()
                 kconfig.load_incluster_config(client_configuration=configuration)  # type: ignore[no-untyped-call]
                 self.api_client = client.ApiClient(configuration)
             else:
                 self.api_client = kconfig.new_client_from_config(  # type: ignore[no-untyped-call]
-                    config_file=str(config.kubeconfig), context=config.context
+                    config_file=str(config.kubeconfig),
+                    context=config.context,
+                    client_configuration=configuration,
                 )
         except load_errors as exc:
             raise BackendError(f"cannot load the Kubernetes configuration: {exc}") from exc

@@ -6,8 +6,8 @@ namespace and the node agents'), what schedulable nodes that are not Ready could
 once back, the namespace's tightest CPU quotas (``requests.cpu``, ``limits.cpu``) and what
 its LimitRanges allow a rank's request (`limits`). All of it is read from the backend's
 cache (`informer`: listed once, then watched), so the control loop's inventory every tick
-costs the apiserver nothing. `Capacity.launch_check` checks a launch against quotas and
-LimitRanges listed fresh, before anything is created. Refusals (403) are learned and
+costs the apiserver nothing. `Capacity.launch_check` checks a launch against the quotas and
+LimitRanges the cache holds, before anything is created. Refusals (403) are learned and
 remembered; while the apiserver does not answer, the cache answers what it last saw (and
 before it was ever listed, the last inventory read).
 """
@@ -97,11 +97,12 @@ class Capacity:
 
     def launch_check(self, ranks: Sequence[RankResources]) -> LaunchCheck:
         """Why the namespace would refuse these rank pods (and, in pod mode, the launcher
-        pod, its request brought within the LimitRange), read now (`limits.launch_refusal`);
+        pod, its request brought within the LimitRange), as the cache holds the quotas and
+        LimitRanges now (watched: as fresh as a List; `limits.launch_refusal`);
         no refusal when they fit (or the apiserver does not answer: the creates will tell)."""
         launcher = self.config.launcher_cpu_millis
         try:
-            quotas, ranges = self.quotas(fresh=True), self.limit_ranges(fresh=True)
+            quotas, ranges = self.quotas(), self.limit_ranges()
         except ApiError as exc:
             if exc.transient:
                 return LaunchCheck(None, launcher)

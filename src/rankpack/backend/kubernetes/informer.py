@@ -8,8 +8,10 @@ on. When a watch ends (the apiserver's timeout, a connection broken by an apiser
 restart) the next one starts from the last resourceVersion seen, after a back-off if it
 broke; only ``410 Gone`` (that resourceVersion was compacted away) lists again. The
 resourceVersion never goes back: an event older than the cache is dropped. A collection
-this identity may list but not watch (403 on the watch) is listed again every
-``poll_s`` instead; one it may not list is `Informer.forbidden` (readers fall back).
+this identity may list but not watch (403 on `REFUSALS` watches in a row: a restarted
+apiserver refuses for a moment) is listed again every ``poll_s`` instead, a watch tried
+again every minute; one it may not list at first is `Informer.forbidden` (readers fall
+back).
 
 `Cache` is the one place a process keeps them: one informer per collection, shared by
 every reader (the backend's follower thread, its capacity, the node agents' addresses;
@@ -43,6 +45,10 @@ WATCH_S = 300.0
 BACKOFF_S = (0.5, 5.0)
 """The first and the longest wait before a broken watch (or a failed List) is tried again."""
 
+REFUSALS = 5
+"""Watches refused (403) in a row, backed off, before the collection is listed instead."""
+REWATCH_S = 60.0
+"""A collection listed instead of watched tries a watch again this often."""
 Listener = Callable[[str, Obj], None]
 """Called with each change the cache takes in: ``(ADDED | MODIFIED | DELETED, object)``."""
 
@@ -147,6 +153,9 @@ class Informer:
     _objs: dict[str, Obj] = field(default_factory=dict)
     _relist: bool = True
     _watchable: bool = True
+    _refused: int = 0
+    """Watches refused (403) in a row."""
+    _rewatch_at: float = 0.0
     _cond: threading.Condition = field(default_factory=threading.Condition)
     _list_lock: threading.Lock = field(default_factory=threading.Lock)
     """Held while the first List runs (readers that arrive meanwhile wait for it)."""
@@ -184,7 +193,7 @@ class Informer:
         try:
             found = self.api.list_collection(self.collection.path, self.collection.query())
         except ApiError as exc:
-            if exc.status == 403:
+            if exc.status == 403 and not self.synced:  # (once listed: a restart's refusal)
                 self.forbidden, self.synced, self._relist = True, True, False
                 self._changed([])
             raise
@@ -303,9 +312,10 @@ class Informer:
     def _round(self, stop: threading.Event | None) -> None:
         if self._relist:
             self.list_now()
-        elif not self._watchable:
+        elif not self._watchable and time.monotonic() < self._rewatch_at:
             self.list_now()  # may list, may not watch: the List is the poll
         else:
+            self._watchable = True
             try:
                 t0 = time.monotonic()
                 if self.watch_once(stop) == 0 and time.monotonic() - t0 < 1.0 and stop:
@@ -315,9 +325,17 @@ class Informer:
             except ApiError as exc:
                 if exc.status != 403:
                     raise
+                # an apiserver that has just started refuses until its authorizer has
+                # synced: a few refusals in a row are backed off like a broken watch
+                self._refused += 1
+                if self._refused < REFUSALS:
+                    raise
                 log.warning("watch on %s refused (%s): listing it every %.0f s instead",
                             self.collection, exc, self.poll_s)  # fmt: skip
                 self._watchable = False
+                self._rewatch_at = time.monotonic() + REWATCH_S
+            else:
+                self._refused = 0
 
     def run(self, stop: threading.Event) -> None:
         """Watch until ``stop`` (the informer's thread): watches follow each other from the
