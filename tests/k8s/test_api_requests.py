@@ -26,6 +26,7 @@ from rankpack.backend.kubernetes.status import cpu_millis
 from rankpack.controller.loop import LoopSettings, OneJob, run_jobs
 from rankpack.controller.observations import ControllerSettings, Phase
 from rankpack.devcluster import cluster
+from rankpack.devcluster.nodefiles import with_node_files
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from tests.k8s.conftest import DevCluster
@@ -68,7 +69,10 @@ def test_a_two_rank_simulation_costs_under_thirty_requests_a_minute(
     config = load_config(
         k8s.up_result.service_account_kubeconfig, namespace=k8s.namespace, pod_subnet=POD_SUBNET
     )
-    config = dataclasses.replace(config, allocatable_millis=allocatable)
+    # (this host reads the dev cluster's node where its kubelet keeps it: `nodefiles`)
+    config = dataclasses.replace(
+        with_node_files(config, k8s.up_result.state_dir), allocatable_millis=allocatable
+    )
     before = apiserver_counts(admin_api)
     backend = connect(config)
     case = endless_pitzdaily(tmp_path)  # a run of ~1.5 min, not the tutorial's 285 iterations
