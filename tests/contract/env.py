@@ -297,6 +297,7 @@ class KubernetesEnv:
 
         from rankpack.backend.kubernetes import connect, load_config
         from rankpack.backend.kubernetes.status import cpu_millis
+        from rankpack.devcluster.nodefiles import with_node_files
 
         admin = client.CoreV1Api(self.cluster.admin_api())
         (node,) = admin.list_node().items
@@ -305,8 +306,11 @@ class KubernetesEnv:
             namespace=self.cluster.namespace,
             pod_subnet="10.201.0.0/24",
         )
+        # usage and duty are read where the node keeps them (the host's view of the
+        # dev cluster's node directories), as the CLI does
         config = dataclasses.replace(
-            config, allocatable_millis=cpu_millis(node.status.allocatable["cpu"])
+            with_node_files(config, self.cluster.up_result.state_dir),
+            allocatable_millis=cpu_millis(node.status.allocatable["cpu"]),
         )
         backend = connect(config)
         self.backends.append(backend)

@@ -237,8 +237,11 @@ def session_cluster(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
     if os.geteuid() != 0:
         pytest.fail("the k8s tier needs root (run `bash setup.sh test` as root)")
     state_dir = default_state_dir()
-    if cluster.running_components(cluster.Layout(state_dir)):
-        # Start from a clean host so that `before` is the host without any cluster.
+    layout = cluster.Layout(state_dir)
+    if layout.host_record.exists() or cluster.running_components(layout):
+        # Start from a clean host so that `before` is the host without any cluster: also
+        # after a cluster whose processes were killed without `down` (its record restores
+        # what it changed, the kubelet's sysctls among them)
         report = cluster.down(state_dir)
         assert not report.leftovers, report.leftovers
     before = host.record()
