@@ -45,6 +45,7 @@ import random
 import statistics
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -153,8 +154,12 @@ class Measured:
     (what the loop does between them); at each ``wait`` the cluster's fill is sampled
     (outside the tick's time)."""
 
-    def __init__(self, backend: SimulatedBackend, cores_millis: int) -> None:
+    def __init__(
+        self, backend: SimulatedBackend, cores_millis: int, stop_after_s: float
+    ) -> None:
         self.inner = backend
+        self.stop = threading.Event()
+        self.stop_after_s = stop_after_s
         self.cluster = backend.cluster
         self.cores_millis = cores_millis
         self.name = backend.name
@@ -181,6 +186,8 @@ class Measured:
         now = self.cluster.now
         self.fill.append((now, requested / self.cores_millis))
         self.running.append((now, sims))
+        if now >= self.stop_after_s:
+            self.stop.set()  # the loop stops what runs and ends
         self.inner.wait(timeout_s)
         self._since = time.perf_counter()
 
@@ -224,7 +231,7 @@ def run(cfg: Config) -> dict[str, Any]:
         extra["api"] = api
     cluster = SimulatedCluster(nodes=nodes, cases=tuple(cases), timing=timing,
                                create_run_dirs=False, **extra)  # fmt: skip
-    backend = Measured(SimulatedBackend(cluster), cores_millis)
+    backend = Measured(SimulatedBackend(cluster), cores_millis, cfg.max_virtual_s)
     controller = replace(
         ControllerSettings(max_concurrent=cfg.sims, launch_must_fit=True), **cfg.controller
     )
@@ -237,11 +244,13 @@ def run(cfg: Config) -> dict[str, Any]:
                                 label="scale")  # fmt: skip
         queue = ListQueue([j.job for j in jobs])
         started = time.perf_counter()
-        result = run_jobs(backend, store, queue, settings)  # type: ignore[arg-type]
+        result = run_jobs(backend, store, queue, settings,  # type: ignore[arg-type]
+                          stop=backend.stop)  # fmt: skip
         real_s = time.perf_counter() - started
         store.conn.close()
     ends = [o.finished_s for o in result.outcomes]
-    makespan = max(ends) if ends else math.inf
+    stopped = result.status != "completed"
+    makespan = math.inf if stopped or not ends else max(ends)
     overhead = timing.stage_s + timing.start_s
     bound = max(
         sum(j.work_cpu_s for j in jobs) / (cores_millis / 1000),
@@ -255,6 +264,7 @@ def run(cfg: Config) -> dict[str, Any]:
     running = [(t, n) for t, n in backend.running if t <= makespan]
     requests = api.counts() if api is not None else {}
     total_requests = sum(requests.values())
+    span = backend.running[-1][0] if stopped and backend.running else makespan
     return {
         "nodes": cfg.nodes,
         "cores_per_node": cfg.cores,
@@ -262,9 +272,10 @@ def run(cfg: Config) -> dict[str, Any]:
         "ranks": cfg.ranks,
         "seed": cfg.seed,
         "fill_at_5min": round(fill5, 4),
-        "makespan_s": round(makespan, 1),
+        "makespan_s": round(makespan, 1) if not stopped else None,
+        "stopped_at_s": round(span, 1) if stopped else None,
         "bound_s": round(bound, 1),
-        "makespan_over_bound": round(makespan / bound, 3),
+        "makespan_over_bound": round(makespan / bound, 3) if not stopped else None,
         "tick_p50_ms": round(_pct(ticks, 50), 2),
         "tick_p99_ms": round(_pct(ticks, 99), 2),
         "tick_max_ms": round(max(ticks, default=0.0), 2),
@@ -273,8 +284,8 @@ def run(cfg: Config) -> dict[str, Any]:
         "ticks": len(ticks),
         "live_ranks_max": backend.live_ranks_max,
         "api_requests": requests,
-        "api_requests_per_min": round(total_requests / (makespan / 60), 1) if requests else None,
-        "simulations_running_mean": round(_time_mean(running, makespan), 2),
+        "api_requests_per_min": round(total_requests / (span / 60), 1) if requests else None,
+        "simulations_running_mean": round(_time_mean(running, span), 2),
         "most_running": max((n for _, n in backend.running), default=0),
         "completed": sum(1 for r in result.results if r.status == "completed"),
         "failed": sum(1 for r in result.results if r.status != "completed")
@@ -332,6 +343,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     p.add_argument("--seed", type=int, default=29)
     p.add_argument("--alone-s", default="600-1200", help="run time alone, LO-HI virtual s")
     p.add_argument("--mpi-s", type=float, default=0.1, help="MPI s per 2 s iteration (0.1)")
+    p.add_argument("--max-virtual-s", type=float, default=6 * 3600.0,
+                   help="stop the loop after this many virtual seconds (6 h)")  # fmt: skip
     p.add_argument("--api-latency-ms", type=float, default=5.0)
     p.add_argument("--api-rps", type=float, default=100.0)
     p.add_argument("--reads", choices=("watch", "poll"), default="watch",
@@ -347,6 +360,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     base = Config(nodes=args.nodes, sims=args.sims, ranks=args.ranks, cores=args.cores,
                   seed=args.seed, alone_s=(lo, hi), mpi_s=args.mpi_s,
                   api_latency_ms=args.api_latency_ms, api_rps=args.api_rps, reads=args.reads,
+                  max_virtual_s=args.max_virtual_s,
                   controller=controller)  # fmt: skip
     configs = (
         [replace(base, nodes=n, sims=m, ranks=r) for n, m, r in SWEEP] if args.sweep else [base]

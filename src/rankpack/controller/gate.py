@@ -34,7 +34,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
+from rankpack.controller import room
 from rankpack.controller.observations import (
     ControllerSettings,
     ControllerState,
@@ -46,45 +48,69 @@ from rankpack.controller.observations import (
     SimMemory,
     SimSnapshot,
 )
+from rankpack.controller.room import Room
 from rankpack.controller.step import Step
 from rankpack.model.contention import ClusterShape, throughput
 from rankpack.model.overlap import predict_from_duty_cycles
 from rankpack.plan.allocation import proportional_millis
 
 
-def launch(
-    step: Step, memory: dict[str, SimMemory], state: ControllerState
-) -> tuple[float | None, str | None, tuple[int, float] | None]:
-    """Launch the head of the queue, or backfill behind it, or say why not; returns
-    (last_launch_s, launch_held, head_no_room)."""
-    obs = step.obs
+@dataclass(frozen=True)
+class Gated:
+    """What the gate leaves for the next step."""
+
+    last_launch_s: float | None
+    launch_held: str | None
+    head_no_room: tuple[int, float] | None
+    launch_bucket: tuple[float, float] | None
+
+
+def launch(step: Step, memory: dict[str, SimMemory], state: ControllerState) -> Gated:
+    """Launch the head of the queue and, through the pipeline, those behind it while the
+    room, the rate and the launches in flight allow; or backfill behind a head that does
+    not fit; or say why not."""
+    obs, s = step.obs, step.settings
+    bucket = _refill(state.launch_bucket, obs.now_s, s)
     if not obs.queue:
-        return state.last_launch_s, None, None
+        return Gated(state.last_launch_s, None, None, _bucket_state(bucket, obs.now_s, s))
+    pipe = _Pipeline(step, memory, state, bucket)
     head = obs.queue[0]
     code, reason = _hold_reason(step, memory, state, head)
+    if code is None or code == "pack":
+        code, reason = pipe.rated(code, reason)
     if code == "pack":
         packed = _pack(step, head, reason)
         if packed is not None:
             step.actions.append(Launch(queue_id=head.queue_id, reason=reason,
                                        request_millis=packed))  # fmt: skip
-            return obs.now_s, None, None
+            pipe.took(head, packed)
+            return pipe.gated(obs.now_s, None, None)
         code, reason = _no_room(obs, f"{reason}; but the floors leave no room to pack it")
     if code is None:
         step.actions.append(Launch(queue_id=head.queue_id, reason=reason))
-        return obs.now_s, None, None
+        pipe.took(head, head.initial_request_millis)
+        pipe.behind(obs.queue[1:])
+        return pipe.gated(obs.now_s, None, None)
+    if code in PIPELINED and pipe.launch(head, code, reason):
+        pipe.behind(obs.queue[1:])
+        return pipe.gated(obs.now_s, None, None)
     if code != state.launch_held and code != "measuring":
         step.actions.append(Note(sim_id=None, kind="launch-held", reason=reason, code=code,
                                  queue_id=head.queue_id))  # fmt: skip
     no_room: tuple[int, float] | None = None
-    if code in ("no-room", "quota"):
+    if code in ("no-room", "quota") or (code in PIPELINED and pipe.several_nodes):
         held = state.head_no_room
         no_room = held if held is not None and held[0] == head.queue_id else (
             head.queue_id, obs.now_s)  # fmt: skip
-        backfilled = _backfill(step, memory, state, no_room, reason)
-        if backfilled is not None:
-            step.actions.append(backfilled)
-            return obs.now_s, code, no_room
-    return state.last_launch_s, code, no_room
+        if _backfill(step, memory, state, pipe, no_room, reason):
+            return pipe.gated(obs.now_s, code, no_room)
+    return pipe.gated(state.last_launch_s, code, no_room)
+
+
+PIPELINED = ("cooldown", "measuring", "no-gain")
+"""Holds the pipeline may lift: the head fits room that no simulation being measured
+shares, on nodes that took no launch for a cooldown, and one more simulation is worth
+``min_predicted_gain`` of one (`_Pipeline.reason`)."""
 
 
 def _no_room(obs: Observations, reason: str) -> tuple[str, str]:
@@ -98,25 +124,213 @@ def _backfill(
     step: Step,
     memory: dict[str, SimMemory],
     state: ControllerState,
+    pipe: _Pipeline,
     head_no_room: tuple[int, float],
     head_reason: str,
-) -> Launch | None:
-    """A launch of the first simulation behind a head that does not fit, if one would be
-    launched as it stands (no pack), while the head has waited less than
-    ``backfill_wait_s``."""
+) -> bool:
+    """Launch the first simulations behind a head that does not fit that would be launched
+    as they stand (no pack), while the head has waited less than ``backfill_wait_s``
+    (the pipeline goes on behind the first while the room and the rate allow); whether
+    one was launched."""
     obs, s = step.obs, step.settings
     waited = obs.now_s - head_no_room[1]
     if waited >= s.backfill_wait_s:
-        return None
+        return False
+    launched = False
     for queued in obs.queue[1 : 1 + s.backfill_scan]:
-        code, reason = _hold_reason(step, memory, state, queued)
-        if code is None:
-            return Launch(
-                queue_id=queued.queue_id,
-                reason=f"backfill: {reason}; ahead of it {head_reason} (it has waited"
-                f" {waited:.0f} s of the {s.backfill_wait_s:.0f} s backfill allows)",
+        if pipe.stopped():
+            break
+        why = (
+            f"; ahead of it {head_reason} (it has waited {waited:.0f} s of the "
+            f"{s.backfill_wait_s:.0f} s backfill allows)"
+        )
+        if not launched:
+            code, reason = _hold_reason(step, memory, state, queued)
+            if code is None:
+                code, reason = pipe.rated(code, reason)
+            if code is None:
+                step.actions.append(Launch(queue_id=queued.queue_id,
+                                           reason=f"backfill: {reason}{why}"))  # fmt: skip
+                pipe.took(queued, queued.initial_request_millis)
+                launched = True
+                continue
+            if code not in PIPELINED:
+                continue
+        piped = pipe.reason(queued)
+        if piped is not None:
+            step.actions.append(Launch(queue_id=queued.queue_id,
+                                       reason=f"backfill: {piped}{why}"))  # fmt: skip
+            pipe.took(queued, queued.initial_request_millis)
+            launched = True
+    return launched
+
+
+class _Pipeline:
+    """The launches of one step beyond the gate's first (see `rankpack.controller.room`):
+    the overall rate (a bucket), the launches in flight, the open room node by node, and the
+    throughput model with this step's launches counted as running."""
+
+    def __init__(
+        self, step: Step, memory: dict[str, SimMemory], state: ControllerState, bucket: float
+    ) -> None:
+        self.step, self.memory, self.state, self.bucket = step, memory, state, bucket
+        obs = step.obs
+        self.several_nodes = len(obs.nodes) > 1
+        self.launched: list[QueuedSim] = []
+        self.starting = sum(1 for sim in obs.sims if sim.starting)
+        self._room: Room | None = None
+        self._loads: list[float] | None = None
+
+    @property
+    def room(self) -> Room:
+        if self._room is None:
+            self._room = room.build(self.step, self.memory, self.step.settings.launch_cooldown_s)
+        return self._room
+
+    def rated(self, code: str | None, reason: str) -> tuple[str | None, str]:
+        """The gate's launch (or pack), unless the rate or the launches in flight hold it."""
+        s = self.step.settings
+        if self.bucket < 1:
+            wait = (1 - self.bucket) / s.launch_rate_per_s if s.launch_rate_per_s > 0 else 0
+            return "cooldown", (
+                f"the launch rate ({s.launch_rate_per_s:g}/s) waits {wait:.1f} s more after "
+                "the last launches"
             )
-    return None
+        if self.starting + len(self.launched) >= s.max_starting:
+            return "cooldown", (
+                f"{self.starting + len(self.launched)} launches in flight (max_starting "
+                f"{s.max_starting}): waits for one to start"
+            )
+        return code, reason
+
+    def stopped(self) -> bool:
+        s = self.step.settings
+        return (
+            self.bucket < 1
+            or self.starting + len(self.launched) >= s.max_starting
+            or len(self.step.obs.sims) + len(self.launched) >= s.max_concurrent
+        )
+
+    def took(self, queued: QueuedSim, requests: Sequence[int]) -> None:
+        self.launched.append(queued)
+        self.bucket -= 1
+        if self.several_nodes:
+            self.room.take(requests)
+        if self._loads is not None:
+            self._loads.append(self._head_load(queued))
+
+    def launch(self, head: QueuedSim, code: str, held: str) -> bool:
+        """Lift the gate's hold of the head when the pipeline allows it."""
+        reason = self.reason(head)
+        if reason is None:
+            return False
+        self.step.actions.append(
+            Launch(queue_id=head.queue_id, reason=f"{reason} (the gate alone: {held})")
+        )
+        self.took(head, head.initial_request_millis)
+        return True
+
+    def behind(self, queue: Sequence[QueuedSim]) -> None:
+        """After the head: those behind it, in order, while each is launched."""
+        for queued in queue:
+            if self.stopped() or self.reason(queued) is None:
+                return
+            self.step.actions.append(Launch(queue_id=queued.queue_id,
+                                            reason=self.reason_text))  # fmt: skip
+            self.took(queued, queued.initial_request_millis)
+
+    reason_text = ""
+
+    def reason(self, queued: QueuedSim) -> str | None:
+        """Why ``queued`` is launched by the pipeline now, or None if it is not."""
+        step, s = self.step, self.step.settings
+        obs = step.obs
+        if not self.several_nodes or self.stopped() or s.gate not in ("limit", "off"):
+            return None
+        if queued.retry_at_s is not None and obs.now_s < queued.retry_at_s:
+            return None
+        if not obs.sims and not self.launched:
+            return None  # the gate's own rules launch the first one
+        need = sum(queued.initial_request_millis)
+        room_ = self.room
+        if not room_.fits(queued.initial_request_millis):
+            return None
+        gain = self._gain(queued)
+        n = len(obs.sims) + len(self.launched)
+        wanted = 1 + s.min_predicted_gain / max(1, n)
+        if gain < wanted:
+            return None
+        name = f"queued simulation {queued.queue_id}"
+        shown = "inf" if math.isinf(gain) else f"{gain:.3f}"
+        self.reason_text = (
+            f"pipeline: {need}m of the {room_.open_millis}m open to a launch fits {name} "
+            f"(no simulation measured there, no launch there for {s.launch_cooldown_s:g} s); "
+            f"{_model_name(s)} predicts throughput x{shown} with {n + 1} simulations "
+            f"(needs x{wanted:.3f}: {s.min_predicted_gain:g} of one simulation)"
+        )
+        return self.reason_text
+
+    def _gain(self, queued: QueuedSim) -> float:
+        """The limit model (`_limit_gain`) over what runs and what this step launched."""
+        s, obs = self.step.settings, self.step.obs
+        if s.gate == "off":
+            return math.inf
+        cores = obs.capacity_millis / 1000
+        if cores <= 0:
+            return 0.0
+        if self._loads is None:
+            self._loads = [
+                _compute(_running_duties(sim, self.memory[sim.sim_id]), len(sim.ranks),
+                         cores, self._spin)
+                for sim in obs.sims
+            ] + [self._head_load(q) for q in self.launched]  # fmt: skip
+        return _speed([*self._loads, self._head_load(queued)], cores, s) / _speed(
+            self._loads, cores, s
+        )
+
+    @property
+    def _spin(self) -> bool:
+        return any(sim.wait == "spin" for sim in self.step.obs.sims)
+
+    def _head_load(self, queued: QueuedSim) -> float:
+        cores = self.step.obs.capacity_millis / 1000
+        if len(queued.duty) == queued.n_ranks:
+            return _compute(queued.duty, queued.n_ranks, cores, self._spin)
+        return _compute([1.0] * queued.n_ranks, queued.n_ranks, cores, self._spin)
+
+    def gated(
+        self, last_launch_s: float | None, held: str | None, no_room: tuple[int, float] | None
+    ) -> Gated:
+        obs, s = self.step.obs, self.step.settings
+        return Gated(last_launch_s, held, no_room, _bucket_state(self.bucket, obs.now_s, s))
+
+
+def _refill(bucket: tuple[float, float] | None, now_s: float, s: ControllerSettings) -> float:
+    """Launches the rate allows at ``now_s`` (at most ``launch_burst``)."""
+    if bucket is None:
+        return float(s.launch_burst)
+    tokens, at_s = bucket
+    return min(float(s.launch_burst), tokens + max(0.0, now_s - at_s) * s.launch_rate_per_s)
+
+
+def _bucket_state(tokens: float, now_s: float, s: ControllerSettings) -> tuple[float, float] | None:
+    return None if tokens >= s.launch_burst else (tokens, now_s)
+
+
+def _compute(duties: Sequence[float], ranks: int, cores: float, spin: bool) -> float:
+    """The cores a simulation computes on alone (`_limit_gain`)."""
+    if spin or ranks > cores:
+        return min(float(ranks), cores)
+    return sum(min(1.0, max(0.0, d)) for d in duties)
+
+
+def _speed(loads: Sequence[float], cores: float, s: ControllerSettings) -> float:
+    """X(S): simulations' worth of single-run speed of the set with these loads."""
+    if not loads:
+        return 0.0
+    total = sum(loads)
+    eta = 1.0 if len(loads) < 2 else s.colocation_efficiency
+    return eta * len(loads) * (1.0 if total <= cores else cores / total)
 
 
 def _hold_reason(

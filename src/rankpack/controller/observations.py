@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from rankpack.core.actions import (
@@ -102,7 +103,7 @@ class SimSnapshot:
             return 0.0
         return min(1.0, self.iterations / self.expected_iterations)
 
-    @property
+    @cached_property
     def requested_millis(self) -> int:
         return sum(r.request_millis for r in self.ranks)
 
@@ -137,6 +138,9 @@ class NodeCores:
     allocatable_millis: int
     other_ranks: int = 0
     """Rank pods on it that this loop does not run (other rankpack sessions)."""
+    others_millis: int = 0
+    """CPU requested on it by pods this loop does not run (the launch pipeline's room,
+    `rankpack.controller.room`)."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +212,8 @@ class ControllerState:
     head_no_room: tuple[int, float] | None = None
     """(queue id, since ``now_s``): the head of the queue has not fitted since then; while
     it has waited less than ``backfill_wait_s``, smaller simulations behind it may start."""
+    launch_bucket: tuple[float, float] | None = None
+    """(launches the rate allows, at ``now_s``) of the launch rate's bucket; None: full."""
 
 
 @dataclass(frozen=True)
@@ -233,7 +239,17 @@ class ControllerSettings:
     that does not fit is never scheduled): a launch is held until the floors fit, and the
     loop scales the initial requests down to what is free."""
     launch_cooldown_s: float = 2.0
-    """Wait this long after a launch before the next one."""
+    """A node takes at most one launch per this many seconds (with one node: wait this long
+    after a launch before the next one; a guard against a launch the observations do not
+    show yet)."""
+    launch_rate_per_s: float = 1.0
+    """Launches per second over the whole cluster (a bucket of ``launch_burst``): what the
+    launch pipeline may ask of the apiserver and the scheduler."""
+    launch_burst: int = 4
+    """The most launches at once (in one step, after a quiet while)."""
+    max_starting: int = 8
+    """The most simulations being staged or started at once (launches in flight: each
+    stages its case in parallel with the others)."""
     backfill_wait_s: float = 600.0
     """Backfill: while the head of the queue does not fit (``no-room``), the first of the
     next ``backfill_scan`` simulations that would be launched is, ahead of it - until the

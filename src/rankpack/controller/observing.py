@@ -82,13 +82,18 @@ class Observer:
         others = max(0, sum(n.requested_millis for n in inventory.nodes) - ours)
         base = ctx.settings.capacity_millis or inventory.allocatable_millis
         placed: dict[str | None, int] = {}
+        placed_millis: dict[str | None, int] = {}
         for s in ctx.sims.values():
             for r in s.last.ranks if s.launched and s.last else ():
                 placed[r.node] = placed.get(r.node, 0) + 1
+                placed_millis[r.node] = placed_millis.get(r.node, 0) + r.request_millis
         nodes = tuple(
-            NodeCores(n.name, n.allocatable_millis, max(0, n.rank_pods - placed.get(n.name, 0)))
+            NodeCores(
+                n.name, n.allocatable_millis, max(0, n.rank_pods - placed.get(n.name, 0)),
+                max(0, n.requested_millis - placed_millis.get(n.name, 0)),
+            )
             for n in inventory.nodes
-        )
+        )  # fmt: skip
         if len(nodes) == 1 and ctx.settings.capacity_millis:
             # one node, capped for this loop (--allocatable): the cap is its cores
             nodes = (replace(nodes[0], allocatable_millis=min(base, nodes[0].allocatable_millis)),)

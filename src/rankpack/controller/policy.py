@@ -131,16 +131,17 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
     if step.resized:
         memory = _restart_marks(obs, memory)
 
-    last_launch_s, launch_held, head_no_room = launch(step, memory, state)
-    launched = [a.queue_id for a in step.actions if isinstance(a, Launch)]
-    head_ranks = next((q.n_ranks for q in obs.queue if q.queue_id in launched), 0)
-    _wait_modes(step, memory, head_ranks)
+    gated = launch(step, memory, state)
+    launched = {a.queue_id for a in step.actions if isinstance(a, Launch)}
+    launching = sum(q.n_ranks for q in obs.queue if q.queue_id in launched)
+    _wait_modes(step, memory, launching)
     new_state = ControllerState(
         sims=memory,
-        last_launch_s=last_launch_s,
-        launch_held=launch_held,
+        last_launch_s=gated.last_launch_s,
+        launch_held=gated.launch_held,
         fairness_engaged=fairness_engaged,
-        head_no_room=head_no_room,
+        head_no_room=gated.head_no_room,
+        launch_bucket=gated.launch_bucket,
     )
     return Decision(state=new_state, actions=tuple(step.actions))
 
