@@ -35,6 +35,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from rankpack.controller import room
 from rankpack.controller.observations import (
@@ -80,12 +81,22 @@ def launch(step: Step, memory: dict[str, SimMemory], state: ControllerState) -> 
         code, reason = pipe.rated(code, reason)
     if code == "pack":
         packed = _pack(step, head, reason)
-        if packed is not None:
+        if packed == "paced":
+            s = step.settings
+            code, reason = (
+                "cooldown",
+                (
+                    f"{reason}; but its resizes wait for the resize rate (resize_rate_per_s "
+                    f"{s.resize_rate_per_s:g}, per node {s.resize_rate_per_node_s:g})"
+                ),
+            )
+        elif packed is not None:
             step.actions.append(Launch(queue_id=head.queue_id, reason=reason,
                                        request_millis=packed))  # fmt: skip
             pipe.took(head, packed)
             return pipe.gated(obs.now_s, None, None)
-        code, reason = _no_room(obs, f"{reason}; but the floors leave no room to pack it")
+        else:
+            code, reason = _no_room(obs, f"{reason}; but the floors leave no room to pack it")
     if code is None:
         step.actions.append(Launch(queue_id=head.queue_id, reason=reason))
         pipe.took(head, head.initial_request_millis)
@@ -179,7 +190,6 @@ class _Pipeline:
         self.launched: list[QueuedSim] = []
         self.starting = sum(1 for sim in obs.sims if sim.starting)
         self._room: Room | None = None
-        self._loads: list[float] | None = None
 
     @property
     def room(self) -> Room:
@@ -216,8 +226,6 @@ class _Pipeline:
         self.bucket -= 1
         if self.several_nodes:
             self.room.take(requests)
-        if self._loads is not None:
-            self._loads.append(self._head_load(queued))
 
     def launch(self, head: QueuedSim, code: str, held: str) -> bool:
         """Lift the gate's hold of the head when the pipeline allows it."""
@@ -275,28 +283,13 @@ class _Pipeline:
         s, obs = self.step.settings, self.step.obs
         if s.gate == "off":
             return math.inf
-        cores = obs.capacity_millis / 1000
-        if cores <= 0:
+        if obs.capacity_millis <= 0:
             return 0.0
-        if self._loads is None:
-            self._loads = [
-                _compute(_running_duties(sim, self.memory[sim.sim_id]), len(sim.ranks),
-                         cores, self._spin)
-                for sim in obs.sims
-            ] + [self._head_load(q) for q in self.launched]  # fmt: skip
-        return _speed([*self._loads, self._head_load(queued)], cores, s) / _speed(
-            self._loads, cores, s
+        loads = _loads(self.step, self.memory)
+        running = [*loads.running, *(loads.of(q) for q in self.launched)]
+        return _speed([*running, loads.of(queued)], loads.cores, s) / _speed(
+            running, loads.cores, s
         )
-
-    @property
-    def _spin(self) -> bool:
-        return any(sim.wait == "spin" for sim in self.step.obs.sims)
-
-    def _head_load(self, queued: QueuedSim) -> float:
-        cores = self.step.obs.capacity_millis / 1000
-        if len(queued.duty) == queued.n_ranks:
-            return _compute(queued.duty, queued.n_ranks, cores, self._spin)
-        return _compute([1.0] * queued.n_ranks, queued.n_ranks, cores, self._spin)
 
     def gated(
         self, last_launch_s: float | None, held: str | None, no_room: tuple[int, float] | None
@@ -432,10 +425,11 @@ def _hold_reason(
     )
 
 
-def _pack(step: Step, head: QueuedSim, why: str) -> tuple[int, ...] | None:
+def _pack(step: Step, head: QueuedSim, why: str) -> tuple[int, ...] | Literal["paced"] | None:
     """Shrink every running simulation's requests and the head's by one factor so that all
     fit the capacity (floors kept); emit the running ones' Resizes (kind ``pack``,
-    decreases) and return the head's requests, or None if the floors do not fit."""
+    decreases) and return the head's requests, None if the floors do not fit, or
+    ``paced`` if the resize rate cannot send them all now (the launch waits for them)."""
     obs, s = step.obs, step.settings
     total = sum(step.total(sim.sim_id) for sim in obs.sims) + sum(head.initial_request_millis)
     factor = obs.capacity_millis / total
@@ -446,6 +440,14 @@ def _pack(step: Step, head: QueuedSim, why: str) -> tuple[int, ...] | None:
     mine = tuple(max(s.floor_millis, math.floor(r * factor)) for r in head.initial_request_millis)
     if sum(sum(t) for t in targets.values()) + sum(mine) > obs.capacity_millis:
         return None
+    changes: dict[str | None, int] = {}
+    for sim in obs.sims:
+        for rank, want, had in zip(sim.ranks, targets[sim.sim_id], step.requests[sim.sim_id],
+                                   strict=True):  # fmt: skip
+            if want != had:
+                changes[rank.node] = changes.get(rank.node, 0) + 1
+    if not step.resize_room(changes):
+        return "paced"
     reason = (
         f"pack: requests x{factor:.2f} to fit queued simulation {head.queue_id} beside it "
         "(requests are shares; ranks still use idle CPU)"
@@ -536,30 +538,45 @@ def _limit_gain(step: Step, memory: dict[str, SimMemory], head: QueuedSim) -> fl
     more simulations together and 1 for one alone.
     """
     obs, s = step.obs, step.settings
-    cores = obs.capacity_millis / 1000
-    if cores <= 0 or not obs.sims:
+    if obs.capacity_millis <= 0 or not obs.sims:
         return None
+    loads = _loads(step, memory)
+    mine = loads.of(head)
+    return _speed([*loads.running, mine], loads.cores, s) / _speed(loads.running, loads.cores, s)
+
+
+@dataclass(frozen=True)
+class _Loads:
+    """What the limit gate counts of the simulations running, once per step."""
+
+    running: list[float]
+    """Per simulation, the cores it computes on alone (`_compute`)."""
+    mean_duty: float
+    """The running ranks' mean duty cycle (the head's, when it has none of its own)."""
+    cores: float
+    spin: bool
+
+    def of(self, queued: QueuedSim) -> float:
+        """The head's load: its learned duty cycles, else the running ones' mean."""
+        duty = queued.duty if len(queued.duty) == queued.n_ranks else (
+            [self.mean_duty] * queued.n_ranks)  # fmt: skip
+        return _compute(duty, queued.n_ranks, self.cores, self.spin)
+
+
+def _loads(step: Step, memory: dict[str, SimMemory]) -> _Loads:
+    cached = step.memo.get("limit-loads")
+    if isinstance(cached, _Loads):
+        return cached
+    obs = step.obs
+    cores = obs.capacity_millis / 1000
     spin = any(sim.wait == "spin" for sim in obs.sims)
-
-    def compute(duties: Sequence[float], ranks: int) -> float:
-        if spin or ranks > cores:
-            return min(float(ranks), cores)
-        return sum(min(1.0, max(0.0, d)) for d in duties)
-
     duties = [_running_duties(sim, memory[sim.sim_id]) for sim in obs.sims]
-    running = [compute(d, len(sim.ranks)) for d, sim in zip(duties, obs.sims, strict=True)]
-    if len(head.duty) == head.n_ranks:
-        mine = compute(head.duty, head.n_ranks)
-    else:
-        flat = [d for ds in duties for d in ds]
-        mine = compute([sum(flat) / max(1, len(flat))] * head.n_ranks, head.n_ranks)
-
-    def speed(loads: Sequence[float]) -> float:
-        total = sum(loads)
-        eta = 1.0 if len(loads) < 2 else s.colocation_efficiency
-        return eta * len(loads) * (1.0 if total <= cores else cores / total)
-
-    return speed([*running, mine]) / speed(running)
+    running = [_compute(d, len(sim.ranks), cores, spin) for d, sim in zip(duties, obs.sims,
+                                                                       strict=True)]  # fmt: skip
+    flat = sum(sum(d) for d in duties), sum(len(d) for d in duties)
+    loads = _Loads(running, flat[0] / max(1, flat[1]), cores, spin)
+    step.memo["limit-loads"] = loads
+    return loads
 
 
 def fit_launch(wanted: Sequence[int], free_millis: int, floor_millis: int) -> list[int] | None:

@@ -7,7 +7,7 @@ them (sizing, then fairness, then the launch gate, see `rankpack.controller.gate
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rankpack.controller.observations import (
@@ -47,10 +47,35 @@ class Step:
     resized: bool = False
     requested_millis: int = field(init=False)
     """What every simulation requests after this step's actions so far."""
+    memo: dict[str, object] = field(default_factory=dict)
+    """What a rule computed once for the whole step (the limit gate's loads)."""
+    sims: dict[str, SimSnapshot] = field(init=False)
+    """The simulations of the observations, by id."""
+    waiting: list[Resize] = field(default_factory=list)
+    """Resizes decided in an earlier step and not sent yet (`rankpack.controller.pacing`)."""
+    resize_room: Callable[[Mapping[str | None, int]], bool] = lambda per_node: True
+    """Whether so many resizes (per node) may go out in this step (the pacer's buckets)."""
 
     def __post_init__(self) -> None:
-        self.requests = _Requests({s.sim_id: s for s in self.obs.sims})
+        self.sims = {s.sim_id: s for s in self.obs.sims}
+        self.requests = _Requests(self.sims)
         self.requested_millis = sum(s.requested_millis for s in self.obs.sims)
+
+    def queued(self, resizes: Sequence[Resize]) -> None:
+        """Resizes decided before and not sent yet: the rules see their targets as the
+        requests; the capacity counts the larger of the target and what the rank has (a
+        decrease frees nothing until it is sent, an increase holds its room)."""
+        for a in resizes:
+            sim = self.sims.get(a.sim_id)
+            if sim is None or a.rank >= len(sim.ranks):
+                continue  # it ended: forgotten
+            had = sim.ranks[a.rank].request_millis
+            if had == a.request_millis:
+                continue  # it has it already
+            current = self.requests[a.sim_id]
+            self.requested_millis += max(had, a.request_millis) - current[a.rank]
+            current[a.rank] = a.request_millis
+            self.waiting.append(a)
 
     def unrequested(self) -> int:
         return self.obs.capacity_millis - self.requested_millis
@@ -96,4 +121,4 @@ class Step:
 
 def has_shim(sim: SimSnapshot) -> bool:
     """Every rank has published the shim's live record (duty cycles can be measured)."""
-    return all(r.compute_ns is not None and r.mpi_ns is not None for r in sim.ranks)
+    return sim.shim
