@@ -52,7 +52,6 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from rankpack.backend.protocol import SimPhase
 from rankpack.controller.jobs import Job
 from rankpack.controller.loop import LoopSettings, run_jobs
 from rankpack.controller.observations import ControllerSettings
@@ -158,7 +157,7 @@ class Measured:
         self, backend: SimulatedBackend, cores_millis: int, stop_after_s: float
     ) -> None:
         self.inner = backend
-        self.stop = threading.Event()
+        self.halt = threading.Event()
         self.stop_after_s = stop_after_s
         self.cluster = backend.cluster
         self.cores_millis = cores_millis
@@ -175,19 +174,17 @@ class Measured:
 
     def wait(self, timeout_s: float) -> None:
         self.ticks_ms.append((time.perf_counter() - self._since) * 1000)
-        requested, ranks, sims = 0, 0, 0
-        for sim in self.cluster._sims.values():
-            if sim.phase in (SimPhase.PENDING, SimPhase.RUNNING):
-                sims += 1
-                ranks += len(sim.ranks)
-                requested += sum(r.allocated.request_millis for r in sim.ranks)
+        inventory = self.cluster.inventory()  # cached by the cluster while nothing changes
+        requested = sum(n.requested_millis for n in inventory.nodes)
+        ranks = sum(n.rank_pods for n in inventory.nodes)
+        sims = sum(1 for sim in self.cluster._sims.values() if sim.active)
         self.tick_ranks.append(ranks)
         self.live_ranks_max = max(self.live_ranks_max, ranks)
         now = self.cluster.now
         self.fill.append((now, requested / self.cores_millis))
         self.running.append((now, sims))
         if now >= self.stop_after_s:
-            self.stop.set()  # the loop stops what runs and ends
+            self.halt.set()  # the loop stops what runs and ends
         self.inner.wait(timeout_s)
         self._since = time.perf_counter()
 
@@ -245,7 +242,7 @@ def run(cfg: Config) -> dict[str, Any]:
         queue = ListQueue([j.job for j in jobs])
         started = time.perf_counter()
         result = run_jobs(backend, store, queue, settings,  # type: ignore[arg-type]
-                          stop=backend.stop)  # fmt: skip
+                          stop=backend.halt)  # fmt: skip
         real_s = time.perf_counter() - started
         store.conn.close()
     ends = [o.finished_s for o in result.outcomes]

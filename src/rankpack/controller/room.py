@@ -101,26 +101,34 @@ class Room:
 
 
 def build(step: Step, memory: Mapping[str, SimMemory], cooldown_s: float) -> Room:
-    """The open room of ``step`` on a cluster of several nodes (``step.obs.nodes``)."""
+    """The open room of ``step`` on a cluster of several nodes (``step.obs.nodes``). Its
+    cost grows with the simulations that close nodes or were resized in this step when
+    the nodes carry what this loop requests on them (`NodeCores.ours_millis`), else with
+    every rank."""
     obs = step.obs
     total = max(0, step.unrequested())
+    resized = {a.sim_id for a in step.actions if isinstance(a, Resize)}
     sized_now = {a.sim_id for a in step.actions if isinstance(a, Resize) and a.kind == "size"}
     names = {n.name for n in obs.nodes}
-    used: dict[str, int] = {}
+    counted = all(n.ours_millis is not None for n in obs.nodes)
+    used: dict[str, int] = {n.name: n.ours_millis or 0 for n in obs.nodes} if counted else {}
     unplaced = 0
     closed: dict[str, str] = {}
     for sim in obs.sims:
-        requests = step.requests_of(sim)
         recent = obs.now_s - sim.started_s < cooldown_s
         blocks = sim.sim_id in sized_now or (
-            measuring(sim, memory.get(sim.sim_id)) and borrows(sim, requests)
+            measuring(sim, memory.get(sim.sim_id)) and borrows(sim, step.requests_of(sim))
         )
+        odd = sim.unplaced > 0 or not sim.nodes <= names
+        if counted and not (recent or blocks or odd or sim.sim_id in resized):
+            continue  # placed as the nodes count it, and closes nothing
+        requests = step.requests_of(sim)
         for rank, millis in zip(sim.ranks, requests, strict=True):
             node = rank.node
             if node is None or node not in names:
                 unplaced += millis
                 continue
-            used[node] = used.get(node, 0) + millis
+            used[node] = used.get(node, 0) + (millis - rank.request_millis if counted else millis)
             if recent:
                 closed.setdefault(node, "cooldown")
             elif blocks:

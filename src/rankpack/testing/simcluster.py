@@ -96,6 +96,11 @@ class SimulatedCluster:
         self._news = False
         self.api = api
         """The apiserver's cost model (None: requests are free and instant)."""
+        self.news_seq: dict[str, int] = {}
+        """Per simulation, the number of the last event that was news about it (it ended,
+        failed, a rank restarted); backends compare it with what they took
+        (`SimulatedBackend.changed`)."""
+        self._seq = 0
         self._load = NodeLoad(nodes, self._sims, name)
         self._resizes = Resizes(self._load, self._sims, self.timing, lambda: self.now,
                                 before_settle=lambda r: self._sync_nodes([r.node]))  # fmt: skip
@@ -285,6 +290,7 @@ class SimulatedCluster:
         if self.api is not None and self._sims[sim_id].spec is not None:
             self.api.write(self.now, "delete", DELETE_REQUESTS)  # pods, ConfigMap, Service
         del self._sims[sim_id]
+        self.news_seq.pop(sim_id, None)
         self._released.add(sim_id)
         self._faults = [f for f in self._faults if f.sim_id != sim_id]
 
@@ -401,6 +407,10 @@ class SimulatedCluster:
 
     # -- transitions ---------------------------------------------------------------------
 
+    def _touch(self, sim: SimRun) -> None:
+        self._seq += 1
+        self.news_seq[sim.sim_id] = self._seq
+
     def _finish_staging(self, sim: SimRun) -> None:
         spec, case = sim.stage_spec, sim.case
         assert case is not None
@@ -461,6 +471,7 @@ class SimulatedCluster:
                 r.phase, r.reason = rank_phase, rank_reason
             self._resizes.abandon(r)
         self._load.deactivate(sim)
+        self._touch(sim)
         self._news = True
         self._resizes.retry_deferred()
 
@@ -470,6 +481,7 @@ class SimulatedCluster:
         r = sim.ranks[fault.rank]
         if fault.restart:
             self._sync(sim)
+            self._touch(sim)
             r.restarts += 1
             r.reason = f"restarted: {fault.reason}"
             sim.frac = 0.0
