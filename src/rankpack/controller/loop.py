@@ -38,7 +38,7 @@ from rankpack.controller.jobs import Adopted, Job, JobSource, OneJob, StoreQueue
 from rankpack.controller.launching import Launcher
 from rankpack.controller.observations import Decision
 from rankpack.controller.observing import Observer
-from rankpack.controller.outcomes import Ending, outcome, run_result, steady_duty
+from rankpack.controller.outcomes import Ending, keep_mark, outcome, run_result, steady_duty
 from rankpack.controller.policy import decide
 from rankpack.controller.resizes import Resizes
 from rankpack.controller.schedule import Changes, Schedule
@@ -235,7 +235,10 @@ class ControlLoop:
         if obs.log_text:
             sim.parser.feed(obs.log_text)
         iterations = sim.parser.state.iterations
+        expected = sim.staged.expected_iterations if sim.staged else 0
         t = obs.t_s - sim.t0
+        # the CPU series (for CPU-seconds) and the samples: every observation unless the
+        # loop holds more ranks than samples_per_s (then a simulation's are that far apart)
         sample = (
             sim.sampled_t is None
             or obs.phase.ended
@@ -250,8 +253,8 @@ class ControlLoop:
                 cores.append((r.usage_ns - series[-1]) / 1e9 / (t - sim.times[-1]))
             else:
                 cores.append(0.0)
-            series.append(r.usage_ns)
             if sample:
+                series.append(r.usage_ns)
                 sim.pending_samples.append(
                     SampleRow(
                         t,
@@ -265,7 +268,8 @@ class ControlLoop:
                     )
                 )
             if r.compute_ns is not None and r.mpi_ns is not None:
-                sim.duty_marks.setdefault(r.rank, []).append((iterations, r.compute_ns, r.mpi_ns))
+                keep_mark(sim.duty_marks.setdefault(r.rank, []),
+                          (iterations, r.compute_ns, r.mpi_ns), expected)  # fmt: skip
             if r.restarts > sim.restarts.get(r.rank, 0):
                 self.ctx.tally.restarts += r.restarts - sim.restarts.get(r.rank, 0)
                 self.ctx.event(sim.run_id, "restart", rank=r.rank, restarts=r.restarts)
@@ -275,7 +279,8 @@ class ControlLoop:
                     sim, r.rank, r.resize.state, r.resize.latency_s, r.resize.reason,
                     code=r.resize.code,
                 )  # fmt: skip
-        sim.times.append(t)
+        if sample:
+            sim.times.append(t)
         sim.cores = tuple(cores)
         sim.last = obs
         sim.readings_ok = all(r.readings_ok for r in obs.ranks)

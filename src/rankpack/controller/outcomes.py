@@ -156,6 +156,26 @@ def outcome(result: RunResult, sim: Tracked, finished_s: float) -> SimOutcome:
     )
 
 
+def keep_mark(
+    marks: list[tuple[int, int, int]],
+    mark: tuple[int, int, int],
+    expected: int,
+    skip: float = 0.1,
+) -> None:
+    """Add an observation's (iterations, compute ns, MPI ns) to a rank's ``marks``, keeping
+    only what `steady_duty` reads: the first mark, the first past ``skip`` of the run, and
+    the last (a run of thousands of observations keeps three)."""
+    if len(marks) < 2:
+        marks.append(mark)
+        return
+    threshold = skip * expected
+    anchored = [m for m in marks[:-1] if m[0] >= threshold]
+    if not anchored and marks[-1][0] >= threshold:
+        marks.append(mark)  # the last one is the first past skip: keep it
+        return
+    marks[-1] = mark
+
+
 def steady_duty(
     marks: list[tuple[int, int, int]], expected: int, skip: float = 0.1
 ) -> float | None:

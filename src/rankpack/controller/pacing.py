@@ -102,8 +102,12 @@ def pace(step: Step, state: ControllerState, pacer: Pacer) -> tuple[Resize, ...]
         sim = by_id[a.sim_id]
         return a.request_millis - sim.ranks[a.rank].request_millis
 
-    ordered = [a for a in [*waiting, *new] if change(a) < 0]
-    ordered += [a for a in [*waiting, *new] if change(a) >= 0]
+    latest: dict[tuple[str, int], Resize] = {}
+    for a in [*waiting, *new]:  # a rank's newest decision, in the order decided
+        latest.pop((a.sim_id, a.rank), None)
+        latest[(a.sim_id, a.rank)] = a
+    ordered = [a for a in latest.values() if change(a) < 0]
+    ordered += [a for a in latest.values() if change(a) >= 0]
     sent: list[Resize] = []
     queued: list[Resize] = []
     for a in ordered:

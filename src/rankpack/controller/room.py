@@ -58,6 +58,8 @@ class Room:
 
     total_millis: int
     """The most every launch of this step may take together (the step's unrequested)."""
+    unplaced_millis: int = 0
+    """What ranks not placed yet request: they take it from the open nodes' room."""
     heap: list[tuple[int, int, str]] = field(default_factory=list)
     """Open nodes as (-free millicores, order, name): the most free first."""
     closed: dict[str, str] = field(default_factory=dict)
@@ -66,7 +68,9 @@ class Room:
     @property
     def open_millis(self) -> int:
         """What a launch may take now."""
-        return max(0, min(self.total_millis, sum(-f for f, _, _ in self.heap)))
+        return max(
+            0, min(self.total_millis, sum(-f for f, _, _ in self.heap) - self.unplaced_millis)
+        )
 
     def why_closed(self) -> str:
         """The reason that closes most nodes (``cooldown`` or ``measuring``); '' if none."""
@@ -133,7 +137,7 @@ def build(step: Step, memory: Mapping[str, SimMemory], cooldown_s: float) -> Roo
                 closed.setdefault(node, "cooldown")
             elif blocks:
                 closed[node] = "measuring"
-    room = Room(total_millis=max(0, total - unplaced), closed=closed)
+    room = Room(total_millis=total, unplaced_millis=unplaced, closed=closed)
     for order, n in enumerate(obs.nodes):
         if n.name in closed:
             continue

@@ -9,10 +9,14 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from rankpack.backend.protocol import SimObservation
 from rankpack.controller.jobs import Job
 from rankpack.controller.loop import LoopSettings, StoreQueue, run_jobs
 from rankpack.controller.observations import ControllerSettings, ControllerState, SimMemory
+from rankpack.controller.outcomes import keep_mark, steady_duty
 from rankpack.controller.policy import decide
 from rankpack.controller.schedule import Schedule
 from rankpack.controller.tracked import Tracked
@@ -140,3 +144,23 @@ def test_on_a_large_cluster_a_tick_observes_a_slice_and_an_end_at_once(tmp_path:
     # each end was seen within a tick of happening (the backend says which changed)
     for run in result.results:
         assert run.iterations == 60 and abs(run.wall_s - 60 * 1.0) < 2.5
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    expected=st.integers(1, 200),
+    steps=st.lists(st.tuples(st.integers(0, 10), st.integers(0, GIGA), st.integers(0, GIGA)),
+                   max_size=60),
+)  # fmt: skip
+def test_a_rank_keeps_three_duty_marks_and_the_same_steady_duty(
+    expected: int, steps: list[tuple[int, int, int]]
+) -> None:
+    full: list[tuple[int, int, int]] = []
+    kept: list[tuple[int, int, int]] = []
+    it = compute = mpi = 0
+    for di, dc, dm in steps:
+        it, compute, mpi = it + di, compute + dc, mpi + dm
+        full.append((it, compute, mpi))
+        keep_mark(kept, (it, compute, mpi), expected)
+        assert len(kept) <= 3
+    assert steady_duty(kept, expected) == steady_duty(full, expected)
