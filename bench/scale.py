@@ -153,9 +153,7 @@ class Measured:
     (what the loop does between them); at each ``wait`` the cluster's fill is sampled
     (outside the tick's time)."""
 
-    def __init__(
-        self, backend: SimulatedBackend, cores_millis: int, stop_after_s: float
-    ) -> None:
+    def __init__(self, backend: SimulatedBackend, cores_millis: int, stop_after_s: float) -> None:
         self.inner = backend
         self.halt = threading.Event()
         self.stop_after_s = stop_after_s
@@ -350,6 +348,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                    help="a ControllerSettings field (repeatable)")  # fmt: skip
     p.add_argument("--sweep", action="store_true", help="run the sweep (SWEEP)")
     p.add_argument("--plot", type=Path, help="draw fill over time of every run into this PNG")
+    p.add_argument("--replot", type=Path, metavar="JSON",
+                   help="draw --plot from results written before (no run)")  # fmt: skip
     p.add_argument("--json", action="store_true", help="print JSON (a list with --sweep)")
     args = p.parse_args(argv)
     lo, hi = (float(x) for x in args.alone_s.split("-", 1))
@@ -363,6 +363,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         [replace(base, nodes=n, sims=m, ranks=r) for n, m, r in SWEEP] if args.sweep else [base]
     )
     results = []
+    if args.replot is not None:
+        loaded = json.loads(args.replot.read_text())
+        results = loaded if isinstance(loaded, list) else [loaded]
+        configs = []
     for cfg in configs:
         out = run(cfg)
         results.append(out)
@@ -370,9 +374,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             shown = {k: v for k, v in out.items() if k not in ("fill_series",)}
             print(json.dumps(shown), file=sys.stderr, flush=True)
     if args.plot is not None:
-        from rankpack.report.scaleplot import fill_png
+        from rankpack.report.figures import scale_fill_png
 
-        args.plot.write_bytes(fill_png(results))
+        args.plot.write_bytes(scale_fill_png(results))
     if args.json:
         print(json.dumps(results if args.sweep else results[0], indent=1))
     return 0
