@@ -75,6 +75,8 @@ class RankResize:
     retry_due_s: float = 0.0
     attempts: int = 0
     """Retries so far of the resize in flight (0: the first request)."""
+    seq: int = 0
+    """When the loop first held anything of the rank (the order retries are asked in)."""
 
 
 class Resizes:
@@ -84,6 +86,7 @@ class Resizes:
         self.ctx = ctx
         self.ranks: dict[tuple[str, int], RankResize] = {}
         self._held_seq = 0
+        self._gone = 0
         self._held: dict[tuple[str, int], RankResize] = {}
         self._retrying: set[tuple[str, int]] = set()
         self._flying: dict[tuple[str, int], str | None] = {}
@@ -97,7 +100,10 @@ class Resizes:
         return {key[0] for keys in (self._held, self._retrying, self._flying) for key in keys}
 
     def _of(self, sim_id: str, rank: int) -> RankResize:
-        return self.ranks.setdefault((sim_id, rank), RankResize())
+        entry = self.ranks.get((sim_id, rank))
+        if entry is None:
+            entry = self.ranks[(sim_id, rank)] = RankResize(seq=len(self.ranks) + self._gone)
+        return entry
 
     def inflight(self, sim_id: str, rank: int) -> InFlight | None:
         entry = self.ranks.get((sim_id, rank))
@@ -180,7 +186,7 @@ class Resizes:
         """Ask again for the failed resizes whose back-off is over (an increase is held
         while decreases are in flight)."""
         now = self.ctx.now()
-        for key in sorted(self._retrying, key=lambda k: self.ranks[k].retry_due_s):
+        for key in sorted(self._retrying, key=lambda k: self.ranks[k].seq):
             entry = self.ranks[key]
             action = entry.retry
             if action is None:
@@ -316,6 +322,7 @@ class Resizes:
                         ended=True)  # fmt: skip
         for key in [k for k in self.ranks if k[0] == sim.sim_id]:
             del self.ranks[key]
+            self._gone += 1
             self._held.pop(key, None)
             self._retrying.discard(key)
 
