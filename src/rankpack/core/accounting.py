@@ -80,8 +80,12 @@ def trapezoid_cpu_s_ranks(times_s: list[float], usages_ns: Sequence[list[int]]) 
             if len(mid):
                 tt = np.concatenate(([times_s[0]], mid, [times_s[-1]]))
                 rr = np.concatenate((rate[:, :1], rate, rate[:, -1:]), axis=1)
-                for i, value in zip(rows, np.atleast_1d(np.trapezoid(rr, tt, axis=1)), strict=True):
-                    out[i] = float(value)
+                values = np.atleast_1d(np.trapezoid(rr, tt, axis=1))
+                # a rate that overflows (readings a subnormal time apart) is left out per
+                # rank: such a rank is integrated on its own below
+                finite = np.isfinite(rate).all(axis=1)
+                for i, value, whole in zip(rows, values, finite, strict=True):
+                    out[i] = float(value) if whole else None
             else:
                 for i in rows:
                     out[i] = 0.0
