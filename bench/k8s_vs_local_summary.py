@@ -42,7 +42,9 @@ def main(path: str) -> int:
             if found is not None:
                 runs[key][row["backend"]][row["rep"]] = found
             modes[(*key, row["backend"])].add(row["modes"])
-    print("| case | ranks | wait | backend | modes | wall s, median [min-max] | / local, pairwise |")
+    print(
+        "| case | ranks | wait | backend | modes | wall s, median [min-max] | / local, pairwise |"
+    )
     print("|---|---|---|---|---|---|---|")
     for key in sorted(runs):
         local = runs[key].get("local", {})

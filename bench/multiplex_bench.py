@@ -65,11 +65,13 @@ def main() -> None:
         for wait, n in configs[k:] + configs[:k]:
             r = one(wait, n, args.iterations, args.budget, args.profile_s)
             results[(wait, n)].append(r)
-            print(f"{rep},{wait},{n},{r['gain']:.3f},{r['makespan_s']:.2f},{r['sequential_s']:.2f},"
-                  f"{r['fairness']:.2f},{r['resizes']},{r['restarts']},{r['max_seen']}", flush=True)  # fmt: skip
+            print(f"{rep},{wait},{n},{r['gain']:.3f},{r['makespan_s']:.2f},"
+                  f"{r['sequential_s']:.2f},{r['fairness']:.2f},{r['resizes']},{r['restarts']},"
+                  f"{r['max_seen']}", flush=True)  # fmt: skip
     print()
     print(
-        "| wait | N | runs | throughput gain | makespan s | fairness (max/min wall) | resizes | restarts |"
+        "| wait | N | runs | throughput gain | makespan s | fairness (max/min wall) | resizes"
+        " | restarts |"
     )
     print("|---|---|---|---|---|---|---|---|")
     for (wait, n), rs in results.items():

@@ -79,7 +79,8 @@ def timed(cases: list[Path], shim: dict[str, str] | None, work: Path) -> float:
 
 
 def fmt(values: list[float], digits: int = 2) -> str:
-    return f"{statistics.median(values):.{digits}f} ({min(values):.{digits}f}-{max(values):.{digits}f})"
+    low, high = min(values), max(values)
+    return f"{statistics.median(values):.{digits}f} ({low:.{digits}f}-{high:.{digits}f})"
 
 
 def main() -> None:
@@ -118,7 +119,8 @@ def main() -> None:
     spin_label = labels[[n for n, _ in configs].index("spin")]
     print()
     print(
-        "| config | n | single s | concurrent s | penalty vs spin | gain vs sequential spin | gain vs sequential same mode |"
+        "| config | n | single s | concurrent s | penalty vs spin | gain vs sequential spin"
+        " | gain vs sequential same mode |"
     )
     print("|---|---|---|---|---|---|---|")
     for label in labels:

@@ -34,7 +34,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
 
+from rankpack.controller import room
 from rankpack.controller.observations import (
     ControllerSettings,
     ControllerState,
@@ -46,45 +49,79 @@ from rankpack.controller.observations import (
     SimMemory,
     SimSnapshot,
 )
+from rankpack.controller.room import Room
 from rankpack.controller.step import Step
 from rankpack.model.contention import ClusterShape, throughput
 from rankpack.model.overlap import predict_from_duty_cycles
 from rankpack.plan.allocation import proportional_millis
 
 
-def launch(
-    step: Step, memory: dict[str, SimMemory], state: ControllerState
-) -> tuple[float | None, str | None, tuple[int, float] | None]:
-    """Launch the head of the queue, or backfill behind it, or say why not; returns
-    (last_launch_s, launch_held, head_no_room)."""
-    obs = step.obs
+@dataclass(frozen=True)
+class Gated:
+    """What the gate leaves for the next step."""
+
+    last_launch_s: float | None
+    launch_held: str | None
+    head_no_room: tuple[int, float] | None
+    launch_bucket: tuple[float, float] | None
+
+
+def launch(step: Step, memory: dict[str, SimMemory], state: ControllerState) -> Gated:
+    """Launch the head of the queue and, through the pipeline, those behind it while the
+    room, the rate and the launches in flight allow; or backfill behind a head that does
+    not fit; or say why not."""
+    obs, s = step.obs, step.settings
+    bucket = _refill(state.launch_bucket, obs.now_s, s)
     if not obs.queue:
-        return state.last_launch_s, None, None
+        return Gated(state.last_launch_s, None, None, _bucket_state(bucket, obs.now_s, s))
+    pipe = _Pipeline(step, memory, state, bucket)
     head = obs.queue[0]
     code, reason = _hold_reason(step, memory, state, head)
+    if code is None or code == "pack":
+        code, reason = pipe.rated(code, reason)
     if code == "pack":
         packed = _pack(step, head, reason)
-        if packed is not None:
+        if packed == "paced":
+            s = step.settings
+            code, reason = (
+                "cooldown",
+                (
+                    f"{reason}; but its resizes wait for the resize rate (resize_rate_per_s "
+                    f"{s.resize_rate_per_s:g}, per node {s.resize_rate_per_node_s:g})"
+                ),
+            )
+        elif packed is not None:
             step.actions.append(Launch(queue_id=head.queue_id, reason=reason,
                                        request_millis=packed))  # fmt: skip
-            return obs.now_s, None, None
-        code, reason = _no_room(obs, f"{reason}; but the floors leave no room to pack it")
+            pipe.took(head, packed)
+            return pipe.gated(obs.now_s, None, None)
+        else:
+            code, reason = _no_room(obs, f"{reason}; but the floors leave no room to pack it")
     if code is None:
         step.actions.append(Launch(queue_id=head.queue_id, reason=reason))
-        return obs.now_s, None, None
+        pipe.took(head, head.initial_request_millis)
+        pipe.behind(obs.queue[1:])
+        return pipe.gated(obs.now_s, None, None)
+    if code in PIPELINED and pipe.launch(head, code, reason):
+        pipe.behind(obs.queue[1:])
+        return pipe.gated(obs.now_s, None, None)
     if code != state.launch_held and code != "measuring":
         step.actions.append(Note(sim_id=None, kind="launch-held", reason=reason, code=code,
                                  queue_id=head.queue_id))  # fmt: skip
     no_room: tuple[int, float] | None = None
-    if code in ("no-room", "quota"):
+    if code in ("no-room", "quota") or (code in PIPELINED and pipe.several_nodes):
         held = state.head_no_room
         no_room = held if held is not None and held[0] == head.queue_id else (
             head.queue_id, obs.now_s)  # fmt: skip
-        backfilled = _backfill(step, memory, state, no_room, reason)
-        if backfilled is not None:
-            step.actions.append(backfilled)
-            return obs.now_s, code, no_room
-    return state.last_launch_s, code, no_room
+        if _backfill(step, memory, state, pipe, no_room, reason):
+            return pipe.gated(obs.now_s, code, no_room)
+    return pipe.gated(state.last_launch_s, code, no_room)
+
+
+PIPELINED = ("cooldown", "measuring", "no-gain")
+"""Holds the pipeline may lift: the head fits room that no simulation being measured
+shares, on nodes that took no launch for a cooldown, and one more simulation is worth
+``min_predicted_gain`` of one (`_Pipeline.reason`)."""
 
 
 def _no_room(obs: Observations, reason: str) -> tuple[str, str]:
@@ -98,25 +135,195 @@ def _backfill(
     step: Step,
     memory: dict[str, SimMemory],
     state: ControllerState,
+    pipe: _Pipeline,
     head_no_room: tuple[int, float],
     head_reason: str,
-) -> Launch | None:
-    """A launch of the first simulation behind a head that does not fit, if one would be
-    launched as it stands (no pack), while the head has waited less than
-    ``backfill_wait_s``."""
+) -> bool:
+    """Launch the first simulations behind a head that does not fit that would be launched
+    as they stand (no pack), while the head has waited less than ``backfill_wait_s``
+    (the pipeline goes on behind the first while the room and the rate allow); whether
+    one was launched."""
     obs, s = step.obs, step.settings
     waited = obs.now_s - head_no_room[1]
     if waited >= s.backfill_wait_s:
-        return None
+        return False
+    launched = False
     for queued in obs.queue[1 : 1 + s.backfill_scan]:
-        code, reason = _hold_reason(step, memory, state, queued)
-        if code is None:
-            return Launch(
-                queue_id=queued.queue_id,
-                reason=f"backfill: {reason}; ahead of it {head_reason} (it has waited"
-                f" {waited:.0f} s of the {s.backfill_wait_s:.0f} s backfill allows)",
+        if pipe.stopped():
+            break
+        why = (
+            f"; ahead of it {head_reason} (it has waited {waited:.0f} s of the "
+            f"{s.backfill_wait_s:.0f} s backfill allows)"
+        )
+        if not launched:
+            code, reason = _hold_reason(step, memory, state, queued)
+            if code is None:
+                code, reason = pipe.rated(code, reason)
+            if code is None:
+                step.actions.append(Launch(queue_id=queued.queue_id,
+                                           reason=f"backfill: {reason}{why}"))  # fmt: skip
+                pipe.took(queued, queued.initial_request_millis)
+                launched = True
+                continue
+            if code not in PIPELINED:
+                continue
+        piped = pipe.reason(queued)
+        if piped is not None:
+            step.actions.append(Launch(queue_id=queued.queue_id,
+                                       reason=f"backfill: {piped}{why}"))  # fmt: skip
+            pipe.took(queued, queued.initial_request_millis)
+            launched = True
+    return launched
+
+
+class _Pipeline:
+    """The launches of one step beyond the gate's first (see `rankpack.controller.room`):
+    the overall rate (a bucket), the launches in flight, the open room node by node, and the
+    throughput model with this step's launches counted as running."""
+
+    def __init__(
+        self, step: Step, memory: dict[str, SimMemory], state: ControllerState, bucket: float
+    ) -> None:
+        self.step, self.memory, self.state, self.bucket = step, memory, state, bucket
+        obs = step.obs
+        self.several_nodes = len(obs.nodes) > 1
+        self.launched: list[QueuedSim] = []
+        self.starting = sum(1 for sim in obs.sims if sim.starting)
+        self._room: Room | None = None
+
+    @property
+    def room(self) -> Room:
+        if self._room is None:
+            self._room = room.build(self.step, self.memory, self.step.settings.launch_cooldown_s)
+        return self._room
+
+    def rated(self, code: str | None, reason: str) -> tuple[str | None, str]:
+        """The gate's launch (or pack), unless the rate or the launches in flight hold it."""
+        s = self.step.settings
+        if self.bucket < 1:
+            wait = (1 - self.bucket) / s.launch_rate_per_s if s.launch_rate_per_s > 0 else 0
+            return "cooldown", (
+                f"the launch rate ({s.launch_rate_per_s:g}/s) waits {wait:.1f} s more after "
+                "the last launches"
             )
-    return None
+        if self.starting + len(self.launched) >= s.max_starting:
+            return "cooldown", (
+                f"{self.starting + len(self.launched)} launches in flight (max_starting "
+                f"{s.max_starting}): waits for one to start"
+            )
+        return code, reason
+
+    def stopped(self) -> bool:
+        s = self.step.settings
+        return (
+            self.bucket < 1
+            or self.starting + len(self.launched) >= s.max_starting
+            or len(self.step.obs.sims) + len(self.launched) >= s.max_concurrent
+        )
+
+    def took(self, queued: QueuedSim, requests: Sequence[int]) -> None:
+        self.launched.append(queued)
+        self.bucket -= 1
+        if self.several_nodes:
+            self.room.take(requests)
+
+    def launch(self, head: QueuedSim, code: str, held: str) -> bool:
+        """Lift the gate's hold of the head when the pipeline allows it."""
+        reason = self.reason(head)
+        if reason is None:
+            return False
+        self.step.actions.append(
+            Launch(queue_id=head.queue_id, reason=f"{reason} (the gate alone: {held})")
+        )
+        self.took(head, head.initial_request_millis)
+        return True
+
+    def behind(self, queue: Sequence[QueuedSim]) -> None:
+        """After the head: those behind it, in order, while each is launched."""
+        for queued in queue:
+            if self.stopped() or self.reason(queued) is None:
+                return
+            self.step.actions.append(Launch(queue_id=queued.queue_id,
+                                            reason=self.reason_text))  # fmt: skip
+            self.took(queued, queued.initial_request_millis)
+
+    reason_text = ""
+
+    def reason(self, queued: QueuedSim) -> str | None:
+        """Why ``queued`` is launched by the pipeline now, or None if it is not."""
+        step, s = self.step, self.step.settings
+        obs = step.obs
+        if not self.several_nodes or self.stopped() or s.gate not in ("limit", "off"):
+            return None
+        if queued.retry_at_s is not None and obs.now_s < queued.retry_at_s:
+            return None
+        if not obs.sims and not self.launched:
+            return None  # the gate's own rules launch the first one
+        need = sum(queued.initial_request_millis)
+        room_ = self.room
+        if not room_.fits(queued.initial_request_millis):
+            return None
+        gain = self._gain(queued)
+        n = len(obs.sims) + len(self.launched)
+        wanted = 1 + s.min_predicted_gain / max(1, n)
+        if gain < wanted:
+            return None
+        name = f"queued simulation {queued.queue_id}"
+        shown = "inf" if math.isinf(gain) else f"{gain:.3f}"
+        self.reason_text = (
+            f"pipeline: {need}m of the {room_.open_millis}m open to a launch fits {name} "
+            f"(no simulation measured there, no launch there for {s.launch_cooldown_s:g} s); "
+            f"{_model_name(s)} predicts throughput x{shown} with {n + 1} simulations "
+            f"(needs x{wanted:.3f}: {s.min_predicted_gain:g} of one simulation)"
+        )
+        return self.reason_text
+
+    def _gain(self, queued: QueuedSim) -> float:
+        """The limit model (`_limit_gain`) over what runs and what this step launched."""
+        s, obs = self.step.settings, self.step.obs
+        if s.gate == "off":
+            return math.inf
+        if obs.capacity_millis <= 0:
+            return 0.0
+        loads = _loads(self.step, self.memory)
+        running = [*loads.running, *(loads.of(q) for q in self.launched)]
+        return _speed([*running, loads.of(queued)], loads.cores, s) / _speed(
+            running, loads.cores, s
+        )
+
+    def gated(
+        self, last_launch_s: float | None, held: str | None, no_room: tuple[int, float] | None
+    ) -> Gated:
+        obs, s = self.step.obs, self.step.settings
+        return Gated(last_launch_s, held, no_room, _bucket_state(self.bucket, obs.now_s, s))
+
+
+def _refill(bucket: tuple[float, float] | None, now_s: float, s: ControllerSettings) -> float:
+    """Launches the rate allows at ``now_s`` (at most ``launch_burst``)."""
+    if bucket is None:
+        return float(s.launch_burst)
+    tokens, at_s = bucket
+    return min(float(s.launch_burst), tokens + max(0.0, now_s - at_s) * s.launch_rate_per_s)
+
+
+def _bucket_state(tokens: float, now_s: float, s: ControllerSettings) -> tuple[float, float] | None:
+    return None if tokens >= s.launch_burst else (tokens, now_s)
+
+
+def _compute(duties: Sequence[float], ranks: int, cores: float, spin: bool) -> float:
+    """The cores a simulation computes on alone (`_limit_gain`)."""
+    if spin or ranks > cores:
+        return min(float(ranks), cores)
+    return sum(min(1.0, max(0.0, d)) for d in duties)
+
+
+def _speed(loads: Sequence[float], cores: float, s: ControllerSettings) -> float:
+    """X(S): simulations' worth of single-run speed of the set with these loads."""
+    if not loads:
+        return 0.0
+    total = sum(loads)
+    eta = 1.0 if len(loads) < 2 else s.colocation_efficiency
+    return eta * len(loads) * (1.0 if total <= cores else cores / total)
 
 
 def _hold_reason(
@@ -218,10 +425,11 @@ def _hold_reason(
     )
 
 
-def _pack(step: Step, head: QueuedSim, why: str) -> tuple[int, ...] | None:
+def _pack(step: Step, head: QueuedSim, why: str) -> tuple[int, ...] | Literal["paced"] | None:
     """Shrink every running simulation's requests and the head's by one factor so that all
     fit the capacity (floors kept); emit the running ones' Resizes (kind ``pack``,
-    decreases) and return the head's requests, or None if the floors do not fit."""
+    decreases) and return the head's requests, None if the floors do not fit, or
+    ``paced`` if the resize rate cannot send them all now (the launch waits for them)."""
     obs, s = step.obs, step.settings
     total = sum(step.total(sim.sim_id) for sim in obs.sims) + sum(head.initial_request_millis)
     factor = obs.capacity_millis / total
@@ -232,6 +440,14 @@ def _pack(step: Step, head: QueuedSim, why: str) -> tuple[int, ...] | None:
     mine = tuple(max(s.floor_millis, math.floor(r * factor)) for r in head.initial_request_millis)
     if sum(sum(t) for t in targets.values()) + sum(mine) > obs.capacity_millis:
         return None
+    changes: dict[str | None, int] = {}
+    for sim in obs.sims:
+        for rank, want, had in zip(sim.ranks, targets[sim.sim_id], step.requests[sim.sim_id],
+                                   strict=True):  # fmt: skip
+            if want != had:
+                changes[rank.node] = changes.get(rank.node, 0) + 1
+    if not step.resize_room(changes):
+        return "paced"
     reason = (
         f"pack: requests x{factor:.2f} to fit queued simulation {head.queue_id} beside it "
         "(requests are shares; ranks still use idle CPU)"
@@ -322,30 +538,45 @@ def _limit_gain(step: Step, memory: dict[str, SimMemory], head: QueuedSim) -> fl
     more simulations together and 1 for one alone.
     """
     obs, s = step.obs, step.settings
-    cores = obs.capacity_millis / 1000
-    if cores <= 0 or not obs.sims:
+    if obs.capacity_millis <= 0 or not obs.sims:
         return None
+    loads = _loads(step, memory)
+    mine = loads.of(head)
+    return _speed([*loads.running, mine], loads.cores, s) / _speed(loads.running, loads.cores, s)
+
+
+@dataclass(frozen=True)
+class _Loads:
+    """What the limit gate counts of the simulations running, once per step."""
+
+    running: list[float]
+    """Per simulation, the cores it computes on alone (`_compute`)."""
+    mean_duty: float
+    """The running ranks' mean duty cycle (the head's, when it has none of its own)."""
+    cores: float
+    spin: bool
+
+    def of(self, queued: QueuedSim) -> float:
+        """The head's load: its learned duty cycles, else the running ones' mean."""
+        duty = queued.duty if len(queued.duty) == queued.n_ranks else (
+            [self.mean_duty] * queued.n_ranks)  # fmt: skip
+        return _compute(duty, queued.n_ranks, self.cores, self.spin)
+
+
+def _loads(step: Step, memory: dict[str, SimMemory]) -> _Loads:
+    cached = step.memo.get("limit-loads")
+    if isinstance(cached, _Loads):
+        return cached
+    obs = step.obs
+    cores = obs.capacity_millis / 1000
     spin = any(sim.wait == "spin" for sim in obs.sims)
-
-    def compute(duties: Sequence[float], ranks: int) -> float:
-        if spin or ranks > cores:
-            return min(float(ranks), cores)
-        return sum(min(1.0, max(0.0, d)) for d in duties)
-
     duties = [_running_duties(sim, memory[sim.sim_id]) for sim in obs.sims]
-    running = [compute(d, len(sim.ranks)) for d, sim in zip(duties, obs.sims, strict=True)]
-    if len(head.duty) == head.n_ranks:
-        mine = compute(head.duty, head.n_ranks)
-    else:
-        flat = [d for ds in duties for d in ds]
-        mine = compute([sum(flat) / max(1, len(flat))] * head.n_ranks, head.n_ranks)
-
-    def speed(loads: Sequence[float]) -> float:
-        total = sum(loads)
-        eta = 1.0 if len(loads) < 2 else s.colocation_efficiency
-        return eta * len(loads) * (1.0 if total <= cores else cores / total)
-
-    return speed([*running, mine]) / speed(running)
+    running = [_compute(d, len(sim.ranks), cores, spin) for d, sim in zip(duties, obs.sims,
+                                                                       strict=True)]  # fmt: skip
+    flat = sum(sum(d) for d in duties), sum(len(d) for d in duties)
+    loads = _Loads(running, flat[0] / max(1, flat[1]), cores, spin)
+    step.memo["limit-loads"] = loads
+    return loads
 
 
 def fit_launch(wanted: Sequence[int], free_millis: int, floor_millis: int) -> list[int] | None:

@@ -2,8 +2,10 @@
 
 Every tick (about once a second, earlier when the backend reports an event) the loop
 
-1. observes every simulation it holds through the backend (phase, per-rank counters, the
-   shim's duty counters, new solver-log text, the state of in-flight resizes),
+1. observes the simulations it holds through the backend (phase, per-rank counters, the
+   shim's duty counters, new solver-log text, the state of in-flight resizes): every one
+   with something under way, and the steady others in turn within a budget of ranks
+   (`rankpack.controller.schedule`; all of them on a cluster of some hundred ranks),
 2. records samples, resizes, restarts and ends in the store,
 3. builds `Observations` (`rankpack.controller.observing`) and calls the pure decision step
    `policy.decide`,
@@ -27,17 +29,19 @@ backends' business.
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import replace
+from typing import overload
 
-from rankpack.backend.protocol import Backend, BackendError, SimObservation
+from rankpack.backend.protocol import Backend, BackendError, SimObservation, SimPhase
 from rankpack.controller.jobs import Adopted, Job, JobSource, OneJob, StoreQueue
 from rankpack.controller.launching import Launcher
 from rankpack.controller.observations import Decision
 from rankpack.controller.observing import Observer
-from rankpack.controller.outcomes import Ending, outcome, run_result, steady_duty
+from rankpack.controller.outcomes import Ending, keep_mark, outcome, run_result, steady_duty
 from rankpack.controller.policy import decide
 from rankpack.controller.resizes import Resizes
+from rankpack.controller.schedule import Changes, Schedule
 from rankpack.controller.tracked import LoopContext, LoopSettings, Tracked
 from rankpack.controller.views import (
     Display,
@@ -102,6 +106,10 @@ class ControlLoop:
         self.running_since: tuple[float, frozenset[str]] = (0.0, frozenset())
         """(time, launched simulations still running) at the end of the last tick: what
         `_count_shared` charges the time since to."""
+        self.schedule = Schedule(settings.observe_ranks_per_tick, settings.observe_max_age_s)
+        self.sample_every_s = 0.0
+        """Seconds between two samples of a simulation (0: every observation)."""
+        self._rank_views: dict[str, tuple[SimObservation, tuple[RankView, ...]]] = {}
 
     @property
     def sims(self) -> dict[str, Tracked]:
@@ -138,7 +146,7 @@ class ControlLoop:
                 self.running_since = (self.now(), self._running())
                 ctx.tally.max_seen = max(ctx.tally.max_seen, len(ctx.sims))
                 ctx.jobs.heartbeat([s.job for s in ctx.sims.values()])
-                self.display.update(obs.now_s, self._views())
+                self.display.update(obs.now_s, _Views(self._views))
                 if ctx.stop.is_set():
                     status = "interrupted"
                     break
@@ -190,7 +198,11 @@ class ControlLoop:
                 sim.shared_s += dt
 
     def _observe_all(self) -> None:
-        for sim in list(self.sims.values()):
+        live = sum(len(s.plan.ranks) for s in self.sims.values())
+        rate = self.ctx.settings.samples_per_s
+        self.sample_every_s = 0.0 if live <= rate else live / max(1, rate)
+        urgent, active = self._urgent()
+        for sim in self.schedule.pick(self.sims, urgent, active, self.now()):
             obs = self.ctx.backend.observe(sim.sim_id)
             if not sim.launched:
                 self.launcher.progress(sim, obs)
@@ -199,11 +211,41 @@ class ControlLoop:
             if obs.phase.ended:
                 self._end(sim)
 
+    def _urgent(self) -> tuple[set[str], set[str]]:
+        """The simulations to follow every tick, and those about to cross a threshold the
+        policy acts on (`rankpack.controller.schedule`)."""
+        ctx = self.ctx
+        urgent = self.resizes.busy() | {sim_id for sim_id, _ in self.wait_failed}
+        if isinstance(ctx.backend, Changes):
+            urgent |= set(ctx.backend.changed())
+        active: set[str] = set()
+        for sim in self.sims.values():
+            mem = ctx.state.sims.get(sim.sim_id)
+            if sim.last is None or sim.last.phase.ended or not sim.readings_ok:
+                urgent.add(sim.sim_id)
+            elif (
+                sim.last.phase is not SimPhase.RUNNING
+                or mem is None
+                or mem.stage not in ("sized", "fixed")
+            ):
+                active.add(sim.sim_id)
+        return urgent, active
+
     def _record(self, sim: Tracked, obs: SimObservation) -> None:
         if obs.log_text:
             sim.parser.feed(obs.log_text)
         iterations = sim.parser.state.iterations
+        expected = sim.staged.expected_iterations if sim.staged else 0
         t = obs.t_s - sim.t0
+        # the CPU series (for CPU-seconds) and the samples: every observation unless the
+        # loop holds more ranks than samples_per_s (then a simulation's are that far apart)
+        sample = (
+            sim.sampled_t is None
+            or obs.phase.ended
+            or t - sim.sampled_t >= self.sample_every_s - 1e-9
+        )
+        if sample:
+            sim.sampled_t = t
         cores: list[float] = []
         for r in obs.ranks:
             series = sim.usages[r.rank]
@@ -211,21 +253,23 @@ class ControlLoop:
                 cores.append((r.usage_ns - series[-1]) / 1e9 / (t - sim.times[-1]))
             else:
                 cores.append(0.0)
-            series.append(r.usage_ns)
-            sim.pending_samples.append(
-                SampleRow(
-                    t,
-                    r.rank,
-                    r.usage_ns,
-                    r.request_millis,
-                    r.nr_throttled,
-                    iterations,
-                    r.compute_ns,
-                    r.mpi_ns,
+            if sample:
+                series.append(r.usage_ns)
+                sim.pending_samples.append(
+                    SampleRow(
+                        t,
+                        r.rank,
+                        r.usage_ns,
+                        r.request_millis,
+                        r.nr_throttled,
+                        iterations,
+                        r.compute_ns,
+                        r.mpi_ns,
+                    )
                 )
-            )
             if r.compute_ns is not None and r.mpi_ns is not None:
-                sim.duty_marks.setdefault(r.rank, []).append((iterations, r.compute_ns, r.mpi_ns))
+                keep_mark(sim.duty_marks.setdefault(r.rank, []),
+                          (iterations, r.compute_ns, r.mpi_ns), expected)  # fmt: skip
             if r.restarts > sim.restarts.get(r.rank, 0):
                 self.ctx.tally.restarts += r.restarts - sim.restarts.get(r.rank, 0)
                 self.ctx.event(sim.run_id, "restart", rank=r.rank, restarts=r.restarts)
@@ -235,9 +279,11 @@ class ControlLoop:
                     sim, r.rank, r.resize.state, r.resize.latency_s, r.resize.reason,
                     code=r.resize.code,
                 )  # fmt: skip
-        sim.times.append(t)
+        if sample:
+            sim.times.append(t)
         sim.cores = tuple(cores)
         sim.last = obs
+        sim.readings_ok = all(r.readings_ok for r in obs.ranks)
         if len(sim.pending_samples) >= 8 * len(sim.usages):
             self.ctx.flush(sim)
         if obs.phase.ended and sim.end_t is None:
@@ -326,7 +372,7 @@ class ControlLoop:
         result = run_result(ctx, sim, ending)
         assert sim.run_id is not None
         ctx.store.finish_run(result)
-        self.observer.learned.clear()
+        self.observer.forget(sim.job.submission)
         ctx.tally.results.append(result)
         ctx.sims.pop(sim.sim_id, None)
         ctx.jobs.finished(sim.job, result.status)
@@ -340,6 +386,9 @@ class ControlLoop:
 
     def _views(self) -> list[SimView]:
         views = []
+        busy = self.resizes.busy()
+        for gone in [i for i in self._rank_views if i not in self.sims]:
+            del self._rank_views[gone]
         for sim in self.sims.values():
             mem = self.ctx.state.sims.get(sim.sim_id)
             if sim.last is None:
@@ -347,7 +396,7 @@ class ControlLoop:
                 ranks: tuple[RankView, ...] = ()
             else:
                 stage = mem.stage if mem else "starting"
-                ranks = tuple(self._rank_view(sim, r.rank) for r in sim.last.ranks)
+                ranks = self._ranks_view(sim, busy)
             views.append(
                 SimView(
                     sim_id=sim.sim_id,
@@ -365,6 +414,17 @@ class ControlLoop:
                 )
             )
         return views
+
+    def _ranks_view(self, sim: Tracked, busy: set[str]) -> tuple[RankView, ...]:
+        """Its ranks' views: built again when it was observed again or a resize of it is
+        under way."""
+        assert sim.last is not None
+        cached = self._rank_views.get(sim.sim_id)
+        if cached is not None and cached[0] is sim.last and sim.sim_id not in busy:
+            return cached[1]
+        ranks = tuple(self._rank_view(sim, r.rank) for r in sim.last.ranks)
+        self._rank_views[sim.sim_id] = (sim.last, ranks)
+        return ranks
 
     def _rank_view(self, sim: Tracked, rank: int) -> RankView:
         assert sim.last is not None
@@ -387,6 +447,30 @@ class ControlLoop:
             resize_to_millis=flight.to_millis if flight is not None else None,
             resize_reason=r.resize.reason if r.resize and flight is not None else "",
         )
+
+
+class _Views(Sequence[SimView]):
+    """A tick's views, built when a display first looks at them (a display that shows
+    nothing costs nothing)."""
+
+    def __init__(self, build: Callable[[], list[SimView]]) -> None:
+        self._build = build
+        self._views: list[SimView] | None = None
+
+    def _all(self) -> list[SimView]:
+        if self._views is None:
+            self._views = self._build()
+        return self._views
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+    @overload
+    def __getitem__(self, index: int) -> SimView: ...
+    @overload
+    def __getitem__(self, index: slice) -> Sequence[SimView]: ...
+    def __getitem__(self, index: int | slice) -> SimView | Sequence[SimView]:
+        return self._all()[index]
 
 
 def run_jobs(

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from rankpack.core.actions import (
@@ -95,6 +96,14 @@ class SimSnapshot:
     ``auto`` (the wait rule's mode at launch; the controller switches it live)."""
     wait_mode: WaitMode | None = None
     """The mode its ranks were last set to (None: not known, taken as `AUTO_LAUNCH_MODE`)."""
+    observed_s: float | None = None
+    """``now_s`` of the step it was observed for (None: this step). A snapshot observed
+    before this step (the loop observes a steady simulation in turn, not every tick, on a
+    large cluster) is not decided on again: nothing it shows has changed."""
+
+    def fresh(self, now_s: float) -> bool:
+        """It was observed for the step at ``now_s``."""
+        return self.observed_s is None or self.observed_s >= now_s
 
     @property
     def progress(self) -> float:
@@ -102,15 +111,30 @@ class SimSnapshot:
             return 0.0
         return min(1.0, self.iterations / self.expected_iterations)
 
-    @property
+    @cached_property
     def requested_millis(self) -> int:
         return sum(r.request_millis for r in self.ranks)
 
-    @property
+    @cached_property
+    def nodes(self) -> frozenset[str | None]:
+        """The nodes its ranks are on (None: a rank not placed yet)."""
+        return frozenset(r.node for r in self.ranks)
+
+    @cached_property
+    def unplaced(self) -> int:
+        """How many of its ranks are on no node yet."""
+        return sum(1 for r in self.ranks if r.node is None) if None in self.nodes else 0
+
+    @cached_property
     def readings_ok(self) -> bool:
         """Every rank's node was read for this step: the decision step neither resizes nor
         switches the wait mode of a simulation with a stale rank (its node agent is away)."""
         return all(r.readings_ok for r in self.ranks)
+
+    @cached_property
+    def shim(self) -> bool:
+        """Every rank has published the shim's live record (duty cycles can be measured)."""
+        return all(r.compute_ns is not None and r.mpi_ns is not None for r in self.ranks)
 
 
 @dataclass(frozen=True)
@@ -137,6 +161,14 @@ class NodeCores:
     allocatable_millis: int
     other_ranks: int = 0
     """Rank pods on it that this loop does not run (other rankpack sessions)."""
+    others_millis: int = 0
+    """CPU requested on it by pods this loop does not run (the launch pipeline's room,
+    `rankpack.controller.room`)."""
+    ours_ranks: int | None = None
+    """Ranks of this loop's simulations on it, as observed (None: counted from the
+    simulations, one by one)."""
+    ours_millis: int | None = None
+    """What those ranks request, as observed (None: counted from the simulations)."""
 
 
 @dataclass(frozen=True)
@@ -208,6 +240,15 @@ class ControllerState:
     head_no_room: tuple[int, float] | None = None
     """(queue id, since ``now_s``): the head of the queue has not fitted since then; while
     it has waited less than ``backfill_wait_s``, smaller simulations behind it may start."""
+    launch_bucket: tuple[float, float] | None = None
+    """(launches the rate allows, at ``now_s``) of the launch rate's bucket; None: full."""
+    resize_queue: tuple[Resize, ...] = ()
+    """Resizes decided and not sent yet: the resize rate held them (decreases first,
+    oldest first, `rankpack.controller.pacing`)."""
+    resize_bucket: tuple[float, float] | None = None
+    """(resizes the cluster's rate allows, at ``now_s``); None: full."""
+    resize_node_buckets: Mapping[str, tuple[float, float]] = field(default_factory=dict)
+    """Per node whose bucket is not full: (resizes it allows, at ``now_s``)."""
 
 
 @dataclass(frozen=True)
@@ -233,7 +274,25 @@ class ControllerSettings:
     that does not fit is never scheduled): a launch is held until the floors fit, and the
     loop scales the initial requests down to what is free."""
     launch_cooldown_s: float = 2.0
-    """Wait this long after a launch before the next one."""
+    """A node takes at most one launch per this many seconds (with one node: wait this long
+    after a launch before the next one; a guard against a launch the observations do not
+    show yet)."""
+    launch_rate_per_s: float = 1.0
+    """Launches per second over the whole cluster (a bucket of ``launch_burst``): what the
+    launch pipeline may ask of the apiserver and the scheduler."""
+    launch_burst: int = 4
+    """The most launches at once (in one step, after a quiet while)."""
+    max_starting: int = 8
+    """The most simulations being staged or started at once (launches in flight: each
+    stages its case in parallel with the others)."""
+    resize_rate_per_s: float = 50.0
+    """Resizes per second over the cluster (a bucket of ``resize_burst``): each is a patch
+    to the apiserver (`rankpack.controller.pacing`)."""
+    resize_burst: int = 200
+    resize_rate_per_node_s: float = 10.0
+    """Resizes per second on one node (a bucket of ``resize_node_burst``): each is a change
+    its kubelet applies."""
+    resize_node_burst: int = 64
     backfill_wait_s: float = 600.0
     """Backfill: while the head of the queue does not fit (``no-room``), the first of the
     next ``backfill_scan`` simulations that would be launched is, ahead of it - until the

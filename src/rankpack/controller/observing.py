@@ -6,15 +6,22 @@ the queue with each job's learned sizes (`rankpack.controller.learned`, or those
 running copy the policy has sized), and the capacity left to this loop (the backend's
 nodes, what others request there, the namespace's quota). The real loop and the dry run
 (`rankpack.controller.loop.preview`) both use it, so both decide alike.
+
+Its cost grows with what changed: a simulation's snapshot and its ranks' placement are
+built again only when it was observed again (or its wait mode switched), learned sizes are
+kept per submission until a run of the same case ends, and the running copies a queued job
+could learn from are looked up by submission, not searched for.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import replace
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import NamedTuple, Protocol
 
-from rankpack.backend.protocol import Quota, RankBounds, SimPhase
+from rankpack.backend.protocol import Inventory, Quota, RankBounds, SimObservation, SimPhase
 from rankpack.controller.jobs import Job
 from rankpack.controller.learned import LearnedSizes, learnable, learned_sizes
 from rankpack.controller.observations import (
@@ -45,31 +52,82 @@ class AskedMillis(Protocol):
         ...
 
 
+@dataclass(frozen=True)
+class _Placed:
+    """A launched simulation's ranks as last observed: per node, and in total."""
+
+    last: SimObservation | None
+    ranks: Mapping[str | None, int]
+    millis: Mapping[str | None, int]
+    total_millis: int
+    limits_millis: int
+
+
 class Observer:
-    """Builds the policy's observations; keeps the learned sizes until a run ends."""
+    """Builds the policy's observations; keeps the learned sizes until a run of the same
+    case ends."""
 
     def __init__(self, ctx: LoopContext, asked: AskedMillis | None = None) -> None:
         self.ctx = ctx
         self.asked = asked
         self.learned: dict[str, LearnedSizes | None] = {}
-        """Learned sizes per submission (JSON key), until a run ends (new knowledge)."""
+        """Learned sizes per submission (JSON key), until a run of its case ends."""
+        self._keys: dict[Submission, str] = {}
+        self._snapshots: dict[str, tuple[tuple[object, ...], SimSnapshot]] = {}
+        self._placed: dict[str, _Placed] = {}
+        self._nodes_cache: (
+            tuple[Inventory, list[tuple[str, SimObservation | None]], tuple[NodeCores, ...], int]
+            | None
+        ) = None
+        self._limited: dict[str, tuple[Plan, bool]] = {}
+        self._copies: dict[str, list[Tracked]] | None = None
+        """The held simulations by submission key, as of the last observations."""
+
+    def key(self, sub: Submission) -> str:
+        """The submission's JSON key (what learned sizes and running copies are kept by)."""
+        key = self._keys.get(sub)
+        if key is None:
+            key = self._keys[sub] = json.dumps(sub.to_json(), sort_keys=True)
+        return key
+
+    def forget(self, sub: Submission) -> None:
+        """A run of ``sub``'s case ended: what is learned of that case may have changed."""
+        case = Path(sub.case).name
+        for key in [k for k in self.learned if Path(json.loads(k)["case"]).name == case]:
+            del self.learned[key]
+
+    def placed(self, sim: Tracked) -> _Placed:
+        """``sim``'s ranks per node and its requests, as last observed (cached)."""
+        cached = self._placed.get(sim.sim_id)
+        if cached is not None and cached.last is sim.last:
+            return cached
+        ranks: dict[str | None, int] = {}
+        millis: dict[str | None, int] = {}
+        limits = 0
+        if sim.last is not None:
+            for r in sim.last.ranks:
+                ranks[r.node] = ranks.get(r.node, 0) + 1
+                millis[r.node] = millis.get(r.node, 0) + r.request_millis
+                limits += r.limit_millis or 0
+            total = sum(millis.values())
+        else:
+            total = sim.plan.total_millis
+            limits = sum(r.limit_millis or 0 for r in sim.plan.ranks)
+        placed = _Placed(sim.last, ranks, millis, total, limits)
+        self._placed[sim.sim_id] = placed
+        return placed
 
     def ours_millis(self, but: Tracked | None = None) -> int:
         """What the launched simulations (but one) request."""
         return sum(
-            sum(r.request_millis for r in s.last.ranks) if s.last else s.plan.total_millis
+            self.placed(s).total_millis
             for s in self.ctx.sims.values()
             if s.launched and s is not but
         )
 
     def ours_limits_millis(self) -> int:
         """The CPU limits of the launched simulations' ranks (those that have one)."""
-        return sum(
-            r.limit_millis or 0
-            for s in self.ctx.sims.values()
-            if s.launched
-            for r in (s.last.ranks if s.last else s.plan.ranks)
-        )
+        return sum(self.placed(s).limits_millis for s in self.ctx.sims.values() if s.launched)
 
     def capacity(self, limited: bool = False) -> Capacity:
         """The capacity left to this loop, what others request, the nodes as the wait rule
@@ -79,16 +137,9 @@ class Observer:
         ctx = self.ctx
         inventory = ctx.backend.inventory()
         ours = self.ours_millis()
-        others = max(0, sum(n.requested_millis for n in inventory.nodes) - ours)
+        nodes, requested = self._nodes(inventory)
+        others = max(0, requested - ours)
         base = ctx.settings.capacity_millis or inventory.allocatable_millis
-        placed: dict[str | None, int] = {}
-        for s in ctx.sims.values():
-            for r in s.last.ranks if s.launched and s.last else ():
-                placed[r.node] = placed.get(r.node, 0) + 1
-        nodes = tuple(
-            NodeCores(n.name, n.allocatable_millis, max(0, n.rank_pods - placed.get(n.name, 0)))
-            for n in inventory.nodes
-        )
         if len(nodes) == 1 and ctx.settings.capacity_millis:
             # one node, capped for this loop (--allocatable): the cap is its cores
             nodes = (replace(nodes[0], allocatable_millis=min(base, nodes[0].allocatable_millis)),)
@@ -101,9 +152,7 @@ class Observer:
         quotas: list[tuple[Quota, int]] = []
         if inventory.quota is not None:
             quotas.append((inventory.quota, ours))
-        limited = limited or any(
-            r.limit_millis is not None for s in ctx.sims.values() for r in s.plan.ranks
-        )
+        limited = limited or any(self._limits(s) for s in ctx.sims.values())
         if inventory.limits_quota is not None and limited:
             quotas.append((inventory.limits_quota, self.ours_limits_millis()))
         for quota, mine in quotas:
@@ -118,8 +167,57 @@ class Observer:
                 )
         return Capacity(capacity, others, nodes, bound, inventory.rank_bounds)
 
+    def _nodes(self, inventory: Inventory) -> tuple[tuple[NodeCores, ...], int]:
+        """The nodes as the policy sees them (what others and this loop request and run on
+        each) and all that is requested on them: built again only when the inventory or
+        a launched simulation's observation is new."""
+        launched = [(s.sim_id, s.last) for s in self.ctx.sims.values() if s.launched]
+        cached = self._nodes_cache
+        if (
+            cached is not None
+            and cached[0] is inventory
+            and len(cached[1]) == len(launched)
+            and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(cached[1], launched, strict=True))
+        ):
+            return cached[2], cached[3]
+        placed: dict[str | None, int] = {}
+        placed_millis: dict[str | None, int] = {}
+        for s in self.ctx.sims.values():
+            if s.launched and s.last:
+                here = self.placed(s)
+                for node, n in here.ranks.items():
+                    placed[node] = placed.get(node, 0) + n
+                for node, m in here.millis.items():
+                    placed_millis[node] = placed_millis.get(node, 0) + m
+        nodes = tuple(
+            NodeCores(
+                n.name, n.allocatable_millis, max(0, n.rank_pods - placed.get(n.name, 0)),
+                max(0, n.requested_millis - placed_millis.get(n.name, 0)),
+                placed.get(n.name, 0), placed_millis.get(n.name, 0),
+            )
+            for n in inventory.nodes
+        )  # fmt: skip
+        requested = sum(n.requested_millis for n in inventory.nodes)
+        self._nodes_cache = (inventory, launched, nodes, requested)
+        return nodes, requested
+
+    def _limits(self, sim: Tracked) -> bool:
+        """Some rank of its plan has a CPU limit (``--qos limits``)."""
+        cached = self._limited.get(sim.sim_id)
+        if cached is None or cached[0] is not sim.plan:
+            cached = (sim.plan, any(r.limit_millis is not None for r in sim.plan.ranks))
+            self._limited[sim.sim_id] = cached
+        return cached[1]
+
     def observations(self, pending: list[Job]) -> Observations:
-        sims = [_snapshot(sim) for sim in self.ctx.sims.values()]
+        now = self.ctx.now()
+        live = self.ctx.sims
+        for gone in [i for i in self._snapshots if i not in live]:
+            del self._snapshots[gone]
+            self._placed.pop(gone, None)
+            self._limited.pop(gone, None)
+        sims = [self._snapshot(sim, now) for sim in live.values()]
+        self._copies = self._by_key()
         queued = []
         for j in pending:
             found = self.learned_sizes(j.submission)
@@ -133,7 +231,7 @@ class Observer:
         cap = self.capacity(limited=any(j.submission.qos == "limits" for j in pending[:1]))
         bounds = cap.bounds
         return Observations(
-            now_s=self.ctx.now(),
+            now_s=now,
             capacity_millis=cap.capacity_millis,
             sims=tuple(sims),
             queue=tuple(queued),
@@ -147,8 +245,19 @@ class Observer:
 
     # -- learned sizes -------------------------------------------------------------------
 
+    def _snapshot(self, sim: Tracked, now: float) -> SimSnapshot:
+        """``sim``'s snapshot: the one built when it was last observed, unless it was
+        observed again (or its wait mode or placement changed) since."""
+        key = (sim.last, sim.wait_mode, sim.started_s, sim.staged)
+        cached = self._snapshots.get(sim.sim_id)
+        if cached is not None and sim.last is not None and _same(cached[0], key):
+            return cached[1]
+        snap = replace(_snapshot(sim), observed_s=now)
+        self._snapshots[sim.sim_id] = (key, snap)
+        return snap
+
     def learned_sizes(self, sub: Submission) -> LearnedSizes | None:
-        key = json.dumps(sub.to_json(), sort_keys=True)
+        key = self.key(sub)
         if key not in self.learned:
             c = self.ctx.settings.controller
             self.learned[key] = learned_sizes(
@@ -162,16 +271,17 @@ class Observer:
         sized: copies queued together fit at once, before any of them has completed."""
         if not learnable(sub):
             return None
-        for sim in self.ctx.sims.values():
+        copies = self._copies if self._copies is not None else self._by_key()
+        for sim in copies.get(key, ()):
             mem = self.ctx.state.sims.get(sim.sim_id)
             if (
-                sim.last is None
+                sim.sim_id not in self.ctx.sims
+                or sim.last is None
                 or sim.run_id is None
                 or mem is None
                 or mem.stage != "sized"
                 or len(mem.duty) != sub.n_ranks
                 or len(sim.last.ranks) != sub.n_ranks
-                or json.dumps(sim.job.submission.to_json(), sort_keys=True) != key
             ):
                 continue
             millis = []
@@ -180,6 +290,13 @@ class Observer:
                 millis.append(r.desired.request_millis if asked is None else asked)
             return LearnedSizes(sim.run_id, tuple(millis), "running", tuple(mem.duty))
         return None
+
+    def _by_key(self) -> dict[str, list[Tracked]]:
+        """The simulations this loop holds, by their submission's key, in order."""
+        out: dict[str, list[Tracked]] = {}
+        for sim in self.ctx.sims.values():
+            out.setdefault(self.key(sim.job.submission), []).append(sim)
+        return out
 
     def plan(self, sub: Submission) -> tuple[Plan, LearnedSizes | None]:
         """The submission's plan, its requests replaced by learned ones when there are any
@@ -192,6 +309,11 @@ class Observer:
             replace(r, cpu_millis=m) for r, m in zip(plan.ranks, found.request_millis, strict=True)
         )
         return replace(plan, ranks=ranks), found
+
+
+def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
+    """The same observation (by identity: a new one is news) and the same other values."""
+    return a[0] is b[0] and a[1:] == b[1:]
 
 
 def _snapshot(sim: Tracked) -> SimSnapshot:

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from rankpack.backend.protocol import SimPhase, StagedCase
 from rankpack.controller.tracked import LoopContext, Tracked
 from rankpack.controller.views import SimOutcome
-from rankpack.core.accounting import trapezoid_cpu_s
+from rankpack.core.accounting import trapezoid_cpu_s_ranks
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.core.results import CONVERGED, RankResult, RunResult
 from rankpack.store import NewRun, RankRow
@@ -91,7 +91,9 @@ def run_result(ctx: LoopContext, sim: Tracked, ending: Ending) -> RunResult:
     wall_s = (sim.end_t if sim.end_t is not None else ctx.backend.clock()) - sim.t0
     status, message, failure = _status(sim, ending)
     ranks = []
-    for r in plan.ranks:
+    series = [sim.usages[r.rank] if r.rank < len(sim.usages) else [] for r in plan.ranks]
+    cpu_s = trapezoid_cpu_s_ranks(sim.times, series) if sim.usages else [0.0] * len(series)
+    for r, integrated in zip(plan.ranks, cpu_s, strict=True):
         o = last.ranks[r.rank] if last and r.rank < len(last.ranks) else None
         ranks.append(
             RankResult(
@@ -99,7 +101,7 @@ def run_result(ctx: LoopContext, sim: Tracked, ending: Ending) -> RunResult:
                 weight=r.weight,
                 cpu_millis=o.request_millis if o else r.cpu_millis,
                 limit_millis=o.limit_millis if o else r.limit_millis,
-                cpu_s=trapezoid_cpu_s(sim.times, sim.usages[r.rank]) if sim.usages else 0.0,
+                cpu_s=integrated,
                 cpu_s_counter=(o.usage_ns / 1e9) if o else 0.0,
                 nr_throttled=o.nr_throttled if o else 0,
                 throttled_s=(o.throttled_ns / 1e9) if o else 0.0,
@@ -152,6 +154,26 @@ def outcome(result: RunResult, sim: Tracked, finished_s: float) -> SimOutcome:
         finished_s=finished_s,
         run_dir=result.run_dir,
     )
+
+
+def keep_mark(
+    marks: list[tuple[int, int, int]],
+    mark: tuple[int, int, int],
+    expected: int,
+    skip: float = 0.1,
+) -> None:
+    """Add an observation's (iterations, compute ns, MPI ns) to a rank's ``marks``, keeping
+    only what `steady_duty` reads: the first mark, the first past ``skip`` of the run, and
+    the last (a run of thousands of observations keeps three)."""
+    if len(marks) < 2:
+        marks.append(mark)
+        return
+    threshold = skip * expected
+    anchored = [m for m in marks[:-1] if m[0] >= threshold]
+    if not anchored and marks[-1][0] >= threshold:
+        marks.append(mark)  # the last one is the first past skip: keep it
+        return
+    marks[-1] = mark
 
 
 def steady_duty(

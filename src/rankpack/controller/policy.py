@@ -67,6 +67,12 @@ stage does not advance (a profiling window grows; the counters are cumulative, s
 once it is read again measures the whole window), fairness leaves it out, and the launch
 gate does not pack while it is stale (a pack resizes every running simulation).
 
+Not observed again. A snapshot observed for an earlier step (``observed_s`` before
+``now_s``: on a large cluster the loop observes a steady simulation in turn, not every
+tick) is not decided on again: its memory is kept as it is (no rate mark, no stage step, no
+wait switch); it still counts for fairness (its rate from its marks), the gate and the
+capacity. So a step's cost grows with the simulations observed for it.
+
 A resize the backend could not apply (``failed``: not refused, e.g. the apiserver did not
 answer) is asked for again after `retry_delay_s` (the loop keeps the count).
 """
@@ -74,9 +80,10 @@ answer) is asked for again after `retry_delay_s` (the loop keeps the count).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import replace
 
-from rankpack.controller import waits
+from rankpack.controller import pacing, waits
 from rankpack.controller.gate import launch
 from rankpack.controller.observations import (
     AUTO_LAUNCH_MODE,
@@ -86,11 +93,13 @@ from rankpack.controller.observations import (
     Launch,
     Note,
     Observations,
+    Resize,
     SetWaitMode,
     SimMemory,
     SimSnapshot,
     SimStage,
 )
+from rankpack.controller.pacing import Pacer
 from rankpack.controller.step import ResizeKind, Step, has_shim
 from rankpack.plan.allocation import proportional_millis
 
@@ -110,6 +119,11 @@ _EPS = 1e-6
 def decide(obs: Observations, state: ControllerState, settings: ControllerSettings) -> Decision:
     """One controller step: the actions to apply now and the memory for the next step."""
     step = Step(obs=obs, settings=within_bounds(settings, obs))
+    pacer = Pacer.of(state, obs.now_s, settings)
+    step.resize_room = lambda per_node: pacer.allows(
+        _plus(per_node, pacing.per_node(_resizes(step), step))
+    )
+    step.queued(state.resize_queue)
     memory = {
         sim.sim_id: _with_mark(sim, state.sims.get(sim.sim_id), obs.now_s, settings)
         for sim in obs.sims
@@ -117,8 +131,8 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
 
     for sim in obs.sims:
         mem = memory[sim.sim_id]
-        if not sim.readings_ok:
-            continue  # stale counters: its stage waits (a profiling window just grows)
+        if not sim.readings_ok or not sim.fresh(obs.now_s):
+            continue  # stale counters, or not observed again: its stage waits
         if mem.stage == "scheduled":
             memory[sim.sim_id] = _follow_phases(sim, mem, step)
         elif mem.stage == "warmup":
@@ -131,18 +145,32 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
     if step.resized:
         memory = _restart_marks(obs, memory)
 
-    last_launch_s, launch_held, head_no_room = launch(step, memory, state)
-    launched = [a.queue_id for a in step.actions if isinstance(a, Launch)]
-    head_ranks = next((q.n_ranks for q in obs.queue if q.queue_id in launched), 0)
-    _wait_modes(step, memory, head_ranks)
+    gated = launch(step, memory, state)
+    launched = {a.queue_id for a in step.actions if isinstance(a, Launch)}
+    launching = sum(q.n_ranks for q in obs.queue if q.queue_id in launched)
+    _wait_modes(step, memory, launching)
+    waiting = pacing.pace(step, state, pacer)
+    resize_bucket, node_buckets = pacer.buckets()
     new_state = ControllerState(
         sims=memory,
-        last_launch_s=last_launch_s,
-        launch_held=launch_held,
+        last_launch_s=gated.last_launch_s,
+        launch_held=gated.launch_held,
         fairness_engaged=fairness_engaged,
-        head_no_room=head_no_room,
+        head_no_room=gated.head_no_room,
+        launch_bucket=gated.launch_bucket,
+        resize_queue=waiting,
+        resize_bucket=resize_bucket,
+        resize_node_buckets=node_buckets,
     )
     return Decision(state=new_state, actions=tuple(step.actions))
+
+
+def _resizes(step: Step) -> list[Resize]:
+    return [a for a in step.actions if isinstance(a, Resize)]
+
+
+def _plus(a: Mapping[str | None, int], b: Mapping[str | None, int]) -> dict[str | None, int]:
+    return {k: a.get(k, 0) + b.get(k, 0) for k in a.keys() | b.keys()}
 
 
 def within_bounds(settings: ControllerSettings, obs: Observations) -> ControllerSettings:
@@ -160,6 +188,8 @@ def within_bounds(settings: ControllerSettings, obs: Observations) -> Controller
 def _with_mark(
     sim: SimSnapshot, mem: SimMemory | None, now_s: float, settings: ControllerSettings
 ) -> SimMemory:
+    if mem is not None and not sim.fresh(now_s):
+        return mem  # not observed again since its last mark: nothing new to remember
     if mem is None:
         stage: SimStage = "warmup"
         duty: tuple[float, ...] = ()
@@ -191,9 +221,14 @@ def _prune(
 def _restart_marks(obs: Observations, memory: dict[str, SimMemory]) -> dict[str, SimMemory]:
     by_id = {s.sim_id: s for s in obs.sims}
     return {
-        sid: replace(mem, rate_marks=((obs.now_s, by_id[sid].iterations),))
+        sid: replace(mem, rate_marks=((_seen_s(by_id[sid], obs.now_s), by_id[sid].iterations),))
         for sid, mem in memory.items()
     }
+
+
+def _seen_s(sim: SimSnapshot, now_s: float) -> float:
+    """When what ``sim`` shows was observed."""
+    return now_s if sim.observed_s is None else min(now_s, sim.observed_s)
 
 
 def _rate(sim: SimSnapshot, mem: SimMemory, settings: ControllerSettings) -> float | None:
@@ -467,23 +502,26 @@ def _wait_modes(step: Step, memory: dict[str, SimMemory], launching: int) -> Non
     (`rankpack.controller.waits`): polite where ranks outnumber a node's cores.
     ``launching``: ranks of a simulation this step launches (not placed yet)."""
     obs = step.obs
-    # the loads of every node, once per step (not once per simulation)
-    loads, nodes = waits.node_loads(obs, launching), waits.nodes_of(obs)
-    crowd = waits.others_crowd(obs, sum(step.total(sim.sim_id) for sim in obs.sims))
+    loads: dict[str, waits.NodeLoad] | None = None
+    nodes = waits.nodes_of(obs)
+    crowd = waits.others_crowd(obs, step.requested_millis)
     for sim in obs.sims:
         if (
             sim.wait != "auto"
             or sim.starting
             or not sim.ranks
+            or not sim.fresh(obs.now_s)
             or not has_shim(sim)
             or not sim.readings_ok
         ):
             continue
         mem = memory[sim.sim_id]
         current = sim.wait_mode or mem.wait_mode or AUTO_LAUNCH_MODE
-        choice = waits.choose(sim.wait, [r.node for r in sim.ranks], loads, nodes, crowd)
-        if choice.mode == current:
+        if loads is None:  # the loads of every node, once per step (if any is asked for)
+            loads = waits.node_loads(obs, launching)
+        if waits.mode(sim.wait, sim.nodes, loads, nodes, crowd) == current:
             continue
+        choice = waits.choose(sim.wait, [r.node for r in sim.ranks], loads, nodes, crowd)
         step.actions.append(
             SetWaitMode(
                 sim_id=sim.sim_id,

@@ -9,8 +9,12 @@ far. `Resizes` owns them and is the only part of the loop that calls `Backend.re
   CPU between ranks (one shrinks, another grows, the total fits) can see the increase
   refused (kubelet: Deferred, "OutOfcpu") while the decrease is still in flight, and a
   deferred resize is only tried again much later (~13 s measured on the dev cluster). So
-  every decrease is sent first and an increase is held while any decrease is in flight;
-  held increases go out as soon as none is (`release_held`, every tick).
+  every decrease is sent first and an increase is held while a decrease is in flight on
+  its node (any node, for a rank whose node is not known); held increases go out as soon
+  as none is (`release_held`, every tick). On a cluster, a decrease on one node never
+  holds an increase on another.
+* Cost. What is held, due again or in flight is indexed, so a tick looks at those only,
+  not at every rank the loop ever resized.
 * Follow. A resize is settled once the backend reports a final state, or the run ends.
   Deferred (the node cannot grant it now; the kubelet keeps it and tries again) is not
   final: it is recorded once as ``resize-deferred`` and followed on; it counts only if it
@@ -71,6 +75,8 @@ class RankResize:
     retry_due_s: float = 0.0
     attempts: int = 0
     """Retries so far of the resize in flight (0: the first request)."""
+    seq: int = 0
+    """When the loop first held anything of the rank (the order retries are asked in)."""
 
 
 class Resizes:
@@ -80,9 +86,24 @@ class Resizes:
         self.ctx = ctx
         self.ranks: dict[tuple[str, int], RankResize] = {}
         self._held_seq = 0
+        self._gone = 0
+        self._held: dict[tuple[str, int], RankResize] = {}
+        self._retrying: set[tuple[str, int]] = set()
+        self._flying: dict[tuple[str, int], str | None] = {}
+        """Resizes in flight, and the node of their rank (None: not known)."""
+        self._shrinking: dict[tuple[str, int], str | None] = {}
+        """The decreases among them."""
+
+    def busy(self) -> set[str]:
+        """The simulations with a resize in flight, held or due again (observed every
+        tick: their resizes are followed)."""
+        return {key[0] for keys in (self._held, self._retrying, self._flying) for key in keys}
 
     def _of(self, sim_id: str, rank: int) -> RankResize:
-        return self.ranks.setdefault((sim_id, rank), RankResize())
+        entry = self.ranks.get((sim_id, rank))
+        if entry is None:
+            entry = self.ranks[(sim_id, rank)] = RankResize(seq=len(self.ranks) + self._gone)
+        return entry
 
     def inflight(self, sim_id: str, rank: int) -> InFlight | None:
         entry = self.ranks.get((sim_id, rank))
@@ -100,8 +121,11 @@ class Resizes:
         or due again for its rank, and starts its retries afresh."""
         grows = []
         for action in actions:
-            entry = self._of(action.sim_id, action.rank)
+            key = (action.sim_id, action.rank)
+            entry = self._of(*key)
             entry.held, entry.held_noted, entry.retry, entry.attempts = None, False, None, 0
+            self._held.pop(key, None)
+            self._retrying.discard(key)
             if self._change(action) < 0:
                 self._send(action)
             else:
@@ -110,52 +134,75 @@ class Resizes:
 
     def hold(self, grows: Sequence[Resize]) -> None:
         for action in grows:
-            entry = self._of(action.sim_id, action.rank)
-            entry.held, self._held_seq = action, self._held_seq + 1
-            entry.held_order = self._held_seq
+            self._hold(action)
         self.release_held()
 
+    def _hold(self, action: Resize) -> None:
+        key = (action.sim_id, action.rank)
+        entry = self._of(*key)
+        entry.held, self._held_seq = action, self._held_seq + 1
+        entry.held_order = self._held_seq
+        self._held[key] = entry
+
     def release_held(self) -> None:
-        """Send the held increases once no decrease is in flight (else say why, once)."""
-        held = sorted(
-            ((key, e) for key, e in self.ranks.items() if e.held is not None),
-            key=lambda item: item[1].held_order,
-        )
-        if not held:
+        """Send the held increases whose node has no decrease in flight (else say why,
+        once)."""
+        if not self._held:
             return
-        shrinking = sum(1 for e in self.ranks.values() if e.inflight and e.inflight.decrease)
-        if shrinking:
-            for (sim_id, _), entry in held:
-                if entry.held_noted or entry.held is None:
-                    continue
-                sim = self.ctx.sims.get(sim_id)
-                why = f"{shrinking} decrease(s) in flight settle first"
-                self.ctx.event(sim.run_id if sim else None, "resize-held", rank=entry.held.rank,
-                               request_millis=entry.held.request_millis, reason=why)  # fmt: skip
-                entry.held_noted = True
-            return
-        for _, entry in held:
+        held = sorted(self._held.items(), key=lambda item: item[1].held_order)
+        on_node: dict[str | None, int] = {}
+        for node in self._shrinking.values():
+            on_node[node] = on_node.get(node, 0) + 1
+        for key, entry in held:
+            if entry.held is None:
+                self._held.pop(key, None)
+                continue
+            node = self._node(key)
+            shrinking = sum(on_node.values()) if node is None else (
+                on_node.get(node, 0) + on_node.get(None, 0))  # fmt: skip
+            if shrinking:
+                if not entry.held_noted:
+                    sim = self.ctx.sims.get(key[0])
+                    why = f"{shrinking} decrease(s) in flight settle first"
+                    self.ctx.event(sim.run_id if sim else None, "resize-held",
+                                   rank=entry.held.rank,
+                                   request_millis=entry.held.request_millis,
+                                   reason=why)  # fmt: skip
+                    entry.held_noted = True
+                continue
             action, entry.held, entry.held_noted = entry.held, None, False
-            if action is not None and action.sim_id in self.ctx.sims:
+            self._held.pop(key, None)
+            if action.sim_id in self.ctx.sims:
                 self._send(action)
+
+    def _node(self, key: tuple[str, int]) -> str | None:
+        """The node of a rank, as last observed (None: not known)."""
+        sim = self.ctx.sims.get(key[0])
+        if sim is None or sim.last is None or key[1] >= len(sim.last.ranks):
+            return None
+        return sim.last.ranks[key[1]].node
 
     def retry_due(self) -> None:
         """Ask again for the failed resizes whose back-off is over (an increase is held
         while decreases are in flight)."""
         now = self.ctx.now()
-        for entry in list(self.ranks.values()):
+        for key in sorted(self._retrying, key=lambda k: self.ranks[k].seq):
+            entry = self.ranks[key]
             action = entry.retry
-            if action is None or entry.retry_due_s > now:
+            if action is None:
+                self._retrying.discard(key)
+                continue
+            if entry.retry_due_s > now:
                 continue
             entry.retry = None
+            self._retrying.discard(key)
             if action.sim_id not in self.ctx.sims:
                 entry.attempts = 0
                 continue
             if self._change(action) < 0:
                 self._send(action)
             else:
-                entry.held, self._held_seq = action, self._held_seq + 1
-                entry.held_order = self._held_seq
+                self._hold(action)
 
     def _change(self, action: Resize) -> int:
         """The resize's change of request (millicores); 0 when the simulation is gone."""
@@ -180,8 +227,8 @@ class Resizes:
         except BackendError as exc:
             state, latency, why = ResizeState.REJECTED, None, str(exc)
         entry = self._of(sim.sim_id, rank)
-        entry.inflight = InFlight(t_s, old.request_millis, action.request_millis, action.kind,
-                                  action.reason)  # fmt: skip
+        self._fly(sim.sim_id, rank, InFlight(t_s, old.request_millis, action.request_millis,
+                                             action.kind, action.reason))  # fmt: skip
         entry.asked_millis = action.request_millis
         self.follow(sim, rank, state, latency, why, code=code)
         if entry.inflight is not None:
@@ -221,7 +268,7 @@ class Resizes:
         if ended and flight.deferred is not None:
             state = ResizeState.DEFERRED
             why = f"still deferred when the run ended ({flight.deferred})"
-        entry.inflight = None
+        self._fly(sim.sim_id, rank, None)
         outcome = str(state) if state is not ResizeState.COMPLETED else "completed"
         record = ResizeRecord(
             rank=rank, t_s=round(flight.t_s, 3), from_millis=flight.from_millis,
@@ -262,6 +309,7 @@ class Resizes:
             return
         entry.attempts = attempt + 1
         entry.retry, entry.retry_due_s = action, self.ctx.now() + delay
+        self._retrying.add((sim.sim_id, action.rank))
         self.ctx.event(sim.run_id, "resize-retry", rank=action.rank,
                        request_millis=action.request_millis, attempt=attempt + 1,
                        delay_s=delay, reason=f"asked again in {delay:g} s: {why}")  # fmt: skip
@@ -269,9 +317,23 @@ class Resizes:
     def ended(self, sim: Tracked) -> None:
         """The run ended: settle what is in flight (as failed, or still deferred) and
         forget its ranks' resizes."""
-        for (sim_id, rank), entry in list(self.ranks.items()):
-            if sim_id == sim.sim_id and entry.inflight is not None:
-                self.follow(sim, rank, ResizeState.FAILED, None, "the run ended first",
-                            ended=True)  # fmt: skip
+        for _, rank in [k for k in self._flying if k[0] == sim.sim_id]:
+            self.follow(sim, rank, ResizeState.FAILED, None, "the run ended first",
+                        ended=True)  # fmt: skip
         for key in [k for k in self.ranks if k[0] == sim.sim_id]:
             del self.ranks[key]
+            self._gone += 1
+            self._held.pop(key, None)
+            self._retrying.discard(key)
+
+    def _fly(self, sim_id: str, rank: int, flight: InFlight | None) -> None:
+        """Set (or clear) what is in flight for a rank, and the indices."""
+        key = (sim_id, rank)
+        self._of(*key).inflight = flight
+        self._flying.pop(key, None)
+        self._shrinking.pop(key, None)
+        if flight is not None:
+            node = self._node(key)
+            self._flying[key] = node
+            if flight.decrease:
+                self._shrinking[key] = node

@@ -66,6 +66,16 @@ class LoopSettings:
     """While simulations run, stage the head of the queue ahead of its launch (copy, mesh,
     decompose), so that when it is launched - at once, or after the running ones end - it
     starts without a staging gap. Its copy is removed if it is never launched."""
+    observe_ranks_per_tick: int = 1000
+    """A tick observes every simulation with something under way, and the steady others in
+    turn within this many ranks (all of them while they hold fewer), each at least every
+    ``observe_max_age_s`` (`rankpack.controller.schedule`)."""
+    observe_max_age_s: float = 10.0
+    """The longest a steady simulation goes unobserved, seconds."""
+    samples_per_s: int = 1000
+    """Rank samples (`SampleRow`) the store receives per second at most: every observation
+    while the loop holds fewer ranks; above, each simulation's samples are that much
+    further apart (live ranks / this, seconds), its first and last always kept."""
 
 
 @dataclass
@@ -104,6 +114,10 @@ class Tracked:
     """Each mode its ranks got, when, and why (per rank): its result's ``wait_modes``."""
     learned_duty: tuple[float, ...] = ()
     """Duty cycles of the earlier run its sizes were learned from (see `learned`)."""
+    readings_ok: bool = True
+    """Every rank's node was read at its last observation."""
+    sampled_t: float | None = None
+    """When its last samples were taken (seconds since its launch)."""
     shared_s: float | None = 0.0
     """Seconds it ran beside another launched simulation of this loop, to the tick (None:
     unknown, adopted from an earlier controller); recorded with its result."""

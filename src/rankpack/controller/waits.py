@@ -31,7 +31,7 @@ spin`` on a crowded node still yields, as one local ``mpirun`` made it do by its
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass
 from typing import get_args
 
@@ -88,11 +88,12 @@ def nodes_of(obs: Observations) -> tuple[NodeCores, ...]:
     return (NodeCores(CLUSTER, obs.capacity_millis + obs.others_millis),)
 
 
-def node_of(node: str | None, nodes: Sequence[NodeCores]) -> str:
-    """Where a rank counts: its node; with one node, that node; unplaced: the cluster."""
+def node_of(node: str | None, nodes: Sequence[NodeCores], known: Collection[str] = ()) -> str:
+    """Where a rank counts: its node; with one node, that node; unplaced: the cluster.
+    ``known``: the nodes' names, when the caller has them (a set: looked up, not searched)."""
     if len(nodes) == 1:
         return nodes[0].name
-    if node is None or all(n.name != node for n in nodes):
+    if node is None or node not in (known or {n.name for n in nodes}):
         return CLUSTER
     return node
 
@@ -104,10 +105,22 @@ def node_loads(obs: Observations, launching: int = 0) -> dict[str, NodeLoad]:
     counts = {n.name: n.other_ranks for n in nodes}
     unplaced = node_of(None, nodes)
     counts[unplaced] = counts.get(unplaced, 0) + launching
-    for sim in obs.sims:
-        for rank in sim.ranks:
-            key = node_of(rank.node, nodes)
-            counts[key] = counts.get(key, 0) + 1
+    if len(nodes) == 1:
+        counts[unplaced] += sum(len(sim.ranks) for sim in obs.sims)
+    elif all(n.ours_ranks is not None for n in nodes):
+        # as the observations counted them on each node; the others are on no known node
+        placed = 0
+        for n in nodes:
+            counts[n.name] += n.ours_ranks or 0
+            placed += n.ours_ranks or 0
+        ours = sum(len(sim.ranks) for sim in obs.sims)
+        counts[CLUSTER] = counts.get(CLUSTER, 0) + max(0, ours - placed)
+    else:
+        known = set(counts)
+        for sim in obs.sims:
+            for rank in sim.ranks:
+                key = rank.node if rank.node in known and rank.node else CLUSTER
+                counts[key] = counts.get(key, 0) + 1
     loads = {n.name: NodeLoad(n.name, counts[n.name], n.allocatable_millis) for n in nodes}
     if CLUSTER not in loads:
         # unplaced ranks compete for the cluster: all ranks against all cores
@@ -115,6 +128,23 @@ def node_loads(obs: Observations, launching: int = 0) -> dict[str, NodeLoad]:
             CLUSTER, sum(counts.values()), sum(n.allocatable_millis for n in nodes)
         )
     return loads
+
+
+def mode(
+    setting: WaitSetting,
+    rank_nodes: Collection[str | None],
+    loads: Mapping[str, NodeLoad],
+    nodes: Sequence[NodeCores],
+    crowded_by_others: str = "",
+) -> WaitMode:
+    """`choose`'s mode alone, without a reason per rank (what the policy compares with the
+    mode a simulation has: the reasons are built only for a switch)."""
+    if setting != "auto":
+        return setting
+    for n in set(rank_nodes):
+        if loads[node_of(n, nodes, loads)].oversubscribed:
+            return "polite"
+    return "polite" if crowded_by_others else "spin"
 
 
 def choose(
@@ -128,7 +158,7 @@ def choose(
 
     ``crowded_by_others``: non-empty (the reason) when pods that are not rankpack's take
     CPU the simulation's requests need; it then waits politely wherever its ranks are."""
-    where = [node_of(n, nodes) for n in rank_nodes]
+    where = [node_of(n, nodes, loads) for n in rank_nodes]
     placed = [loads[w] for w in where]
     crowded = [load for load in dict.fromkeys(placed) if load.oversubscribed]
     mode: WaitMode

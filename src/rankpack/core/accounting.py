@@ -8,6 +8,8 @@ records a run and by the report to draw CPU use over time.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
 
@@ -57,3 +59,51 @@ def trapezoid_cpu_s(times_s: list[float], usage_ns: list[int]) -> float:
     t = np.concatenate(([times_s[0]], mid, [times_s[-1]]))
     r = np.concatenate(([rate[0]], rate, [rate[-1]]))
     return float(np.trapezoid(r, t))
+
+
+def trapezoid_cpu_s_ranks(times_s: list[float], usages_ns: Sequence[list[int]]) -> list[float]:
+    """`trapezoid_cpu_s` of every rank of a run sampled at the same ``times_s``, at once
+    (one array operation for all ranks: a run of many ranks ends in milliseconds). A
+    rank whose series is not as long as the times is integrated on its own."""
+    out: list[float | None] = [None] * len(usages_ns)
+    rows = [i for i, u in enumerate(usages_ns) if len(u) == len(times_s)]
+    if rows and len(times_s) >= 2:
+        keep = _kept(times_s)
+        t = np.asarray(times_s, dtype=float)[keep]
+        u = np.asarray([usages_ns[i] for i in rows], dtype=float)[:, keep]
+        if len(t) >= 2:
+            dt = np.diff(t)
+            dt[dt <= 0] = np.nan
+            rate = np.diff(u, axis=1) / 1e9 / dt
+            ok = np.isfinite(dt)
+            mid, rate = ((t[:-1] + t[1:]) / 2)[ok], rate[:, ok]
+            if len(mid):
+                tt = np.concatenate(([times_s[0]], mid, [times_s[-1]]))
+                rr = np.concatenate((rate[:, :1], rate, rate[:, -1:]), axis=1)
+                values = np.atleast_1d(np.trapezoid(rr, tt, axis=1))
+                # a rate that overflows (readings a subnormal time apart) is left out per
+                # rank: such a rank is integrated on its own below
+                finite = np.isfinite(rate).all(axis=1)
+                for i, value, whole in zip(rows, values, finite, strict=True):
+                    out[i] = float(value) if whole else None
+            else:
+                for i in rows:
+                    out[i] = 0.0
+    return [
+        value if value is not None else trapezoid_cpu_s(times_s, list(u))
+        for value, u in zip(out, usages_ns, strict=True)
+    ]
+
+
+def _kept(times_s: list[float]) -> list[int]:
+    """The indices `_merge_close` keeps (the later of two readings close together)."""
+    if len(times_s) < 3:
+        return list(range(len(times_s)))
+    typical = float(np.median(np.diff(times_s)))
+    keep = [0]
+    for i in range(1, len(times_s)):
+        if times_s[i] - times_s[keep[-1]] < 0.2 * typical and len(keep) > 1:
+            keep[-1] = i
+        else:
+            keep.append(i)
+    return keep

@@ -384,3 +384,31 @@ def gain_figure(session: SessionData) -> Figure:
 
 def session_figures(session: SessionData) -> list[Figure]:
     return [timeline_figure(session), gain_figure(session)]
+
+
+# -- the scale benchmark (issue 29) -------------------------------------------------------
+
+
+def scale_fill_png(runs: Sequence[Mapping[str, Any]]) -> bytes:
+    """PNG: cluster fill (requested / allocatable cores) over virtual time, one line per
+    run of `bench/scale.py` (its JSON results), with the 5-minute mark; each run's fill
+    at 5 minutes and makespan over its work-conserving bound in the legend."""
+    plt = pyplot()
+    fig, ax = plt.subplots(figsize=(9, 4.2))
+    for i, run in enumerate(runs):
+        series = run.get("fill_series") or []
+        ratio = run.get("makespan_over_bound")
+        shown = f"x{ratio:.2f} the bound" if ratio is not None else "stopped"
+        label = (
+            f"{run['nodes']} nodes, {run['sims']} x {run['ranks']} ranks: "
+            f"{100 * run.get('fill_at_5min', 0):.0f} % at 5 min, makespan {shown}"
+        )
+        ax.plot([p[0] / 60 for p in series], [100 * p[1] for p in series], color=_colour(i),
+                linewidth=1.3, label=label)  # fmt: skip
+    ax.axvline(5.0, color="#555555", linestyle=":", linewidth=1)
+    ax.set_xlabel("virtual time since submission (min)")
+    ax.set_ylabel("requested / allocatable cores (%)")
+    ax.set_ylim(0, 105)
+    ax.set_title("Cluster fill on the simulated cluster (bench/scale.py)")
+    ax.legend(fontsize=7, loc="lower right")
+    return _png(fig)

@@ -7,6 +7,13 @@ iterations, faults, end) and answers the backends' calls; the nodes' load and th
 speeds are `simnodes`, resizes in flight `simresizes`, the pure formulas `simmodel`. The
 model it carries out is documented in `rankpack.testing.simulated`. Not thread-safe: one
 caller at a time.
+
+Its cost grows with what changes, so that a thousand nodes and ten thousand ranks run in
+seconds (`bench/scale.py`): a simulation's counters and iterations are integrated lazily
+(`_sync`: when it is observed, and before anything changes its speeds), the nodes' load
+is kept incrementally (`simnodes`), and only resizes in flight are looked at. With an
+`ApiModel` (`simapi`) it counts the apiserver requests a Kubernetes backend would make and
+delays launches and resizes by them.
 """
 
 from __future__ import annotations
@@ -33,6 +40,7 @@ from rankpack.backend.protocol import (
     UnknownSimulation,
 )
 from rankpack.core.failures import FailureCode
+from rankpack.testing.simapi import DELETE_REQUESTS, OBJECTS_PER_LAUNCH, ApiModel
 from rankpack.testing.simmodel import (
     DEFAULT_CASES,
     WAIT_MODES,
@@ -72,6 +80,7 @@ class SimulatedCluster:
         *,
         create_run_dirs: bool = True,
         name: str = "sim",
+        api: ApiModel | None = None,
     ) -> None:
         if not nodes:
             raise ValueError("a simulated cluster needs at least one node")
@@ -85,8 +94,17 @@ class SimulatedCluster:
         self._released: set[str] = set()
         self._faults: list[RankFault] = []
         self._news = False
+        self.api = api
+        """The apiserver's cost model (None: requests are free and instant)."""
+        self.news_seq: dict[str, int] = {}
+        """Per simulation, the number of the last event that was news about it (it ended,
+        failed, a rank restarted); backends compare it with what they took
+        (`SimulatedBackend.changed`)."""
+        self._seq = 0
         self._load = NodeLoad(nodes, self._sims, name)
-        self._resizes = Resizes(self._load, self._sims, self.timing, lambda: self.now)
+        self._resizes = Resizes(self._load, self._sims, self.timing, lambda: self.now,
+                                before_settle=lambda r: self._sync_nodes([r.node]))  # fmt: skip
+        self._inventory: tuple[int, Inventory] | None = None
 
     # -- scenario ------------------------------------------------------------------------
 
@@ -115,7 +133,12 @@ class SimulatedCluster:
         return sim
 
     def inventory(self) -> Inventory:
-        return Inventory(
+        if self.api is not None:
+            self.api.read(self.now, "list", 2)  # nodes, and every pod of the cluster
+        cached = self._inventory
+        if cached is not None and cached[0] == self._load.version:
+            return cached[1]
+        inventory = Inventory(
             tuple(
                 NodeCapacity(
                     n.name,
@@ -126,6 +149,8 @@ class SimulatedCluster:
                 for n in self.nodes
             )
         )
+        self._inventory = (self._load.version, inventory)
+        return inventory
 
     def stage(self, spec: StageSpec) -> None:
         if spec.sim_id in self._sims:
@@ -167,7 +192,11 @@ class SimulatedCluster:
         sim.work_s = tuple(c * sim.case.cell_work_s for c in cells)
         sim.wait_mode = spec.shim.wait_mode if spec.shim else "spin"
         sim.phase, sim.reason = SimPhase.PENDING, "starting"
-        sim.running_at = self.now + self.timing.start_s
+        self._load.activate(sim)
+        created = self.now
+        if self.api is not None:  # its pods, owner ConfigMap and Service
+            created = self.api.write(self.now, "create", len(spec.ranks) + OBJECTS_PER_LAUNCH)
+        sim.running_at = created + self.timing.start_s
         if sim.running_at <= self.now:
             self._start(sim)
 
@@ -177,7 +206,8 @@ class SimulatedCluster:
             raise BackendError(f"simulation {sim_id} has not been launched")
         if not 0 <= rank < len(sim.ranks):
             raise BackendError(f"simulation {sim_id} has no rank {rank}")
-        return self._resizes.request(sim, sim.ranks[rank], resources)
+        arrives = self.api.write(self.now, "patch") if self.api is not None else None
+        return self._resizes.request(sim, sim.ranks[rank], resources, arrives)
 
     def set_wait_mode(self, sim_id: str, mode: str) -> None:
         sim = self.get(sim_id)
@@ -190,10 +220,14 @@ class SimulatedCluster:
                 f"simulation {sim_id}: the ranks have not started, no live record is published"
                 " yet; try again"
             )
+        self._sync(sim)  # what it burned so far, in the mode it had
         sim.wait_mode = mode
 
     def observe(self, sim_id: str) -> SimObservation:
         sim = self.get(sim_id)
+        if self.api is not None:
+            self.api.read(self.now, "list")  # its pods
+        self._sync(sim)
         timing = self._load.timings().get(sim_id) if sim.phase is SimPhase.RUNNING else None
         shim = sim.spec is not None and sim.spec.shim is not None and sim.started_s is not None
         ranks = tuple(
@@ -253,7 +287,10 @@ class SimulatedCluster:
         if sim_id in self._released:
             return
         self.stop(sim_id)
+        if self.api is not None and self._sims[sim_id].spec is not None:
+            self.api.write(self.now, "delete", DELETE_REQUESTS)  # pods, ConfigMap, Service
         del self._sims[sim_id]
+        self.news_seq.pop(sim_id, None)
         self._released.add(sim_id)
         self._faults = [f for f in self._faults if f.sim_id != sim_id]
 
@@ -285,30 +322,42 @@ class SimulatedCluster:
 
     def _next_event_s(self) -> float:
         times: list[float] = []
-        timings = self._load.timings()
         for sim in self._sims.values():
             if sim.phase is SimPhase.STAGING:
                 times.append(sim.ready_at)
             elif sim.phase is SimPhase.PENDING:
                 times.append(sim.running_at)
             elif sim.phase is SimPhase.RUNNING:
-                left = sim.total - sim.done - sim.frac
-                times.append(self.now + left * timings[sim.sim_id].iteration_s)
-            for r in sim.ranks:
-                times += self._resizes.due_times(r)
+                times.append(self._end_s(sim))
+        for r in self._resizes.flying.values():
+            times += self._resizes.due_times(r)
         times += [f.at_s for f in self._faults if self._sims.get(f.sim_id, ABSENT).active]
         return min((t for t in times if t > self.now), default=math.inf)
 
+    def _end_s(self, sim: SimRun) -> float:
+        """When a running simulation does its last iteration at its current speeds."""
+        left = sim.total - sim.done - sim.frac
+        return sim.synced_s + left * self._load.timings()[sim.sim_id].iteration_s
+
     def _integrate(self, t1: float) -> None:
-        """Advance every running simulation from ``now`` to ``t1`` (speeds constant)."""
-        dt = t1 - self.now
-        if dt > 0:
-            for sim_id, timing in self._load.timings().items():
-                self._integrate_sim(self._sims[sim_id], timing, dt)
-        self.now = t1
+        """Move the clock to ``t1``: nothing changes speed on the way, so the running
+        simulations are brought up to date only when needed (`_sync`)."""
+        self.now = max(self.now, t1)
+
+    def _sync(self, sim: SimRun) -> None:
+        """Integrate ``sim``'s counters and iterations from ``synced_s`` to ``now``."""
+        if sim.phase is SimPhase.RUNNING and self.now > sim.synced_s:
+            self._integrate_sim(sim, self._load.timings()[sim.sim_id], self.now - sim.synced_s)
+        sim.synced_s = self.now
+
+    def _sync_nodes(self, nodes: list[str]) -> None:
+        """Bring every running simulation on ``nodes`` up to date: their speeds are about
+        to change."""
+        for sim_id in sorted(self._load.sims_on(nodes)):
+            self._sync(self._sims[sim_id])
 
     def _integrate_sim(self, sim: SimRun, timing: Timing, dt: float) -> None:
-        t_s, t0 = timing.iteration_s, self.now
+        t_s, t0 = timing.iteration_s, sim.synced_s
         speeds = timing.speeds
         rates = [usage_rate(s, d, sim.wait_mode) for s, d in zip(speeds, timing.duty, strict=True)]
         if math.isfinite(t_s) and sim.started_s is not None:
@@ -336,7 +385,10 @@ class SimulatedCluster:
             elif sim.phase is SimPhase.PENDING and sim.running_at <= due:
                 self._start(sim)
                 news = True
-            if sim.phase is SimPhase.RUNNING and sim.done >= sim.total:
+            if sim.phase is SimPhase.RUNNING and (sim.done >= sim.total or self._end_s(sim) <= due):
+                self._sync(sim)
+                if sim.done < sim.total:
+                    continue
                 sim.log.append(log_end(sim.total if sim.converged else None))
                 self._end(sim, 0, "", "")
                 news = True
@@ -349,12 +401,15 @@ class SimulatedCluster:
             self._faults.remove(fault)
             self._apply_fault(target, fault)
             news = True
-        for sim in self._sims.values():
-            for r in sim.ranks:
-                news = self._resizes.process_due(r, due) or news
+        for r in list(self._resizes.flying.values()):
+            news = self._resizes.process_due(r, due) or news
         return self._resizes.retry_deferred() or news
 
     # -- transitions ---------------------------------------------------------------------
+
+    def _touch(self, sim: SimRun) -> None:
+        self._seq += 1
+        self.news_seq[sim.sim_id] = self._seq
 
     def _finish_staging(self, sim: SimRun) -> None:
         spec, case = sim.stage_spec, sim.case
@@ -389,7 +444,10 @@ class SimulatedCluster:
         sim.phase, sim.reason = SimPhase.STAGED, ""
 
     def _start(self, sim: SimRun) -> None:
+        self._sync_nodes([r.node for r in sim.ranks])  # they share their cores from now on
         sim.phase, sim.reason, sim.started_s = SimPhase.RUNNING, "", self.now
+        sim.synced_s = self.now
+        self._load.start(sim)
         for r in sim.ranks:
             r.phase = RankPhase.RUNNING
         assert sim.case is not None
@@ -404,6 +462,7 @@ class SimulatedCluster:
         failure: FailureCode | None = None,
     ) -> None:
         """End a launched simulation: SUCCEEDED without ``failure``, else FAILED with it."""
+        self._sync_nodes([r.node for r in sim.ranks])  # itself, and those sharing its cores
         phase = SimPhase.SUCCEEDED if failure is None else SimPhase.FAILED
         sim.phase, sim.exit_code, sim.reason, sim.failure = phase, exit_code, reason, failure
         rank_phase = RankPhase.SUCCEEDED if phase is SimPhase.SUCCEEDED else RankPhase.FAILED
@@ -411,6 +470,8 @@ class SimulatedCluster:
             if r.phase is not RankPhase.FAILED:
                 r.phase, r.reason = rank_phase, rank_reason
             self._resizes.abandon(r)
+        self._load.deactivate(sim)
+        self._touch(sim)
         self._news = True
         self._resizes.retry_deferred()
 
@@ -419,6 +480,8 @@ class SimulatedCluster:
             return
         r = sim.ranks[fault.rank]
         if fault.restart:
+            self._sync(sim)
+            self._touch(sim)
             r.restarts += 1
             r.reason = f"restarted: {fault.reason}"
             sim.frac = 0.0

@@ -38,20 +38,30 @@ class Resizes:
         sims: Mapping[str, SimRun],
         timing: SimTiming,
         clock: Callable[[], float],
+        before_settle: Callable[[SimRank], None] = lambda r: None,
     ) -> None:
         self._load = load
         self._sims = sims
         self._timing = timing
         self._clock = clock
+        self._before_settle = before_settle
+        """Called before a rank's allocation changes (the cluster brings the speeds it
+        alters up to date first)."""
         self._scripts: list[_Script] = []
+        self.flying: dict[tuple[str, int], SimRank] = {}
+        """The ranks with a resize in flight (what `due_times` and `retry_deferred` look at)."""
 
     def script(self, script: ResizeScript) -> None:
         if script.state not in SCRIPTABLE:
             raise ValueError(f"a resize cannot be scripted to be {script.state}")
         self._scripts.append(_Script(script, script.count))
 
-    def request(self, sim: SimRun, r: SimRank, resources: RankResources) -> ResizeStatus:
-        """Ask for ``r``'s new CPU; the state known at once (as `Backend.resize`)."""
+    def request(
+        self, sim: SimRun, r: SimRank, resources: RankResources, arrives_s: float | None = None
+    ) -> ResizeStatus:
+        """Ask for ``r``'s new CPU; the state known at once (as `Backend.resize`).
+        ``arrives_s``: when the request reaches the node (the apiserver's delay; default
+        now)."""
         now = self._clock()
         status = ResizeStatus(
             ResizeState.PENDING,
@@ -67,12 +77,15 @@ class Resizes:
             r.resize = replace(status, state=ResizeState.REJECTED, latency_s=0.0, reason=reject)
             return r.resize
         r.desired = resources
-        flight = InFlight(status, resources, ResizeState.COMPLETED)
+        flight = InFlight(status, resources, ResizeState.COMPLETED, sim_id=sim.sim_id,
+                          arrives_s=max(now, now if arrives_s is None else arrives_s))  # fmt: skip
         r.in_flight = flight
+        self.flying[(sim.sim_id, r.index)] = r
         if script is not None and script.state is ResizeState.DEFERRED:
             flight.deferred_until = now + script.defer_s
             flight.reason = script.reason or "deferred (scripted)"
             r.resize = replace(status, state=ResizeState.DEFERRED, reason=flight.reason)
+            self._load.recharge(r)
             return r.resize
         if script is not None:
             flight.outcome = script.state
@@ -114,18 +127,18 @@ class Resizes:
                 latency_s=self._clock() - r.in_flight.status.requested_t_s,
                 reason="simulation ended",
             )
+            self.flying.pop((r.in_flight.sim_id, r.index), None)
             r.in_flight = None
+            self._load.recharge(r)
 
     def retry_deferred(self) -> bool:
         """Accept resizes deferred for lack of room that now fit (oldest first)."""
         waiting = sorted(
-            (
-                (r.in_flight.status.requested_t_s, sim.sim_id, r.index)
-                for sim in self._sims.values()
-                if sim.active
-                for r in sim.ranks
-                if r.in_flight is not None and r.in_flight.deferred_until == math.inf
-            ),
+            (r.in_flight.status.requested_t_s, sim_id, r.index)
+            for (sim_id, _), r in self.flying.items()
+            if r.in_flight is not None
+            and r.in_flight.deferred_until == math.inf
+            and self._sims[sim_id].active
         )
         news = False
         for _, sim_id, index in waiting:
@@ -172,15 +185,18 @@ class Resizes:
             f.deferred_until = math.inf
             f.reason = f"node {node.name} has {free}m free"
             r.resize = replace(f.status, state=ResizeState.DEFERRED, reason=f.reason)
+            self._load.recharge(r)
             return
         f.deferred_until = None
-        latency = self._timing.resize_latency_s
+        start = max(self._clock(), f.arrives_s)
+        latency = self._timing.resize_latency_s + (start - self._clock())
         if latency <= 0:
             self._settle(r)
             return
+        self._load.recharge(r)
         f.settle_at = self._clock() + latency
         if fresh:
-            f.in_progress_at = self._clock() + latency / 2
+            f.in_progress_at = start + self._timing.resize_latency_s / 2
             r.resize = f.status
         else:
             r.resize = replace(f.status, state=ResizeState.IN_PROGRESS)
@@ -188,10 +204,15 @@ class Resizes:
     def _settle(self, r: SimRank) -> None:
         f = r.in_flight
         assert f is not None
+        changed = f.outcome is ResizeState.COMPLETED and f.target != r.allocated
+        if changed:
+            self._before_settle(r)
         r.in_flight = None
+        self.flying.pop((f.sim_id, r.index), None)
         latency = self._clock() - f.status.requested_t_s
         if f.outcome is ResizeState.COMPLETED:
             r.allocated = f.target
             r.resize = replace(f.status, state=ResizeState.COMPLETED, latency_s=latency)
         else:
             r.resize = replace(f.status, state=f.outcome, latency_s=latency, reason=f.reason)
+        self._load.recharge(r, allocated_changed=changed)

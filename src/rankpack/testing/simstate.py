@@ -40,6 +40,10 @@ class InFlight:
     """None: accepted; a time: deferred by a script until then; inf: until it fits."""
     in_progress_at: float | None = None
     settle_at: float | None = None
+    sim_id: str = ""
+    """Whose rank it resizes."""
+    arrives_s: float = 0.0
+    """When the request reaches the node (after the apiserver's delay, `simapi`)."""
 
 
 @dataclass
@@ -56,6 +60,8 @@ class SimRank:
     reason: str = ""
     resize: ResizeStatus | None = None
     in_flight: InFlight | None = None
+    charged: int = 0
+    """Millicores counted as requested on its node now (`simnodes.NodeLoad.recharge`)."""
 
 
 @dataclass
@@ -83,6 +89,9 @@ class SimRun:
     failure: FailureCode | None = None
     """Why it failed, as a code (with ``reason`` as the message)."""
     log: list[str] = field(default_factory=list)
+    synced_s: float = 0.0
+    """Cluster time up to which its counters and iterations are integrated (they are
+    brought up to date lazily: when observed, and before anything changes its speeds)."""
 
     @property
     def active(self) -> bool:

@@ -96,7 +96,14 @@ code 143 if it was launched), an unknown case ``NotACase``, an invalid stage spe
 `wait(timeout_s)` returns at once if something happened since the previous `wait` outside
 of it (a simulation stopped, a staging failed); otherwise it advances the clock to the next
 event that is news (staged, started, ended, a resize settled, a rank restarted) or by
-``timeout_s``, whichever is first. Not thread-safe: one caller at a time.
+``timeout_s``, whichever is first. `changed()` names the simulations that ended, failed or
+had a rank restarted since it was last called (the control loop observes those at once and
+the steady others in turn). Not thread-safe: one caller at a time.
+
+Apiserver. A cluster built with an `ApiModel` (`rankpack.testing.simapi`) counts the
+requests the Kubernetes backend would make for each call and delays launches and resizes
+by its latency and requests-per-second limit. The cluster's cost grows with what changes
+(a thousand nodes and ten thousand ranks run in seconds of real time: `bench/scale.py`).
 """
 
 from __future__ import annotations
@@ -113,6 +120,7 @@ from rankpack.backend.protocol import (
     StageSpec,
     UnknownSimulation,
 )
+from rankpack.testing.simapi import ApiModel
 from rankpack.testing.simcluster import SimulatedCluster
 from rankpack.testing.simmodel import (
     DEFAULT_CASES,
@@ -126,6 +134,7 @@ from rankpack.testing.simmodel import (
 
 __all__ = [
     "DEFAULT_CASES",
+    "ApiModel",
     "RankFault",
     "ResizeScript",
     "SimNode",
@@ -146,6 +155,7 @@ class SimulatedBackend:
         self.cluster = cluster if cluster is not None else SimulatedCluster()
         self._held: set[str] = set()
         self._log_offsets: dict[str, int] = {}
+        self._taken: dict[str, int] = {}
 
     def inventory(self) -> Inventory:
         return self.cluster.inventory()
@@ -187,6 +197,15 @@ class SimulatedBackend:
     def wait(self, timeout_s: float) -> None:
         self.cluster.wait(timeout_s)
 
+    def changed(self) -> list[str]:
+        """The simulations it holds that ended, failed or had a rank restarted since the
+        last call (`rankpack.controller.schedule.Changes`: the loop observes them at once)."""
+        news = self.cluster.news_seq
+        out = [i for i in self._held if news.get(i, 0) > self._taken.get(i, 0)]
+        for i in out:
+            self._taken[i] = news[i]
+        return sorted(out)
+
     def stop(self, sim_id: str) -> None:
         self.cluster.stop(sim_id)
 
@@ -194,6 +213,7 @@ class SimulatedBackend:
         self.cluster.release(sim_id)
         self._held.discard(sim_id)
         self._log_offsets.pop(sim_id, None)
+        self._taken.pop(sim_id, None)
 
     def list(self) -> tuple[SimRef, ...]:
         return self.cluster.sim_refs()

@@ -1,0 +1,134 @@
+"""Resize storms bounded: so many resizes a second over the cluster and per node (pure).
+
+Part of the decision step (`rankpack.controller.policy.decide` calls `pace` last). Every
+rule of a step (sizing, phases, fairness, a pack) emits the resizes it wants; on a cluster
+of a thousand simulations they come in storms: each sized simulation resizes all its ranks
+at once, a pack resizes every running one. Each resize is a patch to the apiserver and a
+change the kubelet of its node applies, so the step sends at most what two buckets allow:
+
+* over the cluster, ``resize_rate_per_s`` a second (at most ``resize_burst`` at once);
+* per node, ``resize_rate_per_node_s`` a second (at most ``resize_node_burst`` at once);
+  a rank not placed yet counts over the cluster only.
+
+Decreases go first (oldest first), then increases (oldest first): a decrease frees what an
+increase on its node may need, and the loop holds an increase while a decrease is in
+flight on its node (`rankpack.controller.resizes`). What does not fit waits in
+``ControllerState.resize_queue`` for the next steps: a newer decision for the same rank
+replaces it, and it is dropped when its simulation ends or the rank already has the
+request. Until it is sent the step counts a waiting resize as decided (the rules see its
+target) but the capacity as if it were not: a waiting decrease frees nothing yet and a
+waiting increase holds its room (`Step.queued`). With the defaults no step of a node of
+tens of ranks is ever paced: the resizes are sent as the rules emit them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from rankpack.controller.observations import ControllerSettings, ControllerState, Resize
+from rankpack.controller.step import Step
+
+
+@dataclass
+class Pacer:
+    """The buckets of one step: how many resizes it may still send, overall and per node."""
+
+    settings: ControllerSettings
+    now_s: float
+    overall: float
+    nodes: dict[str, float] = field(default_factory=dict)
+    """Per node with a bucket not full: what it may still send."""
+
+    @classmethod
+    def of(cls, state: ControllerState, now_s: float, settings: ControllerSettings) -> Pacer:
+        s = settings
+        overall = _refill(state.resize_bucket, now_s, s.resize_rate_per_s, s.resize_burst)
+        nodes = {
+            node: _refill(b, now_s, s.resize_rate_per_node_s, s.resize_node_burst)
+            for node, b in state.resize_node_buckets.items()
+        }
+        return cls(settings, now_s, overall, nodes)
+
+    def left(self, node: str | None) -> float:
+        here = self.nodes.get(node, float(self.settings.resize_node_burst)) if node else None
+        return self.overall if here is None else min(self.overall, here)
+
+    def allows(self, per_node: Mapping[str | None, int]) -> bool:
+        """So many resizes (per node; None: not placed) may go out now."""
+        total = sum(per_node.values())
+        if total > self.overall + 1e-9:
+            return False
+        return all(node is None or n <= self.left(node) + 1e-9 for node, n in per_node.items())
+
+    def take(self, node: str | None) -> bool:
+        if self.left(node) < 1:
+            return False
+        self.overall -= 1
+        if node:
+            self.nodes[node] = self.nodes.get(node, float(self.settings.resize_node_burst)) - 1
+        return True
+
+    def buckets(self) -> tuple[tuple[float, float] | None, dict[str, tuple[float, float]]]:
+        s = self.settings
+        overall = None if self.overall >= s.resize_burst else (self.overall, self.now_s)
+        nodes = {n: (v, self.now_s) for n, v in self.nodes.items() if v < s.resize_node_burst}
+        return overall, nodes
+
+
+def _refill(bucket: tuple[float, float] | None, now_s: float, rate: float, burst: int) -> float:
+    if bucket is None:
+        return float(burst)
+    tokens, at_s = bucket
+    return min(float(burst), tokens + max(0.0, now_s - at_s) * rate)
+
+
+def pace(step: Step, state: ControllerState, pacer: Pacer) -> tuple[Resize, ...]:
+    """Send what the buckets allow of the waiting resizes and this step's, decreases
+    first; rewrite ``step.actions`` accordingly; return what still waits."""
+    new = [a for a in step.actions if isinstance(a, Resize)]
+    fresh = {(a.sim_id, a.rank) for a in new}
+    by_id = step.sims
+    waiting: list[Resize] = []
+    for a in step.waiting:
+        if (a.sim_id, a.rank) not in fresh:
+            waiting.append(a)
+    if not waiting and pacer.allows(per_node(new, step)):
+        for a in new:
+            pacer.take(_node(a, step))
+        return ()
+
+    def change(a: Resize) -> int:
+        sim = by_id[a.sim_id]
+        return a.request_millis - sim.ranks[a.rank].request_millis
+
+    latest: dict[tuple[str, int], Resize] = {}
+    for a in [*waiting, *new]:  # a rank's newest decision, in the order decided
+        latest.pop((a.sim_id, a.rank), None)
+        latest[(a.sim_id, a.rank)] = a
+    ordered = [a for a in latest.values() if change(a) < 0]
+    ordered += [a for a in latest.values() if change(a) >= 0]
+    sent: list[Resize] = []
+    queued: list[Resize] = []
+    for a in ordered:
+        (sent if pacer.take(_node(a, step)) else queued).append(a)
+    first = next((i for i, a in enumerate(step.actions) if isinstance(a, Resize)), 0)
+    others = [a for a in step.actions if not isinstance(a, Resize)]
+    step.actions[:] = [*others[:first], *sent, *others[first:]]
+    return tuple(queued)
+
+
+def _node(a: Resize, step: Step) -> str | None:
+    sim = step.sims.get(a.sim_id)
+    if sim is None or a.rank >= len(sim.ranks):
+        return None
+    return sim.ranks[a.rank].node
+
+
+def per_node(actions: list[Resize], step: Step) -> dict[str | None, int]:
+    """How many of ``actions`` resize a rank on each node (None: not placed)."""
+    out: dict[str | None, int] = {}
+    for a in actions:
+        node = _node(a, step)
+        out[node] = out.get(node, 0) + 1
+    return out

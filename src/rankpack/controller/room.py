@@ -1,0 +1,148 @@
+"""Where a launch may go: the unrequested CPU node by node, and which nodes are open (pure).
+
+Part of the launch gate (`rankpack.controller.gate`): the *pipeline* launches a simulation
+beside others still starting or being profiled when it fits capacity that none of them is
+measured on. On a cluster of several nodes a node is **closed** to such a launch while
+
+* a simulation launched less than ``launch_cooldown_s`` ago has a rank on it (a node takes
+  at most one launch per cooldown: the per-node rate), or
+* a simulation being measured (warm-up, profiling, or starting with no sizes known, or
+  sized in this very step) has a rank on it that requests less than a core: such a rank
+  borrows idle CPU beyond its request, which a newcomer would take, so its profiling
+  window would measure the newcomer. A rank that requests a whole core cannot lose CPU to
+  a launch that fits (CFS gives every rank at least its request when the requests fit the
+  node), so a simulation measured on whole cores closes nothing.
+
+An open node offers its unrequested millicores (allocatable minus what others and this
+loop request there). Ranks not placed yet (a simulation staging, or pods not bound) take
+their requests from the open total; a launch made in this step is placed, for the count,
+the way the scheduler spreads pods: rank by rank on the open node with the most free
+millicores (`take`); a simulation fits when each of its ranks finds such a node
+(`fits`). The total never exceeds the capacity the step leaves (``Step.unrequested``: the
+namespace's quota and the room kept for a launcher pod bind there).
+
+With one node (or no node list) there is no pipeline: the gate launches one simulation at
+a time there, after everything running is measured, as it always did (its duty-cycle
+model then knows every simulation it adds to, and a launch there shares the node with
+all of them).
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+from rankpack.controller.observations import Resize, SimMemory, SimSnapshot
+from rankpack.controller.step import Step
+
+FULL_CORE_MILLIS = 1000
+"""A rank that requests this much has a core of its own whatever its neighbours do."""
+
+
+def measuring(sim: SimSnapshot, mem: SimMemory | None) -> bool:
+    """Its duty cycles are being (or about to be) measured: warm-up, profiling, or starting
+    with no sizes known (the gate's ``measuring``)."""
+    stage = mem.stage if mem is not None else "warmup"
+    return stage in ("warmup", "profiling") or (sim.starting and stage != "sized")
+
+
+def borrows(sim: SimSnapshot, requests: Sequence[int]) -> bool:
+    """Some rank requests less than a core: it may run on idle CPU beyond its request."""
+    return any(r < FULL_CORE_MILLIS for r in requests) or not sim.ranks
+
+
+@dataclass
+class Room:
+    """The open room of one step (see the module docstring)."""
+
+    total_millis: int
+    """The most every launch of this step may take together (the step's unrequested)."""
+    unplaced_millis: int = 0
+    """What ranks not placed yet request: they take it from the open nodes' room."""
+    heap: list[tuple[int, int, str]] = field(default_factory=list)
+    """Open nodes as (-free millicores, order, name): the most free first."""
+    closed: dict[str, str] = field(default_factory=dict)
+    """Closed nodes and why (``cooldown`` or ``measuring``)."""
+
+    @property
+    def open_millis(self) -> int:
+        """What a launch may take now."""
+        return max(
+            0, min(self.total_millis, sum(-f for f, _, _ in self.heap) - self.unplaced_millis)
+        )
+
+    def why_closed(self) -> str:
+        """The reason that closes most nodes (``cooldown`` or ``measuring``); '' if none."""
+        if not self.closed:
+            return ""
+        reasons = list(self.closed.values())
+        return max(sorted(set(reasons)), key=reasons.count)
+
+    def fits(self, requests: Sequence[int]) -> bool:
+        need = sum(requests)
+        if need > self.open_millis:
+            return False
+        frees = sorted((-f for f, _, _ in self.heap), reverse=True)
+        heap = [-f for f in frees]
+        heapq.heapify(heap)
+        for r in sorted(requests, reverse=True):
+            most = -heap[0] if heap else 0
+            if most < r:
+                return False
+            heapq.heapreplace(heap, -(most - r))
+        return True
+
+    def take(self, requests: Sequence[int]) -> None:
+        """A launch of this step takes ``requests`` (placed rank by rank on the open node
+        with the most free millicores)."""
+        self.total_millis -= sum(requests)
+        for r in sorted(requests, reverse=True):
+            if not self.heap:
+                return
+            free, order, name = self.heap[0]
+            heapq.heapreplace(self.heap, (free + r, order, name))
+
+
+def build(step: Step, memory: Mapping[str, SimMemory], cooldown_s: float) -> Room:
+    """The open room of ``step`` on a cluster of several nodes (``step.obs.nodes``). Its
+    cost grows with the simulations that close nodes or were resized in this step when
+    the nodes carry what this loop requests on them (`NodeCores.ours_millis`), else with
+    every rank."""
+    obs = step.obs
+    total = max(0, step.unrequested())
+    resized = {a.sim_id for a in step.actions if isinstance(a, Resize)}
+    sized_now = {a.sim_id for a in step.actions if isinstance(a, Resize) and a.kind == "size"}
+    names = {n.name for n in obs.nodes}
+    counted = all(n.ours_millis is not None for n in obs.nodes)
+    used: dict[str, int] = {n.name: n.ours_millis or 0 for n in obs.nodes} if counted else {}
+    unplaced = 0
+    closed: dict[str, str] = {}
+    for sim in obs.sims:
+        recent = obs.now_s - sim.started_s < cooldown_s
+        blocks = sim.sim_id in sized_now or (
+            measuring(sim, memory.get(sim.sim_id)) and borrows(sim, step.requests_of(sim))
+        )
+        odd = sim.unplaced > 0 or not sim.nodes <= names
+        if counted and not (recent or blocks or odd or sim.sim_id in resized):
+            continue  # placed as the nodes count it, and closes nothing
+        requests = step.requests_of(sim)
+        for rank, millis in zip(sim.ranks, requests, strict=True):
+            node = rank.node
+            if node is None or node not in names:
+                unplaced += millis
+                continue
+            used[node] = used.get(node, 0) + (millis - rank.request_millis if counted else millis)
+            if recent:
+                closed.setdefault(node, "cooldown")
+            elif blocks:
+                closed[node] = "measuring"
+    room = Room(total_millis=total, unplaced_millis=unplaced, closed=closed)
+    for order, n in enumerate(obs.nodes):
+        if n.name in closed:
+            continue
+        free = n.allocatable_millis - n.others_millis - used.get(n.name, 0)
+        if free > 0:
+            room.heap.append((-free, order, n.name))
+    heapq.heapify(room.heap)
+    return room
