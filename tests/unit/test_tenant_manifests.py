@@ -79,7 +79,7 @@ def test_in_its_own_namespace_the_operator_keeps_its_lease_and_reading_pods() ->
     assert role["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
          "verbs": ["get", "create", "update"]},
-        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
     ]  # fmt: skip
 
 

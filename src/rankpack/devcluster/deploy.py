@@ -115,8 +115,10 @@ def deploy(
     version: KubeVersion,
     timeout_s: float,
     say: Callable[[str], None] = print,
+    overlay: str = "dev",
 ) -> Deployed:
-    """Images built and loaded, ``deploy/dev`` applied, everything rolled out."""
+    """Images built and loaded, ``deploy/<overlay>`` applied (``dev``; ``dev-tenants``: the
+    operator serving two namespaces), everything rolled out."""
     started = time.monotonic()
     root = source_root()
     images = appimages.ensure_images(root, say=say)
@@ -124,8 +126,8 @@ def deploy(
     say("rankpack: importing the images into the cluster's containerd")
     appimages.import_images(images, layout)
     runs = runs_dir()
-    say(f"rankpack: applying {root / 'deploy' / 'dev'} (run directories in {runs})")
-    kubectl(layout, version, ["apply", "-k", str(root / "deploy" / "dev")], 120)
+    say(f"rankpack: applying {root / 'deploy' / overlay} (run directories in {runs})")
+    kubectl(layout, version, ["apply", "-k", str(root / "deploy" / overlay)], 120)
     if rebuilt:
         # the tags stay `dev`: pods made from an earlier build restart on the new one
         for kind, ns in (("deployment", NAMESPACE), ("daemonset", manifests.SYSTEM_NAMESPACE)):

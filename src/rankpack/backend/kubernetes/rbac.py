@@ -190,8 +190,8 @@ def tenant_operator_rules() -> list[dict[str, Any]]:
 HOME_RULES: Rules = (
     ("coordination.k8s.io", ("leases",), ("get", "create", "update")),
     # its own pod (its image: the rank and launcher pods' default), and what else runs
-    # there (counted in the inventory: it shares the nodes)
-    ("", ("pods",), ("get", "list")),
+    # there (counted in the inventory: it shares the nodes; listed once, then watched)
+    ("", ("pods",), ("get", "list", "watch")),
 )
 """The operator's rules in its own namespace when it serves only others (``deploy/tenants``):
 its Lease, and reading pods."""
