@@ -83,7 +83,7 @@ def trapezoid_cpu_s_ranks(times_s: list[float], usages_ns: Sequence[list[int]]) 
                 values = np.atleast_1d(np.trapezoid(rr, tt, axis=1))
                 # a rate that overflows (readings a subnormal time apart) is left out per
                 # rank: such a rank is integrated on its own below
-                finite = np.isfinite(rate).all(axis=1)
+                finite = np.atleast_1d(np.isfinite(rate).all(axis=1)).tolist()
                 for i, value, whole in zip(rows, values, finite, strict=True):
                     out[i] = float(value) if whole else None
             else:
