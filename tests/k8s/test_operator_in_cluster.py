@@ -342,9 +342,9 @@ def test_no_resize_is_decided_while_the_agent_is_away(incluster: InCluster) -> N
         events = json.loads(ic.kubectl("get", "events", "-n", NAMESPACE, "-o", "json"))["items"]
         away_events = [e for e in events if e["reason"] == "NodeAgentUnreachable"
                        and st["simId"] in e["involvedObject"]["name"]]  # fmt: skip
-        # (the Event is not asserted: it was not found on the 2026-11-26 run although the
-        # resizes were deferred; see issue 27's closing note)
         print(f"{name}: NodeAgentUnreachable events: {[e['message'] for e in away_events]}")
+        assert away_events, "no NodeAgentUnreachable Event on the Simulation's rank pods"
+        assert all(e["involvedObject"]["namespace"] == NAMESPACE for e in away_events)
         # the operator's own record (its store is on the volume): every resize it decided
         # for this run came after the agent was back
         db = sqlite3.connect(ic.deployed.runs_dir / "operator.db")

@@ -224,6 +224,12 @@ class FakeKubeApi:
 
     def create(self, kind: str, body: Obj) -> Obj:
         if kind == "events":
+            # the apiserver's own check of a core/v1 Event without eventTime (validation of
+            # events in k8s.io/kubernetes pkg/apis/core/validation/events.go)
+            involved_ns = body["involvedObject"].get("namespace") or ""
+            if involved_ns != self.namespace and (involved_ns or self.namespace != "default"):
+                raise ApiError(422, "Invalid", "involvedObject.namespace: Invalid value: "
+                               f"{involved_ns!r}: does not match event.namespace")  # fmt: skip
             self.actions.append(
                 ("create", "events", body["involvedObject"]["name"], body["reason"])
             )

@@ -307,11 +307,19 @@ def core_event(
 
 
 def event(
-    spec_sim_id: str, pod: str, pod_uid: str | None, reason: str, message: str, now_iso: str
+    spec_sim_id: str,
+    namespace: str,
+    pod: str,
+    pod_uid: str | None,
+    reason: str,
+    message: str,
+    now_iso: str,
 ) -> Obj:
     """A Warning Event on a rank pod: what the apiserver or the backend refused or saw fail
-    (the kubelet records its own resize events; a refused patch leaves no trace otherwise)."""
-    involved: Obj = {"apiVersion": "v1", "kind": "Pod", "name": pod}
+    (the kubelet records its own resize events; a refused patch leaves no trace otherwise).
+    The pod's namespace is named: the apiserver refuses a core/v1 Event outside ``default``
+    whose involved object has none ("does not match event.namespace")."""
+    involved: Obj = {"apiVersion": "v1", "kind": "Pod", "name": pod, "namespace": namespace}
     if pod_uid:
         involved["uid"] = pod_uid
     labels = {MANAGED_BY: MANAGER, SIM_LABEL: spec_sim_id}
