@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import threading
 import time
 from datetime import UTC, datetime
@@ -69,6 +70,9 @@ from rankpack.errors import UserError
 C = builders.CONTAINER
 
 
+log = logging.getLogger(__name__)
+
+
 class KubernetesBackend:
     """One pod per rank in ``config.namespace``; mpirun on this host (decision 0008)."""
 
@@ -89,6 +93,8 @@ class KubernetesBackend:
         self._config = config
         self.cache = informer.Cache(api, background=background)
         """The shared local cache of what this backend reads (`informer`)."""
+        self._events_refused: set[str] = set()
+        """Reasons whose Event the apiserver refused (logged once each)."""
         self.pods_collection = informer.core("pods", api.namespace)
         """The namespace's pods (rank and launcher pods among them), as the cache holds them."""
         self.readings = (
@@ -254,8 +260,13 @@ class KubernetesBackend:
             pod.get("metadata", {}).get("uid"), reason, message,
             datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         )  # fmt: skip
-        with contextlib.suppress(ApiError):
+        try:
             self.api.create("events", body)
+        except ApiError as exc:  # said in the log, once per reason (a refusal is not silent)
+            if reason not in self._events_refused:
+                self._events_refused.add(reason)
+                log.warning("the %s Event on %s was refused: %s", reason,
+                            body["involvedObject"]["name"], exc)  # fmt: skip
 
     # -- resize ------------------------------------------------------------------------------
 
