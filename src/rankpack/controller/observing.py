@@ -76,7 +76,12 @@ class Observer:
         self._snapshots: dict[str, tuple[tuple[object, ...], SimSnapshot]] = {}
         self._placed: dict[str, _Placed] = {}
         self._nodes_cache: (
-            tuple[Inventory, list[tuple[str, SimObservation | None]], tuple[NodeCores, ...], int]
+            tuple[
+                Inventory,
+                list[tuple[str, SimObservation | None, Plan, tuple[str, ...]]],
+                tuple[NodeCores, ...],
+                int,
+            ]
             | None
         ) = None
         self._limited: dict[str, tuple[Plan, bool]] = {}
@@ -171,13 +176,20 @@ class Observer:
         """The nodes as the policy sees them (what others and this loop request and run on
         each) and all that is requested on them: built again only when the inventory or
         a launched simulation's observation is new."""
-        launched = [(s.sim_id, s.last) for s in self.ctx.sims.values() if s.launched]
+        launched = [
+            (s.sim_id, s.last, s.plan, s.nodes)
+            for s in self.ctx.sims.values()
+            if s.launched or s.nodes
+        ]
         cached = self._nodes_cache
         if (
             cached is not None
             and cached[0] is inventory
             and len(cached[1]) == len(launched)
-            and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(cached[1], launched, strict=True))
+            and all(
+                a[0] == b[0] and a[1] is b[1] and a[2] is b[2] and a[3] == b[3]
+                for a, b in zip(cached[1], launched, strict=True)
+            )
         ):
             return cached[2], cached[3]
         placed: dict[str | None, int] = {}
@@ -189,17 +201,39 @@ class Observer:
                     placed[node] = placed.get(node, 0) + n
                 for node, m in here.millis.items():
                     placed_millis[node] = placed_millis.get(node, 0) + m
+        # ranks placed by the policy whose pods are not bound yet (staging, or pending):
+        # this loop's on their node, but not in what the node reports as requested
+        planned: dict[str, int] = {}
+        planned_millis: dict[str, int] = {}
+        for s in self.ctx.sims.values():
+            for node, millis in planned_ranks(s):
+                planned[node] = planned.get(node, 0) + 1
+                planned_millis[node] = planned_millis.get(node, 0) + millis
         nodes = tuple(
             NodeCores(
                 n.name, n.allocatable_millis, max(0, n.rank_pods - placed.get(n.name, 0)),
                 max(0, n.requested_millis - placed_millis.get(n.name, 0)),
-                placed.get(n.name, 0), placed_millis.get(n.name, 0),
+                placed.get(n.name, 0) + planned.get(n.name, 0),
+                placed_millis.get(n.name, 0) + planned_millis.get(n.name, 0),
             )
             for n in inventory.nodes
         )  # fmt: skip
         requested = sum(n.requested_millis for n in inventory.nodes)
         self._nodes_cache = (inventory, launched, nodes, requested)
         return nodes, requested
+
+    def node_room(self, sim: Tracked) -> list[tuple[str, int]]:
+        """Each node's unrequested millicores (in the nodes' order) but for ``sim``'s own
+        ranks placed there and not bound yet: where ``sim`` may be placed at its launch."""
+        nodes, _ = self._nodes(self.ctx.backend.inventory())
+        mine: dict[str, int] = {}
+        for node, millis in planned_ranks(sim):
+            mine[node] = mine.get(node, 0) + millis
+        return [
+            (n.name, n.allocatable_millis - n.others_millis - (n.ours_millis or 0)
+             + mine.get(n.name, 0))
+            for n in nodes
+        ]  # fmt: skip
 
     def _limits(self, sim: Tracked) -> bool:
         """Some rank of its plan has a CPU limit (``--qos limits``)."""
@@ -316,8 +350,23 @@ def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
     return a[0] is b[0] and a[1:] == b[1:]
 
 
+def planned_ranks(sim: Tracked) -> list[tuple[str, int]]:
+    """(node, request) of each of ``sim``'s ranks that the policy placed on a node
+    (`Tracked.nodes`) and whose pod is on no node yet (staging, or pending)."""
+    if not sim.nodes:
+        return []
+    if sim.last is None:  # staging (or launched, not observed yet)
+        return [(n, r.cpu_millis) for n, r in zip(sim.nodes, sim.plan.ranks, strict=False)]
+    return [
+        (n, r.request_millis)
+        for n, r in zip(sim.nodes, sim.last.ranks, strict=False)
+        if r.node is None
+    ]
+
+
 def _snapshot(sim: Tracked) -> SimSnapshot:
     sub = sim.job.submission
+    planned = sim.nodes if len(sim.nodes) == len(sim.plan.ranks) else ()
     if sim.last is None:
         return SimSnapshot(
             sim_id=sim.sim_id,
@@ -325,7 +374,12 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
             iterations=0,
             expected_iterations=sim.staged.expected_iterations if sim.staged else 0,
             budget_millis=sub.budget_millis,
-            ranks=tuple(RankSnapshot(r.rank, r.cpu_millis, 0, None, None) for r in sim.plan.ranks),
+            ranks=tuple(
+                RankSnapshot(
+                    r.rank, r.cpu_millis, 0, None, None, node=planned[i] if planned else None
+                )
+                for i, r in enumerate(sim.plan.ranks)
+            ),
             phases=sub.phases,
             sizing=sub.sizing,
             starting=True,
@@ -346,10 +400,10 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
                 usage_ns=r.usage_ns,
                 compute_ns=r.compute_ns,
                 mpi_ns=r.mpi_ns,
-                node=r.node,
+                node=r.node if r.node is not None or not planned else planned[i],
                 readings_ok=r.readings_ok,
             )
-            for r in sim.last.ranks
+            for i, r in enumerate(sim.last.ranks)
         ),
         phases=sub.phases,
         sizing=sub.sizing,
