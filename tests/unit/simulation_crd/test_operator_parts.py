@@ -15,12 +15,8 @@ from typing import Any
 import pytest
 
 from rankpack.backend.kubernetes.api import ApiError, Conflict
-from rankpack.case.foamlog import LogState
-from rankpack.controller.views import RankView, SimView
 from rankpack.core.failures import FailureCode
 from rankpack.operator import crd, events, queue
-from rankpack.operator.crd import crd_manifest
-from rankpack.operator.status import StatusWriter
 from rankpack.plan.submission import Submission
 from rankpack.store import EventRow, Store
 
@@ -435,22 +431,3 @@ def test_a_claimed_simulation_deleted_or_created_again_is_withdrawn(
     sims.objs["b"]["status"] = {}
     (again,) = [j for j in q.pending() if q.names[j.queue_id] == "b"]
     assert again.queue_id != jobs["b"].queue_id  # the new object is a new job
-
-
-def test_the_status_names_each_ranks_node_once_it_is_bound() -> None:
-    def rank(i: int, node: str | None) -> RankView:
-        return RankView(rank=i, request_millis=500, limit_millis=None, cpu_cores=0.4,
-                        nr_throttled=0, duty=None, node=node)  # fmt: skip
-
-    view = SimView(sim_id="s1", run_id=1, run_dir=None, case="pitzDaily", stage="running",
-                   elapsed_s=3.0, log=LogState(), expected_iterations=10,
-                   ranks=(rank(0, "rankpack-node"), rank(1, None)))  # fmt: skip
-    ranks = StatusWriter._status(view)["ranks"]
-    assert [r.get("node") for r in ranks] == ["rankpack-node", None]
-    assert "node" in crd_rank_properties()
-
-
-def crd_rank_properties() -> dict[str, object]:
-    versions = crd_manifest()["spec"]["versions"]
-    status = versions[0]["schema"]["openAPIV3Schema"]["properties"]["status"]
-    return dict(status["properties"]["ranks"]["items"]["properties"])
