@@ -236,8 +236,10 @@ class _Pipeline:
     def took(self, queued: QueuedSim, requests: Sequence[int], nodes: Sequence[str] = ()) -> None:
         self.launched.append(queued)
         self.bucket -= 1
-        if self.several_nodes:
-            self.room.take(requests, nodes)
+        if self.several_nodes and nodes:
+            self.room.take_on(requests, nodes)
+        elif self.several_nodes:
+            self.room.take(requests)
 
     def launch(self, head: QueuedSim, code: str, held: str) -> bool:
         """Lift the gate's hold of the head when the pipeline allows it."""

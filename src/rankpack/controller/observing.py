@@ -76,12 +76,7 @@ class Observer:
         self._snapshots: dict[str, tuple[tuple[object, ...], SimSnapshot]] = {}
         self._placed: dict[str, _Placed] = {}
         self._nodes_cache: (
-            tuple[
-                Inventory,
-                list[tuple[str, SimObservation | None, Plan, tuple[str, ...]]],
-                tuple[NodeCores, ...],
-                int,
-            ]
+            tuple[Inventory, list[tuple[str, SimObservation | None]], tuple[NodeCores, ...], int]
             | None
         ) = None
         self._limited: dict[str, tuple[Plan, bool]] = {}
@@ -143,6 +138,7 @@ class Observer:
         inventory = ctx.backend.inventory()
         ours = self.ours_millis()
         nodes, requested = self._nodes(inventory)
+        nodes = self.with_planned(nodes)
         others = max(0, requested - ours)
         base = ctx.settings.capacity_millis or inventory.allocatable_millis
         if len(nodes) == 1 and ctx.settings.capacity_millis:
@@ -176,20 +172,13 @@ class Observer:
         """The nodes as the policy sees them (what others and this loop request and run on
         each) and all that is requested on them: built again only when the inventory or
         a launched simulation's observation is new."""
-        launched = [
-            (s.sim_id, s.last, s.plan, s.nodes)
-            for s in self.ctx.sims.values()
-            if s.launched or s.nodes
-        ]
+        launched = [(s.sim_id, s.last) for s in self.ctx.sims.values() if s.launched]
         cached = self._nodes_cache
         if (
             cached is not None
             and cached[0] is inventory
             and len(cached[1]) == len(launched)
-            and all(
-                a[0] == b[0] and a[1] is b[1] and a[2] is b[2] and a[3] == b[3]
-                for a, b in zip(cached[1], launched, strict=True)
-            )
+            and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(cached[1], launched, strict=True))
         ):
             return cached[2], cached[3]
         placed: dict[str | None, int] = {}
@@ -201,20 +190,11 @@ class Observer:
                     placed[node] = placed.get(node, 0) + n
                 for node, m in here.millis.items():
                     placed_millis[node] = placed_millis.get(node, 0) + m
-        # ranks placed by the policy whose pods are not bound yet (staging, or pending):
-        # this loop's on their node, but not in what the node reports as requested
-        planned: dict[str, int] = {}
-        planned_millis: dict[str, int] = {}
-        for s in self.ctx.sims.values():
-            for node, millis in planned_ranks(s):
-                planned[node] = planned.get(node, 0) + 1
-                planned_millis[node] = planned_millis.get(node, 0) + millis
         nodes = tuple(
             NodeCores(
                 n.name, n.allocatable_millis, max(0, n.rank_pods - placed.get(n.name, 0)),
                 max(0, n.requested_millis - placed_millis.get(n.name, 0)),
-                placed.get(n.name, 0) + planned.get(n.name, 0),
-                placed_millis.get(n.name, 0) + planned_millis.get(n.name, 0),
+                placed.get(n.name, 0), placed_millis.get(n.name, 0),
             )
             for n in inventory.nodes
         )  # fmt: skip
@@ -222,10 +202,31 @@ class Observer:
         self._nodes_cache = (inventory, launched, nodes, requested)
         return nodes, requested
 
+    def with_planned(self, nodes: tuple[NodeCores, ...]) -> tuple[NodeCores, ...]:
+        """``nodes`` with this loop's ranks that the policy placed on them and whose pods
+        are on no node yet (staging, or pending): counted as this loop's there, though
+        the node does not report them yet."""
+        ranks: dict[str, int] = {}
+        millis: dict[str, int] = {}
+        for s in self.ctx.sims.values():
+            if not s.nodes or (s.last is not None and None not in self.placed(s).ranks):
+                continue  # nothing placed by the policy, or every pod bound
+            for node, m in planned_ranks(s):
+                ranks[node] = ranks.get(node, 0) + 1
+                millis[node] = millis.get(node, 0) + m
+        if not ranks:
+            return nodes
+        return tuple(
+            replace(n, ours_ranks=(n.ours_ranks or 0) + ranks[n.name],
+                    ours_millis=(n.ours_millis or 0) + millis[n.name])
+            if n.name in ranks else n
+            for n in nodes
+        )  # fmt: skip
+
     def node_room(self, sim: Tracked) -> list[tuple[str, int]]:
         """Each node's unrequested millicores (in the nodes' order) but for ``sim``'s own
         ranks placed there and not bound yet: where ``sim`` may be placed at its launch."""
-        nodes, _ = self._nodes(self.ctx.backend.inventory())
+        nodes = self.with_planned(self._nodes(self.ctx.backend.inventory())[0])
         mine: dict[str, int] = {}
         for node, millis in planned_ranks(sim):
             mine[node] = mine.get(node, 0) + millis

@@ -70,11 +70,11 @@ class Room:
     """What ranks not placed yet request: they take it from the open nodes' room."""
     heap: list[tuple[int, int, str]] = field(default_factory=list)
     """Open nodes as (-free millicores, order, name): the most free first."""
-    closed: dict[str, str] = field(default_factory=dict)
-    """Closed nodes and why (``cooldown`` or ``measuring``)."""
     free: dict[str, int] = field(default_factory=dict)
     """Every node's unrequested millicores, open or closed, in the nodes' order: where
     this step's launches are placed (`place`)."""
+    closed: dict[str, str] = field(default_factory=dict)
+    """Closed nodes and why (``cooldown`` or ``measuring``)."""
 
     @property
     def open_millis(self) -> int:
@@ -104,29 +104,32 @@ class Room:
             heapq.heapreplace(heap, -(most - r))
         return True
 
-    def place(self, requests: Sequence[int], open_only: bool) -> tuple[str, ...] | None:
-        """Each rank's node for a launch of ``requests`` (`place`), on the open nodes only
-        or on any; None when they do not fit."""
-        nodes = [(n, f) for n, f in self.free.items() if not (open_only and n in self.closed)]
-        return place(requests, nodes)
-
-    def take(self, requests: Sequence[int], nodes: Sequence[str] = ()) -> None:
-        """A launch of this step takes ``requests``: on ``nodes`` (rank by rank, as `place`
-        decided), or, with none decided, rank by rank on the open node with the most free
-        millicores (where the scheduler spreads them)."""
+    def take(self, requests: Sequence[int]) -> None:
+        """A launch of this step takes ``requests`` (placed rank by rank on the open node
+        with the most free millicores)."""
         self.total_millis -= sum(requests)
-        if nodes:
-            for r, name in zip(requests, nodes, strict=True):
-                self.free[name] = self.free.get(name, 0) - r
-            self.heap = [(-self.free[name], order, name) for _, order, name in self.heap]
-            heapq.heapify(self.heap)
-            return
         for r in sorted(requests, reverse=True):
             if not self.heap:
                 return
             free, order, name = self.heap[0]
             heapq.heapreplace(self.heap, (free + r, order, name))
             self.free[name] = -(free + r)
+
+    def take_on(self, requests: Sequence[int], nodes: Sequence[str]) -> None:
+        """A launch of this step takes ``requests`` on ``nodes`` (rank by rank, as `place`
+        decided them)."""
+        self.take(())  # (a take of nothing: resets what any change of the room resets)
+        self.total_millis -= sum(requests)
+        for r, name in zip(requests, nodes, strict=True):
+            self.free[name] = self.free.get(name, 0) - r
+        self.heap = [(-self.free[name], order, name) for _, order, name in self.heap]
+        heapq.heapify(self.heap)
+
+    def place(self, requests: Sequence[int], open_only: bool) -> tuple[str, ...] | None:
+        """Each rank's node for a launch of ``requests`` (`place`), on the open nodes only
+        or on any; None when they do not fit."""
+        nodes = [(n, f) for n, f in self.free.items() if not (open_only and n in self.closed)]
+        return place(requests, nodes)
 
 
 def place(requests: Sequence[int], nodes: Sequence[tuple[str, int]]) -> tuple[str, ...] | None:
