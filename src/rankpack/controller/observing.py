@@ -129,6 +129,40 @@ class Observer:
         """The CPU limits of the launched simulations' ranks (those that have one)."""
         return sum(self.placed(s).limits_millis for s in self.ctx.sims.values() if s.launched)
 
+    def with_planned(self, nodes: tuple[NodeCores, ...]) -> tuple[NodeCores, ...]:
+        """``nodes`` with this loop's ranks that the policy placed on them and whose pods
+        are on no node yet (staging, or pending): counted as this loop's there, though
+        the node does not report them yet."""
+        ranks: dict[str, int] = {}
+        millis: dict[str, int] = {}
+        for s in self.ctx.sims.values():
+            if not s.nodes or (s.last is not None and None not in self.placed(s).ranks):
+                continue  # nothing placed by the policy, or every pod bound
+            for node, m in planned_ranks(s):
+                ranks[node] = ranks.get(node, 0) + 1
+                millis[node] = millis.get(node, 0) + m
+        if not ranks:
+            return nodes
+        return tuple(
+            replace(n, ours_ranks=(n.ours_ranks or 0) + ranks[n.name],
+                    ours_millis=(n.ours_millis or 0) + millis[n.name])
+            if n.name in ranks else n
+            for n in nodes
+        )  # fmt: skip
+
+    def node_room(self, sim: Tracked) -> list[tuple[str, int]]:
+        """Each node's unrequested millicores (in the nodes' order) but for ``sim``'s own
+        ranks placed there and not bound yet: where ``sim`` may be placed at its launch."""
+        nodes = self.with_planned(self._nodes(self.ctx.backend.inventory())[0])
+        mine: dict[str, int] = {}
+        for node, millis in planned_ranks(sim):
+            mine[node] = mine.get(node, 0) + millis
+        return [
+            (n.name, n.allocatable_millis - n.others_millis - (n.ours_millis or 0)
+             + mine.get(n.name, 0))
+            for n in nodes
+        ]  # fmt: skip
+
     def capacity(self, limited: bool = False) -> Capacity:
         """The capacity left to this loop, what others request, the nodes as the wait rule
         sees them, and the namespace's quota when it is what binds. ``limited``: rank pods
@@ -201,40 +235,6 @@ class Observer:
         requested = sum(n.requested_millis for n in inventory.nodes)
         self._nodes_cache = (inventory, launched, nodes, requested)
         return nodes, requested
-
-    def with_planned(self, nodes: tuple[NodeCores, ...]) -> tuple[NodeCores, ...]:
-        """``nodes`` with this loop's ranks that the policy placed on them and whose pods
-        are on no node yet (staging, or pending): counted as this loop's there, though
-        the node does not report them yet."""
-        ranks: dict[str, int] = {}
-        millis: dict[str, int] = {}
-        for s in self.ctx.sims.values():
-            if not s.nodes or (s.last is not None and None not in self.placed(s).ranks):
-                continue  # nothing placed by the policy, or every pod bound
-            for node, m in planned_ranks(s):
-                ranks[node] = ranks.get(node, 0) + 1
-                millis[node] = millis.get(node, 0) + m
-        if not ranks:
-            return nodes
-        return tuple(
-            replace(n, ours_ranks=(n.ours_ranks or 0) + ranks[n.name],
-                    ours_millis=(n.ours_millis or 0) + millis[n.name])
-            if n.name in ranks else n
-            for n in nodes
-        )  # fmt: skip
-
-    def node_room(self, sim: Tracked) -> list[tuple[str, int]]:
-        """Each node's unrequested millicores (in the nodes' order) but for ``sim``'s own
-        ranks placed there and not bound yet: where ``sim`` may be placed at its launch."""
-        nodes = self.with_planned(self._nodes(self.ctx.backend.inventory())[0])
-        mine: dict[str, int] = {}
-        for node, millis in planned_ranks(sim):
-            mine[node] = mine.get(node, 0) + millis
-        return [
-            (n.name, n.allocatable_millis - n.others_millis - (n.ours_millis or 0)
-             + mine.get(n.name, 0))
-            for n in nodes
-        ]  # fmt: skip
 
     def _limits(self, sim: Tracked) -> bool:
         """Some rank of its plan has a CPU limit (``--qos limits``)."""
