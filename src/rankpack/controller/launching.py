@@ -43,6 +43,7 @@ from rankpack.controller.jobs import Adopted, Job
 from rankpack.controller.observing import Observer
 from rankpack.controller.outcomes import new_run
 from rankpack.controller.policy import requeue_delay_s
+from rankpack.controller.room import place
 from rankpack.controller.tracked import LoopContext, Requeued, Tracked
 from rankpack.controller.views import StageFailure
 from rankpack.core.failures import Failure, FailureCode
@@ -63,8 +64,15 @@ class Launcher:
 
     # -- staging -------------------------------------------------------------------------
 
-    def stage(self, job: Job, reason: str, request_millis: tuple[int, ...] = ()) -> None:
-        """The policy's `Launch`: claim the job, stage it (or take what was staged ahead)."""
+    def stage(
+        self,
+        job: Job,
+        reason: str,
+        request_millis: tuple[int, ...] = (),
+        nodes: tuple[str, ...] = (),
+    ) -> None:
+        """The policy's `Launch`: claim the job, stage it (or take what was staged ahead);
+        ``nodes``: each rank's node, as the policy placed it (empty: none decided)."""
         ctx = self.ctx
         sub = job.submission
         wait_setting = waits.setting(sub.wait, ctx.settings.wait_mode)  # before anything starts
@@ -82,12 +90,14 @@ class Launcher:
                 replace(r, cpu_millis=m) for r, m in zip(plan.ranks, request_millis, strict=True)
             )
             plan = replace(plan, ranks=ranks)
+        placed = nodes if len(nodes) == plan.n_ranks else ()
         ctx.sims[sim_id] = Tracked(
             job=job, sim_id=sim_id, plan=plan, queued_s=ctx.now(),
-            wait_setting=wait_setting, learned_duty=found.duty if found else (),
+            wait_setting=wait_setting, learned_duty=found.duty if found else (), nodes=placed,
         )  # fmt: skip
         ctx.event(None, "stage", queue_id=job.queue_id, case=sub.case, sim=sim_id, reason=reason,
-                  **({"staged_ahead": True} if ahead else {}))  # fmt: skip
+                  **({"staged_ahead": True} if ahead else {}),
+                  **({"nodes": list(placed)} if placed else {}))  # fmt: skip
         if found is not None:
             ctx.event(None, "learned-sizes", queue_id=job.queue_id, sim=sim_id,
                       from_run=found.run_id, source=found.source,
@@ -178,6 +188,7 @@ class Launcher:
         self._bound(sim, capacity.bounds)
         if ctx.settings.controller.launch_must_fit:
             self._fit(sim, capacity.capacity_millis, capacity.bounds)
+        self._place(sim)
         sim.run_id = new_run(ctx, sim, staged)
         ctx.jobs.started(sim.job, sim.run_id, sim.sim_id, staged)
         sim.usages = [[] for _ in sim.plan.ranks]
@@ -215,6 +226,7 @@ class Launcher:
         ctx.event(
             sim.run_id, "launch", queue_id=sim.job.queue_id, case=sub.case, sim=sim.sim_id,
             request_millis=[r.cpu_millis for r in sim.plan.ranks],
+            **({"nodes": list(sim.nodes)} if sim.nodes else {}),
         )  # fmt: skip
 
     def _requeue(self, sim: Tracked, exc: LaunchRefused) -> None:
@@ -277,13 +289,36 @@ class Launcher:
                        reason=f"requests {sum(wanted)}m scaled to the {free}m unrequested "
                        "so that every rank pod fits")  # fmt: skip
 
+    def _place(self, sim: Tracked) -> None:
+        """The ranks' nodes the policy decided (`Launch.nodes`), checked again now that the
+        case is staged (its requests may have been fitted, others may have taken room
+        meanwhile): kept while each node still holds its ranks, else placed again by the
+        same rule (`room.place`), else none (the scheduler places the ranks); an event says
+        what changed."""
+        if not sim.nodes:
+            return
+        free = self.observer.node_room(sim)
+        left = dict(free)
+        wanted = [r.cpu_millis for r in sim.plan.ranks]
+        for node, millis in zip(sim.nodes, wanted, strict=True):
+            left[node] = left.get(node, 0) - millis
+        if all(left.get(node, 0) >= 0 for node in set(sim.nodes)):
+            return
+        before = sim.nodes
+        sim.nodes = place(wanted, free) or ()
+        self.ctx.event(None, "placement", queue_id=sim.job.queue_id, sim=sim.sim_id,
+                       nodes=list(sim.nodes),
+                       reason=f"placed on {', '.join(sorted(set(before)))} at launch, where "
+                       f"{sum(wanted)}m no longer fit: "
+                       + ("placed again" if sim.nodes else "left to the scheduler"))  # fmt: skip
+
     def _wait_at_launch(self, sim: Tracked) -> None:
         """The wait rule for a simulation about to start beside the others of this loop
         (`waits.at_launch`): its ranks' mode, and the MPI library's idle yield to match."""
         obs = self.observer.observations([])
         obs = replace(obs, sims=tuple(s for s in obs.sims if s.sim_id != sim.sim_id))
         requests = tuple(r.cpu_millis for r in sim.plan.ranks)
-        choice = waits.at_launch(obs, sim.wait_setting, requests)
+        choice = waits.at_launch(obs, sim.wait_setting, requests, sim.nodes)
         sim.idle_yield = choice.idle_yield
         sim.wait_mode = choice.mode if self.ctx.settings.shim else None
         sim.waits.append(
@@ -306,6 +341,7 @@ class Launcher:
             volume=sim.job.submission.volume or sim.job.volume or s.volume,
             namespace=sim.job.namespace,
             labels={**self.ctx.settings.sim_labels, "rankpack.dev/run-id": str(sim.run_id)},
+            rank_nodes=sim.nodes,
         )
 
     def adopt(self, adopted: Adopted) -> None:

@@ -129,6 +129,40 @@ class Observer:
         """The CPU limits of the launched simulations' ranks (those that have one)."""
         return sum(self.placed(s).limits_millis for s in self.ctx.sims.values() if s.launched)
 
+    def with_planned(self, nodes: tuple[NodeCores, ...]) -> tuple[NodeCores, ...]:
+        """``nodes`` with this loop's ranks that the policy placed on them and whose pods
+        are on no node yet (staging, or pending): counted as this loop's there, though
+        the node does not report them yet."""
+        ranks: dict[str, int] = {}
+        millis: dict[str, int] = {}
+        for s in self.ctx.sims.values():
+            if not s.nodes or (s.last is not None and None not in self.placed(s).ranks):
+                continue  # nothing placed by the policy, or every pod bound
+            for node, m in planned_ranks(s):
+                ranks[node] = ranks.get(node, 0) + 1
+                millis[node] = millis.get(node, 0) + m
+        if not ranks:
+            return nodes
+        return tuple(
+            replace(n, ours_ranks=(n.ours_ranks or 0) + ranks[n.name],
+                    ours_millis=(n.ours_millis or 0) + millis[n.name])
+            if n.name in ranks else n
+            for n in nodes
+        )  # fmt: skip
+
+    def node_room(self, sim: Tracked) -> list[tuple[str, int]]:
+        """Each node's unrequested millicores (in the nodes' order) but for ``sim``'s own
+        ranks placed there and not bound yet: where ``sim`` may be placed at its launch."""
+        nodes = self.with_planned(self._nodes(self.ctx.backend.inventory())[0])
+        mine: dict[str, int] = {}
+        for node, millis in planned_ranks(sim):
+            mine[node] = mine.get(node, 0) + millis
+        return [
+            (n.name, n.allocatable_millis - n.others_millis - (n.ours_millis or 0)
+             + mine.get(n.name, 0))
+            for n in nodes
+        ]  # fmt: skip
+
     def capacity(self, limited: bool = False) -> Capacity:
         """The capacity left to this loop, what others request, the nodes as the wait rule
         sees them, and the namespace's quota when it is what binds. ``limited``: rank pods
@@ -138,6 +172,7 @@ class Observer:
         inventory = ctx.backend.inventory()
         ours = self.ours_millis()
         nodes, requested = self._nodes(inventory)
+        nodes = self.with_planned(nodes)
         others = max(0, requested - ours)
         base = ctx.settings.capacity_millis or inventory.allocatable_millis
         if len(nodes) == 1 and ctx.settings.capacity_millis:
@@ -316,8 +351,23 @@ def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
     return a[0] is b[0] and a[1:] == b[1:]
 
 
+def planned_ranks(sim: Tracked) -> list[tuple[str, int]]:
+    """(node, request) of each of ``sim``'s ranks that the policy placed on a node
+    (`Tracked.nodes`) and whose pod is on no node yet (staging, or pending)."""
+    if not sim.nodes:
+        return []
+    if sim.last is None:  # staging (or launched, not observed yet)
+        return [(n, r.cpu_millis) for n, r in zip(sim.nodes, sim.plan.ranks, strict=False)]
+    return [
+        (n, r.request_millis)
+        for n, r in zip(sim.nodes, sim.last.ranks, strict=False)
+        if r.node is None
+    ]
+
+
 def _snapshot(sim: Tracked) -> SimSnapshot:
     sub = sim.job.submission
+    planned = sim.nodes if len(sim.nodes) == len(sim.plan.ranks) else ()
     if sim.last is None:
         return SimSnapshot(
             sim_id=sim.sim_id,
@@ -325,7 +375,12 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
             iterations=0,
             expected_iterations=sim.staged.expected_iterations if sim.staged else 0,
             budget_millis=sub.budget_millis,
-            ranks=tuple(RankSnapshot(r.rank, r.cpu_millis, 0, None, None) for r in sim.plan.ranks),
+            ranks=tuple(
+                RankSnapshot(
+                    r.rank, r.cpu_millis, 0, None, None, node=planned[i] if planned else None
+                )
+                for i, r in enumerate(sim.plan.ranks)
+            ),
             phases=sub.phases,
             sizing=sub.sizing,
             starting=True,
@@ -346,10 +401,10 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
                 usage_ns=r.usage_ns,
                 compute_ns=r.compute_ns,
                 mpi_ns=r.mpi_ns,
-                node=r.node,
+                node=r.node if r.node is not None or not planned else planned[i],
                 readings_ok=r.readings_ok,
             )
-            for r in sim.last.ranks
+            for i, r in enumerate(sim.last.ranks)
         ),
         phases=sub.phases,
         sizing=sub.sizing,

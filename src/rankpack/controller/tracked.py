@@ -116,6 +116,9 @@ class Tracked:
     """Duty cycles of the earlier run its sizes were learned from (see `learned`)."""
     readings_ok: bool = True
     """Every rank's node was read at its last observation."""
+    nodes: tuple[str, ...] = ()
+    """Per rank, the node the policy placed it on (`Launch.nodes`); empty: none decided.
+    Until its pod is bound a rank counts on this node."""
     sampled_t: float | None = None
     """When its last samples were taken (seconds since its launch)."""
     shared_s: float | None = 0.0

@@ -105,6 +105,7 @@ def _status_schema() -> Obj:
             "allocatedMillis": _int(0),
             "cpuCores": {"type": "number"},
             "duty": {"type": "number"},
+            "node": {"type": "string", "description": "the node the rank runs on"},
             "resize": {
                 "type": "object",
                 "description": "a resize in flight (pending, in-progress, deferred)",

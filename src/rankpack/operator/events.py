@@ -41,6 +41,7 @@ KINDS: Mapping[str, tuple[str, str]] = {
     "stage": ("Normal", "Staging"),
     "learned-sizes": ("Normal", "LearnedSizes"),
     "launch-fitted": ("Normal", "LaunchFitted"),
+    "placement": ("Normal", "Placed"),
     "solver": ("Normal", "Solver"),
     "warning": ("Warning", "CaseWarning"),
     "launch": ("Normal", "Launched"),

@@ -125,9 +125,14 @@ class NodeLoad:
         return others + need <= node.allocatable_millis
 
     def place(self, spec: SimSpec) -> list[str]:
-        """Each rank's node: the pinned one, else the first that holds all, else rank by
-        rank the one with the most free millicores (ties: the first). LaunchFailed for an
-        unknown pin."""
+        """Each rank's node: the controller's (``spec.rank_nodes``), else the pinned one,
+        else the first that holds all, else rank by rank the one with the most free
+        millicores (ties: the first). LaunchFailed for an unknown node."""
+        if spec.rank_nodes:
+            unknown = sorted(set(spec.rank_nodes) - set(self._by_name))
+            if unknown or len(spec.rank_nodes) != len(spec.ranks):
+                raise LaunchFailed(f"no node {', '.join(unknown)} in cluster {self._name}")
+            return list(spec.rank_nodes)
         pinned = spec.placement.get("node")
         if pinned is not None:
             if pinned not in self._by_name:

@@ -159,6 +159,25 @@ def test_placement_becomes_node_selector() -> None:
     assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
 
 
+def test_each_rank_gets_a_required_affinity_to_its_node_and_never_a_node_name() -> None:
+    placed = spec(rank_nodes=("n0", "n1"))
+    for rank, node in enumerate(("n0", "n1")):
+        pod = builders.rank_pod(placed, rank, OWNER, HostPathVolume(CASE), "img")
+        assert "nodeName" not in pod["spec"]  # the scheduler's fit check still applies
+        assert pod["spec"]["affinity"] == {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+                ]}
+            ]}
+        }}  # fmt: skip
+    assert '"rank_nodes": ["n0", "n1"]' in builders.spec_json(placed, "img")
+    # no node decided (one node, the local backend's spec): nothing changes
+    pod = builders.rank_pod(spec(), 0, OWNER, HostPathVolume(CASE), "img")
+    assert "affinity" not in pod["spec"] and "nodeSelector" not in pod["spec"]
+    assert "rank_nodes" not in builders.spec_json(spec(), "img")
+
+
 @pytest.mark.parametrize(
     ("res", "want"),
     [

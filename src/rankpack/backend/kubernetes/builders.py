@@ -128,6 +128,8 @@ def spec_json(spec: SimSpec, image: str) -> str:
         "image": image,
         "volume": spec.volume,
     }
+    if spec.rank_nodes:
+        data["rank_nodes"] = list(spec.rank_nodes)
     return json.dumps(data, sort_keys=True)
 
 
@@ -253,6 +255,8 @@ def rank_pod(
         pod_spec["serviceAccountName"] = service_account
     if spec.placement:
         pod_spec["nodeSelector"] = dict(spec.placement)
+    if spec.rank_nodes:
+        pod_spec["affinity"] = node_affinity(spec.rank_nodes[rank])
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -263,6 +267,22 @@ def rank_pod(
         },
         "spec": pod_spec,
     }
+
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+"""The well-known label of a node's name (the dev cluster's kubelets set it to their node's
+name with ``--hostname-override``)."""
+
+
+def node_affinity(node: str) -> Obj:
+    """A rank pod's required node affinity to ``node`` (the controller's placement,
+    `SimSpec.rank_nodes`): through the scheduler, unlike ``nodeName``, so its fit check
+    still applies (a pod that does not fit stays Pending instead of failing OutOfcpu)."""
+    term = {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}]}
+    return {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [term]}}
+    }  # fmt: skip
 
 
 def resize_patch(res: RankResources) -> Obj:
