@@ -328,6 +328,7 @@ class Launcher:
     def _spec(self, sim: Tracked) -> SimSpec:
         assert sim.staged is not None
         s, staged = self.ctx.settings, sim.staged
+        mpi = sim.job.submission.mpi or s.mpi
         return SimSpec(
             sim_id=sim.sim_id,
             case_dir=staged.run_dir,
@@ -335,8 +336,8 @@ class Launcher:
             ranks=tuple(RankResources(r.cpu_millis, r.limit_millis) for r in sim.plan.ranks),
             log_path=staged.log_path,
             env={**rank_env(), **waits.mpi_idle_env(sim.idle_yield)},
-            mpi=s.mpi,
-            shim=(ShimSpec(sim.wait_mode or "spin", s.mpi) if s.shim else None),
+            mpi=mpi,
+            shim=(ShimSpec(sim.wait_mode or "spin", mpi) if s.shim else None),
             image=s.image,
             volume=sim.job.submission.volume or sim.job.volume or s.volume,
             namespace=sim.job.namespace,
