@@ -30,6 +30,7 @@ import yaml  # type: ignore[import-untyped]  # (PyYAML, a dependency of kubernet
 from rankpack.backend.kubernetes.rbac import (
     DEPLOY_NAMESPACE,
     agent_caller_rules,
+    backend_nodes_rbac,
     backend_rbac,
     launcher_rbac,
     operator_role_rules,
@@ -442,7 +443,10 @@ def files() -> dict[str, str]:
         "base/namespaces.yaml": docs(GENERATED, [*namespaces(), priority_class()]),
         "base/crd.yaml": crd_yaml(),
         "base/admission.yaml": admission_yaml(),
-        "base/backend.yaml": docs(BACKEND_HEADER, backend_rbac(DEPLOY_NAMESPACE)),
+        "base/backend.yaml": docs(
+            BACKEND_HEADER,
+            [*backend_rbac(DEPLOY_NAMESPACE), *backend_nodes_rbac(DEPLOY_NAMESPACE)],
+        ),
         "base/launcher.yaml": docs(
             LAUNCHER_HEADER,
             [*launcher_rbac(DEPLOY_NAMESPACE), rank_service_account(DEPLOY_NAMESPACE)],

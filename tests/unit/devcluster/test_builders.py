@@ -210,7 +210,7 @@ def test_deploy_manifests_match_the_rbac_builder() -> None:
     assert kustomization["kind"] == "Kustomization"
     assert "backend.yaml" in kustomization["resources"]
     objects = list(yaml.safe_load_all((REPO / "deploy" / "base" / "backend.yaml").read_text()))
-    assert objects == rbac.backend_rbac("rankpack")
+    assert objects == [*rbac.backend_rbac("rankpack"), *rbac.backend_nodes_rbac("rankpack")]
 
 
 def test_every_deployed_object_names_its_namespace() -> None:
@@ -238,6 +238,13 @@ def test_rbac_is_least_privilege() -> None:
     assert rules["pods/resize"] == {"get", "patch"}
     assert rules["pods/exec"] == {"create", "get"}
     assert "secrets" not in rules and "nodes" not in rules
+    # apart: reading nodes, cluster-wide, and nothing else
+    role, binding = rbac.backend_nodes_rbac("ns")
+    assert role["kind"] == "ClusterRole" and role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rankpack-backend",
+                                    "namespace": "ns"}]  # fmt: skip
     assert all("*" not in verbs for verbs in rules.values())
     binding = objects[2]
     assert binding["roleRef"]["kind"] == "Role"
