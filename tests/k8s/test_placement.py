@@ -7,10 +7,8 @@ the issue's 4 ranks of weights 1,1,3,3 and budget 1.6 (which one 1-core node can
 span both nodes, a heavy and a light rank on each, so that both phases fit and every phase
 resize completes in place; the run JSON names each rank's node.
 
-The backend's ServiceAccount may not read nodes (deploy/: only the operator's ClusterRole
-``rankpack-operator-nodes`` may), and without the nodes the controller has nothing to place
-on: the module grants it the same read of nodes (get/list/watch), as an admin grants it to
-a host that runs `rankpack run --backend kubernetes` and wants its ranks placed.
+The backend's ServiceAccount reads nodes (ClusterRole ``rankpack-backend-nodes``, deploy/):
+without them the controller would have nothing to place on.
 
 The module takes the session's one-node cluster down and brings up its own two nodes (as
 `test_nodes.py` does); the next test that needs the session's cluster brings that back.
@@ -49,35 +47,12 @@ def two(dev_cluster: DevCluster) -> Iterator[DevCluster]:
         assert not report.leftovers, report.leftovers
     result = cluster.up(dataclasses.replace(dev_cluster.options(), nodes=2))
     dev_cluster.up_result = result
-    grant_nodes(dev_cluster)
     try:
         yield dev_cluster
     finally:
         if cluster.running_components(Layout(state_dir)):
             report = cluster.down(state_dir)
             assert not report.leftovers, report.leftovers
-
-
-def grant_nodes(dc: DevCluster) -> None:
-    """The backend's ServiceAccount may read nodes (the operator's rule, cluster-wide)."""
-    from kubernetes import client
-
-    rbac_api = client.RbacAuthorizationV1Api(dc.admin_api())
-    name = "rankpack-backend-nodes"
-    rbac_api.create_cluster_role({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole",
-        "metadata": {"name": name},
-        "rules": [{"apiGroups": [""], "resources": ["nodes"],
-                   "verbs": ["get", "list", "watch"]}],
-    })  # fmt: skip
-    rbac_api.create_cluster_role_binding({
-        "apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRoleBinding",
-        "metadata": {"name": name},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole",
-                    "name": name},
-        "subjects": [{"kind": "ServiceAccount", "name": SERVICE_ACCOUNT,
-                      "namespace": dc.namespace}],
-    })  # fmt: skip
 
 
 class PodWatch:
