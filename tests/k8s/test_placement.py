@@ -29,7 +29,6 @@ from typing import Any
 
 import pytest
 
-from rankpack.backend.kubernetes.rbac import SERVICE_ACCOUNT
 from rankpack.devcluster import cluster
 from rankpack.devcluster.layout import Layout
 from tests.k8s.conftest import DevCluster
