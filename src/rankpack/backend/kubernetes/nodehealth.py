@@ -150,5 +150,5 @@ def failed_end_verdict(
         return EndVerdict("alive", "every node of its ranks renewed its Lease since")
     if now_s - ended_s > rules.hold_s:
         return EndVerdict("alive", f"no node was lost within {rules.hold_s:.0f} s")
-    return EndVerdict("wait", f"waiting for node {', '.join(silent)} to renew its Lease "
-                              "(a lost node ends it NodeLost)")  # fmt: skip
+    return EndVerdict("wait", f"waiting for a Lease renewal of {', '.join(silent)} (a lost "
+                              "node ends it NodeLost)")  # fmt: skip
