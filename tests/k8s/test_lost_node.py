@@ -128,7 +128,7 @@ def test_a_lost_node_requeues_its_simulations_which_resume(two_nodes: InCluster)
         hit = {n for n, st in before.items() if victim in by_sim.get(st.get("simId"), ())}
         spared = {n for n, st in before.items() if st.get("phase") == "Running"} - hit
         print(f"\nstopping {victim}: hit {sorted(hit)}, running elsewhere {sorted(spared)}")
-        proc = cluster.stop_node(ic.layout.state, victim)
+        proc = cluster.stop_node(ic.layout.root, victim)
         t_stop = time.monotonic()
         stopped = True
         assert proc.killed_pids
@@ -147,7 +147,7 @@ def test_a_lost_node_requeues_its_simulations_which_resume(two_nodes: InCluster)
         for name in spared:  # wholly on the other node: untouched
             st = ic.status(name)
             assert st.get("simId") == before[name]["simId"] and not st.get("nodeLost"), st
-        back_s = cluster.start_node(ic.layout.state, victim)
+        back_s = cluster.start_node(ic.layout.root, victim)
         stopped = False
         back_at = datetime.now(UTC).replace(microsecond=0)
         print(f"{victim} Ready again in {back_s:.1f} s")
@@ -196,7 +196,7 @@ def test_a_lost_node_requeues_its_simulations_which_resume(two_nodes: InCluster)
             assert any(victim in relaunched[n] for n in after), relaunched
     finally:
         if stopped:
-            cluster.start_node(ic.layout.state, victim)
+            cluster.start_node(ic.layout.root, victim)
         print(ic.kubectl("logs", "-n", NAMESPACE, f"deployment/{manifests.NAME}", "--tail=60",
                          "--timestamps"))  # fmt: skip
         for name in NAMES:
