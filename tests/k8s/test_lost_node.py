@@ -117,7 +117,7 @@ def test_a_lost_node_requeues_its_simulations_which_resume(two_nodes: InCluster)
             by_sim = _nodes_of(ic)
             for name in NAMES:
                 st = ic.status(name)
-                if (st.get("phase") == "Running" and victim in by_sim.get(st.get("simId"), ())
+                if (st.get("phase") == "Running" and victim in by_sim.get(str(st.get("simId")), ())
                         and int(st.get("iterations") or 0) > WRITE_EVERY + 5):  # fmt: skip
                     return True
             return False
@@ -125,7 +125,7 @@ def test_a_lost_node_requeues_its_simulations_which_resume(two_nodes: InCluster)
         ic.wait(f"a Simulation past its first write with a pod on {victim}", hit_running, 420)
         before = {n: ic.status(n) for n in NAMES}
         by_sim = _nodes_of(ic)
-        hit = {n for n, st in before.items() if victim in by_sim.get(st.get("simId"), ())}
+        hit = {n for n, st in before.items() if victim in by_sim.get(str(st.get("simId")), ())}
         spared = {n for n, st in before.items() if st.get("phase") == "Running"} - hit
         print(f"\nstopping {victim}: hit {sorted(hit)}, running elsewhere {sorted(spared)}")
         proc = cluster.stop_node(ic.layout.root, victim)
