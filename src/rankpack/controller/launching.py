@@ -11,7 +11,9 @@ staged is recorded as a `StageFailure` with its code (`StageFailed`, `NotACase`,
 that passes (`LaunchRefused`: the namespace's quota, taken by another tenant between plan
 and create) is undone and its job handed back to its source (`JobSource.requeued`), to be
 launched again after a back-off. Initial requests are brought within what the namespace
-allows a rank (a LimitRange) before the launch.
+allows a rank (a LimitRange) before the launch. A run a lost node cut short (``NodeLost``)
+is requeued too (`requeue_lost`), with what to resume from (`Resume`): staged again from
+its last complete write, not from the start, and the iterations lost reported.
 """
 
 from __future__ import annotations
@@ -39,7 +41,7 @@ from rankpack.case.openfoam import rank_env
 from rankpack.case.staging import failure_code
 from rankpack.controller import waits
 from rankpack.controller.gate import fit_launch
-from rankpack.controller.jobs import Adopted, Job
+from rankpack.controller.jobs import Adopted, Job, Resume
 from rankpack.controller.observing import Observer
 from rankpack.controller.outcomes import new_run
 from rankpack.controller.policy import requeue_delay_s
@@ -47,7 +49,7 @@ from rankpack.controller.room import place
 from rankpack.controller.tracked import LoopContext, Requeued, Tracked
 from rankpack.controller.views import StageFailure
 from rankpack.core.failures import Failure, FailureCode
-from rankpack.core.results import WaitRecord
+from rankpack.core.results import RunResult, WaitRecord
 from rankpack.errors import UserError
 
 
@@ -123,6 +125,7 @@ class Launcher:
             workdir=Path(sub.workdir) if sub.workdir else None,
             confined=self.ctx.settings.confine_staging,
             namespace=job.namespace,
+            resume=job.resume.staged if job.resume is not None else None,
         )
         try:
             self.ctx.backend.stage(spec)
@@ -184,6 +187,12 @@ class Launcher:
         sim.staged = staged
         for warning in staged.warnings:
             ctx.event(None, "warning", sim=sim.sim_id, reason=warning)
+        resume = sim.job.resume
+        if resume is not None:
+            sim.resumed = resumed_facts(resume, staged)
+            sim.parser.state.iterations = staged.start_iterations  # its log counts on
+            ctx.event(None, "resumed", queue_id=sim.job.queue_id, sim=sim.sim_id,
+                      **sim.resumed, reason=resumed_reason(resume, staged))  # fmt: skip
         capacity = self.observer.capacity(limited=sim.plan.qos.value == "limits")
         self._bound(sim, capacity.bounds)
         if ctx.settings.controller.launch_must_fit:
@@ -250,6 +259,32 @@ class Launcher:
         ctx.event(sim.run_id, "launch-requeued", queue_id=job.queue_id, sim=sim.sim_id,
                   code=exc.code.value, attempt=attempt + 1, delay_s=delay,
                   reason=message)  # fmt: skip
+
+    def requeue_lost(self, sim: Tracked, result: RunResult) -> bool:
+        """A run a lost node cut short (``NodeLost``; recorded already): its run row marked
+        ``requeued``, its job handed back to its source with what to resume from (its case,
+        the iterations done), launched again as soon as there is room. False (nothing done)
+        for any other end."""
+        if result.failure != FailureCode.NODE_LOST.value or sim.staged is None:
+            return False
+        ctx, job = self.ctx, sim.job
+        before = job.resume
+        resume = Resume(
+            staged=sim.staged, iterations_at_loss=result.iterations, lost_run_id=sim.run_id,
+            why=result.message or "", losses=(before.losses + 1) if before else 1,
+            iterations_lost=int(sim.resumed.get("iterations_lost_total", 0)),
+        )  # fmt: skip
+        message = (f"{result.message}; requeued at iteration {result.iterations} to resume "
+                   "from its last written time")  # fmt: skip
+        assert sim.run_id is not None
+        ctx.store.requeue_run(sim.run_id, message, FailureCode.NODE_LOST.value)
+        ctx.sims.pop(sim.sim_id, None)
+        ctx.requeued.pop(job.queue_id, None)  # (no back-off: its node is gone, not full)
+        ctx.jobs.requeued(replace(job, resume=resume), Failure(FailureCode.NODE_LOST, message))
+        ctx.event(sim.run_id, "node-lost", queue_id=job.queue_id, sim=sim.sim_id,
+                  code=FailureCode.NODE_LOST.value, iterations=result.iterations,
+                  losses=resume.losses, reason=message)  # fmt: skip
+        return True
 
     def _bound(self, sim: Tracked, bounds: RankBounds | None) -> None:
         """Bring every rank's initial request within what the namespace allows a rank (a
@@ -359,6 +394,7 @@ class Launcher:
         sim = Tracked(job=job, sim_id=adopted.sim_id, plan=job.submission.plan(), queued_s=0.0,
                       wait_setting=setting)  # fmt: skip
         sim.staged = staged
+        sim.parser.state.iterations = staged.start_iterations  # (a resumed run's log counts on)
         if adopted.run_id is not None and ctx.store.take_over_run(adopted.run_id):
             sim.run_id = adopted.run_id
             # resizes settled before are the run's: counted once, never again
@@ -384,3 +420,27 @@ class Launcher:
         ctx.event(sim.run_id, "adopted", queue_id=job.queue_id, sim=sim.sim_id,
                   reason=f"launched by an earlier controller {adopted.elapsed_s:.0f} s ago; "
                   "followed again")  # fmt: skip
+
+
+def resumed_facts(resume: Resume, staged: StagedCase) -> dict[str, object]:
+    """What a run resumed after a lost node records (its run's options, its event, its
+    Simulation's status): where it starts again, the iterations lost (done after the write
+    it resumes from and before the loss: done again; nothing before that write is)."""
+    lost = resume.lost_now(staged)
+    return {
+        "resumed_from": staged.resumed_from or "start",
+        "start_iterations": staged.start_iterations,
+        "iterations_at_loss": resume.iterations_at_loss,
+        "iterations_lost": lost,
+        "iterations_lost_total": resume.iterations_lost + lost,
+        "node_losses": resume.losses,
+        "lost_run_id": resume.lost_run_id,
+    }
+
+
+def resumed_reason(resume: Resume, staged: StagedCase) -> str:
+    where = f"time {staged.resumed_from}" if staged.resumed_from else "its start (nothing written)"
+    return (
+        f"resumed from {where} after a lost node: {resume.iterations_at_loss} iterations "
+        f"done, {staged.start_iterations} kept, {resume.lost_now(staged)} lost"
+    )

@@ -374,6 +374,8 @@ class ControlLoop:
         assert sim.run_id is not None
         ctx.store.finish_run(result)
         self.observer.forget(sim.job.submission)
+        if ending.stopped is None and self.launcher.requeue_lost(sim, result):
+            return  # a lost node cut it short: back in the queue, to resume (not failed)
         ctx.tally.results.append(result)
         ctx.sims.pop(sim.sim_id, None)
         ctx.jobs.finished(sim.job, result.status)

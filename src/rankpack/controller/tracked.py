@@ -124,6 +124,9 @@ class Tracked:
     shared_s: float | None = 0.0
     """Seconds it ran beside another launched simulation of this loop, to the tick (None:
     unknown, adopted from an earlier controller); recorded with its result."""
+    resumed: dict[str, Any] = field(default_factory=dict)
+    """A run that resumes one a lost node cut short: from which time, the iterations lost,
+    the run lost (recorded in its run's options; `Launcher.resumed_facts`)."""
 
     @property
     def launched(self) -> bool:

@@ -47,6 +47,8 @@ KINDS: Mapping[str, tuple[str, str]] = {
     "launch": ("Normal", "Launched"),
     "launch-failed": ("Warning", "LaunchFailed"),
     "launch-requeued": ("Warning", "Requeued"),
+    "node-lost": ("Warning", "NodeLost"),
+    "resumed": ("Normal", "Resumed"),
     "adopted": ("Normal", "Adopted"),
     "profile-start": ("Normal", "Profiling"),
     "profile-restart": ("Normal", "ProfilingRestarted"),

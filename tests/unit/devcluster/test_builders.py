@@ -310,9 +310,8 @@ def test_the_dev_overlay_changes_only_images_and_the_volume() -> None:
 def test_in_cluster_operator_is_least_privilege() -> None:
     from rankpack.operator import manifests
 
-    sa, role, binding, nodes, nodes_binding, finder, finder_binding, deployment = (
-        manifests.operator_objects("ns")
-    )
+    (sa, role, binding, nodes, nodes_binding, finder, finder_binding, leases, leases_binding,
+     deployment) = manifests.operator_objects("ns")  # fmt: skip
     assert [o["kind"] for o in (sa, role, binding)] == ["ServiceAccount", "Role", "RoleBinding"]
     assert role["rules"] == [  # the backend's, no more, and being answered by the agents
         *backend_rbac_rules.operator_role_rules(),
@@ -323,6 +322,12 @@ def test_in_cluster_operator_is_least_privilege() -> None:
     assert finder["rules"] == [{"apiGroups": [""], "resources": ["pods"],
                                 "verbs": ["get", "list", "watch"]}]  # fmt: skip
     assert finder_binding["subjects"] == binding["subjects"]
+    # the nodes' Leases (a lost node): reading them, in their namespace only
+    assert leases["kind"] == "Role" and leases["metadata"]["namespace"] == "kube-node-lease"
+    assert leases["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                "verbs": ["get", "list", "watch"]}]  # fmt: skip
+    assert leases_binding["subjects"] == binding["subjects"]
+    assert leases_binding["roleRef"]["name"] == leases["metadata"]["name"]
     granted = {r for rule in role["rules"] for r in rule["resources"]}
     assert "pods/exec" not in granted  # mpirun runs in launcher pods
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
