@@ -82,6 +82,8 @@ class Observer:
         self._limited: dict[str, tuple[Plan, bool]] = {}
         self._copies: dict[str, list[Tracked]] | None = None
         """The held simulations by submission key, as of the last observations."""
+        self._initial: dict[Submission, tuple[int, ...]] = {}
+        """The queued submissions' initial requests (their plans), kept while they wait."""
 
     def key(self, sub: Submission) -> str:
         """The submission's JSON key (what learned sizes and running copies are kept by)."""
@@ -219,15 +221,19 @@ class Observer:
         sims = [self._snapshot(sim, now) for sim in live.values()]
         self._copies = self._by_key()
         queued = []
+        initials: dict[Submission, tuple[int, ...]] = {}
         for j in pending:
             found = self.learned_sizes(j.submission)
-            initial = found.request_millis if found else j.submission.initial_millis
+            initial = found.request_millis if found else self._initial_millis(j.submission)
             refused = self.ctx.requeued.get(j.queue_id)
             queued.append(QueuedSim(
                 j.queue_id, j.submission.n_ranks, initial, found.duty if found else (),
                 retry_at_s=refused.retry_at_s if refused else None,
                 retry_reason=refused.reason if refused else "",
             ))  # fmt: skip
+            if j.submission in self._initial:
+                initials[j.submission] = self._initial[j.submission]
+        self._initial = initials  # kept only while its job waits
         cap = self.capacity(limited=any(j.submission.qos == "limits" for j in pending[:1]))
         bounds = cap.bounds
         return Observations(
@@ -242,6 +248,14 @@ class Observer:
             rank_max_millis=bounds.max_millis if bounds else None,
             rank_bounds=bounds.source if bounds else "",
         )
+
+    def _initial_millis(self, sub: Submission) -> tuple[int, ...]:
+        """``sub``'s initial requests, planned once while it waits (a plan of 64 ranks took
+        ~0.5 ms: a queue of 200 cost ~50 ms a tick, `bench/scale.py`)."""
+        found = self._initial.get(sub)
+        if found is None:
+            found = self._initial[sub] = sub.initial_millis
+        return found
 
     # -- learned sizes -------------------------------------------------------------------
 
