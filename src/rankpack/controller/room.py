@@ -76,12 +76,18 @@ class Room:
     closed: dict[str, str] = field(default_factory=dict)
     """Closed nodes and why (``cooldown`` or ``measuring``)."""
 
+    _frees: list[int] | None = field(default=None, init=False, repr=False, compare=False)
+    """The open nodes' free millicores, most first (built on first use, dropped by `take`)."""
+    _fits: dict[tuple[int, ...], bool] = field(
+        default_factory=dict, init=False, repr=False, compare=False
+    )
+    """`fits` answers since the last `take` (a backfill asks the same for each of 32
+    queued simulations of one shape)."""
+
     @property
     def open_millis(self) -> int:
         """What a launch may take now."""
-        return max(
-            0, min(self.total_millis, sum(-f for f, _, _ in self.heap) - self.unplaced_millis)
-        )
+        return max(0, min(self.total_millis, sum(self._sorted()) - self.unplaced_millis))
 
     def why_closed(self) -> str:
         """The reason that closes most nodes (``cooldown`` or ``measuring``); '' if none."""
@@ -91,22 +97,38 @@ class Room:
         return max(sorted(set(reasons)), key=reasons.count)
 
     def fits(self, requests: Sequence[int]) -> bool:
-        need = sum(requests)
-        if need > self.open_millis:
+        """Each rank finds an open node, placed as `take` would place them. Only the
+        ``len(requests)`` nodes with the most free can take one (a node not among them has
+        no more free than any of them, and each rank touches one node), so the cost grows
+        with the ranks, not the nodes."""
+        key = tuple(sorted(requests, reverse=True))
+        known = self._fits.get(key)
+        if known is None:
+            known = self._fits[key] = self._fits_now(key)
+        return known
+
+    def _fits_now(self, requests: tuple[int, ...]) -> bool:
+        if sum(requests) > self.open_millis:
             return False
-        frees = sorted((-f for f, _, _ in self.heap), reverse=True)
-        heap = [-f for f in frees]
+        heap = [-f for f in self._sorted()[: len(requests)]]
         heapq.heapify(heap)
-        for r in sorted(requests, reverse=True):
+        for r in requests:
             most = -heap[0] if heap else 0
             if most < r:
                 return False
             heapq.heapreplace(heap, -(most - r))
         return True
 
+    def _sorted(self) -> list[int]:
+        if self._frees is None:
+            self._frees = sorted((-f for f, _, _ in self.heap), reverse=True)
+        return self._frees
+
     def take(self, requests: Sequence[int]) -> None:
         """A launch of this step takes ``requests`` (placed rank by rank on the open node
         with the most free millicores)."""
+        self._frees = None
+        self._fits.clear()
         self.total_millis -= sum(requests)
         for r in sorted(requests, reverse=True):
             if not self.heap:

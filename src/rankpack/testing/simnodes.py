@@ -52,6 +52,9 @@ class NodeLoad:
         self._dirty: set[str] = set()
         self.version = 0
         """Goes up whenever what a node holds changes (an inventory is cached by it)."""
+        self.changed: set[str] = set()
+        """The nodes whose ranks or requests changed since the holder last cleared it (the
+        cluster's inventory rebuilds only those)."""
 
     def node(self, name: str) -> SimNode:
         return self._by_name[name]
@@ -75,6 +78,7 @@ class NodeLoad:
         """``sim`` was launched: its ranks count on their nodes."""
         for r in sim.ranks:
             self._ranks[r.node] += 1
+            self.changed.add(r.node)
             self.recharge(r)
         self.version += 1
 
@@ -83,6 +87,7 @@ class NodeLoad:
         for r in sim.ranks:
             self._ranks[r.node] -= 1
             self._requested[r.node] -= r.charged
+            self.changed.add(r.node)
             r.charged = 0
             self._speeds.pop((sim.sim_id, r.index), None)
             running = self._running[r.node]
@@ -104,6 +109,7 @@ class NodeLoad:
         if new != r.charged:
             self._requested[r.node] += new - r.charged
             r.charged = new
+            self.changed.add(r.node)
             self.version += 1
         if allocated_changed:
             self._dirty.add(r.node)
