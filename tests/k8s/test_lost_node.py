@@ -41,6 +41,10 @@ BOUND_S = 90.0
 """The documented bound from a node's crash to ``NodeLost`` (docs/kubernetes.md)."""
 SIM_LABEL = "rankpack.dev/sim"
 
+pytestmark = pytest.mark.timeout(1500)
+"""Measured: 15 min with the module's own up and down (the operator launches the three one
+after another, `NoGain`, and `down` frees the images' blocks): above the tier's 900 s."""
+
 
 @pytest.fixture(scope="module")
 def two_nodes(dev_cluster: DevCluster) -> Iterator[InCluster]:
