@@ -465,8 +465,17 @@ def main(argv: list[str] | None = None) -> int:
     write an overlay serving the namespaces NS into DIR (its base: PATH, default
     ``../base``), as ``deploy/tenants`` is for its example namespaces."""
     args = sys.argv[1:] if argv is None else argv
+    usage = ("usage: python -m rankpack.operator.manifests [DIR]  (default: deploy)\n"
+             "       python -m rankpack.operator.manifests tenants DIR NS... [--base PATH]")
+    if args[:1] in (["-h"], ["--help"]):
+        print(usage)
+        return 0
     if args[:1] == ["tenants"]:
         return _tenants(args[1:])
+    if len(args) > 1 or (args and args[0].startswith("-")):
+        print(f"rankpack.operator.manifests: unexpected {' '.join(args)!r}: give one output "
+              "directory (or none: deploy); see --help", file=sys.stderr)  # fmt: skip
+        return 2
     out = Path(args[0] if args else "deploy")
     written = files()
     _write(out, written)
