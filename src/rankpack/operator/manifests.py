@@ -465,8 +465,10 @@ def main(argv: list[str] | None = None) -> int:
     write an overlay serving the namespaces NS into DIR (its base: PATH, default
     ``../base``), as ``deploy/tenants`` is for its example namespaces."""
     args = sys.argv[1:] if argv is None else argv
-    usage = ("usage: python -m rankpack.operator.manifests [DIR]  (default: deploy)\n"
-             "       python -m rankpack.operator.manifests tenants DIR NS... [--base PATH]")
+    usage = (
+        "usage: python -m rankpack.operator.manifests [DIR]  (default: deploy)\n"
+        "       python -m rankpack.operator.manifests tenants DIR NS... [--base PATH]"
+    )
     if args[:1] in (["-h"], ["--help"]):
         print(usage)
         return 0
