@@ -282,9 +282,13 @@ def test_a_deleted_launcher_pod_fails_its_simulation_with_a_code(incluster: InCl
     name = "incluster-launcher"
     ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE, "--ignore-not-found")
     manifest = ic.deployed.runs_dir / "launcher-lost.json"
-    body = _simulation("incluster-a", "pitzDaily")
+    # a run that lasts (the tutorial's 285 iterations may end on a quiet machine before the
+    # status, coalesced to one patch per 10 s, shows it running)
+    body = _simulation("incluster-a", str(Path(manifests.RUNS_PATH) / "cases" / "pitzDailyLong"))
     body["metadata"]["name"] = name
+    body["spec"]["iterations"] = 3000
     manifest.write_text(json.dumps(body))
+    endless_pitzdaily(ic.deployed.runs_dir / "cases")  # (made by an earlier test, or now)
     ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
     try:
         ic.wait("it running", lambda: int(ic.status(name).get("iterations") or 0) > 5, 300)
