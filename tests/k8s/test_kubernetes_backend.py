@@ -212,10 +212,12 @@ def kube(k8s: DevCluster) -> Iterator[Kube]:
 def test_identity_is_the_service_account(kube: Kube) -> None:
     from rankpack.backend.kubernetes.api import ApiError
 
+    # nodes read-only (ClusterRole rankpack-backend-nodes: to place ranks), nothing beyond
+    assert kube.backend.api.list_nodes()
     with pytest.raises(ApiError) as info:
-        kube.backend.api.list_nodes()
+        kube.backend.api.request("GET", "/api/v1/namespaces/kube-system/pods")
     assert info.value.status == 403
-    inv = kube.backend.inventory()  # the given allocatable, requests of the namespace's pods
+    inv = kube.backend.inventory()  # the node's allocatable, requests of the namespace's pods
     assert inv.allocatable_millis == kube.allocatable_millis
 
 
