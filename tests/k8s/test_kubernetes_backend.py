@@ -314,25 +314,39 @@ def test_phase_schedule_resizes_running_ranks_in_place(kube: Kube, tmp_path: Pat
         )
 
 
-def test_resize_above_allocatable_is_rejected_and_the_run_completes(
+def test_a_grow_the_node_cannot_hold_is_held_and_one_sent_anyway_is_refused(
     kube: Kube, tmp_path: Path
 ) -> None:
-    # The backend is told of far more CPU than the node has, so the policy asks for a
-    # request the node cannot give: the apiserver (1.36) refuses it.
+    # The phase schedule asks rank 3 for more than its node has. The loop reads the nodes
+    # (issue 28): the grow is held with the code node-full and never sent; the rank keeps
+    # its request and the run completes. The same resize sent anyway, by hand through the
+    # backend, is refused by the apiserver (1.36: above the node's allocatable).
     big = kube.allocatable_millis + 3000
-    kube.backend.config = dataclasses.replace(kube.backend.config, allocatable_millis=big + 2000)
     first, second = (100, 100, 400, 1000), (100, 100, 400, big)
+    refused: list[Any] = []
+
+    def send_anyway(watcher: Watcher, stop: threading.Event) -> None:
+        deadline = time.monotonic() + 180
+        while time.monotonic() < deadline and not stop.is_set():
+            if watcher.sim_id and any(s.solver_pids for s in watcher.of_rank(3)):
+                refused.append(kube.backend.resize(watcher.sim_id, 3, RankResources(big)))
+                return
+            time.sleep(0.2)
+
     sub = Submission(
-        case="pitzDaily", weights=(1, 1, 1, 1), budget_millis=sum(second), iterations=200,
+        case="pitzDaily", weights=(1, 1, 1, 1), budget_millis=sum(first), iterations=300,
         phases=(Phase(0.0, first), Phase(0.3, second)), sizing="fixed",
     )  # fmt: skip
-    result, watcher, _ = kube.run(sub, tmp_path / "runs")
+    result, watcher, store = kube.run(sub, tmp_path / "runs", during=send_anyway)
     (run,) = result.results
     assert run.status == "completed", run.message
-    (rejected,) = [r for r in run.resizes if r.rank == 3]
-    print(f"\nresize to {big}m: {rejected.status}: {rejected.reason}")
-    assert rejected.status == "rejected"
-    assert "allocatable" in (rejected.reason or "")
+    held = [e for e in store.events() if e.kind == "resize-held"]
+    print(f"\nheld: {[e.detail for e in held]}\nsent by hand: {refused}")
+    assert any(e.detail.get("code") == "node-full" for e in held), held
+    assert not [r for r in run.resizes if r.rank == 3 and r.to_millis == big], run.resizes
+    (by_hand,) = refused
+    assert by_hand.state is ResizeState.REJECTED, by_hand
+    assert "allocatable" in by_hand.reason, by_hand
     assert run.ranks[3].cpu_millis == 1000  # kept its request
     assert {s.spec_millis for s in watcher.of_rank(3)} == {1000}
 
