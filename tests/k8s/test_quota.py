@@ -29,7 +29,7 @@ from rankpack.backend.protocol import LaunchFailed, LaunchRefused, RankResources
 from rankpack.core.failures import FailureCode
 from rankpack.devcluster.nodefiles import with_node_files
 from tests.k8s.conftest import DevCluster
-from tests.k8s.operators import Env
+from tests.k8s.operators import Env, endless_pitzdaily
 from tests.k8s.pods import sleeper_pod, wait_running
 
 QUOTA = "rankpack-test-cpu"
@@ -65,9 +65,13 @@ def test_two_simulations_under_a_quota_both_succeed_one_waiting_for_it(
     try:
         # 2 ranks of 500m each: one fits the quota, two do not. A phase schedule is never
         # packed into the room left (its requests are the user's), so the second must wait.
+        # The first lasts well beyond the status's coalescing interval (10 s): pitzDaily
+        # converges at iteration 285, 7.4 s on a quiet machine, before the second's
+        # QuotaExceeded hold (coalesced after its first hold, Cooldown) was due.
         made = env.cli(
-            "submit", "pitzDaily", "--backend", "kubernetes", "--ranks", "2", "--budget", "1",
-            "--iterations", "150", "--phases", "0:500,500", "--count", "2", "--json",
+            "submit", str(endless_pitzdaily(env.tmp)), "--backend", "kubernetes",
+            "--ranks", "2", "--budget", "1",
+            "--iterations", "800", "--phases", "0:500,500", "--count", "2", "--json",
         )  # fmt: skip
         assert made.returncode == 0, made.stderr
         op = env.operator("--until-idle", log=tmp_path / "op.log")

@@ -169,3 +169,26 @@ def test_an_unreachable_apiserver_is_a_clear_error(tmp_path: Path) -> None:
     config = load_config(kubeconfig(tmp_path, "http://127.0.0.1:9"))
     with pytest.raises(BackendError, match="unreachable"):
         connect(config)
+
+
+def test_an_exec_that_cannot_start_is_tried_again_then_given_up(tmp_path: Path) -> None:
+    # A launch that meets an apiserver restart: the rsh agent's exec is connected again
+    # while nothing answers (nothing ran yet), for as long as it is told, then fails.
+    import time
+
+    api = ClientKubeApi(load_config(kubeconfig(tmp_path, "http://127.0.0.1:9")))
+    t0 = time.monotonic()
+    with pytest.raises(ApiError) as err:
+        api.exec_attached("p", "rank", ["true"], connect_retry_s=2.0)
+    waited = time.monotonic() - t0
+    tries = sum(n for (verb, res, _), n in api.requests.counts().items() if res == "pods/exec")
+    assert err.value.status == 0 and err.value.transient
+    assert tries >= 2 and 1.0 <= waited <= 10.0, (tries, waited)
+
+
+def test_an_exec_refused_is_not_tried_again(tmp_path: Path, server: str) -> None:
+    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server)))
+    with pytest.raises(ApiError) as err:
+        api.exec_attached("forbidden", "rank", ["true"], connect_retry_s=30.0)
+    tries = sum(n for (verb, res, _), n in api.requests.counts().items() if res == "pods/exec")
+    assert err.value.status == 403 and tries == 1, (err.value, tries)

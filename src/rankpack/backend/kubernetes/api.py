@@ -430,11 +430,17 @@ class ClientKubeApi:
         return ExecResult(code, b"".join(out).decode(errors="replace"),
                           b"".join(err).decode(errors="replace"))  # fmt: skip
 
-    def exec_attached(self, pod: str, container: str, argv: Sequence[str]) -> int:
-        """Run ``argv`` in a container with its output streamed to ours (the rsh agent)."""
+    def exec_attached(
+        self, pod: str, container: str, argv: Sequence[str], connect_retry_s: float = 0.0
+    ) -> int:
+        """Run ``argv`` in a container with its output streamed to ours (the rsh agent).
+        While the apiserver cannot be reached (or answers 429/5xx) before the command has
+        started, connecting is tried again for up to ``connect_retry_s`` (nothing ran yet,
+        so nothing runs twice); a stream that breaks once started is not."""
         return self._exec_stream(
-            pod, container, argv, _writer(sys.stdout.buffer), _writer(sys.stderr.buffer), None
-        )
+            pod, container, argv, _writer(sys.stdout.buffer), _writer(sys.stderr.buffer), None,
+            connect_retry_s,
+        )  # fmt: skip
 
     def _exec_stream(
         self,
@@ -444,6 +450,7 @@ class ClientKubeApi:
         on_out: Any,
         on_err: Any,
         timeout_s: float | None,
+        connect_retry_s: float = 0.0,
     ) -> int:
         import time
 
@@ -459,24 +466,34 @@ class ClientKubeApi:
         # while it runs: a private client per exec keeps concurrent REST calls (the poller,
         # other execs) on plain HTTP.
         core = client.CoreV1Api(client.ApiClient(self.api_client.configuration))
-        self.requests.add("create", "pods/exec")
-        try:
-            ws = stream(
-                core.connect_get_namespaced_pod_exec,
-                pod,
-                self.namespace,
-                container=container,
-                command=list(argv),
-                stdin=False,
-                stdout=True,
-                stderr=True,
-                tty=False,
-                _preload_content=False,
-            )
-        except ApiException as exc:
-            raise _api_error(exc) from exc
-        except exec_errors as exc:
-            raise ApiError(0, "Unreachable", f"cannot exec in pod {pod}: {exc}") from exc
+        give_up = time.monotonic() + connect_retry_s
+        delay = 0.5
+        while True:
+            self.requests.add("create", "pods/exec")
+            try:
+                ws = stream(
+                    core.connect_get_namespaced_pod_exec,
+                    pod,
+                    self.namespace,
+                    container=container,
+                    command=list(argv),
+                    stdin=False,
+                    stdout=True,
+                    stderr=True,
+                    tty=False,
+                    _preload_content=False,
+                )
+                break
+            except ApiException as exc:
+                error = _exec_error(exc)
+                cause: Exception = exc
+            except exec_errors as exc:
+                error = ApiError(0, "Unreachable", f"cannot exec in pod {pod}: {exc}")
+                cause = exc
+            if not error.transient or time.monotonic() + delay > give_up:
+                raise error from cause
+            time.sleep(delay)  # not started: connecting again runs nothing twice
+            delay = min(delay * 2, 5.0)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while ws.is_open():
@@ -535,6 +552,20 @@ def _exec_code(status_text: str) -> int:
 def _api_error(exc: Any) -> ApiError:
     status = int(getattr(exc, "status", 0) or 0)
     return _error_from(status, str(getattr(exc, "reason", "") or ""), getattr(exc, "body", None))
+
+
+def _exec_error(exc: Any) -> ApiError:
+    """An exec that could not start: the websocket client reports every failure as status
+    0; a handshake the apiserver answered (403, 404, 5xx) carries its real status."""
+    from websocket import WebSocketBadStatusException
+
+    bad = exc.__context__
+    if isinstance(bad, WebSocketBadStatusException):
+        body = getattr(bad, "resp_body", None)
+        return _error_from(
+            int(bad.status_code), "", body.decode() if isinstance(body, bytes) else body
+        )
+    return _api_error(exc)
 
 
 def _error_from(status: int, reason: str, body: Any) -> ApiError:

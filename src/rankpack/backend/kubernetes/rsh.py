@@ -27,6 +27,11 @@ ENV_CONTEXT = "RANKPACK_KUBE_CONTEXT"
 ENV_NAMESPACE = "RANKPACK_NAMESPACE"
 ENV_CONTAINER = "RANKPACK_CONTAINER"
 
+CONNECT_RETRY_S = 180.0
+"""How long an exec that could not start (the apiserver restarting, overloaded) is tried
+again: a launch that meets an apiserver restart waits for it instead of failing the run
+(mpirun waits for its daemons meanwhile)."""
+
 
 def split_args(argv: Sequence[str]) -> tuple[str, str]:
     """``[opts…] host cmd…`` → (host, the command for ``sh -c``)."""
@@ -69,7 +74,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     )
     try:
         api = ClientKubeApi(config)
-        return api.exec_attached(host, env.get(ENV_CONTAINER) or "rank", ["/bin/sh", "-c", command])
+        return api.exec_attached(
+            host, env.get(ENV_CONTAINER) or "rank", ["/bin/sh", "-c", command], CONNECT_RETRY_S
+        )
     except BackendError as exc:
         print(f"rankpack-exec: {host}: {exc}", file=sys.stderr)
         return 255
