@@ -73,7 +73,8 @@ def test_a_failed_end_is_not_held_for_ever_nor_without_leases() -> None:
     assert failed_end_verdict({"a"}, nodes, old, NOW - 81, NOW, rules).state == "alive"
     # the Leases cannot be read: judged by the Ready condition alone, nothing waits
     assert failed_end_verdict({"a"}, nodes, None, NOW, NOW).state == "alive"
-    assert failed_end_verdict({"a"}, [node("a", "Unknown")], None, NOW, NOW).state == "lost"
+    unknown = [node("a", "Unknown"), node("b")]
+    assert failed_end_verdict({"a"}, unknown, None, NOW, NOW).state == "lost"
     # a node without a Lease is judged by its Ready condition alone
     assert failed_end_verdict({"a"}, nodes, {}, NOW, NOW).state == "alive"
     # a renewal within the margin after the end does not count (node clocks may differ)
@@ -82,8 +83,8 @@ def test_a_failed_end_is_not_held_for_ever_nor_without_leases() -> None:
 
 
 def test_a_lease_stale_past_the_grace_is_lost_even_while_ready() -> None:
-    old = {"a": lease("a", NOW - 61)}
-    v = failed_end_verdict({"a"}, [node("a")], old, NOW - 30, NOW)
+    old = {"a": lease("a", NOW - 61), "b": lease("b", NOW - 2)}
+    v = failed_end_verdict({"a"}, [node("a"), node("b")], old, NOW - 30, NOW)
     assert v.state == "lost" and "61 s ago" in v.why
 
 
@@ -105,6 +106,7 @@ def test_a_rank_pod_on_a_lost_node_fails_its_simulation_node_lost(tmp_path: Path
     (proc,) = h.procs
     assert h.backend.observe(SIM).phase is SimPhase.RUNNING
     h.api.nodes[1] = node("node-2", "Unknown")  # the control plane no longer hears it
+    h.api.leases[1] = lease("node-2", time.time() - 45)  # nor its Lease a renewal
     h.backend.poll_once()
     obs = h.backend.observe(SIM)
     assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.NODE_LOST
@@ -138,6 +140,7 @@ def test_the_launcher_pod_on_a_lost_node_is_node_lost(tmp_path: Path) -> None:
     h.backend.poll_once()
     assert h.backend.observe(SIM).phase is SimPhase.RUNNING
     h.api.nodes[1] = node("node-2", "Unknown")
+    h.api.leases[1] = lease("node-2", time.time() - 45)
     h.backend.poll_once()
     obs = h.backend.observe(SIM)
     assert obs.failure is FailureCode.NODE_LOST and f"launcher pod {LAUNCHER}" in obs.reason
@@ -154,7 +157,7 @@ def test_mpirun_ending_first_is_held_then_node_lost(tmp_path: Path) -> None:
     _with_nodes(h, "node-1", "node-2")
     h.running()
     h.api.run_pod(PODS[2], node="node-2", ip="10.201.1.12")
-    h.api.leases[1] = lease("node-2", time.time() - 5)  # its last renewal, before the crash
+    h.api.leases[1] = lease("node-2", time.time() - 40)  # its last renewal, before the crash
     h.end_launcher(1, reason="Error")
     h.api.leases[0] = lease("node-1", time.time() + 2)  # node-1 renews after the end
     h.backend.poll_once()

@@ -44,6 +44,11 @@ class NodeWatch:
         self.clock = clock
         """Wall-clock time (the Leases' renewTime is one)."""
         self._nodes_forbidden = False
+        self.fresh_since: float | None = None
+        """When (wall clock) the nodes' and Leases' watches last came back after a break
+        (None: unbroken since this process started); a Lease's silence counts from then at
+        the earliest (`nodehealth`)."""
+        self._broken = False
 
     def nodes(self) -> list[Obj] | None:
         """Every node as cached (None: this identity may not list them, or not listed yet)."""
@@ -68,12 +73,29 @@ class NodeWatch:
             return None
         return {str((lease.get("metadata") or {}).get("name")): lease for lease in found.items()}
 
+    def fresh(self) -> bool:
+        """Whether the cached nodes and Leases are fresh: their watches unbroken (the
+        apiserver answers). Sets `fresh_since` when they come back after a break."""
+        held = self.cache.informers()
+        broken = any(
+            (inf := held.get(c)) is not None and not inf.forbidden and inf.error is not None
+            for c in (core("nodes"), LEASES)
+        )
+        if broken:
+            self._broken = True
+        elif self._broken:
+            self._broken, self.fresh_since = False, self.clock()
+        return not broken
+
     def lost(self) -> dict[str, str]:
-        """The lost nodes by name, each with why (none when the nodes cannot be read)."""
+        """The lost nodes by name, each with why (none when the nodes cannot be read, and
+        none while the view of them is stale: the apiserver away)."""
         nodes = self.nodes()
-        if nodes is None:
+        if nodes is None or not self.fresh():
             return {}
-        return nodehealth.lost_nodes(nodes, self.leases(), self.clock(), self.rules)
+        return nodehealth.lost_nodes(
+            nodes, self.leases(), self.clock(), self.rules, self.fresh_since
+        )
 
     def judge_end(self, sim: SimRecord) -> str | None:
         """A simulation whose mpirun ended with a failure a lost node may be behind: ends it
@@ -93,9 +115,12 @@ class NodeWatch:
         if nodes is None:
             sim.end_verdict = "alive"
             return None
+        if not self.fresh():
+            return f"mpirun ended ({failed.message}); waiting for the API to judge its nodes"
         verdict = nodehealth.failed_end_verdict(
-            placed_nodes(sim), nodes, self.leases(), sim.end_seen_s, now, self.rules
-        )
+            placed_nodes(sim), nodes, self.leases(), sim.end_seen_s, now, self.rules,
+            self.fresh_since,
+        )  # fmt: skip
         if verdict.state == "wait":
             return f"mpirun ended ({failed.message}); {verdict.why}"
         sim.end_verdict = verdict.state

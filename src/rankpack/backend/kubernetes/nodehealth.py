@@ -16,8 +16,22 @@ end is the node's doing. The end waits (`NodeHealthRules.hold_s` at most) until 
 every node of its ranks has renewed its Lease after the end (alive: the failure is the
 job's own) or one of them is lost (``NodeLost``).
 
+**Never on a stall of the control plane.** While the apiserver is away (restarted,
+overloaded) no kubelet can renew its Lease and the node lifecycle controller, once it is
+back, may mark every node ``Ready=Unknown`` before their kubelets get through again. So a
+Lease's age is counted only from when this process's view of the API became fresh again
+(``fresh_since_s``: when the watches of the nodes and Leases came back after a break), a
+``Ready=Unknown`` node counts as lost only once its Lease has also missed two renewals
+(`NodeHealthRules.unknown_s`), nothing is judged while the view is broken
+(`lostnodes.NodeWatch`), and when every node would be lost at once none is (the node
+lifecycle controller's own "full disruption" rule: the control plane, not every node, is
+what failed; one node of a one-node cluster is therefore never judged lost). A crashed node
+is still lost as soon as the control plane says so (its Lease is then long stale); a node
+whose kubelet renews after an apiserver restart is not.
+
 A node whose Lease cannot be read (an identity that may not read Leases) is judged from
-its Ready condition alone, and a failed end is not held. A node the API no longer lists is
+its Ready condition alone (once the view has been fresh for `NodeHealthRules.unknown_s`),
+and a failed end is not held. A node the API no longer lists is
 lost too (deleted). Called by the Kubernetes backend (`lostnodes.NodeWatch`).
 """
 
@@ -42,6 +56,10 @@ class NodeHealthRules:
     hold_s: float = DEFAULT_HOLD_S
     """The longest a failed end waits for its nodes' verdict (seconds since the end was
     seen); then the failure stands as it is."""
+    unknown_s: float = 25.0
+    """A ``Ready=Unknown`` node is lost once its Lease (or, without Leases, the fresh view)
+    is this much older: two missed renewals, so a kubelet that is getting through again
+    after an apiserver restart is never taken for a lost one."""
     margin_s: float = 1.0
     """A Lease renewed this long after a failed end was seen shows its node alive (node
     clocks are taken to agree within it)."""
@@ -77,21 +95,36 @@ def lost_nodes(
     leases: Mapping[str, Obj] | None,
     now_s: float,
     rules: NodeHealthRules = NodeHealthRules(),
+    fresh_since_s: float | None = None,
 ) -> dict[str, str]:
     """Lost nodes by name, each with why (one line). ``leases`` by node name; None: Leases
-    cannot be read, judge by the Ready condition alone."""
+    cannot be read, judge by the Ready condition alone. ``fresh_since_s``: the POSIX time
+    the view of the API came back after a break (None: never broken); a Lease's silence
+    counts from then at the earliest. Every node silent at once: none (see the module
+    doc)."""
+    fresh = float("-inf") if fresh_since_s is None else fresh_since_s
     lost: dict[str, str] = {}
+    listed: list[str] = []
     for node in nodes:
         name = str((node.get("metadata") or {}).get("name") or "")
         if not name:
             continue
+        listed.append(name)
+        silent: float | None = None  # seconds its kubelet could have renewed and did not
         if leases is not None:
             age = lease_age_s(leases.get(name), now_s)
-            if age is not None and age > rules.grace_s:
-                lost[name] = f"node {name}: its kubelet last renewed its Lease {age:.0f} s ago"
-                continue
-        if _ready(node) == "Unknown":
+            if age is not None:
+                silent = min(age, now_s - fresh)
+                if silent > rules.grace_s:
+                    lost[name] = (f"node {name}: its kubelet last renewed its Lease {age:.0f} s "
+                                  "ago")  # fmt: skip
+                    continue
+        if silent is None:
+            silent = now_s - fresh
+        if _ready(node) == "Unknown" and silent > rules.unknown_s:
             lost[name] = f"node {name}: the control plane no longer hears from its kubelet"
+    if listed and set(lost) >= set(listed):
+        return {}  # every node silent at once: the control plane's stall (full disruption)
     return lost
 
 
@@ -129,13 +162,14 @@ def failed_end_verdict(
     ended_s: float,
     now_s: float,
     rules: NodeHealthRules = NodeHealthRules(),
+    fresh_since_s: float | None = None,
 ) -> EndVerdict:
     """Whether a simulation whose mpirun ended with a failure (seen at the POSIX time
     ``ended_s``) ended because a node of its ranks (``placed_on``) was lost. ``leases`` by
     node name (None: they cannot be read: only a node already lost counts, nothing waits).
     A deleted node is not judged here: its pods' own status says so (``DeletionByPodGC``)."""
     wanted = sorted({n for n in placed_on if n})
-    lost = lost_nodes(nodes, leases, now_s, rules)
+    lost = lost_nodes(nodes, leases, now_s, rules, fresh_since_s)
     hit = [n for n in wanted if n in lost]
     if hit:
         return EndVerdict("lost", "; ".join(lost[n] for n in hit))
