@@ -1,8 +1,8 @@
-"""Apiserver requests of one 2-rank simulation on the dev cluster (issue 29).
+"""Apiserver requests of one simulation (2 ranks; `--ranks 4`) on the dev cluster (issue 29).
 
 Reads the apiserver's own ``apiserver_request_total`` (summed by verb and resource) before
 and after an idle minute, then before and after one ``rankpack run`` on the Kubernetes
-backend (2 ranks, a phase schedule that resizes both in place, the backend's
+backend (2 ranks or ``--ranks``, a phase schedule that resizes both in place, the backend's
 ServiceAccount), on an otherwise idle dev cluster. The metric has no per-client label:
 what the cluster's own components do (kubelet status updates, the scheduler's bindings,
 the garbage collector, their Events) is in it too, so the idle rate is subtracted and the
@@ -81,6 +81,7 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--src", type=Path, default=HERE / "src", help="the rankpack sources to run")
     p.add_argument("--iterations", type=int, default=1200)
+    p.add_argument("--ranks", type=int, default=2, help="rank pods of the run (2 or more)")
     p.add_argument("--idle-s", type=float, default=60.0)
     p.add_argument("--json", action="store_true")
     args = p.parse_args()
@@ -104,10 +105,17 @@ def main() -> int:
         shutil.copytree(EXAMPLES_ROOT / KNOWN_TUTORIALS["pitzDaily"], case)
         fv = case / "system" / "fvSolution"
         fv.write_text(re.sub(r"residualControl\s*\{[^}]*\}", "", fv.read_text()))
+        n = args.ranks
+        # 2 ranks: 300m/700m, swapped at 30 % (the measurement's first shape); more ranks:
+        # 200m/500m alternating, swapped (room on the 2-core node for the launcher pod)
+        first = [300, 700] if n == 2 else [200 if i % 2 == 0 else 500 for i in range(n)]
+        second = [sum(first[:2]) - m for m in first]
+        phases = f"0:{','.join(map(str, first))};0.3:{','.join(map(str, second))}"
         argv = [sys.executable, "-m", "rankpack", "run", str(case), "--backend", "kubernetes",
-                "--kubeconfig", sa, "--allocatable", "2", "--ranks", "2", "--weights", "1,1",
-                "--budget", "1", "--iterations", str(args.iterations), "--wait", "polite",
-                "--phases", "0:300,700;0.3:700,300", "--json"]  # fmt: skip
+                "--kubeconfig", sa, "--allocatable", "2", "--ranks", str(n),
+                "--weights", ",".join(["1"] * n), "--budget", str(sum(first) / 1000),
+                "--iterations", str(args.iterations), "--wait", "polite",
+                "--phases", phases, "--json"]  # fmt: skip
         t2, c2 = time.monotonic(), counts(admin)
         done = subprocess.run(argv, capture_output=True, text=True, env=env, check=False)
         t3, c3 = time.monotonic(), counts(admin)

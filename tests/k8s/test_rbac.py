@@ -64,7 +64,10 @@ def test_service_account_forbidden_elsewhere(k8s: DevCluster) -> None:
     ns = k8s.namespace
     core = client.CoreV1Api(api)
     rbac = client.RbacAuthorizationV1Api(api)
-    forbidden(lambda: core.list_node())
+    # nodes it may read (get/list/watch: each node's allocatable, issue 28), never change
+    core.list_node()
+    assert not can_i(api, "patch", "nodes", None)
+    assert not can_i(api, "delete", "nodes", None)
     forbidden(lambda: core.list_namespaced_secret(ns))
     forbidden(lambda: core.list_namespaced_pod("default"))
     forbidden(lambda: core.list_namespaced_pod("kube-system"))

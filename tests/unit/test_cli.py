@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rankpack.cli import main
+from rankpack.errors import UserError
 
 
 def test_plan_json(capsys: pytest.CaptureFixture[str]) -> None:
@@ -126,3 +127,45 @@ def test_a_named_command_gets_only_its_own_parser_and_the_rest_all() -> None:
     everything = commands(None)
     assert {"run", "node-agent", "dev-cluster"} <= everything
     assert commands(["no-such-command"]) == everything
+
+
+def test_run_takes_the_mpi_and_its_transport() -> None:
+    from rankpack.cli import build_parser
+
+    parser = build_parser(["run"])
+    args = parser.parse_args(["run", "pitzDaily", "--backend", "kubernetes", "--mpi", "mpich",
+                              "--mpi-transport", "auto"])  # fmt: skip
+    assert (args.mpi, args.mpi_transport) == ("mpich", "auto")
+    defaults = parser.parse_args(["run", "pitzDaily"])
+    assert (defaults.mpi, defaults.mpi_transport) == ("openmpi", "tcp")
+    with pytest.raises(SystemExit):
+        parser.parse_args(["run", "pitzDaily", "--mpi", "intelmpi"])
+
+
+def test_the_mpi_transport_is_parsed_once() -> None:
+    from rankpack.backend.kubernetes.config import KubernetesConfig, parse_transport
+
+    assert parse_transport("tcp") == "tcp" and parse_transport("auto") == "auto"
+    with pytest.raises(UserError, match="shm"):
+        parse_transport("shm")
+    with pytest.raises(UserError, match="transport"):
+        KubernetesConfig(mpi_transport="shm")  # type: ignore[arg-type]
+    assert KubernetesConfig().mpi_transport == "tcp"
+
+
+def test_a_simulations_mpi_is_data_checked_once() -> None:
+    from rankpack.operator.crd import crd_manifest, spec_of, submission_of
+    from rankpack.plan.submission import MPIS, Submission
+    from rankpack.profile.shim import FLAVOURS
+
+    assert MPIS == FLAVOURS  # the shim is built for each MPI a simulation may name
+    sub = Submission(case="pitzDaily", weights=(1, 1), budget_millis=1600, mpi="mpich")
+    assert submission_of({"metadata": {"name": "s"}, "spec": spec_of(sub)}) == sub
+    assert Submission.from_json(sub.to_json()) == sub
+    assert Submission.from_json({**sub.to_json(), "mpi": None}).mpi is None
+    bad = {"case": {"path": "pitzDaily"}, "ranks": 2, "mpi": "intelmpi"}
+    with pytest.raises(UserError, match=r"spec\.mpi"):
+        submission_of({"metadata": {"name": "s"}, "spec": bad})
+    (version,) = crd_manifest()["spec"]["versions"]
+    field = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["mpi"]
+    assert field["enum"] == ["openmpi", "mpich"]

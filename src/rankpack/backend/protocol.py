@@ -115,6 +115,10 @@ class SimSpec:
     """Put on everything the backend creates for this simulation."""
     placement: Mapping[str, str] = field(default_factory=dict)
     """Hints: e.g. a node selector."""
+    rank_nodes: tuple[str, ...] = ()
+    """Per rank, the node the controller placed it on (Kubernetes: a required node affinity
+    on ``kubernetes.io/hostname``, so the scheduler's fit check still applies); empty: no
+    node decided, the backend (scheduler) places the ranks."""
 
 
 @dataclass(frozen=True)

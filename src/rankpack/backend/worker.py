@@ -7,7 +7,8 @@ news since its last call, or at its timeout.
 `Stager` stages cases (`rankpack.case.staging`) in worker threads, one per simulation, as
 protocol v2 asks: `stage` returns at once; the outcome is read by `observe` (STAGING, then
 STAGED with the staged case, or FAILED with the stage error); a stage cancelled by `stop`
-or `release` before its launch has its copy removed, since it holds no results yet. The local
+or `release` before its launch has its copy removed, since it holds no results yet (but a
+case staged again to resume after a lost node, `StageSpec.resume`: that one holds them). The local
 and the Kubernetes backend stage the same way (on this machine, or on the volume the rank pods
 share), so they share this.
 """
@@ -74,7 +75,8 @@ class Stager:
         entry = _Stage(spec, threading.Thread(target=self._run, args=(spec,), daemon=True))
         self._stages[spec.sim_id] = entry
         try:
-            staging.check(spec)  # bad input fails here, before a thread or a directory exists
+            if spec.resume is None:  # (a case to resume was checked when it was staged)
+                staging.check(spec)  # bad input fails here, before a thread or a directory exists
         except UserError as exc:
             entry.error, entry.done = str(exc), True
             entry.failure = failure_code(exc)
@@ -91,7 +93,7 @@ class Stager:
         except Exception as exc:  # a staging bug must not kill the loop: report it
             entry.error = f"staging failed: {exc!r}"
         entry.done = True
-        if entry.cancelled and entry.result is not None:
+        if entry.cancelled and entry.result is not None and spec.resume is None:
             shutil.rmtree(entry.result.run_dir, ignore_errors=True)
         self._notify()
 
@@ -138,8 +140,8 @@ class Stager:
         entry.cancelled = True
         if entry.thread.is_alive():
             entry.thread.join(timeout=60)
-        if entry.result is not None:
-            shutil.rmtree(entry.result.run_dir, ignore_errors=True)
+        if entry.result is not None and entry.spec.resume is None:  # (a resumed case holds
+            shutil.rmtree(entry.result.run_dir, ignore_errors=True)  # results: never removed)
         return True
 
     def forget_all(self) -> None:

@@ -400,13 +400,38 @@ def read_time_control(case_dir: Path) -> TimeControl:
     )
 
 
-def set_iterations(case_dir: Path, iterations: int) -> TimeControl:
-    """Stop after ``iterations`` time steps, with the last step written.
+WRITE_FRACTION = 0.1
+"""A staged run writes its fields about every this fraction of its iterations, so that a
+run cut short (a lost node) resumes from its last write (`case.restart`)."""
 
-    OpenFOAM writes fields only at multiples of ``writeInterval``; when the last step would
-    not be one, the write interval becomes the whole run (one write, at the end), so the
-    result a user asked for is on disk.
+
+def write_steps(iterations: int, case_steps: float | None, fraction: float = WRITE_FRACTION) -> int:
+    """Time steps between two writes of a run of ``iterations`` steps (pure).
+
+    OpenFOAM writes fields only at multiples of the interval, and the last step must be one
+    of them (the result a user asked for is on disk), so the interval divides
+    ``iterations``. The case's own interval (``case_steps``; None: not in time steps) is kept
+    when it does and writes at least every ``fraction`` of the run; else the divisor
+    nearest ``fraction`` of the run, between half and twice that; else (a prime count, say)
+    the whole run: one write, at the end, and a run cut short starts again from its start.
     """
+    if iterations < 1:
+        return max(1, iterations)
+    target = max(1.0, iterations * fraction)
+    if case_steps is not None and case_steps >= 1 and float(case_steps).is_integer():
+        steps = int(case_steps)
+        if iterations % steps == 0 and steps <= target:
+            return steps
+    low, high = max(1, int(target // 2)), int(target * 2)
+    divisors = [d for d in range(low, min(high, iterations) + 1) if iterations % d == 0]
+    if not divisors:
+        return iterations
+    return min(divisors, key=lambda d: (abs(d - target), d))
+
+
+def set_iterations(case_dir: Path, iterations: int) -> TimeControl:
+    """Stop after ``iterations`` time steps, with the last step written and writes about
+    every tenth of the run in between (`write_steps`), in time steps."""
     tc = read_time_control(case_dir)
     end = tc.start + iterations * tc.delta_t
     from foamlib import FoamFile  # (lazy: ~0.15 s to import)
@@ -417,10 +442,11 @@ def set_iterations(case_dir: Path, iterations: int) -> TimeControl:
         cd["stopAt"] = "endTime"
         control = cd.get("writeControl", "timeStep")
         interval = float(cd.get("writeInterval", 1))  # type: ignore[arg-type]
-        steps = interval if control == "timeStep" else interval / tc.delta_t
-        if steps <= 0 or abs(iterations / steps - round(iterations / steps)) > 1e-9:
+        case_steps = interval if control == "timeStep" else interval / tc.delta_t
+        steps = write_steps(iterations, case_steps if case_steps > 0 else None)
+        if control != "timeStep" or steps != case_steps:
             cd["writeControl"] = "timeStep"
-            cd["writeInterval"] = iterations
+            cd["writeInterval"] = steps
     return TimeControl(tc.start, end, tc.delta_t)
 
 

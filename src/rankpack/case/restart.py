@@ -4,12 +4,15 @@ A decomposed run writes each rank's fields to ``processor<i>/<time>/``; after a 
 latest time every processor directory holds, with every field file the first processor
 writes there, is the last complete write. The run restarts from it (``startFrom
 latestTime``), with the same decomposition, and nothing past it is run twice: what ran
-after it is lost, and reported (`iterations_at`).
+after it is lost, and reported: `prepare_resume` says from which time and after how many
+time steps it starts again. Called when a simulation a lost node stopped is staged again
+(`staging.resume`).
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from pathlib import Path
 
 from rankpack.errors import UserError
@@ -88,3 +91,44 @@ def _remove_tree(path: Path) -> None:
     import shutil
 
     shutil.rmtree(path, ignore_errors=True)
+
+
+@dataclass(frozen=True)
+class ResumePoint:
+    time: str | None
+    """The time directory it starts from (None: nothing was written; from its start)."""
+    steps: int
+    """Time steps from the case's start time to it (what the run had done and kept)."""
+
+
+def steps_to(case_dir: Path, time_name: str) -> int:
+    """Time steps from the case's ``startTime`` to ``time_name`` (``deltaT`` apart)."""
+    from foamlib import FoamFile  # (lazy: ~0.15 s to import)
+
+    cd = FoamFile(case_dir / "system" / "controlDict")
+    start = float(cd.get("startTime", 0))  # type: ignore[arg-type]
+    delta = float(cd["deltaT"])  # type: ignore[arg-type]
+    return max(0, round((float(time_name) - start) / delta)) if delta > 0 else 0
+
+
+def prepare_resume(case_dir: Path, n_ranks: int, solver: str) -> ResumePoint:
+    """Make a decomposed case cut short run again from its last complete write: later
+    partial writes removed, ``startFrom latestTime``; the solver's log and the backend's
+    launch files (``.rankpack``) of the run cut short are kept beside, renamed
+    ``<name>.lost-<k>``, so the run starts with files of its own and nothing is lost."""
+    latest = latest_written_time(case_dir, n_ranks)
+    for name in (f"log.{solver}", ".rankpack"):
+        path = case_dir / name
+        if path.exists():
+            k = 1
+            while (case_dir / f"{name}.lost-{k}").exists():
+                k += 1
+            path.rename(case_dir / f"{name}.lost-{k}")
+    if latest is None:
+        from foamlib import FoamFile  # (lazy: ~0.15 s to import)
+
+        start = FoamFile(case_dir / "system" / "controlDict").get("startTime", 0)
+        resume_from(case_dir, str(start))
+        return ResumePoint(None, 0)
+    resume_from(case_dir, latest)
+    return ResumePoint(latest, steps_to(case_dir, latest))

@@ -13,7 +13,7 @@ import contextlib
 import re
 import shutil
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
@@ -46,6 +46,9 @@ class StageSpec:
     namespace: str | None = None
     """Where the simulation will run, for a backend that places in several (the operator
     serving several Kubernetes namespaces); None: the backend's own. Staging ignores it."""
+    resume: StagedCase | None = None
+    """A case staged before whose run was cut short (a lost node): nothing is copied; it is
+    made to start again from its last complete write (`resume`)."""
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,10 @@ class StagedCase:
     cells_per_rank: tuple[int, ...]
     expected_iterations: int
     warnings: tuple[str, ...] = ()
+    resumed_from: str | None = None
+    """The time it starts again from (its last complete write; `resume`), None: the start."""
+    start_iterations: int = 0
+    """Time steps done before that time (its log counts on from there)."""
 
     @property
     def log_path(self) -> Path:
@@ -95,8 +102,25 @@ def check(spec: StageSpec) -> openfoam.CaseSource:
     return source
 
 
+def resume(spec: StageSpec) -> StagedCase:
+    """The staged case of ``spec.resume`` made to run again from its last complete write
+    (`restart.prepare_resume`: later partial writes removed, ``startFrom latestTime``, the
+    earlier log and launch files kept aside); from its start when nothing was written."""
+    staged = spec.resume
+    if staged is None:
+        raise UserError("nothing to resume")
+    if not (staged.run_dir / "system" / "controlDict").is_file():
+        raise UserError(f"cannot resume {staged.run_dir}: its case is gone")
+    from rankpack.case import restart
+
+    point = restart.prepare_resume(staged.run_dir, len(staged.cells_per_rank), staged.solver)
+    return replace(staged, warnings=(), resumed_from=point.time, start_iterations=point.steps)
+
+
 def stage(spec: StageSpec) -> StagedCase:
     """Copy, mesh and decompose; the run directory appears only when all of it worked."""
+    if spec.resume is not None:
+        return resume(spec)
     source = check(spec)
     if spec.workdir is not None:
         final = spec.workdir.expanduser().resolve()

@@ -10,7 +10,12 @@ from __future__ import annotations
 
 import argparse
 
-from rankpack.backend.kubernetes.config import LAUNCHER_CHOICES, resolve_launcher
+from rankpack.backend.kubernetes.config import (
+    LAUNCHER_CHOICES,
+    MPI_TRANSPORTS,
+    parse_transport,
+    resolve_launcher,
+)
 from rankpack.backend.local import LocalBackend
 from rankpack.backend.protocol import Backend, BackendError
 from rankpack.cli.common import parse_cores
@@ -45,6 +50,14 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
         "nodes (the least-privilege Role in deploy/ may not); e.g. 2 on the dev cluster",
     )
     p.add_argument(
+        "--mpi-transport",
+        choices=list(MPI_TRANSPORTS),
+        default="tcp",
+        help="kubernetes: how ranks talk: tcp (default: TCP over the pod network only, no "
+        "shared-memory transport, as co-located jobs in the seeds) or auto (the MPI "
+        "library's own choice, shared memory included where it can)",
+    )
+    p.add_argument(
         "--volume",
         help="kubernetes: where the case lives in the pods: pvc:CLAIM[:MOUNT_PATH] or "
         "host:DIR (default: the run directory as a host path, for the dev cluster)",
@@ -62,7 +75,9 @@ def make_backend(args: argparse.Namespace, *, use_cgroups: bool = True) -> Backe
 
     config = load_config(args.kubeconfig, args.context, args.namespace, image=args.image)
     config = replace(
-        with_node_files(config), launcher=resolve_launcher(args.launcher, config.image)
+        with_node_files(config),
+        launcher=resolve_launcher(args.launcher, config.image),
+        mpi_transport=parse_transport(getattr(args, "mpi_transport", "tcp")),
     )
     if args.allocatable is not None:
         config = replace(config, allocatable_millis=budget_to_millis(args.allocatable))

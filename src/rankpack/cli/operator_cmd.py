@@ -86,6 +86,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "host-usr)",
     )  # fmt: skip
     p.add_argument(
+        "--mpi-transport", choices=["tcp", "auto"], default="tcp",
+        help="how the ranks of a simulation talk: tcp (default: TCP over the pod network "
+        "only, no shared-memory transport) or auto (the MPI library's own choice)",
+    )  # fmt: skip
+    p.add_argument(
         "--volume", help="where run directories live in the rank pods, for Simulations whose "
         "spec.case.volume is empty: pvc:CLAIM[:MOUNT_PATH] (a claim of the pods' namespace) "
         "or host:DIR; {namespace} is the Simulation's (default: each run directory as a host "
@@ -166,6 +171,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 def _config(args: argparse.Namespace) -> Any:
     from rankpack.backend.kubernetes import load_config
+    from rankpack.backend.kubernetes.config import parse_transport
     from rankpack.devcluster.nodefiles import with_node_files
 
     # the operator's --namespace is the list it serves (`handle_operator`), not its own
@@ -178,6 +184,8 @@ def _config(args: argparse.Namespace) -> Any:
                         "pvc:CLAIM[:MOUNT_PATH]")  # fmt: skip
     if getattr(args, "allocatable", None) is not None:
         config = replace(config, allocatable_millis=budget_to_millis(args.allocatable))
+    if getattr(args, "mpi_transport", None) is not None:
+        config = replace(config, mpi_transport=parse_transport(args.mpi_transport))
     return config
 
 

@@ -38,7 +38,7 @@ from rankpack.core.results import RunResult
 from rankpack.errors import UserError
 from rankpack.plan.allocation import QoS, budget_to_millis, resolve_weights
 from rankpack.plan.submission import Submission, validate
-from rankpack.profile.shim import shim_library
+from rankpack.profile.shim import FLAVOURS, shim_library
 from rankpack.report.live import RunDisplay
 from rankpack.report.tables import run_table
 from rankpack.store import Store
@@ -139,6 +139,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     add_backend_arguments(p)
     p.add_argument(
+        "--mpi",
+        choices=list(FLAVOURS),
+        default="openmpi",
+        help="the MPI library the solver was built with: openmpi (default; Debian's "
+        "OpenFOAM) or mpich (MPICH's hydra launches the ranks, on this machine or in the "
+        "rank pods)",
+    )
+    p.add_argument(
         "--resize",
         choices=["none", "duty"],
         default="none",
@@ -231,12 +239,14 @@ def run_one(
     display: Display | None = None,
     image: str | None = None,
     volume: str | None = None,
+    mpi: str = "openmpi",
 ) -> RunResult:
     """Run one job to its end through the control loop; a case that cannot be staged is a
     UserError (exit 2)."""
     if shim:
-        shim_library("openmpi")  # fail before anything is created if it is not built
+        shim_library(mpi)  # fail before anything is created if it is not built
     settings = LoopSettings(
+        mpi=mpi,
         runs_root=data_dir() / "runs",
         controller=controller or ControllerSettings(max_concurrent=1),
         shim=shim,
@@ -266,7 +276,7 @@ def handle(args: argparse.Namespace) -> int:
         with stop_on_signals() as stop:
             result = run_one(
                 sub, backend, store, show=not args.json, stop=stop, shim=not args.no_shim,
-                wait_mode=args.wait, image=args.image, volume=args.volume,
+                wait_mode=args.wait, image=args.image, volume=args.volume, mpi=args.mpi,
             )  # fmt: skip
     except UserError:
         # Bad input found while staging (e.g. more ranks than cells): nothing ran, so leave

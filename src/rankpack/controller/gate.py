@@ -91,15 +91,17 @@ def launch(step: Step, memory: dict[str, SimMemory], state: ControllerState) -> 
                 ),
             )
         elif packed is not None:
+            nodes = pipe.place(packed, open_only=False)
             step.actions.append(Launch(queue_id=head.queue_id, reason=reason,
-                                       request_millis=packed))  # fmt: skip
-            pipe.took(head, packed)
+                                       request_millis=packed, nodes=nodes))  # fmt: skip
+            pipe.took(head, packed, nodes)
             return pipe.gated(obs.now_s, None, None)
         else:
             code, reason = _no_room(obs, f"{reason}; but the floors leave no room to pack it")
     if code is None:
-        step.actions.append(Launch(queue_id=head.queue_id, reason=reason))
-        pipe.took(head, head.initial_request_millis)
+        nodes = pipe.place(head.initial_request_millis, open_only=False)
+        step.actions.append(Launch(queue_id=head.queue_id, reason=reason, nodes=nodes))
+        pipe.took(head, head.initial_request_millis, nodes)
         pipe.behind(obs.queue[1:])
         return pipe.gated(obs.now_s, None, None)
     if code in PIPELINED and pipe.launch(head, code, reason):
@@ -160,18 +162,20 @@ def _backfill(
             if code is None:
                 code, reason = pipe.rated(code, reason)
             if code is None:
-                step.actions.append(Launch(queue_id=queued.queue_id,
+                nodes = pipe.place(queued.initial_request_millis, open_only=False)
+                step.actions.append(Launch(queue_id=queued.queue_id, nodes=nodes,
                                            reason=f"backfill: {reason}{why}"))  # fmt: skip
-                pipe.took(queued, queued.initial_request_millis)
+                pipe.took(queued, queued.initial_request_millis, nodes)
                 launched = True
                 continue
             if code not in PIPELINED:
                 continue
         piped = pipe.reason(queued)
         if piped is not None:
-            step.actions.append(Launch(queue_id=queued.queue_id,
+            nodes = pipe.place(queued.initial_request_millis, open_only=True)
+            step.actions.append(Launch(queue_id=queued.queue_id, nodes=nodes,
                                        reason=f"backfill: {piped}{why}"))  # fmt: skip
-            pipe.took(queued, queued.initial_request_millis)
+            pipe.took(queued, queued.initial_request_millis, nodes)
             launched = True
     return launched
 
@@ -221,10 +225,20 @@ class _Pipeline:
             or len(self.step.obs.sims) + len(self.launched) >= s.max_concurrent
         )
 
-    def took(self, queued: QueuedSim, requests: Sequence[int]) -> None:
+    def place(self, requests: Sequence[int], open_only: bool) -> tuple[str, ...]:
+        """Each rank's node for a launch of ``requests`` on a cluster of several nodes
+        (`room.place`: the open nodes only for a pipelined launch); () on one node, or when
+        no placement fits (the scheduler places the ranks)."""
+        if not self.several_nodes:
+            return ()
+        return self.room.place(requests, open_only) or ()
+
+    def took(self, queued: QueuedSim, requests: Sequence[int], nodes: Sequence[str] = ()) -> None:
         self.launched.append(queued)
         self.bucket -= 1
-        if self.several_nodes:
+        if self.several_nodes and nodes:
+            self.room.take_on(requests, nodes)
+        elif self.several_nodes:
             self.room.take(requests)
 
     def launch(self, head: QueuedSim, code: str, held: str) -> bool:
@@ -232,10 +246,11 @@ class _Pipeline:
         reason = self.reason(head)
         if reason is None:
             return False
+        nodes = self.place(head.initial_request_millis, open_only=True)
         self.step.actions.append(
-            Launch(queue_id=head.queue_id, reason=f"{reason} (the gate alone: {held})")
+            Launch(queue_id=head.queue_id, reason=f"{reason} (the gate alone: {held})", nodes=nodes)
         )
-        self.took(head, head.initial_request_millis)
+        self.took(head, head.initial_request_millis, nodes)
         return True
 
     def behind(self, queue: Sequence[QueuedSim]) -> None:
@@ -243,9 +258,10 @@ class _Pipeline:
         for queued in queue:
             if self.stopped() or self.reason(queued) is None:
                 return
-            self.step.actions.append(Launch(queue_id=queued.queue_id,
-                                            reason=self.reason_text))  # fmt: skip
-            self.took(queued, queued.initial_request_millis)
+            nodes = self.place(queued.initial_request_millis, open_only=True)
+            self.step.actions.append(Launch(queue_id=queued.queue_id, reason=self.reason_text,
+                                            nodes=nodes))  # fmt: skip
+            self.took(queued, queued.initial_request_millis, nodes)
 
     reason_text = ""
 

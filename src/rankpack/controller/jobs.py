@@ -23,6 +23,29 @@ from rankpack.store import Store
 
 
 @dataclass(frozen=True)
+class Resume:
+    """A job whose run a lost node cut short (``NodeLost``): requeued to run again from its
+    case's last complete write instead of from the start (`StageSpec.resume`)."""
+
+    staged: StagedCase
+    """The case as it was staged (its run directory holds what was written)."""
+    iterations_at_loss: int
+    """Time steps the solver had done when the node was lost."""
+    lost_run_id: int | None = None
+    """The run the node loss ended (recorded ``requeued``, code ``NodeLost``)."""
+    why: str = ""
+    losses: int = 1
+    """Lost nodes this job has met so far."""
+    iterations_lost: int = 0
+    """Time steps run and lost over its earlier losses (done again after them)."""
+
+    def lost_now(self, staged: StagedCase) -> int:
+        """Time steps lost this time: done at the loss but after the write it resumes from
+        (``staged``: the case made to resume, `StagedCase.start_iterations`)."""
+        return max(0, self.iterations_at_loss - staged.start_iterations)
+
+
+@dataclass(frozen=True)
 class Job:
     queue_id: int
     submission: Submission
@@ -35,6 +58,8 @@ class Job:
     volume: str | None = None
     """Where its run directory lives in its rank pods when its submission names no volume,
     instead of the loop's ``volume`` (its namespace's own claim)."""
+    resume: Resume | None = None
+    """Its run was cut short by a lost node: it runs again from its last write."""
 
 
 class JobSource(Protocol):
@@ -70,8 +95,10 @@ class JobSource(Protocol):
 
     def requeued(self, job: Job, why: Failure) -> None:
         """The job was claimed and launched, and the launch was refused for a reason that
-        passes (``why.code``: `FailureCode.QUOTA_EXCEEDED`) with nothing left of it: it is
-        pending again (claimable, not started), waiting for the reason to pass."""
+        passes (``why.code``: `FailureCode.QUOTA_EXCEEDED`) with nothing left of it, or its
+        run was cut short by a lost node (`FailureCode.NODE_LOST`; ``job.resume`` says what
+        to resume from): it is pending again (claimable, not started), waiting for the
+        reason to pass."""
         ...
 
 
@@ -109,6 +136,7 @@ class OneJob:
         return set()
 
     def requeued(self, job: Job, why: Failure) -> None:
+        self.job = job  # (with what to resume from, after a lost node)
         # `rankpack run` waits, as it does when the quota has no room at plan time: the
         # loop launches it again once there is room (Ctrl-C stops it; `rankpack events`
         # says why it waits)
@@ -121,9 +149,12 @@ class StoreQueue:
     def __init__(self, store: Store, multiplex_id: int | None) -> None:
         self.store = store
         self.multiplex_id = multiplex_id
+        self.resumes: dict[int, Resume] = {}
+        """Queue id -> what to resume from (a lost node's requeue, in this session)."""
 
     def pending(self) -> list[Job]:
-        return [Job(q.id, Submission.from_json(q.options)) for q in self.store.queue()]
+        return [Job(q.id, Submission.from_json(q.options), resume=self.resumes.get(q.id))
+                for q in self.store.queue()]  # fmt: skip
 
     def claim(self, job: Job) -> bool:
         return self.store.claim(job.queue_id, self.multiplex_id)
@@ -146,6 +177,8 @@ class StoreQueue:
         return set()  # an entry is taken back only once it ended (`rankpack queue`)
 
     def requeued(self, job: Job, why: Failure) -> None:
+        if job.resume is not None:
+            self.resumes[job.queue_id] = job.resume
         self.store.release_claim(job.queue_id)  # the launch-requeued event says why
 
 

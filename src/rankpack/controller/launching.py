@@ -11,7 +11,9 @@ staged is recorded as a `StageFailure` with its code (`StageFailed`, `NotACase`,
 that passes (`LaunchRefused`: the namespace's quota, taken by another tenant between plan
 and create) is undone and its job handed back to its source (`JobSource.requeued`), to be
 launched again after a back-off. Initial requests are brought within what the namespace
-allows a rank (a LimitRange) before the launch.
+allows a rank (a LimitRange) before the launch. A run a lost node cut short (``NodeLost``)
+is requeued too (`requeue_lost`), with what to resume from (`Resume`): staged again from
+its last complete write, not from the start, and the iterations lost reported.
 """
 
 from __future__ import annotations
@@ -39,14 +41,15 @@ from rankpack.case.openfoam import rank_env
 from rankpack.case.staging import failure_code
 from rankpack.controller import waits
 from rankpack.controller.gate import fit_launch
-from rankpack.controller.jobs import Adopted, Job
+from rankpack.controller.jobs import Adopted, Job, Resume
 from rankpack.controller.observing import Observer
 from rankpack.controller.outcomes import new_run
 from rankpack.controller.policy import requeue_delay_s
+from rankpack.controller.room import place
 from rankpack.controller.tracked import LoopContext, Requeued, Tracked
 from rankpack.controller.views import StageFailure
 from rankpack.core.failures import Failure, FailureCode
-from rankpack.core.results import WaitRecord
+from rankpack.core.results import RunResult, WaitRecord
 from rankpack.errors import UserError
 
 
@@ -63,8 +66,15 @@ class Launcher:
 
     # -- staging -------------------------------------------------------------------------
 
-    def stage(self, job: Job, reason: str, request_millis: tuple[int, ...] = ()) -> None:
-        """The policy's `Launch`: claim the job, stage it (or take what was staged ahead)."""
+    def stage(
+        self,
+        job: Job,
+        reason: str,
+        request_millis: tuple[int, ...] = (),
+        nodes: tuple[str, ...] = (),
+    ) -> None:
+        """The policy's `Launch`: claim the job, stage it (or take what was staged ahead);
+        ``nodes``: each rank's node, as the policy placed it (empty: none decided)."""
         ctx = self.ctx
         sub = job.submission
         wait_setting = waits.setting(sub.wait, ctx.settings.wait_mode)  # before anything starts
@@ -82,12 +92,14 @@ class Launcher:
                 replace(r, cpu_millis=m) for r, m in zip(plan.ranks, request_millis, strict=True)
             )
             plan = replace(plan, ranks=ranks)
+        placed = nodes if len(nodes) == plan.n_ranks else ()
         ctx.sims[sim_id] = Tracked(
             job=job, sim_id=sim_id, plan=plan, queued_s=ctx.now(),
-            wait_setting=wait_setting, learned_duty=found.duty if found else (),
+            wait_setting=wait_setting, learned_duty=found.duty if found else (), nodes=placed,
         )  # fmt: skip
         ctx.event(None, "stage", queue_id=job.queue_id, case=sub.case, sim=sim_id, reason=reason,
-                  **({"staged_ahead": True} if ahead else {}))  # fmt: skip
+                  **({"staged_ahead": True} if ahead else {}),
+                  **({"nodes": list(placed)} if placed else {}))  # fmt: skip
         if found is not None:
             ctx.event(None, "learned-sizes", queue_id=job.queue_id, sim=sim_id,
                       from_run=found.run_id, source=found.source,
@@ -113,6 +125,7 @@ class Launcher:
             workdir=Path(sub.workdir) if sub.workdir else None,
             confined=self.ctx.settings.confine_staging,
             namespace=job.namespace,
+            resume=job.resume.staged if job.resume is not None else None,
         )
         try:
             self.ctx.backend.stage(spec)
@@ -174,10 +187,17 @@ class Launcher:
         sim.staged = staged
         for warning in staged.warnings:
             ctx.event(None, "warning", sim=sim.sim_id, reason=warning)
+        resume = sim.job.resume
+        if resume is not None:
+            sim.resumed = resumed_facts(resume, staged)
+            sim.parser.state.iterations = staged.start_iterations  # its log counts on
+            ctx.event(None, "resumed", queue_id=sim.job.queue_id, sim=sim.sim_id,
+                      **sim.resumed, reason=resumed_reason(resume, staged))  # fmt: skip
         capacity = self.observer.capacity(limited=sim.plan.qos.value == "limits")
         self._bound(sim, capacity.bounds)
         if ctx.settings.controller.launch_must_fit:
             self._fit(sim, capacity.capacity_millis, capacity.bounds)
+        self._place(sim)
         sim.run_id = new_run(ctx, sim, staged)
         ctx.jobs.started(sim.job, sim.run_id, sim.sim_id, staged)
         sim.usages = [[] for _ in sim.plan.ranks]
@@ -215,6 +235,7 @@ class Launcher:
         ctx.event(
             sim.run_id, "launch", queue_id=sim.job.queue_id, case=sub.case, sim=sim.sim_id,
             request_millis=[r.cpu_millis for r in sim.plan.ranks],
+            **({"nodes": list(sim.nodes)} if sim.nodes else {}),
         )  # fmt: skip
 
     def _requeue(self, sim: Tracked, exc: LaunchRefused) -> None:
@@ -238,6 +259,32 @@ class Launcher:
         ctx.event(sim.run_id, "launch-requeued", queue_id=job.queue_id, sim=sim.sim_id,
                   code=exc.code.value, attempt=attempt + 1, delay_s=delay,
                   reason=message)  # fmt: skip
+
+    def requeue_lost(self, sim: Tracked, result: RunResult) -> bool:
+        """A run a lost node cut short (``NodeLost``; recorded already): its run row marked
+        ``requeued``, its job handed back to its source with what to resume from (its case,
+        the iterations done), launched again as soon as there is room. False (nothing done)
+        for any other end."""
+        if result.failure != FailureCode.NODE_LOST.value or sim.staged is None:
+            return False
+        ctx, job = self.ctx, sim.job
+        before = job.resume
+        resume = Resume(
+            staged=sim.staged, iterations_at_loss=result.iterations, lost_run_id=sim.run_id,
+            why=result.message or "", losses=(before.losses + 1) if before else 1,
+            iterations_lost=int(sim.resumed.get("iterations_lost_total", 0)),
+        )  # fmt: skip
+        message = (f"{result.message}; requeued at iteration {result.iterations} to resume "
+                   "from its last written time")  # fmt: skip
+        assert sim.run_id is not None
+        ctx.store.requeue_run(sim.run_id, message, FailureCode.NODE_LOST.value)
+        ctx.sims.pop(sim.sim_id, None)
+        ctx.requeued.pop(job.queue_id, None)  # (no back-off: its node is gone, not full)
+        ctx.jobs.requeued(replace(job, resume=resume), Failure(FailureCode.NODE_LOST, message))
+        ctx.event(sim.run_id, "node-lost", queue_id=job.queue_id, sim=sim.sim_id,
+                  code=FailureCode.NODE_LOST.value, iterations=result.iterations,
+                  losses=resume.losses, reason=message)  # fmt: skip
+        return True
 
     def _bound(self, sim: Tracked, bounds: RankBounds | None) -> None:
         """Bring every rank's initial request within what the namespace allows a rank (a
@@ -277,13 +324,36 @@ class Launcher:
                        reason=f"requests {sum(wanted)}m scaled to the {free}m unrequested "
                        "so that every rank pod fits")  # fmt: skip
 
+    def _place(self, sim: Tracked) -> None:
+        """The ranks' nodes the policy decided (`Launch.nodes`), checked again now that the
+        case is staged (its requests may have been fitted, others may have taken room
+        meanwhile): kept while each node still holds its ranks, else placed again by the
+        same rule (`room.place`), else none (the scheduler places the ranks); an event says
+        what changed."""
+        if not sim.nodes:
+            return
+        free = self.observer.node_room(sim)
+        left = dict(free)
+        wanted = [r.cpu_millis for r in sim.plan.ranks]
+        for node, millis in zip(sim.nodes, wanted, strict=True):
+            left[node] = left.get(node, 0) - millis
+        if all(left.get(node, 0) >= 0 for node in set(sim.nodes)):
+            return
+        before = sim.nodes
+        sim.nodes = place(wanted, free) or ()
+        self.ctx.event(None, "placement", queue_id=sim.job.queue_id, sim=sim.sim_id,
+                       nodes=list(sim.nodes),
+                       reason=f"placed on {', '.join(sorted(set(before)))} at launch, where "
+                       f"{sum(wanted)}m no longer fit: "
+                       + ("placed again" if sim.nodes else "left to the scheduler"))  # fmt: skip
+
     def _wait_at_launch(self, sim: Tracked) -> None:
         """The wait rule for a simulation about to start beside the others of this loop
         (`waits.at_launch`): its ranks' mode, and the MPI library's idle yield to match."""
         obs = self.observer.observations([])
         obs = replace(obs, sims=tuple(s for s in obs.sims if s.sim_id != sim.sim_id))
         requests = tuple(r.cpu_millis for r in sim.plan.ranks)
-        choice = waits.at_launch(obs, sim.wait_setting, requests)
+        choice = waits.at_launch(obs, sim.wait_setting, requests, sim.nodes)
         sim.idle_yield = choice.idle_yield
         sim.wait_mode = choice.mode if self.ctx.settings.shim else None
         sim.waits.append(
@@ -293,6 +363,7 @@ class Launcher:
     def _spec(self, sim: Tracked) -> SimSpec:
         assert sim.staged is not None
         s, staged = self.ctx.settings, sim.staged
+        mpi = sim.job.submission.mpi or s.mpi
         return SimSpec(
             sim_id=sim.sim_id,
             case_dir=staged.run_dir,
@@ -300,12 +371,13 @@ class Launcher:
             ranks=tuple(RankResources(r.cpu_millis, r.limit_millis) for r in sim.plan.ranks),
             log_path=staged.log_path,
             env={**rank_env(), **waits.mpi_idle_env(sim.idle_yield)},
-            mpi=s.mpi,
-            shim=(ShimSpec(sim.wait_mode or "spin", s.mpi) if s.shim else None),
+            mpi=mpi,
+            shim=(ShimSpec(sim.wait_mode or "spin", mpi) if s.shim else None),
             image=s.image,
             volume=sim.job.submission.volume or sim.job.volume or s.volume,
             namespace=sim.job.namespace,
             labels={**self.ctx.settings.sim_labels, "rankpack.dev/run-id": str(sim.run_id)},
+            rank_nodes=sim.nodes,
         )
 
     def adopt(self, adopted: Adopted) -> None:
@@ -322,6 +394,7 @@ class Launcher:
         sim = Tracked(job=job, sim_id=adopted.sim_id, plan=job.submission.plan(), queued_s=0.0,
                       wait_setting=setting)  # fmt: skip
         sim.staged = staged
+        sim.parser.state.iterations = staged.start_iterations  # (a resumed run's log counts on)
         if adopted.run_id is not None and ctx.store.take_over_run(adopted.run_id):
             sim.run_id = adopted.run_id
             # resizes settled before are the run's: counted once, never again
@@ -347,3 +420,27 @@ class Launcher:
         ctx.event(sim.run_id, "adopted", queue_id=job.queue_id, sim=sim.sim_id,
                   reason=f"launched by an earlier controller {adopted.elapsed_s:.0f} s ago; "
                   "followed again")  # fmt: skip
+
+
+def resumed_facts(resume: Resume, staged: StagedCase) -> dict[str, object]:
+    """What a run resumed after a lost node records (its run's options, its event, its
+    Simulation's status): where it starts again, the iterations lost (done after the write
+    it resumes from and before the loss: done again; nothing before that write is)."""
+    lost = resume.lost_now(staged)
+    return {
+        "resumed_from": staged.resumed_from or "start",
+        "start_iterations": staged.start_iterations,
+        "iterations_at_loss": resume.iterations_at_loss,
+        "iterations_lost": lost,
+        "iterations_lost_total": resume.iterations_lost + lost,
+        "node_losses": resume.losses,
+        "lost_run_id": resume.lost_run_id,
+    }
+
+
+def resumed_reason(resume: Resume, staged: StagedCase) -> str:
+    where = f"time {staged.resumed_from}" if staged.resumed_from else "its start (nothing written)"
+    return (
+        f"resumed from {where} after a lost node: {resume.iterations_at_loss} iterations "
+        f"done, {staged.start_iterations} kept, {resume.lost_now(staged)} lost"
+    )

@@ -300,7 +300,8 @@ class ControlLoop:
             if isinstance(action, Launch):
                 job = next((j for j in pending if j.queue_id == action.queue_id), None)
                 if job is not None:
-                    self.launcher.stage(job, action.reason, action.request_millis)
+                    self.launcher.stage(job, action.reason, action.request_millis,
+                                        action.nodes)  # fmt: skip
             elif isinstance(action, SetWaitMode):
                 self._set_wait_mode(action)
             elif isinstance(action, Note):
@@ -373,6 +374,8 @@ class ControlLoop:
         assert sim.run_id is not None
         ctx.store.finish_run(result)
         self.observer.forget(sim.job.submission)
+        if ending.stopped is None and self.launcher.requeue_lost(sim, result):
+            return  # a lost node cut it short: back in the queue, to resume (not failed)
         ctx.tally.results.append(result)
         ctx.sims.pop(sim.sim_id, None)
         ctx.jobs.finished(sim.job, result.status)
@@ -446,6 +449,7 @@ class ControlLoop:
             ),
             resize_to_millis=flight.to_millis if flight is not None else None,
             resize_reason=r.resize.reason if r.resize and flight is not None else "",
+            node=r.node,
         )
 
 

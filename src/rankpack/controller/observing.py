@@ -21,7 +21,14 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import NamedTuple, Protocol
 
-from rankpack.backend.protocol import Inventory, Quota, RankBounds, SimObservation, SimPhase
+from rankpack.backend.protocol import (
+    Inventory,
+    NodeCapacity,
+    Quota,
+    RankBounds,
+    SimObservation,
+    SimPhase,
+)
 from rankpack.controller.jobs import Job
 from rankpack.controller.learned import LearnedSizes, learnable, learned_sizes
 from rankpack.controller.observations import (
@@ -75,13 +82,19 @@ class Observer:
         self._keys: dict[Submission, str] = {}
         self._snapshots: dict[str, tuple[tuple[object, ...], SimSnapshot]] = {}
         self._placed: dict[str, _Placed] = {}
-        self._nodes_cache: (
-            tuple[Inventory, list[tuple[str, SimObservation | None]], tuple[NodeCores, ...], int]
-            | None
-        ) = None
+        self._nodes_cache: tuple[Inventory, tuple[NodeCores, ...], int] | None = None
+        self._counted: dict[str, _Placed] = {}
+        """Each launched simulation's ranks per node as counted in ``_ranks_on``."""
+        self._ranks_on: dict[str | None, int] = {}
+        self._millis_on: dict[str | None, int] = {}
+        """This loop's ranks and requests per node (None: not placed), kept incrementally."""
+        self._node_views: dict[str, tuple[NodeCapacity, NodeCores]] = {}
+        """Each node's view and the capacity it was built from."""
         self._limited: dict[str, tuple[Plan, bool]] = {}
         self._copies: dict[str, list[Tracked]] | None = None
         """The held simulations by submission key, as of the last observations."""
+        self._initial: dict[Submission, tuple[int, ...]] = {}
+        """The queued submissions' initial requests (their plans), kept while they wait."""
 
     def key(self, sub: Submission) -> str:
         """The submission's JSON key (what learned sizes and running copies are kept by)."""
@@ -129,6 +142,40 @@ class Observer:
         """The CPU limits of the launched simulations' ranks (those that have one)."""
         return sum(self.placed(s).limits_millis for s in self.ctx.sims.values() if s.launched)
 
+    def with_planned(self, nodes: tuple[NodeCores, ...]) -> tuple[NodeCores, ...]:
+        """``nodes`` with this loop's ranks that the policy placed on them and whose pods
+        are on no node yet (staging, or pending): counted as this loop's there, though
+        the node does not report them yet."""
+        ranks: dict[str, int] = {}
+        millis: dict[str, int] = {}
+        for s in self.ctx.sims.values():
+            if not s.nodes or (s.last is not None and None not in self.placed(s).ranks):
+                continue  # nothing placed by the policy, or every pod bound
+            for node, m in planned_ranks(s):
+                ranks[node] = ranks.get(node, 0) + 1
+                millis[node] = millis.get(node, 0) + m
+        if not ranks:
+            return nodes
+        return tuple(
+            replace(n, ours_ranks=(n.ours_ranks or 0) + ranks[n.name],
+                    ours_millis=(n.ours_millis or 0) + millis[n.name])
+            if n.name in ranks else n
+            for n in nodes
+        )  # fmt: skip
+
+    def node_room(self, sim: Tracked) -> list[tuple[str, int]]:
+        """Each node's unrequested millicores (in the nodes' order) but for ``sim``'s own
+        ranks placed there and not bound yet: where ``sim`` may be placed at its launch."""
+        nodes = self.with_planned(self._nodes(self.ctx.backend.inventory())[0])
+        mine: dict[str, int] = {}
+        for node, millis in planned_ranks(sim):
+            mine[node] = mine.get(node, 0) + millis
+        return [
+            (n.name, n.allocatable_millis - n.others_millis - (n.ours_millis or 0)
+             + mine.get(n.name, 0))
+            for n in nodes
+        ]  # fmt: skip
+
     def capacity(self, limited: bool = False) -> Capacity:
         """The capacity left to this loop, what others request, the nodes as the wait rule
         sees them, and the namespace's quota when it is what binds. ``limited``: rank pods
@@ -138,6 +185,7 @@ class Observer:
         inventory = ctx.backend.inventory()
         ours = self.ours_millis()
         nodes, requested = self._nodes(inventory)
+        nodes = self.with_planned(nodes)
         others = max(0, requested - ours)
         base = ctx.settings.capacity_millis or inventory.allocatable_millis
         if len(nodes) == 1 and ctx.settings.capacity_millis:
@@ -169,37 +217,52 @@ class Observer:
 
     def _nodes(self, inventory: Inventory) -> tuple[tuple[NodeCores, ...], int]:
         """The nodes as the policy sees them (what others and this loop request and run on
-        each) and all that is requested on them: built again only when the inventory or
-        a launched simulation's observation is new."""
-        launched = [(s.sim_id, s.last) for s in self.ctx.sims.values() if s.launched]
+        each) and all that is requested on them. Incremental: the ranks per node are kept
+        and changed only by the simulations observed again (or gone), and a node's view is
+        built again only when its capacity (by identity) or this loop's ranks on it
+        changed."""
+        counted: dict[str, _Placed] = {
+            s.sim_id: self.placed(s) for s in self.ctx.sims.values() if s.launched and s.last
+        }
+        dirty: set[str | None] = set()
+        for sim_id, old in self._counted.items():
+            if counted.get(sim_id) is not old:
+                dirty |= self._count(old, -1)
+        for sim_id, new in counted.items():
+            if self._counted.get(sim_id) is not new:
+                dirty |= self._count(new, +1)
+        self._counted = counted
         cached = self._nodes_cache
-        if (
-            cached is not None
-            and cached[0] is inventory
-            and len(cached[1]) == len(launched)
-            and all(a[0] == b[0] and a[1] is b[1] for a, b in zip(cached[1], launched, strict=True))
-        ):
-            return cached[2], cached[3]
-        placed: dict[str | None, int] = {}
-        placed_millis: dict[str | None, int] = {}
-        for s in self.ctx.sims.values():
-            if s.launched and s.last:
-                here = self.placed(s)
-                for node, n in here.ranks.items():
-                    placed[node] = placed.get(node, 0) + n
-                for node, m in here.millis.items():
-                    placed_millis[node] = placed_millis.get(node, 0) + m
-        nodes = tuple(
-            NodeCores(
-                n.name, n.allocatable_millis, max(0, n.rank_pods - placed.get(n.name, 0)),
-                max(0, n.requested_millis - placed_millis.get(n.name, 0)),
-                placed.get(n.name, 0), placed_millis.get(n.name, 0),
-            )
-            for n in inventory.nodes
-        )  # fmt: skip
-        requested = sum(n.requested_millis for n in inventory.nodes)
-        self._nodes_cache = (inventory, launched, nodes, requested)
+        if cached is not None and cached[0] is inventory and not dirty:
+            return cached[1], cached[2]
+        views = []
+        for n in inventory.nodes:
+            known = self._node_views.get(n.name)
+            if known is not None and known[0] is n and n.name not in dirty:
+                views.append(known[1])
+                continue
+            ours, ours_millis = self._ranks_on.get(n.name, 0), self._millis_on.get(n.name, 0)
+            view = NodeCores(
+                n.name, n.allocatable_millis, max(0, n.rank_pods - ours),
+                max(0, n.requested_millis - ours_millis), ours, ours_millis,
+            )  # fmt: skip
+            self._node_views[n.name] = (n, view)
+            views.append(view)
+        nodes = tuple(views)
+        if cached is not None and cached[0] is inventory:
+            requested = cached[2]
+        else:
+            requested = sum(n.requested_millis for n in inventory.nodes)
+        self._nodes_cache = (inventory, nodes, requested)
         return nodes, requested
+
+    def _count(self, placed: _Placed, sign: int) -> set[str | None]:
+        """Add (or take away) a simulation's ranks per node; the nodes it touches."""
+        for node, n in placed.ranks.items():
+            self._ranks_on[node] = self._ranks_on.get(node, 0) + sign * n
+        for node, m in placed.millis.items():
+            self._millis_on[node] = self._millis_on.get(node, 0) + sign * m
+        return set(placed.ranks) | set(placed.millis)
 
     def _limits(self, sim: Tracked) -> bool:
         """Some rank of its plan has a CPU limit (``--qos limits``)."""
@@ -219,15 +282,19 @@ class Observer:
         sims = [self._snapshot(sim, now) for sim in live.values()]
         self._copies = self._by_key()
         queued = []
+        initials: dict[Submission, tuple[int, ...]] = {}
         for j in pending:
             found = self.learned_sizes(j.submission)
-            initial = found.request_millis if found else j.submission.initial_millis
+            initial = found.request_millis if found else self._initial_millis(j.submission)
             refused = self.ctx.requeued.get(j.queue_id)
             queued.append(QueuedSim(
                 j.queue_id, j.submission.n_ranks, initial, found.duty if found else (),
                 retry_at_s=refused.retry_at_s if refused else None,
                 retry_reason=refused.reason if refused else "",
             ))  # fmt: skip
+            if j.submission in self._initial:
+                initials[j.submission] = self._initial[j.submission]
+        self._initial = initials  # kept only while its job waits
         cap = self.capacity(limited=any(j.submission.qos == "limits" for j in pending[:1]))
         bounds = cap.bounds
         return Observations(
@@ -242,6 +309,14 @@ class Observer:
             rank_max_millis=bounds.max_millis if bounds else None,
             rank_bounds=bounds.source if bounds else "",
         )
+
+    def _initial_millis(self, sub: Submission) -> tuple[int, ...]:
+        """``sub``'s initial requests, planned once while it waits (a plan of 64 ranks took
+        ~0.5 ms: a queue of 200 cost ~50 ms a tick, `bench/scale.py`)."""
+        found = self._initial.get(sub)
+        if found is None:
+            found = self._initial[sub] = sub.initial_millis
+        return found
 
     # -- learned sizes -------------------------------------------------------------------
 
@@ -316,8 +391,23 @@ def _same(a: tuple[object, ...], b: tuple[object, ...]) -> bool:
     return a[0] is b[0] and a[1:] == b[1:]
 
 
+def planned_ranks(sim: Tracked) -> list[tuple[str, int]]:
+    """(node, request) of each of ``sim``'s ranks that the policy placed on a node
+    (`Tracked.nodes`) and whose pod is on no node yet (staging, or pending)."""
+    if not sim.nodes:
+        return []
+    if sim.last is None:  # staging (or launched, not observed yet)
+        return [(n, r.cpu_millis) for n, r in zip(sim.nodes, sim.plan.ranks, strict=False)]
+    return [
+        (n, r.request_millis)
+        for n, r in zip(sim.nodes, sim.last.ranks, strict=False)
+        if r.node is None
+    ]
+
+
 def _snapshot(sim: Tracked) -> SimSnapshot:
     sub = sim.job.submission
+    planned = sim.nodes if len(sim.nodes) == len(sim.plan.ranks) else ()
     if sim.last is None:
         return SimSnapshot(
             sim_id=sim.sim_id,
@@ -325,7 +415,12 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
             iterations=0,
             expected_iterations=sim.staged.expected_iterations if sim.staged else 0,
             budget_millis=sub.budget_millis,
-            ranks=tuple(RankSnapshot(r.rank, r.cpu_millis, 0, None, None) for r in sim.plan.ranks),
+            ranks=tuple(
+                RankSnapshot(
+                    r.rank, r.cpu_millis, 0, None, None, node=planned[i] if planned else None
+                )
+                for i, r in enumerate(sim.plan.ranks)
+            ),
             phases=sub.phases,
             sizing=sub.sizing,
             starting=True,
@@ -346,10 +441,10 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
                 usage_ns=r.usage_ns,
                 compute_ns=r.compute_ns,
                 mpi_ns=r.mpi_ns,
-                node=r.node,
+                node=r.node if r.node is not None or not planned else planned[i],
                 readings_ok=r.readings_ok,
             )
-            for r in sim.last.ranks
+            for i, r in enumerate(sim.last.ranks)
         ),
         phases=sub.phases,
         sizing=sub.sizing,

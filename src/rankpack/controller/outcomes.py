@@ -41,6 +41,7 @@ def new_run(ctx: LoopContext, sim: Tracked, staged: StagedCase) -> int:
         "sim_id": sim.sim_id,
         "queue_id": sim.job.queue_id,
         **s.extra,
+        **sim.resumed,  # (a run resumed after a lost node: from where, iterations lost)
     }
     return ctx.store.create_run(
         NewRun(

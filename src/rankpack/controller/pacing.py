@@ -19,6 +19,13 @@ request. Until it is sent the step counts a waiting resize as decided (the rules
 target) but the capacity as if it were not: a waiting decrease frees nothing yet and a
 waiting increase holds its room (`Step.queued`). With the defaults no step of a node of
 tens of ranks is ever paced: the resizes are sent as the rules emit them.
+
+A node's capacity bounds its grows too (issue 28): on a cluster of several nodes an
+increase that its rank's node cannot hold (its allocatable, less what other pods and this
+loop's ranks there request, after the decreases sent before it) is not sent: MPI ranks
+cannot move, and the node would defer it or refuse it. It waits in the same queue until
+the node has room (a rank there shrinks or ends), and a ``resize-held`` note with the code
+``node-full`` says so once, when it is decided.
 """
 
 from __future__ import annotations
@@ -26,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from rankpack.controller.observations import ControllerSettings, ControllerState, Resize
+from rankpack.controller.observations import ControllerSettings, ControllerState, Note, Resize
 from rankpack.controller.step import Step
 
 
@@ -93,14 +100,17 @@ def pace(step: Step, state: ControllerState, pacer: Pacer) -> tuple[Resize, ...]
     for a in step.waiting:
         if (a.sim_id, a.rank) not in fresh:
             waiting.append(a)
-    if not waiting and pacer.allows(per_node(new, step)):
-        for a in new:
-            pacer.take(_node(a, step))
-        return ()
 
     def change(a: Resize) -> int:
         sim = by_id[a.sim_id]
         return a.request_millis - sim.ranks[a.rank].request_millis
+
+    grows = [a for a in [*waiting, *new] if change(a) > 0]
+    room = node_room(step) if grows and len(step.obs.nodes) > 1 else None
+    if not waiting and pacer.allows(per_node(new, step)) and _grows_fit(grows, room, step):
+        for a in new:
+            pacer.take(_node(a, step))
+        return ()
 
     latest: dict[tuple[str, int], Resize] = {}
     for a in [*waiting, *new]:  # a rank's newest decision, in the order decided
@@ -110,12 +120,66 @@ def pace(step: Step, state: ControllerState, pacer: Pacer) -> tuple[Resize, ...]
     ordered += [a for a in latest.values() if change(a) >= 0]
     sent: list[Resize] = []
     queued: list[Resize] = []
+    notes: list[Note] = []
     for a in ordered:
-        (sent if pacer.take(_node(a, step)) else queued).append(a)
+        node, grow = _node(a, step), change(a)
+        if room is not None and node in room and grow > max(0, room[node]):
+            queued.append(a)
+            if (a.sim_id, a.rank) in fresh:
+                notes.append(_held(a, by_id[a.sim_id].ranks[a.rank].request_millis, node,
+                                   room[node], step))  # fmt: skip
+            continue
+        if pacer.take(node):
+            sent.append(a)
+            if room is not None and node in room:
+                room[node] -= grow
+        else:
+            queued.append(a)
     first = next((i for i, a in enumerate(step.actions) if isinstance(a, Resize)), 0)
     others = [a for a in step.actions if not isinstance(a, Resize)]
-    step.actions[:] = [*others[:first], *sent, *others[first:]]
+    step.actions[:] = [*others[:first], *sent, *others[first:], *notes]
     return tuple(queued)
+
+
+def node_room(step: Step) -> dict[str, int]:
+    """Per node: the millicores a grow there may take now (its allocatable less what other
+    pods and this loop's ranks there request, as observed)."""
+    obs = step.obs
+    used = {n.name: n.ours_millis or 0 for n in obs.nodes}
+    if not all(n.ours_millis is not None for n in obs.nodes):
+        used = dict.fromkeys(used, 0)
+        for sim in obs.sims:
+            for r in sim.ranks:
+                if r.node in used:
+                    used[r.node] += r.request_millis
+    return {n.name: n.allocatable_millis - n.others_millis - used[n.name] for n in obs.nodes}
+
+
+def _grows_fit(grows: list[Resize], room: dict[str, int] | None, step: Step) -> bool:
+    """Every grow of this step fits its node after the step's decreases there."""
+    if room is None:
+        return True
+    left = dict(room)
+    resizes = [a for a in step.actions if isinstance(a, Resize)]
+    for a in resizes:
+        node = _node(a, step)
+        if node in left:
+            left[node] -= a.request_millis - step.sims[a.sim_id].ranks[a.rank].request_millis
+    return all(left.get(_node(a, step) or "", 0) >= 0 for a in grows if _node(a, step) in left)
+
+
+def _held(a: Resize, had: int, node: str | None, free: int, step: Step) -> Note:
+    cores = next((n.allocatable_millis for n in step.obs.nodes if n.name == node), 0)
+    return Note(
+        sim_id=a.sim_id,
+        kind="resize-held",
+        reason=(
+            f"rank {a.rank}: {had}m -> {a.request_millis}m does not fit node {node} "
+            f"({max(0, free)}m of its {cores}m unrequested; ranks cannot move): held until "
+            "it has room"
+        ),
+        code="node-full",
+    )
 
 
 def _node(a: Resize, step: Step) -> str | None:

@@ -116,11 +116,17 @@ class Tracked:
     """Duty cycles of the earlier run its sizes were learned from (see `learned`)."""
     readings_ok: bool = True
     """Every rank's node was read at its last observation."""
+    nodes: tuple[str, ...] = ()
+    """Per rank, the node the policy placed it on (`Launch.nodes`); empty: none decided.
+    Until its pod is bound a rank counts on this node."""
     sampled_t: float | None = None
     """When its last samples were taken (seconds since its launch)."""
     shared_s: float | None = 0.0
     """Seconds it ran beside another launched simulation of this loop, to the tick (None:
     unknown, adopted from an earlier controller); recorded with its result."""
+    resumed: dict[str, Any] = field(default_factory=dict)
+    """A run that resumes one a lost node cut short: from which time, the iterations lost,
+    the run lost (recorded in its run's options; `Launcher.resumed_facts`)."""
 
     @property
     def launched(self) -> bool:

@@ -34,6 +34,8 @@ class RankView:
     """State of a resize not settled yet (pending, in-progress, deferred), else None."""
     resize_to_millis: int | None = None
     resize_reason: str = ""
+    node: str | None = None
+    """The node it runs on (None: not bound to one yet)."""
 
 
 @dataclass(frozen=True)

@@ -196,14 +196,19 @@ def others_crowd(obs: Observations, requested_millis: int) -> str:
     return ""
 
 
-def at_launch(obs: Observations, setting: WaitSetting, requests: Sequence[int]) -> WaitChoice:
-    """The mode a simulation about to start gets (its ranks not placed yet; ``obs`` holds the
-    simulations already there). Placement then refines it live (policy step E)."""
+def at_launch(
+    obs: Observations, setting: WaitSetting, requests: Sequence[int], nodes: Sequence[str] = ()
+) -> WaitChoice:
+    """The mode a simulation about to start gets (``obs`` holds the simulations already
+    there). ``nodes``: each rank's node where the policy placed them (`Launch.nodes`), which
+    ``obs.nodes`` count already; empty: not placed yet, they count against the cluster.
+    Placement then refines it live (policy step E)."""
     requested = sum(s.requested_millis for s in obs.sims) + sum(requests)
+    placed = len(nodes) == len(requests) and all(n.ours_ranks is not None for n in obs.nodes)
     return choose(
         setting,
-        [None] * len(requests),
-        node_loads(obs, launching=len(requests)),
+        list(nodes) if placed else [None] * len(requests),
+        node_loads(obs, launching=0 if placed else len(requests)),
         nodes_of(obs),
         others_crowd(obs, requested),
     )

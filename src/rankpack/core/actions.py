@@ -33,6 +33,10 @@ class Launch:
     request_millis: tuple[int, ...] = ()
     """Per-rank requests to start with instead of the plan's (empty: the plan's); set when
     the running simulations were packed to make room for it."""
+    nodes: tuple[str, ...] = ()
+    """Per rank, the node it is placed on (`rankpack.controller.room.place`; the backend
+    asks the scheduler for it); empty: no node decided (one node, or no placement fits),
+    the scheduler places the ranks."""
 
 
 WaitMode = Literal["spin", "polite", "adaptive"]

@@ -15,13 +15,22 @@ from rankpack.backend.kubernetes.api import ClientKubeApi, Conflict
 from rankpack.backend.kubernetes.rbac import (
     ROLE,
     SERVICE_ACCOUNT,
+    backend_nodes_rbac,
     backend_rbac,
     namespace_object,
     role_rules,
 )
 from rankpack.devcluster.configs import kubeconfig
 
-__all__ = ["ROLE", "SERVICE_ACCOUNT", "apply", "apply_crd", "backend_rbac", "role_rules"]
+__all__ = [
+    "ROLE",
+    "SERVICE_ACCOUNT",
+    "apply",
+    "apply_crd",
+    "backend_nodes_rbac",
+    "backend_rbac",
+    "role_rules",
+]
 
 
 def apply(api: ClientKubeApi, namespace: str) -> None:
@@ -34,6 +43,17 @@ def apply(api: ClientKubeApi, namespace: str) -> None:
         (sa, f"/api/v1/namespaces/{namespace}/serviceaccounts"),
         (role, f"{rbac}/roles"),
         (binding, f"{rbac}/rolebindings"),
+    ):
+        try:
+            api.request("POST", collection, body=body)
+        except Conflict:
+            api.request("PUT", f"{collection}/{body['metadata']['name']}", body=body)
+    # reading nodes, to place ranks across them (cluster-scoped: applied as the admin)
+    cluster_rbac = "/apis/rbac.authorization.k8s.io/v1"
+    role, binding = backend_nodes_rbac(namespace)
+    for body, collection in (
+        (role, f"{cluster_rbac}/clusterroles"),
+        (binding, f"{cluster_rbac}/clusterrolebindings"),
     ):
         try:
             api.request("POST", collection, body=body)

@@ -80,6 +80,9 @@ def _spec_schema() -> Obj:
                        "description": "solver command (default: the case's application)"},
             "wait": {"type": "string", "enum": list(WAIT_SETTINGS),
                      "description": "how ranks wait in MPI (default: the operator's --wait)"},
+            "mpi": {"type": "string", "enum": list(submission.MPIS),
+                    "description": "the MPI library the solver was built with: openmpi "
+                    "(mpirun) or mpich (hydra) (default: the operator's)"},
             "phases": {
                 "type": "array",
                 "maxItems": 64,
@@ -105,6 +108,7 @@ def _status_schema() -> Obj:
             "allocatedMillis": _int(0),
             "cpuCores": {"type": "number"},
             "duty": {"type": "number"},
+            "node": {"type": "string", "description": "the node the rank runs on"},
             "resize": {
                 "type": "object",
                 "description": "a resize in flight (pending, in-progress, deferred)",
@@ -264,6 +268,8 @@ def spec_of(sub: Submission, volume: str | None = None) -> Obj:
         spec["solver"] = sub.solver
     if sub.wait:
         spec["wait"] = sub.wait
+    if sub.mpi:
+        spec["mpi"] = sub.mpi
     return spec
 
 
@@ -318,6 +324,7 @@ def _submission(spec: Obj) -> Submission:
         solver=str(solver) if solver not in (None, "") else None,
         wait=str(wait) if wait is not None else None,
         volume=volume_of({"spec": spec}),
+        mpi=str(spec["mpi"]) if spec.get("mpi") is not None else None,
     )
     if sizing not in submission.SIZINGS:
         raise UserError(f"spec.sizing must be one of {', '.join(submission.SIZINGS)}")

@@ -30,6 +30,7 @@ import yaml  # type: ignore[import-untyped]  # (PyYAML, a dependency of kubernet
 from rankpack.backend.kubernetes.rbac import (
     DEPLOY_NAMESPACE,
     agent_caller_rules,
+    backend_nodes_rbac,
     backend_rbac,
     launcher_rbac,
     operator_role_rules,
@@ -121,8 +122,9 @@ def operator_objects(
     image: str = RANK_IMAGE,
     metrics_port: int = METRICS_PORT,
 ) -> list[Obj]:
-    """ServiceAccount, Role, RoleBinding, the nodes ClusterRole and its binding, and the
-    Deployment of the in-cluster operator."""
+    """ServiceAccount, Role, RoleBinding, the nodes ClusterRole and its binding, the Roles
+    to find the node agents and to read the nodes' Leases, and the Deployment of the
+    in-cluster operator."""
     subject = {"kind": "ServiceAccount", "name": NAME, "namespace": namespace or DEPLOY_NAMESPACE}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(NAME, namespace)},
@@ -162,6 +164,7 @@ def operator_objects(
             "subjects": [subject],
         },
         *_agent_finder(subject),
+        *_lease_reader(subject),
         _deployment(_meta(NAME, namespace), image, metrics_port),
     ]
 
@@ -182,6 +185,32 @@ def _agent_finder(subject: Obj) -> list[Obj]:
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "RoleBinding",
             "metadata": _meta(name, SYSTEM_NAMESPACE),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [subject],
+        },
+    ]  # fmt: skip
+
+
+NODE_LEASE_NAMESPACE = "kube-node-lease"
+
+
+def _lease_reader(subject: Obj) -> list[Obj]:
+    """A Role in ``kube-node-lease``: the operator reads the nodes' Leases (when each
+    kubelet last renewed its own) to tell a node crash from a simulation's own failure
+    (`rankpack.backend.kubernetes.lostnodes`); read-only, that namespace only."""
+    name = f"{NAME}-node-leases"
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(name, NODE_LEASE_NAMESPACE),
+            "rules": [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                       "verbs": ["get", "list", "watch"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(name, NODE_LEASE_NAMESPACE),
             "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
             "subjects": [subject],
         },
@@ -442,7 +471,10 @@ def files() -> dict[str, str]:
         "base/namespaces.yaml": docs(GENERATED, [*namespaces(), priority_class()]),
         "base/crd.yaml": crd_yaml(),
         "base/admission.yaml": admission_yaml(),
-        "base/backend.yaml": docs(BACKEND_HEADER, backend_rbac(DEPLOY_NAMESPACE)),
+        "base/backend.yaml": docs(
+            BACKEND_HEADER,
+            [*backend_rbac(DEPLOY_NAMESPACE), *backend_nodes_rbac(DEPLOY_NAMESPACE)],
+        ),
         "base/launcher.yaml": docs(
             LAUNCHER_HEADER,
             [*launcher_rbac(DEPLOY_NAMESPACE), rank_service_account(DEPLOY_NAMESPACE)],

@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from rankpack.backend.kubernetes.api import ApiError, ClientKubeApi, Conflict, NotFound
 from rankpack.case.staging import StagedCase
+from rankpack.controller.jobs import Resume
 from rankpack.controller.loop import Adopted, Job
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.core.results import progress_text
@@ -194,6 +195,8 @@ def staged_to_json(staged: StagedCase) -> Obj:
         "solver": staged.solver,
         "cellsPerRank": list(staged.cells_per_rank),
         "expectedIterations": staged.expected_iterations,
+        **({"resumedFrom": staged.resumed_from} if staged.resumed_from else {}),
+        **({"startIterations": staged.start_iterations} if staged.start_iterations else {}),
     }
 
 
@@ -205,7 +208,38 @@ def staged_from_json(d: Obj) -> StagedCase:
         solver=str(d["solver"]),
         cells_per_rank=tuple(int(c) for c in d["cellsPerRank"]),
         expected_iterations=int(d["expectedIterations"]),
+        resumed_from=str(d["resumedFrom"]) if d.get("resumedFrom") else None,
+        start_iterations=int(d.get("startIterations") or 0),
     )
+
+
+def resume_to_json(resume: Resume) -> Obj:
+    """What a Simulation requeued after a lost node keeps in its status (``resume``): its
+    case, to be staged again from its last write by whichever operator launches it."""
+    return {
+        "staged": staged_to_json(resume.staged),
+        "iterationsAtLoss": resume.iterations_at_loss,
+        "lostRunId": resume.lost_run_id,
+        "why": resume.why[:1000],
+        "losses": resume.losses,
+        "iterationsLost": resume.iterations_lost,
+    }
+
+
+def resume_from_json(d: Obj | None) -> Resume | None:
+    """`resume_to_json` read back (None: none, or not readable: it starts over)."""
+    if not d:
+        return None
+    try:
+        return Resume(
+            staged=staged_from_json(d["staged"]),
+            iterations_at_loss=int(d.get("iterationsAtLoss") or 0),
+            lost_run_id=int(d["lostRunId"]) if d.get("lostRunId") is not None else None,
+            why=str(d.get("why") or ""), losses=int(d.get("losses") or 1),
+            iterations_lost=int(d.get("iterationsLost") or 0),
+        )  # fmt: skip
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 class SimulationQueue:
@@ -366,7 +400,9 @@ class SimulationQueue:
             if hold:
                 self._hold(name, MAX_RUNNING_REASON, hold)
                 continue
-            jobs.append(self._job(self._id(name), sub, ns))
+            job = self._job(self._id(name), sub, ns)
+            resume = resume_from_json((obj.get("status") or {}).get("resume"))
+            jobs.append(job if resume is None else replace(job, resume=resume))
         return jobs
 
     def _admission_of(self, namespace: str) -> AdmissionPolicy:
@@ -459,10 +495,27 @@ class SimulationQueue:
             "iterations": 0,
             "progress": progress_text(0, staged.expected_iterations),
             "staged": staged_to_json(staged),
+            **self._resumed(job, staged),
             "conditions": self._set_conditions(
                 name, condition("Running", True, "Launched", f"simulation {sim_id}")
             ),
         })  # fmt: skip
+
+    @staticmethod
+    def _resumed(job: Job, staged: StagedCase) -> Obj:
+        """A launch that resumes a run a lost node cut short: ``nodeLost`` says from where
+        and the iterations lost (its ``resume`` is done with)."""
+        if job.resume is None:
+            return {}
+        r = job.resume
+        return {"resume": None, "nodeLost": {
+            "losses": r.losses, "lostRunId": r.lost_run_id, "why": r.why[:1000],
+            "iterationsAtLoss": r.iterations_at_loss,
+            "resumedFrom": staged.resumed_from or "start",
+            "iterationsKept": staged.start_iterations,
+            "iterationsLost": r.lost_now(staged),
+            "iterationsLostTotal": r.iterations_lost + r.lost_now(staged),
+        }}  # fmt: skip
 
     def finished(
         self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
@@ -551,8 +604,10 @@ class SimulationQueue:
 
     def requeued(self, job: Job, why: Failure) -> None:
         """Its launch was refused for a reason that passes (the namespace's quota, taken
-        between plan and create; nothing of it is left): back to ``Queued`` with the code as
-        its reason, its launch forgotten (sim id, run, staged case), to be launched again."""
+        between plan and create; nothing of it is left), or a lost node cut its run short
+        (``NodeLost``: its ``resume`` keeps the staged case and the iterations done): back
+        to ``Queued`` with the code as its reason, its launch forgotten (sim id, run,
+        staged case), to be launched again."""
         name = self.names.get(job.queue_id)
         if name is None:
             return
@@ -561,10 +616,11 @@ class SimulationQueue:
         self.holds.pop(name, None)
         self.sim_names = {k: v for k, v in self.sim_names.items() if v != name}
         reason = str(why.code)
+        resume = {"resume": resume_to_json(job.resume)} if job.resume is not None else {}
         self._patch(name, {
             "phase": "Queued", "operator": None, "reason": reason,
             "message": why.message[:1000],
-            **dict.fromkeys(LAUNCH_FIELDS),
+            **dict.fromkeys(LAUNCH_FIELDS), **resume,
             "conditions": self._set_conditions(
                 name, condition("Running", False, reason, why.message),
                 condition("Queued", True, reason, why.message),

@@ -172,6 +172,10 @@ class _Display(StatusWriter):
                 name = name_of(e)
                 if name is not None:
                     self.resize_held(name, str(e.detail.get("reason") or "held for quota"))
+            elif e.kind == "resize-held" and e.detail.get("code") == "node-full":
+                name = name_of(e)
+                if name is not None:  # its rank's node cannot hold the grow (issue 28)
+                    self.resize_held(name, str(e.detail.get("reason") or ""), "NodeFull")
             elif e.kind == "resize":
                 name = name_of(e)
                 if name is not None:

@@ -66,10 +66,11 @@ class StatusWriter:
             self.queue._patch(name, status)
             self.deferred[name] = deferred
 
-    def resize_held(self, name: str, message: str | None) -> None:
+    def resize_held(self, name: str, message: str | None, reason: str = "") -> None:
         """A grow of Simulation ``name`` held within the namespace's quota (``message``:
-        why) sets its condition ``ResizeHeld`` (reason ``QuotaExceeded``); a resize that
-        completes afterwards (None) clears it. Written only when it changes."""
+        why) sets its condition ``ResizeHeld`` (reason ``QuotaExceeded``, or ``reason``:
+        ``NodeFull``, its rank's node cannot hold it); a resize that completes afterwards
+        (None) clears it. Written only when it changes."""
         held = self.quota_held.get(name)
         if message == held or (message is None and held is None):
             return
@@ -78,7 +79,7 @@ class StatusWriter:
             cond = condition("ResizeHeld", False, "Applied", "no grow is held")
         else:
             self.quota_held[name] = message
-            cond = condition("ResizeHeld", True, str(FailureCode.QUOTA_EXCEEDED), message)
+            cond = condition("ResizeHeld", True, reason or str(FailureCode.QUOTA_EXCEEDED), message)
         self.queue._patch(name, {"conditions": self.queue._set_conditions(name, cond)})
 
     @staticmethod
@@ -88,6 +89,8 @@ class StatusWriter:
         for r in view.ranks:
             rank: Obj = {"rank": r.rank, "requestMillis": r.request_millis,
                          "cpuCores": round(r.cpu_cores, 3)}  # fmt: skip
+            if r.node is not None:
+                rank["node"] = r.node
             if r.allocated_millis is not None:
                 rank["allocatedMillis"] = r.allocated_millis
             if r.duty is not None:

@@ -25,6 +25,9 @@ from rankpack.quantities import MAX_RANKS, InvalidQuantity, literal
 
 DECOMPOSITIONS = ("equal", "weighted", "concentric")
 SIZINGS = ("duty", "fixed")
+MPIS = ("openmpi", "mpich")
+"""The MPI libraries a solver may be built with (the shim's flavours,
+`rankpack.profile.shim.FLAVOURS`; a unit test keeps both the same)."""
 SOLVER_PATTERN = r"^[A-Za-z][A-Za-z0-9_.+-]{0,63}$"
 """A command name (found on the rank image's PATH), never a path or a shell string."""
 
@@ -41,6 +44,7 @@ SPEC_FIELDS = {
     "sizing": "spec.sizing",
     "solver": "spec.solver",
     "wait": "spec.wait",
+    "mpi": "spec.mpi",
     "qos": "spec.qos",
 }
 """How a Simulation's spec names the fields `validate` checks."""
@@ -85,6 +89,8 @@ class Submission:
     the session's)."""
     volume: str | None = None
     """Kubernetes: where the run directory lives in the rank pods (default: the session's)."""
+    mpi: str | None = None
+    """The MPI library the solver was built with (`MPIS`; default: the session's)."""
 
     @property
     def n_ranks(self) -> int:
@@ -128,6 +134,7 @@ class Submission:
             "solver": self.solver,
             "wait": self.wait,
             "volume": self.volume,
+            "mpi": self.mpi,
         }
 
     @staticmethod
@@ -153,6 +160,7 @@ class Submission:
             solver=d.get("solver"),
             wait=d.get("wait"),
             volume=d.get("volume"),
+            mpi=d.get("mpi"),
         )
 
 
@@ -195,6 +203,8 @@ def validate(sub: Submission) -> Submission:
     check_solver(sub.solver)
     if sub.wait is not None and sub.wait not in WAIT_SETTINGS:
         raise InvalidSpec(f"{{wait}} must be one of {', '.join(WAIT_SETTINGS)}")
+    if sub.mpi is not None and sub.mpi not in MPIS:
+        raise InvalidSpec(f"{{mpi}} must be one of {', '.join(MPIS)}")
     return sub
 
 

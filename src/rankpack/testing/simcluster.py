@@ -105,6 +105,8 @@ class SimulatedCluster:
         self._resizes = Resizes(self._load, self._sims, self.timing, lambda: self.now,
                                 before_settle=lambda r: self._sync_nodes([r.node]))  # fmt: skip
         self._inventory: tuple[int, Inventory] | None = None
+        self._node_index = {n.name: i for i, n in enumerate(nodes)}
+        self._node_caps: list[NodeCapacity] = []
 
     # -- scenario ------------------------------------------------------------------------
 
@@ -138,19 +140,22 @@ class SimulatedCluster:
         cached = self._inventory
         if cached is not None and cached[0] == self._load.version:
             return cached[1]
-        inventory = Inventory(
-            tuple(
-                NodeCapacity(
-                    n.name,
-                    n.allocatable_millis,
-                    self._load.requested(n.name),
-                    self._load.ranks(n.name),
-                )
-                for n in self.nodes
-            )
-        )
+        # only the nodes whose load changed get a new NodeCapacity (the others keep theirs:
+        # a reader may compare them by identity)
+        if not self._node_caps:
+            self._node_caps = [self._node_capacity(i) for i in range(len(self.nodes))]
+        for name in self._load.changed:
+            i = self._node_index[name]
+            self._node_caps[i] = self._node_capacity(i)
+        self._load.changed = set()
+        inventory = Inventory(tuple(self._node_caps))
         self._inventory = (self._load.version, inventory)
         return inventory
+
+    def _node_capacity(self, i: int) -> NodeCapacity:
+        name = self.nodes[i].name
+        return NodeCapacity(name, self.nodes[i].allocatable_millis,
+                            self._load.requested(name), self._load.ranks(name))  # fmt: skip
 
     def stage(self, spec: StageSpec) -> None:
         if spec.sim_id in self._sims:

@@ -52,6 +52,9 @@ class NodeLoad:
         self._dirty: set[str] = set()
         self.version = 0
         """Goes up whenever what a node holds changes (an inventory is cached by it)."""
+        self.changed: set[str] = set()
+        """The nodes whose ranks or requests changed since the holder last cleared it (the
+        cluster's inventory rebuilds only those)."""
 
     def node(self, name: str) -> SimNode:
         return self._by_name[name]
@@ -75,6 +78,7 @@ class NodeLoad:
         """``sim`` was launched: its ranks count on their nodes."""
         for r in sim.ranks:
             self._ranks[r.node] += 1
+            self.changed.add(r.node)
             self.recharge(r)
         self.version += 1
 
@@ -83,6 +87,7 @@ class NodeLoad:
         for r in sim.ranks:
             self._ranks[r.node] -= 1
             self._requested[r.node] -= r.charged
+            self.changed.add(r.node)
             r.charged = 0
             self._speeds.pop((sim.sim_id, r.index), None)
             running = self._running[r.node]
@@ -104,6 +109,7 @@ class NodeLoad:
         if new != r.charged:
             self._requested[r.node] += new - r.charged
             r.charged = new
+            self.changed.add(r.node)
             self.version += 1
         if allocated_changed:
             self._dirty.add(r.node)
@@ -125,9 +131,14 @@ class NodeLoad:
         return others + need <= node.allocatable_millis
 
     def place(self, spec: SimSpec) -> list[str]:
-        """Each rank's node: the pinned one, else the first that holds all, else rank by
-        rank the one with the most free millicores (ties: the first). LaunchFailed for an
-        unknown pin."""
+        """Each rank's node: the controller's (``spec.rank_nodes``), else the pinned one,
+        else the first that holds all, else rank by rank the one with the most free
+        millicores (ties: the first). LaunchFailed for an unknown node."""
+        if spec.rank_nodes:
+            unknown = sorted(set(spec.rank_nodes) - set(self._by_name))
+            if unknown or len(spec.rank_nodes) != len(spec.ranks):
+                raise LaunchFailed(f"no node {', '.join(unknown)} in cluster {self._name}")
+            return list(spec.rank_nodes)
         pinned = spec.placement.get("node")
         if pinned is not None:
             if pinned not in self._by_name:

@@ -210,7 +210,7 @@ def test_deploy_manifests_match_the_rbac_builder() -> None:
     assert kustomization["kind"] == "Kustomization"
     assert "backend.yaml" in kustomization["resources"]
     objects = list(yaml.safe_load_all((REPO / "deploy" / "base" / "backend.yaml").read_text()))
-    assert objects == rbac.backend_rbac("rankpack")
+    assert objects == [*rbac.backend_rbac("rankpack"), *rbac.backend_nodes_rbac("rankpack")]
 
 
 def test_every_deployed_object_names_its_namespace() -> None:
@@ -238,6 +238,13 @@ def test_rbac_is_least_privilege() -> None:
     assert rules["pods/resize"] == {"get", "patch"}
     assert rules["pods/exec"] == {"create", "get"}
     assert "secrets" not in rules and "nodes" not in rules
+    # apart: reading nodes, cluster-wide, and nothing else
+    role, binding = rbac.backend_nodes_rbac("ns")
+    assert role["kind"] == "ClusterRole" and role["rules"] == [
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "list", "watch"]}
+    ]
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rankpack-backend",
+                                    "namespace": "ns"}]  # fmt: skip
     assert all("*" not in verbs for verbs in rules.values())
     binding = objects[2]
     assert binding["roleRef"]["kind"] == "Role"
@@ -303,9 +310,8 @@ def test_the_dev_overlay_changes_only_images_and_the_volume() -> None:
 def test_in_cluster_operator_is_least_privilege() -> None:
     from rankpack.operator import manifests
 
-    sa, role, binding, nodes, nodes_binding, finder, finder_binding, deployment = (
-        manifests.operator_objects("ns")
-    )
+    (sa, role, binding, nodes, nodes_binding, finder, finder_binding, leases, leases_binding,
+     deployment) = manifests.operator_objects("ns")  # fmt: skip
     assert [o["kind"] for o in (sa, role, binding)] == ["ServiceAccount", "Role", "RoleBinding"]
     assert role["rules"] == [  # the backend's, no more, and being answered by the agents
         *backend_rbac_rules.operator_role_rules(),
@@ -316,6 +322,12 @@ def test_in_cluster_operator_is_least_privilege() -> None:
     assert finder["rules"] == [{"apiGroups": [""], "resources": ["pods"],
                                 "verbs": ["get", "list", "watch"]}]  # fmt: skip
     assert finder_binding["subjects"] == binding["subjects"]
+    # the nodes' Leases (a lost node): reading them, in their namespace only
+    assert leases["kind"] == "Role" and leases["metadata"]["namespace"] == "kube-node-lease"
+    assert leases["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+                                "verbs": ["get", "list", "watch"]}]  # fmt: skip
+    assert leases_binding["subjects"] == binding["subjects"]
+    assert leases_binding["roleRef"]["name"] == leases["metadata"]["name"]
     granted = {r for rule in role["rules"] for r in rule["resources"]}
     assert "pods/exec" not in granted  # mpirun runs in launcher pods
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",

@@ -60,6 +60,8 @@ class FakeKubeApi:
     objects: dict[tuple[str, str], Obj] = field(default_factory=dict)
     actions: list[tuple[str, ...]] = field(default_factory=list)
     nodes: list[Obj] = field(default_factory=list)
+    leases: list[Obj] = field(default_factory=list)
+    """The nodes' Leases (``kube-node-lease``)."""
     other_pods: list[Obj] = field(default_factory=list)
     """Pods of other namespaces (counted by `inventory`)."""
     resize_limit_millis: int | None = None
@@ -100,6 +102,7 @@ class FakeKubeApi:
         stored += [("pods", p, str(p.get("metadata", {}).get("namespace") or ""))
                    for p in self.other_pods]  # fmt: skip
         stored += [("nodes", n, "") for n in self.nodes]
+        stored += [("leases", lease, "kube-node-lease") for lease in self.leases]
         for i, (kind, obj, ns) in enumerate(stored):
             meta = obj.setdefault("metadata", {})
             meta.setdefault("name", f"unnamed-{i}")
@@ -129,7 +132,8 @@ class FakeKubeApi:
 
     def _scope(self, path: str) -> tuple[str, str | None]:
         """(kind, namespace; None: every namespace) of a collection's path."""
-        parts = [p for p in path.split("/") if p][2:]  # after /api/v1
+        parts = [p for p in path.split("/") if p]
+        parts = parts[3:] if parts[0] == "apis" else parts[2:]  # after /api/v1, /apis/G/V
         if len(parts) == 1:
             return parts[0], None
         assert parts[0] == "namespaces" and len(parts) == 3, path
@@ -266,8 +270,11 @@ class FakeKubeApi:
             if k == kind and _matches(o, label_selector)
         ]
 
-    def delete(self, kind: str, name: str, propagation: str = "Background") -> None:
-        self.actions.append(("delete", kind, name, propagation))
+    def delete(
+        self, kind: str, name: str, propagation: str = "Background", grace_s: int | None = None
+    ) -> None:
+        self.actions.append(("delete", kind, name, propagation) if grace_s is None
+                            else ("delete", kind, name, propagation, grace_s))  # fmt: skip
         obj = self.objects.pop((kind, name), None)
         if obj is None:
             raise ApiError(404, "NotFound", f"{kind} {name} not found")

@@ -153,6 +153,42 @@ def test_launch_creates_owner_then_service_then_pods(tmp_path: Path) -> None:
     assert {r.phase for r in obs.ranks} == {RankPhase.PENDING}
 
 
+def test_mpich_on_this_host_runs_hydra_calling_back_on_the_route_to_the_pods(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from rankpack.backend.kubernetes import starting
+
+    towards: list[list[str]] = []
+
+    def address(pods: list[dict[str, Any]]) -> str:
+        towards.append([p["status"]["podIP"] for p in pods])
+        return "10.201.0.1"
+
+    monkeypatch.setattr(starting, "address_towards", address)
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec(mpi="mpich"))
+    assert (h.case / ".rankpack" / "hostfile").read_text().splitlines() == [
+        f"{p}:1" for p in PODS
+    ]  # hydra's format
+    h.run_all()
+    (proc,) = h.procs
+    text = " ".join(proc.argv)
+    assert "-launcher rsh -launcher-exec " + str(h.case / ".rankpack" / "rsh-agent") in text
+    assert "-localhost 10.201.0.1" in text
+    assert towards == [["10.201.0.10", "10.201.0.11", "10.201.0.12"]]  # rank order
+    assert "-genv UCX_TLS self,tcp" in text and "--mca" not in proc.argv
+    assert proc.env["RANKPACK_NAMESPACE"] == "rankpack"
+    assert "OMPI_ALLOW_RUN_AS_ROOT" not in proc.env
+    assert h.backend.observe(SIM).phase is SimPhase.RUNNING
+
+
+def test_the_address_towards_a_pod_is_none_without_one() -> None:
+    from rankpack.backend.kubernetes.starting import address_towards
+
+    assert address_towards([]) is None
+    assert address_towards([{"status": {}}]) is None
+
+
 def test_launch_is_idempotent_across_processes(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.backend.launch(h.spec())

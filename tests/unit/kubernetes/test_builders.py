@@ -159,6 +159,25 @@ def test_placement_becomes_node_selector() -> None:
     assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
 
 
+def test_each_rank_gets_a_required_affinity_to_its_node_and_never_a_node_name() -> None:
+    placed = spec(rank_nodes=("n0", "n1"))
+    for rank, node in enumerate(("n0", "n1")):
+        pod = builders.rank_pod(placed, rank, OWNER, HostPathVolume(CASE), "img")
+        assert "nodeName" not in pod["spec"]  # the scheduler's fit check still applies
+        assert pod["spec"]["affinity"] == {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+                ]}
+            ]}
+        }}  # fmt: skip
+    assert '"rank_nodes": ["n0", "n1"]' in builders.spec_json(placed, "img")
+    # no node decided (one node, the local backend's spec): nothing changes
+    pod = builders.rank_pod(spec(), 0, OWNER, HostPathVolume(CASE), "img")
+    assert "affinity" not in pod["spec"] and "nodeSelector" not in pod["spec"]
+    assert "rank_nodes" not in builders.spec_json(spec(), "img")
+
+
 @pytest.mark.parametrize(
     ("res", "want"),
     [
@@ -207,6 +226,85 @@ def test_mpirun_argv(given: dict[str, Any], present: list[str]) -> None:
     for i in range(len(present)):
         assert present[i] in argv
     assert ("btl_tcp_if_include" in argv) == (given["subnet"] is not None)
+
+
+def _args(**kw: Any) -> builders.MpirunArgs:
+    base: dict[str, Any] = {
+        "mpirun": "/usr/bin/mpirun",
+        "n_ranks": 2,
+        "hostfile": CASE / ".rankpack/hostfile",
+        "agent": CASE / ".rankpack/rsh-agent",
+        "case_dir": CASE,
+        "command": ("imbalance", "-n", "10"),
+        "env": {"LD_PRELOAD": "/runs/r1/.rankpack/lib/x.so", "A": "1 2"},
+    }
+    base.update(kw)
+    return builders.MpirunArgs(**base)
+
+
+def _pairs(argv: list[str], flag: str, width: int) -> list[list[str]]:
+    """Every ``flag`` in argv with the ``width`` values after it."""
+    return [argv[i + 1 : i + 1 + width] for i, a in enumerate(argv) if a == flag]
+
+
+@pytest.mark.parametrize(("transport", "btl"), [("tcp", "self,tcp"), ("auto", "self,vader,tcp")])
+def test_open_mpi_transport(transport: str, btl: str) -> None:
+    argv = builders.mpirun_argv(_args(transport=transport))
+    assert ["btl", btl] in _pairs(argv, "--mca", 2)
+    assert ["pml", "ob1"] in _pairs(argv, "--mca", 2)
+    assert "-genv" not in argv and "-localhost" not in argv
+
+
+MPICH_CASES = [
+    pytest.param("tcp", "10.201.0.30", id="tcp-only"),
+    pytest.param("auto", None, id="auto-no-address"),
+]
+
+
+@pytest.mark.parametrize(("transport", "address"), MPICH_CASES)
+def test_mpich_hydra_argv(transport: str, address: str | None) -> None:
+    args = _args(mpirun="/usr/bin/mpiexec.hydra", flavour="mpich", transport=transport,
+                 local_address=address, subnet="10.201.0.0/24", as_root=True)  # fmt: skip
+    argv = builders.mpirun_argv(args)
+    assert argv[:3] == ["/usr/bin/mpiexec.hydra", "-n", "2"]
+    # the same rsh agent as Open MPI's: hydra calls it as `AGENT POD hydra_pmi_proxy ...`
+    assert _pairs(argv, "-launcher", 1) == [["rsh"]]
+    assert _pairs(argv, "-launcher-exec", 1) == [["/runs/r1/.rankpack/rsh-agent"]]
+    assert _pairs(argv, "-f", 1) == [["/runs/r1/.rankpack/hostfile"]]
+    assert _pairs(argv, "-wdir", 1) == [[str(CASE)]]
+    assert "-genvnone" in argv  # nothing of the launcher's own environment reaches a rank
+    assert _pairs(argv, "-localhost", 1) == ([[address]] if address else [])
+    genv = {name: value for name, value in _pairs(argv, "-genv", 2)}
+    tcp_only = {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "self,tcp"}
+    expected = {"LD_PRELOAD": "/runs/r1/.rankpack/lib/x.so", "A": "1 2"}
+    assert genv == ({**tcp_only, **expected} if transport == "tcp" else expected)
+    assert argv[-3:] == ["imbalance", "-n", "10"]
+    # no Open MPI option leaks into hydra's command line (it would refuse it)
+    assert not [a for a in argv if a.startswith("--")]
+    assert "--allow-run-as-root" not in argv and "-x" not in argv
+
+
+def test_the_spec_env_wins_over_the_tcp_switches() -> None:
+    argv = builders.mpirun_argv(_args(flavour="mpich", env={"UCX_TLS": "tcp"}))
+    assert dict((n, v) for n, v in _pairs(argv, "-genv", 2))["UCX_TLS"] == "tcp"
+
+
+@pytest.mark.parametrize(
+    ("flavour", "transport", "match"),
+    [("intelmpi", "tcp", "cannot be launched"), ("mpich", "shm", "transport")],
+)
+def test_unknown_mpi_or_transport_is_refused(flavour: str, transport: str, match: str) -> None:
+    with pytest.raises(BackendError, match=match):
+        builders.mpirun_argv(_args(flavour=flavour, transport=transport))
+
+
+@pytest.mark.parametrize(
+    ("flavour", "first"), [("openmpi", "rankpack-s1-0 slots=1"), ("mpich", "rankpack-s1-0:1")]
+)
+def test_hostfile_in_each_mpis_format(flavour: str, first: str) -> None:
+    lines = builders.hostfile("s1", 3, flavour).splitlines()
+    assert lines[0] == first and len(lines) == 3
+    assert lines[2].startswith("rankpack-s1-2")
 
 
 def test_agent_path_with_spaces_is_refused() -> None:

@@ -88,6 +88,9 @@ BAD: list[tuple[str, Any]] = [
     ("timeout-huge", {**_data(), "start_timeout_s": 1e12}),
     ("subnet-bad", {**_data(), "subnet": "10.201.0.0/33"}),
     ("subnet-not-string", {**_data(), "subnet": 10}),
+    ("mpi-unknown", {**_data(), "mpi": "intelmpi"}),
+    ("mpi-not-string", {**_data(), "mpi": ["mpich"]}),
+    ("transport-unknown", {**_data(), "transport": "shm"}),
 ]
 
 
@@ -96,6 +99,14 @@ def test_bad_instructions_are_refused(name: str, data: Any) -> None:
     text = data if isinstance(data, str) else json.dumps(data)
     with pytest.raises(InstructionsError):
         Instructions.parse(text)
+
+
+def test_mpich_instructions_round_trip_and_older_ones_mean_open_mpi_over_tcp() -> None:
+    ins = instructions(Path("/runs/r1"), mpi="mpich", transport="auto")
+    assert Instructions.parse(ins.to_json()) == ins
+    older = {k: v for k, v in _data().items() if k not in ("mpi", "transport")}
+    parsed = Instructions.parse(json.dumps(older))
+    assert (parsed.mpi, parsed.transport) == ("openmpi", "tcp")
 
 
 def test_a_subnet_is_normalised() -> None:
@@ -306,6 +317,22 @@ def test_a_run_starts_mpirun_once_and_records_its_exit(tmp_path: Path) -> None:
     assert launcher.state(h.case / ".rankpack") == "ended"
     # a second launcher (or this one again) never starts it twice
     assert h.launch.run() == 0 and len(h.spawned) == 1
+
+
+def test_an_mpich_run_starts_hydra_calling_back_to_this_pod(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.launch.instructions = instructions(h.case, mpi="mpich")
+    h.launch.mpirun = "/usr/bin/mpiexec.hydra"
+    assert h.launch.run() == 0
+    ((argv, _cwd, env, _fds),) = h.spawned
+    text = " ".join(argv)
+    assert argv[0] == "/usr/bin/mpiexec.hydra"
+    assert f"-launcher rsh -launcher-exec {AGENT}" in text
+    assert "-localhost 10.201.0.30" in text  # this pod's IP: pod names do not resolve
+    assert "-genv MPIR_CVAR_NOLOCAL 1" in text and "-genv UCX_TLS self,tcp" in text
+    assert "-genv WM_PROJECT_DIR /usr/share/openfoam" in text
+    assert "--mca" not in argv and "OMPI_ALLOW_RUN_AS_ROOT" not in env
+    assert env["RANKPACK_NAMESPACE"] == "rankpack"
 
 
 def test_mpirun_killed_by_a_signal_exits_128_plus_n(tmp_path: Path) -> None:

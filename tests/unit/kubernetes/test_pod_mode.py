@@ -468,10 +468,21 @@ def test_host_mode_is_unchanged(tmp_path: Path) -> None:
     assert h.backend.placement()["launcher"] == "mpirun+pods/exec"
 
 
-def test_only_open_mpi_is_launched_in_a_pod(tmp_path: Path) -> None:
+def test_an_mpi_the_backend_cannot_launch_is_refused_before_anything_is_created(
+    tmp_path: Path,
+) -> None:
     from rankpack.backend.protocol import LaunchFailed
 
     h = Harness(tmp_path, FakeKubeApi())
-    with pytest.raises(LaunchFailed, match="Open MPI only"):
-        h.backend.launch(h.spec(mpi="mpich"))
+    with pytest.raises(LaunchFailed, match="intelmpi"):
+        h.backend.launch(h.spec(mpi="intelmpi"))
     assert h.api.writes() == []
+
+
+def test_mpich_in_a_pod_gets_its_hostfile_and_instructions(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.config = dataclasses.replace(h.backend.config, mpi_transport="auto")
+    h.backend.launch(h.spec(mpi="mpich"))
+    ins = Instructions.parse((h.case / ".rankpack" / "launch.json").read_text())
+    assert (ins.mpi, ins.transport) == ("mpich", "auto")
+    assert (h.case / ".rankpack" / "hostfile").read_text().splitlines()[0] == f"{PODS[0]}:1"

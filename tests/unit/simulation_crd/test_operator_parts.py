@@ -431,3 +431,39 @@ def test_a_claimed_simulation_deleted_or_created_again_is_withdrawn(
     sims.objs["b"]["status"] = {}
     (again,) = [j for j in q.pending() if q.names[j.queue_id] == "b"]
     assert again.queue_id != jobs["b"].queue_id  # the new object is a new job
+
+
+def test_a_node_lost_simulation_is_queued_again_with_what_to_resume_from(
+    sims: FakeSims, tmp_path: Path
+) -> None:
+    """Issue 28, item 4: requeued (not Failed) with reason NodeLost; whichever operator
+    launches it next reads its case and the iterations done from its status, and its launch
+    writes from where it resumed and the iterations lost."""
+    from dataclasses import replace
+
+    from rankpack.case.staging import StagedCase
+    from rankpack.controller.jobs import Resume
+    from rankpack.core.failures import Failure
+
+    sims.add("a")
+    q = _queue(sims, tmp_path)
+    (job,) = q.pending()
+    assert q.claim(job)
+    staged = StagedCase(Path("/runs/r1"), "pitzDaily", "/src", "simpleFoam", (6000, 6000), 300)
+    q.started(job, 1, "s1", staged)
+    resume = Resume(staged, iterations_at_loss=137, lost_run_id=1, why="node n lost")
+    q.requeued(replace(job, resume=resume), Failure(FailureCode.NODE_LOST, "node n lost; ..."))
+    st = sims.objs["a"]["status"]
+    assert (st["phase"], st["reason"]) == ("Queued", "NodeLost")
+    assert "simId" not in st and st["resume"]["iterationsAtLoss"] == 137
+    # the next operator (a fresh queue: nothing in memory) resumes it
+    q2 = queue.SimulationQueue(sims, q_store(tmp_path), "op-2")  # type: ignore[arg-type]
+    (again,) = q2.pending()
+    assert again.resume == resume
+    assert q2.claim(again)
+    at = replace(staged, resumed_from="120", start_iterations=120)
+    q2.started(again, 2, "s2", at)
+    st = sims.objs["a"]["status"]
+    assert "resume" not in st and st["staged"]["startIterations"] == 120
+    assert st["nodeLost"]["resumedFrom"] == "120" and st["nodeLost"]["iterationsLost"] == 17
+    assert queue.staged_from_json(st["staged"]) == at  # an adopter counts on from 120

@@ -222,7 +222,12 @@ class KubeApi(Protocol):
 
     def get(self, kind: str, name: str) -> Obj: ...
     def list(self, kind: str, label_selector: str) -> list[Obj]: ...
-    def delete(self, kind: str, name: str, propagation: str = "Background") -> None: ...
+    def delete(
+        self, kind: str, name: str, propagation: str = "Background", grace_s: int | None = None
+    ) -> None:
+        """``grace_s``: the deletion's grace period (0: at once, a pod of a lost node)."""
+        ...
+
     def patch_resize(self, name: str, patch: Obj) -> Obj:
         """Strategic-merge patch of the ``pods/resize`` subresource."""
         ...
@@ -402,8 +407,12 @@ class ClientKubeApi:
         query = {"labelSelector": label_selector}
         return list(self.request("GET", self._ns(kind), query=query).get("items", []))
 
-    def delete(self, kind: str, name: str, propagation: str = "Background") -> None:
-        body = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+    def delete(
+        self, kind: str, name: str, propagation: str = "Background", grace_s: int | None = None
+    ) -> None:
+        body: Obj = {"kind": "DeleteOptions", "apiVersion": "v1", "propagationPolicy": propagation}
+        if grace_s is not None:
+            body["gracePeriodSeconds"] = grace_s
         self.request("DELETE", self._ns(kind, name), body=body)
 
     def patch_resize(self, name: str, patch: Obj) -> Obj:

@@ -33,6 +33,7 @@ from rankpack.backend.kubernetes import (
     informer,
     launcher,
     limits,
+    lostnodes,
     objects,
     observing,
     pod_mode,
@@ -112,6 +113,8 @@ class KubernetesBackend:
                                notify=self.notify)  # fmt: skip
         self._poller = Poller(self)
         self._capacity = Capacity(api, config, self.cache)
+        self.nodes = lostnodes.NodeWatch(self.cache)
+        """Which nodes are lost (`lostnodes`: the cached nodes and their Leases)."""
 
     # -- capacity and facts ------------------------------------------------------------------
 
@@ -366,12 +369,13 @@ class KubernetesBackend:
                 code = sim.process.poll()
                 if code is not None:
                     life.end(code)
+            held = self.nodes.judge_end(sim)  # a lost node may be behind a failed end
             ended = life.over
             ranks = tuple(observing.observe_rank(sim, i, ended, self.readings, missing)
                           for i in range(sim.n))  # fmt: skip
             outages = observing.outages(sim, missing)
             log_text = sim.log.read(ended=ended)
-            phase, reason = self.phase(sim)
+            phase, reason = self.phase(sim) if held is None else (SimPhase.RUNNING, held)
             over = observing.ended_failure(sim) if phase is SimPhase.FAILED else None
             failure = over.code if over is not None else None
         for node, why in outages:  # once per outage, on rank 0's pod
@@ -426,6 +430,8 @@ class KubernetesBackend:
             return
         if not sim.life.ended or (sim.process is not None and sim.process.poll() is None):
             self.stop(sim_id)
+        if sim.life.failure is not None and sim.life.failure.code is FailureCode.NODE_LOST:
+            self.nodes.force_delete(self.api, sim)  # its kubelet will never confirm an end
         try:
             objects.delete(self.api, self.config, sim_id, self.pods_left(sim_id))
         except BackendError:

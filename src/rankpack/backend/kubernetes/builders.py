@@ -25,6 +25,7 @@ from typing import Any
 from rankpack.backend.kubernetes.config import (
     DEV_IMAGE,
     DEV_IMAGE_PREFIX,
+    MPI_TRANSPORTS,
     HostPathVolume,
     VolumeSource,
     mount_path,
@@ -108,9 +109,11 @@ class OwnerRef:
         }
 
 
-def hostfile(sim_id: str, n_ranks: int) -> str:
-    """One line per rank pod in rank order (deterministic: sorted by rank, not by name)."""
-    return "".join(f"{pod_name(sim_id, i)} slots=1\n" for i in range(n_ranks))
+def hostfile(sim_id: str, n_ranks: int, flavour: str = "openmpi") -> str:
+    """One line per rank pod in rank order (deterministic: sorted by rank, not by name), in
+    the MPI's own format: Open MPI's ``POD slots=1``, MPICH hydra's ``POD:1``."""
+    line = "{} slots=1\n" if flavour == "openmpi" else "{}:1\n"
+    return "".join(line.format(pod_name(sim_id, i)) for i in range(n_ranks))
 
 
 def spec_json(spec: SimSpec, image: str) -> str:
@@ -128,6 +131,8 @@ def spec_json(spec: SimSpec, image: str) -> str:
         "image": image,
         "volume": spec.volume,
     }
+    if spec.rank_nodes:
+        data["rank_nodes"] = list(spec.rank_nodes)
     return json.dumps(data, sort_keys=True)
 
 
@@ -140,7 +145,7 @@ def owner_configmap(spec: SimSpec, image: str) -> Obj:
             "labels": labels(spec, **{ROLE_LABEL: "owner"}),
         },
         "data": {
-            "hostfile": hostfile(spec.sim_id, len(spec.ranks)),
+            "hostfile": hostfile(spec.sim_id, len(spec.ranks), spec.mpi),
             "spec.json": spec_json(spec, image),
         },
     }
@@ -253,6 +258,8 @@ def rank_pod(
         pod_spec["serviceAccountName"] = service_account
     if spec.placement:
         pod_spec["nodeSelector"] = dict(spec.placement)
+    if spec.rank_nodes:
+        pod_spec["affinity"] = node_affinity(spec.rank_nodes[rank])
     return {
         "apiVersion": "v1",
         "kind": "Pod",
@@ -263,6 +270,22 @@ def rank_pod(
         },
         "spec": pod_spec,
     }
+
+
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+"""The well-known label of a node's name (the dev cluster's kubelets set it to their node's
+name with ``--hostname-override``)."""
+
+
+def node_affinity(node: str) -> Obj:
+    """A rank pod's required node affinity to ``node`` (the controller's placement,
+    `SimSpec.rank_nodes`): through the scheduler, unlike ``nodeName``, so its fit check
+    still applies (a pod that does not fit stays Pending instead of failing OutOfcpu)."""
+    term = {"matchExpressions": [{"key": HOSTNAME_LABEL, "operator": "In", "values": [node]}]}
+    return {
+        "nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [term]}}
+    }  # fmt: skip
 
 
 def resize_patch(res: RankResources) -> Obj:
@@ -328,6 +351,28 @@ def event(
 
 # -- the launcher ---------------------------------------------------------------------------
 
+FLAVOURS = ("openmpi", "mpich")
+"""The MPI libraries whose launcher the backend drives: Open MPI's ``mpirun`` and MPICH's
+hydra (``mpiexec.hydra``)."""
+TCP_ONLY_MPICH_ENV = (
+    ("MPIR_CVAR_NOLOCAL", "1"),
+    ("UCX_TLS", "self,tcp"),
+)
+"""MPICH without shared memory: no ch4 shared-memory path between ranks it takes for local
+(``MPIR_CVAR_NOLOCAL``), and UCX (Debian's MPICH 4.0 is ch4:ucx) limited to loopback within a
+process and TCP: with its defaults UCX picks ``sysv``/``posix``/``cma`` shared memory between
+processes it finds on one machine, whatever ``MPIR_CVAR_NOLOCAL`` says."""
+
+
+def check_mpi(flavour: str, transport: str = "tcp") -> None:
+    """BackendError for an MPI flavour or transport the backend does not launch."""
+    if flavour not in FLAVOURS:
+        raise BackendError(
+            f"MPI '{flavour}' cannot be launched on Kubernetes; use one of {', '.join(FLAVOURS)}"
+        )
+    if transport not in MPI_TRANSPORTS:
+        raise BackendError(f"MPI transport '{transport}' not understood; use tcp or auto")
+
 
 @dataclass(frozen=True)
 class MpirunArgs:
@@ -342,18 +387,31 @@ class MpirunArgs:
     """Set in every rank (``-x NAME=VALUE``), not in mpirun's own environment."""
     subnet: str | None = None
     as_root: bool = False
+    flavour: str = "openmpi"
+    """``openmpi`` (`mpirun`) or ``mpich`` (hydra's ``mpiexec``)."""
+    transport: str = "tcp"
+    """`config.MPI_TRANSPORTS`: ``tcp`` only, or the library's choice (``auto``)."""
+    local_address: str | None = None
+    """MPICH: the address of this host (or launcher pod) that hydra's proxies in the rank
+    pods connect back to (``-localhost``): pod names do not resolve without cluster DNS, and
+    hydra would give them this host's name. Open MPI finds mpirun's address itself."""
 
 
 def mpirun_argv(args: MpirunArgs) -> list[str]:
-    """Open MPI's mpirun on the controller's host, ranks started in the pods via the agent."""
+    """The launcher's command line (Open MPI's mpirun or MPICH's hydra) on the controller's
+    host or in the launcher pod, ranks started in the pods via the rsh agent."""
+    check_mpi(args.flavour, args.transport)
     if any(c.isspace() for c in str(args.agent)):
         raise BackendError(f"the rsh agent path {args.agent} contains whitespace")
+    if args.flavour == "mpich":
+        return _hydra_argv(args)
+    btl = "self,tcp" if args.transport == "tcp" else "self,vader,tcp"
     argv = [
         args.mpirun, "-np", str(args.n_ranks), "--hostfile", str(args.hostfile),
         "--map-by", "slot", "--bind-to", "none", "--wdir", str(args.case_dir),
         "--mca", "plm_rsh_agent", str(args.agent),
         "--mca", "plm_rsh_no_tree_spawn", "1",
-        "--mca", "pml", "ob1", "--mca", "btl", "self,tcp",
+        "--mca", "pml", "ob1", "--mca", "btl", btl,
     ]  # fmt: skip
     if args.subnet:
         argv += ["--mca", "oob_tcp_if_include", args.subnet]
@@ -362,6 +420,25 @@ def mpirun_argv(args: MpirunArgs) -> list[str]:
         argv.append("--allow-run-as-root")
     for name in sorted(args.env):
         argv += ["-x", f"{name}={args.env[name]}"]
+    return [*argv, *args.command]
+
+
+def _hydra_argv(args: MpirunArgs) -> list[str]:
+    """MPICH's hydra: one proxy per rank pod, each started by ``AGENT POD CMD...`` exactly as
+    Open MPI's daemons are (so the same rsh agent serves); proxies connect back to
+    ``local_address``; ranks get only the environment given here (``-genvnone``: nothing of
+    this host's), the TCP-only switches first unless the transport is ``auto``."""
+    argv = [
+        args.mpirun, "-n", str(args.n_ranks), "-f", str(args.hostfile),
+        "-launcher", "rsh", "-launcher-exec", str(args.agent),
+        "-wdir", str(args.case_dir), "-genvnone",
+    ]  # fmt: skip
+    if args.local_address:
+        argv += ["-localhost", args.local_address]
+    env = dict(TCP_ONLY_MPICH_ENV) if args.transport == "tcp" else {}
+    env.update(args.env)
+    for name in sorted(env):
+        argv += ["-genv", name, env[name]]
     return [*argv, *args.command]
 
 

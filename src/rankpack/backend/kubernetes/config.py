@@ -41,6 +41,20 @@ def resolve_launcher(choice: str, image: str) -> LauncherMode:
     return "host" if choice == "host" else "pod"
 
 
+MpiTransport = Literal["tcp", "auto"]
+"""How a simulation's ranks talk (`KubernetesConfig.mpi_transport`)."""
+MPI_TRANSPORTS = ("tcp", "auto")
+
+
+def parse_transport(text: str) -> MpiTransport:
+    """``--mpi-transport``: ``tcp`` or ``auto``; UserError for anything else."""
+    if text == "tcp":
+        return "tcp"
+    if text == "auto":
+        return "auto"
+    raise UserError(f"MPI transport '{text}' not understood; use tcp or auto")
+
+
 ReadingsMode = Literal["auto", "node", "agent"]
 AGENT_PORT = 8475
 
@@ -104,6 +118,16 @@ class KubernetesConfig:
     launcher_cpu_millis: int = 50
     """The launcher pods' CPU request (pod mode; no limit): mpirun forwards rank 0's output
     and the rsh agents start the ranks, then mostly wait."""
+    mpi_transport: MpiTransport = "tcp"
+    """How the ranks of a simulation talk. ``tcp`` (the default): TCP over the pod network
+    only, every shared-memory transport off (Open MPI ``--mca btl self,tcp``; MPICH
+    ``MPIR_CVAR_NOLOCAL=1`` and ``UCX_TLS=self,tcp``), as the seeds run co-located jobs:
+    ranks of different simulations on one node never share a shared-memory segment, and
+    a rank's traffic is the same whether its peer is on its node or another. ``auto``: the
+    MPI library's own choice, shared memory included (Open MPI ``self,vader,tcp``; MPICH
+    and UCX defaults) where it finds a peer it can share memory with; each rank pod has its
+    own IPC namespace and ``/dev/shm``, so between rank pods that is still TCP (see
+    docs/kubernetes-backend.md)."""
     readings: ReadingsMode = "auto"
     """Where the ranks' counters and shim records come from (decision 0010): ``node``, this
     process runs on the rank pods' node and reads its files (the single-node dev cluster);
@@ -127,6 +151,8 @@ class KubernetesConfig:
     def __post_init__(self) -> None:
         if self.launcher not in ("host", "pod"):
             raise UserError(f"launcher '{self.launcher}' not understood; use host or pod")
+        if self.mpi_transport not in MPI_TRANSPORTS:
+            raise UserError(f"MPI transport '{self.mpi_transport}' not understood; use tcp or auto")
 
 
 def default_kubeconfig() -> Path | None:

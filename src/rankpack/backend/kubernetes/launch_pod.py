@@ -14,7 +14,10 @@ path as its one argument. Here, in the pod, under its ServiceAccount (`rbac.LAUN
    starts a second mpirun;
 4. run mpirun with ``rankpack-exec`` as its rsh agent (this image's absolute path, which
    exists in the rank pods too: they run the same image, and Open MPI's orted segfaults
-   where the agent's path does not exist), the pod subnet as Open MPI's TCP interfaces,
+   where the agent's path does not exist), the pod subnet as Open MPI's TCP interfaces
+   (MPICH: hydra's ``mpiexec`` with the same agent, its proxies calling back to this pod's
+   IP: the instructions' ``mpi``), TCP only unless the instructions' ``transport`` says
+   ``auto``,
    the solver output appended to the log; SIGTERM, SIGINT and SIGHUP go on to mpirun, which
    takes its ranks down;
 5. write mpirun's exit code to the exit file (atomically) and exit with it (a signal death
@@ -47,6 +50,7 @@ from typing import IO, Any, Protocol
 
 from rankpack.backend.kubernetes import builders, launcher, rsh, status
 from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
+from rankpack.backend.kubernetes.config import MPI_TRANSPORTS
 from rankpack.backend.kubernetes.starting import subnet_of
 from rankpack.backend.mpirun import find_mpirun, root_env
 from rankpack.backend.protocol import BackendError
@@ -106,6 +110,10 @@ class Instructions:
     """How often the rank pods are listed while waiting."""
     subnet: str | None = None
     """Open MPI's TCP interfaces (a CIDR); None: the /24 holding every pod's IP, if any."""
+    mpi: str = "openmpi"
+    """The MPI library (`builders.FLAVOURS`): Open MPI's mpirun or MPICH's hydra."""
+    transport: str = "tcp"
+    """`config.MPI_TRANSPORTS`: TCP only (the default), or the library's choice."""
 
     def to_json(self) -> str:
         data = {
@@ -123,6 +131,8 @@ class Instructions:
             "start_timeout_s": self.start_timeout_s,
             "poll_s": self.poll_s,
             "subnet": self.subnet,
+            "mpi": self.mpi,
+            "transport": self.transport,
         }
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
@@ -136,7 +146,8 @@ class Instructions:
             raise InstructionsError(f"not JSON: {exc}") from exc
         if not isinstance(data, dict):
             raise InstructionsError("not a JSON object")
-        missing, unknown = sorted(_KEYS - set(data)), sorted(set(data) - _KEYS)
+        missing = sorted(_KEYS - _OPTIONAL - set(data))
+        unknown = sorted(set(data) - _KEYS)
         if missing or unknown:
             raise InstructionsError(f"missing keys {missing}, unknown keys {unknown}")
         if data["version"] != VERSION:
@@ -168,14 +179,28 @@ class Instructions:
             start_timeout_s=_seconds(data, "start_timeout_s"),
             poll_s=min(_seconds(data, "poll_s"), 60.0),
             subnet=_subnet(data),
+            mpi=_choice(data, "mpi", builders.FLAVOURS),
+            transport=_choice(data, "transport", MPI_TRANSPORTS),
         )
 
 
 _KEYS = frozenset({
     "version", "sim_id", "namespace", "container", "pods", "hostfile", "case_dir", "command",
-    "env", "log_path", "exit_path", "start_timeout_s", "poll_s", "subnet",
+    "env", "log_path", "exit_path", "start_timeout_s", "poll_s", "subnet", "mpi", "transport",
 })  # fmt: skip
 """What `Instructions.to_json` writes and `Instructions.parse` expects: no more, no less."""
+_OPTIONAL = frozenset({"mpi", "transport"})
+"""Keys a launcher reads as their defaults (Open MPI, TCP) when absent: instructions
+written before MPICH was launched on Kubernetes."""
+
+
+def _choice(data: Mapping[str, Any], key: str, allowed: Sequence[str]) -> str:
+    if key not in data:
+        return allowed[0]
+    value = _string(data, key)
+    if value not in allowed:
+        raise InstructionsError(f"{key}: {value!r} is not one of {', '.join(allowed)}")
+    return value
 
 
 def _string(data: Mapping[str, Any], key: str) -> str:
@@ -262,7 +287,7 @@ def mpirun_env(environ: Mapping[str, str], instructions: Instructions) -> dict[s
     rsh agent's connection (in-cluster: no kubeconfig) and Open MPI's root switches."""
     env = {k: v for k, v in environ.items() if k != "LD_PRELOAD"}
     env.update(rsh.agent_env(None, None, instructions.namespace, instructions.container))
-    env.update(root_env("openmpi"))
+    env.update(root_env(instructions.mpi))
     return env
 
 
@@ -417,17 +442,22 @@ class Launch:
             return exit_status(earlier)
         pods = wait_for_ranks(self.api, ins, clock=self.clock, sleep=self.sleep,
                               stopping=lambda: self.signum)  # fmt: skip
+        own_ip = self.environ.get(builders.POD_IP_ENV)
         try:
             args = builders.MpirunArgs(
-                mpirun=self.mpirun or find_mpirun("openmpi"),
+                mpirun=self.mpirun or find_mpirun(ins.mpi),
                 n_ranks=len(ins.pods),
                 hostfile=ins.hostfile,
                 agent=self.agent or find_agent(),
                 case_dir=ins.case_dir,
                 command=ins.command,
                 env=ins.env,
-                subnet=choose_subnet(ins, pods, self.environ.get(builders.POD_IP_ENV)),
+                subnet=choose_subnet(ins, pods, own_ip),
                 as_root=self.as_root,
+                flavour=ins.mpi,
+                transport=ins.transport,
+                # hydra's proxies connect back here (pod names do not resolve: no DNS)
+                local_address=own_ip or None,
             )
             argv = builders.mpirun_argv(args)
         except (UserError, BackendError) as exc:

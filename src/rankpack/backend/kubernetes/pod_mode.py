@@ -25,7 +25,7 @@ from rankpack.backend.kubernetes.config import KubernetesConfig
 from rankpack.backend.kubernetes.launch_pod import Instructions, read_exit, write_exit
 from rankpack.backend.kubernetes.record import SimRecord, launch_file, rank_dir
 from rankpack.backend.kubernetes.starting import rank_env
-from rankpack.backend.protocol import LaunchFailed, SimSpec
+from rankpack.backend.protocol import BackendError, LaunchFailed, SimSpec
 from rankpack.core.failures import Failure, FailureCode
 
 LC = builders.LAUNCHER_CONTAINER
@@ -70,14 +70,18 @@ def instructions(sim: SimRecord, config: KubernetesConfig, namespace: str) -> In
         start_timeout_s=config.start_timeout_s,
         poll_s=POLL_S,
         subnet=config.pod_subnet,
+        mpi=spec.mpi,
+        transport=config.mpi_transport,
     )
 
 
 def prepare(sim: SimRecord, config: KubernetesConfig, namespace: str) -> None:
     """Write the launcher's instructions (after `starting.prepare_files`: the hostfile and
     the shim's copy are there). `LaunchFailed` if they cannot be written or mean nothing."""
-    if sim.spec.mpi != "openmpi":
-        raise LaunchFailed(f"the Kubernetes backend launches Open MPI only, not {sim.spec.mpi}")
+    try:
+        builders.check_mpi(sim.spec.mpi, config.mpi_transport)
+    except BackendError as exc:
+        raise LaunchFailed(str(exc)) from exc
     path = launch_file(sim.spec.case_dir)
     text = instructions(sim, config, namespace).to_json()
     tmp = path.with_name(path.name + ".tmp")

@@ -7,7 +7,8 @@ least every ``poll_s`` for its timers (a start timeout, a create to retry, orpha
 delete): no request to the apiserver is made to look. Each round records each pod, turns a
 deleted, evicted or broken rank pod into the simulation's failure (`status.failure`: a code
 and a message), follows resizes from the pods' status (a resize completes when the watch
-brings the pod whose status shows it), starts mpirun once every rank pod runs
+brings the pod whose status shows it), fails a simulation with a pod on a lost node
+``NodeLost`` (`lostnodes`), starts mpirun once every rank pod runs
 (`starting.MpirunHost`; in pod mode it follows each simulation's launcher pod instead,
 `pod_mode`), and wakes the control loop (`notify`) when something changed. It shares the
 backend's records under the backend's lock.
@@ -20,7 +21,7 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
-from rankpack.backend.kubernetes import builders, objects, pod_mode, status
+from rankpack.backend.kubernetes import builders, lostnodes, objects, pod_mode, status
 from rankpack.backend.kubernetes.api import ApiError, Obj
 from rankpack.backend.kubernetes.informer import Informer, selected
 from rankpack.backend.kubernetes.record import Resize, SimRecord
@@ -108,12 +109,14 @@ class Poller:
             with contextlib.suppress(KeyError, ValueError):
                 by_sim.setdefault(lab[builders.SIM_LABEL], {})[int(lab[builders.RANK_LABEL])] = pod
         news = False
+        lost = b.nodes.lost()
         with b.lock:
             for sim in sims:
                 sim_id = sim.spec.sim_id
                 caught_up = informer.caught_up(sim.created_rv)
                 news |= self._update(sim, by_sim.get(sim_id, {}), launchers.get(sim_id),
                                      caught_up)  # fmt: skip
+                news |= self._lost(sim, lost)
         if news:
             b.notify()
         return True
@@ -193,6 +196,22 @@ class Poller:
         if life.adopted and not life.ended:
             news |= check_adopted(sim)
         return news
+
+    def _lost(self, sim: SimRecord, lost: dict[str, str]) -> bool:
+        """A simulation with a pod on a lost node cannot go on: ``NodeLost`` (also when its
+        mpirun ended with a failure first, `lostnodes.judge_end`); ended now, once."""
+        if not lost or sim.life.stopped:
+            return False
+        found = lostnodes.hit(sim, lost)
+        if found is None:
+            return False
+        rank, why = found
+        if sim.life.ended:
+            if self.backend.nodes.judge_end(sim) is not None or sim.life.failure is None:
+                return False
+        else:
+            sim.life.fail(lostnodes.lost_failure(sim, why), max(rank, 0))
+        return self._handle_failure(sim)
 
     def _follow_resize(self, resize: Resize, pod: Obj) -> bool:
         reading = status.resize_state(pod, C, resize.target, resize.generation)

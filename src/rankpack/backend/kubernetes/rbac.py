@@ -87,6 +87,37 @@ def backend_rbac(namespace: str | None = None) -> list[dict[str, Any]]:
     return identity(SERVICE_ACCOUNT, ROLE, role_rules(), namespace)
 
 
+BACKEND_NODES_ROLE = "rankpack-backend-nodes"
+
+
+def backend_nodes_rbac(namespace: str | None = None) -> list[dict[str, Any]]:
+    """A ClusterRole to read nodes (their allocatable CPU and which are Ready: what placing
+    ranks across nodes needs, issue 28) and its binding to the backend's ServiceAccount.
+    Read-only and nodes only; apart from `backend_rbac`, whose Role stays namespaced."""
+    meta = {"name": BACKEND_NODES_ROLE, "labels": dict(MANAGED_BY)}
+    subject = {"kind": "ServiceAccount", "name": SERVICE_ACCOUNT,
+               "namespace": namespace or DEPLOY_NAMESPACE}  # fmt: skip
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": dict(meta),
+            "rules": rules_of((("", ("nodes",), ("get", "list", "watch")),)),
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": dict(meta, labels=dict(MANAGED_BY)),
+            "roleRef": {
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": BACKEND_NODES_ROLE,
+            },
+            "subjects": [subject],
+        },
+    ]
+
+
 def identity(
     account: str, role: str, rules: list[dict[str, Any]], namespace: str | None
 ) -> list[dict[str, Any]]:

@@ -97,6 +97,14 @@ class Lifecycle:
         self.failure_handled = True
         return self.failure
 
+    def lose_node(self, failure: Failure) -> None:
+        """A node of its pods is lost (``NodeLost``): recorded like `fail`, and also when
+        mpirun has already ended with a failure (the lost node's doing), never after a stop
+        or a success."""
+        if self.stopped or self.failure is not None or (self.ended and self.exit_code == 0):
+            return
+        self.failure = failure
+
     def stop(self) -> None:
         if not self.ended:
             self.stopped = True
@@ -162,6 +170,11 @@ class SimRecord:
     launcher_millis: int | None = None
     """Its launcher pod's CPU request when the namespace's LimitRange moved it from the
     configured one (pod mode; None: `KubernetesConfig.launcher_cpu_millis`)."""
+
+    end_seen_s: float | None = None
+    """When a failed end of mpirun was first judged (wall clock, `lostnodes.judge_end`)."""
+    end_verdict: str | None = None
+    """Whether a lost node was behind that end: ``lost``, ``alive`` (None: not known yet)."""
 
     def __post_init__(self) -> None:
         self.log = LogTail(self.spec.log_path)

@@ -12,6 +12,7 @@ import contextlib
 import ipaddress
 import os
 import shutil
+import socket
 import sys
 import threading
 from collections.abc import Callable
@@ -68,7 +69,7 @@ def prepare_files(sim: SimRecord) -> None:
     d = rank_dir(sim.spec.case_dir)
     try:
         d.mkdir(parents=True, exist_ok=True)
-        (d / "hostfile").write_text(builders.hostfile(sim.spec.sim_id, sim.n))
+        (d / "hostfile").write_text(builders.hostfile(sim.spec.sim_id, sim.n, sim.spec.mpi))
         agent = d / "rsh-agent"
         agent.write_text(rsh.agent_script(sys.executable))
         agent.chmod(0o755)
@@ -115,28 +116,39 @@ class MpirunHost:
     def start(self, sim: SimRecord) -> None:
         """All rank pods run: start the ranks in them (called by the poller)."""
         life = sim.life
-        if sim.spec.mpi != "openmpi":
-            why = f"the Kubernetes backend launches Open MPI only, not {sim.spec.mpi}"
-            life.fail(Failure(FailureCode.LAUNCH_FAILED, why))
+        flavour = sim.spec.mpi
+        try:
+            builders.check_mpi(flavour, self.config.mpi_transport)
+        except BackendError as exc:
+            life.fail(Failure(FailureCode.LAUNCH_FAILED, str(exc)))
             return
         d = rank_dir(sim.spec.case_dir)
+        pods = [sim.pods[r] for r in sorted(sim.pods)]
+        try:
+            mpirun = self.mpirun or find_mpirun(flavour)
+        except UserError as exc:
+            life.fail(Failure(FailureCode.LAUNCH_FAILED, f"cannot start mpirun: {exc}"))
+            return
         args = builders.MpirunArgs(
-            mpirun=self.mpirun or find_mpirun("openmpi"),
+            mpirun=mpirun,
             n_ranks=sim.n,
             hostfile=d / "hostfile",
             agent=d / "rsh-agent",
             case_dir=sim.spec.case_dir,
             command=sim.spec.command,
             env=_rank_env(sim),
-            subnet=self.config.pod_subnet or subnet_of(list(sim.pods.values())),
+            subnet=self.config.pod_subnet or subnet_of(pods),
             as_root=os.geteuid() == 0,
+            flavour=flavour,
+            transport=self.config.mpi_transport,
+            local_address=address_towards(pods) if flavour == "mpich" else None,
         )
         env = dict(os.environ)
         env.pop("LD_PRELOAD", None)
         env.update(
             rsh.agent_env(self.config.kubeconfig, self.config.context, self.api.namespace, C)
         )
-        env.update(root_env("openmpi"))
+        env.update(root_env(flavour))
         try:
             fd = launcher.begin(rank_dir(sim.spec.case_dir))
         except OSError as exc:
@@ -201,6 +213,22 @@ def subnet_of(pods: list[Obj]) -> str | None:
     if all(ipaddress.ip_address(ip) in net for ip in ips):
         return str(net)
     return None
+
+
+def address_towards(pods: list[Obj]) -> str | None:
+    """This host's address on its route to the first rank pod: where MPICH's hydra proxies
+    in the rank pods reach mpiexec here (`builders.MpirunArgs.local_address`). No packet is
+    sent (a UDP socket's connect only picks the route); None if there is no route."""
+    ips = [p.get("status", {}).get("podIP") for p in pods]
+    if not ips or not ips[0]:
+        return None
+    try:
+        family = socket.AF_INET6 if ":" in ips[0] else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((ips[0], 9))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return None
 
 
 def rank_env(sim: SimRecord) -> dict[str, str]:

@@ -1,0 +1,174 @@
+"""MPI across nodes on a dev cluster of two 1-core nodes, Open MPI and MPICH (issue 28 item 3).
+
+The Kubernetes backend as `rankpack run --backend kubernetes` drives it (mpirun on this host,
+ranks entered through ``pods/exec`` with the backend's ServiceAccount), launching the same
+2-rank MPI program (the shim's ``imbalance``, built for each MPI: Debian's OpenFOAM links
+Open MPI only, so no MPICH solver exists on this machine) with the PMPI shim:
+
+- each flavour with ranks of 800m, which one 1-core node cannot hold both of: the ranks
+  land on both nodes, talk over TCP through the pod network only (the default transport),
+  complete, and every rank's shim record is read on its own node (a duty cycle each);
+- MPICH with the ``auto`` transport (shared memory allowed), both ranks pinned to one node:
+  it still completes (UCX finds no shared memory between two pods: each has its own IPC
+  namespace and ``/dev/shm``).
+
+The wall time of each run (launch to end, mpirun's start-up included) is printed for
+docs/kubernetes-backend.md. The module takes the session's one-node cluster down and brings
+up its own two nodes (as `test_nodes.py`); the next test that needs the session's cluster
+brings it back.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shutil
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rankpack.backend.kubernetes import KubernetesBackend, connect, load_config
+from rankpack.backend.protocol import RankResources, ShimSpec, SimObservation, SimPhase, SimSpec
+from rankpack.devcluster import cluster
+from rankpack.devcluster.layout import Layout
+from rankpack.devcluster.nodefiles import with_node_files
+from tests.k8s.conftest import DevCluster
+
+REPO = Path(__file__).resolve().parents[2]
+SHIM = REPO / "shim"
+NODES = ("rankpack-node", "rankpack-node-1")
+HOSTNAME = "kubernetes.io/hostname"
+ITERATIONS = 1500
+COMPUTE_US = 2000
+"""Rank 1 computes 2 ms an iteration, rank 0 twice that (``-k 2``): ~6 s of work, long
+enough for the shim's records to be read on each node while it runs."""
+
+
+@pytest.fixture(scope="module")
+def two(dev_cluster: DevCluster) -> Iterator[DevCluster]:
+    state_dir = dev_cluster.state_dir
+    if cluster.running_components(Layout(state_dir)):
+        report = cluster.down(state_dir)
+        assert not report.leftovers, report.leftovers
+    result = cluster.up(dataclasses.replace(dev_cluster.options(), nodes=2))
+    dev_cluster.up_result = result
+    try:
+        yield dev_cluster
+    finally:
+        if cluster.running_components(Layout(state_dir)):
+            report = cluster.down(state_dir)
+            assert not report.leftovers, report.leftovers
+
+
+@pytest.fixture(scope="module")
+def programs() -> Path:
+    """``shim/build/<flavour>/imbalance`` for both MPIs (and the shim libraries)."""
+    subprocess.run(["make", "-s", "-C", str(SHIM), "programs", "install"], check=True,
+                   timeout=120)  # fmt: skip
+    return SHIM / "build"
+
+
+def backend_for(two: DevCluster, transport: str) -> KubernetesBackend:
+    config = load_config(two.up_result.service_account_kubeconfig, namespace=two.namespace)
+    config = dataclasses.replace(
+        with_node_files(config, two.up_result.state_dir),
+        allocatable_millis=2000,
+        mpi_transport=transport,  # type: ignore[arg-type]
+    )
+    return connect(config)
+
+
+def run_program(
+    backend: KubernetesBackend,
+    tmp: Path,
+    programs: Path,
+    flavour: str,
+    *,
+    sim_id: str,
+    request_millis: int,
+    placement: dict[str, str] | None = None,
+) -> tuple[SimObservation, dict[int, SimObservation], float, str]:
+    """Launch the imbalance program on 2 rank pods, follow it to its end; the last
+    observation, the latest observation per rank that had shim data, the wall time (launch to
+    end) and the log."""
+    case = tmp / sim_id
+    case.mkdir()
+    program = case / "imbalance"
+    shutil.copy2(programs / flavour / "imbalance", program)
+    spec = SimSpec(
+        sim_id=sim_id,
+        case_dir=case,
+        command=(str(program), "-k", "2", "-n", str(ITERATIONS), "-c", str(COMPUTE_US)),
+        ranks=(RankResources(request_millis), RankResources(request_millis)),
+        log_path=case / "log",
+        mpi=flavour,
+        shim=ShimSpec("polite", flavour),
+        placement=placement or {},
+    )
+    with_shim: dict[int, SimObservation] = {}
+    t0 = time.monotonic()
+    backend.launch(spec)
+    try:
+        deadline = t0 + 150
+        while True:
+            obs = backend.observe(sim_id)
+            for r in obs.ranks:
+                if r.compute_ns is not None and r.compute_ns > 0:
+                    with_shim[r.rank] = obs
+            if obs.phase in (SimPhase.SUCCEEDED, SimPhase.FAILED):
+                break
+            assert time.monotonic() < deadline, (obs.phase, obs.reason)
+            backend.wait(0.5)
+        wall = time.monotonic() - t0
+    finally:
+        backend.release(sim_id)
+    return obs, with_shim, wall, spec.log_path.read_text(errors="replace")
+
+
+@pytest.mark.parametrize("flavour", ["mpich", "openmpi"])
+def test_two_ranks_on_two_nodes_talk_over_tcp_and_complete(
+    two: DevCluster, tmp_path: Path, programs: Path, flavour: str
+) -> None:
+    backend = backend_for(two, "tcp")
+    try:
+        obs, with_shim, wall, log = run_program(
+            backend, tmp_path, programs, flavour, sim_id=f"x{flavour}", request_millis=800
+        )
+    finally:
+        backend.close()
+    nodes = [r.node for r in obs.ranks]
+    duty = {
+        rank: (o.ranks[rank].compute_ns, o.ranks[rank].mpi_ns, o.ranks[rank].node)
+        for rank, o in sorted(with_shim.items())
+    }
+    print(f"\n{flavour} across nodes {nodes}: {obs.phase.value} exit {obs.exit_code} in "
+          f"{wall:.1f} s; shim (compute_ns, mpi_ns, node) {duty}")  # fmt: skip
+    assert obs.phase is SimPhase.SUCCEEDED, (obs.reason, log[-3000:])
+    assert sorted(n or "" for n in nodes) == sorted(NODES)  # one rank on each node
+    assert sorted(with_shim) == [0, 1], f"a shim record of every rank, read on its node: {duty}"
+    for rank, o in with_shim.items():
+        assert o.ranks[rank].node == nodes[rank]
+        assert (o.ranks[rank].mpi_ns or 0) > 0
+    # the program's own account: both ranks finished every iteration over the pod network
+    assert "rank 0 compute_s" in log and "rank 1 compute_s" in log, log[-2000:]
+    assert [r.restarts for r in obs.ranks] == [0, 0]
+    assert wall < 120
+
+
+def test_mpich_with_shared_memory_allowed_on_one_node_completes(
+    two: DevCluster, tmp_path: Path, programs: Path
+) -> None:
+    backend = backend_for(two, "auto")
+    try:
+        obs, _with_shim, wall, log = run_program(
+            backend, tmp_path, programs, "mpich", sim_id="xauto", request_millis=300,
+            placement={HOSTNAME: NODES[0]},
+        )  # fmt: skip
+    finally:
+        backend.close()
+    print(f"\nmpich, transport auto, both ranks on {NODES[0]}: {obs.phase.value} in {wall:.1f} s")
+    assert obs.phase is SimPhase.SUCCEEDED, (obs.reason, log[-3000:])
+    assert {r.node for r in obs.ranks} == {NODES[0]}
+    assert "rank 1 compute_s" in log
