@@ -39,6 +39,12 @@ class Resume:
     iterations_lost: int = 0
     """Time steps run and lost over its earlier losses (done again after them)."""
 
+    def done_at_loss(self, staged: StagedCase) -> int:
+        """Time steps known done at the loss: the last observed, or the write it resumes
+        from if that is later (observations lag behind the solver: a write at step N
+        proves N were done)."""
+        return max(self.iterations_at_loss, staged.start_iterations)
+
     def lost_now(self, staged: StagedCase) -> int:
         """Time steps lost this time: done at the loss but after the write it resumes from
         (``staged``: the case made to resume, `StagedCase.start_iterations`)."""

@@ -430,7 +430,7 @@ def resumed_facts(resume: Resume, staged: StagedCase) -> dict[str, object]:
     return {
         "resumed_from": staged.resumed_from or "start",
         "start_iterations": staged.start_iterations,
-        "iterations_at_loss": resume.iterations_at_loss,
+        "iterations_at_loss": resume.done_at_loss(staged),
         "iterations_lost": lost,
         "iterations_lost_total": resume.iterations_lost + lost,
         "node_losses": resume.losses,
@@ -441,6 +441,6 @@ def resumed_facts(resume: Resume, staged: StagedCase) -> dict[str, object]:
 def resumed_reason(resume: Resume, staged: StagedCase) -> str:
     where = f"time {staged.resumed_from}" if staged.resumed_from else "its start (nothing written)"
     return (
-        f"resumed from {where} after a lost node: {resume.iterations_at_loss} iterations "
+        f"resumed from {where} after a lost node: {resume.done_at_loss(staged)} iterations "
         f"done, {staged.start_iterations} kept, {resume.lost_now(staged)} lost"
     )

@@ -510,7 +510,7 @@ class SimulationQueue:
         r = job.resume
         return {"resume": None, "nodeLost": {
             "losses": r.losses, "lostRunId": r.lost_run_id, "why": r.why[:1000],
-            "iterationsAtLoss": r.iterations_at_loss,
+            "iterationsAtLoss": r.done_at_loss(staged),
             "resumedFrom": staged.resumed_from or "start",
             "iterationsKept": staged.start_iterations,
             "iterationsLost": r.lost_now(staged),
