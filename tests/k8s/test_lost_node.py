@@ -160,8 +160,17 @@ def test_a_lost_node_requeues_its_simulations_which_resume(two_nodes: InCluster)
         relaunched: dict[str, set[str]] = {}
         """A Simulation hit -> the nodes of its pods once launched again."""
 
+        since_back: dict[str, set[str]] = {}
+        """Any Simulation launched once the node was back -> the nodes of its pods."""
+
         def ended() -> bool:
             by_sim = _nodes_of(ic)
+            for name in NAMES:
+                st = ic.status(name)
+                sim_id, started = st.get("simId"), st.get("startedAt")
+                if sim_id in by_sim and started and datetime.fromisoformat(
+                        str(started).replace("Z", "+00:00")) >= back_at:  # fmt: skip
+                    since_back.setdefault(name, set()).update(by_sim[str(sim_id)])
             for name in hit:
                 st = ic.status(name)
                 sim_id = st.get("simId")
@@ -197,9 +206,14 @@ def test_a_lost_node_requeues_its_simulations_which_resume(two_nodes: InCluster)
             assert first is not None and float(first.group(1)) == kept + 1, first
             print(f"{name}: lost at iteration {at}, resumed from {kept}, {at - kept} lost")
         print(f"the nodes of the relaunched: {relaunched}")
-        after = [n for n, where in relaunched.items() if "(before the node was back)" not in where]
-        if after:  # launched once the node was back: the empty node is used again
-            assert any(victim in relaunched[n] for n in after), relaunched
+        # the node that came back is schedulable again (Ready, the control plane's
+        # unreachable taint gone); whether a launch lands there is the placement's choice
+        # (the fullest node that fits first), so it is shown, not asserted
+        print(f"launched once {victim} was back, on: {since_back}")
+        back = ic.get(f"nodes/{victim}")
+        taints = [t["key"] for t in back["spec"].get("taints") or []]
+        ready = [c["status"] for c in back["status"]["conditions"] if c["type"] == "Ready"]
+        assert ready == ["True"] and "node.kubernetes.io/unreachable" not in taints, back
     finally:
         if stopped:
             cluster.start_node(ic.layout.root, victim)
