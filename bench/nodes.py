@@ -9,8 +9,10 @@ shape the dev cluster is brought up fresh (`dev-cluster up --nodes N`) and runs,
 Kubernetes backend:
 
 * **single**: one 4-rank simulation (weights 1,1,3,3, budget 1.6 cores: on 2 nodes of one
-  core it cannot sit on one node, so its ranks talk over the pod network between nodes);
-* **pair**: two 2-rank simulations at once (budget 0.8 each), the co-located pair.
+  core it cannot sit on one node, so its ranks talk over the pod network between nodes),
+  the issue's phases ``0:200,200,600,600;0.5:400,400,400,400`` (4 resizes in place);
+* **pair**: two 2-rank simulations at once (budget 0.8 each, ``0:200,600;0.5:600,200``),
+  the co-located pair.
 
 It reports, per shape, the single run's wall time, the pair's makespan, and the in-place
 resize latency (p50/p95 over every resize of every run); and, repetition by repetition,
@@ -48,9 +50,17 @@ def up(nodes: int) -> None:
         raise SystemExit(f"dev-cluster up --nodes {nodes} failed: {done.stderr.strip()[-300:]}")
 
 
-def run_args(case: Path, ranks: int, weights: str, budget: str, iterations: int) -> list[str]:
+SINGLE_PHASES = "0:200,200,600,600;0.5:400,400,400,400"
+"""The issue's phase schedule: half way every rank is resized in place (4 resizes a run)."""
+PAIR_PHASES = "0:200,600;0.5:600,200"
+
+
+def run_args(
+    case: Path, ranks: int, weights: str, budget: str, iterations: int, phases: str
+) -> list[str]:
     return ["run", str(case), "--backend", "kubernetes", "--ranks", str(ranks), "--weights",
-            weights, "--budget", budget, "--iterations", str(iterations), "--json"]  # fmt: skip
+            weights, "--budget", budget, "--iterations", str(iterations), "--phases", phases,
+            "--json"]  # fmt: skip
 
 
 def result(proc: subprocess.Popen[str]) -> dict[str, Any]:
@@ -76,9 +86,10 @@ def latencies(runs: list[dict[str, Any]]) -> list[float]:
 
 def one_shape(nodes: int, case: Path, iterations: int, env: dict[str, str]) -> dict[str, Any]:
     up(nodes)
-    single = result(start(run_args(case, 4, "1,1,3,3", "1.6", iterations), env))
+    single = result(start(run_args(case, 4, "1,1,3,3", "1.6", iterations, SINGLE_PHASES), env))
     t0 = time.monotonic()
-    pair_procs = [start(run_args(case, 2, "1,1", "0.8", iterations), env) for _ in range(2)]
+    pair_args = run_args(case, 2, "1,1", "0.8", iterations, PAIR_PHASES)
+    pair_procs = [start(pair_args, env) for _ in range(2)]
     pair = [result(p) for p in pair_procs]
     makespan = time.monotonic() - t0
     spread = sorted({r["node"] for r in single["ranks"]})
