@@ -30,7 +30,10 @@ Printed (``--json``: one JSON object) per configuration:
   ``api_requests`` by kind); ``simulations_running_mean``: the mean number of simulations
   with rank pods over the makespan (requests per running simulation =
   ``api_requests_per_min / simulations_running_mean``);
-* ``most_running``, ``completed``, ``failed``, ``resizes``.
+* ``most_running``, ``completed``, ``failed``, ``resizes``;
+* ``actions`` and ``actions_digest``: how many calls changed the cluster (stage, launch,
+  resize, wait mode, stop, release) and a SHA-256 over them in order with their virtual
+  time and arguments: two runs of one configuration made the same decisions iff equal.
 
   PYTHONPATH=src .venv/bin/python bench/scale.py --nodes 1000 --sims 200 --ranks 64 --json
   PYTHONPATH=src .venv/bin/python bench/scale.py --sweep --json > bench/results/scale.json
@@ -39,6 +42,7 @@ Printed (``--json``: one JSON object) per configuration:
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import random
@@ -166,6 +170,46 @@ class Measured:
         self.running: list[tuple[float, int]] = []
         self.live_ranks_max = 0
         self._since = time.perf_counter()
+        self._trace = hashlib.sha256()
+        self.actions = 0
+        self._case: dict[str, str] = {}
+
+    def _act(self, *what: object) -> None:
+        """One call that changes the cluster, into ``actions_digest`` (virtual time, the
+        case's name for the simulation's random id): the regression check that a change to
+        the controller's speed did not change a decision."""
+        self.actions += 1
+        self._trace.update(repr((round(self.cluster.now, 6), *what)).encode())
+
+    def digest(self) -> str:
+        return self._trace.hexdigest()
+
+    def stage(self, spec: Any) -> None:
+        self._case[spec.sim_id] = spec.case
+        self._act("stage", spec.case, spec.n_ranks, spec.decompose_weights)
+        self.inner.stage(spec)
+
+    def launch(self, spec: Any) -> None:
+        self._act("launch", self._case.get(spec.sim_id), spec.ranks, spec.shim,
+                  tuple(sorted(spec.placement.items())), spec.rank_nodes)  # fmt: skip
+        self.inner.launch(spec)
+
+    def resize(self, sim_id: str, rank: int, resources: Any) -> Any:
+        status = self.inner.resize(sim_id, rank, resources)
+        self._act("resize", self._case.get(sim_id), rank, resources, status.state)
+        return status
+
+    def set_wait_mode(self, sim_id: str, mode: str) -> None:
+        self._act("wait_mode", self._case.get(sim_id), mode)
+        self.inner.set_wait_mode(sim_id, mode)
+
+    def stop(self, sim_id: str) -> None:
+        self._act("stop", self._case.get(sim_id))
+        self.inner.stop(sim_id)
+
+    def release(self, sim_id: str) -> None:
+        self._act("release", self._case.get(sim_id))
+        self.inner.release(sim_id)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
@@ -286,6 +330,8 @@ def run(cfg: Config) -> dict[str, Any]:
         "failed": sum(1 for r in result.results if r.status != "completed")
         + len(result.stage_failures),
         "resizes": result.resizes,
+        "actions": backend.actions,
+        "actions_digest": backend.digest(),
         "real_s": round(real_s, 1),
         "api": {"latency_ms": cfg.api_latency_ms, "rps": cfg.api_rps, "reads": cfg.reads},
         "workload": {"alone_s": list(cfg.alone_s), "iteration_s": cfg.iteration_s,
