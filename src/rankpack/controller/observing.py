@@ -273,6 +273,19 @@ class Observer:
         return cached[1]
 
     def observations(self, pending: list[Job]) -> Observations:
+        """What `policy.decide` sees this tick: the simulations held, ``pending`` (the
+        loop's queue, in order) and the capacity."""
+        return self._observations(pending, prune=True)
+
+    def beside(self, sim_id: str) -> Observations:
+        """What runs beside ``sim_id``, about to launch (the wait rule at its launch,
+        `rankpack.controller.launching`): the observations without a queue and without it.
+        The queue's plans are kept (the call is no news about the queue: dropping them
+        planned every waiting job again on the next tick, ~0.1 ms each)."""
+        obs = self._observations([], prune=False)
+        return replace(obs, sims=tuple(s for s in obs.sims if s.sim_id != sim_id))
+
+    def _observations(self, pending: list[Job], *, prune: bool) -> Observations:
         now = self.ctx.now()
         live = self.ctx.sims
         for gone in [i for i in self._snapshots if i not in live]:
@@ -294,7 +307,8 @@ class Observer:
             ))  # fmt: skip
             if j.submission in self._initial:
                 initials[j.submission] = self._initial[j.submission]
-        self._initial = initials  # kept only while its job waits
+        if prune:
+            self._initial = initials  # kept only while its job waits
         cap = self.capacity(limited=any(j.submission.qos == "limits" for j in pending[:1]))
         bounds = cap.bounds
         return Observations(

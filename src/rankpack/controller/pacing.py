@@ -92,7 +92,11 @@ def _refill(bucket: tuple[float, float] | None, now_s: float, rate: float, burst
 
 def pace(step: Step, state: ControllerState, pacer: Pacer) -> tuple[Resize, ...]:
     """Send what the buckets allow of the waiting resizes and this step's, decreases
-    first; rewrite ``step.actions`` accordingly; return what still waits."""
+    first; rewrite ``step.actions`` accordingly; return what still waits.
+
+    Its cost grows with the resizes waiting and decided (each one's node and change are
+    read once), not with the ranks: on a cluster of ten thousand ranks a sizing storm
+    leaves about a thousand waiting, gone through every step."""
     new = [a for a in step.actions if isinstance(a, Resize)]
     fresh = {(a.sim_id, a.rank) for a in new}
     by_id = step.sims
@@ -112,24 +116,26 @@ def pace(step: Step, state: ControllerState, pacer: Pacer) -> tuple[Resize, ...]
             pacer.take(_node(a, step))
         return ()
 
-    latest: dict[tuple[str, int], Resize] = {}
+    latest: dict[tuple[str, int], tuple[Resize, str | None, int]] = {}
     for a in [*waiting, *new]:  # a rank's newest decision, in the order decided
-        latest.pop((a.sim_id, a.rank), None)
-        latest[(a.sim_id, a.rank)] = a
-    ordered = [a for a in latest.values() if change(a) < 0]
-    ordered += [a for a in latest.values() if change(a) >= 0]
+        key = (a.sim_id, a.rank)
+        latest.pop(key, None)
+        latest[key] = (a, _node(a, step), change(a))
+    ordered = [x for x in latest.values() if x[2] < 0]
+    ordered += [x for x in latest.values() if x[2] >= 0]
     sent: list[Resize] = []
     queued: list[Resize] = []
     notes: list[Note] = []
-    for a in ordered:
-        node, grow = _node(a, step), change(a)
+    for a, node, grow in ordered:
         if room is not None and node in room and grow > max(0, room[node]):
             queued.append(a)
             if (a.sim_id, a.rank) in fresh:
                 notes.append(_held(a, by_id[a.sim_id].ranks[a.rank].request_millis, node,
                                    room[node], step))  # fmt: skip
             continue
-        if pacer.take(node):
+        if pacer.overall < 1:
+            queued.append(a)  # the cluster's bucket is empty: no node's take can succeed
+        elif pacer.take(node):
             sent.append(a)
             if room is not None and node in room:
                 room[node] -= grow
