@@ -246,44 +246,46 @@ class ControlLoop:
         )
         if sample:
             sim.sampled_t = t
-        cores: list[float] = []
-        for r in obs.ranks:
-            series = sim.usages[r.rank]
-            if series and sim.times and t > sim.times[-1]:
-                cores.append((r.usage_ns - series[-1]) / 1e9 / (t - sim.times[-1]))
-            else:
-                cores.append(0.0)
-            if sample:
-                series.append(r.usage_ns)
-                sim.pending_samples.append(
-                    SampleRow(
-                        t,
-                        r.rank,
-                        r.usage_ns,
-                        r.request_millis,
-                        r.nr_throttled,
-                        iterations,
-                        r.compute_ns,
-                        r.mpi_ns,
-                    )
-                )
+        # per rank, in passes that each do one thing (a tick records ~1 000 ranks)
+        ranks, usages = obs.ranks, sim.usages
+        if sim.times and t > sim.times[-1]:  # CPU use since the last sample (the display's)
+            last = sim.times[-1]
+            cores = tuple(
+                (r.usage_ns - u[-1]) / 1e9 / (t - last) if (u := usages[r.rank]) else 0.0
+                for r in ranks
+            )
+        else:
+            cores = (0.0,) * len(ranks)
+        if sample:
+            for r in ranks:
+                usages[r.rank].append(r.usage_ns)
+            sim.pending_samples.extend(
+                SampleRow(t, r.rank, r.usage_ns, r.request_millis, r.nr_throttled, iterations,
+                          r.compute_ns, r.mpi_ns)
+                for r in ranks
+            )  # fmt: skip
+        marks = sim.duty_marks
+        for r in ranks:
             if r.compute_ns is not None and r.mpi_ns is not None:
-                keep_mark(sim.duty_marks.setdefault(r.rank, []),
-                          (iterations, r.compute_ns, r.mpi_ns), expected)  # fmt: skip
-            if r.restarts > sim.restarts.get(r.rank, 0):
-                self.ctx.tally.restarts += r.restarts - sim.restarts.get(r.rank, 0)
-                self.ctx.event(sim.run_id, "restart", rank=r.rank, restarts=r.restarts)
-                sim.restarts[r.rank] = r.restarts
-            if r.resize is not None:
-                self.resizes.follow(
-                    sim, r.rank, r.resize.state, r.resize.latency_s, r.resize.reason,
-                    code=r.resize.code,
-                )  # fmt: skip
+                keep_mark(marks.setdefault(r.rank, []), (iterations, r.compute_ns, r.mpi_ns),
+                          expected)  # fmt: skip
+        flying = self.resizes.flying_in(sim.sim_id)
+        if flying or any(r.restarts for r in ranks):
+            for r in ranks:
+                if r.restarts > sim.restarts.get(r.rank, 0):
+                    self.ctx.tally.restarts += r.restarts - sim.restarts.get(r.rank, 0)
+                    self.ctx.event(sim.run_id, "restart", rank=r.rank, restarts=r.restarts)
+                    sim.restarts[r.rank] = r.restarts
+                if flying and r.resize is not None:  # (only a resize in flight is followed)
+                    self.resizes.follow(
+                        sim, r.rank, r.resize.state, r.resize.latency_s, r.resize.reason,
+                        code=r.resize.code,
+                    )  # fmt: skip
         if sample:
             sim.times.append(t)
-        sim.cores = tuple(cores)
+        sim.cores = cores
         sim.last = obs
-        sim.readings_ok = all(r.readings_ok for r in obs.ranks)
+        sim.readings_ok = all(r.readings_ok for r in ranks)
         if len(sim.pending_samples) >= 8 * len(sim.usages):
             self.ctx.flush(sim)
         if obs.phase.ended and sim.end_t is None:

@@ -35,6 +35,7 @@ from rankpack.controller.observations import (
     NodeCores,
     Observations,
     QueuedSim,
+    RankReading,
     RankSnapshot,
     SimSnapshot,
 )
@@ -442,24 +443,27 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
             wait=sim.wait_setting,
         )
     assert sim.staged is not None
-    return SimSnapshot(
-        sim_id=sim.sim_id,
-        started_s=sim.started_s,
-        iterations=sim.parser.state.iterations,
-        expected_iterations=sim.staged.expected_iterations,
-        budget_millis=sub.budget_millis,
-        ranks=tuple(
+    ranks: tuple[RankReading, ...] = sim.last.ranks  # read as observed: nothing to add
+    if planned and any(r.node is None for r in ranks):
+        ranks = tuple(  # pods not bound yet: on the nodes the policy placed them
             RankSnapshot(
                 rank=r.rank,
                 request_millis=r.request_millis,
                 usage_ns=r.usage_ns,
                 compute_ns=r.compute_ns,
                 mpi_ns=r.mpi_ns,
-                node=r.node if r.node is not None or not planned else planned[i],
+                node=r.node if r.node is not None else planned[i],
                 readings_ok=r.readings_ok,
             )
             for i, r in enumerate(sim.last.ranks)
-        ),
+        )
+    return SimSnapshot(
+        sim_id=sim.sim_id,
+        started_s=sim.started_s,
+        iterations=sim.parser.state.iterations,
+        expected_iterations=sim.staged.expected_iterations,
+        budget_millis=sub.budget_millis,
+        ranks=ranks,
         phases=sub.phases,
         sizing=sub.sizing,
         starting=sim.last.phase is SimPhase.PENDING,
