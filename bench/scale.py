@@ -22,7 +22,10 @@ Printed (``--json``: one JSON object) per configuration:
   lower bound, the larger of all simulations' CPU work (compute) / the cluster's cores and
   the longest simulation alone (staging and start included);
 * ``tick_p50_ms``, ``tick_p99_ms``, ``tick_max_ms``: real time of one loop iteration (from
-  the return of the backend's ``wait`` to its next call: observe, record, decide, apply);
+  the return of the backend's ``wait`` to its next call: observe, record, decide, apply),
+  less the garbage collection the loop does between ticks just before it waits
+  (`rankpack.controller.loop.Collector`; reported apart as ``gc_between_ticks``, and
+  counted in ``tick_p50_ms_with_gc``, ``tick_p99_ms_with_gc``);
   ``tick_p50_ms_at_max_ranks``: the same over the ticks with at least 90 % of
   ``live_ranks_max`` live;
 * ``live_ranks_max``: most rank pods pending or running at once;
@@ -42,6 +45,7 @@ Printed (``--json``: one JSON object) per configuration:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import math
@@ -51,11 +55,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rankpack.controller import loop as loop_module
 from rankpack.controller.jobs import Job
 from rankpack.controller.loop import LoopSettings, run_jobs
 from rankpack.controller.observations import ControllerSettings
@@ -165,6 +170,11 @@ class Measured:
         self.cores_millis = cores_millis
         self.name = backend.name
         self.ticks_ms: list[float] = []
+        self.ticks_with_gc_ms: list[float] = []
+        """The same ticks with the loop's garbage collection between ticks counted in."""
+        self.gc_ms: list[float] = []
+        """Each collection the loop made between ticks (`loop.Collector`)."""
+        self._gc_in_tick = 0.0
         self.tick_ranks: list[int] = []
         self.fill: list[tuple[float, float]] = []
         self.running: list[tuple[float, int]] = []
@@ -214,8 +224,16 @@ class Measured:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
+    def collected(self, ms: float) -> None:
+        """The loop collected garbage between ticks for ``ms`` (just before this wait)."""
+        self.gc_ms.append(ms)
+        self._gc_in_tick += ms
+
     def wait(self, timeout_s: float) -> None:
-        self.ticks_ms.append((time.perf_counter() - self._since) * 1000)
+        whole = (time.perf_counter() - self._since) * 1000
+        self.ticks_with_gc_ms.append(whole)
+        self.ticks_ms.append(whole - self._gc_in_tick)
+        self._gc_in_tick = 0.0
         inventory = self.cluster.inventory()  # cached by the cluster while nothing changes
         requested = sum(n.requested_millis for n in inventory.nodes)
         ranks = sum(n.rank_pods for n in inventory.nodes)
@@ -283,8 +301,9 @@ def run(cfg: Config) -> dict[str, Any]:
                                 label="scale")  # fmt: skip
         queue = ListQueue([j.job for j in jobs])
         started = time.perf_counter()
-        result = run_jobs(backend, store, queue, settings,  # type: ignore[arg-type]
-                          stop=backend.halt)  # fmt: skip
+        with _timed_collections(backend):
+            result = run_jobs(backend, store, queue, settings,  # type: ignore[arg-type]
+                              stop=backend.halt)  # fmt: skip
         real_s = time.perf_counter() - started
         store.conn.close()
     ends = [o.finished_s for o in result.outcomes]
@@ -296,6 +315,7 @@ def run(cfg: Config) -> dict[str, Any]:
         max(j.alone_s for j in jobs) + overhead,
     )
     ticks = backend.ticks_ms[1:]  # the first "tick" is the loop's set-up
+    with_gc = backend.ticks_with_gc_ms[1:]
     ranks = backend.tick_ranks[1:]
     busy = [t for t, r in zip(ticks, ranks, strict=True)
             if r >= 0.9 * backend.live_ranks_max]  # fmt: skip
@@ -321,6 +341,15 @@ def run(cfg: Config) -> dict[str, Any]:
         "tick_p50_ms_at_max_ranks": round(_pct(busy, 50), 2),
         "tick_p99_ms_at_max_ranks": round(_pct(busy, 99), 2),
         "ticks": len(ticks),
+        "tick_p50_ms_with_gc": round(_pct(with_gc, 50), 2),
+        "tick_p99_ms_with_gc": round(_pct(with_gc, 99), 2),
+        "gc_between_ticks": {
+            "collections": len(backend.gc_ms),
+            "p50_ms": round(_pct(backend.gc_ms, 50), 2),
+            "p99_ms": round(_pct(backend.gc_ms, 99), 2),
+            "max_ms": round(max(backend.gc_ms, default=0.0), 2),
+            "total_s": round(sum(backend.gc_ms) / 1000, 2),
+        },
         "live_ranks_max": backend.live_ranks_max,
         "api_requests": requests,
         "api_requests_per_min": round(total_requests / (span / 60), 1) if requests else None,
@@ -338,6 +367,30 @@ def run(cfg: Config) -> dict[str, Any]:
                      "mpi_s": cfg.mpi_s, "cells_per_rank": cfg.cells_per_rank},
         "fill_series": _thin(backend.fill),
     }  # fmt: skip
+
+
+@contextlib.contextmanager
+def _timed_collections(backend: Measured) -> Iterator[None]:
+    """Time the loop's garbage collections between ticks (`Collector.between_ticks`, just
+    before it waits): reported apart (``gc_between_ticks``) and left out of ``ticks_ms``,
+    kept in ``tick_*_with_gc``. (None on a tree older than the collector.)"""
+    collector = getattr(loop_module, "Collector", None)
+    if collector is None:
+        yield
+        return
+    between = collector.between_ticks
+
+    def timed(self: Any) -> None:
+        before, t = self.collections, time.perf_counter()
+        between(self)
+        if self.collections != before:
+            backend.collected((time.perf_counter() - t) * 1000)
+
+    collector.between_ticks = timed
+    try:
+        yield
+    finally:
+        collector.between_ticks = between
 
 
 def _at(series: list[tuple[float, float]], t: float) -> float:
