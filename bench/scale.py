@@ -25,7 +25,9 @@ Printed (``--json``: one JSON object) per configuration:
   the return of the backend's ``wait`` to its next call: observe, record, decide, apply),
   less the garbage collection the loop does between ticks just before it waits
   (`rankpack.controller.loop.Collector`; reported apart as ``gc_between_ticks``, and
-  counted in ``tick_p50_ms_with_gc``, ``tick_p99_ms_with_gc``);
+  counted in ``tick_p50_ms_with_gc``, ``tick_p99_ms_with_gc``); ``tick_cpu_p50_ms``,
+  ``tick_cpu_p99_ms``: the same ticks' CPU time (the loop's thread: its own cost, without
+  the time other processes of a shared machine took the cores);
   ``tick_p50_ms_at_max_ranks``: the same over the ticks with at least 90 % of
   ``live_ranks_max`` live;
 * ``live_ranks_max``: most rank pods pending or running at once;
@@ -175,6 +177,11 @@ class Measured:
         self.gc_ms: list[float] = []
         """Each collection the loop made between ticks (`loop.Collector`)."""
         self._gc_in_tick = 0.0
+        self.ticks_cpu_ms: list[float] = []
+        """The same ticks' CPU time (this thread's: what the loop itself cost, whatever else
+        the machine ran meanwhile), less the collections between ticks."""
+        self._gc_cpu_in_tick = 0.0
+        self._cpu_since = time.thread_time()
         self.tick_ranks: list[int] = []
         self.fill: list[tuple[float, float]] = []
         self.running: list[tuple[float, int]] = []
@@ -224,16 +231,20 @@ class Measured:
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
-    def collected(self, ms: float) -> None:
-        """The loop collected garbage between ticks for ``ms`` (just before this wait)."""
+    def collected(self, ms: float, cpu_ms: float) -> None:
+        """The loop collected garbage between ticks for ``ms`` (``cpu_ms`` of CPU), just
+        before this wait."""
         self.gc_ms.append(ms)
         self._gc_in_tick += ms
+        self._gc_cpu_in_tick += cpu_ms
 
     def wait(self, timeout_s: float) -> None:
         whole = (time.perf_counter() - self._since) * 1000
+        self.ticks_cpu_ms.append((time.thread_time() - self._cpu_since) * 1000
+                                 - self._gc_cpu_in_tick)  # fmt: skip
         self.ticks_with_gc_ms.append(whole)
         self.ticks_ms.append(whole - self._gc_in_tick)
-        self._gc_in_tick = 0.0
+        self._gc_in_tick = self._gc_cpu_in_tick = 0.0
         inventory = self.cluster.inventory()  # cached by the cluster while nothing changes
         requested = sum(n.requested_millis for n in inventory.nodes)
         ranks = sum(n.rank_pods for n in inventory.nodes)
@@ -247,6 +258,7 @@ class Measured:
             self.halt.set()  # the loop stops what runs and ends
         self.inner.wait(timeout_s)
         self._since = time.perf_counter()
+        self._cpu_since = time.thread_time()
 
 
 def _ranks(spec: str, rng: random.Random) -> int:
@@ -341,6 +353,8 @@ def run(cfg: Config) -> dict[str, Any]:
         "tick_p50_ms_at_max_ranks": round(_pct(busy, 50), 2),
         "tick_p99_ms_at_max_ranks": round(_pct(busy, 99), 2),
         "ticks": len(ticks),
+        "tick_cpu_p50_ms": round(_pct(backend.ticks_cpu_ms[1:], 50), 2),
+        "tick_cpu_p99_ms": round(_pct(backend.ticks_cpu_ms[1:], 99), 2),
         "tick_p50_ms_with_gc": round(_pct(with_gc, 50), 2),
         "tick_p99_ms_with_gc": round(_pct(with_gc, 99), 2),
         "gc_between_ticks": {
@@ -381,10 +395,11 @@ def _timed_collections(backend: Measured) -> Iterator[None]:
     between = collector.between_ticks
 
     def timed(self: Any) -> None:
-        before, t = self.collections, time.perf_counter()
+        before, t, cpu = self.collections, time.perf_counter(), time.thread_time()
         between(self)
         if self.collections != before:
-            backend.collected((time.perf_counter() - t) * 1000)
+            backend.collected((time.perf_counter() - t) * 1000,
+                              (time.thread_time() - cpu) * 1000)  # fmt: skip
 
     collector.between_ticks = timed
     try:

@@ -94,14 +94,23 @@ class Observer:
         self._limited: dict[str, tuple[Plan, bool]] = {}
         self._copies: dict[str, list[Tracked]] | None = None
         """The held simulations by submission key, as of the last observations."""
-        self._initial: dict[Submission, tuple[int, ...]] = {}
-        """The queued submissions' initial requests (their plans), kept while they wait."""
+        self._initial: dict[str, tuple[int, ...]] = {}
+        """The queued submissions' initial requests (their plans) by key, kept while they
+        wait."""
+        self._seen: dict[int, tuple[Submission, str]] = {}
+        """The keys of the submissions held or queued at the last observations, by
+        identity (a submission of 64 ranks hashes its 64 weights: a microsecond a lookup,
+        ~400 lookups a tick)."""
 
     def key(self, sub: Submission) -> str:
         """The submission's JSON key (what learned sizes and running copies are kept by)."""
-        key = self._keys.get(sub)
+        seen = self._seen.get(id(sub))
+        if seen is not None and seen[0] is sub:
+            return seen[1]
+        key = self._keys.get(sub)  # by value: a queue may build its jobs again each tick
         if key is None:
             key = self._keys[sub] = json.dumps(sub.to_json(), sort_keys=True)
+        self._seen[id(sub)] = (sub, key)
         return key
 
     def forget(self, sub: Submission) -> None:
@@ -296,7 +305,7 @@ class Observer:
         sims = [self._snapshot(sim, now) for sim in live.values()]
         self._copies = self._by_key()
         queued = []
-        initials: dict[Submission, tuple[int, ...]] = {}
+        initials: dict[str, tuple[int, ...]] = {}
         for j in pending:
             found = self.learned_sizes(j.submission)
             initial = found.request_millis if found else self._initial_millis(j.submission)
@@ -306,10 +315,14 @@ class Observer:
                 retry_at_s=refused.retry_at_s if refused else None,
                 retry_reason=refused.reason if refused else "",
             ))  # fmt: skip
-            if j.submission in self._initial:
-                initials[j.submission] = self._initial[j.submission]
+            key = self.key(j.submission)
+            if key in self._initial:
+                initials[key] = self._initial[key]
         if prune:
             self._initial = initials  # kept only while its job waits
+            held = {id(s.job.submission) for s in live.values()}
+            held |= {id(j.submission) for j in pending}
+            self._seen = {i: seen for i, seen in self._seen.items() if i in held}
         cap = self.capacity(limited=any(j.submission.qos == "limits" for j in pending[:1]))
         bounds = cap.bounds
         return Observations(
@@ -328,9 +341,10 @@ class Observer:
     def _initial_millis(self, sub: Submission) -> tuple[int, ...]:
         """``sub``'s initial requests, planned once while it waits (a plan of 64 ranks took
         ~0.5 ms: a queue of 200 cost ~50 ms a tick, `bench/scale.py`)."""
-        found = self._initial.get(sub)
+        key = self.key(sub)
+        found = self._initial.get(key)
         if found is None:
-            found = self._initial[sub] = sub.initial_millis
+            found = self._initial[key] = sub.initial_millis
         return found
 
     # -- learned sizes -------------------------------------------------------------------
