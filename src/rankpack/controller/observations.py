@@ -235,6 +235,16 @@ class Observations:
     rank_bounds: str = ""
     """What sets those bounds, for reasons ('' when none)."""
 
+    @cached_property
+    def node_index(self) -> Mapping[str, NodeCores]:
+        """The nodes by name."""
+        return {n.name: n for n in self.nodes}
+
+    @cached_property
+    def counted_nodes(self) -> bool:
+        """Every node counts what this loop's ranks request on it (`NodeCores.ours_millis`)."""
+        return all(n.ours_millis is not None for n in self.nodes)
+
 
 SimStage = Literal["warmup", "profiling", "sized", "scheduled", "fixed"]
 

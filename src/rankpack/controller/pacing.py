@@ -30,7 +30,7 @@ the node has room (a rank there shrinks or ends), and a ``resize-held`` note wit
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
 from rankpack.controller.observations import ControllerSettings, ControllerState, Note, Resize
@@ -110,7 +110,9 @@ def pace(step: Step, state: ControllerState, pacer: Pacer) -> tuple[Resize, ...]
         return a.request_millis - sim.ranks[a.rank].request_millis
 
     grows = [a for a in [*waiting, *new] if change(a) > 0]
-    room = node_room(step) if grows and len(step.obs.nodes) > 1 else None
+    room = None
+    if grows and len(step.obs.nodes) > 1:
+        room = node_room(step, {_node(a, step) for a in [*waiting, *new]})
     if not waiting and pacer.allows(per_node(new, step)) and _grows_fit(grows, room, step):
         for a in new:
             pacer.take(_node(a, step))
@@ -147,12 +149,20 @@ def pace(step: Step, state: ControllerState, pacer: Pacer) -> tuple[Resize, ...]
     return tuple(queued)
 
 
-def node_room(step: Step) -> dict[str, int]:
+def node_room(step: Step, only: Collection[str | None] | None = None) -> dict[str, int]:
     """Per node: the millicores a grow there may take now (its allocatable less what other
-    pods and this loop's ranks there request, as observed)."""
+    pods and this loop's ranks there request, as observed). ``only``: of these nodes (those
+    the step's resizes are on; the others are not looked up), when the nodes count this
+    loop's requests themselves."""
     obs = step.obs
+    if only is not None and obs.counted_nodes:
+        index = obs.node_index
+        return {
+            n.name: n.allocatable_millis - n.others_millis - (n.ours_millis or 0)
+            for n in (index[name] for name in only if name is not None and name in index)
+        }
     used = {n.name: n.ours_millis or 0 for n in obs.nodes}
-    if not all(n.ours_millis is not None for n in obs.nodes):
+    if not obs.counted_nodes:
         used = dict.fromkeys(used, 0)
         for sim in obs.sims:
             for r in sim.ranks:
