@@ -100,29 +100,31 @@ def pace(step: Step, state: ControllerState, pacer: Pacer) -> tuple[Resize, ...]
     new = [a for a in step.actions if isinstance(a, Resize)]
     fresh = {(a.sim_id, a.rank) for a in new}
     by_id = step.sims
-    waiting: list[Resize] = []
-    for a in step.waiting:
-        if (a.sim_id, a.rank) not in fresh:
-            waiting.append(a)
-
-    def change(a: Resize) -> int:
-        sim = by_id[a.sim_id]
-        return a.request_millis - sim.ranks[a.rank].request_millis
-
-    grows = [a for a in [*waiting, *new] if change(a) > 0]
+    # each resize with its rank's node and its change, read once: the waiting ones (not
+    # decided again in this step) first, then this step's
+    facts: list[tuple[Resize, str | None, int]] = [
+        (a, r.node, a.request_millis - r.request_millis)
+        for a, r in zip(step.waiting, step.waiting_ranks, strict=True)
+        if (a.sim_id, a.rank) not in fresh
+    ]
+    waiting = len(facts)
+    for a in new:
+        r = by_id[a.sim_id].ranks[a.rank]
+        facts.append((a, r.node, a.request_millis - r.request_millis))
+    grows = [a for a, _, change in facts if change > 0]
     room = None
     if grows and len(step.obs.nodes) > 1:
-        room = node_room(step, {_node(a, step) for a in [*waiting, *new]})
+        room = node_room(step, {node for _, node, _ in facts})
     if not waiting and pacer.allows(per_node(new, step)) and _grows_fit(grows, room, step):
-        for a in new:
-            pacer.take(_node(a, step))
+        for _, node, _ in facts:
+            pacer.take(node)
         return ()
 
     latest: dict[tuple[str, int], tuple[Resize, str | None, int]] = {}
-    for a in [*waiting, *new]:  # a rank's newest decision, in the order decided
-        key = (a.sim_id, a.rank)
+    for fact in facts:  # a rank's newest decision, in the order decided
+        key = (fact[0].sim_id, fact[0].rank)
         latest.pop(key, None)
-        latest[key] = (a, _node(a, step), change(a))
+        latest[key] = fact
     ordered = [x for x in latest.values() if x[2] < 0]
     ordered += [x for x in latest.values() if x[2] >= 0]
     sent: list[Resize] = []
