@@ -201,9 +201,7 @@ def test_which_simulations_have_a_resize_in_flight_is_kept_with_the_flights(
         flight = None if change == 0 else InFlight(0.0, 500, 500 + 100 * change, "size", "")
         resizes._fly(sim_id, rank, flight)
         for s in "abc":
-            assert resizes.flying_in(s) == any(
-                resizes.inflight(s, r) is not None for r in range(4)
-            )
+            assert resizes.flying_in(s) == any(resizes.inflight(s, r) is not None for r in range(4))
 
 
 # -- a rank observation decided on as it is ---------------------------------------------
