@@ -271,3 +271,29 @@ def test_the_older_generations_are_collected_between_ticks_when_due_and_threshol
     finally:
         collector.stop()
     assert gc.get_threshold() == before
+
+
+# -- the simulated cluster's rank observations -------------------------------------------
+
+
+@given(
+    usage=st.integers(0, 10 * GIGA),
+    compute=counter,
+    node=st.one_of(st.none(), st.sampled_from(["n0", "n1"])),
+    restarts=st.integers(0, 3),
+)
+def test_the_simulators_rank_observations_are_the_dataclasses_own(
+    usage: int, compute: int | None, node: str | None, restarts: int
+) -> None:
+    from rankpack.testing.simcluster import _rank_observation
+
+    resources = RankResources(700, 900)
+    given_fields: dict[str, Any] = dict(
+        rank=3, phase=RankPhase.RUNNING, desired=resources, allocated=None, usage_ns=usage,
+        restarts=restarts, node=node, compute_ns=compute, wait_mode="spin",
+    )  # fmt: skip
+    built = _rank_observation(**given_fields)
+    expected = RankObservation(**given_fields)
+    assert built == expected and hash(built) == hash(expected)
+    assert vars(built) == {f: getattr(expected, f) for f in vars(built)}
+    assert built.request_millis == 700 and built.limit_millis == 900
