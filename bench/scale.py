@@ -22,7 +22,12 @@ Printed (``--json``: one JSON object) per configuration:
   lower bound, the larger of all simulations' CPU work (compute) / the cluster's cores and
   the longest simulation alone (staging and start included);
 * ``tick_p50_ms``, ``tick_p99_ms``, ``tick_max_ms``: real time of one loop iteration (from
-  the return of the backend's ``wait`` to its next call: observe, record, decide, apply);
+  the return of the backend's ``wait`` to its next call: observe, record, decide, apply),
+  less the garbage collection the loop does between ticks just before it waits
+  (`rankpack.controller.loop.Collector`; reported apart as ``gc_between_ticks``, and
+  counted in ``tick_p50_ms_with_gc``, ``tick_p99_ms_with_gc``); ``tick_cpu_p50_ms``,
+  ``tick_cpu_p99_ms``: the same ticks' CPU time (the loop's thread: its own cost, without
+  the time other processes of a shared machine took the cores);
   ``tick_p50_ms_at_max_ranks``: the same over the ticks with at least 90 % of
   ``live_ranks_max`` live;
 * ``live_ranks_max``: most rank pods pending or running at once;
@@ -30,7 +35,10 @@ Printed (``--json``: one JSON object) per configuration:
   ``api_requests`` by kind); ``simulations_running_mean``: the mean number of simulations
   with rank pods over the makespan (requests per running simulation =
   ``api_requests_per_min / simulations_running_mean``);
-* ``most_running``, ``completed``, ``failed``, ``resizes``.
+* ``most_running``, ``completed``, ``failed``, ``resizes``;
+* ``actions`` and ``actions_digest``: how many calls changed the cluster (stage, launch,
+  resize, wait mode, stop, release) and a SHA-256 over them in order with their virtual
+  time and arguments: two runs of one configuration made the same decisions iff equal.
 
   PYTHONPATH=src .venv/bin/python bench/scale.py --nodes 1000 --sims 200 --ranks 64 --json
   PYTHONPATH=src .venv/bin/python bench/scale.py --sweep --json > bench/results/scale.json
@@ -39,6 +47,8 @@ Printed (``--json``: one JSON object) per configuration:
 from __future__ import annotations
 
 import argparse
+import contextlib
+import hashlib
 import json
 import math
 import random
@@ -47,11 +57,12 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from rankpack.controller import loop as loop_module
 from rankpack.controller.jobs import Job
 from rankpack.controller.loop import LoopSettings, run_jobs
 from rankpack.controller.observations import ControllerSettings
@@ -161,17 +172,79 @@ class Measured:
         self.cores_millis = cores_millis
         self.name = backend.name
         self.ticks_ms: list[float] = []
+        self.ticks_with_gc_ms: list[float] = []
+        """The same ticks with the loop's garbage collection between ticks counted in."""
+        self.gc_ms: list[float] = []
+        """Each collection the loop made between ticks (`loop.Collector`)."""
+        self._gc_in_tick = 0.0
+        self.ticks_cpu_ms: list[float] = []
+        """The same ticks' CPU time (this thread's: what the loop itself cost, whatever else
+        the machine ran meanwhile), less the collections between ticks."""
+        self._gc_cpu_in_tick = 0.0
+        self._cpu_since = time.thread_time()
         self.tick_ranks: list[int] = []
         self.fill: list[tuple[float, float]] = []
         self.running: list[tuple[float, int]] = []
         self.live_ranks_max = 0
         self._since = time.perf_counter()
+        self._trace = hashlib.sha256()
+        self.actions = 0
+        self._case: dict[str, str] = {}
+
+    def _act(self, *what: object) -> None:
+        """One call that changes the cluster, into ``actions_digest`` (virtual time, the
+        case's name for the simulation's random id): the regression check that a change to
+        the controller's speed did not change a decision."""
+        self.actions += 1
+        self._trace.update(repr((round(self.cluster.now, 6), *what)).encode())
+
+    def digest(self) -> str:
+        return self._trace.hexdigest()
+
+    def stage(self, spec: Any) -> None:
+        self._case[spec.sim_id] = spec.case
+        self._act("stage", spec.case, spec.n_ranks, spec.decompose_weights)
+        self.inner.stage(spec)
+
+    def launch(self, spec: Any) -> None:
+        self._act("launch", self._case.get(spec.sim_id), spec.ranks, spec.shim,
+                  tuple(sorted(spec.placement.items())), spec.rank_nodes)  # fmt: skip
+        self.inner.launch(spec)
+
+    def resize(self, sim_id: str, rank: int, resources: Any) -> Any:
+        status = self.inner.resize(sim_id, rank, resources)
+        self._act("resize", self._case.get(sim_id), rank, resources, status.state)
+        return status
+
+    def set_wait_mode(self, sim_id: str, mode: str) -> None:
+        self._act("wait_mode", self._case.get(sim_id), mode)
+        self.inner.set_wait_mode(sim_id, mode)
+
+    def stop(self, sim_id: str) -> None:
+        self._act("stop", self._case.get(sim_id))
+        self.inner.stop(sim_id)
+
+    def release(self, sim_id: str) -> None:
+        self._act("release", self._case.get(sim_id))
+        self.inner.release(sim_id)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.inner, name)
 
+    def collected(self, ms: float, cpu_ms: float) -> None:
+        """The loop collected garbage between ticks for ``ms`` (``cpu_ms`` of CPU), just
+        before this wait."""
+        self.gc_ms.append(ms)
+        self._gc_in_tick += ms
+        self._gc_cpu_in_tick += cpu_ms
+
     def wait(self, timeout_s: float) -> None:
-        self.ticks_ms.append((time.perf_counter() - self._since) * 1000)
+        whole = (time.perf_counter() - self._since) * 1000
+        self.ticks_cpu_ms.append((time.thread_time() - self._cpu_since) * 1000
+                                 - self._gc_cpu_in_tick)  # fmt: skip
+        self.ticks_with_gc_ms.append(whole)
+        self.ticks_ms.append(whole - self._gc_in_tick)
+        self._gc_in_tick = self._gc_cpu_in_tick = 0.0
         inventory = self.cluster.inventory()  # cached by the cluster while nothing changes
         requested = sum(n.requested_millis for n in inventory.nodes)
         ranks = sum(n.rank_pods for n in inventory.nodes)
@@ -185,6 +258,7 @@ class Measured:
             self.halt.set()  # the loop stops what runs and ends
         self.inner.wait(timeout_s)
         self._since = time.perf_counter()
+        self._cpu_since = time.thread_time()
 
 
 def _ranks(spec: str, rng: random.Random) -> int:
@@ -239,8 +313,9 @@ def run(cfg: Config) -> dict[str, Any]:
                                 label="scale")  # fmt: skip
         queue = ListQueue([j.job for j in jobs])
         started = time.perf_counter()
-        result = run_jobs(backend, store, queue, settings,  # type: ignore[arg-type]
-                          stop=backend.halt)  # fmt: skip
+        with _timed_collections(backend):
+            result = run_jobs(backend, store, queue, settings,  # type: ignore[arg-type]
+                              stop=backend.halt)  # fmt: skip
         real_s = time.perf_counter() - started
         store.conn.close()
     ends = [o.finished_s for o in result.outcomes]
@@ -252,6 +327,7 @@ def run(cfg: Config) -> dict[str, Any]:
         max(j.alone_s for j in jobs) + overhead,
     )
     ticks = backend.ticks_ms[1:]  # the first "tick" is the loop's set-up
+    with_gc = backend.ticks_with_gc_ms[1:]
     ranks = backend.tick_ranks[1:]
     busy = [t for t, r in zip(ticks, ranks, strict=True)
             if r >= 0.9 * backend.live_ranks_max]  # fmt: skip
@@ -277,6 +353,17 @@ def run(cfg: Config) -> dict[str, Any]:
         "tick_p50_ms_at_max_ranks": round(_pct(busy, 50), 2),
         "tick_p99_ms_at_max_ranks": round(_pct(busy, 99), 2),
         "ticks": len(ticks),
+        "tick_cpu_p50_ms": round(_pct(backend.ticks_cpu_ms[1:], 50), 2),
+        "tick_cpu_p99_ms": round(_pct(backend.ticks_cpu_ms[1:], 99), 2),
+        "tick_p50_ms_with_gc": round(_pct(with_gc, 50), 2),
+        "tick_p99_ms_with_gc": round(_pct(with_gc, 99), 2),
+        "gc_between_ticks": {
+            "collections": len(backend.gc_ms),
+            "p50_ms": round(_pct(backend.gc_ms, 50), 2),
+            "p99_ms": round(_pct(backend.gc_ms, 99), 2),
+            "max_ms": round(max(backend.gc_ms, default=0.0), 2),
+            "total_s": round(sum(backend.gc_ms) / 1000, 2),
+        },
         "live_ranks_max": backend.live_ranks_max,
         "api_requests": requests,
         "api_requests_per_min": round(total_requests / (span / 60), 1) if requests else None,
@@ -286,12 +373,39 @@ def run(cfg: Config) -> dict[str, Any]:
         "failed": sum(1 for r in result.results if r.status != "completed")
         + len(result.stage_failures),
         "resizes": result.resizes,
+        "actions": backend.actions,
+        "actions_digest": backend.digest(),
         "real_s": round(real_s, 1),
         "api": {"latency_ms": cfg.api_latency_ms, "rps": cfg.api_rps, "reads": cfg.reads},
         "workload": {"alone_s": list(cfg.alone_s), "iteration_s": cfg.iteration_s,
                      "mpi_s": cfg.mpi_s, "cells_per_rank": cfg.cells_per_rank},
         "fill_series": _thin(backend.fill),
     }  # fmt: skip
+
+
+@contextlib.contextmanager
+def _timed_collections(backend: Measured) -> Iterator[None]:
+    """Time the loop's garbage collections between ticks (`Collector.between_ticks`, just
+    before it waits): reported apart (``gc_between_ticks``) and left out of ``ticks_ms``,
+    kept in ``tick_*_with_gc``. (None on a tree older than the collector.)"""
+    collector = getattr(loop_module, "Collector", None)
+    if collector is None:
+        yield
+        return
+    between = collector.between_ticks
+
+    def timed(self: Any) -> None:
+        before, t, cpu = self.collections, time.perf_counter(), time.thread_time()
+        between(self)
+        if self.collections != before:
+            backend.collected((time.perf_counter() - t) * 1000,
+                              (time.thread_time() - cpu) * 1000)  # fmt: skip
+
+    collector.between_ticks = timed
+    try:
+        yield
+    finally:
+        collector.between_ticks = between
 
 
 def _at(series: list[tuple[float, float]], t: float) -> float:

@@ -485,11 +485,7 @@ def _model_name(s: ControllerSettings) -> str:
 def _running_duties(sim: SimSnapshot, mem: SimMemory) -> list[float]:
     if mem.stage == "sized" and len(mem.duty) == len(sim.ranks):
         return list(mem.duty)
-    out = []
-    for r in sim.ranks:
-        c, m = r.compute_ns, r.mpi_ns
-        out.append(c / (c + m) if c is not None and m is not None and c + m > 0 else 1.0)
-    return out
+    return list(sim.counter_duties)
 
 
 def _predicted_gain(step: Step, memory: dict[str, SimMemory], head: QueuedSim) -> float | None:
@@ -580,19 +576,31 @@ class _Loads:
 
 
 def _loads(step: Step, memory: dict[str, SimMemory]) -> _Loads:
+    """Once per step; each simulation's duty sums are kept by the memory (sized) or the
+    snapshot (measured) they come from, so a step costs a sum per simulation, not per
+    rank: the same values as summing its duties here."""
     cached = step.memo.get("limit-loads")
     if isinstance(cached, _Loads):
         return cached
     obs = step.obs
     cores = obs.capacity_millis / 1000
     spin = any(sim.wait == "spin" for sim in obs.sims)
-    duties = [_running_duties(sim, memory[sim.sim_id]) for sim in obs.sims]
-    running = [_compute(d, len(sim.ranks), cores, spin) for d, sim in zip(duties, obs.sims,
-                                                                       strict=True)]  # fmt: skip
-    flat = sum(sum(d) for d in duties), sum(len(d) for d in duties)
+    sums = [_duty_sums(sim, memory[sim.sim_id]) for sim in obs.sims]
+    running = [
+        min(float(len(sim.ranks)), cores) if spin or len(sim.ranks) > cores else clamped
+        for (_, clamped, _), sim in zip(sums, obs.sims, strict=True)
+    ]  # `_compute` of its duties
+    flat = sum(total for total, _, _ in sums), sum(n for _, _, n in sums)
     loads = _Loads(running, flat[0] / max(1, flat[1]), cores, spin)
     step.memo["limit-loads"] = loads
     return loads
+
+
+def _duty_sums(sim: SimSnapshot, mem: SimMemory) -> tuple[float, float, int]:
+    """(sum, sum clamped to [0, 1], count) of `_running_duties`."""
+    if mem.stage == "sized" and len(mem.duty) == len(sim.ranks):
+        return mem.duty_sums
+    return sim.counter_duty_sums
 
 
 def fit_launch(wanted: Sequence[int], free_millis: int, floor_millis: int) -> list[int] | None:

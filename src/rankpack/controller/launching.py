@@ -350,8 +350,7 @@ class Launcher:
     def _wait_at_launch(self, sim: Tracked) -> None:
         """The wait rule for a simulation about to start beside the others of this loop
         (`waits.at_launch`): its ranks' mode, and the MPI library's idle yield to match."""
-        obs = self.observer.observations([])
-        obs = replace(obs, sims=tuple(s for s in obs.sims if s.sim_id != sim.sim_id))
+        obs = self.observer.beside(sim.sim_id)
         requests = tuple(r.cpu_millis for r in sim.plan.ranks)
         choice = waits.at_launch(obs, sim.wait_setting, requests, sim.nodes)
         sim.idle_yield = choice.idle_yield

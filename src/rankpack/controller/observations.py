@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import cached_property
-from typing import Literal
+from typing import Literal, Protocol
 
 from rankpack.core.actions import (
     Action,
@@ -51,6 +51,28 @@ weighed against this prior (worth two sessions, see
 `rankpack.controller.session.learned_efficiency`)."""
 
 
+class RankReading(Protocol):
+    """What the decision step reads of one rank: a `RankSnapshot`, or the backend's own
+    observation of the rank (`rankpack.backend.protocol.RankObservation`), which the loop
+    hands over as it is when it has nothing to add (no per-rank copy on a tick that
+    observes a thousand ranks)."""
+
+    @property
+    def rank(self) -> int: ...
+    @property
+    def request_millis(self) -> int: ...
+    @property
+    def usage_ns(self) -> int: ...
+    @property
+    def compute_ns(self) -> int | None: ...
+    @property
+    def mpi_ns(self) -> int | None: ...
+    @property
+    def node(self) -> str | None: ...
+    @property
+    def readings_ok(self) -> bool: ...
+
+
 @dataclass(frozen=True)
 class RankSnapshot:
     rank: int
@@ -79,7 +101,7 @@ class SimSnapshot:
     expected_iterations: int
     budget_millis: int
     """The most this simulation's requests may add up to."""
-    ranks: tuple[RankSnapshot, ...]
+    ranks: tuple[RankReading, ...]
     phases: tuple[Phase, ...] = ()
     """A user-given phase schedule; when present it replaces duty-cycle sizing."""
     sizing: Literal["duty", "fixed"] = "duty"
@@ -130,6 +152,21 @@ class SimSnapshot:
         """Every rank's node was read for this step: the decision step neither resizes nor
         switches the wait mode of a simulation with a stale rank (its node agent is away)."""
         return all(r.readings_ok for r in self.ranks)
+
+    @cached_property
+    def counter_duties(self) -> tuple[float, ...]:
+        """Each rank's duty cycle from its cumulative shim counters (1.0 without them):
+        what the launch gate counts for a simulation not sized yet."""
+        out = []
+        for r in self.ranks:
+            c, m = r.compute_ns, r.mpi_ns
+            out.append(c / (c + m) if c is not None and m is not None and c + m > 0 else 1.0)
+        return tuple(out)
+
+    @cached_property
+    def counter_duty_sums(self) -> tuple[float, float, int]:
+        """(sum, sum clamped to [0, 1], count) of `counter_duties`."""
+        return duty_sums(self.counter_duties)
 
     @cached_property
     def shim(self) -> bool:
@@ -198,6 +235,16 @@ class Observations:
     rank_bounds: str = ""
     """What sets those bounds, for reasons ('' when none)."""
 
+    @cached_property
+    def node_index(self) -> Mapping[str, NodeCores]:
+        """The nodes by name."""
+        return {n.name: n for n in self.nodes}
+
+    @cached_property
+    def counted_nodes(self) -> bool:
+        """Every node counts what this loop's ranks request on it (`NodeCores.ours_millis`)."""
+        return all(n.ours_millis is not None for n in self.nodes)
+
 
 SimStage = Literal["warmup", "profiling", "sized", "scheduled", "fixed"]
 
@@ -225,6 +272,16 @@ class SimMemory:
     """+1 raised, -1 lowered by the last fairness adjustment; 0 none."""
     wait_mode: WaitMode | None = None
     """The wait mode last switched to (``auto`` only); None: still the launch mode."""
+
+    @cached_property
+    def duty_sums(self) -> tuple[float, float, int]:
+        """(sum, sum clamped to [0, 1], count) of ``duty`` (the launch gate's loads)."""
+        return duty_sums(self.duty)
+
+
+def duty_sums(duties: tuple[float, ...]) -> tuple[float, float, int]:
+    """(sum, sum clamped to [0, 1], count) of duty cycles, summed in order."""
+    return sum(duties), sum(min(1.0, max(0.0, d)) for d in duties), len(duties)
 
 
 @dataclass(frozen=True)

@@ -35,6 +35,7 @@ from rankpack.controller.observations import (
     NodeCores,
     Observations,
     QueuedSim,
+    RankReading,
     RankSnapshot,
     SimSnapshot,
 )
@@ -93,14 +94,23 @@ class Observer:
         self._limited: dict[str, tuple[Plan, bool]] = {}
         self._copies: dict[str, list[Tracked]] | None = None
         """The held simulations by submission key, as of the last observations."""
-        self._initial: dict[Submission, tuple[int, ...]] = {}
-        """The queued submissions' initial requests (their plans), kept while they wait."""
+        self._initial: dict[str, tuple[int, ...]] = {}
+        """The queued submissions' initial requests (their plans) by key, kept while they
+        wait."""
+        self._seen: dict[int, tuple[Submission, str]] = {}
+        """The keys of the submissions held or queued at the last observations, by
+        identity (a submission of 64 ranks hashes its 64 weights: a microsecond a lookup,
+        ~400 lookups a tick)."""
 
     def key(self, sub: Submission) -> str:
         """The submission's JSON key (what learned sizes and running copies are kept by)."""
-        key = self._keys.get(sub)
+        seen = self._seen.get(id(sub))
+        if seen is not None and seen[0] is sub:
+            return seen[1]
+        key = self._keys.get(sub)  # by value: a queue may build its jobs again each tick
         if key is None:
             key = self._keys[sub] = json.dumps(sub.to_json(), sort_keys=True)
+        self._seen[id(sub)] = (sub, key)
         return key
 
     def forget(self, sub: Submission) -> None:
@@ -273,6 +283,19 @@ class Observer:
         return cached[1]
 
     def observations(self, pending: list[Job]) -> Observations:
+        """What `policy.decide` sees this tick: the simulations held, ``pending`` (the
+        loop's queue, in order) and the capacity."""
+        return self._observations(pending, prune=True)
+
+    def beside(self, sim_id: str) -> Observations:
+        """What runs beside ``sim_id``, about to launch (the wait rule at its launch,
+        `rankpack.controller.launching`): the observations without a queue and without it.
+        The queue's plans are kept (the call is no news about the queue: dropping them
+        planned every waiting job again on the next tick, ~0.1 ms each)."""
+        obs = self._observations([], prune=False)
+        return replace(obs, sims=tuple(s for s in obs.sims if s.sim_id != sim_id))
+
+    def _observations(self, pending: list[Job], *, prune: bool) -> Observations:
         now = self.ctx.now()
         live = self.ctx.sims
         for gone in [i for i in self._snapshots if i not in live]:
@@ -282,7 +305,7 @@ class Observer:
         sims = [self._snapshot(sim, now) for sim in live.values()]
         self._copies = self._by_key()
         queued = []
-        initials: dict[Submission, tuple[int, ...]] = {}
+        initials: dict[str, tuple[int, ...]] = {}
         for j in pending:
             found = self.learned_sizes(j.submission)
             initial = found.request_millis if found else self._initial_millis(j.submission)
@@ -292,9 +315,14 @@ class Observer:
                 retry_at_s=refused.retry_at_s if refused else None,
                 retry_reason=refused.reason if refused else "",
             ))  # fmt: skip
-            if j.submission in self._initial:
-                initials[j.submission] = self._initial[j.submission]
-        self._initial = initials  # kept only while its job waits
+            key = self.key(j.submission)
+            if key in self._initial:
+                initials[key] = self._initial[key]
+        if prune:
+            self._initial = initials  # kept only while its job waits
+            held = {id(s.job.submission) for s in live.values()}
+            held |= {id(j.submission) for j in pending}
+            self._seen = {i: seen for i, seen in self._seen.items() if i in held}
         cap = self.capacity(limited=any(j.submission.qos == "limits" for j in pending[:1]))
         bounds = cap.bounds
         return Observations(
@@ -313,9 +341,10 @@ class Observer:
     def _initial_millis(self, sub: Submission) -> tuple[int, ...]:
         """``sub``'s initial requests, planned once while it waits (a plan of 64 ranks took
         ~0.5 ms: a queue of 200 cost ~50 ms a tick, `bench/scale.py`)."""
-        found = self._initial.get(sub)
+        key = self.key(sub)
+        found = self._initial.get(key)
         if found is None:
-            found = self._initial[sub] = sub.initial_millis
+            found = self._initial[key] = sub.initial_millis
         return found
 
     # -- learned sizes -------------------------------------------------------------------
@@ -428,24 +457,27 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
             wait=sim.wait_setting,
         )
     assert sim.staged is not None
-    return SimSnapshot(
-        sim_id=sim.sim_id,
-        started_s=sim.started_s,
-        iterations=sim.parser.state.iterations,
-        expected_iterations=sim.staged.expected_iterations,
-        budget_millis=sub.budget_millis,
-        ranks=tuple(
+    ranks: tuple[RankReading, ...] = sim.last.ranks  # read as observed: nothing to add
+    if planned and any(r.node is None for r in ranks):
+        ranks = tuple(  # pods not bound yet: on the nodes the policy placed them
             RankSnapshot(
                 rank=r.rank,
                 request_millis=r.request_millis,
                 usage_ns=r.usage_ns,
                 compute_ns=r.compute_ns,
                 mpi_ns=r.mpi_ns,
-                node=r.node if r.node is not None or not planned else planned[i],
+                node=r.node if r.node is not None else planned[i],
                 readings_ok=r.readings_ok,
             )
             for i, r in enumerate(sim.last.ranks)
-        ),
+        )
+    return SimSnapshot(
+        sim_id=sim.sim_id,
+        started_s=sim.started_s,
+        iterations=sim.parser.state.iterations,
+        expected_iterations=sim.staged.expected_iterations,
+        budget_millis=sub.budget_millis,
+        ranks=ranks,
         phases=sub.phases,
         sizing=sub.sizing,
         starting=sim.last.phase is SimPhase.PENDING,

@@ -170,8 +170,11 @@ def keep_mark(
         marks.append(mark)
         return
     threshold = skip * expected
-    anchored = [m for m in marks[:-1] if m[0] >= threshold]
-    if not anchored and marks[-1][0] >= threshold:
+    last = len(marks) - 1
+    anchored = 0  # the first mark before the last that is past skip (last: none is)
+    while anchored < last and marks[anchored][0] < threshold:
+        anchored += 1
+    if anchored == last and marks[-1][0] >= threshold:
         marks.append(mark)  # the last one is the first past skip: keep it
         return
     marks[-1] = mark

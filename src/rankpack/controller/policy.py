@@ -502,7 +502,7 @@ def _wait_modes(step: Step, memory: dict[str, SimMemory], launching: int) -> Non
     (`rankpack.controller.waits`): polite where ranks outnumber a node's cores.
     ``launching``: ranks of a simulation this step launches (not placed yet)."""
     obs = step.obs
-    loads: dict[str, waits.NodeLoad] | None = None
+    loads: Mapping[str, waits.NodeLoad] | None = None
     nodes = waits.nodes_of(obs)
     crowd = waits.others_crowd(obs, step.requested_millis)
     for sim in obs.sims:

@@ -93,11 +93,18 @@ class Resizes:
         """Resizes in flight, and the node of their rank (None: not known)."""
         self._shrinking: dict[tuple[str, int], str | None] = {}
         """The decreases among them."""
+        self._flying_per_sim: dict[str, int] = {}
+        """How many resizes are in flight per simulation (those with none are not
+        followed rank by rank)."""
 
     def busy(self) -> set[str]:
         """The simulations with a resize in flight, held or due again (observed every
         tick: their resizes are followed)."""
         return {key[0] for keys in (self._held, self._retrying, self._flying) for key in keys}
+
+    def flying_in(self, sim_id: str) -> bool:
+        """Some rank of the simulation has a resize in flight."""
+        return sim_id in self._flying_per_sim
 
     def _of(self, sim_id: str, rank: int) -> RankResize:
         entry = self.ranks.get((sim_id, rank))
@@ -330,10 +337,17 @@ class Resizes:
         """Set (or clear) what is in flight for a rank, and the indices."""
         key = (sim_id, rank)
         self._of(*key).inflight = flight
-        self._flying.pop(key, None)
+        if key in self._flying:
+            del self._flying[key]
+            left = self._flying_per_sim[sim_id] - 1
+            if left:
+                self._flying_per_sim[sim_id] = left
+            else:
+                del self._flying_per_sim[sim_id]
         self._shrinking.pop(key, None)
         if flight is not None:
             node = self._node(key)
             self._flying[key] = node
+            self._flying_per_sim[sim_id] = self._flying_per_sim.get(sim_id, 0) + 1
             if flight.decrease:
                 self._shrinking[key] = node

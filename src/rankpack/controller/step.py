@@ -14,6 +14,7 @@ from rankpack.controller.observations import (
     Action,
     ControllerSettings,
     Observations,
+    RankReading,
     Resize,
     SimSnapshot,
 )
@@ -53,6 +54,8 @@ class Step:
     """The simulations of the observations, by id."""
     waiting: list[Resize] = field(default_factory=list)
     """Resizes decided in an earlier step and not sent yet (`rankpack.controller.pacing`)."""
+    waiting_ranks: list[RankReading] = field(default_factory=list)
+    """The rank each of ``waiting`` resizes, as observed (read once a step)."""
     resize_room: Callable[[Mapping[str | None, int]], bool] = lambda per_node: True
     """Whether so many resizes (per node) may go out in this step (the pacer's buckets)."""
 
@@ -69,13 +72,15 @@ class Step:
             sim = self.sims.get(a.sim_id)
             if sim is None or a.rank >= len(sim.ranks):
                 continue  # it ended: forgotten
-            had = sim.ranks[a.rank].request_millis
+            rank = sim.ranks[a.rank]
+            had = rank.request_millis
             if had == a.request_millis:
                 continue  # it has it already
             current = self.requests[a.sim_id]
             self.requested_millis += max(had, a.request_millis) - current[a.rank]
             current[a.rank] = a.request_millis
             self.waiting.append(a)
+            self.waiting_ranks.append(rank)
 
     def unrequested(self) -> int:
         return self.obs.capacity_millis - self.requested_millis

@@ -31,7 +31,7 @@ spin`` on a crowded node still yields, as one local ``mpirun`` made it do by its
 
 from __future__ import annotations
 
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import get_args
 
@@ -98,10 +98,17 @@ def node_of(node: str | None, nodes: Sequence[NodeCores], known: Collection[str]
     return node
 
 
-def node_loads(obs: Observations, launching: int = 0) -> dict[str, NodeLoad]:
+def node_loads(obs: Observations, launching: int = 0) -> Mapping[str, NodeLoad]:
     """Ranks per node of every simulation in ``obs`` (and other rankpack ranks there), plus
-    ``launching`` ranks of a simulation about to start (not placed yet)."""
+    ``launching`` ranks of a simulation about to start (not placed yet). On a cluster whose
+    nodes carry this loop's ranks (`NodeCores.ours_ranks`) a node's load is built when it
+    is looked up (`CountedLoads`: a step looks up the nodes of the simulations it decides
+    on, not the thousand others)."""
     nodes = nodes_of(obs)
+    if len(nodes) > 1:
+        counted = CountedLoads.of(obs, nodes, launching)
+        if counted is not None:
+            return counted
     counts = {n.name: n.other_ranks for n in nodes}
     unplaced = node_of(None, nodes)
     counts[unplaced] = counts.get(unplaced, 0) + launching
@@ -128,6 +135,56 @@ def node_loads(obs: Observations, launching: int = 0) -> dict[str, NodeLoad]:
             CLUSTER, sum(counts.values()), sum(n.allocatable_millis for n in nodes)
         )
     return loads
+
+
+class CountedLoads(Mapping[str, NodeLoad]):
+    """`node_loads` of several nodes that count this loop's ranks themselves, each node's
+    built when it is first looked up: the same loads as the dict `node_loads` builds
+    otherwise (the nodes in their order, then `CLUSTER`: every rank against every core)."""
+
+    def __init__(self, obs: Observations, nodes: Sequence[NodeCores], launching: int) -> None:
+        self._obs, self._launching = obs, launching
+        self._nodes = {n.name: n for n in nodes}
+        self._built: dict[str, NodeLoad] = {}
+
+    @classmethod
+    def of(
+        cls, obs: Observations, nodes: Sequence[NodeCores], launching: int
+    ) -> CountedLoads | None:
+        """The lazy loads, or None when a node does not count this loop's ranks (or is
+        named like `CLUSTER`): then the loads are counted rank by rank."""
+        if not all(n.ours_ranks is not None for n in nodes):
+            return None
+        loads = cls(obs, nodes, launching)
+        return None if CLUSTER in loads._nodes else loads
+
+    def __getitem__(self, name: str) -> NodeLoad:
+        load = self._built.get(name)
+        if load is None:
+            load = self._built[name] = self._load(name)
+        return load
+
+    def _load(self, name: str) -> NodeLoad:
+        if name != CLUSTER:
+            n = self._nodes[name]
+            return NodeLoad(name, n.other_ranks + (n.ours_ranks or 0), n.allocatable_millis)
+        nodes = self._nodes.values()
+        placed = sum(n.ours_ranks or 0 for n in nodes)
+        ours = sum(len(sim.ranks) for sim in self._obs.sims)
+        ranks = sum(n.other_ranks for n in nodes) + placed + self._launching
+        return NodeLoad(
+            CLUSTER, ranks + max(0, ours - placed), sum(n.allocatable_millis for n in nodes)
+        )
+
+    def __contains__(self, name: object) -> bool:
+        return name == CLUSTER or name in self._nodes
+
+    def __iter__(self) -> Iterator[str]:
+        yield from self._nodes
+        yield CLUSTER
+
+    def __len__(self) -> int:
+        return len(self._nodes) + 1
 
 
 def mode(

@@ -55,6 +55,10 @@ def test_a_waiting_jobs_plan_is_made_once_and_forgotten_when_it_leaves(
     obs = loop.observer.observations(jobs)  # queued again: planned again
     assert [q.initial_request_millis for q in obs.queue] == expected
     assert planned == [*subs, subs[0]]
+    loop.observer.beside("s-launching")  # the wait rule at a launch: no news of the queue
+    obs = loop.observer.observations(jobs)
+    assert [q.initial_request_millis for q in obs.queue] == expected
+    assert planned == [*subs, subs[0]]  # not planned again after it
 
 
 def test_the_nodes_view_kept_incrementally_is_what_a_count_from_scratch_gives(
