@@ -192,3 +192,39 @@ def test_an_exec_refused_is_not_tried_again(tmp_path: Path, server: str) -> None
         api.exec_attached("forbidden", "rank", ["true"], connect_retry_s=30.0)
     tries = sum(n for (verb, res, _), n in api.requests.counts().items() if res == "pods/exec")
     assert err.value.status == 403 and tries == 1, (err.value, tries)
+
+
+def test_an_exec_refused_right_after_the_apiserver_came_back_is_tried_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A restarted apiserver refuses (403) until its authorizer has synced: after it was
+    # away, a refusal is tried again for a while (RESTART_REFUSALS_S), then given up.
+    import socket
+    import time
+
+    from rankpack.backend.kubernetes import api as api_module
+
+    monkeypatch.setattr(api_module, "RESTART_REFUSALS_S", 2.0)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    Recorder.seen = []
+    started: list[HTTPServer] = []
+
+    def come_back() -> None:
+        time.sleep(1.0)  # away for a second: connection refused meanwhile
+        httpd = HTTPServer(("127.0.0.1", port), Recorder)
+        started.append(httpd)
+        httpd.serve_forever()
+
+    threading.Thread(target=come_back, daemon=True).start()
+    api = ClientKubeApi(load_config(kubeconfig(tmp_path, f"http://127.0.0.1:{port}")))
+    try:
+        with pytest.raises(ApiError) as err:
+            api.exec_attached("forbidden", "rank", ["true"], connect_retry_s=30.0)
+    finally:
+        for httpd in started:
+            httpd.shutdown()
+    refused = [r for r in Recorder.seen if "/exec" in r["path"]]
+    assert err.value.status == 403
+    assert len(refused) >= 2, refused  # refused, tried again, refused: then given up

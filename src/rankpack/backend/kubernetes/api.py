@@ -468,6 +468,8 @@ class ClientKubeApi:
         core = client.CoreV1Api(client.ApiClient(self.api_client.configuration))
         give_up = time.monotonic() + connect_retry_s
         delay = 0.5
+        away = False  # the apiserver did not answer an earlier try
+        refused_until: float | None = None
         while True:
             self.requests.add("create", "pods/exec")
             try:
@@ -490,7 +492,16 @@ class ClientKubeApi:
             except exec_errors as exc:
                 error = ApiError(0, "Unreachable", f"cannot exec in pod {pod}: {exc}")
                 cause = exc
-            if not error.transient or time.monotonic() + delay > give_up:
+            now = time.monotonic()
+            retry = error.transient
+            if error.status == 403 and away:
+                # an apiserver that has just started refuses until its authorizer has
+                # synced (seen on the dev cluster: pods/exec forbidden right after a
+                # restart): after it was away a refusal is tried again, for a while
+                refused_until = refused_until or now + RESTART_REFUSALS_S
+                retry = now < refused_until
+            away = away or error.transient
+            if not retry or now + delay > give_up:
                 raise error from cause
             time.sleep(delay)  # not started: connecting again runs nothing twice
             delay = min(delay * 2, 5.0)
@@ -552,6 +563,10 @@ def _exec_code(status_text: str) -> int:
 def _api_error(exc: Any) -> ApiError:
     status = int(getattr(exc, "status", 0) or 0)
     return _error_from(status, str(getattr(exc, "reason", "") or ""), getattr(exc, "body", None))
+
+
+RESTART_REFUSALS_S = 30.0
+"""How long an exec refused (403) right after the apiserver came back is tried again."""
 
 
 def _exec_error(exc: Any) -> ApiError:
