@@ -16,6 +16,8 @@ the end of the session.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import json
 import os
 import subprocess
@@ -74,6 +76,22 @@ class DevCluster:
             report = cluster.down(self.state_dir)
             assert not report.leftovers, report.leftovers
         self.up_result = cluster.up(self.options())
+
+    @contextlib.contextmanager
+    def nodes_up(self, nodes: int) -> Iterator[DevCluster]:
+        """A cluster of ``nodes`` nodes in place of the session's (for a module: its tests'
+        `up_result`), taken down after; the next test that needs the session's one-node
+        cluster brings it back (`ensure_up`)."""
+        if cluster.running_components(cluster.Layout(self.state_dir)):
+            report = cluster.down(self.state_dir)
+            assert not report.leftovers, report.leftovers
+        self.up_result = cluster.up(dataclasses.replace(self.options(), nodes=nodes))
+        try:
+            yield self
+        finally:
+            if cluster.running_components(cluster.Layout(self.state_dir)):
+                report = cluster.down(self.state_dir)
+                assert not report.leftovers, report.leftovers
 
     def options(self) -> cluster.UpOptions:
         return cluster.UpOptions(

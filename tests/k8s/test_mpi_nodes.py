@@ -31,8 +31,6 @@ import pytest
 
 from rankpack.backend.kubernetes import KubernetesBackend, connect, load_config
 from rankpack.backend.protocol import RankResources, ShimSpec, SimObservation, SimPhase, SimSpec
-from rankpack.devcluster import cluster
-from rankpack.devcluster.layout import Layout
 from rankpack.devcluster.nodefiles import with_node_files
 from tests.k8s.conftest import DevCluster
 
@@ -48,18 +46,8 @@ enough for the shim's records to be read on each node while it runs."""
 
 @pytest.fixture(scope="module")
 def two(dev_cluster: DevCluster) -> Iterator[DevCluster]:
-    state_dir = dev_cluster.state_dir
-    if cluster.running_components(Layout(state_dir)):
-        report = cluster.down(state_dir)
-        assert not report.leftovers, report.leftovers
-    result = cluster.up(dataclasses.replace(dev_cluster.options(), nodes=2))
-    dev_cluster.up_result = result
-    try:
-        yield dev_cluster
-    finally:
-        if cluster.running_components(Layout(state_dir)):
-            report = cluster.down(state_dir)
-            assert not report.leftovers, report.leftovers
+    with dev_cluster.nodes_up(2) as two_nodes:
+        yield two_nodes
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,6 @@ The module takes the session's one-node cluster down and brings up its own two n
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import os
 import subprocess
@@ -29,8 +28,6 @@ from typing import Any
 
 import pytest
 
-from rankpack.devcluster import cluster
-from rankpack.devcluster.layout import Layout
 from tests.k8s.conftest import DevCluster
 from tests.k8s.operators import endless_pitzdaily
 
@@ -40,18 +37,8 @@ HOSTNAME = "kubernetes.io/hostname"
 
 @pytest.fixture(scope="module")
 def two(dev_cluster: DevCluster) -> Iterator[DevCluster]:
-    state_dir = dev_cluster.state_dir
-    if cluster.running_components(Layout(state_dir)):
-        report = cluster.down(state_dir)
-        assert not report.leftovers, report.leftovers
-    result = cluster.up(dataclasses.replace(dev_cluster.options(), nodes=2))
-    dev_cluster.up_result = result
-    try:
-        yield dev_cluster
-    finally:
-        if cluster.running_components(Layout(state_dir)):
-            report = cluster.down(state_dir)
-            assert not report.leftovers, report.leftovers
+    with dev_cluster.nodes_up(2) as two_nodes:
+        yield two_nodes
 
 
 class PodWatch:
