@@ -28,7 +28,11 @@ def test_run_stores_duty_cycles_ordered_by_subdomain_size() -> None:
     assert [r["cpu_millis"] for r in data["ranks"]] == [1000] * 4
     duty = [r["duty"] for r in data["ranks"]]
     assert all(d is not None and 0 < d < 1 for d in duty), duty
-    assert duty[3] > duty[2] > max(duty[0], duty[1]), duty
+    # rank 0 also does the master's work (the log, reading and writing the case), which
+    # does not scale with its cells: a CI run measured it at twice rank 1's duty and level
+    # with rank 2's; the ranks without it are ordered by their cells, the big one above all
+    assert duty[3] > max(duty[0], duty[1], duty[2]), duty
+    assert duty[2] > duty[1], duty
     shown = run_json("runs", "show", str(data["id"]))
     assert [r["duty"] for r in shown["ranks"]] == pytest.approx(duty)
 

@@ -21,6 +21,7 @@ brings it back.
 from __future__ import annotations
 
 import dataclasses
+import re
 import shutil
 import subprocess
 import time
@@ -107,12 +108,25 @@ def run_program(
                     with_shim[r.rank] = obs
             if obs.phase in (SimPhase.SUCCEEDED, SimPhase.FAILED):
                 break
-            assert time.monotonic() < deadline, (obs.phase, obs.reason)
+            assert time.monotonic() < deadline, (obs.phase, obs.reason, stuck(spec.log_path))
             backend.wait(0.5)
         wall = time.monotonic() - t0
     finally:
         backend.release(sim_id)
     return obs, with_shim, wall, spec.log_path.read_text(errors="replace")
+
+
+def stuck(log: Path) -> str:
+    """What is left of a run that did not end: its MPI processes on this machine (the rank
+    pods' included) and where each rsh agent waits (they dump their stacks into the log on
+    SIGUSR1)."""
+    pattern = "imbalance|hydra|mpiexec|mpirun|orted|kubernetes.rsh"
+    ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,wchan:24,etimes,args"], text=True,
+                        capture_output=True, check=False).stdout  # fmt: skip
+    rows = [row for row in ps.splitlines()[1:] if re.search(pattern, row)]
+    subprocess.run(["pkill", "-USR1", "-f", "rankpack.backend.kubernetes.rsh"], check=False)
+    time.sleep(2)
+    return "\n".join([*rows, "--- log:", log.read_text(errors="replace")[-6000:]])
 
 
 @pytest.mark.parametrize("flavour", ["mpich", "openmpi"])

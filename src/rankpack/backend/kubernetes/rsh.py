@@ -16,8 +16,10 @@ writes a two-line wrapper script onto the case volume, a path that exists in the
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import shlex
+import signal
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -64,6 +66,9 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     from rankpack.backend.kubernetes.config import KubernetesConfig
     from rankpack.backend.protocol import BackendError
 
+    # kill -USR1: where it waits, on its stderr (mpirun's log): an agent that does not exit
+    # keeps mpirun from ending
+    faulthandler.register(signal.SIGUSR1, all_threads=True)
     env = os.environ if environ is None else environ
     host, command = split_args(sys.argv[1:] if argv is None else argv)
     kubeconfig = env.get(ENV_KUBECONFIG) or None
