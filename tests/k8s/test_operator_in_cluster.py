@@ -313,7 +313,8 @@ def test_no_resize_is_decided_while_the_agent_is_away(incluster: InCluster) -> N
     """The node agent unreachable for longer than a profiling window (its DaemonSet kept off
     the node), while the Simulation's phase change falls due: no resize is decided on stale
     data until the agent is back (a NodeAgentUnreachable Event says why), then the change
-    is made and the run ends Succeeded."""
+    is made while the run goes on. (The rest of the run is not waited for: that a run ends
+    Succeeded after its agent came back is `test_two_simulations_survive_...`.)"""
     ic = incluster
     # long enough that the phase change (at 30 %) falls due well after the agent is gone on a
     # quiet machine too (~100 iterations a second there; the status's iterations lag by up to
@@ -335,6 +336,22 @@ def test_no_resize_is_decided_while_the_agent_is_away(incluster: InCluster) -> N
     def done() -> int:
         return int(ic.status(name).get("iterations") or 0)
 
+    def resizes_requested(run_id: object, since: float) -> list[float]:
+        """When the operator decided each resize of the run (its store, on the volume)."""
+        if run_id is None:
+            return []
+        # read-only, while the operator writes it (WAL: readers do not block it)
+        db = sqlite3.connect(f"file:{ic.deployed.runs_dir / 'operator.db'}?mode=ro", uri=True,
+                             timeout=30)  # fmt: skip
+        try:
+            rows = db.execute(
+                "SELECT at FROM events WHERE run_id = ? AND kind = 'resize-requested'", (run_id,)
+            ).fetchall()
+        finally:
+            db.close()
+        times = [datetime.fromisoformat(at).timestamp() for (at,) in rows]
+        return [t for t in times if t >= since - 1.0]
+
     try:
         ic.wait("it running", lambda: done() >= 0.05 * total, 300)
         ic.kubectl("patch", *ds, "-p", away)
@@ -345,10 +362,16 @@ def test_no_resize_is_decided_while_the_agent_is_away(incluster: InCluster) -> N
         ic.wait("its phase change to fall due", lambda: done() >= 0.4 * total, 300)
         restored = time.time()
         ic.kubectl("patch", *ds, "-p", back)
-        ic.wait("it to end", lambda: ic.status(name).get("phase") in ("Succeeded", "Failed"),
-                600)  # fmt: skip
+
+        def resized_after() -> bool:
+            st = ic.status(name)
+            if st.get("phase") in ("Succeeded", "Failed"):
+                return True
+            return bool(resizes_requested(st.get("runId"), restored))
+
+        ic.wait("a resize after the agent is back, or its end", resized_after, 600)
         st = ic.status(name)
-        assert st["phase"] == "Succeeded" and st["resizes"] >= 1, st
+        assert st["phase"] in ("Running", "Succeeded"), st
         events = json.loads(ic.kubectl("get", "events", "-n", NAMESPACE, "-o", "json"))["items"]
         away_events = [e for e in events if e["reason"] == "NodeAgentUnreachable"
                        and st["simId"] in e["involvedObject"]["name"]]  # fmt: skip
@@ -357,11 +380,7 @@ def test_no_resize_is_decided_while_the_agent_is_away(incluster: InCluster) -> N
         assert all(e["involvedObject"]["namespace"] == NAMESPACE for e in away_events)
         # the operator's own record (its store is on the volume): every resize it decided
         # for this run came after the agent was back
-        db = sqlite3.connect(ic.deployed.runs_dir / "operator.db")
-        rows = db.execute("SELECT at FROM events WHERE run_id = ? AND kind = 'resize-requested'",
-                          (st["runId"],)).fetchall()  # fmt: skip
-        db.close()
-        times = [datetime.fromisoformat(at).timestamp() for (at,) in rows]
+        times = resizes_requested(st["runId"], 0.0)
         # none while the agent was away (a profiling resize before it went is allowed), and
         # the phase change after it was back
         during = [t for t in times if gone + 1.0 <= t < restored - 1.0]
