@@ -86,10 +86,14 @@ def test_a_deferred_resize_is_followed_not_counted_and_applied_later(
 
     core = _hog(env, 900)
     try:
-        # 2 x 500m + 900m fit the node's 2000m; the phase at 25 % asks 2 x 1000m: the node
-        # has 100m free (the operator cannot see the hog), so the kubelet defers both.
-        (name,) = _submit(env, "--iterations", "1500",
-                          "--phases", "0:500,500;0.25:1000,1000")  # fmt: skip
+        # 2 x 500m + 900m fit the node's 2000m; the phase at 10 % asks 2 x 1000m: the node
+        # has 100m free (the operator cannot see the hog), so the kubelet defers both. The
+        # run must outlast the deferral's way into the status (coalesced to a patch per
+        # 10 s), the Event, 5 s and the hog's deletion: 1 500 iterations (23 s here) ended
+        # before the hog was gone in a CI run, so both resizes stayed deferred to the end
+        # (4 000: ~60 s on a quiet machine, ~30 s of it after the hog is gone).
+        (name,) = _submit(env, "--iterations", "4000",
+                          "--phases", "0:500,500;0.1:1000,1000")  # fmt: skip
         log = tmp_path / "op.log"
         op = env.operator("--until-idle", log=log)
 
@@ -107,6 +111,7 @@ def test_a_deferred_resize_is_followed_not_counted_and_applied_later(
             e.reason for e in env.events(name)], 30)  # fmt: skip
         time.sleep(5)  # still deferred a while later: the node keeps it, nothing counted
         assert env.status(name)["resizes"] == 0
+        print(f"\nhog deleted at iteration {env.status(name).get('iterations')} of 4000")
         delete_and_wait(core, "rankpack-test-hog", "default")
         assert op.wait(timeout=900) == 0, log.read_text()[-4000:]
     finally:
