@@ -117,16 +117,27 @@ def run_program(
 
 
 def stuck(log: Path) -> str:
-    """What is left of a run that did not end: its MPI processes on this machine (the rank
-    pods' included) and where each rsh agent waits (they dump their stacks into the log on
-    SIGUSR1)."""
+    """What is left of a run that did not end, printed (pytest shows a failed test's output
+    whole; an assertion message is cut): its MPI processes on this machine (the rank pods'
+    included) with a backtrace of each rank (gdb), and where each rsh agent waits (they dump
+    their stacks into the log on SIGUSR1)."""
     pattern = "imbalance|hydra|mpiexec|mpirun|orted|kubernetes.rsh"
-    ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,wchan:24,etimes,args"], text=True,
+    ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,wchan:32,etimes,args"], text=True,
                         capture_output=True, check=False).stdout  # fmt: skip
     rows = [row for row in ps.splitlines()[1:] if re.search(pattern, row)]
+    out = list(rows)
+    for row in rows:
+        pid, args = row.split()[0], row.split(None, 5)[-1]
+        if "imbalance" in args and "hydra" not in args and shutil.which("gdb"):
+            gdb = ["gdb", "-p", pid, "-batch", "-ex", "thread apply all bt"]
+            bt = subprocess.run(gdb, text=True, capture_output=True, timeout=60, check=False)
+            out += [f"--- gdb -p {pid}", bt.stdout[-6000:]]
     subprocess.run(["pkill", "-USR1", "-f", "rankpack.backend.kubernetes.rsh"], check=False)
     time.sleep(2)
-    return "\n".join([*rows, "--- log:", log.read_text(errors="replace")[-6000:]])
+    out += ["--- log:", log.read_text(errors="replace")[-6000:]]
+    text = "\n".join(out)
+    print(text)
+    return text[:300]
 
 
 @pytest.mark.parametrize("flavour", ["mpich", "openmpi"])
