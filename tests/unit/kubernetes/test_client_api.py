@@ -228,3 +228,23 @@ def test_an_exec_refused_right_after_the_apiserver_came_back_is_tried_again(
     refused = [r for r in Recorder.seen if "/exec" in r["path"]]
     assert err.value.status == 403
     assert len(refused) >= 2, refused  # refused, tried again, refused: then given up
+
+
+def test_an_exec_nobody_waits_for_is_not_tried_again(tmp_path: Path) -> None:
+    # The rsh agent's mpirun died while the apiserver was away: the agent stops retrying
+    # (it would otherwise start a daemon no mpirun waits for, or linger for minutes).
+    import time
+
+    api = ClientKubeApi(load_config(kubeconfig(tmp_path, "http://127.0.0.1:9")))
+    checks: list[float] = []
+
+    def abandoned() -> bool:
+        checks.append(time.monotonic())
+        return len(checks) >= 2  # wanted for the first try only
+
+    t0 = time.monotonic()
+    with pytest.raises(ApiError) as err:
+        api.exec_attached("p", "rank", ["true"], connect_retry_s=60.0, abandoned=abandoned)
+    tries = sum(n for (verb, res, _), n in api.requests.counts().items() if res == "pods/exec")
+    assert err.value.reason == "Abandoned" and tries == 1, (err.value, tries)
+    assert time.monotonic() - t0 < 5.0

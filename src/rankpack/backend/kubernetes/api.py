@@ -431,15 +431,23 @@ class ClientKubeApi:
                           b"".join(err).decode(errors="replace"))  # fmt: skip
 
     def exec_attached(
-        self, pod: str, container: str, argv: Sequence[str], connect_retry_s: float = 0.0
+        self,
+        pod: str,
+        container: str,
+        argv: Sequence[str],
+        connect_retry_s: float = 0.0,
+        abandoned: Callable[[], bool] | None = None,
     ) -> int:
         """Run ``argv`` in a container with its output streamed to ours (the rsh agent).
         While the apiserver cannot be reached (or answers 429/5xx) before the command has
         started, connecting is tried again for up to ``connect_retry_s`` (nothing ran yet,
-        so nothing runs twice); a stream that breaks once started is not."""
+        so nothing runs twice); a stream that breaks once started is not. ``abandoned``
+        (checked before each try and about once a second while streaming): nobody waits
+        for the command any more (the rsh agent's mpirun died): stop, ApiError
+        ``Abandoned``, rather than start a command or hold a stream for no one."""
         return self._exec_stream(
             pod, container, argv, _writer(sys.stdout.buffer), _writer(sys.stderr.buffer), None,
-            connect_retry_s,
+            connect_retry_s, abandoned,
         )  # fmt: skip
 
     def _exec_stream(
@@ -451,6 +459,7 @@ class ClientKubeApi:
         on_err: Any,
         timeout_s: float | None,
         connect_retry_s: float = 0.0,
+        abandoned: Callable[[], bool] | None = None,
     ) -> int:
         import time
 
@@ -470,7 +479,13 @@ class ClientKubeApi:
         delay = 0.5
         away = False  # the apiserver did not answer an earlier try
         refused_until: float | None = None
+
+        def check_wanted() -> None:
+            if abandoned is not None and abandoned():
+                raise ApiError(0, "Abandoned", f"exec in pod {pod}: nobody waits for it any more")
+
         while True:
+            check_wanted()
             self.requests.add("create", "pods/exec")
             try:
                 ws = stream(
@@ -515,6 +530,7 @@ class ClientKubeApi:
                     on_err(ws.read_stderr().encode())
                 if deadline is not None and time.monotonic() > deadline:
                     raise ApiError(0, "Timeout", f"exec in pod {pod} took over {timeout_s} s")
+                check_wanted()
             for channel, sink in ((1, on_out), (2, on_err)):  # what arrived with the close
                 rest = ws.read_channel(channel)
                 if rest:

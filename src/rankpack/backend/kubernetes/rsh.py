@@ -77,11 +77,13 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
         context=env.get(ENV_CONTEXT) or None,
         namespace=env.get(ENV_NAMESPACE) or "default",
     )
+    parent = os.getppid()
     try:
         api = ClientKubeApi(config)
         return api.exec_attached(
-            host, env.get(ENV_CONTAINER) or "rank", ["/bin/sh", "-c", command], CONNECT_RETRY_S
-        )
+            host, env.get(ENV_CONTAINER) or "rank", ["/bin/sh", "-c", command], CONNECT_RETRY_S,
+            abandoned=lambda: os.getppid() != parent,  # mpirun died: it waits for nothing
+        )  # fmt: skip
     except BackendError as exc:
         print(f"rankpack-exec: {host}: {exc}", file=sys.stderr)
         return 255
