@@ -304,7 +304,7 @@ def ideal_makespan(durations: Sequence[float], widths: Sequence[int], cores: int
     never starts: inf."""
     if any(widths[j] > cores for j in order):
         return math.inf
-    free, now, end = cores, 0.0, 0.0
+    free, now = cores, 0.0
     waiting = list(order)
     running: list[tuple[float, int]] = []
     while waiting or running:
@@ -312,10 +312,9 @@ def ideal_makespan(durations: Sequence[float], widths: Sequence[int], cores: int
             j = waiting.pop(0)
             free -= widths[j]
             heapq.heappush(running, (now + durations[j], j))
-        now, j = heapq.heappop(running)
+        now, j = heapq.heappop(running)  # ends come out in order: the last is the makespan
         free += widths[j]
-        end = max(end, now)
-    return end
+    return now
 
 
 def ideal_references(jobs: Sequence[SimJob], cores: int, overhead_s: float) -> dict[str, float]:
