@@ -13,6 +13,7 @@ that needs the session's cluster brings that back (`DevCluster.ensure_up`).
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
 import json
 import os
 import subprocess
@@ -57,6 +58,16 @@ try:
     print(s.recv(200).decode())
 except OSError as exc:
     print("error", exc.errno, exc)
+"""
+
+LOOKUP = """
+import socket, sys, time
+t = time.monotonic()
+try:
+    socket.getaddrinfo(sys.argv[1], None)
+except OSError:
+    pass
+print(time.monotonic() - t)
 """
 
 
@@ -236,6 +247,13 @@ def test_a_pod_on_each_node_sees_its_cpus_and_reaches_the_other(two: TwoNodes) -
         answer = two.exec(src.metadata.name, "python3", "-c", CLIENT, dst.status.pod_ip,
                           str(PORT))  # fmt: skip
         assert answer.startswith(dst.metadata.name), answer
+        # no resolver off this machine: a name lookup (mpirun resolves its hostfile's pod
+        # names) fails at once instead of waiting out an unreachable nameserver's timeouts
+        resolv = two.exec(src.metadata.name, "cat", "/etc/resolv.conf").split("\n")
+        servers = [line.split()[1] for line in resolv if line.startswith("nameserver")]
+        assert all(ipaddress.ip_address(s).is_loopback for s in servers), resolv
+        took = float(two.exec(src.metadata.name, "python3", "-c", LOOKUP, dst.metadata.name))
+        assert took < 2.0, f"a lookup of {dst.metadata.name} took {took:.1f} s to fail"
 
 
 def test_stop_node_kills_its_pods_and_the_node_goes_not_ready(two: TwoNodes) -> None:

@@ -313,7 +313,12 @@ def kubelet_config(layout: Layout, node: NodeLayout) -> dict[str, Any]:
         # The default, in the node's namespace: <runtime>/log-pods on the host.
         "podLogsDir": "/var/log/pods",
         "clusterDomain": "cluster.local",
-        "resolvConf": "/etc/resolv.conf",
+        # No resolver in pods: the dev cluster has no cluster DNS, and the host's resolver
+        # is off this machine (pods must send nothing off it) and unreachable from the pod
+        # network, so every lookup in a pod waited for its timeouts (mpirun resolving the
+        # rank pods' names in its hostfile: ~60 s per launch). With none, a lookup fails at
+        # once (glibc tries 127.0.0.1 in the pod's own network namespace).
+        "resolvConf": "",
         # Locally imported images cannot be pulled again: never garbage-collect them.
         "imageGCHighThresholdPercent": 100,
         "imageGCLowThresholdPercent": 99,
