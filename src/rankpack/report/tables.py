@@ -28,12 +28,15 @@ def run_table(result: RunResult) -> Table:
             "counter: the rank pod's usage counter; thr.: CFS throttling events"
         ),
     )
-    for col in ("rank", "weight", "cells", "request", "limit", "CPU-s", "counter",
-                "thr.", "thr. s", "duty"):  # fmt: skip
-        table.add_column(col, justify="right")
+    # Where each rank ran, on a cluster (the local backend's one node is the host itself)
+    nodes = result.backend != "local" and any(r.node for r in result.ranks)
+    for col in ("rank", *(("node",) if nodes else ()), "weight", "cells", "request", "limit",
+                "CPU-s", "counter", "thr.", "thr. s", "duty"):  # fmt: skip
+        table.add_column(col, justify="left" if col == "node" else "right")
     for r in result.ranks:
         table.add_row(
             str(r.rank),
+            *((r.node or "-",) if nodes else ()),
             f"{r.weight:g}",
             str(r.cells) if r.cells is not None else "-",
             f"{r.cpu_millis}m",
