@@ -169,3 +169,23 @@ def test_a_simulations_mpi_is_data_checked_once() -> None:
     (version,) = crd_manifest()["spec"]["versions"]
     field = version["schema"]["openAPIV3Schema"]["properties"]["spec"]["properties"]["mpi"]
     assert field["enum"] == ["openmpi", "mpich"]
+
+
+@pytest.mark.parametrize("cluster_up", [True, False])
+def test_no_kubeconfig_names_the_dev_clusters_when_one_is_here(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    cluster_up: bool,
+) -> None:  # fmt: skip
+    state = tmp_path / "dev-cluster"
+    state.mkdir()
+    if cluster_up:
+        (state / "rankpack-sa.kubeconfig").write_text("apiVersion: v1\nkind: Config\n")
+    monkeypatch.setenv("RANKPACK_DEV_CLUSTER_DIR", str(state))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.kube/config
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setattr("rankpack.backend.kubernetes.config.IN_CLUSTER_DIR", tmp_path / "none")
+    code = main(["run", "pitzDaily", "--ranks", "2", "--backend", "kubernetes"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "no kubeconfig" in err
+    assert (f"--kubeconfig {state / 'rankpack-sa.kubeconfig'}" in err) is cluster_up, err

@@ -73,7 +73,10 @@ def make_backend(args: argparse.Namespace, *, use_cgroups: bool = True) -> Backe
     from rankpack.devcluster.nodefiles import with_node_files
     from rankpack.plan.allocation import budget_to_millis
 
-    config = load_config(args.kubeconfig, args.context, args.namespace, image=args.image)
+    try:
+        config = load_config(args.kubeconfig, args.context, args.namespace, image=args.image)
+    except UserError as exc:
+        raise UserError(f"{exc}{_dev_cluster_hint(args.kubeconfig)}") from None
     config = replace(
         with_node_files(config),
         launcher=resolve_launcher(args.launcher, config.image),
@@ -85,3 +88,13 @@ def make_backend(args: argparse.Namespace, *, use_cgroups: bool = True) -> Backe
         return connect(config)
     except BackendError as exc:
         raise UserError(str(exc)) from None
+
+
+def _dev_cluster_hint(given: str | None) -> str:
+    """Where the dev cluster's kubeconfig is, when none was found and one is up here."""
+    from rankpack.devcluster.layout import Layout, default_state_dir
+
+    kubeconfig = Layout(default_state_dir()).service_account_kubeconfig
+    if given or not kubeconfig.is_file():
+        return ""
+    return f" (the dev cluster on this machine: --kubeconfig {kubeconfig})"
