@@ -72,18 +72,15 @@ from typing import Any
 
 from rankpack.controller import loop as loop_module
 from rankpack.controller.jobs import Job
-from rankpack.controller.loop import LoopSettings, run_jobs
+from rankpack.controller.loop import run_jobs
 from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.tracked import LoopSettings
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
-from rankpack.testing.simulated import (
-    SimNode,
-    SimTiming,
-    SimulatedBackend,
-    SimulatedCase,
-    SimulatedCluster,
-)
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import SimNode, SimTiming, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 try:  # the apiserver cost model (absent from a tree older than issue 29)
     from rankpack.testing.simapi import ApiModel

@@ -26,7 +26,9 @@ from rankpack.backend.protocol import (
     StageSpec,
 )
 from rankpack.case.foamlog import LogParser
-from rankpack.testing.simulated import SimTiming, SimulatedBackend, SimulatedCase, SimulatedCluster
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import SimTiming, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 Length = Literal["short", "long"]
 

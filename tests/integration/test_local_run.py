@@ -16,8 +16,11 @@ import pytest
 from rankpack.backend import cgroups
 from rankpack.backend.local import LocalBackend
 from rankpack.backend.protocol import RankResources
-from rankpack.controller.loop import LoopResult, LoopSettings, OneJob, SimView, run_jobs
+from rankpack.controller.jobs import OneJob
+from rankpack.controller.loop import run_jobs
 from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.tracked import LoopSettings
+from rankpack.controller.views import LoopResult, SimView
 from rankpack.plan.allocation import QoS
 from rankpack.plan.submission import Submission
 from rankpack.store import Store

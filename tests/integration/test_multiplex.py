@@ -15,9 +15,9 @@ import pytest
 
 from rankpack.backend import cgroups
 from rankpack.backend.local import LocalBackend
-from rankpack.controller.loop import LoopSettings
 from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.session import run_session
+from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from tests.integration.helpers import processes_in, rankpack, run_cgroups, run_json, wait_for

@@ -23,11 +23,13 @@ from typing import Any
 from rankpack.backend.kubernetes import connect, load_config
 from rankpack.backend.kubernetes.informer import core
 from rankpack.backend.kubernetes.status import cpu_millis
-from rankpack.controller.loop import LoopSettings, OneJob, run_jobs
-from rankpack.controller.observations import ControllerSettings, Phase
+from rankpack.controller.jobs import OneJob
+from rankpack.controller.loop import run_jobs
+from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.tracked import LoopSettings
 from rankpack.devcluster import cluster
 from rankpack.devcluster.nodefiles import with_node_files
-from rankpack.plan.submission import Submission
+from rankpack.plan.submission import Phase, Submission
 from rankpack.store import Store
 from tests.k8s.conftest import DevCluster
 from tests.k8s.operators import endless_pitzdaily

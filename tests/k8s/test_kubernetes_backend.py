@@ -21,10 +21,13 @@ import pytest
 from rankpack.backend.kubernetes import KubernetesBackend, connect, load_config
 from rankpack.backend.kubernetes.status import cpu_millis
 from rankpack.backend.protocol import RankResources, ResizeState, SimPhase
-from rankpack.controller.loop import LoopResult, LoopSettings, OneJob, run_jobs
-from rankpack.controller.observations import ControllerSettings, Phase
+from rankpack.controller.jobs import OneJob
+from rankpack.controller.loop import run_jobs
+from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.tracked import LoopSettings
+from rankpack.controller.views import LoopResult
 from rankpack.devcluster.nodefiles import with_node_files
-from rankpack.plan.submission import Submission
+from rankpack.plan.submission import Phase, Submission
 from rankpack.store import Store
 from tests.k8s.conftest import DevCluster
 from tests.k8s.pods import container_cgroup

@@ -48,7 +48,7 @@ from rankpack.cli.common import (
 )
 from rankpack.cli.multiplex_cmd import MultiplexOptions, run_multiplex
 from rankpack.cli.run_cmd import check_submission, run_one, stop_on_signals
-from rankpack.controller.loop import Display, SimView
+from rankpack.controller.views import Display, SimView
 from rankpack.core.results import RunResult
 from rankpack.errors import UserError
 from rankpack.plan.allocation import make_plan, resolve_weights

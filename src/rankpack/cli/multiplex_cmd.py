@@ -26,7 +26,8 @@ from rankpack.cli.common import (
 )
 from rankpack.cli.operator_cmd import add_read_backend, handle_events_kubernetes
 from rankpack.cli.run_cmd import stop_on_signals
-from rankpack.controller.loop import LoopSettings, StoreQueue, preview
+from rankpack.controller.jobs import StoreQueue
+from rankpack.controller.loop import preview
 from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.session import (
     GateChoice,
@@ -35,6 +36,7 @@ from rankpack.controller.session import (
     measure_baselines,
     run_session,
 )
+from rankpack.controller.tracked import LoopSettings
 from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.errors import UserError
 from rankpack.plan.allocation import budget_to_millis

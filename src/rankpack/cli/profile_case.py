@@ -19,7 +19,7 @@ from rankpack.cli.run_cmd import (
     run_one,
     submission_from_args,
 )
-from rankpack.controller.loop import SimView
+from rankpack.controller.views import SimView
 from rankpack.errors import UserError
 from rankpack.profile.sampling import DEFAULT_SAMPLE_S, ProfileSummary, sample_live, summarise
 from rankpack.profile.tracker import DutyTracker

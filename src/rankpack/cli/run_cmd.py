@@ -31,8 +31,11 @@ from rankpack.cli.common import (
     phases_from_text,
     print_json,
 )
-from rankpack.controller.loop import Display, LoopSettings, OneJob, run_jobs
+from rankpack.controller.jobs import OneJob
+from rankpack.controller.loop import run_jobs
 from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.tracked import LoopSettings
+from rankpack.controller.views import Display
 from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.core.results import RunResult
 from rankpack.errors import UserError

@@ -41,16 +41,14 @@ from rankpack.controller import room
 from rankpack.controller.observations import (
     ControllerSettings,
     ControllerState,
-    Launch,
-    Note,
     Observations,
     QueuedSim,
-    Resize,
     SimMemory,
     SimSnapshot,
 )
 from rankpack.controller.room import Room
 from rankpack.controller.step import Step
+from rankpack.core.actions import Launch, Note, Resize
 from rankpack.model.contention import ClusterShape, throughput
 from rankpack.model.overlap import predict_from_duty_cycles
 from rankpack.plan.allocation import proportional_millis

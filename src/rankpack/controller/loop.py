@@ -35,11 +35,11 @@ from dataclasses import replace
 from typing import overload
 
 from rankpack.backend.protocol import Backend, BackendError, SimObservation, SimPhase
-from rankpack.controller.jobs import Adopted, Job, JobSource, OneJob, StoreQueue
+from rankpack.controller.jobs import Adopted, Job, JobSource
 from rankpack.controller.launching import Launcher
 from rankpack.controller.observations import Decision
 from rankpack.controller.observing import Observer
-from rankpack.controller.outcomes import Ending, keep_mark, outcome, run_result, steady_duty
+from rankpack.controller.outcomes import Ending, keep_mark, outcome, run_result
 from rankpack.controller.policy import decide
 from rankpack.controller.resizes import Resizes
 from rankpack.controller.schedule import Changes, Schedule
@@ -49,34 +49,12 @@ from rankpack.controller.views import (
     LoopResult,
     NullDisplay,
     RankView,
-    SimOutcome,
     SimView,
-    StageFailure,
 )
 from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode
 from rankpack.core.failures import Failure
 from rankpack.core.results import WaitRecord
 from rankpack.store import SampleRow, Store
-
-__all__ = [
-    "Adopted",
-    "ControlLoop",
-    "Display",
-    "Job",
-    "JobSource",
-    "LoopResult",
-    "LoopSettings",
-    "NullDisplay",
-    "OneJob",
-    "RankView",
-    "SimOutcome",
-    "SimView",
-    "StageFailure",
-    "StoreQueue",
-    "preview",
-    "run_jobs",
-    "steady_duty",
-]
 
 STOPPED_BY_USER = "stopped by the user (Ctrl-C or SIGTERM)"
 WITHDRAWN = "stopped: its job was withdrawn (its Simulation was deleted)"

@@ -17,20 +17,11 @@ from typing import Literal, Protocol
 
 from rankpack.core.actions import (
     Action,
-    Launch,
-    Note,
-    RankWait,
     Resize,
-    SetWaitMode,
     WaitMode,
     WaitSetting,
 )
 from rankpack.plan.submission import Phase
-
-__all__ = [
-    "Action", "Launch", "Note", "Phase", "RankWait", "Resize", "SetWaitMode", "WaitMode",
-    "WaitSetting",
-]  # fmt: skip
 
 AUTO_LAUNCH_MODE: WaitMode = "spin"
 """The mode a simulation under ``auto`` is launched in; the controller switches it live."""

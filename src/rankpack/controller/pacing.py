@@ -33,8 +33,9 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from rankpack.controller.observations import ControllerSettings, ControllerState, Note, Resize
+from rankpack.controller.observations import ControllerSettings, ControllerState
 from rankpack.controller.step import Step
+from rankpack.core.actions import Note, Resize
 
 
 @dataclass

@@ -90,23 +90,19 @@ from rankpack.controller.observations import (
     ControllerSettings,
     ControllerState,
     Decision,
-    Launch,
-    Note,
     Observations,
-    Resize,
-    SetWaitMode,
     SimMemory,
     SimSnapshot,
     SimStage,
 )
 from rankpack.controller.pacing import Pacer
-from rankpack.controller.step import ResizeKind, Step, has_shim
+from rankpack.controller.step import Step, has_shim
+from rankpack.core.actions import Launch, Note, Resize, SetWaitMode
 from rankpack.plan.allocation import proportional_millis
 
 __all__ = [
     "REQUEUE_DELAYS_S",
     "RETRY_DELAYS_S",
-    "ResizeKind",
     "decide",
     "requeue_delay_s",
     "retry_delay_s",

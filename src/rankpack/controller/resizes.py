@@ -30,10 +30,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from rankpack.backend.protocol import BackendError, RankResources, ResizeState
-from rankpack.controller.observations import Resize
 from rankpack.controller.policy import retry_delay_s
-from rankpack.controller.step import ResizeKind
 from rankpack.controller.tracked import LoopContext, Tracked
+from rankpack.core.actions import Resize, ResizeKind
 from rankpack.core.failures import FailureCode
 from rankpack.core.results import ResizeRecord
 

@@ -41,8 +41,9 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rankpack.controller.observations import Resize, SimMemory, SimSnapshot
+from rankpack.controller.observations import SimMemory, SimSnapshot
 from rankpack.controller.step import Step
+from rankpack.core.actions import Resize
 
 FULL_CORE_MILLIS = 1000
 """A rank that requests this much has a core of its own whatever its neighbours do."""

@@ -11,16 +11,12 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from rankpack.controller.observations import (
-    Action,
     ControllerSettings,
     Observations,
     RankReading,
-    Resize,
     SimSnapshot,
 )
-from rankpack.core.actions import ResizeKind
-
-__all__ = ["ResizeKind", "Step", "has_shim"]
+from rankpack.core.actions import Action, Resize, ResizeKind
 
 
 class _Requests(dict[str, list[int]]):

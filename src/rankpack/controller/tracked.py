@@ -17,13 +17,9 @@ from typing import Any
 from rankpack.backend.protocol import Backend, SimObservation, StagedCase
 from rankpack.case.foamlog import LogParser
 from rankpack.controller.jobs import Job, JobSource
-from rankpack.controller.observations import (
-    ControllerSettings,
-    ControllerState,
-    WaitMode,
-    WaitSetting,
-)
+from rankpack.controller.observations import ControllerSettings, ControllerState
 from rankpack.controller.views import LoopResult, SimOutcome, StageFailure
+from rankpack.core.actions import WaitMode, WaitSetting
 from rankpack.core.results import ResizeRecord, RunResult, WaitRecord
 from rankpack.plan.allocation import Plan
 from rankpack.store import SampleRow, Store

@@ -35,8 +35,8 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import get_args
 
-from rankpack.controller.observations import NodeCores, Observations, WaitSetting
-from rankpack.core.actions import RankWait, WaitMode
+from rankpack.controller.observations import NodeCores, Observations
+from rankpack.core.actions import RankWait, WaitMode, WaitSetting
 from rankpack.errors import UserError
 
 SETTINGS: tuple[WaitSetting, ...] = get_args(WaitSetting)

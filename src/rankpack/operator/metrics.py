@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
 from rankpack.backend.kubernetes.api import RequestCounter
-from rankpack.controller.loop import SimView
+from rankpack.controller.views import SimView
 from rankpack.store import EventRow
 
 

@@ -41,8 +41,7 @@ from typing import TYPE_CHECKING, Any
 
 from rankpack.backend.kubernetes.api import ApiError, ClientKubeApi, Conflict, NotFound
 from rankpack.case.staging import StagedCase
-from rankpack.controller.jobs import Resume
-from rankpack.controller.loop import Adopted, Job
+from rankpack.controller.jobs import Adopted, Job, Resume
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.core.results import progress_text
 from rankpack.errors import UserError

@@ -37,8 +37,11 @@ from rankpack.backend.kubernetes import (
 )
 from rankpack.backend.kubernetes.api import ApiError, Obj
 from rankpack.backend.protocol import BackendError, UnknownSimulation
-from rankpack.controller.loop import Adopted, ControlLoop, LoopSettings, SimView
+from rankpack.controller.jobs import Adopted
+from rankpack.controller.loop import ControlLoop
 from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.tracked import LoopSettings
+from rankpack.controller.views import SimView
 from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
 from rankpack.operator import crd

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Sequence
 
-from rankpack.controller.loop import SimView
+from rankpack.controller.views import SimView
 from rankpack.core.failures import FailureCode
 from rankpack.core.results import progress_text
 from rankpack.operator.queue import Obj, SimulationQueue, condition

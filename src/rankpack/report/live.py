@@ -9,7 +9,7 @@ from rich.live import Live
 from rich.progress import BarColumn, Progress, TaskProgressColumn, TextColumn, TimeRemainingColumn
 from rich.table import Table
 
-from rankpack.controller.loop import SimView
+from rankpack.controller.views import SimView
 
 
 def stop_live(live: Live) -> None:

@@ -8,7 +8,7 @@ from rich.console import Console
 from rich.live import Live
 from rich.table import Table
 
-from rankpack.controller.loop import SimView
+from rankpack.controller.views import SimView
 from rankpack.report.live import stop_live
 
 

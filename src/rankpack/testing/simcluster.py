@@ -41,11 +41,11 @@ from rankpack.backend.protocol import (
     StageSpec,
     UnknownSimulation,
 )
+from rankpack.core.actions import WAIT_MODES
 from rankpack.core.failures import FailureCode
 from rankpack.testing.simapi import DELETE_REQUESTS, OBJECTS_PER_LAUNCH, ApiModel
 from rankpack.testing.simmodel import (
     DEFAULT_CASES,
-    WAIT_MODES,
     RankFault,
     ResizeScript,
     SimNode,

@@ -120,30 +120,7 @@ from rankpack.backend.protocol import (
     StageSpec,
     UnknownSimulation,
 )
-from rankpack.testing.simapi import ApiModel
 from rankpack.testing.simcluster import SimulatedCluster
-from rankpack.testing.simmodel import (
-    DEFAULT_CASES,
-    RankFault,
-    ResizeScript,
-    SimNode,
-    SimTiming,
-    SimulatedCase,
-    cpu_speeds,
-)
-
-__all__ = [
-    "DEFAULT_CASES",
-    "ApiModel",
-    "RankFault",
-    "ResizeScript",
-    "SimNode",
-    "SimTiming",
-    "SimulatedBackend",
-    "SimulatedCase",
-    "SimulatedCluster",
-    "cpu_speeds",
-]
 
 
 class SimulatedBackend:

@@ -16,14 +16,9 @@ from rankpack.backend.local.observing import run_failure
 from rankpack.backend.mpirun import exit_failure
 from rankpack.backend.protocol import RankResources, SimPhase, SimSpec, StageSpec
 from rankpack.core.failures import FailureCode
-from rankpack.testing.simulated import (
-    RankFault,
-    SimNode,
-    SimTiming,
-    SimulatedBackend,
-    SimulatedCase,
-    SimulatedCluster,
-)
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import RankFault, SimNode, SimTiming, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 # --- mpirun's exit status (both real backends) ---------------------------------------------
 

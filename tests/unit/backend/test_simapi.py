@@ -11,12 +11,8 @@ from hypothesis import strategies as st
 
 from rankpack.backend.protocol import RankResources, ResizeState, SimPhase
 from rankpack.testing.simapi import ApiModel
-from rankpack.testing.simulated import (
-    SimNode,
-    SimTiming,
-    SimulatedBackend,
-    SimulatedCase,
-)
+from rankpack.testing.simmodel import SimNode, SimTiming, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 from .test_simulated import INSTANT, cluster, run_to_end, start
 

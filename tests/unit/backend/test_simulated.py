@@ -21,16 +21,17 @@ from rankpack.backend.protocol import (
     UnknownSimulation,
 )
 from rankpack.case.foamlog import LogParser
-from rankpack.testing.simmodel import cpu_speeds, split_cells
-from rankpack.testing.simulated import (
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import (
     RankFault,
     ResizeScript,
     SimNode,
     SimTiming,
-    SimulatedBackend,
     SimulatedCase,
-    SimulatedCluster,
+    cpu_speeds,
+    split_cells,
 )
+from rankpack.testing.simulated import SimulatedBackend
 
 INSTANT = SimTiming(stage_s=0.0, start_s=0.0, resize_latency_s=0.0)
 

@@ -6,21 +6,17 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from rankpack.controller.observations import (
-    Action,
     ControllerSettings,
     ControllerState,
     Decision,
-    Launch,
-    Note,
     Observations,
-    Phase,
     QueuedSim,
     RankSnapshot,
-    Resize,
     SimMemory,
     SimSnapshot,
-    WaitSetting,
 )
+from rankpack.core.actions import Action, Launch, Note, Resize, WaitSetting
+from rankpack.plan.submission import Phase
 
 S = ControllerSettings()
 GIGA = 1_000_000_000

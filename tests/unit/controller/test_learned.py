@@ -8,17 +8,21 @@ from pathlib import Path
 import pytest
 
 from rankpack.controller import loop
+from rankpack.controller.jobs import OneJob, StoreQueue
 from rankpack.controller.learned import learned_sizes
-from rankpack.controller.loop import LoopSettings, OneJob, StoreQueue, run_jobs
+from rankpack.controller.loop import run_jobs
 from rankpack.controller.observations import (
     ControllerSettings,
     ControllerState,
     Decision,
     Observations,
 )
+from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
-from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import SimNode, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 # rank 1 (6000 cells) computes 0.6 s per iteration, rank 0 0.2 s; 0.4 s of MPI each:
 # duties 0.2 and 0.6 on a core each -> sized to 250m and 750m (headroom 1.25)

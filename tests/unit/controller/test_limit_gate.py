@@ -11,9 +11,10 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from rankpack.controller.observations import QueuedSim, WaitSetting
+from rankpack.controller.observations import QueuedSim
 from rankpack.controller.policy import decide
 from rankpack.controller.session import learned_efficiency
+from rankpack.core.actions import WaitSetting
 from rankpack.store import SessionRow
 
 from ._helpers import GIGA, SIZED, S, launches, notes, observe, resizes, snap, state_of

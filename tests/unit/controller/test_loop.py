@@ -15,19 +15,9 @@ from pathlib import Path
 import pytest
 
 from rankpack.backend.protocol import ResizeState
-from rankpack.controller.loop import (
-    LoopResult,
-    LoopSettings,
-    OneJob,
-    SimView,
-    StoreQueue,
-    run_jobs,
-)
-from rankpack.controller.observations import (
-    DEFAULT_COLOCATION_EFFICIENCY,
-    ControllerSettings,
-    Phase,
-)
+from rankpack.controller.jobs import OneJob, StoreQueue
+from rankpack.controller.loop import run_jobs
+from rankpack.controller.observations import DEFAULT_COLOCATION_EFFICIENCY, ControllerSettings
 from rankpack.controller.outcomes import steady_duty
 from rankpack.controller.session import (
     PRIOR_SESSIONS,
@@ -35,17 +25,13 @@ from rankpack.controller.session import (
     measure_baselines,
     run_session,
 )
-from rankpack.plan.submission import Submission
+from rankpack.controller.tracked import LoopSettings
+from rankpack.controller.views import LoopResult, SimView
+from rankpack.plan.submission import Phase, Submission
 from rankpack.store import Store
-from rankpack.testing.simulated import (
-    RankFault,
-    ResizeScript,
-    SimNode,
-    SimTiming,
-    SimulatedBackend,
-    SimulatedCase,
-    SimulatedCluster,
-)
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import RankFault, ResizeScript, SimNode, SimTiming, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 CASE = SimulatedCase("box", cells=8000, iterations=100, cell_work_s=1e-4)
 # one iteration of 8000 cells on 2 ranks with a full core each: 0.4 s; 100 its: ~40 s

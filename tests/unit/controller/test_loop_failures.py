@@ -12,17 +12,15 @@ from rankpack.backend.protocol import LaunchFailed, SimObservation, SimPhase, Si
 from rankpack.backend.worker import Stager
 from rankpack.case.openfoam import NotACase
 from rankpack.controller.jobs import Job, OneJob
-from rankpack.controller.loop import Display, LoopResult, LoopSettings, SimView, run_jobs
+from rankpack.controller.loop import run_jobs
+from rankpack.controller.tracked import LoopSettings
+from rankpack.controller.views import Display, LoopResult, SimView
 from rankpack.core.failures import FailureCode
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
-from rankpack.testing.simulated import (
-    RankFault,
-    SimNode,
-    SimulatedBackend,
-    SimulatedCase,
-    SimulatedCluster,
-)
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import RankFault, SimNode, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 CASE = SimulatedCase("box", cells=8000, iterations=40, cell_work_s=1e-4)
 SUB = Submission(case="box", weights=(1.0, 1.0), budget_millis=2000, sizing="fixed")

@@ -18,12 +18,15 @@ from pathlib import Path
 from rankpack.backend.protocol import SimObservation, SimPhase, StageSpec
 from rankpack.controller.jobs import Job, OneJob, Resume, StoreQueue
 from rankpack.controller.launching import resumed_facts
-from rankpack.controller.loop import LoopSettings, run_jobs
+from rankpack.controller.loop import run_jobs
 from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.tracked import LoopSettings
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
-from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import SimNode, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 CASE = SimulatedCase("box", cells=8000, iterations=40, cell_work_s=1e-4)
 SUB = Submission(case="box", weights=(1.0, 1.0), budget_millis=1000, sizing="fixed")

@@ -10,11 +10,15 @@ from pathlib import Path
 import pytest
 
 from rankpack.backend.protocol import Inventory, Quota
-from rankpack.controller.loop import LoopSettings, StoreQueue, run_jobs
+from rankpack.controller.jobs import StoreQueue
+from rankpack.controller.loop import run_jobs
 from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
-from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import SimNode, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 CASE = SimulatedCase("box", cells=8000, iterations=60, cell_work_s=1e-4)
 

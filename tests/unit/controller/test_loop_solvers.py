@@ -7,10 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from rankpack.controller.loop import LoopSettings, OneJob, run_jobs
+from rankpack.controller.jobs import OneJob
+from rankpack.controller.loop import run_jobs
+from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
-from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import SimNode, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 CASE = SimulatedCase("box", cells=8000, iterations=20, cell_work_s=1e-4)
 

@@ -6,11 +6,15 @@ from __future__ import annotations
 from pathlib import Path
 
 from rankpack.backend.protocol import BackendError, ShimSpec, SimSpec
-from rankpack.controller.loop import LoopSettings, OneJob, StoreQueue, run_jobs
+from rankpack.controller.jobs import OneJob, StoreQueue
+from rankpack.controller.loop import run_jobs
 from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
-from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import SimNode, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 CASE = SimulatedCase("box", cells=8000, iterations=100, cell_work_s=1e-4)
 

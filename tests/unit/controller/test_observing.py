@@ -10,20 +10,17 @@ from pathlib import Path
 import pytest
 
 from rankpack.backend.protocol import Inventory
-from rankpack.controller.jobs import Job
-from rankpack.controller.loop import ControlLoop, LoopSettings, OneJob, StoreQueue, run_jobs
+from rankpack.controller.jobs import Job, OneJob, StoreQueue
+from rankpack.controller.loop import ControlLoop, run_jobs
 from rankpack.controller.observations import ControllerSettings, NodeCores
 from rankpack.controller.observing import Observer
+from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.allocation import Plan
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
-from rankpack.testing.simulated import (
-    SimNode,
-    SimTiming,
-    SimulatedBackend,
-    SimulatedCase,
-    SimulatedCluster,
-)
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import SimNode, SimTiming, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 
 def test_a_waiting_jobs_plan_is_made_once_and_forgotten_when_it_leaves(

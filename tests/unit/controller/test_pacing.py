@@ -15,13 +15,13 @@ from rankpack.controller.observations import (
     NodeCores,
     Observations,
     RankSnapshot,
-    Resize,
     SimMemory,
     SimSnapshot,
 )
 from rankpack.controller.pacing import Pacer, pace
 from rankpack.controller.policy import decide
 from rankpack.controller.step import Step
+from rankpack.core.actions import Resize
 
 from ._helpers import GIGA, resizes
 

@@ -10,30 +10,27 @@ from dataclasses import replace
 from pathlib import Path
 
 from rankpack.controller import waits
-from rankpack.controller.loop import LoopSettings, OneJob, run_jobs
+from rankpack.controller.jobs import OneJob
+from rankpack.controller.loop import run_jobs
 from rankpack.controller.observations import (
     ControllerSettings,
     ControllerState,
     NodeCores,
-    Note,
     Observations,
-    Phase,
     QueuedSim,
     RankSnapshot,
-    Resize,
     SimMemory,
     SimSnapshot,
 )
 from rankpack.controller.policy import decide
 from rankpack.controller.room import place
-from rankpack.plan.submission import Submission
+from rankpack.controller.tracked import LoopSettings
+from rankpack.core.actions import Note, Resize
+from rankpack.plan.submission import Phase, Submission
 from rankpack.store import Store
-from rankpack.testing.simulated import (
-    SimNode,
-    SimulatedBackend,
-    SimulatedCase,
-    SimulatedCluster,
-)
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import SimNode, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 from ._helpers import launches
 

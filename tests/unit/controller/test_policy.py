@@ -11,15 +11,10 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from rankpack.controller.observations import (
-    ControllerState,
-    Note,
-    Phase,
-    Resize,
-    SimMemory,
-    SimSnapshot,
-)
+from rankpack.controller.observations import ControllerState, SimMemory, SimSnapshot
 from rankpack.controller.policy import decide
+from rankpack.core.actions import Note, Resize
+from rankpack.plan.submission import Phase
 
 from ._helpers import (
     GIGA,

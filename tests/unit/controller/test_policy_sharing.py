@@ -14,15 +14,10 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from rankpack.controller.observations import (
-    ControllerState,
-    Phase,
-    QueuedSim,
-    Resize,
-    SimMemory,
-    SimSnapshot,
-)
+from rankpack.controller.observations import ControllerState, QueuedSim, SimMemory, SimSnapshot
 from rankpack.controller.policy import decide
+from rankpack.core.actions import Resize
+from rankpack.plan.submission import Phase
 
 from ._helpers import (
     GIGA,

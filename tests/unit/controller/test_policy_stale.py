@@ -9,15 +9,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rankpack.controller.observations import (
-    ControllerState,
-    Phase,
-    QueuedSim,
-    SetWaitMode,
-    SimMemory,
-    SimSnapshot,
-)
+from rankpack.controller.observations import ControllerState, QueuedSim, SimMemory, SimSnapshot
 from rankpack.controller.policy import decide
+from rankpack.core.actions import SetWaitMode
+from rankpack.plan.submission import Phase
 
 from ._helpers import GIGA, SIZED, S, launches, observe, resizes, snap, state_of
 

@@ -18,11 +18,11 @@ from rankpack.controller.observations import (
     Decision,
     NodeCores,
     QueuedSim,
-    SetWaitMode,
     SimMemory,
     SimSnapshot,
 )
 from rankpack.controller.policy import decide
+from rankpack.core.actions import SetWaitMode
 
 from ._helpers import SIZED, S, observe, snap, state_of
 

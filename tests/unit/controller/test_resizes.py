@@ -10,19 +10,17 @@ import pytest
 
 from rankpack.backend.protocol import ResizeState
 from rankpack.controller.gate import fit_launch
-from rankpack.controller.loop import LoopResult, LoopSettings, OneJob, run_jobs
-from rankpack.controller.observations import ControllerSettings, Phase
+from rankpack.controller.jobs import OneJob
+from rankpack.controller.loop import run_jobs
+from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.policy import RETRY_DELAYS_S, retry_delay_s
-from rankpack.plan.submission import Submission
+from rankpack.controller.tracked import LoopSettings
+from rankpack.controller.views import LoopResult
+from rankpack.plan.submission import Phase, Submission
 from rankpack.store import EventRow, Store
-from rankpack.testing.simulated import (
-    ResizeScript,
-    SimNode,
-    SimTiming,
-    SimulatedBackend,
-    SimulatedCase,
-    SimulatedCluster,
-)
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import ResizeScript, SimNode, SimTiming, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 CASE = SimulatedCase("box", cells=8000, iterations=200, cell_work_s=1e-4)
 # a phase at 20 % lowers rank 1 (a decrease: sent at once, no hold)

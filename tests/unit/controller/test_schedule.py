@@ -13,22 +13,18 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rankpack.backend.protocol import SimObservation
-from rankpack.controller.jobs import Job
-from rankpack.controller.loop import LoopSettings, StoreQueue, run_jobs
+from rankpack.controller.jobs import Job, StoreQueue
+from rankpack.controller.loop import run_jobs
 from rankpack.controller.observations import ControllerSettings, ControllerState, SimMemory
 from rankpack.controller.outcomes import keep_mark, steady_duty
 from rankpack.controller.policy import decide
 from rankpack.controller.schedule import Schedule
-from rankpack.controller.tracked import Tracked
+from rankpack.controller.tracked import LoopSettings, Tracked
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
-from rankpack.testing.simulated import (
-    SimNode,
-    SimTiming,
-    SimulatedBackend,
-    SimulatedCase,
-    SimulatedCluster,
-)
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import SimNode, SimTiming, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 from ._helpers import GIGA, observe, snap
 

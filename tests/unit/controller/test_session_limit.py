@@ -7,12 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from rankpack.controller.loop import LoopSettings
 from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.session import measure_baselines, run_session
+from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
-from rankpack.testing.simulated import SimNode, SimulatedBackend, SimulatedCase, SimulatedCluster
+from rankpack.testing.simcluster import SimulatedCluster
+from rankpack.testing.simmodel import SimNode, SimulatedCase
+from rankpack.testing.simulated import SimulatedBackend
 
 CASE = SimulatedCase("box", cells=8000, iterations=100, cell_work_s=1e-4)
 

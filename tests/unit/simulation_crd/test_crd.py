@@ -6,10 +6,9 @@ from dataclasses import replace
 
 import pytest
 
-from rankpack.controller.observations import Phase
 from rankpack.errors import UserError
 from rankpack.operator import crd
-from rankpack.plan.submission import Submission
+from rankpack.plan.submission import Phase, Submission
 
 
 @pytest.mark.parametrize(

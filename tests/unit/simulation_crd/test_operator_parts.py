@@ -345,7 +345,7 @@ def test_a_refused_spec_ends_failed_with_its_reason_and_is_never_a_job(
 
 
 def test_a_staging_failure_puts_its_message_in_the_status(sims: FakeSims, tmp_path: Path) -> None:
-    from rankpack.controller.loop import Job
+    from rankpack.controller.jobs import Job
 
     sims.add("a")
     q = _queue(sims, tmp_path)
