@@ -58,8 +58,8 @@ from rankpack.testing.simmodel import (
     split_cells,
     usage_rate,
 )
-from rankpack.testing.simnodes import NodeLoad, Timing
-from rankpack.testing.simresizes import Resizes
+from rankpack.testing.simnodes import SimNodeLoad, Timing
+from rankpack.testing.simresizes import SimResizes
 from rankpack.testing.simstate import ABSENT, SimRank, SimRun, stage_error
 
 __all__ = ["SimulatedCluster"]
@@ -116,8 +116,8 @@ class SimulatedCluster:
         failed, a rank restarted); backends compare it with what they took
         (`SimulatedBackend.changed`)."""
         self._seq = 0
-        self._load = NodeLoad(nodes, self._sims, name)
-        self._resizes = Resizes(self._load, self._sims, self.timing, lambda: self.now,
+        self._load = SimNodeLoad(nodes, self._sims, name)
+        self._resizes = SimResizes(self._load, self._sims, self.timing, lambda: self.now,
                                 before_settle=lambda r: self._sync_nodes([r.node]))  # fmt: skip
         self._inventory: tuple[int, Inventory] | None = None
         self._node_index = {n.name: i for i, n in enumerate(nodes)}

@@ -1,6 +1,6 @@
 """The simulated cluster's nodes: what each holds, where a launch goes, how fast ranks run.
 
-`NodeLoad` keeps, per node, the millicores and ranks of the cluster's active simulations,
+`SimNodeLoad` keeps, per node, the millicores and ranks of the cluster's active simulations,
 which running ranks share its cores, and the speeds they get (weighted max-min fair,
 `simmodel.cpu_speeds`) with the iteration timing that follows for every running
 simulation. It is kept up to date incrementally, so that a cluster of a thousand nodes
@@ -35,7 +35,7 @@ class Timing(IterationTiming):
     speeds: tuple[float, ...] = ()
 
 
-class NodeLoad:
+class SimNodeLoad:
     """The nodes of a cluster and the load its simulations put on them."""
 
     def __init__(self, nodes: tuple[SimNode, ...], sims: Mapping[str, SimRun], name: str) -> None:

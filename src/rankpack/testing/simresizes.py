@@ -1,8 +1,8 @@
 """In-place resizes on the simulated cluster: requested, deferred, in progress, settled.
 
 A resize is refused at once (REJECTED) if it can never be valid; otherwise it is in flight
-(`simstate.InFlight`) until it settles ``timing.resize_latency_s`` later. A growth that does
-not fit its node is DEFERRED until it does (oldest first, `Resizes.retry_deferred`). A
+(`simstate.SimInFlight`) until it settles ``timing.resize_latency_s`` later. A growth that does
+not fit its node is DEFERRED until it does (oldest first, `SimResizes.retry_deferred`). A
 `ResizeScript` forces the outcome of the next matching resizes (a test's way to see
 DEFERRED, INFEASIBLE, REJECTED or FAILED). `rankpack.testing.simcluster` calls this room when
 a resize is asked for and whenever its clock passes a resize's due time.
@@ -16,8 +16,8 @@ from dataclasses import dataclass, replace
 
 from rankpack.backend.protocol import RankResources, ResizeState, ResizeStatus
 from rankpack.testing.simmodel import ResizeScript, SimTiming
-from rankpack.testing.simnodes import NodeLoad
-from rankpack.testing.simstate import InFlight, SimRank, SimRun
+from rankpack.testing.simnodes import SimNodeLoad
+from rankpack.testing.simstate import SimInFlight, SimRank, SimRun
 
 SCRIPTABLE = (ResizeState.DEFERRED, ResizeState.INFEASIBLE, ResizeState.REJECTED,
               ResizeState.FAILED)  # fmt: skip
@@ -29,12 +29,12 @@ class _Script:
     left: int
 
 
-class Resizes:
+class SimResizes:
     """The resize rules of one cluster (its nodes' load, timing, scripts and clock)."""
 
     def __init__(
         self,
-        load: NodeLoad,
+        load: SimNodeLoad,
         sims: Mapping[str, SimRun],
         timing: SimTiming,
         clock: Callable[[], float],
@@ -77,7 +77,7 @@ class Resizes:
             r.resize = replace(status, state=ResizeState.REJECTED, latency_s=0.0, reason=reject)
             return r.resize
         r.desired = resources
-        flight = InFlight(status, resources, ResizeState.COMPLETED, sim_id=sim.sim_id,
+        flight = SimInFlight(status, resources, ResizeState.COMPLETED, sim_id=sim.sim_id,
                           arrives_s=max(now, now if arrives_s is None else arrives_s))  # fmt: skip
         r.in_flight = flight
         self.flying[(sim.sim_id, r.index)] = r

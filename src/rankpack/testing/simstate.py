@@ -1,5 +1,5 @@
 """The simulated cluster's records: one simulation (`SimRun`), one rank (`SimRank`), a resize
-in flight (`InFlight`), and the checks a stage request must pass (`stage_error`).
+in flight (`SimInFlight`), and the checks a stage request must pass (`stage_error`).
 
 Plain mutable data; `rankpack.testing.simcluster` moves them through time, and
 `rankpack.testing.simresizes` and `rankpack.testing.simnodes` read and change them.
@@ -27,7 +27,7 @@ from rankpack.testing.simmodel import SimulatedCase
 
 
 @dataclass
-class InFlight:
+class SimInFlight:
     """A resize that has not settled yet."""
 
     status: ResizeStatus
@@ -59,9 +59,9 @@ class SimRank:
     restarts: int = 0
     reason: str = ""
     resize: ResizeStatus | None = None
-    in_flight: InFlight | None = None
+    in_flight: SimInFlight | None = None
     charged: int = 0
-    """Millicores counted as requested on its node now (`simnodes.NodeLoad.recharge`)."""
+    """Millicores counted as requested on its node now (`simnodes.SimNodeLoad.recharge`)."""
 
 
 @dataclass
