@@ -71,9 +71,9 @@ from pathlib import Path
 from typing import Any
 
 from rankpack.controller import loop as loop_module
+from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import Job
 from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.tracked import LoopSettings
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.plan.submission import Submission

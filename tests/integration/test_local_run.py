@@ -16,9 +16,9 @@ import pytest
 from rankpack.backend import cgroups
 from rankpack.backend.local import LocalBackend
 from rankpack.backend.protocol import RankResources
+from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import OneJob
 from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.tracked import LoopSettings
 from rankpack.controller.views import LoopResult, SimView
 from rankpack.plan.allocation import QoS

@@ -15,7 +15,7 @@ import pytest
 
 from rankpack.backend import cgroups
 from rankpack.backend.local import LocalBackend
-from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.session import run_session
 from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.submission import Submission

@@ -23,9 +23,9 @@ from typing import Any
 from rankpack.backend.kubernetes import connect, load_config
 from rankpack.backend.kubernetes.informer import core
 from rankpack.backend.kubernetes.status import cpu_millis
+from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import OneJob
 from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.tracked import LoopSettings
 from rankpack.devcluster import cluster
 from rankpack.devcluster.nodefiles import with_node_files

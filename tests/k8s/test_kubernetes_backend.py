@@ -21,9 +21,9 @@ import pytest
 from rankpack.backend.kubernetes import KubernetesBackend, connect, load_config
 from rankpack.backend.kubernetes.status import cpu_millis
 from rankpack.backend.protocol import RankResources, ResizeState, SimPhase
+from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import OneJob
 from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.tracked import LoopSettings
 from rankpack.controller.views import LoopResult
 from rankpack.devcluster.nodefiles import with_node_files

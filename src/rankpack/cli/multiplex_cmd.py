@@ -26,9 +26,9 @@ from rankpack.cli.common import (
 )
 from rankpack.cli.operator_cmd import add_read_backend, handle_events_kubernetes
 from rankpack.cli.run_cmd import stop_on_signals
+from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import StoreQueue
 from rankpack.controller.loop import preview
-from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.session import (
     GateChoice,
     SessionResult,

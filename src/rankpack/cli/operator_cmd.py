@@ -30,7 +30,7 @@ from rankpack.cli.common import (
     print_listing,
 )
 from rankpack.cli.run_cmd import stop_on_signals
-from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.decision import ControllerSettings
 from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.errors import UserError
 from rankpack.operator.admission import AdmissionPolicy, NamespaceLimits, openfoam_applications

@@ -31,9 +31,9 @@ from rankpack.cli.common import (
     phases_from_text,
     print_json,
 )
+from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import OneJob
 from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.tracked import LoopSettings
 from rankpack.controller.views import Display
 from rankpack.core.actions import WAIT_SETTINGS

@@ -38,7 +38,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rankpack.controller import room
-from rankpack.controller.observations import (
+from rankpack.controller.decision import (
     ControllerSettings,
     ControllerState,
     Observations,

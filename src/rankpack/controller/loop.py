@@ -35,9 +35,9 @@ from dataclasses import replace
 from typing import overload
 
 from rankpack.backend.protocol import Backend, BackendError, SimObservation, SimPhase
+from rankpack.controller.decision import Decision
 from rankpack.controller.jobs import Adopted, Job, JobSource
 from rankpack.controller.launching import Launcher
-from rankpack.controller.observations import Decision
 from rankpack.controller.observing import Observer
 from rankpack.controller.outcomes import Ending, keep_mark, outcome, run_result
 from rankpack.controller.policy import decide

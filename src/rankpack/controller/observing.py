@@ -29,9 +29,7 @@ from rankpack.backend.protocol import (
     SimObservation,
     SimPhase,
 )
-from rankpack.controller.jobs import Job
-from rankpack.controller.learned import LearnedSizes, learnable, learned_sizes
-from rankpack.controller.observations import (
+from rankpack.controller.decision import (
     NodeCores,
     Observations,
     QueuedSim,
@@ -39,6 +37,8 @@ from rankpack.controller.observations import (
     RankSnapshot,
     SimSnapshot,
 )
+from rankpack.controller.jobs import Job
+from rankpack.controller.learned import LearnedSizes, learnable, learned_sizes
 from rankpack.controller.tracked import LoopContext, Tracked
 from rankpack.plan.allocation import Plan
 from rankpack.plan.submission import Submission

@@ -33,7 +33,7 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field
 
-from rankpack.controller.observations import ControllerSettings, ControllerState
+from rankpack.controller.decision import ControllerSettings, ControllerState
 from rankpack.controller.step import Step
 from rankpack.core.actions import Note, Resize
 

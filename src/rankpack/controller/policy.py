@@ -84,8 +84,7 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from rankpack.controller import pacing, waits
-from rankpack.controller.gate import launch
-from rankpack.controller.observations import (
+from rankpack.controller.decision import (
     AUTO_LAUNCH_MODE,
     ControllerSettings,
     ControllerState,
@@ -95,6 +94,7 @@ from rankpack.controller.observations import (
     SimSnapshot,
     SimStage,
 )
+from rankpack.controller.gate import launch
 from rankpack.controller.pacing import Pacer
 from rankpack.controller.step import Step, has_shim
 from rankpack.core.actions import Launch, Note, Resize, SetWaitMode

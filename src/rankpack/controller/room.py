@@ -41,7 +41,7 @@ import heapq
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rankpack.controller.observations import SimMemory, SimSnapshot
+from rankpack.controller.decision import SimMemory, SimSnapshot
 from rankpack.controller.step import Step
 from rankpack.core.actions import Resize
 

@@ -21,13 +21,13 @@ from pathlib import Path
 from typing import Any
 
 from rankpack.backend.protocol import Backend
-from rankpack.controller.jobs import OneJob, StoreQueue
-from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import (
+from rankpack.controller.decision import (
     DEFAULT_COLOCATION_EFFICIENCY,
     ControllerSettings,
     GateModel,
 )
+from rankpack.controller.jobs import OneJob, StoreQueue
+from rankpack.controller.loop import run_jobs
 from rankpack.controller.tracked import LoopSettings
 from rankpack.controller.views import Display, LoopResult, SimOutcome
 from rankpack.errors import UserError

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from rankpack.controller.observations import (
+from rankpack.controller.decision import (
     ControllerSettings,
     Observations,
     RankReading,

@@ -16,8 +16,8 @@ from typing import Any
 
 from rankpack.backend.protocol import Backend, SimObservation, StagedCase
 from rankpack.case.foamlog import LogParser
+from rankpack.controller.decision import ControllerSettings, ControllerState
 from rankpack.controller.jobs import Job, JobSource
-from rankpack.controller.observations import ControllerSettings, ControllerState
 from rankpack.controller.views import LoopResult, SimOutcome, StageFailure
 from rankpack.core.actions import WaitMode, WaitSetting
 from rankpack.core.results import ResizeRecord, RunResult, WaitRecord

@@ -35,7 +35,7 @@ from collections.abc import Collection, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import get_args
 
-from rankpack.controller.observations import NodeCores, Observations
+from rankpack.controller.decision import NodeCores, Observations
 from rankpack.core.actions import RankWait, WaitMode, WaitSetting
 from rankpack.errors import UserError
 

@@ -37,9 +37,9 @@ from rankpack.backend.kubernetes import (
 )
 from rankpack.backend.kubernetes.api import ApiError, Obj
 from rankpack.backend.protocol import BackendError, UnknownSimulation
+from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import Adopted
 from rankpack.controller.loop import ControlLoop
-from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.tracked import LoopSettings
 from rankpack.controller.views import SimView
 from rankpack.core.failures import FailureCode

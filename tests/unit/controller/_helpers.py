@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from rankpack.controller.observations import (
+from rankpack.controller.decision import (
     ControllerSettings,
     ControllerState,
     Decision,

@@ -6,7 +6,7 @@ from dataclasses import replace
 
 import pytest
 
-from rankpack.controller.observations import QueuedSim
+from rankpack.controller.decision import QueuedSim
 from rankpack.controller.policy import decide
 from rankpack.controller.session import fitted_beta_from_sessions
 from rankpack.store import SessionRow

@@ -8,15 +8,15 @@ from pathlib import Path
 import pytest
 
 from rankpack.controller import loop
-from rankpack.controller.jobs import OneJob, StoreQueue
-from rankpack.controller.learned import learned_sizes
-from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import (
+from rankpack.controller.decision import (
     ControllerSettings,
     ControllerState,
     Decision,
     Observations,
 )
+from rankpack.controller.jobs import OneJob, StoreQueue
+from rankpack.controller.learned import learned_sizes
+from rankpack.controller.loop import run_jobs
 from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.submission import Submission
 from rankpack.store import Store

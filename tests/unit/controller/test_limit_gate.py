@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from rankpack.controller.observations import QueuedSim
+from rankpack.controller.decision import QueuedSim
 from rankpack.controller.policy import decide
 from rankpack.controller.session import learned_efficiency
 from rankpack.core.actions import WaitSetting

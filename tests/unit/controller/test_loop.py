@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 
 from rankpack.backend.protocol import ResizeState
+from rankpack.controller.decision import DEFAULT_COLOCATION_EFFICIENCY, ControllerSettings
 from rankpack.controller.jobs import OneJob, StoreQueue
 from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import DEFAULT_COLOCATION_EFFICIENCY, ControllerSettings
 from rankpack.controller.outcomes import steady_duty
 from rankpack.controller.session import (
     PRIOR_SESSIONS,

@@ -16,10 +16,10 @@ from dataclasses import replace
 from pathlib import Path
 
 from rankpack.backend.protocol import SimObservation, SimPhase, StageSpec
+from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import Job, OneJob, Resume, StoreQueue
 from rankpack.controller.launching import resumed_facts
 from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.tracked import LoopSettings
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.plan.submission import Submission

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from rankpack.backend.protocol import Inventory, Quota
+from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import StoreQueue
 from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.submission import Submission
 from rankpack.store import Store

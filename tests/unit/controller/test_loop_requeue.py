@@ -13,9 +13,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from rankpack.backend.protocol import Inventory, LaunchRefused, RankBounds, SimSpec
+from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import Job, OneJob, StoreQueue
 from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.tracked import LoopSettings
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.plan.submission import Submission

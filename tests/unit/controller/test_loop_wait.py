@@ -6,9 +6,9 @@ from __future__ import annotations
 from pathlib import Path
 
 from rankpack.backend.protocol import BackendError, ShimSpec, SimSpec
+from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import OneJob, StoreQueue
 from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.submission import Submission
 from rankpack.store import Store

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from rankpack.backend.protocol import Inventory
+from rankpack.controller.decision import ControllerSettings, NodeCores
 from rankpack.controller.jobs import Job, OneJob, StoreQueue
 from rankpack.controller.loop import ControlLoop, run_jobs
-from rankpack.controller.observations import ControllerSettings, NodeCores
 from rankpack.controller.observing import Observer
 from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.allocation import Plan

@@ -9,7 +9,7 @@ from dataclasses import replace
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rankpack.controller.observations import (
+from rankpack.controller.decision import (
     ControllerSettings,
     ControllerState,
     NodeCores,

@@ -10,9 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from rankpack.controller import waits
-from rankpack.controller.jobs import OneJob
-from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import (
+from rankpack.controller.decision import (
     ControllerSettings,
     ControllerState,
     NodeCores,
@@ -22,6 +20,8 @@ from rankpack.controller.observations import (
     SimMemory,
     SimSnapshot,
 )
+from rankpack.controller.jobs import OneJob
+from rankpack.controller.loop import run_jobs
 from rankpack.controller.policy import decide
 from rankpack.controller.room import place
 from rankpack.controller.tracked import LoopSettings

@@ -11,7 +11,7 @@ from dataclasses import dataclass, replace
 
 import pytest
 
-from rankpack.controller.observations import ControllerState, SimMemory, SimSnapshot
+from rankpack.controller.decision import ControllerState, SimMemory, SimSnapshot
 from rankpack.controller.policy import decide
 from rankpack.core.actions import Note, Resize
 from rankpack.plan.submission import Phase

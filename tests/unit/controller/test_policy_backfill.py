@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rankpack.controller.observations import ControllerSettings, QueuedSim
+from rankpack.controller.decision import ControllerSettings, QueuedSim
 from rankpack.controller.policy import decide
 
 from ._helpers import SIZED, launches, notes, observe, snap, state_of

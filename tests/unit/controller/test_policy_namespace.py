@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 
-from rankpack.controller.observations import (
+from rankpack.controller.decision import (
     ControllerSettings,
     ControllerState,
     QueuedSim,

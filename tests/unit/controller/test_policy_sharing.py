@@ -14,7 +14,7 @@ import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
-from rankpack.controller.observations import ControllerState, QueuedSim, SimMemory, SimSnapshot
+from rankpack.controller.decision import ControllerState, QueuedSim, SimMemory, SimSnapshot
 from rankpack.controller.policy import decide
 from rankpack.core.actions import Resize
 from rankpack.plan.submission import Phase

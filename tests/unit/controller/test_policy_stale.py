@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from rankpack.controller.observations import ControllerState, QueuedSim, SimMemory, SimSnapshot
+from rankpack.controller.decision import ControllerState, QueuedSim, SimMemory, SimSnapshot
 from rankpack.controller.policy import decide
 from rankpack.core.actions import SetWaitMode
 from rankpack.plan.submission import Phase

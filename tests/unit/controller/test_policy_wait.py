@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 
 from rankpack.controller import waits
-from rankpack.controller.observations import (
+from rankpack.controller.decision import (
     ControllerSettings,
     ControllerState,
     Decision,

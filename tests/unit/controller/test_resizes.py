@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from rankpack.backend.protocol import ResizeState
+from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.gate import fit_launch
 from rankpack.controller.jobs import OneJob
 from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import ControllerSettings
 from rankpack.controller.policy import RETRY_DELAYS_S, retry_delay_s
 from rankpack.controller.tracked import LoopSettings
 from rankpack.controller.views import LoopResult

@@ -13,9 +13,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rankpack.backend.protocol import SimObservation
+from rankpack.controller.decision import ControllerSettings, ControllerState, SimMemory
 from rankpack.controller.jobs import Job, StoreQueue
 from rankpack.controller.loop import run_jobs
-from rankpack.controller.observations import ControllerSettings, ControllerState, SimMemory
 from rankpack.controller.outcomes import keep_mark, steady_duty
 from rankpack.controller.policy import decide
 from rankpack.controller.schedule import Schedule

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rankpack.controller.observations import ControllerSettings
+from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.session import measure_baselines, run_session
 from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.submission import Submission

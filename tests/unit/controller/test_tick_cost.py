@@ -13,8 +13,7 @@ from hypothesis import strategies as st
 
 from rankpack.backend.protocol import RankObservation, RankPhase, RankResources
 from rankpack.controller import gate, waits
-from rankpack.controller.loop import Collector
-from rankpack.controller.observations import (
+from rankpack.controller.decision import (
     ControllerSettings,
     ControllerState,
     NodeCores,
@@ -24,6 +23,7 @@ from rankpack.controller.observations import (
     SimMemory,
     SimSnapshot,
 )
+from rankpack.controller.loop import Collector
 from rankpack.controller.outcomes import keep_mark
 from rankpack.controller.policy import decide
 from rankpack.controller.resizes import InFlight, Resizes

@@ -166,8 +166,8 @@ def test_the_loop_requeues_a_simulation_whose_launch_the_quota_refused(tmp_path:
     """The operator's queue under the one loop (simulated backend): the first launch is
     refused for quota; the Simulation goes back to Queued with QuotaExceeded, then runs and
     Succeeds; it never fails."""
+    from rankpack.controller.decision import ControllerSettings
     from rankpack.controller.loop import run_jobs
-    from rankpack.controller.observations import ControllerSettings
     from rankpack.controller.tracked import LoopSettings
     from tests.unit.controller.test_loop_requeue import TakenTwice
 

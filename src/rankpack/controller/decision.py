@@ -1,8 +1,9 @@
-"""The values the multiplexing controller's decision step reads and returns.
+"""The decision step's values: what it reads, remembers, is tuned by and returns.
 
 The decision step is a pure function ``decide(observations, state, settings) -> Decision``
-(`rankpack.controller.policy`). The control loop (`rankpack.controller.observing`) builds
-`Observations` from the backend, the solver logs and the PMPI shim's live records, calls
+(`rankpack.controller.policy`); this module holds those four types and their parts
+(`Observations`, `ControllerState`, `ControllerSettings`, `Decision`), no rule. The control
+loop builds `Observations` (`rankpack.controller.observing`) from the backend, the solver logs and the PMPI shim's live records, calls
 `decide`, applies the `Action`s through the backend, and records every action (with its
 reason) as an event. Time is a value in the observations (``now_s``), never read from a
 clock inside the decision step, so tests drive it with a fake clock.
