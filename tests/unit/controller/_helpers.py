@@ -1,4 +1,5 @@
-"""Builders shared by the controller policy tests: snapshots, observations, action filters."""
+"""What the controller tests share: snapshots, observations and action filters for the
+policy tests; `Recorded`, the queue of one that remembers what the loop told it."""
 
 from __future__ import annotations
 
@@ -15,8 +16,10 @@ from rankpack.controller.decision import (
     SimMemory,
     SimSnapshot,
 )
+from rankpack.controller.jobs import Job, OneJob
 from rankpack.core.actions import Action, Launch, Note, Resize, WaitSetting
-from rankpack.plan.submission import Phase
+from rankpack.core.failures import Failure, FailureCode
+from rankpack.plan.submission import Phase, Submission
 
 S = ControllerSettings()
 GIGA = 1_000_000_000
@@ -106,3 +109,32 @@ def state_of(**mems: SimMemory) -> ControllerState:
 
 
 SIZED = SimMemory(stage="sized", duty=(0.1, 0.1))
+
+
+class Recorded(OneJob):
+    """`rankpack run`'s queue of one, remembering what the loop told it: each requeue (the
+    job, why) and each end (status, message, failure code)."""
+
+    def __init__(self, submission: Submission) -> None:
+        super().__init__(submission)
+        self.requeues: list[tuple[Job, Failure]] = []
+        self.ends: list[tuple[str, str, FailureCode | None]] = []
+
+    def requeued(self, job: Job, why: Failure) -> None:
+        self.requeues.append((job, why))
+        super().requeued(job, why)
+
+    def finished(
+        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
+    ) -> None:
+        self.ends.append((status, message, failure))
+
+    @property
+    def statuses(self) -> list[str]:
+        """The status of each end, in order."""
+        return [status for status, _, _ in self.ends]
+
+    @property
+    def whys(self) -> list[Failure]:
+        """Why it was requeued, each time."""
+        return [why for _, why in self.requeues]

@@ -11,7 +11,7 @@ from pathlib import Path
 from rankpack.backend.protocol import LaunchFailed, SimObservation, SimPhase, SimSpec, StageSpec
 from rankpack.backend.worker import Stager
 from rankpack.case.openfoam import NotACase
-from rankpack.controller.jobs import Job, OneJob
+from rankpack.controller.jobs import OneJob
 from rankpack.controller.loop import run_jobs
 from rankpack.controller.tracked import LoopSettings
 from rankpack.controller.views import Display, LoopResult, SimView
@@ -22,25 +22,14 @@ from rankpack.testing.simcluster import SimulatedCluster
 from rankpack.testing.simmodel import RankFault, SimNode, SimulatedCase
 from rankpack.testing.simulated import SimulatedBackend
 
+from ._helpers import Recorded
+
 CASE = SimulatedCase("box", cells=8000, iterations=40, cell_work_s=1e-4)
 SUB = Submission(case="box", weights=(1.0, 1.0), budget_millis=2000, sizing="fixed")
 
 
 def _cluster() -> SimulatedCluster:
     return SimulatedCluster(nodes=(SimNode("node-a", 2000),), cases=(CASE,))
-
-
-class Recorded(OneJob):
-    """`rankpack run`'s queue of one, remembering how its job finished."""
-
-    def __init__(self, submission: Submission) -> None:
-        super().__init__(submission)
-        self.ends: list[tuple[str, str, FailureCode | None]] = []
-
-    def finished(
-        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
-    ) -> None:
-        self.ends.append((status, message, failure))
 
 
 class Coded(SimulatedBackend):

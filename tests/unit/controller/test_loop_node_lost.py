@@ -17,16 +17,18 @@ from pathlib import Path
 
 from rankpack.backend.protocol import SimObservation, SimPhase, StageSpec
 from rankpack.controller.decision import ControllerSettings
-from rankpack.controller.jobs import Job, OneJob, Resume, StoreQueue
+from rankpack.controller.jobs import Resume, StoreQueue
 from rankpack.controller.launching import resumed_facts
 from rankpack.controller.loop import run_jobs
 from rankpack.controller.tracked import LoopSettings
-from rankpack.core.failures import Failure, FailureCode
+from rankpack.core.failures import FailureCode
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from rankpack.testing.simcluster import SimulatedCluster
 from rankpack.testing.simmodel import SimNode, SimulatedCase
 from rankpack.testing.simulated import SimulatedBackend
+
+from ._helpers import Recorded
 
 CASE = SimulatedCase("box", cells=8000, iterations=40, cell_work_s=1e-4)
 SUB = Submission(case="box", weights=(1.0, 1.0), budget_millis=1000, sizing="fixed")
@@ -71,22 +73,6 @@ class LosesANode(SimulatedBackend):
         return obs
 
 
-class Recorded(OneJob):
-    def __init__(self, submission: Submission) -> None:
-        super().__init__(submission)
-        self.requeues: list[tuple[Job, Failure]] = []
-        self.ends: list[str] = []
-
-    def requeued(self, job: Job, why: Failure) -> None:
-        self.requeues.append((job, why))
-        super().requeued(job, why)
-
-    def finished(
-        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
-    ) -> None:
-        self.ends.append(status)
-
-
 def _settings(tmp_path: Path) -> LoopSettings:
     return LoopSettings(runs_root=tmp_path / "runs",
                         controller=ControllerSettings(launch_cooldown_s=0.0))  # fmt: skip
@@ -97,7 +83,7 @@ def test_node_lost_is_requeued_and_resumed_not_failed(tmp_path: Path) -> None:
     store = Store(tmp_path / "r.db")
     result = run_jobs(backend, store, jobs, _settings(tmp_path))
     assert [r.status for r in result.results] == ["completed"]
-    assert jobs.ends == ["completed"]  # ended once, never failed
+    assert jobs.statuses == ["completed"]  # ended once, never failed
     ((job, why),) = jobs.requeues
     assert why.code is FailureCode.NODE_LOST and "lost node" in why.message
     resume = job.resume
@@ -133,7 +119,7 @@ def test_other_failures_are_not_requeued(tmp_path: Path) -> None:
 
     jobs = Recorded(SUB)
     result = run_jobs(Fails(), Store(tmp_path / "r.db"), jobs, _settings(tmp_path))
-    assert [r.status for r in result.results] == ["failed"] and jobs.ends == ["failed"]
+    assert [r.status for r in result.results] == ["failed"] and jobs.statuses == ["failed"]
     assert not jobs.requeues
 
 

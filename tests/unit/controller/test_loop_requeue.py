@@ -24,6 +24,8 @@ from rankpack.testing.simcluster import SimulatedCluster
 from rankpack.testing.simmodel import SimNode, SimulatedCase
 from rankpack.testing.simulated import SimulatedBackend
 
+from ._helpers import Recorded
+
 CASE = SimulatedCase("box", cells=8000, iterations=40, cell_work_s=1e-4)
 SUB = Submission(case="box", weights=(1.0, 1.0), budget_millis=1000, sizing="fixed")
 
@@ -56,24 +58,6 @@ class TakenTwice(SimulatedBackend):
         super().release(sim_id)
 
 
-class Recorded(OneJob):
-    """`rankpack run`'s queue of one, remembering what it was told."""
-
-    def __init__(self, submission: Submission) -> None:
-        super().__init__(submission)
-        self.requeues: list[Failure] = []
-        self.ends: list[str] = []
-
-    def requeued(self, job: Job, why: Failure) -> None:
-        self.requeues.append(why)
-        super().requeued(job, why)
-
-    def finished(
-        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
-    ) -> None:
-        self.ends.append(status)
-
-
 def _settings(tmp_path: Path) -> LoopSettings:
     return LoopSettings(runs_root=tmp_path / "runs",
                         controller=ControllerSettings(launch_cooldown_s=0.0))  # fmt: skip
@@ -85,9 +69,9 @@ def test_run_waits_through_refused_launches_and_completes(tmp_path: Path) -> Non
     result = run_jobs(backend, store, jobs, _settings(tmp_path))
     # nothing failed: the third launch ran to its end
     assert [r.status for r in result.results] == ["completed"]
-    assert jobs.ends == ["completed"] and not result.stage_failures
-    assert [w.code for w in jobs.requeues] == [FailureCode.QUOTA_EXCEEDED] * 2
-    assert "exceeded quota: q" in jobs.requeues[0].message
+    assert jobs.statuses == ["completed"] and not result.stage_failures
+    assert [w.code for w in jobs.whys] == [FailureCode.QUOTA_EXCEEDED] * 2
+    assert "exceeded quota: q" in jobs.whys[0].message
     # each refused launch's staged copy was released; every attempt is a new simulation
     refused = [spec.sim_id for _, spec in backend.launches[:2]]
     assert set(refused) <= set(backend.released)
