@@ -3,10 +3,11 @@
 The decision step is a pure function ``decide(observations, state, settings) -> Decision``
 (`rankpack.controller.policy`); this module holds those four types and their parts
 (`Observations`, `ControllerState`, `ControllerSettings`, `Decision`), no rule. The control
-loop builds `Observations` (`rankpack.controller.observing`) from the backend, the solver logs and the PMPI shim's live records, calls
-`decide`, applies the `Action`s through the backend, and records every action (with its
-reason) as an event. Time is a value in the observations (``now_s``), never read from a
-clock inside the decision step, so tests drive it with a fake clock.
+loop builds `Observations` (`rankpack.controller.observing`) from the backend, the solver
+logs and the PMPI shim's live records, calls `decide`, applies the `Action`s through the
+backend, and records every action (with its reason) as an event. Time is a value in the
+observations (``now_s``), never read from a clock inside the decision step, so tests drive
+it with a fake clock.
 """
 
 from __future__ import annotations
@@ -110,6 +111,9 @@ class SimSnapshot:
     ``auto`` (the wait rule's mode at launch; the controller switches it live)."""
     wait_mode: WaitMode | None = None
     """The mode its ranks were last set to (None: not known, taken as `AUTO_LAUNCH_MODE`)."""
+    launched: bool = True
+    """False: not launched yet (its case is staging, or staged and launched by this step);
+    its ranks are its plan's, on the nodes the policy placed them (if any)."""
     observed_s: float | None = None
     """``now_s`` of the step it was observed for (None: this step). A snapshot observed
     before this step (the loop observes a steady simulation in turn, not every tick, on a
@@ -183,6 +187,23 @@ class QueuedSim:
 
 
 @dataclass(frozen=True)
+class StagedSim:
+    """A simulation whose case is staged: the step launches it (`rankpack.controller.staged`)."""
+
+    sim_id: str
+    queue_id: int
+    request_millis: tuple[int, ...]
+    """Per rank, its plan's request (learned sizes, or the gate's pack), as its snapshot
+    shows them."""
+    nodes: tuple[str, ...]
+    """Per rank, the node the policy placed it on when it was staged (empty: none)."""
+    wait: WaitSetting
+    capacity_millis: int
+    """The capacity left to this loop as its launch counts it (with its own CPU limits,
+    ``--qos limits``, when a ``limits.cpu`` quota binds)."""
+
+
+@dataclass(frozen=True)
 class NodeCores:
     """One node as the wait rule sees it (`rankpack.controller.waits`)."""
 
@@ -226,6 +247,9 @@ class Observations:
     None: no bound."""
     rank_bounds: str = ""
     """What sets those bounds, for reasons ('' when none)."""
+    staged: tuple[StagedSim, ...] = ()
+    """Simulations whose case is staged, to launch in this step, in the order they were
+    found staged (each is also in ``sims``, not launched)."""
 
     @cached_property
     def node_index(self) -> Mapping[str, NodeCores]:

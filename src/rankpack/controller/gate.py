@@ -3,7 +3,7 @@
 Part of the decision step (`rankpack.controller.policy.decide` calls `launch` after
 sizing and fairness); the requests it sees are those the step's earlier actions left.
 
-At most one `Launch` per step, for ``obs.queue[0]``
+At most one `Stage` per step, for ``obs.queue[0]``
   (FIFO), or - while the head does not fit (``no-room``) and has waited less than
   ``backfill_wait_s`` since it stopped fitting - the first of the next ``backfill_scan``
   simulations that would be launched by the same rules (backfill; after that wait nothing
@@ -24,10 +24,6 @@ At most one `Launch` per step, for ``obs.queue[0]``
   profiling (code ``measuring``) is silent. ``quota`` is ``no-room`` when the namespace's
   ResourceQuota is what leaves no room, and the back-off after a launch the quota refused
   (``QueuedSim.retry_at_s``): nothing is launched before it.
-
-`fit_launch` is the same gate's rule for a simulation staged and about to launch on
-Kubernetes (`ControllerSettings.launch_must_fit`): its initial requests scale down to the
-unrequested capacity, so that every rank pod can be scheduled.
 """
 
 from __future__ import annotations
@@ -48,10 +44,9 @@ from rankpack.controller.decision import (
 )
 from rankpack.controller.room import Room
 from rankpack.controller.step import Step
-from rankpack.core.actions import Launch, Note, Resize
+from rankpack.core.actions import Note, Resize, Stage
 from rankpack.model.contention import ClusterShape, throughput
 from rankpack.model.overlap import predict_from_duty_cycles
-from rankpack.plan.allocation import proportional_millis
 
 
 @dataclass(frozen=True)
@@ -90,7 +85,7 @@ def launch(step: Step, memory: dict[str, SimMemory], state: ControllerState) -> 
             )
         elif packed is not None:
             nodes = pipe.place(packed, open_only=False)
-            step.actions.append(Launch(queue_id=head.queue_id, reason=reason,
+            step.actions.append(Stage(queue_id=head.queue_id, reason=reason,
                                        request_millis=packed, nodes=nodes))  # fmt: skip
             pipe.took(head, packed, nodes)
             return pipe.gated(obs.now_s, None, None)
@@ -98,7 +93,7 @@ def launch(step: Step, memory: dict[str, SimMemory], state: ControllerState) -> 
             code, reason = _no_room(obs, f"{reason}; but the floors leave no room to pack it")
     if code is None:
         nodes = pipe.place(head.initial_request_millis, open_only=False)
-        step.actions.append(Launch(queue_id=head.queue_id, reason=reason, nodes=nodes))
+        step.actions.append(Stage(queue_id=head.queue_id, reason=reason, nodes=nodes))
         pipe.took(head, head.initial_request_millis, nodes)
         pipe.behind(obs.queue[1:])
         return pipe.gated(obs.now_s, None, None)
@@ -161,7 +156,7 @@ def _backfill(
                 code, reason = pipe.rated(code, reason)
             if code is None:
                 nodes = pipe.place(queued.initial_request_millis, open_only=False)
-                step.actions.append(Launch(queue_id=queued.queue_id, nodes=nodes,
+                step.actions.append(Stage(queue_id=queued.queue_id, nodes=nodes,
                                            reason=f"backfill: {reason}{why}"))  # fmt: skip
                 pipe.took(queued, queued.initial_request_millis, nodes)
                 launched = True
@@ -171,7 +166,7 @@ def _backfill(
         piped = pipe.reason(queued)
         if piped is not None:
             nodes = pipe.place(queued.initial_request_millis, open_only=True)
-            step.actions.append(Launch(queue_id=queued.queue_id, nodes=nodes,
+            step.actions.append(Stage(queue_id=queued.queue_id, nodes=nodes,
                                        reason=f"backfill: {piped}{why}"))  # fmt: skip
             pipe.took(queued, queued.initial_request_millis, nodes)
             launched = True
@@ -246,7 +241,7 @@ class _Pipeline:
             return False
         nodes = self.place(head.initial_request_millis, open_only=True)
         self.step.actions.append(
-            Launch(queue_id=head.queue_id, reason=f"{reason} (the gate alone: {held})", nodes=nodes)
+            Stage(queue_id=head.queue_id, reason=f"{reason} (the gate alone: {held})", nodes=nodes)
         )
         self.took(head, head.initial_request_millis, nodes)
         return True
@@ -257,7 +252,7 @@ class _Pipeline:
             if self.stopped() or self.reason(queued) is None:
                 return
             nodes = self.place(queued.initial_request_millis, open_only=True)
-            self.step.actions.append(Launch(queue_id=queued.queue_id, reason=self.reason_text,
+            self.step.actions.append(Stage(queue_id=queued.queue_id, reason=self.reason_text,
                                             nodes=nodes))  # fmt: skip
             self.took(queued, queued.initial_request_millis, nodes)
 
@@ -599,12 +594,3 @@ def _duty_sums(sim: SimSnapshot, mem: SimMemory) -> tuple[float, float, int]:
     if mem.stage == "sized" and len(mem.duty) == len(sim.ranks):
         return mem.duty_sums
     return sim.counter_duty_sums
-
-
-def fit_launch(wanted: Sequence[int], free_millis: int, floor_millis: int) -> list[int] | None:
-    """The initial requests of a simulation about to launch scaled down to ``free_millis``
-    (floors kept, in proportion), or None when they fit as they are or even the floors do
-    not (then it launches as planned and waits to be scheduled)."""
-    if sum(wanted) <= free_millis or free_millis < floor_millis * len(wanted):
-        return None
-    return proportional_millis([float(w) for w in wanted], free_millis, floor_millis)

@@ -1,19 +1,21 @@
-"""From a claimed job to running ranks: stage, stage ahead, fit, launch, adopt.
+"""From a claimed job to running ranks: stage, stage ahead, launch, adopt, requeue.
 
-`Launcher.stage` claims the job the policy launches and asks the backend to stage its case
+The loop's applier of `Stage` and `Launch` (`rankpack.controller.loop` calls it).
+`Starter.stage` claims the job the policy stages and asks the backend to stage its case
 (asynchronous: a staging simulation never blocks the others); once the backend reports it
-staged, `staged` launches it: the run row, the wait rule's mode for its ranks, the backend
-spec. `prestage` stages the head of the queue ahead of its launch while others run.
-`adopt` follows a simulation an earlier controller process launched. A job that cannot be
-staged is recorded as a `StageFailure` with its code (`StageFailed`, `NotACase`,
-`CaseNotConfined`); a launch the backend refuses ends the simulation through the loop
-(`LaunchFailed` or the backend's code, `SolverNotAllowed`), but one refused for a reason
-that passes (`LaunchRefused`: the namespace's quota, taken by another tenant between plan
-and create) is undone and its job handed back to its source (`JobSource.requeued`), to be
-launched again after a back-off. Initial requests are brought within what the namespace
-allows a rank (a LimitRange) before the launch. A run a lost node cut short (``NodeLost``)
-is requeued too (`requeue_lost`), with what to resume from (`Resume`): staged again from
-its last complete write, not from the start, and the iterations lost reported.
+staged (`progress`), the decision step of that tick launches it (`Launch`, decided by
+`rankpack.controller.staged`: its requests, nodes and wait mode) and `launch` applies that
+as it is: the run row, the backend spec. `prestage` stages the head of the queue ahead of
+its launch while others run. `adopt` follows a simulation an earlier controller process
+launched. A job that cannot be staged is recorded as a `StageFailure` with its code
+(`StageFailed`, `NotACase`, `CaseNotConfined`); a launch the backend refuses ends the
+simulation through the loop (`LaunchFailed` or the backend's code, `SolverNotAllowed`),
+but one refused for a reason that passes (`LaunchRefused`: the namespace's quota, taken by
+another tenant between plan and create) is undone and its job handed back to its source
+(`JobSource.requeued`), to be launched again after a back-off. A run a lost node cut short
+(``NodeLost``) is requeued too (`requeue_lost`), with what to resume from (`Resume`):
+staged again from its last complete write, not from the start, and the iterations lost
+reported.
 """
 
 from __future__ import annotations
@@ -28,7 +30,6 @@ from rankpack.backend.protocol import (
     BackendError,
     LaunchFailed,
     LaunchRefused,
-    RankBounds,
     RankResources,
     ShimSpec,
     SimObservation,
@@ -40,20 +41,19 @@ from rankpack.backend.protocol import (
 from rankpack.case.openfoam import rank_env
 from rankpack.case.staging import failure_code
 from rankpack.controller import waits
-from rankpack.controller.gate import fit_launch
 from rankpack.controller.jobs import Adopted, Job, Resume
 from rankpack.controller.observing import Observer
 from rankpack.controller.outcomes import new_run
 from rankpack.controller.policy import requeue_delay_s
-from rankpack.controller.room import place
 from rankpack.controller.tracked import LoopContext, Requeued, Tracked
 from rankpack.controller.views import StageFailure
+from rankpack.core.actions import Launch, WaitChoice
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.core.results import RunResult, WaitRecord
 from rankpack.errors import UserError
 
 
-class Launcher:
+class Starter:
     def __init__(
         self, ctx: LoopContext, observer: Observer, end: Callable[[Tracked, Failure], None]
     ) -> None:
@@ -144,11 +144,12 @@ class Launcher:
         ctx.event(None, "launch-failed", queue_id=job.queue_id, reason=reason, code=code.value)
 
     def progress(self, sim: Tracked, obs: SimObservation) -> None:
-        """A simulation in staging, as observed: launch it once staged, or record why its
-        case could not be staged."""
+        """A simulation in staging, as observed: once staged, it waits for the decision
+        step's `Launch` (this tick's); or record why its case could not be staged."""
         ctx = self.ctx
         if obs.phase is SimPhase.STAGED and obs.staged is not None:
-            self._launch(sim, obs.staged)
+            if sim.staged is None:
+                self._staged(sim, obs.staged)
         elif obs.phase is SimPhase.FAILED:
             ctx.backend.release(sim.sim_id)
             del ctx.sims[sim.sim_id]
@@ -176,7 +177,9 @@ class Launcher:
 
     # -- launching -----------------------------------------------------------------------
 
-    def _launch(self, sim: Tracked, staged: StagedCase) -> None:
+    def _staged(self, sim: Tracked, staged: StagedCase) -> None:
+        """Its case is staged: what the staging says (the solver, warnings, where a resumed
+        run starts again); the decision step launches it on this tick."""
         ctx = self.ctx
         sub = sim.job.submission
         if sub.solver and sub.solver != staged.solver:
@@ -193,18 +196,20 @@ class Launcher:
             sim.parser.state.iterations = staged.start_iterations  # its log counts on
             ctx.event(None, "resumed", queue_id=sim.job.queue_id, sim=sim.sim_id,
                       **sim.resumed, reason=resumed_reason(resume, staged))  # fmt: skip
-        capacity = self.observer.capacity(limited=sim.plan.qos.value == "limits")
-        self._bound(sim, capacity.bounds)
-        if ctx.settings.controller.launch_must_fit:
-            self._fit(sim, capacity.capacity_millis, capacity.bounds)
-        self._place(sim)
+
+    def launch(self, action: Launch) -> None:
+        """The decision step's `Launch` of a staged simulation, applied as it is: its
+        requests, nodes and wait mode."""
+        ctx = self.ctx
+        sim = ctx.sims.get(action.sim_id)
+        if sim is None or sim.launched or sim.staged is None:
+            return
+        staged, sub = sim.staged, sim.job.submission
+        self._changes(sim, action)
         sim.run_id = new_run(ctx, sim, staged)
         ctx.jobs.started(sim.job, sim.run_id, sim.sim_id, staged)
         sim.usages = [[] for _ in sim.plan.ranks]
-        # Under auto, the wait rule counts its ranks with those already on the node(s):
-        # spinning until the policy could switch it (its records publish ~1 s after launch)
-        # would cost the others, and ranks that outnumber cores slow each other down.
-        self._wait_at_launch(sim)
+        self._wait(sim, action.wait)
         spec = self._spec(sim)
         sim.t0 = ctx.backend.clock()
         sim.started_s = ctx.now()
@@ -237,6 +242,33 @@ class Launcher:
             request_millis=[r.cpu_millis for r in sim.plan.ranks],
             **({"nodes": list(sim.nodes)} if sim.nodes else {}),
         )  # fmt: skip
+
+    def _changes(self, sim: Tracked, action: Launch) -> None:
+        """Its requests and nodes as the decision gave them; an event per change."""
+        for change in action.changes:
+            what: dict[str, object] = (
+                {"request_millis": list(change.request_millis)}
+                if change.kind == "launch-fitted" else {"nodes": list(change.nodes)}
+            )  # fmt: skip
+            self.ctx.event(None, change.kind, queue_id=sim.job.queue_id, sim=sim.sim_id,
+                           **what, reason=change.reason)  # fmt: skip
+        if len(action.request_millis) == sim.plan.n_ranks and action.request_millis != tuple(
+            r.cpu_millis for r in sim.plan.ranks
+        ):
+            ranks = tuple(
+                replace(r, cpu_millis=m)
+                for r, m in zip(sim.plan.ranks, action.request_millis, strict=True)
+            )
+            sim.plan = replace(sim.plan, ranks=ranks)
+        sim.nodes = action.nodes
+
+    def _wait(self, sim: Tracked, choice: WaitChoice) -> None:
+        """Its ranks' wait mode and the MPI library's idle yield to match."""
+        sim.idle_yield = choice.idle_yield
+        sim.wait_mode = choice.mode if self.ctx.settings.shim else None
+        sim.waits.append(
+            WaitRecord(round(self.ctx.now(), 3), choice.mode, choice.reason, choice.ranks)
+        )
 
     def _requeue(self, sim: Tracked, exc: LaunchRefused) -> None:
         """The backend refused the launch for a reason that passes (the namespace's quota,
@@ -286,79 +318,6 @@ class Launcher:
                   losses=resume.losses, reason=message)  # fmt: skip
         return True
 
-    def _bound(self, sim: Tracked, bounds: RankBounds | None) -> None:
-        """Bring every rank's initial request within what the namespace allows a rank (a
-        LimitRange's min and max: a rank pod outside them is refused, and with it the
-        gang); an event says what changed. Bounds that no request satisfies are left to
-        the backend, which refuses the launch with the reason."""
-        if bounds is None or bounds.empty:
-            return
-        wanted = [r.cpu_millis for r in sim.plan.ranks]
-        bounded = [bounds.clamp(m) for m in wanted]
-        if bounded == wanted:
-            return
-        ranks = tuple(
-            replace(r, cpu_millis=m) for r, m in zip(sim.plan.ranks, bounded, strict=True)
-        )
-        sim.plan = replace(sim.plan, ranks=ranks)
-        self.ctx.event(None, "launch-fitted", queue_id=sim.job.queue_id, sim=sim.sim_id,
-                       request_millis=bounded,
-                       reason=f"requests {wanted} brought within {bounds.source}")  # fmt: skip
-
-    def _fit(self, sim: Tracked, capacity_millis: int, bounds: RankBounds | None) -> None:
-        """Scale the initial requests down to the unrequested capacity (Kubernetes: rank
-        pods that do not fit are never scheduled; `gate.fit_launch`); the plan's total, the
-        budget, stays."""
-        free = capacity_millis - self.observer.ours_millis(but=sim)
-        wanted = [r.cpu_millis for r in sim.plan.ranks]
-        floor = self.ctx.settings.controller.floor_millis
-        if bounds is not None and not bounds.empty:
-            floor = bounds.clamp(max(floor, bounds.min_millis))
-        fitted = fit_launch(wanted, free, floor)
-        if fitted is None:
-            return
-        ranks = tuple(replace(r, cpu_millis=m) for r, m in zip(sim.plan.ranks, fitted, strict=True))
-        sim.plan = replace(sim.plan, ranks=ranks)
-        self.ctx.event(None, "launch-fitted", queue_id=sim.job.queue_id, sim=sim.sim_id,
-                       request_millis=fitted,
-                       reason=f"requests {sum(wanted)}m scaled to the {free}m unrequested "
-                       "so that every rank pod fits")  # fmt: skip
-
-    def _place(self, sim: Tracked) -> None:
-        """The ranks' nodes the policy decided (`Launch.nodes`), checked again now that the
-        case is staged (its requests may have been fitted, others may have taken room
-        meanwhile): kept while each node still holds its ranks, else placed again by the
-        same rule (`room.place`), else none (the scheduler places the ranks); an event says
-        what changed."""
-        if not sim.nodes:
-            return
-        free = self.observer.node_room(sim)
-        left = dict(free)
-        wanted = [r.cpu_millis for r in sim.plan.ranks]
-        for node, millis in zip(sim.nodes, wanted, strict=True):
-            left[node] = left.get(node, 0) - millis
-        if all(left.get(node, 0) >= 0 for node in set(sim.nodes)):
-            return
-        before = sim.nodes
-        sim.nodes = place(wanted, free) or ()
-        self.ctx.event(None, "placement", queue_id=sim.job.queue_id, sim=sim.sim_id,
-                       nodes=list(sim.nodes),
-                       reason=f"placed on {', '.join(sorted(set(before)))} at launch, where "
-                       f"{sum(wanted)}m no longer fit: "
-                       + ("placed again" if sim.nodes else "left to the scheduler"))  # fmt: skip
-
-    def _wait_at_launch(self, sim: Tracked) -> None:
-        """The wait rule for a simulation about to start beside the others of this loop
-        (`waits.at_launch`): its ranks' mode, and the MPI library's idle yield to match."""
-        obs = self.observer.beside(sim.sim_id)
-        requests = tuple(r.cpu_millis for r in sim.plan.ranks)
-        choice = waits.at_launch(obs, sim.wait_setting, requests, sim.nodes)
-        sim.idle_yield = choice.idle_yield
-        sim.wait_mode = choice.mode if self.ctx.settings.shim else None
-        sim.waits.append(
-            WaitRecord(round(self.ctx.now(), 3), choice.mode, choice.reason, choice.ranks)
-        )
-
     def _spec(self, sim: Tracked) -> SimSpec:
         assert sim.staged is not None
         s, staged = self.ctx.settings, sim.staged
@@ -404,7 +363,9 @@ class Launcher:
         sim.usages = [[] for _ in sim.plan.ranks]
         # What the earlier process last chose is not known: set what the rule gives now, so
         # what the ranks do is known; the policy switches it from there.
-        self._wait_at_launch(sim)
+        beside = self.observer.beside(sim.sim_id)
+        requests = tuple(r.cpu_millis for r in sim.plan.ranks)
+        self._wait(sim, waits.at_launch(beside, sim.wait_setting, requests, sim.nodes))
         ctx.backend.adopt(sim.sim_id, self._spec(sim))
         if sim.wait_mode is not None:
             try:

@@ -37,7 +37,7 @@ from typing import overload
 from rankpack.backend.protocol import Backend, BackendError, SimObservation, SimPhase
 from rankpack.controller.decision import Decision
 from rankpack.controller.jobs import Adopted, Job, JobSource
-from rankpack.controller.launching import Launcher
+from rankpack.controller.launching import Starter
 from rankpack.controller.observing import Observer
 from rankpack.controller.outcomes import Ending, keep_mark, outcome, run_result
 from rankpack.controller.policy import decide
@@ -51,7 +51,7 @@ from rankpack.controller.views import (
     RankView,
     SimView,
 )
-from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode
+from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode, Stage
 from rankpack.core.failures import Failure
 from rankpack.core.results import WaitRecord
 from rankpack.store import SampleRow, Store
@@ -79,7 +79,7 @@ class ControlLoop:
         self.display = display or NullDisplay()
         self.resizes = Resizes(self.ctx)
         self.observer = Observer(self.ctx, self.resizes)
-        self.launcher = Launcher(self.ctx, self.observer, self._launch_failed)
+        self.starter = Starter(self.ctx, self.observer, self._launch_failed)
         self.wait_failed: set[tuple[str, str]] = set()
         """(sim, mode) switches refused once (recorded once; asked for again every tick)."""
         self.running_since: tuple[float, frozenset[str]] = (0.0, frozenset())
@@ -100,8 +100,8 @@ class ControlLoop:
 
     def adopt(self, adopted: Adopted) -> None:
         """Take over a simulation an earlier controller process launched
-        (`Launcher.adopt`)."""
-        self.launcher.adopt(adopted)
+        (`Starter.adopt`)."""
+        self.starter.adopt(adopted)
 
     # -- the loop ------------------------------------------------------------------------------
 
@@ -123,7 +123,7 @@ class ControlLoop:
                 decision = decide(obs, ctx.state, ctx.settings.controller)
                 ctx.state = decision.state
                 self._apply_all(decision.actions, pending)
-                self.launcher.prestage(pending)
+                self.starter.prestage(pending)
                 self.running_since = (self.now(), self._running())
                 ctx.tally.max_seen = max(ctx.tally.max_seen, len(ctx.sims))
                 ctx.jobs.heartbeat([s.job for s in ctx.sims.values()])
@@ -140,7 +140,7 @@ class ControlLoop:
             status = "interrupted"
         finally:
             self.collector.stop()
-            self.launcher.prestage([])  # never launched: their copies hold no results
+            self.starter.prestage([])  # never launched: their copies hold no results
             leave = ctx.settings.leave_running
             for sim in list(ctx.sims.values()):
                 if leave and sim.running:
@@ -188,7 +188,7 @@ class ControlLoop:
         for sim in self.schedule.pick(self.sims, urgent, active, self.now()):
             obs = self.ctx.backend.observe(sim.sim_id)
             if not sim.launched:
-                self.launcher.progress(sim, obs)
+                self.starter.progress(sim, obs)
                 continue
             self._record(sim, obs)
             if obs.phase.ended:
@@ -280,13 +280,16 @@ class ControlLoop:
         """Carry out one decision's actions: decreases, then the others (a launch after the
         decreases that made room for it), then increases (held while a decrease is in
         flight, see `rankpack.controller.resizes`)."""
+        for action in actions:  # what was staged starts first, as the decision saw it
+            if isinstance(action, Launch):
+                self.starter.launch(action)
         grows = self.resizes.send_decreases([a for a in actions if isinstance(a, Resize)])
         for action in actions:
-            if isinstance(action, Launch):
+            if isinstance(action, Stage):
                 job = next((j for j in pending if j.queue_id == action.queue_id), None)
                 if job is not None:
-                    self.launcher.stage(job, action.reason, action.request_millis,
-                                        action.nodes)  # fmt: skip
+                    self.starter.stage(job, action.reason, action.request_millis,
+                                       action.nodes)  # fmt: skip
             elif isinstance(action, SetWaitMode):
                 self._set_wait_mode(action)
             elif isinstance(action, Note):
@@ -359,7 +362,7 @@ class ControlLoop:
         assert sim.run_id is not None
         ctx.store.finish_run(result)
         self.observer.forget(sim.job.submission)
-        if ending.stopped is None and self.launcher.requeue_lost(sim, result):
+        if ending.stopped is None and self.starter.requeue_lost(sim, result):
             return  # a lost node cut it short: back in the queue, to resume (not failed)
         ctx.tally.results.append(result)
         ctx.sims.pop(sim.sim_id, None)

@@ -36,6 +36,7 @@ from rankpack.controller.decision import (
     RankReading,
     RankSnapshot,
     SimSnapshot,
+    StagedSim,
 )
 from rankpack.controller.jobs import Job
 from rankpack.controller.learned import LearnedSizes, learnable, learned_sizes
@@ -140,13 +141,9 @@ class Observer:
         self._placed[sim.sim_id] = placed
         return placed
 
-    def ours_millis(self, but: Tracked | None = None) -> int:
-        """What the launched simulations (but one) request."""
-        return sum(
-            self.placed(s).total_millis
-            for s in self.ctx.sims.values()
-            if s.launched and s is not but
-        )
+    def ours_millis(self) -> int:
+        """What the launched simulations request."""
+        return sum(self.placed(s).total_millis for s in self.ctx.sims.values() if s.launched)
 
     def ours_limits_millis(self) -> int:
         """The CPU limits of the launched simulations' ranks (those that have one)."""
@@ -172,19 +169,6 @@ class Observer:
             if n.name in ranks else n
             for n in nodes
         )  # fmt: skip
-
-    def node_room(self, sim: Tracked) -> list[tuple[str, int]]:
-        """Each node's unrequested millicores (in the nodes' order) but for ``sim``'s own
-        ranks placed there and not bound yet: where ``sim`` may be placed at its launch."""
-        nodes = self.with_planned(self._nodes(self.ctx.backend.inventory())[0])
-        mine: dict[str, int] = {}
-        for node, millis in planned_ranks(sim):
-            mine[node] = mine.get(node, 0) + millis
-        return [
-            (n.name, n.allocatable_millis - n.others_millis - (n.ours_millis or 0)
-             + mine.get(n.name, 0))
-            for n in nodes
-        ]  # fmt: skip
 
     def capacity(self, limited: bool = False) -> Capacity:
         """The capacity left to this loop, what others request, the nodes as the wait rule
@@ -323,8 +307,11 @@ class Observer:
             held = {id(s.job.submission) for s in live.values()}
             held |= {id(j.submission) for j in pending}
             self._seen = {i: seen for i, seen in self._seen.items() if i in held}
-        cap = self.capacity(limited=any(j.submission.qos == "limits" for j in pending[:1]))
+        head_limited = any(j.submission.qos == "limits" for j in pending[:1])
+        cap = self.capacity(limited=head_limited)
         bounds = cap.bounds
+        ready = [s for s in live.values() if s.staged is not None and not s.launched]
+        own = self.capacity().capacity_millis if ready and head_limited else cap.capacity_millis
         return Observations(
             now_s=now,
             capacity_millis=cap.capacity_millis,
@@ -336,6 +323,7 @@ class Observer:
             rank_min_millis=bounds.min_millis if bounds else 0,
             rank_max_millis=bounds.max_millis if bounds else None,
             rank_bounds=bounds.source if bounds else "",
+            staged=tuple(_staged(s, own) for s in ready),
         )
 
     def _initial_millis(self, sub: Submission) -> tuple[int, ...]:
@@ -455,6 +443,7 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
             starting=True,
             learned_duty=sim.learned_duty,
             wait=sim.wait_setting,
+            launched=sim.launched,
         )
     assert sim.staged is not None
     ranks: tuple[RankReading, ...] = sim.last.ranks  # read as observed: nothing to add
@@ -484,4 +473,18 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
         learned_duty=sim.learned_duty,
         wait=sim.wait_setting,
         wait_mode=sim.wait_mode,
+    )
+
+
+def _staged(sim: Tracked, capacity_millis: int) -> StagedSim:
+    """A staged simulation as its launch sees it (its launch's capacity: with its own CPU
+    limits, which `Observer.capacity` counts for every simulation held)."""
+    planned = sim.nodes if len(sim.nodes) == len(sim.plan.ranks) else ()
+    return StagedSim(
+        sim_id=sim.sim_id,
+        queue_id=sim.job.queue_id,
+        request_millis=tuple(r.cpu_millis for r in sim.plan.ranks),
+        nodes=planned,
+        wait=sim.wait_setting,
+        capacity_millis=capacity_millis,
     )

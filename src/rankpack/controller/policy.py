@@ -57,7 +57,9 @@ Across simulations:
   requests. A simulation in its ``fairness_cooldown_s`` is not adjusted, and when the
   slowest one is in cooldown nothing is (its last raise has not shown yet). The per-step
   bound (at most ``fairness_step`` of the simulation's total) is exact.
-* (C) Launch, after (B) and (D): the launch gate (`rankpack.controller.gate`).
+* (C) Launch, after (B) and (D): the launch gate (`rankpack.controller.gate`) stages the
+  next simulations; a simulation found staged is launched first, before (A)
+  (`rankpack.controller.staged`: its requests, nodes and wait mode).
 * (E) Wait modes, last: ``auto`` simulations switch between spin and polite by where their
   ranks sit (`rankpack.controller.waits`).
 
@@ -83,7 +85,7 @@ import math
 from collections.abc import Mapping
 from dataclasses import replace
 
-from rankpack.controller import pacing, waits
+from rankpack.controller import pacing, staged, waits
 from rankpack.controller.decision import (
     AUTO_LAUNCH_MODE,
     ControllerSettings,
@@ -97,7 +99,7 @@ from rankpack.controller.decision import (
 from rankpack.controller.gate import launch
 from rankpack.controller.pacing import Pacer
 from rankpack.controller.step import Step, has_shim
-from rankpack.core.actions import Launch, Note, Resize, SetWaitMode
+from rankpack.core.actions import Note, Resize, SetWaitMode, Stage
 from rankpack.plan.allocation import proportional_millis
 
 __all__ = [
@@ -114,7 +116,9 @@ _EPS = 1e-6
 
 def decide(obs: Observations, state: ControllerState, settings: ControllerSettings) -> Decision:
     """One controller step: the actions to apply now and the memory for the next step."""
+    started, obs = staged.launches(obs, settings)
     step = Step(obs=obs, settings=within_bounds(settings, obs))
+    step.actions.extend(started)
     pacer = Pacer.of(state, obs.now_s, settings)
     step.resize_room = lambda per_node: pacer.allows(
         _plus(per_node, pacing.per_node(_resizes(step), step))
@@ -142,7 +146,7 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
         memory = _restart_marks(obs, memory)
 
     gated = launch(step, memory, state)
-    launched = {a.queue_id for a in step.actions if isinstance(a, Launch)}
+    launched = {a.queue_id for a in step.actions if isinstance(a, Stage)}
     launching = sum(q.n_ranks for q in obs.queue if q.queue_id in launched)
     _wait_modes(step, memory, launching)
     waiting = pacing.pace(step, state, pacer)

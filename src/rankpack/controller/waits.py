@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import get_args
 
 from rankpack.controller.decision import NodeCores, Observations
-from rankpack.core.actions import RankWait, WaitMode, WaitSetting
+from rankpack.core.actions import RankWait, WaitChoice, WaitMode, WaitSetting
 from rankpack.errors import UserError
 
 SETTINGS: tuple[WaitSetting, ...] = get_args(WaitSetting)
@@ -61,16 +61,6 @@ class NodeLoad:
     def describe(self) -> str:
         where = "the cluster" if self.node == CLUSTER else f"node {self.node}"
         return f"{self.ranks} ranks on the {self.cores_millis / 1000:g} cores of {where}"
-
-
-@dataclass(frozen=True)
-class WaitChoice:
-    mode: WaitMode
-    reason: str
-    ranks: tuple[RankWait, ...]
-    idle_yield: bool
-    """The MPI library's own yield while idle: off only where every rank spins on a core
-    of its own."""
 
 
 def setting(own: str | None, session: str) -> WaitSetting:

@@ -1,8 +1,10 @@
 """What the controller's decision step can ask for: the action types.
 
 Decided by `rankpack.controller.policy.decide`, carried out by the control loop through a
-backend, recorded as events and rendered by the report. There is no action that stops or
-relaunches a rank: every CPU change is an in-place `Resize`, and a change of how ranks
+backend, recorded as events and rendered by the report. A simulation starts in two steps:
+`Stage` (claim its job, stage its case), then `Launch` once its case is staged (its
+requests, nodes and wait mode as decided). There is no action that stops or relaunches a
+rank: every CPU change is an in-place `Resize`, and a change of how ranks
 wait inside MPI is a live `SetWaitMode` (the PMPI shim re-reads its control word on every
 wait).
 """
@@ -27,7 +29,10 @@ class Resize:
 
 
 @dataclass(frozen=True)
-class Launch:
+class Stage:
+    """Claim a queued simulation's job and stage its case (the launch gate's decision); it
+    is launched (`Launch`) in the step that first sees its case staged."""
+
     queue_id: int
     reason: str
     request_millis: tuple[int, ...] = ()
@@ -60,6 +65,49 @@ class RankWait:
 
 
 @dataclass(frozen=True)
+class WaitChoice:
+    """The wait mode a simulation's ranks get, why, and the MPI library's idle yield."""
+
+    mode: WaitMode
+    reason: str
+    ranks: tuple[RankWait, ...]
+    idle_yield: bool
+    """The MPI library's own yield while idle: off only where every rank spins on a core
+    of its own."""
+
+
+@dataclass(frozen=True)
+class LaunchChange:
+    """What changed a staged simulation's planned requests or nodes at its launch (recorded
+    as an event of this ``kind``)."""
+
+    kind: Literal["launch-fitted", "placement"]
+    reason: str
+    request_millis: tuple[int, ...] = ()
+    """``launch-fitted``: the requests after the change."""
+    nodes: tuple[str, ...] = ()
+    """``placement``: the nodes after the change (empty: left to the scheduler)."""
+
+
+@dataclass(frozen=True)
+class Launch:
+    """Start the ranks of a simulation whose case is staged, with what the decision step
+    gave it (`rankpack.controller.staged`): the loop applies it as it is."""
+
+    sim_id: str
+    queue_id: int
+    request_millis: tuple[int, ...]
+    """Per rank, the request it starts with: its plan's, brought within what the namespace
+    allows a rank and, when launches must fit, scaled to the unrequested capacity."""
+    nodes: tuple[str, ...]
+    """Per rank, its node (empty: the scheduler places the ranks)."""
+    wait: WaitChoice
+    """How its ranks wait from the start (the wait rule among what runs beside it)."""
+    changes: tuple[LaunchChange, ...] = ()
+    """What changed the planned requests or nodes, in order."""
+
+
+@dataclass(frozen=True)
 class SetWaitMode:
     """Switch every rank of a running simulation to ``mode``, live (no restart)."""
 
@@ -84,4 +132,4 @@ class Note:
     """The queued simulation it is about (``launch-held``: the head that waits)."""
 
 
-Action = Resize | Launch | SetWaitMode | Note
+Action = Resize | Stage | Launch | SetWaitMode | Note

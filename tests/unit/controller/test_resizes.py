@@ -10,10 +10,10 @@ import pytest
 
 from rankpack.backend.protocol import ResizeState
 from rankpack.controller.decision import ControllerSettings
-from rankpack.controller.gate import fit_launch
 from rankpack.controller.jobs import OneJob
 from rankpack.controller.loop import run_jobs
 from rankpack.controller.policy import RETRY_DELAYS_S, retry_delay_s
+from rankpack.controller.staged import fit_launch
 from rankpack.controller.tracked import LoopSettings
 from rankpack.controller.views import LoopResult
 from rankpack.plan.submission import Phase, Submission
