@@ -1,14 +1,24 @@
 """Controller layer: drives simulations on a backend. The policy decides, the loop applies.
 
 The pure decision step (no I/O, no clock), in the `pure` import contract:
-`observations` (what it reads and returns), `policy` (`decide`: sizing, phases, fairness,
-wait modes; the failed-resize back-off), `gate` (launch, backfill, pack, launch fitting),
-`step` (a step's working state), `waits` (the wait rule).
 
-The loop that applies it, one for `rankpack run`, `multiplex` and the operator: `loop`
-(the tick: observe, record, decide, apply), `jobs` (where work comes from), `observing`
-(the policy's observations, also for the dry run), `launching` (stage, launch, adopt),
-`resizes` (each rank's resize until settled), `outcomes` (run rows and results, failure
-codes), `tracked` (what the loop holds), `views` (what it shows). Around it: `session`
-(multiplex sessions and what they are worth), `learned` (learned sizes), `submission`.
+- `decision`: the values it reads, remembers, is tuned by and returns (`Observations`,
+  `ControllerState`, `ControllerSettings`, `Decision`);
+- `policy`: `decide`: sizing, phases, fairness, wait modes; the failed-resize back-off;
+- `staged`: what a staged simulation launches with (requests fitted, nodes, wait mode);
+- `gate`: the launch gate (launch, backfill, pack); `gains`: its throughput models;
+  `room`: where a launch may go and placement; `pacing`: the resize rate; `step`: a step's
+  working state; `waits`: the wait rule.
+
+The loop that applies it, one for `rankpack run`, `multiplex` and the operator:
+
+- `loop`: the tick (observe, record, decide, apply); `schedule`: which simulations a tick
+  observes;
+- `jobs`: where work comes from; `observing`: builds the observations (also for the dry
+  run); `learned`: learned sizes;
+- `launching`: applies `Stage` and `Launch` (stage, stage ahead, launch, adopt, requeue);
+  `resizes`: each rank's resize until settled; `outcomes`: run rows and results, failure
+  codes;
+- `tracked`: what the loop holds; `views`: what it shows;
+- `session`: multiplex sessions and what they are worth.
 """

@@ -1,29 +1,26 @@
-"""The launch gate: when the head of the queue starts, or what may pass it (pure).
+"""The launch gate: when the head of the queue is staged, or what may pass it (pure).
 
 Part of the decision step (`rankpack.controller.policy.decide` calls `launch` after
-sizing and fairness); the requests it sees are those the step's earlier actions left.
+sizing and fairness); the requests it sees are those the step's earlier actions left. It
+emits `Stage` (claim and stage; the launch follows once staged, `rankpack.controller.staged`).
 
-At most one `Stage` per step, for ``obs.queue[0]``
-  (FIFO), or - while the head does not fit (``no-room``) and has waited less than
-  ``backfill_wait_s`` since it stopped fitting - the first of the next ``backfill_scan``
-  simulations that would be launched by the same rules (backfill; after that wait nothing
-  passes the head, so neither wide nor narrow simulations starve). With nothing running it
-  launches at once, only held by the launch cooldown (a guard against a launch the
-  observations do not show yet). Otherwise every running simulation must be ``sized`` or
-  ``scheduled`` and have started its ranks (one still starting counts when it was sized
-  from learned duty cycles, unless the launch needs a pack), fewer than ``max_concurrent``
-  running, the cooldown over, the unrequested capacity >= the head's initial requests, and
-  the throughput model must predict a gain: N = running count, R = max(ranks of the head
-  and of the running simulations), one node of capacity / 1000 vCPUs, duty cycles = per
-  rank index the mean of the running simulations' duties (a ``scheduled`` one uses its
-  cumulative shim ratio, or 1.0 without shim data), padded with the overall mean to R;
-  throughput(n) = n / slowdown(n) from `predict_from_duty_cycles`, and the launch needs
-  throughput(N+1) >= (1 + ``min_predicted_gain``) x throughput(N). When the head is held
-  back a ``launch-held`` note is emitted only when the reason code changes (``cooldown``,
-  ``max-concurrent``, ``no-room``, ``quota``, ``no-gain``); waiting for a simulation in warmup or
-  profiling (code ``measuring``) is silent. ``quota`` is ``no-room`` when the namespace's
-  ResourceQuota is what leaves no room, and the back-off after a launch the quota refused
-  (``QueuedSim.retry_at_s``): nothing is launched before it.
+At most one `Stage` per step for ``obs.queue[0]`` (FIFO), or - while the head does not fit
+(``no-room``) and has waited less than ``backfill_wait_s`` since it stopped fitting - the
+first of the next ``backfill_scan`` simulations that would be launched by the same rules
+(backfill; after that wait nothing passes the head, so neither wide nor narrow simulations
+starve); on several nodes the pipeline launches more (`rankpack.controller.room`). With
+nothing running it launches at once, only held by the launch cooldown (a guard against a
+launch the observations do not show yet). Otherwise every running simulation must be
+``sized`` or ``scheduled`` and have started its ranks (one still starting counts when it
+was sized from learned duty cycles, unless the launch needs a pack), fewer than
+``max_concurrent`` running, the cooldown over, the unrequested capacity >= the head's
+initial requests (or the running ones packed to fit), and the throughput model must
+predict a gain of ``min_predicted_gain`` (`rankpack.controller.gains`). When the head is
+held back a ``launch-held`` note is emitted only when the reason code changes
+(``cooldown``, ``max-concurrent``, ``no-room``, ``quota``, ``no-gain``); waiting for a
+simulation in warmup or profiling (code ``measuring``) is silent. ``quota`` is ``no-room``
+when the namespace's ResourceQuota is what leaves no room, and the back-off after a launch
+the quota refused (``QueuedSim.retry_at_s``): nothing is launched before it.
 """
 
 from __future__ import annotations
@@ -33,20 +30,17 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from rankpack.controller import room
+from rankpack.controller import gains, room
 from rankpack.controller.decision import (
     ControllerSettings,
     ControllerState,
     Observations,
     QueuedSim,
     SimMemory,
-    SimSnapshot,
 )
 from rankpack.controller.room import Room
 from rankpack.controller.step import Step
 from rankpack.core.actions import Note, Resize, Stage
-from rankpack.model.contention import ClusterShape, throughput
-from rankpack.model.overlap import predict_from_duty_cycles
 
 
 @dataclass(frozen=True)
@@ -282,7 +276,7 @@ class _Pipeline:
         self.reason_text = (
             f"pipeline: {need}m of the {room_.open_millis}m open to a launch fits {name} "
             f"(no simulation measured there, no launch there for {s.launch_cooldown_s:g} s); "
-            f"{_model_name(s)} predicts throughput x{shown} with {n + 1} simulations "
+            f"{gains.model_name(s)} predicts throughput x{shown} with {n + 1} simulations "
             f"(needs x{wanted:.3f}: {s.min_predicted_gain:g} of one simulation)"
         )
         return self.reason_text
@@ -294,9 +288,9 @@ class _Pipeline:
             return math.inf
         if obs.capacity_millis <= 0:
             return 0.0
-        loads = _loads(self.step, self.memory)
+        loads = gains.limit_loads(self.step, self.memory)
         running = [*loads.running, *(loads.of(q) for q in self.launched)]
-        return _speed([*running, loads.of(queued)], loads.cores, s) / _speed(
+        return gains.speed([*running, loads.of(queued)], loads.cores, s) / gains.speed(
             running, loads.cores, s
         )
 
@@ -317,22 +311,6 @@ def _refill(bucket: tuple[float, float] | None, now_s: float, s: ControllerSetti
 
 def _bucket_state(tokens: float, now_s: float, s: ControllerSettings) -> tuple[float, float] | None:
     return None if tokens >= s.launch_burst else (tokens, now_s)
-
-
-def _compute(duties: Sequence[float], ranks: int, cores: float, spin: bool) -> float:
-    """The cores a simulation computes on alone (`_limit_gain`)."""
-    if spin or ranks > cores:
-        return min(float(ranks), cores)
-    return sum(min(1.0, max(0.0, d)) for d in duties)
-
-
-def _speed(loads: Sequence[float], cores: float, s: ControllerSettings) -> float:
-    """X(S): simulations' worth of single-run speed of the set with these loads."""
-    if not loads:
-        return 0.0
-    total = sum(loads)
-    eta = 1.0 if len(loads) < 2 else s.colocation_efficiency
-    return eta * len(loads) * (1.0 if total <= cores else cores / total)
 
 
 def _hold_reason(
@@ -382,6 +360,16 @@ def _hold_reason(
             "max-concurrent",
             f"{name} waits: {len(obs.sims)} simulations run (max {s.max_concurrent})",
         )
+    return _by_room(step, memory, head, name)
+
+
+def _by_room(
+    step: Step, memory: dict[str, SimMemory], head: QueuedSim, name: str
+) -> tuple[str | None, str]:
+    """`_hold_reason` once nothing is measured and fewer than ``max_concurrent`` run: the
+    head fits, or the running simulations may be packed for it, when the model predicts
+    a gain."""
+    obs, s = step.obs, step.settings
     need = sum(head.initial_request_millis)
     free = step.unrequested()
     no_room = f"{name} needs {need}m, only {free}m of {obs.capacity_millis}m is unrequested"
@@ -398,7 +386,7 @@ def _hold_reason(
     if free < need and stale:
         # a pack resizes every running simulation; nothing is resized on stale readings
         return "measuring", f"{name} waits for {', '.join(stale)} to be read again before a pack"
-    gain = _predicted_gain(step, memory, head)
+    gain = gains.predicted_gain(step, memory, head)
     if free < need:
         # Requests are shares of the node, not reservations of cores: when the model says
         # the node does more work with one more simulation, everyone's requests shrink in
@@ -406,7 +394,7 @@ def _hold_reason(
         if gain is None or gain < 1 + s.min_predicted_gain:
             shown = "n/a" if gain is None else f"{gain:.3f}"
             return _no_room(obs, (
-                f"{no_room}, and {_model_name(s)} predicts throughput x{shown} with "
+                f"{no_room}, and {gains.model_name(s)} predicts throughput x{shown} with "
                 f"{len(obs.sims) + 1} simulations (needs x{1 + s.min_predicted_gain:.3f} to "
                 "pack it)"
             ))  # fmt: skip
@@ -416,20 +404,20 @@ def _hold_reason(
                 f"{no_room}: no gate (--gate off), so all requests shrink in proportion to fit",
             )
         return "pack", (
-            f"{no_room}: {_model_name(s)} predicts throughput x{gain:.3f} with "
+            f"{no_room}: {gains.model_name(s)} predicts throughput x{gain:.3f} with "
             f"{len(obs.sims) + 1} simulations, so all requests shrink in proportion to fit"
         )
     if gain is None or gain < 1 + s.min_predicted_gain:
         shown = "n/a" if gain is None else f"{gain:.3f}"
         return "no-gain", (
-            f"{name} fits ({need}m of {free}m free) but {_model_name(s)} predicts throughput"
+            f"{name} fits ({need}m of {free}m free) but {gains.model_name(s)} predicts throughput"
             f" x{shown}"
             f" with {len(obs.sims) + 1} simulations (needs x{1 + s.min_predicted_gain:.3f})"
         )
     if s.gate == "off":
         return None, f"{need}m of {free}m unrequested fits {name}; no gate (--gate off)"
     return None, (
-        f"{need}m of {free}m unrequested fits {name}; {_model_name(s)} predicts throughput"
+        f"{need}m of {free}m unrequested fits {name}; {gains.model_name(s)} predicts throughput"
         f" x{gain:.3f} with {len(obs.sims) + 1} simulations"
     )
 
@@ -465,132 +453,3 @@ def _pack(step: Step, head: QueuedSim, why: str) -> tuple[int, ...] | Literal["p
         new = targets[sim.sim_id]
         step.resize(sim, new, "pack", [reason] * len(new))
     return mine
-
-
-def _model_name(s: ControllerSettings) -> str:
-    if s.gate == "beta" and s.fitted_beta is not None:
-        return f"the linear contention model (beta {s.fitted_beta:.3f})"
-    if s.gate == "duty":
-        return "the duty-cycle model"
-    return f"the physical limit x efficiency {s.colocation_efficiency:.2f}"
-
-
-def _running_duties(sim: SimSnapshot, mem: SimMemory) -> list[float]:
-    if mem.stage == "sized" and len(mem.duty) == len(sim.ranks):
-        return list(mem.duty)
-    return list(sim.counter_duties)
-
-
-def _predicted_gain(step: Step, memory: dict[str, SimMemory], head: QueuedSim) -> float | None:
-    """throughput(N+1) / throughput(N) from the settings' gate model, or None if not
-    computable."""
-    s = step.settings
-    if s.gate == "off":
-        return math.inf
-    if s.gate == "beta" and s.fitted_beta is not None:
-        shape = _shape(step, memory, head)
-        if shape is None:
-            return None
-        n = len(step.obs.sims)
-        return throughput(n + 1, s.fitted_beta, shape) / throughput(n, s.fitted_beta, shape)
-    if s.gate == "duty":
-        return _duty_model_gain(step, memory, head)
-    return _limit_gain(step, memory, head)
-
-
-def _shape(step: Step, memory: dict[str, SimMemory], head: QueuedSim) -> ClusterShape | None:
-    per_sim = [_running_duties(sim, memory[sim.sim_id]) for sim in step.obs.sims]
-    ranks = max([head.n_ranks, *(len(d) for d in per_sim)])
-    if ranks < 1 or step.obs.capacity_millis <= 0:
-        return None
-    return ClusterShape(ranks=ranks, nodes=1, cpus_per_node=step.obs.capacity_millis / 1000)
-
-
-def _duty_model_gain(step: Step, memory: dict[str, SimMemory], head: QueuedSim) -> float | None:
-    """The duty-cycle overlap predictor (`predict_from_duty_cycles`)."""
-    obs = step.obs
-    per_sim = [_running_duties(sim, memory[sim.sim_id]) for sim in obs.sims]
-    all_duties = [d for ds in per_sim for d in ds]
-    shape = _shape(step, memory, head)
-    if shape is None or not all_duties:
-        return None
-    mean = sum(all_duties) / len(all_duties)
-    duties = []
-    for i in range(shape.ranks):
-        column = [ds[i] for ds in per_sim if i < len(ds)]
-        duties.append(sum(column) / len(column) if column else mean)
-    duties = [min(1.0, max(0.0, d)) for d in duties]
-    n = len(obs.sims)
-    now = predict_from_duty_cycles(n, duties, shape)
-    then = predict_from_duty_cycles(n + 1, duties, shape)
-    return then.throughput / now.throughput
-
-
-def _limit_gain(step: Step, memory: dict[str, SimMemory], head: QueuedSim) -> float | None:
-    """The work-conserving bound (`rankpack.model.limit`) with the co-location efficiency.
-
-    Simulation j computes on ``C_j = sum_i d_i`` cores when alone (rank i's duty cycle d_i,
-    a core per rank). A simulation with more ranks than the P cores counts as filling them,
-    ``C_j = P``: alone, its ranks' waits are mostly waits for a core its own other ranks
-    hold, not free capacity (docs/benchmarks.md: 4-rank pitzDaily pairs on 2 cores gained
-    0.71-0.96x with polite waiting). A set S of
-    simulations then runs at ``X(S) = |S| x min(1, P / sum_j C_j)`` simulations' worth of
-    single-run speed (fair sharing of the cores once their compute exceeds them; waiting
-    costs nothing). Spinning waits cost a core: under a fixed ``spin`` mode ``C_j`` is the
-    cores its ranks occupy, ``min(R_j, P)``. The head's duty cycles are its
-    learned ones, else the running simulations' mean per rank. Prediction:
-    ``eta(S+h) X(S+h) / (eta(S) X(S))`` with eta = ``colocation_efficiency`` for two or
-    more simulations together and 1 for one alone.
-    """
-    obs, s = step.obs, step.settings
-    if obs.capacity_millis <= 0 or not obs.sims:
-        return None
-    loads = _loads(step, memory)
-    mine = loads.of(head)
-    return _speed([*loads.running, mine], loads.cores, s) / _speed(loads.running, loads.cores, s)
-
-
-@dataclass(frozen=True)
-class _Loads:
-    """What the limit gate counts of the simulations running, once per step."""
-
-    running: list[float]
-    """Per simulation, the cores it computes on alone (`_compute`)."""
-    mean_duty: float
-    """The running ranks' mean duty cycle (the head's, when it has none of its own)."""
-    cores: float
-    spin: bool
-
-    def of(self, queued: QueuedSim) -> float:
-        """The head's load: its learned duty cycles, else the running ones' mean."""
-        duty = queued.duty if len(queued.duty) == queued.n_ranks else (
-            [self.mean_duty] * queued.n_ranks)  # fmt: skip
-        return _compute(duty, queued.n_ranks, self.cores, self.spin)
-
-
-def _loads(step: Step, memory: dict[str, SimMemory]) -> _Loads:
-    """Once per step; each simulation's duty sums are kept by the memory (sized) or the
-    snapshot (measured) they come from, so a step costs a sum per simulation, not per
-    rank: the same values as summing its duties here."""
-    cached = step.memo.get("limit-loads")
-    if isinstance(cached, _Loads):
-        return cached
-    obs = step.obs
-    cores = obs.capacity_millis / 1000
-    spin = any(sim.wait == "spin" for sim in obs.sims)
-    sums = [_duty_sums(sim, memory[sim.sim_id]) for sim in obs.sims]
-    running = [
-        min(float(len(sim.ranks)), cores) if spin or len(sim.ranks) > cores else clamped
-        for (_, clamped, _), sim in zip(sums, obs.sims, strict=True)
-    ]  # `_compute` of its duties
-    flat = sum(total for total, _, _ in sums), sum(n for _, _, n in sums)
-    loads = _Loads(running, flat[0] / max(1, flat[1]), cores, spin)
-    step.memo["limit-loads"] = loads
-    return loads
-
-
-def _duty_sums(sim: SimSnapshot, mem: SimMemory) -> tuple[float, float, int]:
-    """(sum, sum clamped to [0, 1], count) of `_running_duties`."""
-    if mem.stage == "sized" and len(mem.duty) == len(sim.ranks):
-        return mem.duty_sums
-    return sim.counter_duty_sums

@@ -13,7 +13,7 @@ simulation through the loop (`LaunchFailed` or the backend's code, `SolverNotAll
 but one refused for a reason that passes (`LaunchRefused`: the namespace's quota, taken by
 another tenant between plan and create) is undone and its job handed back to its source
 (`JobSource.requeued`), to be launched again after a back-off. A run a lost node cut short
-(``NodeLost``) is requeued too (`requeue_lost`), with what to resume from (`Resume`):
+(``NodeLost``) is requeued too (`rankpack.controller.requeue`), with what to resume from (`Resume`):
 staged again from its last complete write, not from the start, and the iterations lost
 reported.
 """
@@ -41,15 +41,15 @@ from rankpack.backend.protocol import (
 from rankpack.case.openfoam import rank_env
 from rankpack.case.staging import failure_code
 from rankpack.controller import waits
-from rankpack.controller.jobs import Adopted, Job, Resume
+from rankpack.controller.jobs import Adopted, Job
 from rankpack.controller.observing import Observer
 from rankpack.controller.outcomes import new_run
-from rankpack.controller.policy import requeue_delay_s
-from rankpack.controller.tracked import LoopContext, Requeued, Tracked
+from rankpack.controller.requeue import Requeue, resumed_facts, resumed_reason
+from rankpack.controller.tracked import LoopContext, Tracked
 from rankpack.controller.views import StageFailure
 from rankpack.core.actions import Launch, WaitChoice
 from rankpack.core.failures import Failure, FailureCode
-from rankpack.core.results import RunResult, WaitRecord
+from rankpack.core.results import WaitRecord
 from rankpack.errors import UserError
 
 
@@ -61,6 +61,8 @@ class Starter:
         self.observer = observer
         self.end = end
         """Ends a simulation whose launch failed (the loop records it)."""
+        self.requeue = Requeue(ctx)
+        """Hands a job back to its source (a launch refused for quota, a lost node)."""
         self.prestaged: dict[int, str] = {}
         """queue id -> sim id of a case staged ahead of its launch (see `prestage`)."""
 
@@ -224,7 +226,7 @@ class Starter:
         try:
             ctx.backend.launch(spec)
         except LaunchRefused as exc:
-            self._requeue(sim, exc)
+            self.requeue.refused(sim, exc)
             return
         except (BackendError, UserError) as exc:
             sim.end_t = sim.t0
@@ -269,54 +271,6 @@ class Starter:
         sim.waits.append(
             WaitRecord(round(self.ctx.now(), 3), choice.mode, choice.reason, choice.ranks)
         )
-
-    def _requeue(self, sim: Tracked, exc: LaunchRefused) -> None:
-        """The backend refused the launch for a reason that passes (the namespace's quota,
-        taken by someone else between plan and create) and left nothing of it: undo the
-        launch (its staged copy released, its run row marked ``requeued``) and hand the job
-        back to its source, which launches it again after a back-off
-        (`policy.requeue_delay_s`), once the quota has room. Nothing fails."""
-        ctx, job = self.ctx, sim.job
-        with contextlib.suppress(BackendError):
-            ctx.backend.release(sim.sim_id)
-        ctx.sims.pop(sim.sim_id, None)
-        before = ctx.requeued.get(job.queue_id)
-        attempt = before.attempts if before else 0
-        delay = requeue_delay_s(attempt)
-        ctx.requeued[job.queue_id] = Requeued(attempt + 1, ctx.now() + delay, str(exc))
-        message = f"{exc}; back in the queue, tried again in {delay:g} s at the earliest"
-        assert sim.run_id is not None
-        ctx.store.requeue_run(sim.run_id, message, exc.code.value)
-        ctx.jobs.requeued(job, Failure(exc.code, message))
-        ctx.event(sim.run_id, "launch-requeued", queue_id=job.queue_id, sim=sim.sim_id,
-                  code=exc.code.value, attempt=attempt + 1, delay_s=delay,
-                  reason=message)  # fmt: skip
-
-    def requeue_lost(self, sim: Tracked, result: RunResult) -> bool:
-        """A run a lost node cut short (``NodeLost``; recorded already): its run row marked
-        ``requeued``, its job handed back to its source with what to resume from (its case,
-        the iterations done), launched again as soon as there is room. False (nothing done)
-        for any other end."""
-        if result.failure != FailureCode.NODE_LOST.value or sim.staged is None:
-            return False
-        ctx, job = self.ctx, sim.job
-        before = job.resume
-        resume = Resume(
-            staged=sim.staged, iterations_at_loss=result.iterations, lost_run_id=sim.run_id,
-            why=result.message or "", losses=(before.losses + 1) if before else 1,
-            iterations_lost=int(sim.resumed.get("iterations_lost_total", 0)),
-        )  # fmt: skip
-        message = (f"{result.message}; requeued at iteration {result.iterations} to resume "
-                   "from its last written time")  # fmt: skip
-        assert sim.run_id is not None
-        ctx.store.requeue_run(sim.run_id, message, FailureCode.NODE_LOST.value)
-        ctx.sims.pop(sim.sim_id, None)
-        ctx.requeued.pop(job.queue_id, None)  # (no back-off: its node is gone, not full)
-        ctx.jobs.requeued(replace(job, resume=resume), Failure(FailureCode.NODE_LOST, message))
-        ctx.event(sim.run_id, "node-lost", queue_id=job.queue_id, sim=sim.sim_id,
-                  code=FailureCode.NODE_LOST.value, iterations=result.iterations,
-                  losses=resume.losses, reason=message)  # fmt: skip
-        return True
 
     def _spec(self, sim: Tracked) -> SimSpec:
         assert sim.staged is not None
@@ -380,27 +334,3 @@ class Starter:
         ctx.event(sim.run_id, "adopted", queue_id=job.queue_id, sim=sim.sim_id,
                   reason=f"launched by an earlier controller {adopted.elapsed_s:.0f} s ago; "
                   "followed again")  # fmt: skip
-
-
-def resumed_facts(resume: Resume, staged: StagedCase) -> dict[str, object]:
-    """What a run resumed after a lost node records (its run's options, its event, its
-    Simulation's status): where it starts again, the iterations lost (done after the write
-    it resumes from and before the loss: done again; nothing before that write is)."""
-    lost = resume.lost_now(staged)
-    return {
-        "resumed_from": staged.resumed_from or "start",
-        "start_iterations": staged.start_iterations,
-        "iterations_at_loss": resume.done_at_loss(staged),
-        "iterations_lost": lost,
-        "iterations_lost_total": resume.iterations_lost + lost,
-        "node_losses": resume.losses,
-        "lost_run_id": resume.lost_run_id,
-    }
-
-
-def resumed_reason(resume: Resume, staged: StagedCase) -> str:
-    where = f"time {staged.resumed_from}" if staged.resumed_from else "its start (nothing written)"
-    return (
-        f"resumed from {where} after a lost node: {resume.done_at_loss(staged)} iterations "
-        f"done, {staged.start_iterations} kept, {resume.lost_now(staged)} lost"
-    )

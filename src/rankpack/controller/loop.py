@@ -6,12 +6,15 @@ Every tick (about once a second, earlier when the backend reports an event) the 
    shim's duty counters, new solver-log text, the state of in-flight resizes): every one
    with something under way, and the steady others in turn within a budget of ranks
    (`rankpack.controller.schedule`; all of them on a cluster of some hundred ranks),
-2. records samples, resizes, restarts and ends in the store,
+2. records samples, resizes, restarts and ends in the store
+   (`rankpack.controller.recording`),
 3. builds `Observations` (`rankpack.controller.observing`) and calls the pure decision step
    `policy.decide`,
-4. applies the actions: `Launch` claims the queue entry and asks the backend to *stage* it
-   (asynchronous: a staging simulation never blocks the others; it is launched on a later
-   tick once staged, `rankpack.controller.launching`), `Resize` asks the backend for an
+4. applies the actions: `Launch` starts a simulation the loop found staged, with the
+   requests, nodes and wait mode the decision gave it; `Stage` claims the queue entry and
+   asks the backend to *stage* it (asynchronous: a staging simulation never blocks the
+   others; it is launched by the decision of the tick that finds it staged,
+   `rankpack.controller.launching`), `Resize` asks the backend for an
    in-place resize whose outcome is followed in later observations
    (`rankpack.controller.resizes`), `SetWaitMode` asks the backend to switch how the ranks
    wait in MPI (live; refused switches are asked for again on the next tick), `Note` is
@@ -39,8 +42,9 @@ from rankpack.controller.decision import Decision
 from rankpack.controller.jobs import Adopted, Job, JobSource
 from rankpack.controller.launching import Starter
 from rankpack.controller.observing import Observer
-from rankpack.controller.outcomes import Ending, keep_mark, outcome, run_result
+from rankpack.controller.outcomes import Ending, outcome, run_result
 from rankpack.controller.policy import decide
+from rankpack.controller.recording import Recorder
 from rankpack.controller.resizes import Resizes
 from rankpack.controller.schedule import Changes, Schedule
 from rankpack.controller.tracked import LoopContext, LoopSettings, Tracked
@@ -54,7 +58,7 @@ from rankpack.controller.views import (
 from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode, Stage
 from rankpack.core.failures import Failure
 from rankpack.core.results import WaitRecord
-from rankpack.store import SampleRow, Store
+from rankpack.store import Store
 
 STOPPED_BY_USER = "stopped by the user (Ctrl-C or SIGTERM)"
 WITHDRAWN = "stopped: its job was withdrawn (its Simulation was deleted)"
@@ -79,15 +83,11 @@ class ControlLoop:
         self.display = display or NullDisplay()
         self.resizes = Resizes(self.ctx)
         self.observer = Observer(self.ctx, self.resizes)
+        self.recorder = Recorder(self.ctx, self.resizes)
         self.starter = Starter(self.ctx, self.observer, self._launch_failed)
         self.wait_failed: set[tuple[str, str]] = set()
         """(sim, mode) switches refused once (recorded once; asked for again every tick)."""
-        self.running_since: tuple[float, frozenset[str]] = (0.0, frozenset())
-        """(time, launched simulations still running) at the end of the last tick: what
-        `_count_shared` charges the time since to."""
         self.schedule = Schedule(settings.observe_ranks_per_tick, settings.observe_max_age_s)
-        self.sample_every_s = 0.0
-        """Seconds between two samples of a simulation (0: every observation)."""
         self._rank_views: dict[str, tuple[SimObservation, tuple[RankView, ...]]] = {}
         self.collector = Collector()
 
@@ -111,7 +111,7 @@ class ControlLoop:
         self.collector.start()
         try:
             while True:
-                self._count_shared()
+                self.recorder.count_shared()
                 self._observe_all()
                 self._end_withdrawn()
                 self.resizes.retry_due()
@@ -124,7 +124,7 @@ class ControlLoop:
                 ctx.state = decision.state
                 self._apply_all(decision.actions, pending)
                 self.starter.prestage(pending)
-                self.running_since = (self.now(), self._running())
+                self.recorder.ticked()
                 ctx.tally.max_seen = max(ctx.tally.max_seen, len(ctx.sims))
                 ctx.jobs.heartbeat([s.job for s in ctx.sims.values()])
                 self.display.update(obs.now_s, _Views(self._views))
@@ -163,34 +163,15 @@ class ControlLoop:
 
     # -- observing -------------------------------------------------------------------------
 
-    def _running(self) -> frozenset[str]:
-        return frozenset(i for i, sim in self.sims.items() if sim.running)
-
-    def _count_shared(self) -> None:
-        """Charge the time since the last tick to every simulation that was running then
-        beside another one (before any of them is ended and recorded this tick). A change
-        between ticks counts as shared for the whole tick: an overestimate of at most one
-        tick, so a run recorded as alone (0 s) never overlapped another launched one."""
-        since, running = self.running_since
-        if len(running) < 2:
-            return
-        dt = max(0.0, self.now() - since)
-        for sim_id in running:
-            sim = self.sims.get(sim_id)
-            if sim is not None and sim.shared_s is not None:
-                sim.shared_s += dt
-
     def _observe_all(self) -> None:
-        live = sum(len(s.plan.ranks) for s in self.sims.values())
-        rate = self.ctx.settings.samples_per_s
-        self.sample_every_s = 0.0 if live <= rate else live / max(1, rate)
+        self.recorder.pace()
         urgent, active = self._urgent()
         for sim in self.schedule.pick(self.sims, urgent, active, self.now()):
             obs = self.ctx.backend.observe(sim.sim_id)
             if not sim.launched:
                 self.starter.progress(sim, obs)
                 continue
-            self._record(sim, obs)
+            self.recorder.record(sim, obs)
             if obs.phase.ended:
                 self._end(sim)
 
@@ -213,66 +194,6 @@ class ControlLoop:
             ):
                 active.add(sim.sim_id)
         return urgent, active
-
-    def _record(self, sim: Tracked, obs: SimObservation) -> None:
-        if obs.log_text:
-            sim.parser.feed(obs.log_text)
-        iterations = sim.parser.state.iterations
-        expected = sim.staged.expected_iterations if sim.staged else 0
-        t = obs.t_s - sim.t0
-        # the CPU series (for CPU-seconds) and the samples: every observation unless the
-        # loop holds more ranks than samples_per_s (then a simulation's are that far apart)
-        sample = (
-            sim.sampled_t is None
-            or obs.phase.ended
-            or t - sim.sampled_t >= self.sample_every_s - 1e-9
-        )
-        if sample:
-            sim.sampled_t = t
-        # per rank, in passes that each do one thing (a tick records ~1 000 ranks)
-        ranks, usages = obs.ranks, sim.usages
-        if sim.times and t > sim.times[-1]:  # CPU use since the last sample (the display's)
-            last = sim.times[-1]
-            cores = tuple(
-                (r.usage_ns - u[-1]) / 1e9 / (t - last) if (u := usages[r.rank]) else 0.0
-                for r in ranks
-            )
-        else:
-            cores = (0.0,) * len(ranks)
-        if sample:
-            for r in ranks:
-                usages[r.rank].append(r.usage_ns)
-            sim.pending_samples.extend(
-                SampleRow(t, r.rank, r.usage_ns, r.request_millis, r.nr_throttled, iterations,
-                          r.compute_ns, r.mpi_ns)
-                for r in ranks
-            )  # fmt: skip
-        marks = sim.duty_marks
-        for r in ranks:
-            if r.compute_ns is not None and r.mpi_ns is not None:
-                keep_mark(marks.setdefault(r.rank, []), (iterations, r.compute_ns, r.mpi_ns),
-                          expected)  # fmt: skip
-        flying = self.resizes.flying_in(sim.sim_id)
-        if flying or any(r.restarts for r in ranks):
-            for r in ranks:
-                if r.restarts > sim.restarts.get(r.rank, 0):
-                    self.ctx.tally.restarts += r.restarts - sim.restarts.get(r.rank, 0)
-                    self.ctx.event(sim.run_id, "restart", rank=r.rank, restarts=r.restarts)
-                    sim.restarts[r.rank] = r.restarts
-                if flying and r.resize is not None:  # (only a resize in flight is followed)
-                    self.resizes.follow(
-                        sim, r.rank, r.resize.state, r.resize.latency_s, r.resize.reason,
-                        code=r.resize.code,
-                    )  # fmt: skip
-        if sample:
-            sim.times.append(t)
-        sim.cores = cores
-        sim.last = obs
-        sim.readings_ok = all(r.readings_ok for r in ranks)
-        if len(sim.pending_samples) >= 8 * len(sim.usages):
-            self.ctx.flush(sim)
-        if obs.phase.ended and sim.end_t is None:
-            sim.end_t = obs.t_s
 
     # -- actions ---------------------------------------------------------------------------
 
@@ -351,7 +272,7 @@ class ControlLoop:
                 ctx.backend.stop(sim.sim_id)
             if ending.failure is None:
                 final = ctx.backend.observe(sim.sim_id)
-                self._record(sim, final)
+                self.recorder.record(sim, final)
                 if sim.end_t is None:
                     sim.end_t = final.t_s
             ctx.flush(sim)
@@ -362,7 +283,7 @@ class ControlLoop:
         assert sim.run_id is not None
         ctx.store.finish_run(result)
         self.observer.forget(sim.job.submission)
-        if ending.stopped is None and self.starter.requeue_lost(sim, result):
+        if ending.stopped is None and self.starter.requeue.lost(sim, result):
             return  # a lost node cut it short: back in the queue, to resume (not failed)
         ctx.tally.results.append(result)
         ctx.sims.pop(sim.sim_id, None)

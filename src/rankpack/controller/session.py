@@ -7,7 +7,8 @@ distinct queued simulation alone first when no baseline is recorded, through the
 loop. `throughput_limit` is the physical bound on the gain (`rankpack.model.limit`) from
 the same single runs' duty cycles and CPU use. `choose_gate` decides how launches are gated
 (a contention coefficient fitted on this machine's recorded sessions, or the duty-cycle
-model). Called by `rankpack multiplex`.
+model). Called by `rankpack multiplex` (`rankpack.cli.multiplex_cmd`); the operator runs
+the same loop but records its sessions itself (`rankpack.operator.service`).
 """
 
 from __future__ import annotations
@@ -119,8 +120,9 @@ def open_session(
 ) -> LoopSettings:
     """Record a new multiplex session and return the settings of the loops that run it:
     its id on every event and run (``multiplex_id``, and in each run's options), its
-    runs labelled ``<label>-<id>``. The one session set-up of `rankpack multiplex` and the
-    operator (which records its sessions as backend ``kubernetes-operator``)."""
+    runs labelled ``<label>-<id>``. The session set-up of `rankpack multiplex` (`run_session`)
+    and of its baselines; the operator records its own sessions, as backend
+    ``kubernetes-operator``, when it first leads (`rankpack.operator.service`)."""
     multiplex_id = store.start_multiplex(
         capacity_millis, settings.controller.max_concurrent, settings.wait_mode, backend_name
     )

@@ -122,7 +122,7 @@ class Tracked:
     unknown, adopted from an earlier controller); recorded with its result."""
     resumed: dict[str, Any] = field(default_factory=dict)
     """A run that resumes one a lost node cut short: from which time, the iterations lost,
-    the run lost (recorded in its run's options; `launching.resumed_facts`)."""
+    the run lost (recorded in its run's options; `requeue.resumed_facts`)."""
 
     @property
     def launched(self) -> bool:

@@ -28,7 +28,6 @@ from rankpack.backend.protocol import (
     BackendError,
     Inventory,
     LaunchFailed,
-    NodeCapacity,
     RankObservation,
     RankPhase,
     RankResources,
@@ -119,9 +118,6 @@ class SimulatedCluster:
         self._load = SimNodeLoad(nodes, self._sims, name)
         self._resizes = SimResizes(self._load, self._sims, self.timing, lambda: self.now,
                                 before_settle=lambda r: self._sync_nodes([r.node]))  # fmt: skip
-        self._inventory: tuple[int, Inventory] | None = None
-        self._node_index = {n.name: i for i, n in enumerate(nodes)}
-        self._node_caps: list[NodeCapacity] = []
 
     # -- scenario ------------------------------------------------------------------------
 
@@ -152,25 +148,7 @@ class SimulatedCluster:
     def inventory(self) -> Inventory:
         if self.api is not None:
             self.api.read(self.now, "list", 2)  # nodes, and every pod of the cluster
-        cached = self._inventory
-        if cached is not None and cached[0] == self._load.version:
-            return cached[1]
-        # only the nodes whose load changed get a new NodeCapacity (the others keep theirs:
-        # a reader may compare them by identity)
-        if not self._node_caps:
-            self._node_caps = [self._node_capacity(i) for i in range(len(self.nodes))]
-        for name in self._load.changed:
-            i = self._node_index[name]
-            self._node_caps[i] = self._node_capacity(i)
-        self._load.changed = set()
-        inventory = Inventory(tuple(self._node_caps))
-        self._inventory = (self._load.version, inventory)
-        return inventory
-
-    def _node_capacity(self, i: int) -> NodeCapacity:
-        name = self.nodes[i].name
-        return NodeCapacity(name, self.nodes[i].allocatable_millis,
-                            self._load.requested(name), self._load.ranks(name))  # fmt: skip
+        return self._load.inventory()
 
     def stage(self, spec: StageSpec) -> None:
         if spec.sim_id in self._sims:
@@ -191,18 +169,9 @@ class SimulatedCluster:
 
     def launch(self, spec: SimSpec) -> None:
         sim = self.get(spec.sim_id)
-        if sim.phase is not SimPhase.STAGED or sim.staged is None or sim.case is None:
-            raise LaunchFailed(f"simulation {spec.sim_id} is {sim.phase}, not staged")
+        _check_launch(sim, spec)
+        assert sim.staged is not None and sim.case is not None
         cells = sim.staged.cells_per_rank
-        if len(spec.ranks) != len(cells):
-            raise LaunchFailed(
-                f"{spec.sim_id} was staged for {len(cells)} ranks, not {len(spec.ranks)}"
-            )
-        bad = [r for r in spec.ranks if r.request_millis < 1]
-        if bad:
-            raise LaunchFailed(f"every rank needs a request of at least 1m, got {bad[0]}")
-        if spec.shim is not None and spec.shim.wait_mode not in WAIT_MODES:
-            raise LaunchFailed(f"unknown wait mode '{spec.shim.wait_mode}'")
         nodes = self._load.place(spec)
         sim.spec = spec
         sim.ranks = [
@@ -231,15 +200,7 @@ class SimulatedCluster:
 
     def set_wait_mode(self, sim_id: str, mode: str) -> None:
         sim = self.get(sim_id)
-        if mode not in WAIT_MODES:
-            raise BackendError(f"unknown wait mode '{mode}'; use one of {', '.join(WAIT_MODES)}")
-        if sim.spec is None or sim.spec.shim is None:
-            raise BackendError(f"simulation {sim_id} runs without the shim")
-        if sim.started_s is None:
-            raise BackendError(
-                f"simulation {sim_id}: the ranks have not started, no live record is published"
-                " yet; try again"
-            )
+        _check_wait_mode(sim, mode)
         self._sync(sim)  # what it burned so far, in the mode it had
         sim.wait_mode = mode
 
@@ -249,37 +210,7 @@ class SimulatedCluster:
             self.api.read(self.now, "list")  # its pods
         self._sync(sim)
         timing = self._load.timings().get(sim_id) if sim.phase is SimPhase.RUNNING else None
-        shim = sim.spec is not None and sim.spec.shim is not None and sim.started_s is not None
-        ranks = tuple(
-            _rank_observation(
-                rank=r.index,
-                phase=r.phase,
-                desired=r.desired,
-                allocated=None if r.phase is RankPhase.PENDING else r.allocated,
-                usage_ns=round(r.usage_s * _NS),
-                restarts=r.restarts,
-                reason=r.reason,
-                node=r.node,
-                pod=f"{sim_id}-rank-{r.index}",
-                resize=r.resize,
-                compute_ns=round(r.compute_s * _NS) if shim else None,
-                mpi_ns=round(r.mpi_s * _NS) if shim else None,
-                duty_window=timing.duty[r.index] if shim and timing is not None else None,
-                wait_mode=sim.wait_mode if shim else None,
-            )
-            for r in sim.ranks
-        )
-        return SimObservation(
-            sim_id=sim_id,
-            t_s=self.now,
-            phase=sim.phase,
-            ranks=ranks,
-            exit_code=sim.exit_code,
-            reason=sim.reason,
-            failure=sim.failure,
-            staged=sim.staged,
-            stage_error=sim.stage_error,
-        )
+        return _observation(sim, self.now, timing)
 
     def log_chunks(self, sim_id: str) -> list[str]:
         return self.get(sim_id).log
@@ -321,14 +252,7 @@ class SimulatedCluster:
         )
 
     def check_adoptable(self, sim_id: str, spec: SimSpec) -> None:
-        sim = self.get(sim_id)
-        if sim.spec is None:
-            raise BackendError(f"simulation {sim_id} was never launched; stage it again")
-        if spec.sim_id != sim_id or len(spec.ranks) != len(sim.ranks):
-            raise BackendError(
-                f"the spec ({spec.sim_id}, {len(spec.ranks)} ranks) does not describe "
-                f"{sim_id} ({len(sim.ranks)} ranks)"
-            )
+        _check_adoptable(self.get(sim_id), spec)
 
     # -- time ----------------------------------------------------------------------------
 
@@ -336,7 +260,9 @@ class SimulatedCluster:
         if self._process_due() and stop_on_news:
             return
         while self.now < target:
-            self._integrate(min(self._next_event_s(), target))
+            # nothing changes speed on the way: the running simulations are brought up to
+            # date only when needed (`_sync`)
+            self.now = max(self.now, min(self._next_event_s(), target))
             if self._process_due() and stop_on_news:
                 return
 
@@ -359,15 +285,10 @@ class SimulatedCluster:
         left = sim.total - sim.done - sim.frac
         return sim.synced_s + left * self._load.timings()[sim.sim_id].iteration_s
 
-    def _integrate(self, t1: float) -> None:
-        """Move the clock to ``t1``: nothing changes speed on the way, so the running
-        simulations are brought up to date only when needed (`_sync`)."""
-        self.now = max(self.now, t1)
-
     def _sync(self, sim: SimRun) -> None:
         """Integrate ``sim``'s counters and iterations from ``synced_s`` to ``now``."""
         if sim.phase is SimPhase.RUNNING and self.now > sim.synced_s:
-            self._integrate_sim(sim, self._load.timings()[sim.sim_id], self.now - sim.synced_s)
+            _integrate_sim(sim, self._load.timings()[sim.sim_id], self.now - sim.synced_s)
         sim.synced_s = self.now
 
     def _sync_nodes(self, nodes: list[str]) -> None:
@@ -375,24 +296,6 @@ class SimulatedCluster:
         to change."""
         for sim_id in sorted(self._load.sims_on(nodes)):
             self._sync(self._sims[sim_id])
-
-    def _integrate_sim(self, sim: SimRun, timing: Timing, dt: float) -> None:
-        t_s, t0 = timing.iteration_s, sim.synced_s
-        speeds = timing.speeds
-        rates = [usage_rate(s, d, sim.wait_mode) for s, d in zip(speeds, timing.duty, strict=True)]
-        if math.isfinite(t_s) and sim.started_s is not None:
-            progress = sim.frac + dt / t_s
-            n = min(math.floor(progress + _EPS), sim.total - sim.done)
-            for k in range(1, n + 1):
-                tc = t0 + (k - sim.frac) * t_s
-                execution_s = sim.ranks[0].usage_s + rates[0] * (tc - t0)
-                sim.log.append(log_iteration(sim.done + k, execution_s, tc - sim.started_s))
-            sim.done += n
-            sim.frac = 0.0 if sim.done >= sim.total else max(0.0, progress - n)
-        for r, rate, duty in zip(sim.ranks, rates, timing.duty, strict=True):
-            r.usage_s += rate * dt
-            r.compute_s += duty * dt
-            r.mpi_s += (1.0 - duty) * dt
 
     def _process_due(self) -> bool:
         """Carry out everything due at ``now``; True if any of it is news."""
@@ -432,36 +335,7 @@ class SimulatedCluster:
         self.news_seq[sim.sim_id] = self._seq
 
     def _finish_staging(self, sim: SimRun) -> None:
-        spec, case = sim.stage_spec, sim.case
-        assert case is not None
-        n = spec.n_ranks
-        weights = (
-            [1.0] * n
-            if spec.decompose == "equal" or not spec.decompose_weights
-            else list(spec.decompose_weights)
-        )
-        safe = re.sub(r"[^A-Za-z0-9_.-]", "_", case.name)
-        run_dir = (
-            spec.workdir.expanduser()
-            if spec.workdir is not None
-            else spec.runs_root / f"{spec.sim_id}-{safe}-{n}r"
-        )
-        if self.create_run_dirs:
-            try:
-                run_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as e:
-                sim.stage_error = f"cannot create {run_dir}: {e}"
-                sim.fail(FailureCode.STAGE_FAILED, sim.stage_error)
-                return
-        sim.staged = StagedCase(
-            run_dir=run_dir,
-            case_name=case.name,
-            case_source=f"simulated:{case.name}",
-            solver=case.solver,
-            cells_per_rank=split_cells(case.cells, weights),
-            expected_iterations=spec.iterations or case.iterations,
-        )
-        sim.phase, sim.reason = SimPhase.STAGED, ""
+        _finish_staging(sim, self.create_run_dirs)
 
     def _start(self, sim: SimRun) -> None:
         self._sync_nodes([r.node for r in sim.ranks])  # they share their cores from now on
@@ -514,4 +388,136 @@ class SimulatedCluster:
             f"rank {fault.rank} failed: {fault.reason}",
             f"terminated: rank {fault.rank} failed",
             FailureCode.RANK_FAILED,
+        )
+
+
+def _check_launch(sim: SimRun, spec: SimSpec) -> None:
+    """LaunchFailed unless ``spec`` may launch ``sim`` (staged, its ranks, their requests,
+    the wait mode)."""
+    if sim.phase is not SimPhase.STAGED or sim.staged is None or sim.case is None:
+        raise LaunchFailed(f"simulation {spec.sim_id} is {sim.phase}, not staged")
+    cells = sim.staged.cells_per_rank
+    if len(spec.ranks) != len(cells):
+        raise LaunchFailed(
+            f"{spec.sim_id} was staged for {len(cells)} ranks, not {len(spec.ranks)}"
+        )
+    bad = [r for r in spec.ranks if r.request_millis < 1]
+    if bad:
+        raise LaunchFailed(f"every rank needs a request of at least 1m, got {bad[0]}")
+    if spec.shim is not None and spec.shim.wait_mode not in WAIT_MODES:
+        raise LaunchFailed(f"unknown wait mode '{spec.shim.wait_mode}'")
+
+
+def _observation(sim: SimRun, now: float, timing: Timing | None) -> SimObservation:
+    """What a backend observes of ``sim`` at ``now`` (its counters integrated up to it)."""
+    sim_id = sim.sim_id
+    shim = sim.spec is not None and sim.spec.shim is not None and sim.started_s is not None
+    ranks = tuple(
+        _rank_observation(
+            rank=r.index,
+            phase=r.phase,
+            desired=r.desired,
+            allocated=None if r.phase is RankPhase.PENDING else r.allocated,
+            usage_ns=round(r.usage_s * _NS),
+            restarts=r.restarts,
+            reason=r.reason,
+            node=r.node,
+            pod=f"{sim_id}-rank-{r.index}",
+            resize=r.resize,
+            compute_ns=round(r.compute_s * _NS) if shim else None,
+            mpi_ns=round(r.mpi_s * _NS) if shim else None,
+            duty_window=timing.duty[r.index] if shim and timing is not None else None,
+            wait_mode=sim.wait_mode if shim else None,
+        )
+        for r in sim.ranks
+    )
+    return SimObservation(
+        sim_id=sim_id,
+        t_s=now,
+        phase=sim.phase,
+        ranks=ranks,
+        exit_code=sim.exit_code,
+        reason=sim.reason,
+        failure=sim.failure,
+        staged=sim.staged,
+        stage_error=sim.stage_error,
+    )
+
+
+def _finish_staging(sim: SimRun, create_run_dirs: bool) -> None:
+    """``sim``'s case staged: its run directory and `StagedCase` (FAILED when the
+    directory cannot be created)."""
+    spec, case = sim.stage_spec, sim.case
+    assert case is not None
+    n = spec.n_ranks
+    weights = (
+        [1.0] * n
+        if spec.decompose == "equal" or not spec.decompose_weights
+        else list(spec.decompose_weights)
+    )
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", case.name)
+    run_dir = (
+        spec.workdir.expanduser()
+        if spec.workdir is not None
+        else spec.runs_root / f"{spec.sim_id}-{safe}-{n}r"
+    )
+    if create_run_dirs:
+        try:
+            run_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            sim.stage_error = f"cannot create {run_dir}: {e}"
+            sim.fail(FailureCode.STAGE_FAILED, sim.stage_error)
+            return
+    sim.staged = StagedCase(
+        run_dir=run_dir,
+        case_name=case.name,
+        case_source=f"simulated:{case.name}",
+        solver=case.solver,
+        cells_per_rank=split_cells(case.cells, weights),
+        expected_iterations=spec.iterations or case.iterations,
+    )
+    sim.phase, sim.reason = SimPhase.STAGED, ""
+
+
+def _integrate_sim(sim: SimRun, timing: Timing, dt: float) -> None:
+    """``sim``'s iterations, log and counters over ``dt`` seconds at ``timing``."""
+    t_s, t0 = timing.iteration_s, sim.synced_s
+    speeds = timing.speeds
+    rates = [usage_rate(s, d, sim.wait_mode) for s, d in zip(speeds, timing.duty, strict=True)]
+    if math.isfinite(t_s) and sim.started_s is not None:
+        progress = sim.frac + dt / t_s
+        n = min(math.floor(progress + _EPS), sim.total - sim.done)
+        for k in range(1, n + 1):
+            tc = t0 + (k - sim.frac) * t_s
+            execution_s = sim.ranks[0].usage_s + rates[0] * (tc - t0)
+            sim.log.append(log_iteration(sim.done + k, execution_s, tc - sim.started_s))
+        sim.done += n
+        sim.frac = 0.0 if sim.done >= sim.total else max(0.0, progress - n)
+    for r, rate, duty in zip(sim.ranks, rates, timing.duty, strict=True):
+        r.usage_s += rate * dt
+        r.compute_s += duty * dt
+        r.mpi_s += (1.0 - duty) * dt
+
+
+def _check_wait_mode(sim: SimRun, mode: str) -> None:
+    """BackendError unless ``sim``'s ranks can switch to ``mode`` now."""
+    if mode not in WAIT_MODES:
+        raise BackendError(f"unknown wait mode '{mode}'; use one of {', '.join(WAIT_MODES)}")
+    if sim.spec is None or sim.spec.shim is None:
+        raise BackendError(f"simulation {sim.sim_id} runs without the shim")
+    if sim.started_s is None:
+        raise BackendError(
+            f"simulation {sim.sim_id}: the ranks have not started, no live record is published"
+            " yet; try again"
+        )
+
+
+def _check_adoptable(sim: SimRun, spec: SimSpec) -> None:
+    """BackendError unless ``spec`` describes ``sim``, launched."""
+    if sim.spec is None:
+        raise BackendError(f"simulation {sim.sim_id} was never launched; stage it again")
+    if spec.sim_id != sim.sim_id or len(spec.ranks) != len(sim.ranks):
+        raise BackendError(
+            f"the spec ({spec.sim_id}, {len(spec.ranks)} ranks) does not describe "
+            f"{sim.sim_id} ({len(sim.ranks)} ranks)"
         )

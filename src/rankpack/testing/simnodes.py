@@ -2,14 +2,14 @@
 
 `SimNodeLoad` keeps, per node, the millicores and ranks of the cluster's active simulations,
 which running ranks share its cores, and the speeds they get (weighted max-min fair,
-`simmodel.cpu_speeds`) with the iteration timing that follows for every running
-simulation. It is kept up to date incrementally, so that a cluster of a thousand nodes
-costs what changes, not nodes x ranks per call: `SimulatedCluster` tells it when a
-simulation becomes active (`activate`) or not (`deactivate`), starts running (`start`),
-and when a rank's charge or allocation changes (`recharge`); a node whose running ranks or
-allocations changed is *dirty* and its speeds (and the timing of every simulation with a
-rank on it) are computed again on the next `timings`. The model is documented in
-`rankpack.testing.simulated`.
+`simmodel.cpu_speeds`) with the iteration timing that follows for every running simulation,
+and the nodes as a backend reports them (`inventory`). It is kept up to date incrementally,
+so that a cluster of a thousand nodes costs what changes, not nodes x ranks per call:
+`SimulatedCluster` tells it when a simulation becomes active (`activate`) or not
+(`deactivate`), starts running (`start`), and when a rank's charge or allocation changes
+(`recharge`); a node whose running ranks or allocations changed is *dirty* and its speeds
+(and the timing of every simulation with a rank on it) are computed again on the next
+`timings`. The model is documented in `rankpack.testing.simulated`.
 """
 
 from __future__ import annotations
@@ -19,7 +19,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from rankpack.backend.protocol import (
+    Inventory,
     LaunchFailed,
+    NodeCapacity,
     RankResources,
     ResizeState,
     SimSpec,
@@ -53,8 +55,33 @@ class SimNodeLoad:
         self.version = 0
         """Goes up whenever what a node holds changes (an inventory is cached by it)."""
         self.changed: set[str] = set()
-        """The nodes whose ranks or requests changed since the holder last cleared it (the
-        cluster's inventory rebuilds only those)."""
+        """The nodes whose ranks or requests changed since the last `inventory` (it
+        rebuilds only those)."""
+        self._inventory: tuple[int, Inventory] | None = None
+        self._node_index = {n.name: i for i, n in enumerate(nodes)}
+        self._node_caps: list[NodeCapacity] = []
+
+    def inventory(self) -> Inventory:
+        """The nodes as a backend reports them (cached until what a node holds changes)."""
+        cached = self._inventory
+        if cached is not None and cached[0] == self.version:
+            return cached[1]
+        # only the nodes whose load changed get a new NodeCapacity (the others keep theirs:
+        # a reader may compare them by identity)
+        if not self._node_caps:
+            self._node_caps = [self._node_capacity(i) for i in range(len(self.nodes))]
+        for name in self.changed:
+            i = self._node_index[name]
+            self._node_caps[i] = self._node_capacity(i)
+        self.changed = set()
+        inventory = Inventory(tuple(self._node_caps))
+        self._inventory = (self.version, inventory)
+        return inventory
+
+    def _node_capacity(self, i: int) -> NodeCapacity:
+        name = self.nodes[i].name
+        return NodeCapacity(name, self.nodes[i].allocatable_millis, self.requested(name),
+                            self.ranks(name))  # fmt: skip
 
     def node(self, name: str) -> SimNode:
         return self._by_name[name]

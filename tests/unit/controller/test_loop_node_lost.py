@@ -18,8 +18,8 @@ from pathlib import Path
 from rankpack.backend.protocol import SimObservation, SimPhase, StageSpec
 from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import Resume, StoreQueue
-from rankpack.controller.launching import resumed_facts
 from rankpack.controller.loop import run_jobs
+from rankpack.controller.requeue import resumed_facts
 from rankpack.controller.tracked import LoopSettings
 from rankpack.core.failures import FailureCode
 from rankpack.plan.submission import Submission
