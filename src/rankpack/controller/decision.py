@@ -184,6 +184,11 @@ class QueuedSim:
     launched again before this ``now_s`` (back-off); None: no such refusal."""
     retry_reason: str = ""
     """Why it was refused (for the hold's reason)."""
+    ahead: str = ""
+    """The simulation its case was staged ahead as, staged and ready to launch ('' none):
+    staged by this step, it is launched in the same step (`rankpack.controller.staged`)."""
+    wait: WaitSetting = "spin"
+    """How its ranks will wait (its own setting, else the session's)."""
 
 
 @dataclass(frozen=True)

@@ -119,7 +119,7 @@ class ControlLoop:
                 pending = ctx.jobs.pending()
                 if not pending and not ctx.sims:
                     break
-                obs = self.observer.observations(pending)
+                obs = self.observer.observations(pending, self.starter.prestaged)
                 decision = decide(obs, ctx.state, ctx.settings.controller)
                 ctx.state = decision.state
                 self._apply_all(decision.actions, pending)
@@ -202,7 +202,7 @@ class ControlLoop:
         decreases that made room for it), then increases (held while a decrease is in
         flight, see `rankpack.controller.resizes`)."""
         for action in actions:  # what was staged starts first, as the decision saw it
-            if isinstance(action, Launch):
+            if isinstance(action, Launch) and action.sim_id in self.sims:
                 self.starter.launch(action)
         grows = self.resizes.send_decreases([a for a in actions if isinstance(a, Resize)])
         for action in actions:
@@ -211,6 +211,8 @@ class ControlLoop:
                 if job is not None:
                     self.starter.stage(job, action.reason, action.request_millis,
                                        action.nodes)  # fmt: skip
+            elif isinstance(action, Launch):  # staged ahead: launched once claimed (if ready)
+                self.starter.launch(action)
             elif isinstance(action, SetWaitMode):
                 self._set_wait_mode(action)
             elif isinstance(action, Note):

@@ -29,6 +29,7 @@ from rankpack.backend.protocol import (
     SimObservation,
     SimPhase,
 )
+from rankpack.controller import waits
 from rankpack.controller.decision import (
     NodeCores,
     Observations,
@@ -41,6 +42,7 @@ from rankpack.controller.decision import (
 from rankpack.controller.jobs import Job
 from rankpack.controller.learned import LearnedSizes, learnable, learned_sizes
 from rankpack.controller.tracked import LoopContext, Tracked
+from rankpack.errors import UserError
 from rankpack.plan.allocation import Plan
 from rankpack.plan.submission import Submission
 
@@ -266,10 +268,11 @@ class Observer:
             self._limited[sim.sim_id] = cached
         return cached[1]
 
-    def observations(self, pending: list[Job]) -> Observations:
+    def observations(self, pending: list[Job], ahead: Mapping[int, str] = {}) -> Observations:
         """What `policy.decide` sees this tick: the simulations held, ``pending`` (the
-        loop's queue, in order) and the capacity."""
-        return self._observations(pending, prune=True)
+        loop's queue, in order) and the capacity. ``ahead``: queue id -> the simulation
+        its case is being staged ahead as (`Starter.prestaged`)."""
+        return self._observations(pending, prune=True, ahead=ahead)
 
     def beside(self, sim_id: str) -> Observations:
         """What runs beside ``sim_id``, about to launch (the wait rule at its launch,
@@ -279,7 +282,9 @@ class Observer:
         obs = self._observations([], prune=False)
         return replace(obs, sims=tuple(s for s in obs.sims if s.sim_id != sim_id))
 
-    def _observations(self, pending: list[Job], *, prune: bool) -> Observations:
+    def _observations(
+        self, pending: list[Job], *, prune: bool, ahead: Mapping[int, str] = {}
+    ) -> Observations:
         now = self.ctx.now()
         live = self.ctx.sims
         for gone in [i for i in self._snapshots if i not in live]:
@@ -298,6 +303,7 @@ class Observer:
                 j.queue_id, j.submission.n_ranks, initial, found.duty if found else (),
                 retry_at_s=refused.retry_at_s if refused else None,
                 retry_reason=refused.reason if refused else "",
+                **self._ahead(j, ahead.get(j.queue_id, "")),
             ))  # fmt: skip
             key = self.key(j.submission)
             if key in self._initial:
@@ -325,6 +331,16 @@ class Observer:
             rank_bounds=bounds.source if bounds else "",
             staged=tuple(_staged(s, own) for s in ready),
         )
+
+    def _ahead(self, job: Job, sim_id: str) -> dict[str, str]:
+        """`QueuedSim.ahead` and its wait setting, for a job whose case is staged ahead."""
+        if not sim_id:
+            return {}
+        try:
+            wait = waits.setting(job.submission.wait, self.ctx.settings.wait_mode)
+        except UserError:
+            return {}  # refused when it is staged, as any job
+        return {"ahead": sim_id, "wait": wait}
 
     def _initial_millis(self, sub: Submission) -> tuple[int, ...]:
         """``sub``'s initial requests, planned once while it waits (a plan of 64 ranks took

@@ -150,6 +150,8 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
     launching = sum(q.n_ranks for q in obs.queue if q.queue_id in launched)
     _wait_modes(step, memory, launching)
     waiting = pacing.pace(step, state, pacer)
+    stages = [a for a in step.actions if isinstance(a, Stage)]
+    step.actions.extend(staged.ahead(obs, stages, settings))
     resize_bucket, node_buckets = pacer.buckets()
     new_state = ControllerState(
         sims=memory,

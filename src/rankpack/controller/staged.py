@@ -20,7 +20,10 @@ The loop applies each `Launch` as it is. Per simulation:
    ``auto`` its ranks count with those already on the node(s), since spinning until the
    policy could switch it (its records publish ~1 s after launch) would cost the others.
 
-A launch of this step counts for the next one's room and wait rule, as launched.
+A launch of this step counts for the next one's room and wait rule, as launched. A
+simulation the gate stages in this step whose case was staged ahead and is ready
+(`QueuedSim.ahead`) is launched in the same step, last (`ahead`): its launch does not wait
+for the next tick.
 """
 
 from __future__ import annotations
@@ -38,7 +41,7 @@ from rankpack.controller.decision import (
     StagedSim,
 )
 from rankpack.controller.room import place
-from rankpack.core.actions import Launch, LaunchChange
+from rankpack.core.actions import Launch, LaunchChange, Stage
 from rankpack.plan.allocation import proportional_millis
 
 
@@ -50,6 +53,34 @@ def launches(obs: Observations, settings: ControllerSettings) -> tuple[list[Laun
         out.append(launch)
         obs = _launched(obs, staged, launch)
     return out, replace(obs, staged=())
+
+
+def ahead(obs: Observations, stages: Sequence[Stage], settings: ControllerSettings) -> list[Launch]:
+    """The launches of the simulations this step stages whose case was staged ahead and is
+    ready (`QueuedSim.ahead`): launched at once, each counted on its nodes as staged."""
+    queued = {q.queue_id: q for q in obs.queue}
+    out: list[Launch] = []
+    for stage in stages:
+        q = queued.get(stage.queue_id)
+        if q is None or not q.ahead:
+            continue
+        requests = (
+            stage.request_millis
+            if len(stage.request_millis) == q.n_ranks
+            else q.initial_request_millis
+        )
+        nodes = stage.nodes if len(stage.nodes) == q.n_ranks else ()
+        staged = StagedSim(q.ahead, q.queue_id, requests, nodes, q.wait, obs.capacity_millis)
+        view = replace(obs, nodes=_moved(obs.nodes, [], _planned(nodes, requests)))
+        launch = _launch(staged, view, settings)
+        out.append(launch)
+        obs = replace(
+            view,
+            sims=(*view.sims, _snapshot(staged, launch)),
+            nodes=_moved(view.nodes, _planned(nodes, requests),
+                         _planned(launch.nodes, launch.request_millis)),
+        )  # fmt: skip
+    return out
 
 
 def _launch(staged: StagedSim, obs: Observations, s: ControllerSettings) -> Launch:
@@ -146,20 +177,32 @@ def _moved(
 def _launched(obs: Observations, staged: StagedSim, launch: Launch) -> Observations:
     """``obs`` with ``staged`` launched as ``launch`` says (its snapshot's requests and nodes,
     the nodes' counts)."""
-    nodes = launch.nodes
-
-    def started(sim: SimSnapshot) -> SimSnapshot:
-        ranks = tuple(
-            RankSnapshot(i, m, 0, None, None, node=nodes[i] if nodes else None)
-            for i, m in enumerate(launch.request_millis)
-        )
-        return replace(sim, ranks=ranks, launched=True)
-
     return replace(
         obs,
-        sims=tuple(started(s) if s.sim_id == staged.sim_id else s for s in obs.sims),
+        sims=tuple(
+            replace(s, ranks=_ranks(launch), launched=True) if s.sim_id == staged.sim_id else s
+            for s in obs.sims
+        ),
         nodes=_moved(obs.nodes, _planned(staged.nodes, staged.request_millis),
-                     _planned(nodes, launch.request_millis)),
+                     _planned(launch.nodes, launch.request_millis)),
+    )  # fmt: skip
+
+
+def _ranks(launch: Launch) -> tuple[RankSnapshot, ...]:
+    """A launched simulation's ranks before its first observation."""
+    nodes = launch.nodes
+    return tuple(
+        RankSnapshot(i, m, 0, None, None, node=nodes[i] if nodes else None)
+        for i, m in enumerate(launch.request_millis)
+    )
+
+
+def _snapshot(staged: StagedSim, launch: Launch) -> SimSnapshot:
+    """A simulation launched from a case staged ahead, as the rest of the step sees it."""
+    return SimSnapshot(
+        sim_id=staged.sim_id, started_s=0.0, iterations=0, expected_iterations=0,
+        budget_millis=sum(launch.request_millis), ranks=_ranks(launch), starting=True,
+        wait=staged.wait,
     )  # fmt: skip
 
 

@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rankpack.backend.protocol import RankObservation, RankPhase, RankResources
-from rankpack.controller import gate, waits
+from rankpack.controller import gains, waits
 from rankpack.controller.decision import (
     ControllerSettings,
     ControllerState,
@@ -146,7 +146,7 @@ def test_the_limit_gates_loads_are_those_summed_over_every_rank(
     memory = {s.sim_id: m for s, m in sims}
     expected = gate_loads_from_scratch(obs, memory)
     for _ in range(2):  # again with the sums kept by the same snapshots and memories
-        loads = gate._loads(Step(obs=obs, settings=ControllerSettings()), memory)
+        loads = gains.limit_loads(Step(obs=obs, settings=ControllerSettings()), memory)
         assert (loads.running, loads.mean_duty) == expected  # to the last bit
 
 
