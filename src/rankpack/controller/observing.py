@@ -42,6 +42,7 @@ from rankpack.controller.decision import (
 from rankpack.controller.jobs import Job
 from rankpack.controller.learned import LearnedSizes, learnable, learned_sizes
 from rankpack.controller.tracked import LoopContext, Tracked
+from rankpack.core.actions import WaitSetting
 from rankpack.errors import UserError
 from rankpack.plan.allocation import Plan
 from rankpack.plan.submission import Submission
@@ -299,11 +300,11 @@ class Observer:
             found = self.learned_sizes(j.submission)
             initial = found.request_millis if found else self._initial_millis(j.submission)
             refused = self.ctx.requeued.get(j.queue_id)
+            sim_id, wait = self._ahead(j, ahead.get(j.queue_id, ""))
             queued.append(QueuedSim(
                 j.queue_id, j.submission.n_ranks, initial, found.duty if found else (),
                 retry_at_s=refused.retry_at_s if refused else None,
-                retry_reason=refused.reason if refused else "",
-                **self._ahead(j, ahead.get(j.queue_id, "")),
+                retry_reason=refused.reason if refused else "", ahead=sim_id, wait=wait,
             ))  # fmt: skip
             key = self.key(j.submission)
             if key in self._initial:
@@ -332,15 +333,14 @@ class Observer:
             staged=tuple(_staged(s, own) for s in ready),
         )
 
-    def _ahead(self, job: Job, sim_id: str) -> dict[str, str]:
-        """`QueuedSim.ahead` and its wait setting, for a job whose case is staged ahead."""
+    def _ahead(self, job: Job, sim_id: str) -> tuple[str, WaitSetting]:
+        """`QueuedSim.ahead` and its wait setting (for a job whose case is staged ahead)."""
         if not sim_id:
-            return {}
+            return "", "spin"
         try:
-            wait = waits.setting(job.submission.wait, self.ctx.settings.wait_mode)
+            return sim_id, waits.setting(job.submission.wait, self.ctx.settings.wait_mode)
         except UserError:
-            return {}  # refused when it is staged, as any job
-        return {"ahead": sim_id, "wait": wait}
+            return "", "spin"  # refused when it is staged, as any job
 
     def _initial_millis(self, sub: Submission) -> tuple[int, ...]:
         """``sub``'s initial requests, planned once while it waits (a plan of 64 ranks took
