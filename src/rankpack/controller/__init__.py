@@ -16,7 +16,7 @@ The loop that applies it, one for `rankpack run`, `multiplex` and the operator:
   observes;
 - `jobs`: where work comes from; `observing`: builds the observations (also for the dry
   run); `learned`: learned sizes;
-- `launching`: applies `Stage` and `Launch` (stage, stage ahead, launch, adopt, requeue);
+- `launching`: applies `StageJob` and `Launch` (stage, stage ahead, launch, adopt, requeue);
   `resizes`: each rank's resize until settled; `outcomes`: run rows and results, failure
   codes;
 - `tracked`: what the loop holds; `views`: what it shows;

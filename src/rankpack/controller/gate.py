@@ -2,9 +2,9 @@
 
 Part of the decision step (`rankpack.controller.policy.decide` calls `launch` after
 sizing and fairness); the requests it sees are those the step's earlier actions left. It
-emits `Stage` (claim and stage; the launch follows once staged, `rankpack.controller.staged`).
+emits `StageJob` (claim and stage; the launch follows once staged, `rankpack.controller.staged`).
 
-At most one `Stage` per step for ``obs.queue[0]`` (FIFO), or - while the head does not fit
+At most one `StageJob` per step for ``obs.queue[0]`` (FIFO), or - while the head does not fit
 (``no-room``) and has waited less than ``backfill_wait_s`` since it stopped fitting - the
 first of the next ``backfill_scan`` simulations that would be launched by the same rules
 (backfill; after that wait nothing passes the head, so neither wide nor narrow simulations
@@ -40,7 +40,7 @@ from rankpack.controller.decision import (
 )
 from rankpack.controller.room import Room
 from rankpack.controller.step import Step
-from rankpack.core.actions import Note, Resize, Stage
+from rankpack.core.actions import Note, Resize, StageJob
 
 
 @dataclass(frozen=True)
@@ -79,7 +79,7 @@ def launch(step: Step, memory: dict[str, SimMemory], state: ControllerState) -> 
             )
         elif packed is not None:
             nodes = pipe.place(packed, open_only=False)
-            step.actions.append(Stage(queue_id=head.queue_id, reason=reason,
+            step.actions.append(StageJob(queue_id=head.queue_id, reason=reason,
                                        request_millis=packed, nodes=nodes))  # fmt: skip
             pipe.took(head, packed, nodes)
             return pipe.gated(obs.now_s, None, None)
@@ -87,7 +87,7 @@ def launch(step: Step, memory: dict[str, SimMemory], state: ControllerState) -> 
             code, reason = _no_room(obs, f"{reason}; but the floors leave no room to pack it")
     if code is None:
         nodes = pipe.place(head.initial_request_millis, open_only=False)
-        step.actions.append(Stage(queue_id=head.queue_id, reason=reason, nodes=nodes))
+        step.actions.append(StageJob(queue_id=head.queue_id, reason=reason, nodes=nodes))
         pipe.took(head, head.initial_request_millis, nodes)
         pipe.behind(obs.queue[1:])
         return pipe.gated(obs.now_s, None, None)
@@ -150,7 +150,7 @@ def _backfill(
                 code, reason = pipe.rated(code, reason)
             if code is None:
                 nodes = pipe.place(queued.initial_request_millis, open_only=False)
-                step.actions.append(Stage(queue_id=queued.queue_id, nodes=nodes,
+                step.actions.append(StageJob(queue_id=queued.queue_id, nodes=nodes,
                                            reason=f"backfill: {reason}{why}"))  # fmt: skip
                 pipe.took(queued, queued.initial_request_millis, nodes)
                 launched = True
@@ -160,7 +160,7 @@ def _backfill(
         piped = pipe.reason(queued)
         if piped is not None:
             nodes = pipe.place(queued.initial_request_millis, open_only=True)
-            step.actions.append(Stage(queue_id=queued.queue_id, nodes=nodes,
+            step.actions.append(StageJob(queue_id=queued.queue_id, nodes=nodes,
                                        reason=f"backfill: {piped}{why}"))  # fmt: skip
             pipe.took(queued, queued.initial_request_millis, nodes)
             launched = True
@@ -235,7 +235,9 @@ class _Pipeline:
             return False
         nodes = self.place(head.initial_request_millis, open_only=True)
         self.step.actions.append(
-            Stage(queue_id=head.queue_id, reason=f"{reason} (the gate alone: {held})", nodes=nodes)
+            StageJob(
+                queue_id=head.queue_id, reason=f"{reason} (the gate alone: {held})", nodes=nodes
+            )
         )
         self.took(head, head.initial_request_millis, nodes)
         return True
@@ -246,7 +248,7 @@ class _Pipeline:
             if self.stopped() or self.reason(queued) is None:
                 return
             nodes = self.place(queued.initial_request_millis, open_only=True)
-            self.step.actions.append(Stage(queue_id=queued.queue_id, reason=self.reason_text,
+            self.step.actions.append(StageJob(queue_id=queued.queue_id, reason=self.reason_text,
                                             nodes=nodes))  # fmt: skip
             self.took(queued, queued.initial_request_millis, nodes)
 

@@ -1,6 +1,6 @@
 """From a claimed job to running ranks: stage, stage ahead, launch, adopt, requeue.
 
-The loop's applier of `Stage` and `Launch` (`rankpack.controller.loop` calls it).
+The loop's applier of `StageJob` and `Launch` (`rankpack.controller.loop` calls it).
 `Starter.stage` claims the job the policy stages and asks the backend to stage its case
 (asynchronous: a staging simulation never blocks the others); once the backend reports it
 staged (`progress`), the decision step of that tick launches it (`Launch`, decided by
@@ -75,7 +75,7 @@ class Starter:
         request_millis: tuple[int, ...] = (),
         nodes: tuple[str, ...] = (),
     ) -> None:
-        """The policy's `Launch`: claim the job, stage it (or take what was staged ahead);
+        """The policy's `StageJob`: claim the job, stage it (or take what was staged ahead);
         ``nodes``: each rank's node, as the policy placed it (empty: none decided)."""
         ctx = self.ctx
         sub = job.submission

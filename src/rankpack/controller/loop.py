@@ -11,7 +11,7 @@ Every tick (about once a second, earlier when the backend reports an event) the 
 3. builds `Observations` (`rankpack.controller.observing`) and calls the pure decision step
    `policy.decide`,
 4. applies the actions: `Launch` starts a simulation the loop found staged, with the
-   requests, nodes and wait mode the decision gave it; `Stage` claims the queue entry and
+   requests, nodes and wait mode the decision gave it; `StageJob` claims the queue entry and
    asks the backend to *stage* it (asynchronous: a staging simulation never blocks the
    others; it is launched by the decision of the tick that finds it staged,
    `rankpack.controller.launching`), `Resize` asks the backend for an
@@ -55,7 +55,7 @@ from rankpack.controller.views import (
     RankView,
     SimView,
 )
-from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode, Stage
+from rankpack.core.actions import Action, Launch, Note, Resize, SetWaitMode, StageJob
 from rankpack.core.failures import Failure
 from rankpack.core.results import WaitRecord
 from rankpack.store import Store
@@ -206,7 +206,7 @@ class ControlLoop:
                 self.starter.launch(action)
         grows = self.resizes.send_decreases([a for a in actions if isinstance(a, Resize)])
         for action in actions:
-            if isinstance(action, Stage):
+            if isinstance(action, StageJob):
                 job = next((j for j in pending if j.queue_id == action.queue_id), None)
                 if job is not None:
                     self.starter.stage(job, action.reason, action.request_millis,

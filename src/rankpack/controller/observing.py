@@ -276,8 +276,8 @@ class Observer:
         return self._observations(pending, prune=True, ahead=ahead)
 
     def beside(self, sim_id: str) -> Observations:
-        """What runs beside ``sim_id``, about to launch (the wait rule at its launch,
-        `rankpack.controller.launching`): the observations without a queue and without it.
+        """What runs beside ``sim_id``, adopted (the wait rule for a simulation an earlier
+        controller launched, `Starter.adopt`): the observations without a queue and it.
         The queue's plans are kept (the call is no news about the queue: dropping them
         planned every waiting job again on the next tick, ~0.1 ms each)."""
         obs = self._observations([], prune=False)
@@ -300,7 +300,7 @@ class Observer:
             found = self.learned_sizes(j.submission)
             initial = found.request_millis if found else self._initial_millis(j.submission)
             refused = self.ctx.requeued.get(j.queue_id)
-            sim_id, wait = self._ahead(j, ahead.get(j.queue_id, ""))
+            sim_id, wait = _ahead(j, ahead.get(j.queue_id, ""), self.ctx.settings.wait_mode)
             queued.append(QueuedSim(
                 j.queue_id, j.submission.n_ranks, initial, found.duty if found else (),
                 retry_at_s=refused.retry_at_s if refused else None,
@@ -332,15 +332,6 @@ class Observer:
             rank_bounds=bounds.source if bounds else "",
             staged=tuple(_staged(s, own) for s in ready),
         )
-
-    def _ahead(self, job: Job, sim_id: str) -> tuple[str, WaitSetting]:
-        """`QueuedSim.ahead` and its wait setting (for a job whose case is staged ahead)."""
-        if not sim_id:
-            return "", "spin"
-        try:
-            return sim_id, waits.setting(job.submission.wait, self.ctx.settings.wait_mode)
-        except UserError:
-            return "", "spin"  # refused when it is staged, as any job
 
     def _initial_millis(self, sub: Submission) -> tuple[int, ...]:
         """``sub``'s initial requests, planned once while it waits (a plan of 64 ranks took
@@ -504,3 +495,13 @@ def _staged(sim: Tracked, capacity_millis: int) -> StagedSim:
         wait=sim.wait_setting,
         capacity_millis=capacity_millis,
     )
+
+
+def _ahead(job: Job, sim_id: str, session_wait: str) -> tuple[str, WaitSetting]:
+    """`QueuedSim.ahead` and its wait setting (for a job whose case is staged ahead)."""
+    if not sim_id:
+        return "", "spin"
+    try:
+        return sim_id, waits.setting(job.submission.wait, session_wait)
+    except UserError:
+        return "", "spin"  # refused when it is staged, as any job

@@ -99,7 +99,7 @@ from rankpack.controller.decision import (
 from rankpack.controller.gate import launch
 from rankpack.controller.pacing import Pacer
 from rankpack.controller.step import Step, has_shim
-from rankpack.core.actions import Note, Resize, SetWaitMode, Stage
+from rankpack.core.actions import Note, Resize, SetWaitMode, StageJob
 from rankpack.plan.allocation import proportional_millis
 
 __all__ = [
@@ -146,11 +146,11 @@ def decide(obs: Observations, state: ControllerState, settings: ControllerSettin
         memory = _restart_marks(obs, memory)
 
     gated = launch(step, memory, state)
-    launched = {a.queue_id for a in step.actions if isinstance(a, Stage)}
+    launched = {a.queue_id for a in step.actions if isinstance(a, StageJob)}
     launching = sum(q.n_ranks for q in obs.queue if q.queue_id in launched)
     _wait_modes(step, memory, launching)
     waiting = pacing.pace(step, state, pacer)
-    stages = [a for a in step.actions if isinstance(a, Stage)]
+    stages = [a for a in step.actions if isinstance(a, StageJob)]
     step.actions.extend(staged.ahead(obs, stages, settings))
     resize_bucket, node_buckets = pacer.buckets()
     new_state = ControllerState(

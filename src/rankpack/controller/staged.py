@@ -12,7 +12,7 @@ The loop applies each `Launch` as it is. Per simulation:
 2. on Kubernetes (``launch_must_fit``) they are scaled down to the unrequested capacity
    (`fit_launch`: rank pods that do not fit are never scheduled); the plan's total, the
    budget, stays;
-3. the nodes the policy placed its ranks on when it staged them (`Stage.nodes`) are
+3. the nodes the policy placed its ranks on when it staged them (`StageJob.nodes`) are
    checked again (its requests may have been fitted, others may have taken room
    meanwhile): kept while each node still holds its ranks, else placed again by the same
    rule (`room.place`), else none (the scheduler places the ranks);
@@ -41,7 +41,7 @@ from rankpack.controller.decision import (
     StagedSim,
 )
 from rankpack.controller.room import place
-from rankpack.core.actions import Launch, LaunchChange, Stage
+from rankpack.core.actions import Launch, LaunchChange, StageJob
 from rankpack.plan.allocation import proportional_millis
 
 
@@ -55,7 +55,9 @@ def launches(obs: Observations, settings: ControllerSettings) -> tuple[list[Laun
     return out, replace(obs, staged=())
 
 
-def ahead(obs: Observations, stages: Sequence[Stage], settings: ControllerSettings) -> list[Launch]:
+def ahead(
+    obs: Observations, stages: Sequence[StageJob], settings: ControllerSettings
+) -> list[Launch]:
     """The launches of the simulations this step stages whose case was staged ahead and is
     ready (`QueuedSim.ahead`): launched at once, each counted on its nodes as staged."""
     queued = {q.queue_id: q for q in obs.queue}

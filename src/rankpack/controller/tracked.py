@@ -113,8 +113,8 @@ class Tracked:
     readings_ok: bool = True
     """Every rank's node was read at its last observation."""
     nodes: tuple[str, ...] = ()
-    """Per rank, the node the policy placed it on (`Launch.nodes`); empty: none decided.
-    Until its pod is bound a rank counts on this node."""
+    """Per rank, the node the policy placed it on (`StageJob.nodes`, then `Launch.nodes`);
+    empty: none decided. Until its pod is bound a rank counts on this node."""
     sampled_t: float | None = None
     """When its last samples were taken (seconds since its launch)."""
     shared_s: float | None = 0.0

@@ -247,7 +247,7 @@ def at_launch(
     obs: Observations, setting: WaitSetting, requests: Sequence[int], nodes: Sequence[str] = ()
 ) -> WaitChoice:
     """The mode a simulation about to start gets (``obs`` holds the simulations already
-    there). ``nodes``: each rank's node where the policy placed them (`Launch.nodes`), which
+    there). ``nodes``: each rank's node where the policy placed them (`StageJob.nodes`), which
     ``obs.nodes`` count already; empty: not placed yet, they count against the cluster.
     Placement then refines it live (policy step E)."""
     requested = sum(s.requested_millis for s in obs.sims) + sum(requests)

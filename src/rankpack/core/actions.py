@@ -2,7 +2,7 @@
 
 Decided by `rankpack.controller.policy.decide`, carried out by the control loop through a
 backend, recorded as events and rendered by the report. A simulation starts in two steps:
-`Stage` (claim its job, stage its case), then `Launch` once its case is staged (its
+`StageJob` (claim its job, stage its case), then `Launch` once its case is staged (its
 requests, nodes and wait mode as decided). There is no action that stops or relaunches a
 rank: every CPU change is an in-place `Resize`, and a change of how ranks
 wait inside MPI is a live `SetWaitMode` (the PMPI shim re-reads its control word on every
@@ -29,7 +29,7 @@ class Resize:
 
 
 @dataclass(frozen=True)
-class Stage:
+class StageJob:
     """Claim a queued simulation's job and stage its case (the launch gate's decision); it
     is launched (`Launch`) in the step that first sees its case staged."""
 
@@ -132,4 +132,4 @@ class Note:
     """The queued simulation it is about (``launch-held``: the head that waits)."""
 
 
-Action = Resize | Stage | Launch | SetWaitMode | Note
+Action = Resize | StageJob | Launch | SetWaitMode | Note

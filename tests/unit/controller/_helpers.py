@@ -17,7 +17,7 @@ from rankpack.controller.decision import (
     SimSnapshot,
 )
 from rankpack.controller.jobs import Job, OneJob
-from rankpack.core.actions import Action, Note, Resize, Stage, WaitSetting
+from rankpack.core.actions import Action, Note, Resize, StageJob, WaitSetting
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.plan.submission import Phase, Submission
 
@@ -85,8 +85,8 @@ def notes(d: Decision, kind: str | None = None) -> list[Note]:
     return [a for a in d.actions if isinstance(a, Note) and (kind is None or a.kind == kind)]
 
 
-def launches(d: Decision) -> list[Stage]:
-    return [a for a in d.actions if isinstance(a, Stage)]
+def launches(d: Decision) -> list[StageJob]:
+    return [a for a in d.actions if isinstance(a, StageJob)]
 
 
 def apply(sims: Sequence[SimSnapshot], actions: Sequence[Action]) -> list[SimSnapshot]:

@@ -162,6 +162,6 @@ def test_the_dry_run_sees_the_learned_sizes_and_applies_nothing(
     (obs,) = seen
     assert obs.queue[0].initial_request_millis == (250, 750)  # as the run would see it
     assert len(obs.queue[0].duty) == 2
-    assert [type(a).__name__ for a in decision.actions] == ["Stage"]
+    assert [type(a).__name__ for a in decision.actions] == ["StageJob"]
     assert len(store.events()) == events and len(store.queue()) == 1 and backend.list() == ()
     assert run_id in {r.id for r in store.all_runs()}

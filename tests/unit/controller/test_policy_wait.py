@@ -84,7 +84,7 @@ def test_a_launch_in_this_step_counts_the_ranks_being_launched() -> None:
     obs = observe(10.0, auto("a", (500, 500)), queue=[queued], capacity=3000)
     settings = ControllerSettings(min_predicted_gain=-1.0)
     d = decide(obs, state_of(a=SIZED), settings)
-    assert any(type(x).__name__ == "Stage" for x in d.actions)
+    assert any(type(x).__name__ == "StageJob" for x in d.actions)
     assert switches(d) == [("a", "polite")]
     assert "4 ranks on the 3 cores" in next(
         x.reason for x in d.actions if isinstance(x, SetWaitMode)
