@@ -13,10 +13,12 @@ The pure decision step (no I/O, no clock), in the `pure` import contract:
 The loop that applies it, one for `rankpack run`, `multiplex` and the operator:
 
 - `loop`: the tick (observe, record, decide, apply); `schedule`: which simulations a tick
-  observes;
+  observes; `recording`: what each observation leaves (samples, duty marks, restarts,
+  shared time);
 - `jobs`: where work comes from; `observing`: builds the observations (also for the dry
   run); `learned`: learned sizes;
-- `launching`: applies `StageJob` and `Launch` (stage, stage ahead, launch, adopt, requeue);
+- `launching`: applies `StageJob` and `Launch` (stage, stage ahead, launch, adopt);
+  `requeue`: jobs handed back (a launch refused for quota, a lost node);
   `resizes`: each rank's resize until settled; `outcomes`: run rows and results, failure
   codes;
 - `tracked`: what the loop holds; `views`: what it shows;
