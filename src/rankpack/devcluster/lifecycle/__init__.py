@@ -2,8 +2,8 @@
 control-plane component restarted (fault tests).
 
 Called by `rankpack.cli.devcluster_cmd` and by the `k8s` test tier's fixtures
-(`tests/k8s/conftest.py`). Built on the parent package's pieces (`layout`, `configs`,
-`pki`, `host`, `processes`, `images`, `rbac`, ...).
+(`tests/k8s/conftest.py`). Built on the pieces of `rankpack.devcluster` (its layout,
+configs, pki, host, processes, images and rbac modules).
 
 Modules:
 
