@@ -25,7 +25,7 @@ from rankpack.backend.kubernetes.informer import core
 from rankpack.backend.kubernetes.status import cpu_millis
 from rankpack.controller.loop import LoopSettings, OneJob, run_jobs
 from rankpack.controller.observations import ControllerSettings, Phase
-from rankpack.devcluster import cluster
+from rankpack.devcluster.lifecycle import restarts
 from rankpack.devcluster.nodefiles import with_node_files
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
@@ -140,9 +140,9 @@ def test_a_watch_broken_by_an_apiserver_restart_resumes(k8s: DevCluster) -> None
     core_api = client.CoreV1Api(k8s.backend_api())
     try:
         assert pods.stats.lists == 1
-        assert cluster.stop_component(k8s.state_dir, "kube-apiserver")
+        assert restarts.stop_component(k8s.state_dir, "kube-apiserver")
         time.sleep(3)
-        cluster.start_component(k8s.state_dir, "kube-apiserver", timeout_s=180)
+        restarts.start_component(k8s.state_dir, "kube-apiserver", timeout_s=180)
         core_api.create_namespaced_pod(k8s.namespace, sleeper_pod("watch-resumes", 50))
         deadline = time.monotonic() + 60
         while pods.get("watch-resumes", k8s.namespace) is None:

@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 
-from rankpack.devcluster import cluster
 from rankpack.devcluster.layout import NODE_NAME
+from rankpack.devcluster.lifecycle import clusterstate
 from tests.k8s.conftest import DevCluster
 
 
@@ -52,7 +52,7 @@ def test_up_again_says_already_up_and_exits_0(k8s: DevCluster) -> None:
     proc = rankpack("dev-cluster", "up")
     assert proc.returncode == 0, proc.stderr
     assert "already up" in proc.stdout
-    assert cluster.status(k8s.state_dir)["ready"] is True
+    assert clusterstate.status(k8s.state_dir)["ready"] is True
 
 
 def test_a_second_cluster_is_refused_with_one_line(k8s: DevCluster, tmp_path: object) -> None:

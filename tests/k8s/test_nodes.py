@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from rankpack.devcluster import binaries, cluster, host, packages, processes
+from rankpack.devcluster import binaries, host, packages, processes
 from rankpack.devcluster.layout import (
     HOST_USR_IMAGE,
     SYSTEM_CGROUP,
@@ -34,6 +34,7 @@ from rankpack.devcluster.layout import (
     NodeSpec,
     format_cpus,
 )
+from rankpack.devcluster.lifecycle import bringup, clusterstate, teardown
 from tests.k8s.conftest import DevCluster, down_leaves_nothing
 from tests.k8s.pods import container_cgroup, delete_and_wait, wait_running
 
@@ -171,19 +172,19 @@ def pod_pids(pod: Any) -> list[int]:
 @pytest.fixture(scope="module")
 def two(dev_cluster: DevCluster) -> Iterator[TwoNodes]:
     state_dir = dev_cluster.state_dir
-    if cluster.running_components(Layout(state_dir)):
-        report = cluster.down(state_dir)
+    if clusterstate.running_components(Layout(state_dir)):
+        report = teardown.down(state_dir)
         assert not report.leftovers, report.leftovers
     opts = dataclasses.replace(dev_cluster.options(), nodes=2)
-    result = cluster.up(opts)
+    result = bringup.up(opts)
     print(f"\n2-node dev cluster Ready in {result.elapsed_s:.1f} s")
     specs = {s.name: s for s in Layout(state_dir).recorded_nodes()}
     dev_cluster.up_result = result
     try:
         yield TwoNodes(dev_cluster, result.elapsed_s, specs)
     finally:
-        if cluster.running_components(Layout(state_dir)):
-            report = cluster.down(state_dir)
+        if clusterstate.running_components(Layout(state_dir)):
+            report = teardown.down(state_dir)
             assert not report.leftovers, report.leftovers
 
 
@@ -215,7 +216,7 @@ def test_the_cluster_daemons_run_in_their_own_cgroup_and_node_roots_hold_only_po
     two: TwoNodes,
 ) -> None:
     layout = two.layout
-    daemons = cluster.running_components(layout)
+    daemons = clusterstate.running_components(layout)
     assert len(daemons) == len(layout.components())
     system = {int(p) for p in (CGROUP / "cpu" / SYSTEM_CGROUP / "cgroup.procs").read_text().split()}
     assert set(daemons.values()) <= system
@@ -279,7 +280,7 @@ def test_stop_node_kills_its_pods_and_the_node_goes_not_ready(two: TwoNodes) -> 
     # the other node's pod gets an answer at once: no route (nothing leaves the machine)
     answer = two.exec("server-0", "python3", "-c", CLIENT, b.status.pod_ip, str(PORT))
     assert answer.startswith("error 113"), answer  # EHOSTUNREACH
-    status = cluster.status(two.state_dir)
+    status = clusterstate.status(two.state_dir)
     entry = next(n for n in status["nodes"] if n["name"] == NODES[1])
     assert entry["stopped"] is True and entry["running"] is False
 

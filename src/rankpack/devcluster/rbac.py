@@ -1,8 +1,8 @@
 """The backend's identity on the dev cluster: applies the product's RBAC objects.
 
 The rules and objects are the product's (`rankpack.backend.kubernetes.rbac`, also written
-into ``deploy/``); this module only sends them. `rankpack.devcluster.cluster.up` applies
-them to the dev cluster and calls `service_account_kubeconfig` so that tests run the
+into ``deploy/``); this module only sends them. `rankpack.devcluster.lifecycle.bringup.up`
+applies them to the dev cluster and calls `service_account_kubeconfig` so that tests run the
 backend with the ServiceAccount's token (TokenRequest API), never as cluster admin.
 """
 

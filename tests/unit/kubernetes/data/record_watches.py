@@ -45,8 +45,7 @@ def main() -> int:
 
     from rankpack.backend.kubernetes import ClientKubeApi, load_config
     from rankpack.backend.kubernetes.api import ApiError
-    from rankpack.devcluster.cluster import Layout
-    from rankpack.devcluster.layout import NAMESPACE, default_state_dir
+    from rankpack.devcluster.layout import NAMESPACE, Layout, default_state_dir
 
     layout = Layout(default_state_dir())
     api = ClientKubeApi(load_config(layout.service_account_kubeconfig, namespace=NAMESPACE))
