@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 
 from rankpack.cli import main
-
 from tests.unit.case.meshgen import grid_mesh, write_case
 
 MODEL_SHAPE = ["--ranks", "16", "--nodes", "12", "--cpus", "8"]
