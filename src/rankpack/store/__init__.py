@@ -2,7 +2,8 @@
 the queue and multiplex sessions), with typed rows.
 
 Written by the control loop; read by ``rankpack runs``, ``queue``, ``events``,
-``model --from-db`` and the report. Read-only commands open it with `Store.open_existing` and never create one.
+``model --from-db`` and the report. Read-only commands open it with `Store.open_existing`
+and never create one.
 
 Modules: `schema` (the file's identity, tables and migrations), `connection` (the open
 SQLite connection every group of tables works through), `rows` (typed rows), `runs` (run
