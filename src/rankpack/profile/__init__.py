@@ -16,10 +16,9 @@ from rankpack.profile.duty import (
     steady_state_duty,
 )
 from rankpack.profile.records import FuncStats, RankRecord, read_record, read_records
-from rankpack.profile.shim import WAIT_MODES, shim_env, shim_library
+from rankpack.profile.shim import shim_env, shim_library
 
 __all__ = [
-    "WAIT_MODES",
     "Counters",
     "FuncStats",
     "RankRecord",
