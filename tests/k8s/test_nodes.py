@@ -17,7 +17,6 @@ import ipaddress
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -35,6 +34,7 @@ from rankpack.devcluster.layout import (
     format_cpus,
 )
 from rankpack.devcluster.lifecycle import bringup, clusterstate, teardown
+from tests.cli_runner import rankpack
 from tests.k8s.conftest import DevCluster, down_leaves_nothing
 from tests.k8s.pods import container_cgroup, delete_and_wait, wait_running
 
@@ -70,16 +70,6 @@ except OSError:
     pass
 print(time.monotonic() - t)
 """
-
-
-def rankpack(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rankpack", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 @dataclass
@@ -189,7 +179,7 @@ def two(dev_cluster: DevCluster) -> Iterator[TwoNodes]:
 
 
 def test_both_nodes_ready_with_their_share_of_the_cpus(two: TwoNodes) -> None:
-    proc = rankpack("dev-cluster", "status", "--json")
+    proc = rankpack("dev-cluster", "status", "--json", timeout=240)
     assert proc.returncode == 0, proc.stderr
     status = json.loads(proc.stdout)
     assert [n["name"] for n in status["nodes"]] == list(NODES)
@@ -268,7 +258,7 @@ def test_stop_node_kills_its_pods_and_the_node_goes_not_ready(two: TwoNodes) -> 
     assert processes.shims_of(socket)
 
     t0 = time.monotonic()
-    proc = rankpack("dev-cluster", "stop-node", NODES[1], "--json")
+    proc = rankpack("dev-cluster", "stop-node", NODES[1], "--json", timeout=240)
     took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr
     assert set(stopped) <= set(json.loads(proc.stdout)["killed_pids"])
@@ -295,7 +285,7 @@ def test_stop_node_kills_its_pods_and_the_node_goes_not_ready(two: TwoNodes) -> 
 def test_start_node_brings_it_back_empty_and_a_new_pod_runs_there(two: TwoNodes) -> None:
     old = two.core().read_namespaced_pod("server-1", two.session.namespace)
     old_ids = {s.container_id.split("://", 1)[1] for s in old.status.container_statuses or []}
-    proc = rankpack("dev-cluster", "start-node", NODES[1], "--json")
+    proc = rankpack("dev-cluster", "start-node", NODES[1], "--json", timeout=240)
     assert proc.returncode == 0, proc.stderr
     print(f"\nstart-node: Ready in {json.loads(proc.stdout)['elapsed_s']} s")
     assert ready_status(two.node(NODES[1])) == "True"

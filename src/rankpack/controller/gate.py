@@ -51,8 +51,9 @@ from rankpack.controller.observations import (
 )
 from rankpack.controller.room import Room
 from rankpack.controller.step import Step
-from rankpack.model.contention import ClusterShape, throughput
+from rankpack.model.contention import throughput
 from rankpack.model.overlap import predict_from_duty_cycles
+from rankpack.model.shape import ClusterShape
 from rankpack.plan.allocation import proportional_millis
 
 

@@ -10,7 +10,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from rankpack.core.actions import WAIT_MODES as WAIT_MODES  # re-exported by rankpack.profile
+from rankpack.core.actions import WAIT_MODES
 from rankpack.errors import UserError
 
 FLAVOURS = ("openmpi", "mpich")

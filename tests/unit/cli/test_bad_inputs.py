@@ -19,8 +19,7 @@ from pathlib import Path
 import pytest
 
 from rankpack.cli import main
-
-from .decomp.meshgen import grid_mesh, write_case
+from tests.unit.case.meshgen import grid_mesh, write_case
 
 MODEL_SHAPE = ["--ranks", "16", "--nodes", "12", "--cpus", "8"]
 PREDICT = ["model", "predict", *MODEL_SHAPE, "--beta", "0.5"]

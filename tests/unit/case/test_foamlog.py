@@ -6,7 +6,7 @@ from pathlib import Path
 
 from rankpack.case.foamlog import LogFollower, LogParser, parse_log
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).parents[2] / "data"
 
 
 def test_pitzdaily_log_converged() -> None:
