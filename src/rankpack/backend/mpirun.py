@@ -221,7 +221,7 @@ class LogTail:
 def shim_dir(case_dir: Path) -> Path:
     """Where the shim's live records of a local run go (``<case>/.rankpack/shim``). The
     Kubernetes backend's ranks write theirs into their pods' own volumes instead
-    (`rankpack.backend.kubernetes.nodereader`)."""
+    (`rankpack.backend.kubernetes.nodes.nodereader`)."""
     return case_dir / ".rankpack" / "shim"
 
 

@@ -30,9 +30,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from rankpack.backend.kubernetes import status as readings
-from rankpack.backend.kubernetes.api import ApiError, ClientKubeApi
-from rankpack.backend.kubernetes.config import KubernetesConfig
+from rankpack.backend.kubernetes.api.client import ClientKubeApi
+from rankpack.backend.kubernetes.api.config import KubernetesConfig
+from rankpack.backend.kubernetes.api.kubeapi import ApiError
+from rankpack.backend.kubernetes.objects import status as readings
 from rankpack.backend.protocol import BackendError
 from rankpack.devcluster import binaries, configs, host, images, packages, pki, processes, rbac
 from rankpack.devcluster.binaries import KubeVersion

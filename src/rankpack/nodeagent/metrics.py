@@ -18,7 +18,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rankpack.backend.kubernetes.nodereader import RankPod, RankReading
+from rankpack.backend.kubernetes.nodes.nodereader import RankPod, RankReading
 
 Readings = Callable[[], list[tuple[RankPod, RankReading]] | None]
 LABELS = ["namespace", "pod", "sim", "rank"]

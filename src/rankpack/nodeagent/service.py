@@ -30,9 +30,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from rankpack.backend.kubernetes.api import ApiError
-from rankpack.backend.kubernetes.builders import MANAGED_BY, MANAGER, RANK_LABEL, SIM_LABEL
-from rankpack.backend.kubernetes.nodereader import (
+from rankpack.backend.kubernetes.api.kubeapi import ApiError
+from rankpack.backend.kubernetes.nodes.nodereader import (
     NodeReader,
     NotPublished,
     RankPod,
@@ -40,6 +39,7 @@ from rankpack.backend.kubernetes.nodereader import (
     rank_pod,
     reading_json,
 )
+from rankpack.backend.kubernetes.objects.builders import MANAGED_BY, MANAGER, RANK_LABEL, SIM_LABEL
 from rankpack.core.actions import WAIT_MODES
 from rankpack.errors import UserError
 from rankpack.nodeagent.auth import Access, Authorizer, Verdict

@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rankpack.backend.kubernetes.api import RequestCounter
+from rankpack.backend.kubernetes.api.kubeapi import RequestCounter
 from rankpack.controller.loop import SimView
 from rankpack.store import EventRow
 

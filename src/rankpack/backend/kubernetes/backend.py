@@ -2,16 +2,16 @@
 
 Called by the control loop (`rankpack.controller.loop`) exactly like the local backend.
 `launch` creates (idempotent: existing objects of the simulation are taken) the
-simulation's owner ConfigMap, headless Service and rank pods (`objects`, from the pure
+simulation's owner ConfigMap, headless Service and rank pods (`reconcile`, from the pure
 `builders`) and returns. Everything the backend reads of the cluster comes from one shared
 cache (`informer`: each collection listed once, then watched; issue 29): the follower
 thread (`poller`) acts on each change of the namespace's pods, starts ``mpirun`` on this
-host once every rank pod of a simulation runs (`starting`; ranks enter the pods through the
+host once every rank pod of a simulation runs (`starting.hostmpirun`; ranks enter the pods through the
 rsh agent, `rsh`), follows resizes from the pods' status as the watch brings it (`status`),
 and turns a deleted or evicted rank pod into a failed simulation with a failure code. Each
 simulation's state is one `record.SimRecord` whose `Lifecycle` both threads change under
 one lock. `wait` wakes on the poller's and mpirun's news.
-`observe` reads a record (`observing`); counters and the shim's records come from the rank
+`observe` reads a record (`simreport`); counters and the shim's records come from the rank
 pods' nodes (`readings`: this node's files, or the node agents), the solver log from the
 shared case volume; `inventory` from the cached nodes, pods and quotas (`capacity`). Every
 request sent is counted (`api_requests`).
@@ -28,24 +28,17 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 
-from rankpack.backend.kubernetes import (
-    builders,
-    informer,
-    launcher,
-    limits,
-    lostnodes,
-    objects,
-    observing,
-    pod_mode,
-    readings,
-    status,
-)
-from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
-from rankpack.backend.kubernetes.capacity import Capacity
-from rankpack.backend.kubernetes.config import KubernetesConfig, parse_volume
+from rankpack.backend.kubernetes import simreport
+from rankpack.backend.kubernetes.api import informer
+from rankpack.backend.kubernetes.api.config import KubernetesConfig, parse_volume
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
+from rankpack.backend.kubernetes.nodes import lostnodes, readings
+from rankpack.backend.kubernetes.nodes.capacity import Capacity
+from rankpack.backend.kubernetes.objects import builders, limits, reconcile, status
 from rankpack.backend.kubernetes.poller import Poller, check_adopted
 from rankpack.backend.kubernetes.record import Lifecycle, Resize, SimRecord, rank_dir
-from rankpack.backend.kubernetes.starting import MpirunHost, Starter, prepare_files
+from rankpack.backend.kubernetes.starting import exitwrapper, podmode
+from rankpack.backend.kubernetes.starting.hostmpirun import MpirunHost, Starter, prepare_files
 from rankpack.backend.mpirun import stop_group
 from rankpack.backend.protocol import (
     BackendError,
@@ -153,8 +146,8 @@ class KubernetesBackend:
         summary["watched"] = self.cache.stats()
         return summary
 
-    def pods_left(self, sim_id: str) -> objects.PodsLeft:
-        """A simulation's pods in the cache, after waiting for a change (`objects.delete`)."""
+    def pods_left(self, sim_id: str) -> reconcile.PodsLeft:
+        """A simulation's pods in the cache, after waiting for a change (`reconcile.delete`)."""
 
         def left(wait_s: float) -> list[Obj]:
             found = self.cache.informer(self.pods_collection)
@@ -191,7 +184,7 @@ class KubernetesBackend:
         in a quota is `LaunchRefused` (still staged, nothing created), a rank the
         LimitRange refuses is `LaunchFailed` with its code. A create the apiserver refuses
         halfway (another tenant took the quota between that check and the create) deletes
-        what was created (`objects.undo`: no partial gang) and is `LaunchRefused` for
+        what was created (`reconcile.undo`: no partial gang) and is `LaunchRefused` for
         quota, else `LaunchFailed`."""
         if spec.sim_id in self.sims:
             raise BackendError(f"simulation {spec.sim_id} was launched already")
@@ -217,13 +210,13 @@ class KubernetesBackend:
             sim.launcher_millis = check.launcher_millis  # within the namespace's LimitRange
         self._prepare(sim)
         try:
-            sim.created_rv = objects.reconcile(
-                self.api, spec, image, volume, launcher=pod_mode.options_of(sim, self.config),
+            sim.created_rv = reconcile.reconcile(
+                self.api, spec, image, volume, launcher=podmode.options_of(sim, self.config),
                 create_first=True,
             )  # fmt: skip
         except ApiError as exc:
             if not exc.transient:
-                removed = objects.undo(self.api, spec.sim_id)
+                removed = reconcile.undo(self.api, spec.sim_id)
                 why = f"cannot create the rank pods of {spec.sim_id}: {exc}"
                 if exc.quota_exceeded:
                     self._stager.restore(stage)
@@ -243,7 +236,7 @@ class KubernetesBackend:
         instructions)."""
         prepare_files(sim)
         if sim.in_pod:
-            pod_mode.prepare(sim, self.config, self.api.namespace)
+            podmode.prepare(sim, self.config, self.api.namespace)
 
     # -- the poller: the backend's event source (`poller`) ------------------------------
 
@@ -371,12 +364,12 @@ class KubernetesBackend:
                     life.end(code)
             held = self.nodes.judge_end(sim)  # a lost node may be behind a failed end
             ended = life.over
-            ranks = tuple(observing.observe_rank(sim, i, ended, self.readings, missing)
+            ranks = tuple(simreport.observe_rank(sim, i, ended, self.readings, missing)
                           for i in range(sim.n))  # fmt: skip
-            outages = observing.outages(sim, missing)
+            outages = simreport.outages(sim, missing)
             log_text = sim.log.read(ended=ended)
             phase, reason = self.phase(sim) if held is None else (SimPhase.RUNNING, held)
-            over = observing.ended_failure(sim) if phase is SimPhase.FAILED else None
+            over = simreport.ended_failure(sim) if phase is SimPhase.FAILED else None
             failure = over.code if over is not None else None
         for node, why in outages:  # once per outage, on rank 0's pod
             self.record_event(sim, 0, "NodeAgentUnreachable",
@@ -389,9 +382,9 @@ class KubernetesBackend:
 
     def phase(self, sim: SimRecord) -> tuple[SimPhase, str]:
         """The simulation's phase and why (no side effects: `list` uses it too)."""
-        phase, reason = observing.phase(sim, self.poll_error)
+        phase, reason = simreport.phase(sim, self.poll_error)
         if sim.in_pod and phase is SimPhase.PENDING and not self.poll_error:
-            reason = pod_mode.pending_reason(sim, reason)
+            reason = podmode.pending_reason(sim, reason)
         return phase, reason
 
     # -- stop and release ----------------------------------------------------------------------
@@ -408,7 +401,7 @@ class KubernetesBackend:
             sim.life.stop()
         if sim.in_pod:  # mpirun runs in the launcher pod: its deletion ends it
             if not sim.life.ended:
-                pod_mode.stop(self.api, sim)
+                podmode.stop(self.api, sim)
             with self.lock:
                 sim.life.end()
             self.notify()
@@ -433,7 +426,7 @@ class KubernetesBackend:
         if sim.life.failure is not None and sim.life.failure.code is FailureCode.NODE_LOST:
             self.nodes.force_delete(self.api, sim)  # its kubelet will never confirm an end
         try:
-            objects.delete(self.api, self.config, sim_id, self.pods_left(sim_id))
+            reconcile.delete(self.api, self.config, sim_id, self.pods_left(sim_id))
         except BackendError:
             # The apiserver is away or the pods are slow to go: the poller deletes them
             # later; the simulation itself is over and its results are on the volume.
@@ -454,7 +447,7 @@ class KubernetesBackend:
             self.release(sim_id)
             return
         try:
-            gone = objects.delete(self.api, self.config, sim_id, self.pods_left(sim_id),
+            gone = reconcile.delete(self.api, self.config, sim_id, self.pods_left(sim_id),
                                   wait=False)  # fmt: skip
         except BackendError:
             gone = False
@@ -497,12 +490,12 @@ class KubernetesBackend:
     def adopt(self, sim_id: str, spec: SimSpec) -> None:
         """Take over a simulation an earlier rankpack process launched: its pods are
         followed again; its mpirun (not our child) is known to have ended by the exit file
-        it leaves on the case volume. The launch marker (`launcher.state`) says whether
+        it leaves on the case volume. The launch marker (`exitwrapper.state`) says whether
         mpirun was ever started: if not (the earlier process died mid-launch), the rank
         pods (and in pod mode the launcher pod) are created if missing and mpirun is started
         once they run. A simulation with a launcher pod is followed through it (pod mode:
         running, ended, or lost)."""
-        launch = launcher.state(rank_dir(spec.case_dir))
+        launch = exitwrapper.state(rank_dir(spec.case_dir))
         try:
             owner = self.api.get("configmaps", builders.owner_name(sim_id))
         except ApiError as exc:
@@ -536,12 +529,12 @@ class KubernetesBackend:
             # whatever the earlier process got to (owner, service, some rank pods): creating
             # is get-or-create, so the missing ones are made and the existing ones kept
             try:
-                sim.created_rv = objects.reconcile(
-                    self.api, spec, image, volume, launcher=pod_mode.options_of(sim, self.config)
+                sim.created_rv = reconcile.reconcile(
+                    self.api, spec, image, volume, launcher=podmode.options_of(sim, self.config)
                 )
             except ApiError as exc:
                 if not exc.transient:
-                    objects.undo(self.api, sim_id)  # no partial gang, whatever the reason
+                    reconcile.undo(self.api, sim_id)  # no partial gang, whatever the reason
                     why = f"cannot create the rank pods of {sim_id}: {exc}"
                     if exc.quota_exceeded:
                         raise LaunchRefused(why) from exc
@@ -562,10 +555,10 @@ class KubernetesBackend:
                     sim.pods[rank] = pod
                     sim.seen.add(rank)
         if launcher_pod is not None:  # pod mode: the launcher pod says where it stands
-            pod_mode.adopted(sim, launcher_pod)
+            podmode.adopted(sim, launcher_pod)
         elif launch == "died":
             life.fail(
-                pod_mode.lost_on_adoption(sim) if in_pod else
+                podmode.lost_on_adoption(sim) if in_pod else
                 Failure(FailureCode.OTHER,
                         "its launcher and mpirun ended without an exit code (killed?)")
             )  # fmt: skip

@@ -9,8 +9,8 @@ deleted, evicted or broken rank pod into the simulation's failure (`status.failu
 and a message), follows resizes from the pods' status (a resize completes when the watch
 brings the pod whose status shows it), fails a simulation with a pod on a lost node
 ``NodeLost`` (`lostnodes`), starts mpirun once every rank pod runs
-(`starting.MpirunHost`; in pod mode it follows each simulation's launcher pod instead,
-`pod_mode`), and wakes the control loop (`notify`) when something changed. It shares the
+(`hostmpirun.MpirunHost`; in pod mode it follows each simulation's launcher pod instead,
+`podmode`), and wakes the control loop (`notify`) when something changed. It shares the
 backend's records under the backend's lock.
 """
 
@@ -21,10 +21,12 @@ import signal
 import threading
 from typing import TYPE_CHECKING, Any
 
-from rankpack.backend.kubernetes import builders, lostnodes, objects, pod_mode, status
-from rankpack.backend.kubernetes.api import ApiError, Obj
-from rankpack.backend.kubernetes.informer import Informer, selected
+from rankpack.backend.kubernetes.api.informer import Informer, selected
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
+from rankpack.backend.kubernetes.nodes import lostnodes
+from rankpack.backend.kubernetes.objects import builders, reconcile, status
 from rankpack.backend.kubernetes.record import Resize, SimRecord
+from rankpack.backend.kubernetes.starting import podmode
 from rankpack.backend.protocol import BackendError, ResizeStatus
 from rankpack.core.failures import Failure, FailureCode
 
@@ -122,9 +124,9 @@ class Poller:
         return True
 
     def _retry_reconcile(self, sim: SimRecord) -> None:
-        launcher = pod_mode.options_of(sim, self.backend.config)
+        launcher = podmode.options_of(sim, self.backend.config)
         try:
-            sim.created_rv = objects.reconcile(self.backend.api, sim.spec, sim.image, sim.volume,
+            sim.created_rv = reconcile.reconcile(self.backend.api, sim.spec, sim.image, sim.volume,
                                                launcher=launcher)  # fmt: skip
         except ApiError as exc:
             sim.reconcile_error = str(exc)
@@ -138,7 +140,7 @@ class Poller:
         """One non-blocking attempt per orphan (the poller must not stall on one)."""
         for sim_id in sorted(self.orphans):
             try:
-                gone = objects.delete(self.backend.api, self.backend.config, sim_id,
+                gone = reconcile.delete(self.backend.api, self.backend.config, sim_id,
                                       self.backend.pods_left(sim_id), wait=False)  # fmt: skip
             except BackendError:
                 continue
@@ -178,7 +180,7 @@ class Poller:
             status.running(p, C) for p in sim.pods.values()
         )
         if sim.in_pod:  # mpirun runs in the launcher pod: follow it
-            news |= pod_mode.follow(sim, launcher, ranks_running, caught_up=caught_up)
+            news |= podmode.follow(sim, launcher, ranks_running, caught_up=caught_up)
         if (
             not life.started
             and life.failure is None
@@ -232,7 +234,7 @@ class Poller:
             return False
         self.backend.record_event(sim, sim.life.failure_rank, "SimulationFailed", failure.message)
         if sim.in_pod:
-            pod_mode.end_on_failure(self.backend.api, sim)
+            podmode.end_on_failure(self.backend.api, sim)
         if sim.process is not None and sim.process.poll() is None:
             sim.process.kill_group(signal.SIGTERM)
         if sim.process is None:

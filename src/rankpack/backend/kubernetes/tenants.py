@@ -25,9 +25,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
-from rankpack.backend.kubernetes.api import ApiError, KubeApi
+from rankpack.backend.kubernetes.api.config import KubernetesConfig
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi
 from rankpack.backend.kubernetes.backend import KubernetesBackend
-from rankpack.backend.kubernetes.config import KubernetesConfig
 from rankpack.backend.protocol import (
     BackendError,
     Inventory,

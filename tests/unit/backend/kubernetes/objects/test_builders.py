@@ -1,0 +1,313 @@
+"""Pure builders: table tests with named cases (spec in, object out)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankpack.backend.kubernetes.api.config import DEV_IMAGE, HostPathVolume, PvcVolume
+from rankpack.backend.kubernetes.objects import builders
+from rankpack.backend.protocol import BackendError, RankResources, SimSpec
+
+CASE = Path("/runs/r1")
+OWNER = builders.OwnerRef("rankpack-s1", "uid-1")
+
+
+def spec(**kw: Any) -> SimSpec:
+    base: dict[str, Any] = {
+        "sim_id": "s1",
+        "case_dir": CASE,
+        "command": ("simpleFoam", "-parallel"),
+        "ranks": (RankResources(250), RankResources(1250, 1500)),
+        "log_path": CASE / "log.simpleFoam",
+        "labels": {"rankpack.dev/run-id": "7"},
+    }
+    base.update(kw)
+    return SimSpec(**base)
+
+
+def test_names_and_hostfile_in_rank_order() -> None:
+    # rank 10 after rank 9 (sorted by rank, not by name)
+    text = builders.hostfile("s1", 11)
+    lines = text.splitlines()
+    assert lines[0] == "rankpack-s1-0 slots=1"
+    assert lines[9:] == ["rankpack-s1-9 slots=1", "rankpack-s1-10 slots=1"]
+    assert builders.hostfile("s1", 11) == text
+
+
+@pytest.mark.parametrize(
+    ("sim_id", "ok"),
+    [("s1a2b3", True), ("S1", False), ("s_1", False), ("x" * 50, True), ("x" * 60, False)],
+    ids=["hex", "uppercase", "underscore", "long-ok", "too-long"],
+)
+def test_sim_ids_must_name_pods(sim_id: str, ok: bool) -> None:
+    if ok:
+        builders.check_sim_id(sim_id, 4)
+    else:
+        with pytest.raises(BackendError):
+            builders.check_sim_id(sim_id, 4)
+
+
+def test_owner_configmap_holds_hostfile_and_spec() -> None:
+    cm = builders.owner_configmap(spec(), DEV_IMAGE)
+    assert cm["metadata"]["name"] == "rankpack-s1"
+    assert cm["metadata"]["labels"] == {
+        "rankpack.dev/run-id": "7",
+        "app.kubernetes.io/managed-by": "rankpack",
+        "rankpack.dev/sim": "s1",
+        "rankpack.dev/role": "owner",
+    }
+    assert cm["data"]["hostfile"] == "rankpack-s1-0 slots=1\nrankpack-s1-1 slots=1\n"
+    assert '"case_dir": "/runs/r1"' in cm["data"]["spec.json"]
+    assert "ownerReferences" not in cm["metadata"]
+
+
+def test_service_is_headless_and_owned() -> None:
+    svc = builders.headless_service(spec(), OWNER)
+    assert svc["spec"]["clusterIP"] == "None"
+    assert svc["spec"]["selector"] == {
+        "app.kubernetes.io/managed-by": "rankpack",
+        "rankpack.dev/sim": "s1",
+    }
+    assert svc["metadata"]["ownerReferences"] == [
+        {"apiVersion": "v1", "kind": "ConfigMap", "name": "rankpack-s1", "uid": "uid-1",
+         "controller": True}
+    ]  # fmt: skip
+
+
+LIVE = {"name": "rankpack-live", "emptyDir": {}}
+"""The shim's records: the pod's own volume, never the case volume nor a host path."""
+
+POD_CASES = [
+    pytest.param(
+        {"rank": 0, "image": DEV_IMAGE, "volume": HostPathVolume(CASE)},
+        {
+            "resources": {"requests": {"cpu": "250m"}},
+            "pull": "Never",
+            "volumes": [
+                {"name": "case", "hostPath": {"path": "/runs/r1", "type": "Directory"}},
+                LIVE,
+                {"name": "host-usr", "hostPath": {"path": "/usr", "type": "Directory"}},
+            ],
+            "mounts": ["/runs/r1", "/var/run/rankpack", "/usr"],
+        },
+        id="dev-image-request-only",
+    ),
+    pytest.param(
+        {"rank": 1, "image": "ghcr.io/x/foam:1", "volume": PvcVolume("runs", Path("/runs"))},
+        {
+            "resources": {"requests": {"cpu": "1250m"}, "limits": {"cpu": "1500m"}},
+            "pull": None,
+            "volumes": [{"name": "case", "persistentVolumeClaim": {"claimName": "runs"}}, LIVE],
+            "mounts": ["/runs", "/var/run/rankpack"],
+        },
+        id="real-image-pvc-with-limit",
+    ),
+]
+
+
+@pytest.mark.parametrize(("given", "want"), POD_CASES)
+def test_rank_pod(given: dict[str, Any], want: dict[str, Any]) -> None:
+    pod = builders.rank_pod(spec(), given["rank"], OWNER, given["volume"], given["image"])
+    name = f"rankpack-s1-{given['rank']}"
+    assert pod["metadata"]["name"] == name
+    assert pod["metadata"]["labels"]["rankpack.dev/rank"] == str(given["rank"])
+    assert pod["metadata"]["labels"]["rankpack.dev/sim"] == "s1"
+    assert pod["metadata"]["labels"]["app.kubernetes.io/managed-by"] == "rankpack"
+    assert pod["metadata"]["labels"]["rankpack.dev/run-id"] == "7"
+    assert pod["metadata"]["ownerReferences"][0]["uid"] == "uid-1"
+    s = pod["spec"]
+    assert (s["hostname"], s["subdomain"]) == (name, "rankpack-s1")
+    assert s["restartPolicy"] == "Never"
+    (c,) = s["containers"]
+    assert c["image"] == given["image"]
+    assert c.get("imagePullPolicy") == want["pull"]
+    assert c["resources"] == want["resources"]
+    assert c["resizePolicy"] == [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]
+    assert c["workingDir"] == "/runs/r1"
+    assert c["command"][:2] == ["/bin/sh", "-c"] and "sleep" in c["command"][2]
+    assert [m["mountPath"] for m in c["volumeMounts"]] == want["mounts"]
+    assert s["volumes"] == want["volumes"]
+    assert "nodeSelector" not in s
+    assert s["automountServiceAccountToken"] is False
+    restricted = {
+        "allowPrivilegeEscalation": False,
+        "capabilities": {"drop": ["ALL"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
+    if want["pull"] is None:  # a real image: its user is rankpack, uid 1000
+        restricted["runAsNonRoot"] = True
+    assert c["securityContext"] == restricted
+
+
+def test_the_shims_records_live_in_the_pods_own_empty_dir() -> None:
+    pod = builders.rank_pod(spec(), 0, OWNER, PvcVolume("runs", Path("/runs")), "img")
+    (c,) = pod["spec"]["containers"]
+    live = [m for m in c["volumeMounts"] if m["name"] == "rankpack-live"]
+    assert live == [{"name": "rankpack-live", "mountPath": "/var/run/rankpack"}]
+    (volume,) = [v for v in pod["spec"]["volumes"] if v["name"] == "rankpack-live"]
+    assert volume == LIVE  # on the node's disk: not a tmpfs the agent would not see
+    assert not any("hostPath" in v for v in pod["spec"]["volumes"])
+
+
+def test_placement_becomes_node_selector() -> None:
+    pod = builders.rank_pod(
+        spec(placement={"kubernetes.io/hostname": "n1"}), 0, OWNER, HostPathVolume(CASE), "img"
+    )
+    assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
+
+
+def test_each_rank_gets_a_required_affinity_to_its_node_and_never_a_node_name() -> None:
+    placed = spec(rank_nodes=("n0", "n1"))
+    for rank, node in enumerate(("n0", "n1")):
+        pod = builders.rank_pod(placed, rank, OWNER, HostPathVolume(CASE), "img")
+        assert "nodeName" not in pod["spec"]  # the scheduler's fit check still applies
+        assert pod["spec"]["affinity"] == {"nodeAffinity": {
+            "requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [
+                {"matchExpressions": [
+                    {"key": "kubernetes.io/hostname", "operator": "In", "values": [node]}
+                ]}
+            ]}
+        }}  # fmt: skip
+    assert '"rank_nodes": ["n0", "n1"]' in builders.spec_json(placed, "img")
+    # no node decided (one node, the local backend's spec): nothing changes
+    pod = builders.rank_pod(spec(), 0, OWNER, HostPathVolume(CASE), "img")
+    assert "affinity" not in pod["spec"] and "nodeSelector" not in pod["spec"]
+    assert "rank_nodes" not in builders.spec_json(spec(), "img")
+
+
+@pytest.mark.parametrize(
+    ("res", "want"),
+    [
+        (RankResources(500), {"requests": {"cpu": "500m"}}),
+        (RankResources(500, 800), {"requests": {"cpu": "500m"}, "limits": {"cpu": "800m"}}),
+    ],
+    ids=["request", "request-and-limit"],
+)
+def test_resize_patch(res: RankResources, want: dict[str, Any]) -> None:
+    assert builders.resize_patch(res) == {
+        "spec": {"containers": [{"name": "rank", "resources": want}]}
+    }
+
+
+MPIRUN_CASES = [
+    pytest.param(
+        {"subnet": "10.201.0.0/24", "as_root": True},
+        ["--mca", "oob_tcp_if_include", "10.201.0.0/24", "--allow-run-as-root"],
+        id="subnet-root",
+    ),
+    pytest.param({"subnet": None, "as_root": False}, [], id="no-subnet"),
+]
+
+
+@pytest.mark.parametrize(("given", "present"), MPIRUN_CASES)
+def test_mpirun_argv(given: dict[str, Any], present: list[str]) -> None:
+    args = builders.MpirunArgs(
+        mpirun="/usr/bin/mpirun",
+        n_ranks=4,
+        hostfile=CASE / ".rankpack/hostfile",
+        agent=CASE / ".rankpack/rsh-agent",
+        case_dir=CASE,
+        command=("simpleFoam", "-parallel"),
+        env={"WM_PROJECT_DIR": "/usr/lib/openfoam", "LD_PRELOAD": "/runs/r1/.rankpack/lib/x.so"},
+        **given,
+    )
+    argv = builders.mpirun_argv(args)
+    text = " ".join(argv)
+    assert argv[:3] == ["/usr/bin/mpirun", "-np", "4"]
+    assert "--mca plm_rsh_agent /runs/r1/.rankpack/rsh-agent" in text
+    assert "--mca plm_rsh_no_tree_spawn 1" in text
+    assert "--mca pml ob1 --mca btl self,tcp" in text
+    assert "--hostfile /runs/r1/.rankpack/hostfile" in text
+    assert "-x LD_PRELOAD=/runs/r1/.rankpack/lib/x.so -x WM_PROJECT_DIR=/usr/lib/openfoam" in text
+    assert argv[-2:] == ["simpleFoam", "-parallel"]
+    for i in range(len(present)):
+        assert present[i] in argv
+    assert ("btl_tcp_if_include" in argv) == (given["subnet"] is not None)
+
+
+def _args(**kw: Any) -> builders.MpirunArgs:
+    base: dict[str, Any] = {
+        "mpirun": "/usr/bin/mpirun",
+        "n_ranks": 2,
+        "hostfile": CASE / ".rankpack/hostfile",
+        "agent": CASE / ".rankpack/rsh-agent",
+        "case_dir": CASE,
+        "command": ("imbalance", "-n", "10"),
+        "env": {"LD_PRELOAD": "/runs/r1/.rankpack/lib/x.so", "A": "1 2"},
+    }
+    base.update(kw)
+    return builders.MpirunArgs(**base)
+
+
+def _pairs(argv: list[str], flag: str, width: int) -> list[list[str]]:
+    """Every ``flag`` in argv with the ``width`` values after it."""
+    return [argv[i + 1 : i + 1 + width] for i, a in enumerate(argv) if a == flag]
+
+
+@pytest.mark.parametrize(("transport", "btl"), [("tcp", "self,tcp"), ("auto", "self,vader,tcp")])
+def test_open_mpi_transport(transport: str, btl: str) -> None:
+    argv = builders.mpirun_argv(_args(transport=transport))
+    assert ["btl", btl] in _pairs(argv, "--mca", 2)
+    assert ["pml", "ob1"] in _pairs(argv, "--mca", 2)
+    assert "-genv" not in argv and "-localhost" not in argv
+
+
+MPICH_CASES = [
+    pytest.param("tcp", "10.201.0.30", id="tcp-only"),
+    pytest.param("auto", None, id="auto-no-address"),
+]
+
+
+@pytest.mark.parametrize(("transport", "address"), MPICH_CASES)
+def test_mpich_hydra_argv(transport: str, address: str | None) -> None:
+    args = _args(mpirun="/usr/bin/mpiexec.hydra", flavour="mpich", transport=transport,
+                 local_address=address, subnet="10.201.0.0/24", as_root=True)  # fmt: skip
+    argv = builders.mpirun_argv(args)
+    assert argv[:3] == ["/usr/bin/mpiexec.hydra", "-n", "2"]
+    # the same rsh agent as Open MPI's: hydra calls it as `AGENT POD hydra_pmi_proxy ...`
+    assert _pairs(argv, "-launcher", 1) == [["rsh"]]
+    assert _pairs(argv, "-launcher-exec", 1) == [["/runs/r1/.rankpack/rsh-agent"]]
+    assert _pairs(argv, "-f", 1) == [["/runs/r1/.rankpack/hostfile"]]
+    assert _pairs(argv, "-wdir", 1) == [[str(CASE)]]
+    assert "-genvnone" in argv  # nothing of the launcher's own environment reaches a rank
+    assert _pairs(argv, "-localhost", 1) == ([[address]] if address else [])
+    genv = {name: value for name, value in _pairs(argv, "-genv", 2)}
+    tcp_only = {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "self,tcp"}
+    expected = {"LD_PRELOAD": "/runs/r1/.rankpack/lib/x.so", "A": "1 2"}
+    assert genv == ({**tcp_only, **expected} if transport == "tcp" else expected)
+    assert argv[-3:] == ["imbalance", "-n", "10"]
+    # no Open MPI option leaks into hydra's command line (it would refuse it)
+    assert not [a for a in argv if a.startswith("--")]
+    assert "--allow-run-as-root" not in argv and "-x" not in argv
+
+
+def test_the_spec_env_wins_over_the_tcp_switches() -> None:
+    argv = builders.mpirun_argv(_args(flavour="mpich", env={"UCX_TLS": "tcp"}))
+    assert dict((n, v) for n, v in _pairs(argv, "-genv", 2))["UCX_TLS"] == "tcp"
+
+
+@pytest.mark.parametrize(
+    ("flavour", "transport", "match"),
+    [("intelmpi", "tcp", "cannot be launched"), ("mpich", "shm", "transport")],
+)
+def test_unknown_mpi_or_transport_is_refused(flavour: str, transport: str, match: str) -> None:
+    with pytest.raises(BackendError, match=match):
+        builders.mpirun_argv(_args(flavour=flavour, transport=transport))
+
+
+@pytest.mark.parametrize(
+    ("flavour", "first"), [("openmpi", "rankpack-s1-0 slots=1"), ("mpich", "rankpack-s1-0:1")]
+)
+def test_hostfile_in_each_mpis_format(flavour: str, first: str) -> None:
+    lines = builders.hostfile("s1", 3, flavour).splitlines()
+    assert lines[0] == first and len(lines) == 3
+    assert lines[2].startswith("rankpack-s1-2")
+
+
+def test_agent_path_with_spaces_is_refused() -> None:
+    args = builders.MpirunArgs("mpirun", 1, Path("/h"), Path("/a b/agent"), CASE, ("x",), {})
+    with pytest.raises(BackendError, match="whitespace"):
+        builders.mpirun_argv(args)
