@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from rankpack.backend.protocol import BackendError, SimSpec
+from rankpack.core.actions import WaitMode
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.errors import UserError
 from rankpack.profile.records import RecordReader, record_path, set_wait_modes
@@ -267,7 +268,7 @@ class ShimRecords:
                 return ShimSample(rec.compute_ns, rec.mpi_ns, rec.window_duty, rec.wait_mode)
         return ShimSample()
 
-    def set_wait_mode(self, mode: str) -> None:
+    def set_wait_mode(self, mode: WaitMode) -> None:
         """Ask every rank to wait in ``mode`` from its next wait on (the control word in each
         rank's record). BackendError for a simulation without the shim, an unknown mode, or
         a rank whose record is not published yet."""

@@ -32,10 +32,10 @@ from typing import Any
 
 from rankpack.backend.kubernetes.api.kubeapi import ApiError
 from rankpack.backend.kubernetes.nodes.nodereader import (
+    NodeRankReading,
     NodeReader,
     NotPublished,
     RankPod,
-    RankReading,
     rank_pod,
     reading_json,
 )
@@ -201,7 +201,7 @@ class NodeAgent:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def readings(self, namespace: str = "") -> list[tuple[RankPod, RankReading]] | None:
+    def readings(self, namespace: str = "") -> list[tuple[RankPod, NodeRankReading]] | None:
         """This node's running rank pods (of ``namespace``, or all) and their readings, by
         namespace, simulation and rank; None while the pods cannot be listed."""
         pods = self.pods.get()

@@ -15,8 +15,8 @@ the files are what the builders return, so the YAML is never edited by hand.
 The operator runs from the rank image (it stages cases, so it needs OpenFOAM), as a non-root
 user with the restricted security context, with no host mount: run directories are on the
 claim, mounted at the same path in the operator and every rank pod. Its rights: a Role in
-its namespace (`rankpack.backend.kubernetes.objects.rbac.role_rules`) and a read-only ClusterRole for
-nodes (their allocatable CPU); never secrets, never a cluster-wide write.
+its namespace (`rankpack.backend.kubernetes.objects.rbac.role_rules`) and a read-only
+ClusterRole for nodes (their allocatable CPU); never secrets, never a cluster-wide write.
 """
 
 from __future__ import annotations

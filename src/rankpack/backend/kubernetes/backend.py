@@ -33,10 +33,10 @@ from rankpack.backend.kubernetes.api import informer
 from rankpack.backend.kubernetes.api.config import KubernetesConfig, parse_volume
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.nodes import lostnodes, readings
-from rankpack.backend.kubernetes.nodes.capacity import Capacity
+from rankpack.backend.kubernetes.nodes.capacity import ClusterCapacity
 from rankpack.backend.kubernetes.objects import builders, limits, reconcile, status
 from rankpack.backend.kubernetes.poller import Poller, check_adopted
-from rankpack.backend.kubernetes.record import Lifecycle, Resize, SimRecord, rank_dir
+from rankpack.backend.kubernetes.record import Lifecycle, PodResize, SimRecord, rank_dir
 from rankpack.backend.kubernetes.starting import exitwrapper, podmode
 from rankpack.backend.kubernetes.starting.hostmpirun import MpirunHost, Starter, prepare_files
 from rankpack.backend.mpirun import stop_group
@@ -57,7 +57,7 @@ from rankpack.backend.protocol import (
     UnknownSimulation,
 )
 from rankpack.backend.worker import News, Stager
-from rankpack.core.actions import WAIT_MODES
+from rankpack.core.actions import UnknownWaitMode, WaitMode, parse_wait_mode
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.errors import UserError
 
@@ -105,7 +105,7 @@ class KubernetesBackend:
         self.host = MpirunHost(api, config, mpirun=mpirun, starter=starter, lock=self.lock,
                                notify=self.notify)  # fmt: skip
         self._poller = Poller(self)
-        self._capacity = Capacity(api, config, self.cache)
+        self._capacity = ClusterCapacity(api, config, self.cache)
         self.nodes = lostnodes.NodeWatch(self.cache)
         """Which nodes are lost (`lostnodes`: the cached nodes and their Leases)."""
 
@@ -180,7 +180,7 @@ class KubernetesBackend:
 
     def launch(self, spec: SimSpec) -> None:
         """Create the owner, the Service and the rank pods. Checked first against the
-        namespace's LimitRanges and quotas, read now (`Capacity.launch_check`): no room
+        namespace's LimitRanges and quotas, read now (`ClusterCapacity.launch_check`): no room
         in a quota is `LaunchRefused` (still staged, nothing created), a rank the
         LimitRange refuses is `LaunchFailed` with its code. A create the apiserver refuses
         halfway (another tenant took the quota between that check and the create) deletes
@@ -285,7 +285,7 @@ class KubernetesBackend:
         if sim.life.over:
             st = result(ResizeState.REJECTED, "the simulation has ended")
             with self.lock:
-                sim.resizes[rank] = Resize(st, resources, None)
+                sim.resizes[rank] = PodResize(st, resources, None)
             return st
         name = builders.pod_name(sim_id, rank)
         try:
@@ -307,7 +307,7 @@ class KubernetesBackend:
             st = result(state, f"{exc.reason}: {exc.message}" if exc.message else str(exc),
                         code=code)  # fmt: skip
             with self.lock:
-                sim.resizes[rank] = Resize(st, resources, None)
+                sim.resizes[rank] = PodResize(st, resources, None)
             change = f"cpu {old.request_millis}m -> {resources.request_millis}m"
             why = "QuotaExceeded" if exc.quota_exceeded else "ResizeRejected"
             self.record_event(sim, rank, why, f"{change}: {st.reason}")
@@ -321,13 +321,13 @@ class KubernetesBackend:
             st = result(ResizeState.PENDING)
         with self.lock:
             sim.desired[rank] = resources
-            sim.resizes[rank] = Resize(st, resources, gen)
+            sim.resizes[rank] = PodResize(st, resources, gen)
         self._poller.ensure()
         return st
 
     # -- wait mode ---------------------------------------------------------------------------
 
-    def set_wait_mode(self, sim_id: str, mode: str) -> None:
+    def set_wait_mode(self, sim_id: str, mode: WaitMode) -> None:
         """The control word is in each rank's record, in its pod's own volume: written on
         its node (`readings`: here, or by the node agent), every rank takes it up at its
         next wait. A simulation without the shim is refused (BackendError), as by every
@@ -335,8 +335,10 @@ class KubernetesBackend:
         sim = self._sim(sim_id)
         if sim.spec.shim is None:
             raise BackendError(f"simulation {sim_id} runs without the shim: no wait mode to set")
-        if mode not in WAIT_MODES:
-            raise BackendError(f"unknown wait mode '{mode}'; use one of: {', '.join(WAIT_MODES)}")
+        try:
+            parse_wait_mode(mode)
+        except UnknownWaitMode as exc:
+            raise BackendError(str(exc)) from None
         with self.lock:
             pods = [sim.pods.get(i) for i in range(sim.n)]
         running = [p for p in pods if p is not None and status.running(p, C)]

@@ -25,7 +25,7 @@ from rankpack.backend.kubernetes.api.informer import Informer, selected
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
 from rankpack.backend.kubernetes.nodes import lostnodes
 from rankpack.backend.kubernetes.objects import builders, reconcile, status
-from rankpack.backend.kubernetes.record import Resize, SimRecord
+from rankpack.backend.kubernetes.record import PodResize, SimRecord
 from rankpack.backend.kubernetes.starting import podmode
 from rankpack.backend.protocol import BackendError, ResizeStatus
 from rankpack.core.failures import Failure, FailureCode
@@ -215,7 +215,7 @@ class Poller:
             sim.life.fail(lostnodes.lost_failure(sim, why), max(rank, 0))
         return self._handle_failure(sim)
 
-    def _follow_resize(self, resize: Resize, pod: Obj) -> bool:
+    def _follow_resize(self, resize: PodResize, pod: Obj) -> bool:
         reading = status.resize_state(pod, C, resize.target, resize.generation)
         old = resize.status
         if reading.state is old.state and reading.reason == old.reason:

@@ -121,7 +121,7 @@ class Lifecycle:
 
 
 @dataclass
-class Resize:
+class PodResize:
     status: ResizeStatus
     target: RankResources
     generation: int | None
@@ -138,7 +138,7 @@ class SimRecord:
     life: Lifecycle = field(default_factory=Lifecycle)
     pods: dict[int, Obj] = field(default_factory=dict)
     seen: set[int] = field(default_factory=set)
-    resizes: dict[int, Resize] = field(default_factory=dict)
+    resizes: dict[int, PodResize] = field(default_factory=dict)
     process: Proc | None = None
     log_file: IO[bytes] | None = field(default=None, repr=False)
     log: LogTail = field(init=False)

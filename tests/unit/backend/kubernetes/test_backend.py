@@ -13,7 +13,7 @@ import pytest
 from rankpack.backend.kubernetes.api.config import KubernetesConfig
 from rankpack.backend.kubernetes.api.kubeapi import Obj
 from rankpack.backend.kubernetes.backend import KubernetesBackend
-from rankpack.backend.kubernetes.nodes.nodereader import CpuCounters, RankReading
+from rankpack.backend.kubernetes.nodes.nodereader import CpuCounters, NodeRankReading
 from rankpack.backend.kubernetes.nodes.readings import ReadingsMissing
 from rankpack.backend.kubernetes.starting import hostmpirun
 from rankpack.backend.mpirun import ShimSample
@@ -77,12 +77,12 @@ class FakeReadings:
     def prefetch(self, pods: Any) -> None:
         return None
 
-    def read(self, pod: dict[str, Any]) -> RankReading | None:
+    def read(self, pod: dict[str, Any]) -> NodeRankReading | None:
         node = pod["spec"].get("nodeName", "")
         if node in self.down:
             raise ReadingsMissing(node, self.down[node])
         ns = self.by_uid.get(pod["metadata"]["uid"])
-        return RankReading(CpuCounters(ns, 3, 40), None, self.shim) if ns is not None else None
+        return NodeRankReading(CpuCounters(ns, 3, 40), None, self.shim) if ns is not None else None
 
     def set_wait_mode(self, sim_id: str, pods: Any, mode: str) -> None:
         self.modes.append((sim_id, [p["metadata"]["name"] for p in pods], mode))

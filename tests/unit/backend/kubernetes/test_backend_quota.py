@@ -201,7 +201,7 @@ def test_in_pod_mode_the_launcher_pod_counts_against_the_quota_and_limit_range(
 ) -> None:
     from rankpack.backend.kubernetes.api.config import KubernetesConfig
     from rankpack.backend.kubernetes.api.informer import Cache
-    from rankpack.backend.kubernetes.nodes.capacity import Capacity
+    from rankpack.backend.kubernetes.nodes.capacity import ClusterCapacity
     from rankpack.backend.kubernetes.record import SimRecord
     from rankpack.backend.kubernetes.starting.podmode import options_of
 
@@ -210,13 +210,13 @@ def test_in_pod_mode_the_launcher_pod_counts_against_the_quota_and_limit_range(
     config = KubernetesConfig(kubeconfig=Path("/k"), namespace="rankpack", launcher="pod",
                               launcher_cpu_millis=50)  # fmt: skip
     ranks = [RankResources(500), RankResources(500)]  # the quota's 1000m, and 50m more
-    check = Capacity(api, config, Cache(api, background=False)).launch_check(ranks)
+    check = ClusterCapacity(api, config, Cache(api, background=False)).launch_check(ranks)
     assert check.refusal is not None and check.refusal[0] is FailureCode.QUOTA_EXCEEDED
     assert "need 1050m" in check.refusal[1]
     # a LimitRange min above the launcher's request raises it (and counts it so)
     api.objects[("resourcequotas", "q")] = quota("2", "0")
     api.objects[("limitranges", "lr")] = limit_range(min="100m")
-    check = Capacity(api, config, Cache(api, background=False)).launch_check(ranks)
+    check = ClusterCapacity(api, config, Cache(api, background=False)).launch_check(ranks)
     assert check.refusal is None and check.launcher_millis == 100
     h = Harness(tmp_path)
     sim = SimRecord(spec=h.spec(), image="i", volume=None, desired=[], in_pod=True)  # type: ignore[arg-type]

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 from rankpack.backend.kubernetes.api.informer import Cache, core
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
-from rankpack.backend.kubernetes.nodes.nodereader import RankReading, reading_from_json
+from rankpack.backend.kubernetes.nodes.nodereader import NodeRankReading, reading_from_json
 from rankpack.backend.kubernetes.nodes.readings import ReadingsMissing
 from rankpack.backend.protocol import BackendError
 
@@ -41,7 +41,7 @@ MAX_ANSWER = 8 << 20
 @dataclass
 class _Fetch:
     t: float
-    readings: dict[str, RankReading] | None
+    readings: dict[str, NodeRankReading] | None
     """uid -> reading; None when the fetch failed (``error``)."""
     error: str = ""
 
@@ -89,7 +89,7 @@ class AgentReadings:
         for node, namespace in sorted({self._where(p) for p in pods if self._where(p)[0]}):
             self._fetch(node, namespace)
 
-    def read(self, pod: Obj) -> RankReading | None:
+    def read(self, pod: Obj) -> NodeRankReading | None:
         node, namespace = self._where(pod)
         if not node:
             return None
@@ -233,7 +233,7 @@ def agent_addresses(pods: Sequence[Obj], port: int) -> dict[str, str]:
     return {node: address for node, (_, address) in best.items()}
 
 
-def _parse_ranks(answer: bytes) -> dict[str, RankReading]:
+def _parse_ranks(answer: bytes) -> dict[str, NodeRankReading]:
     try:
         data = json.loads(answer)
         ranks = data["ranks"]

@@ -1,12 +1,12 @@
 """What the cluster can hold for the Kubernetes backend: its nodes, their use, the quota.
 
-`Capacity.inventory` answers `KubernetesBackend.inventory`: ready, schedulable nodes with
+`ClusterCapacity.inventory` answers `KubernetesBackend.inventory`: ready, schedulable nodes with
 the requests of every live pod (all namespaces if the identity may list them, else this
 namespace and the node agents'), what schedulable nodes that are not Ready could allocate
 once back, the namespace's tightest CPU quotas (``requests.cpu``, ``limits.cpu``) and what
 its LimitRanges allow a rank's request (`limits`). All of it is read from the backend's
 cache (`informer`: listed once, then watched), so the control loop's inventory every tick
-costs the apiserver nothing. `Capacity.launch_check` checks a launch against the quotas and
+costs the apiserver nothing. `ClusterCapacity.launch_check` checks a launch against the quotas and
 LimitRanges the cache holds, before anything is created. Refusals (403) are learned and
 remembered; while the apiserver does not answer, the cache answers what it last saw (and
 before it was ever listed, the last inventory read).
@@ -33,7 +33,7 @@ class LaunchCheck(NamedTuple):
     """The launcher pod's CPU request within the namespace's LimitRange (pod mode)."""
 
 
-class Capacity:
+class ClusterCapacity:
     LIVE = "status.phase!=Succeeded,status.phase!=Failed"
     """Pods that hold their CPU request (a field selector: a pod that ends leaves the watch
     as DELETED)."""

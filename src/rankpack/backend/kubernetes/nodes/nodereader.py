@@ -5,7 +5,7 @@ The one node-side reader (decision 0010). `rankpack node-agent` uses it in its D
 ``/v1/ranks``; the Kubernetes backend uses it in-process when it runs on the rank pods' node
 (``KubernetesConfig.readings == "node"``: the single-node dev cluster, `readings`). Given a
 rank pod as the API shows it (uid, namespace, labels, ``status.qosClass``), `NodeReader`
-returns a typed `RankReading` and sets the rank's wait mode.
+returns a typed `NodeRankReading` and sets the rank's wait mode.
 
 Cgroup layouts (cgroupfs driver, as the kubelet names them; ``<pods>`` is the node's pods
 cgroup, ``kubepods`` unless the kubelet has a ``--cgroup-root`` of its own):
@@ -84,7 +84,7 @@ class Pressure:
 
 
 @dataclass(frozen=True)
-class RankReading:
+class NodeRankReading:
     """What the node says of one rank pod now."""
 
     cpu: CpuCounters | None
@@ -278,12 +278,12 @@ class NodeReader:
         cgroup are here."""
         return self.pods_dir.is_dir() and self.cgroups.available
 
-    def read(self, pod: Obj) -> RankReading:
+    def read(self, pod: Obj) -> NodeRankReading:
         """The rank pod's counters, pressure and shim sample; ValueError for a pod whose uid
         or rank label is not what a rank pod has."""
         who = rank_pod(pod)
         cpu, psi = self.cgroups.read(who.uid, who.qos)
-        return RankReading(cpu, psi, self.shim_sample(who))
+        return NodeRankReading(cpu, psi, self.shim_sample(who))
 
     def shim_sample(self, who: RankPod) -> ShimSample | None:
         """The rank's latest record (None: none published, or not a readable record)."""
@@ -370,7 +370,7 @@ class NodeReader:
 # -- the wire form (``GET /v1/ranks``): the agent writes it, the backend's client reads it ---
 
 
-def reading_json(who: RankPod, reading: RankReading) -> Obj:
+def reading_json(who: RankPod, reading: NodeRankReading) -> Obj:
     """One rank pod's entry in ``/v1/ranks`` (counters null when its cgroup is not there)."""
     cpu, psi, shim = reading.cpu, reading.psi, reading.shim
     return {
@@ -393,7 +393,7 @@ def reading_json(who: RankPod, reading: RankReading) -> Obj:
     }  # fmt: skip
 
 
-def reading_from_json(entry: Obj) -> RankReading:
+def reading_from_json(entry: Obj) -> NodeRankReading:
     """The reading of one ``/v1/ranks`` entry; ValueError if it does not have the shape
     `reading_json` gives (the answer is checked, not trusted)."""
     if not isinstance(entry, dict):
@@ -418,7 +418,7 @@ def reading_from_json(entry: Obj) -> RankReading:
         shim = ShimSample(_opt(_int, sh.get("compute_ns")), _opt(_int, sh.get("mpi_ns")),
                           _opt(_float, sh.get("duty_window")),
                           str(mode) if mode is not None else None)  # fmt: skip
-    return RankReading(cpu, psi, shim)
+    return NodeRankReading(cpu, psi, shim)
 
 
 def _int(value: Any) -> int:

@@ -1,6 +1,6 @@
 """Where the Kubernetes backend gets its ranks' readings: this node's files, or the agents.
 
-A reading (`nodereader.RankReading`) is what a rank pod's node says of it: cgroup counters,
+A reading (`nodereader.NodeRankReading`) is what a rank pod's node says of it: cgroup counters,
 CPU pressure and the shim's latest record. Only the node can say it (decision 0010), so the
 backend asks one of two `Readings`, chosen once by `choose` from
 ``KubernetesConfig.readings``:
@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Protocol
 
 from rankpack.backend.kubernetes.api.config import KubernetesConfig, NodeFiles
 from rankpack.backend.kubernetes.api.kubeapi import KubeApi, Obj
-from rankpack.backend.kubernetes.nodes.nodereader import NodeReader, NotPublished, RankReading
+from rankpack.backend.kubernetes.nodes.nodereader import NodeRankReading, NodeReader, NotPublished
 from rankpack.backend.protocol import BackendError
 from rankpack.errors import UserError
 
@@ -51,7 +51,7 @@ class Readings(Protocol):
         network source may take its timeout). Never raises."""
         ...
 
-    def read(self, pod: Obj) -> RankReading | None:
+    def read(self, pod: Obj) -> NodeRankReading | None:
         """The rank pod's reading; None when the node has none for it (its cgroup is not
         there yet). Raises `ReadingsMissing` when its node cannot be asked now."""
         ...
@@ -84,7 +84,7 @@ class LocalReadings:
     def prefetch(self, pods: Sequence[Obj]) -> None:
         return None
 
-    def read(self, pod: Obj) -> RankReading | None:
+    def read(self, pod: Obj) -> NodeRankReading | None:
         try:
             return self._reader(pod).read(pod)
         except ValueError:  # not a rank pod's uid or rank label: nothing to read

@@ -2,7 +2,7 @@
 
 The apiserver refuses a pod (and a ``pods/resize``) that would take the namespace past a
 ResourceQuota, or whose CPU lies outside a LimitRange: one refusal in the middle of a gang
-leaves a partial set of rank pods. So the backend plans within them (`Capacity`, through
+leaves a partial set of rank pods. So the backend plans within them (`ClusterCapacity`, through
 `rank_bounds` and the quotas of the `Inventory`) and checks a launch against them before
 it creates anything (`launch_refusal`).
 

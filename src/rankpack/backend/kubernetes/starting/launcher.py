@@ -393,7 +393,7 @@ def _popen(
 
 
 @dataclass
-class Launch:
+class LauncherRun:
     """One run of the launcher: wait for the rank pods, start mpirun once, follow it. Its
     surroundings are given (the API, time, how a process is started, this pod's
     environment), so tests drive it without a cluster or processes."""
@@ -523,7 +523,7 @@ def main(argv: Sequence[str] | None = None, termination_log: str = builders.TERM
         api = ClientKubeApi(KubernetesConfig(kubeconfig=None, namespace=instructions.namespace))
     except BackendError as exc:
         return fail_(f"cannot reach the Kubernetes API from the launcher pod: {exc}")
-    launch = Launch(instructions, api)
+    launch = LauncherRun(instructions, api)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, launch.on_signal)
     try:

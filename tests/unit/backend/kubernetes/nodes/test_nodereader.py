@@ -13,10 +13,10 @@ import pytest
 from rankpack.backend.kubernetes.nodes.nodereader import (
     CpuCounters,
     NodeCgroups,
+    NodeRankReading,
     NodeReader,
     NotPublished,
     Pressure,
-    RankReading,
     check_pods_cgroup,
     parse_pressure,
     rank_pod,
@@ -52,7 +52,7 @@ def test_cgroup_v1_counters_by_qos(tmp_path: Path, qos: str) -> None:
     reader = reader_of(node)
     assert reader.available
     reading = reader.read(rank_pod_object(uid, qos=qos))
-    assert reading == RankReading(CpuCounters(123456789, 2, 99), None, None)
+    assert reading == NodeRankReading(CpuCounters(123456789, 2, 99), None, None)
     # a pod whose qosClass the API did not give yet is found in any QoS directory
     assert reader.read(rank_pod_object(uid, qos="")).cpu == CpuCounters(123456789, 2, 99)
 
@@ -215,10 +215,10 @@ def test_no_rank_changes_while_one_has_not_published(tmp_path: Path) -> None:
 def test_a_reading_survives_the_wire(tmp_path: Path) -> None:
     who = rank_pod(rank_pod_object(new_uid(), rank=2))
     for reading in (
-        RankReading(CpuCounters(5, 1, 2), Pressure(1.5, 10, None, None),
+        NodeRankReading(CpuCounters(5, 1, 2), Pressure(1.5, 10, None, None),
                     ShimSample(1, 2, 0.25, "spin")),
-        RankReading(None, None, None),
-        RankReading(CpuCounters(0), None, ShimSample(3, 4, None, "polite")),
+        NodeRankReading(None, None, None),
+        NodeRankReading(CpuCounters(0), None, ShimSample(3, 4, None, "polite")),
     ):  # fmt: skip
         entry = reading_json(who, reading)
         assert (entry["rank"], entry["sim"], entry["uid"]) == (2, "s1", who.uid)

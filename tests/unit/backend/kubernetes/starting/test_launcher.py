@@ -17,8 +17,8 @@ from rankpack.backend.kubernetes.starting import exitwrapper, launcher
 from rankpack.backend.kubernetes.starting.launcher import (
     Instructions,
     InstructionsError,
-    Launch,
     LaunchError,
+    LauncherRun,
     Stopped,
 )
 from tests.unit.backend.kubernetes.fake import FakeKubeApi
@@ -282,7 +282,7 @@ class Harness:
         self.clock = Clock()
         self.spawned: list[tuple[list[str], Path, dict[str, str], tuple[int, ...]]] = []
         self.child = FakeChild(code)
-        self.launch = Launch(
+        self.launch = LauncherRun(
             self.ins, self.api, spawn=self.spawn, clock=self.clock, sleep=self.clock.sleep,
             environ={"RANKPACK_POD_IP": "10.201.0.30", "LD_PRELOAD": "/x.so"},
             mpirun="/usr/bin/mpirun", agent=AGENT, as_root=False,
