@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rankpack.backend.cgroups import cpu_stat_v1, cpu_stat_v2
 from rankpack.backend.kubernetes.objects.builders import LIVE_VOLUME, RANK_LABEL, SIM_LABEL
 from rankpack.backend.mpirun import ShimSample
 from rankpack.errors import UserError
@@ -203,33 +204,21 @@ class NodeCgroups:
                 d = self._pod_dir(self.root, uid, qos)
                 if d is None:
                     return None, None
-                s = _keyed(d / "cpu.stat")
-                counters = CpuCounters(s.get("usage_usec", 0) * 1000, s.get("nr_throttled", 0),
-                                       s.get("throttled_usec", 0) * 1000)  # fmt: skip
+                st = cpu_stat_v2((d / "cpu.stat").read_text())
+                counters = CpuCounters(st.usage_ns, st.nr_throttled, st.throttled_ns)
                 return counters, _pressure(d / "cpu.pressure")
             if self.cpuacct is None:
                 return None, None
             d = self._pod_dir(self.cpuacct, uid, qos)
             if d is None:
                 return None, None
-            usage = int((d / "cpuacct.usage").read_text())
-            nthr = thr = 0
+            usage = (d / "cpuacct.usage").read_text()
             cpu_dir = self._pod_dir(self.cpu, uid, qos) if self.cpu else None
-            if cpu_dir is not None:
-                s = _keyed(cpu_dir / "cpu.stat")
-                nthr, thr = s.get("nr_throttled", 0), s.get("throttled_time", 0)
-            return CpuCounters(usage, nthr, thr), None
+            stat = (cpu_dir / "cpu.stat").read_text() if cpu_dir is not None else ""
+            st = cpu_stat_v1(stat, usage)
+            return CpuCounters(st.usage_ns, st.nr_throttled, st.throttled_ns), None
         except (OSError, ValueError):  # the pod went away mid-read
             return None, None
-
-
-def _keyed(path: Path) -> dict[str, int]:
-    out: dict[str, int] = {}
-    for line in path.read_text().splitlines():
-        key, _, value = line.partition(" ")
-        if value.strip().isdigit():
-            out[key] = int(value)
-    return out
 
 
 def parse_pressure(text: str) -> Pressure | None:
