@@ -13,11 +13,14 @@ See ``docs/decisions/0008-kubernetes-launcher.md`` and ``0010-node-agent.md``. S
 
 Modules:
 
-- `backend`: `KubernetesBackend`, backend protocol v2 over one namespace;
+- `backend`: `KubernetesBackend`, backend protocol v2 over one namespace (delegates to
+  the modules below);
 - `connect`: `connect`, `connect_api`, `connect_namespaces` (a checked backend or client);
 - `tenants`: `NamespacedBackends`, one backend over several namespaces;
-- `launching`: the launch path (`Launching`: checks, record, objects created);
-- `adoption`: taking over a simulation an earlier process launched (`adopt`);
+- `state`: `BackendState`, what the backend's parts share (API, settings, cache, records);
+- `launch`: the launch path (a new simulation's checks, record and objects);
+- `adoption`: earlier processes' simulations, listed and taken over;
+- `resizing`: a rank's ``pods/resize`` and what its answer says;
 - `poller`: the follower thread that acts on each change of the rank pods;
 - `record`: what the backend knows of one simulation (`SimRecord`, `Lifecycle`);
 - `simreport`: what `observe` reports of one simulation, read from its record.

@@ -12,6 +12,7 @@ from rankpack.backend.kubernetes.nodes.nodereader import CpuCounters
 from rankpack.backend.kubernetes.nodes.readings import Readings, ReadingsMissing
 from rankpack.backend.kubernetes.objects import builders, status
 from rankpack.backend.kubernetes.record import SimRecord
+from rankpack.backend.kubernetes.starting import podmode
 from rankpack.backend.mpirun import ShimSample, exit_failure
 from rankpack.backend.protocol import RankObservation, RankPhase, SimPhase
 from rankpack.core.failures import Failure
@@ -20,7 +21,8 @@ C = builders.CONTAINER
 
 
 def phase(sim: SimRecord, poll_error: str | None) -> tuple[SimPhase, str]:
-    """The simulation's phase and why (no side effects: `list` uses it too)."""
+    """The simulation's phase and why (no side effects: `list` uses it too; ``poll_error``:
+    the poller's, while the apiserver does not answer)."""
     life = sim.life
     if not life.over:
         if life.started:
@@ -28,12 +30,14 @@ def phase(sim: SimRecord, poll_error: str | None) -> tuple[SimPhase, str]:
         if poll_error:
             return SimPhase.PENDING, f"the API is not answering: {poll_error}"
         if sim.reconcile_error:
-            return SimPhase.PENDING, f"creating its pods: {sim.reconcile_error}"
-        return SimPhase.PENDING, "; ".join(
-            f"rank {i}: {status.pending_reason(sim.pods.get(i))}"
-            for i in range(sim.n)
-            if not status.running(sim.pods.get(i) or {}, C)
-        )
+            reason = f"creating its pods: {sim.reconcile_error}"
+        else:
+            reason = "; ".join(
+                f"rank {i}: {status.pending_reason(sim.pods.get(i))}"
+                for i in range(sim.n)
+                if not status.running(sim.pods.get(i) or {}, C)
+            )
+        return SimPhase.PENDING, podmode.pending_reason(sim, reason) if sim.in_pod else reason
     failure = ended_failure(sim)
     if failure is None:
         return SimPhase.SUCCEEDED, ""

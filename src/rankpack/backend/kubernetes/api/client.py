@@ -262,64 +262,13 @@ class ClientKubeApi:
         connect_retry_s: float = 0.0,
         abandoned: Callable[[], bool] | None = None,
     ) -> int:
-
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-        from kubernetes.stream import stream
         from kubernetes.stream.ws_client import ERROR_CHANNEL
-        from websocket import WebSocketException
-
-        exec_errors: tuple[type[Exception], ...] = (*NETWORK_ERRORS, WebSocketException)
-
-        # `stream` swaps the request method of the ApiClient it is given for a websocket
-        # while it runs: a private client per exec keeps concurrent REST calls (the poller,
-        # other execs) on plain HTTP.
-        core = client.CoreV1Api(client.ApiClient(self.api_client.configuration))
-        give_up = time.monotonic() + connect_retry_s
-        delay = 0.5
-        away = False  # the apiserver did not answer an earlier try
-        refused_until: float | None = None
 
         def check_wanted() -> None:
             if abandoned is not None and abandoned():
                 raise ApiError(0, "Abandoned", f"exec in pod {pod}: nobody waits for it any more")
 
-        while True:
-            check_wanted()
-            self.requests.add("create", "pods/exec")
-            try:
-                ws = stream(
-                    core.connect_get_namespaced_pod_exec,
-                    pod,
-                    self.namespace,
-                    container=container,
-                    command=list(argv),
-                    stdin=False,
-                    stdout=True,
-                    stderr=True,
-                    tty=False,
-                    _preload_content=False,
-                )
-                break
-            except ApiException as exc:
-                error = _exec_error(exc)
-                cause: Exception = exc
-            except exec_errors as exc:
-                error = ApiError(0, "Unreachable", f"cannot exec in pod {pod}: {exc}")
-                cause = exc
-            now = time.monotonic()
-            retry = error.transient
-            if error.status == 403 and away:
-                # an apiserver that has just started refuses until its authorizer has
-                # synced (seen on the dev cluster: pods/exec forbidden right after a
-                # restart): after it was away a refusal is tried again, for a while
-                refused_until = refused_until or now + RESTART_REFUSALS_S
-                retry = now < refused_until
-            away = away or error.transient
-            if not retry or now + delay > give_up:
-                raise error from cause
-            time.sleep(delay)  # not started: connecting again runs nothing twice
-            delay = min(delay * 2, 5.0)
+        ws = self._open_exec(pod, container, argv, connect_retry_s, check_wanted)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while ws.is_open():
@@ -339,6 +288,69 @@ class ClientKubeApi:
         finally:
             ws.close()
         return _exec_code(status_text)
+
+    def _open_exec(
+        self,
+        pod: str,
+        container: str,
+        argv: Sequence[str],
+        connect_retry_s: float,
+        check_wanted: Callable[[], None],
+    ) -> Any:
+        """The exec's websocket, open (the command started). While the apiserver cannot
+        be reached (or answers 429/5xx, or 403 right after it came back), connecting is
+        tried again for up to ``connect_retry_s``: nothing ran yet, so nothing runs twice."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.stream import stream
+        from websocket import WebSocketException
+
+        exec_errors: tuple[type[Exception], ...] = (*NETWORK_ERRORS, WebSocketException)
+
+        # `stream` swaps the request method of the ApiClient it is given for a websocket
+        # while it runs: a private client per exec keeps concurrent REST calls (the poller,
+        # other execs) on plain HTTP.
+        core = client.CoreV1Api(client.ApiClient(self.api_client.configuration))
+        give_up = time.monotonic() + connect_retry_s
+        delay = 0.5
+        away = False  # the apiserver did not answer an earlier try
+        refused_until: float | None = None
+        while True:
+            check_wanted()
+            self.requests.add("create", "pods/exec")
+            try:
+                ws = stream(
+                    core.connect_get_namespaced_pod_exec,
+                    pod,
+                    self.namespace,
+                    container=container,
+                    command=list(argv),
+                    stdin=False,
+                    stdout=True,
+                    stderr=True,
+                    tty=False,
+                    _preload_content=False,
+                )
+                return ws
+            except ApiException as exc:
+                error = _exec_error(exc)
+                cause: Exception = exc
+            except exec_errors as exc:
+                error = ApiError(0, "Unreachable", f"cannot exec in pod {pod}: {exc}")
+                cause = exc
+            now = time.monotonic()
+            retry = error.transient
+            if error.status == 403 and away:
+                # an apiserver that has just started refuses until its authorizer has
+                # synced (seen on the dev cluster: pods/exec forbidden right after a
+                # restart): after it was away a refusal is tried again, for a while
+                refused_until = refused_until or now + RESTART_REFUSALS_S
+                retry = now < refused_until
+            away = away or error.transient
+            if not retry or now + delay > give_up:
+                raise error from cause
+            time.sleep(delay)  # not started: connecting again runs nothing twice
+            delay = min(delay * 2, 5.0)
 
 
 def _watch_event(event: Obj) -> Obj:
