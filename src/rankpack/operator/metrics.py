@@ -2,7 +2,7 @@
 
 Gauges are set from the control loop's view every tick; counters from its recorded events;
 ``rankpack_apiserver_requests_total`` (by verb, resource and code) from the client's own
-request counter (`api.RequestCounter`), read when scraped: divide its rate by
+request counter (`kubeapi.RequestCounter`), read when scraped: divide its rate by
 ``rankpack_simulations_running`` for the requests per running simulation (issue 29).
 """
 

@@ -23,5 +23,5 @@ Modules:
 - `resizing`: a rank's ``pods/resize`` and what its answer says;
 - `poller`: the follower thread that acts on each change of the rank pods;
 - `record`: what the backend knows of one simulation (`SimRecord`, `Lifecycle`);
-- `simreport`: what `observe` reports of one simulation, read from its record.
+- `observe`: what `observe` reports of one simulation, read from its record.
 """

@@ -13,7 +13,7 @@ import contextlib
 import json
 from pathlib import Path
 
-from rankpack.backend.kubernetes import simreport
+from rankpack.backend.kubernetes import observe
 from rankpack.backend.kubernetes.api.config import parse_volume
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
 from rankpack.backend.kubernetes.launch import create_failure, prepare
@@ -46,7 +46,7 @@ def listed(state: BackendState, poll_error: str | None) -> tuple[SimRef, ...]:
         sim = state.sims.get(sim_id)
         if sim is not None and sim.life.released:
             continue
-        phase = simreport.phase(sim, poll_error)[0] if sim is not None else _phase_from_exit(owner)
+        phase = observe.phase(sim, poll_error)[0] if sim is not None else _phase_from_exit(owner)
         refs.append(SimRef(sim_id, phase, lab))
     return tuple(refs)
 

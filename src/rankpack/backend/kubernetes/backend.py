@@ -10,7 +10,7 @@ of the namespace's pods as the shared cache (`informer`: listed once, then watch
 29) brings it: starts ``mpirun`` on this host once every rank pod runs
 (`starting.hostmpirun`; ranks enter the pods through the rsh agent, `rsh`), follows
 resizes, turns a deleted or evicted rank pod into a failed simulation with a failure code.
-`observe` reads a record (`simreport`); counters and the shim's records come from the rank
+`observe` reads a record (module `observe`); counters and the shim's records come from the rank
 pods' nodes (`readings`: this node's files, or the node agents), the solver log from the
 shared case volume; `inventory` from the cached nodes, pods and quotas (`capacity`). Every
 request sent is counted (`api_requests`).
@@ -22,7 +22,8 @@ from __future__ import annotations
 import contextlib
 import time
 
-from rankpack.backend.kubernetes import adoption, resizing, simreport
+from rankpack.backend.kubernetes import adoption, resizing
+from rankpack.backend.kubernetes import observe as report
 from rankpack.backend.kubernetes.api import informer
 from rankpack.backend.kubernetes.api.config import KubernetesConfig
 from rankpack.backend.kubernetes.api.kubeapi import KubeApi
@@ -223,12 +224,12 @@ class KubernetesBackend:
                     life.end(code)
             held = self.nodes.judge_end(sim)  # a lost node may be behind a failed end
             ended = life.over
-            ranks = tuple(simreport.observe_rank(sim, i, ended, self.readings, missing)
+            ranks = tuple(report.observe_rank(sim, i, ended, self.readings, missing)
                           for i in range(sim.n))  # fmt: skip
-            outages = simreport.outages(sim, missing)
+            outages = report.outages(sim, missing)
             log_text = sim.log.read(ended=ended)
             phase, reason = self.phase(sim) if held is None else (SimPhase.RUNNING, held)
-            over = simreport.ended_failure(sim) if phase is SimPhase.FAILED else None
+            over = report.ended_failure(sim) if phase is SimPhase.FAILED else None
             failure = over.code if over is not None else None
         for node, why in outages:  # once per outage, on rank 0's pod
             self._state.record_event(sim, 0, "NodeAgentUnreachable",
@@ -241,7 +242,7 @@ class KubernetesBackend:
 
     def phase(self, sim: SimRecord) -> tuple[SimPhase, str]:
         """The simulation's phase and why (no side effects: `list` uses it too)."""
-        return simreport.phase(sim, self.poll_error)
+        return report.phase(sim, self.poll_error)
 
     # -- stop and release ----------------------------------------------------------------------
 

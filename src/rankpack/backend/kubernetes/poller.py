@@ -24,7 +24,7 @@ import signal
 import threading
 from typing import Any
 
-from rankpack.backend.kubernetes import simreport
+from rankpack.backend.kubernetes import observe
 from rankpack.backend.kubernetes.api.informer import Informer, selected
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
 from rankpack.backend.kubernetes.nodes import lostnodes
@@ -191,7 +191,7 @@ class Poller:
             and life.failure is None
             and b.clock() - sim.created_t > b.config.start_timeout_s
         ):
-            waiting = simreport.phase(sim, self.error)[1]
+            waiting = observe.phase(sim, self.error)[1]
             late = f"rank pods not running after {b.config.start_timeout_s:.0f} s: {waiting}"
             life.fail(Failure(FailureCode.NOT_RUNNING, late))
         if self._handle_failure(sim):

@@ -13,7 +13,7 @@ Its rooms:
 - `launching`: mpirun's command line and environment, the rank launcher, starting it;
 - `rankcgroups`: a run's rank cgroups (create, resize, read, kill, remove) and the runs of
   other rankpack processes on this machine;
-- `simreport`: a run's state and its observation (phases, counters, why it failed).
+- `observing`: a run's state and its observation (phases, counters, why it failed).
 
 What it shares with the Kubernetes backend (finding mpirun, stopping it, the shim's records,
 the log, exit codes) is `rankpack.backend.mpirun`; the cgroup files are

@@ -1,7 +1,7 @@
 """`LocalBackend`: backend protocol v2 (`rankpack.backend.protocol`) on this machine.
 
 It ties the rooms of the local backend together: `launching` starts mpirun, `rankcgroups`
-holds each run's rank cgroups, `simreport` keeps each run's state and observes it. Staging
+holds each run's rank cgroups, `observing` keeps each run's state and observes it. Staging
 runs in a worker thread (`rankpack.backend.worker.Stager`), a waiter thread per launched
 simulation notices its end, and `wait` wakes on the first event of any simulation.
 """

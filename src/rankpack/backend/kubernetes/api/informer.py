@@ -16,7 +16,7 @@ back).
 `Cache` is the one place a process keeps them: one informer per collection, shared by
 every reader (the backend's follower thread, its capacity, the node agents' addresses;
 the operator's Simulations; the node agent's rank pods), each watched on a thread of its
-own. The official client gives the watch stream (`api.ClientKubeApi.watch`) but no
+own. The official client gives the watch stream (`client.ClientKubeApi.watch`) but no
 informer, and no maintained Python library offers one over plain JSON (kopf's watching is
 internal to its framework; lightkube and kr8s watch but keep no cache): this is client-go's
 reflector and store, reduced to what rankpack reads. Tests drive a cache without threads

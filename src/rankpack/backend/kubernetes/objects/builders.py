@@ -1,8 +1,8 @@
 """Pure builders: a simulation's spec in, the Kubernetes objects and the mpirun command out.
 
 No I/O and no client objects: every function returns plain JSON-like dicts (or argv lists)
-and is table-tested (``tests/unit/kubernetes/test_builders.py``). `KubernetesBackend`
-creates what these return (get-or-create, mpi-operator's shape).
+and is table-tested (``tests/unit/backend/kubernetes/objects/test_builders.py``).
+`reconcile` creates what these return (get-or-create, mpi-operator's shape).
 
 One simulation is:
 

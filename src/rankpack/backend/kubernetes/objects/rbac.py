@@ -183,7 +183,7 @@ LAUNCHER_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
     ("", ("pods/exec",), ("create", "get")),
 )
 """What a launcher pod may do in its namespace: read pods, exec into them. Nothing it may
-create, change or delete (`tests/unit/kubernetes/test_pod_mode.py` pins this)."""
+create, change or delete (`tests/unit/backend/kubernetes/starting/test_podmode.py` pins this)."""
 
 
 def launcher_rbac(namespace: str | None = None) -> list[dict[str, Any]]:
