@@ -40,7 +40,7 @@ from rankpack.backend.kubernetes.nodes.nodereader import (
     reading_json,
 )
 from rankpack.backend.kubernetes.objects.builders import MANAGED_BY, MANAGER, RANK_LABEL, SIM_LABEL
-from rankpack.core.actions import WAIT_MODES
+from rankpack.core.actions import WAIT_MODES, UnknownWaitMode, parse_wait_mode
 from rankpack.errors import UserError
 from rankpack.nodeagent.auth import Access, Authorizer, Verdict
 from rankpack.nodeagent.metrics import AgentMetrics
@@ -178,10 +178,10 @@ class NodeAgent:
     def _wait_mode(self, namespace: str, sim: str, body: bytes | None) -> Response:
         try:
             data = json.loads(body or b"")
-            mode = data["mode"] if isinstance(data, dict) else None
-        except (ValueError, KeyError):
+            mode = parse_wait_mode(data["mode"]) if isinstance(data, dict) else None
+        except (ValueError, KeyError, TypeError, UnknownWaitMode):
             mode = None
-        if not isinstance(mode, str) or mode not in WAIT_MODES:
+        if mode is None:
             return Response.error(400, 'the body must be {"mode": "' + "|".join(WAIT_MODES) + '"}')
         pods = self.pods.get()
         if pods is None:
