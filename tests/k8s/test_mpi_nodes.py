@@ -123,7 +123,7 @@ def stuck(log: Path) -> str:
     whole; an assertion message is cut): its MPI processes on this machine (the rank pods'
     included) with a backtrace of each rank (gdb), and where each rsh agent waits (they dump
     their stacks into the log on SIGUSR1)."""
-    pattern = "imbalance|hydra|mpiexec|mpirun|orted|kubernetes.rsh"
+    pattern = "imbalance|hydra|mpiexec|mpirun|orted|kubernetes.starting.rsh"
     ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,wchan:32,etimes,args"], text=True,
                         capture_output=True, check=False).stdout  # fmt: skip
     rows = [row for row in ps.splitlines()[1:] if re.search(pattern, row)]

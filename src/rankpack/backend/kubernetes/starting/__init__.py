@@ -1,5 +1,6 @@
 """Starting a simulation's MPI ranks in their pods: mpirun on this host, or in a launcher pod.
 
+- `mpirunargs`: mpirun's command line (Open MPI or MPICH's hydra), pure;
 - `hostmpirun`: `MpirunHost`, mpirun on this host once every rank pod runs (host mode);
 - `exitwrapper`: the detached parent of a host-mode mpirun that writes its exit code
   (``python -m rankpack.backend.kubernetes.starting.exitwrapper``), and the launch marker;

@@ -23,7 +23,7 @@ from rankpack.backend.kubernetes.api.config import KubernetesConfig
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.objects import builders, status
 from rankpack.backend.kubernetes.record import SimRecord, rank_dir
-from rankpack.backend.kubernetes.starting import exitwrapper, rsh
+from rankpack.backend.kubernetes.starting import exitwrapper, mpirunargs, rsh
 from rankpack.backend.mpirun import MpirunProcess, Proc, find_mpirun, root_env
 from rankpack.backend.protocol import BackendError, LaunchFailed
 from rankpack.core.failures import Failure, FailureCode
@@ -119,7 +119,7 @@ class MpirunHost:
         life = sim.life
         flavour = sim.spec.mpi
         try:
-            builders.check_mpi(flavour, self.config.mpi_transport)
+            mpirunargs.check_mpi(flavour, self.config.mpi_transport)
         except BackendError as exc:
             life.fail(Failure(FailureCode.LAUNCH_FAILED, str(exc)))
             return
@@ -130,7 +130,7 @@ class MpirunHost:
         except UserError as exc:
             life.fail(Failure(FailureCode.LAUNCH_FAILED, f"cannot start mpirun: {exc}"))
             return
-        args = builders.MpirunArgs(
+        args = mpirunargs.MpirunArgs(
             mpirun=mpirun,
             n_ranks=sim.n,
             hostfile=d / "hostfile",
@@ -165,7 +165,7 @@ class MpirunHost:
             starter = self.starter
             if self.default_starter:
                 starter = _popen(sim.exit_file if self.config.detach else None, fd)
-            sim.process = starter(builders.mpirun_argv(args), sim.spec.case_dir, env,
+            sim.process = starter(mpirunargs.mpirun_argv(args), sim.spec.case_dir, env,
                                   sim.log_file)  # fmt: skip
         except (OSError, UserError, BackendError) as exc:
             life.fail(Failure(FailureCode.LAUNCH_FAILED, f"cannot start mpirun: {exc}"))
@@ -218,7 +218,7 @@ def subnet_of(pods: list[Obj]) -> str | None:
 
 def address_towards(pods: list[Obj]) -> str | None:
     """This host's address on its route to the first rank pod: where MPICH's hydra proxies
-    in the rank pods reach mpiexec here (`builders.MpirunArgs.local_address`). No packet is
+    in the rank pods reach mpiexec here (`mpirunargs.MpirunArgs.local_address`). No packet is
     sent (a UDP socket's connect only picks the route); None if there is no route."""
     ips = [p.get("status", {}).get("podIP") for p in pods]
     if not ips or not ips[0]:

@@ -6,7 +6,7 @@ launcher pod (`builders.launcher_pod`), whose only command is this, with the ins
 path as its one argument. Here, in the pod, under its ServiceAccount (`rbac.LAUNCHER_RULES`):
 
 1. read and check the instructions: anything unexpected is refused, nothing in them is
-   handed to a shell, and mpirun's argv is built here (`builders.mpirun_argv`), with this
+   handed to a shell, and mpirun's argv is built here (`mpirunargs.mpirun_argv`), with this
    image's mpirun and ``rankpack-exec``;
 2. wait, bounded by ``start_timeout_s``, until every rank pod runs with an IP (one list of
    the simulation's pods every ``poll_s``); a rank pod that failed ends the wait at once;
@@ -51,7 +51,7 @@ from typing import IO, Any, Protocol
 from rankpack.backend.kubernetes.api.config import MPI_TRANSPORTS
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.objects import builders, status
-from rankpack.backend.kubernetes.starting import exitwrapper, rsh
+from rankpack.backend.kubernetes.starting import exitwrapper, mpirunargs, rsh
 from rankpack.backend.kubernetes.starting.hostmpirun import subnet_of
 from rankpack.backend.mpirun import find_mpirun, root_env
 from rankpack.backend.protocol import BackendError
@@ -112,7 +112,7 @@ class Instructions:
     subnet: str | None = None
     """Open MPI's TCP interfaces (a CIDR); None: the /24 holding every pod's IP, if any."""
     mpi: str = "openmpi"
-    """The MPI library (`builders.FLAVOURS`): Open MPI's mpirun or MPICH's hydra."""
+    """The MPI library (`mpirunargs.FLAVOURS`): Open MPI's mpirun or MPICH's hydra."""
     transport: str = "tcp"
     """`config.MPI_TRANSPORTS`: TCP only (the default), or the library's choice."""
 
@@ -180,7 +180,7 @@ class Instructions:
             start_timeout_s=_seconds(data, "start_timeout_s"),
             poll_s=min(_seconds(data, "poll_s"), 60.0),
             subnet=_subnet(data),
-            mpi=_choice(data, "mpi", builders.FLAVOURS),
+            mpi=_choice(data, "mpi", mpirunargs.FLAVOURS),
             transport=_choice(data, "transport", MPI_TRANSPORTS),
         )
 
@@ -445,7 +445,7 @@ class LauncherRun:
                               stopping=lambda: self.signum)  # fmt: skip
         own_ip = self.environ.get(builders.POD_IP_ENV)
         try:
-            args = builders.MpirunArgs(
+            args = mpirunargs.MpirunArgs(
                 mpirun=self.mpirun or find_mpirun(ins.mpi),
                 n_ranks=len(ins.pods),
                 hostfile=ins.hostfile,
@@ -460,7 +460,7 @@ class LauncherRun:
                 # hydra's proxies connect back here (pod names do not resolve: no DNS)
                 local_address=own_ip or None,
             )
-            argv = builders.mpirun_argv(args)
+            argv = mpirunargs.mpirun_argv(args)
         except (UserError, BackendError) as exc:
             raise LaunchError(str(exc)) from exc
         marker = ins.exit_path.parent

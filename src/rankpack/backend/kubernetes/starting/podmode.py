@@ -23,6 +23,7 @@ from rankpack.backend.kubernetes.api.config import KubernetesConfig
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.objects import builders, rbac, status
 from rankpack.backend.kubernetes.record import SimRecord, launch_file, rank_dir
+from rankpack.backend.kubernetes.starting import mpirunargs
 from rankpack.backend.kubernetes.starting.hostmpirun import rank_env
 from rankpack.backend.kubernetes.starting.launcher import Instructions, read_exit, write_exit
 from rankpack.backend.protocol import BackendError, LaunchFailed, SimSpec
@@ -79,7 +80,7 @@ def prepare(sim: SimRecord, config: KubernetesConfig, namespace: str) -> None:
     """Write the launcher's instructions (after `hostmpirun.prepare_files`: the hostfile and
     the shim's copy are there). `LaunchFailed` if they cannot be written or mean nothing."""
     try:
-        builders.check_mpi(sim.spec.mpi, config.mpi_transport)
+        mpirunargs.check_mpi(sim.spec.mpi, config.mpi_transport)
     except BackendError as exc:
         raise LaunchFailed(str(exc)) from exc
     path = launch_file(sim.spec.case_dir)
