@@ -32,7 +32,7 @@ def rank_dir(case_dir: Path) -> Path:
 
 
 def launch_file(case_dir: Path) -> Path:
-    """The launcher pod's instructions (pod mode: `launcher.Instructions`)."""
+    """The launcher pod's instructions (pod mode: `instructions.Instructions`)."""
     return rank_dir(case_dir) / "launch.json"
 
 

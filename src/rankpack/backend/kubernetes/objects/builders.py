@@ -392,7 +392,7 @@ class LauncherOptions:
     """What a launcher pod needs besides the simulation's spec."""
 
     instructions: Path
-    """The instructions file on the case volume (`launcher.Instructions`)."""
+    """The instructions file on the case volume (`instructions.Instructions`)."""
     service_account: str
     """Its identity: may read pods and exec into them (`rbac.LAUNCHER_RULES`)."""
     env: tuple[tuple[str, str], ...] = ()

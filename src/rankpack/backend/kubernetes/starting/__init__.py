@@ -7,6 +7,7 @@
 - `rsh`: the rsh agent mpirun uses to start its daemons in the rank pods
   (``rankpack-exec``);
 - `launcher`: the launcher pod's program (``rankpack-launcher INSTRUCTIONS``);
+- `instructions`: what the backend tells the launcher pod (`Instructions`, checked JSON);
 - `podmode`: the backend's side of pod mode (writing the launcher's instructions,
   following the launcher pod).
 """

@@ -2,7 +2,7 @@
 
 `KubernetesBackend` uses this when `KubernetesConfig.launcher` is ``pod``. At launch (and
 at an adoption that finds mpirun never started) `prepare` writes the launcher's
-instructions (`launcher.Instructions`) onto the case volume and `options` tells
+instructions (`instructions.Instructions`) onto the case volume and `options` tells
 `reconcile.reconcile` how to build the launcher pod. The poller hands `follow` the launcher
 pod of every listing: running, with every rank pod running → the simulation is started;
 its container terminated → ended with mpirun's code (`reading`: the exit file, else the
@@ -25,7 +25,8 @@ from rankpack.backend.kubernetes.objects import builders, rbac, status
 from rankpack.backend.kubernetes.record import SimRecord, launch_file, rank_dir
 from rankpack.backend.kubernetes.starting import mpirunargs
 from rankpack.backend.kubernetes.starting.hostmpirun import rank_env
-from rankpack.backend.kubernetes.starting.launcher import Instructions, read_exit, write_exit
+from rankpack.backend.kubernetes.starting.instructions import Instructions
+from rankpack.backend.kubernetes.starting.launcher import read_exit, write_exit
 from rankpack.backend.protocol import BackendError, LaunchFailed, SimSpec
 from rankpack.core.failures import Failure, FailureCode
 

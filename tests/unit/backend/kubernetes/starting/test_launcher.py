@@ -14,13 +14,8 @@ import pytest
 
 from rankpack.backend.kubernetes.api.kubeapi import ApiError
 from rankpack.backend.kubernetes.starting import exitwrapper, launcher
-from rankpack.backend.kubernetes.starting.launcher import (
-    Instructions,
-    InstructionsError,
-    LaunchError,
-    LauncherRun,
-    Stopped,
-)
+from rankpack.backend.kubernetes.starting.instructions import Instructions, InstructionsError
+from rankpack.backend.kubernetes.starting.launcher import LaunchError, LauncherRun, Stopped
 from tests.unit.backend.kubernetes.fake import FakeKubeApi
 
 SIM = "s1"

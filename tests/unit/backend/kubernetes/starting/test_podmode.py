@@ -21,7 +21,7 @@ from rankpack.backend.kubernetes.api.config import (
 from rankpack.backend.kubernetes.backend import KubernetesBackend
 from rankpack.backend.kubernetes.objects import builders, rbac
 from rankpack.backend.kubernetes.starting import exitwrapper, podmode
-from rankpack.backend.kubernetes.starting.launcher import Instructions
+from rankpack.backend.kubernetes.starting.instructions import Instructions
 from rankpack.backend.protocol import BackendError, RankPhase, RankResources, SimPhase, SimSpec
 from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
