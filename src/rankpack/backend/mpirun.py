@@ -100,7 +100,7 @@ class MpirunProcess:
     that runs it. stdin is closed, stdout and stderr go to ``log``.
 
     With ``with_parent`` (the default) the process is SIGTERMed when this process dies
-    (`terminate_with_parent`); a detached launcher that must outlive us passes False.
+    (`terminate_with_parent`); a detached exit wrapper that must outlive us passes False.
     Raises OSError if it cannot be started.
     """
 

@@ -100,7 +100,7 @@ class KubernetesConfig:
     release_timeout_s: float = 60.0
     """How long `release` waits for the garbage collector to remove the rank pods."""
     detach: bool = False
-    """Start mpirun through a detached launcher that outlives this process (the operator:
+    """Start mpirun through a detached exit wrapper that outlives this process (the operator:
     a restarted operator adopts the simulation); False: mpirun is SIGTERMed if rankpack
     dies (`rankpack run`: nothing is left running)."""
     launcher: LauncherMode = "host"
