@@ -97,7 +97,7 @@ class Env:
             except OSError:
                 continue
             text = [a.decode(errors="replace") for a in argv]
-            if "rankpack.backend.kubernetes.launcher" in text and any(
+            if "rankpack.backend.kubernetes.starting.exitwrapper" in text and any(
                 str(self.tmp) in a for a in text
             ):
                 found.append(int(entry.name))

@@ -20,9 +20,10 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rankpack.backend.kubernetes import connect, load_config
-from rankpack.backend.kubernetes.informer import core
-from rankpack.backend.kubernetes.status import cpu_millis
+from rankpack.backend.kubernetes.api.config import load_config
+from rankpack.backend.kubernetes.api.informer import core
+from rankpack.backend.kubernetes.connect import connect
+from rankpack.backend.kubernetes.objects.status import cpu_millis
 from rankpack.controller.loop import LoopSettings, OneJob, run_jobs
 from rankpack.controller.observations import ControllerSettings, Phase
 from rankpack.devcluster.lifecycle import restarts

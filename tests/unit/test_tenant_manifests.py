@@ -11,7 +11,7 @@ from typing import Any
 
 import yaml
 
-from rankpack.backend.kubernetes import rbac
+from rankpack.backend.kubernetes.objects import rbac
 from rankpack.cli import build_parser
 from rankpack.operator import manifests, tenant_manifests
 from rankpack.operator.admission import AdmissionPolicy

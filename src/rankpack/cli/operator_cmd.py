@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from rankpack.backend.kubernetes.config import LAUNCHER_CHOICES, resolve_launcher
+from rankpack.backend.kubernetes.api.config import LAUNCHER_CHOICES, resolve_launcher
 from rankpack.backend.protocol import BackendError
 from rankpack.cli.common import (
     data_dir,
@@ -40,7 +40,7 @@ from rankpack.plan.allocation import budget_to_millis
 from rankpack.plan.submission import Submission
 
 if TYPE_CHECKING:
-    from rankpack.backend.kubernetes.api import ApiError
+    from rankpack.backend.kubernetes.api.kubeapi import ApiError
 
 
 def add_cluster_arguments(p: argparse.ArgumentParser, *, several: bool = False) -> None:
@@ -170,8 +170,7 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from rankpack.backend.kubernetes import load_config
-    from rankpack.backend.kubernetes.config import parse_transport
+    from rankpack.backend.kubernetes.api.config import load_config, parse_transport
     from rankpack.devcluster.nodefiles import with_node_files
 
     # the operator's --namespace is the list it serves (`handle_operator`), not its own
@@ -190,7 +189,7 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def simulation_api(args: argparse.Namespace) -> Any:
-    from rankpack.backend.kubernetes import ClientKubeApi
+    from rankpack.backend.kubernetes.api.client import ClientKubeApi
     from rankpack.operator.queue import SimulationApi
 
     cfg = _config(args)
@@ -215,7 +214,7 @@ def _api_error(exc: ApiError, what: str) -> UserError:
 def create_simulations(
     args: argparse.Namespace, sub: Submission, count: int, volume: str | None
 ) -> list[str]:
-    from rankpack.backend.kubernetes.api import ApiError
+    from rankpack.backend.kubernetes.api.kubeapi import ApiError
     from rankpack.operator import crd
 
     api = simulation_api(args)
@@ -233,7 +232,7 @@ def create_simulations(
 
 
 def list_simulations(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from rankpack.backend.kubernetes.api import ApiError
+    from rankpack.backend.kubernetes.api.kubeapi import ApiError
 
     api = simulation_api(args)
     try:
@@ -289,7 +288,7 @@ def own_image(config: Any) -> str | None:
     pod = os.environ.get("POD_NAME")
     if config.kubeconfig is not None or not pod:
         return None
-    from rankpack.backend.kubernetes import ClientKubeApi
+    from rankpack.backend.kubernetes.api.client import ClientKubeApi
 
     try:
         containers = ClientKubeApi(config).get_pod(pod)["spec"]["containers"]
@@ -448,7 +447,7 @@ def handle_runs_kubernetes(args: argparse.Namespace) -> int:
 
 
 def handle_events_kubernetes(args: argparse.Namespace) -> int:
-    from rankpack.backend.kubernetes.api import ApiError
+    from rankpack.backend.kubernetes.api.kubeapi import ApiError
 
     api = simulation_api(args)
     try:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rankpack.backend.kubernetes.api import ApiError
+from rankpack.backend.kubernetes.api.kubeapi import ApiError
 
 Obj = dict[str, Any]
 

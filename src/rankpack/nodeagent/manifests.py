@@ -1,5 +1,5 @@
 """The node agent's objects as pure builders: ServiceAccount, ClusterRole (from
-`rankpack.backend.kubernetes.rbac`), ClusterRoleBinding and the DaemonSet.
+`rankpack.backend.kubernetes.objects.rbac`), ClusterRoleBinding and the DaemonSet.
 
 ``python -m rankpack.nodeagent.manifests [DIR]`` writes them into ``DIR/node-agent.yaml``.
 
@@ -30,8 +30,8 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # (PyYAML, a dependency of kubernetes)
 
-from rankpack.backend.kubernetes.config import AGENT_PORT
-from rankpack.backend.kubernetes.rbac import (
+from rankpack.backend.kubernetes.api.config import AGENT_PORT
+from rankpack.backend.kubernetes.objects.rbac import (
     DEPLOY_NAMESPACE,
     MANAGED_BY,
     NODE_AGENT,

@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rankpack.backend.kubernetes import builders
-from rankpack.backend.kubernetes.api import ApiError
+from rankpack.backend.kubernetes.api.kubeapi import ApiError
+from rankpack.backend.kubernetes.objects import builders
 from rankpack.core.failures import FailureCode
 from rankpack.operator import crd
 from rankpack.store import EventRow

@@ -15,8 +15,8 @@ the files are what the builders return, so the YAML is never edited by hand.
 The operator runs from the rank image (it stages cases, so it needs OpenFOAM), as a non-root
 user with the restricted security context, with no host mount: run directories are on the
 claim, mounted at the same path in the operator and every rank pod. Its rights: a Role in
-its namespace (`rankpack.backend.kubernetes.rbac.role_rules`) and a read-only ClusterRole for
-nodes (their allocatable CPU); never secrets, never a cluster-wide write.
+its namespace (`rankpack.backend.kubernetes.objects.rbac.role_rules`) and a read-only
+ClusterRole for nodes (their allocatable CPU); never secrets, never a cluster-wide write.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # (PyYAML, a dependency of kubernetes)
 
-from rankpack.backend.kubernetes.rbac import (
+from rankpack.backend.kubernetes.objects.rbac import (
     DEPLOY_NAMESPACE,
     agent_caller_rules,
     backend_nodes_rbac,
@@ -197,7 +197,7 @@ NODE_LEASE_NAMESPACE = "kube-node-lease"
 def _lease_reader(subject: Obj) -> list[Obj]:
     """A Role in ``kube-node-lease``: the operator reads the nodes' Leases (when each
     kubelet last renewed its own) to tell a node crash from a simulation's own failure
-    (`rankpack.backend.kubernetes.lostnodes`); read-only, that namespace only."""
+    (`rankpack.backend.kubernetes.nodes.lostnodes`); read-only, that namespace only."""
     name = f"{NAME}-node-leases"
     return [
         {

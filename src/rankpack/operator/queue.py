@@ -39,7 +39,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from rankpack.backend.kubernetes.api import ApiError, ClientKubeApi, Conflict, NotFound
+from rankpack.backend.kubernetes.api.client import ClientKubeApi
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, Conflict, NotFound
 from rankpack.case.staging import StagedCase
 from rankpack.controller.jobs import Resume
 from rankpack.controller.loop import Adopted, Job

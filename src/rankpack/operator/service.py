@@ -29,13 +29,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rankpack.backend.kubernetes import (
-    ClientKubeApi,
-    KubernetesConfig,
-    NamespacedBackends,
-    connect_namespaces,
-)
-from rankpack.backend.kubernetes.api import ApiError, Obj
+from rankpack.backend.kubernetes.api.client import ClientKubeApi
+from rankpack.backend.kubernetes.api.config import KubernetesConfig
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
+from rankpack.backend.kubernetes.connect import connect_namespaces
+from rankpack.backend.kubernetes.tenants import NamespacedBackends
 from rankpack.backend.protocol import BackendError, UnknownSimulation
 from rankpack.controller.loop import Adopted, ControlLoop, LoopSettings, SimView
 from rankpack.controller.observations import ControllerSettings

@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from rankpack.backend.kubernetes.rbac import (
+from rankpack.backend.kubernetes.objects.rbac import (
     DEPLOY_NAMESPACE,
     HOME_RULES,
     launcher_rbac,

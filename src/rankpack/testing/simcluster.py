@@ -41,11 +41,11 @@ from rankpack.backend.protocol import (
     StageSpec,
     UnknownSimulation,
 )
+from rankpack.core.actions import UnknownWaitMode, WaitMode, parse_wait_mode
 from rankpack.core.failures import FailureCode
 from rankpack.testing.simapi import DELETE_REQUESTS, OBJECTS_PER_LAUNCH, ApiModel
 from rankpack.testing.simmodel import (
     DEFAULT_CASES,
-    WAIT_MODES,
     RankFault,
     ResizeScript,
     SimNode,
@@ -201,8 +201,11 @@ class SimulatedCluster:
         bad = [r for r in spec.ranks if r.request_millis < 1]
         if bad:
             raise LaunchFailed(f"every rank needs a request of at least 1m, got {bad[0]}")
-        if spec.shim is not None and spec.shim.wait_mode not in WAIT_MODES:
-            raise LaunchFailed(f"unknown wait mode '{spec.shim.wait_mode}'")
+        if spec.shim is not None:
+            try:
+                parse_wait_mode(spec.shim.wait_mode)
+            except UnknownWaitMode as exc:
+                raise LaunchFailed(str(exc)) from None
         nodes = self._load.place(spec)
         sim.spec = spec
         sim.ranks = [
@@ -229,10 +232,12 @@ class SimulatedCluster:
         arrives = self.api.write(self.now, "patch") if self.api is not None else None
         return self._resizes.request(sim, sim.ranks[rank], resources, arrives)
 
-    def set_wait_mode(self, sim_id: str, mode: str) -> None:
+    def set_wait_mode(self, sim_id: str, mode: WaitMode) -> None:
         sim = self.get(sim_id)
-        if mode not in WAIT_MODES:
-            raise BackendError(f"unknown wait mode '{mode}'; use one of {', '.join(WAIT_MODES)}")
+        try:
+            parse_wait_mode(mode)
+        except UnknownWaitMode as exc:
+            raise BackendError(str(exc)) from None
         if sim.spec is None or sim.spec.shim is None:
             raise BackendError(f"simulation {sim_id} runs without the shim")
         if sim.started_s is None:

@@ -143,7 +143,7 @@ def test_run_takes_the_mpi_and_its_transport() -> None:
 
 
 def test_the_mpi_transport_is_parsed_once() -> None:
-    from rankpack.backend.kubernetes.config import KubernetesConfig, parse_transport
+    from rankpack.backend.kubernetes.api.config import KubernetesConfig, parse_transport
 
     assert parse_transport("tcp") == "tcp" and parse_transport("auto") == "auto"
     with pytest.raises(UserError, match="shm"):
@@ -183,7 +183,7 @@ def test_no_kubeconfig_names_the_dev_clusters_when_one_is_here(
     monkeypatch.setenv("RANKPACK_DEV_CLUSTER_DIR", str(state))
     monkeypatch.setenv("HOME", str(tmp_path / "home"))  # no ~/.kube/config
     monkeypatch.delenv("KUBECONFIG", raising=False)
-    monkeypatch.setattr("rankpack.backend.kubernetes.config.IN_CLUSTER_DIR", tmp_path / "none")
+    monkeypatch.setattr("rankpack.backend.kubernetes.api.config.IN_CLUSTER_DIR", tmp_path / "none")
     code = main(["run", "pitzDaily", "--ranks", "2", "--backend", "kubernetes"])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rankpack.backend.kubernetes import rbac as backend_rbac_rules
+from rankpack.backend.kubernetes.objects import rbac as backend_rbac_rules
 from rankpack.devcluster import binaries, configs, rbac
 from rankpack.devcluster.binaries import KubeVersion
 from rankpack.devcluster.layout import NODE_IP, PAUSE_IMAGE, PORTS, Layout, node_specs

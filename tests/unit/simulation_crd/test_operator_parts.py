@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 
-from rankpack.backend.kubernetes.api import ApiError, Conflict
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, Conflict
 from rankpack.core.failures import FailureCode
 from rankpack.operator import crd, events, queue
 from rankpack.plan.submission import Submission
@@ -404,7 +404,7 @@ def test_a_held_head_says_why_in_its_queued_condition(sims: FakeSims, tmp_path: 
     ],
 )  # fmt: skip
 def test_cpu_quota_reads_requests_cpu(quota: Obj, want: tuple[int, int] | None) -> None:
-    from rankpack.backend.kubernetes.status import cpu_quota
+    from rankpack.backend.kubernetes.objects.status import cpu_quota
 
     assert cpu_quota(quota) == want
 

@@ -11,8 +11,8 @@ from typing import Any
 
 import pytest
 
-from rankpack.backend.kubernetes.api import ApiError, RequestCounter
-from rankpack.backend.kubernetes.informer import Cache
+from rankpack.backend.kubernetes.api.informer import Cache
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, RequestCounter
 from rankpack.core.failures import FailureCode
 from rankpack.operator import crd, queue
 from rankpack.operator.simcache import SimulationCache, collection

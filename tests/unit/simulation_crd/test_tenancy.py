@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from rankpack.backend.kubernetes.api import ApiError, Conflict, NotFound
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, Conflict, NotFound
 from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
 from rankpack.operator import crd, events, queue

@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from rankpack.backend.kubernetes import status as readings
+from rankpack.backend.kubernetes.objects import status as readings
 from rankpack.backend.protocol import BackendError
 from rankpack.devcluster import processes
 from rankpack.devcluster.layout import (

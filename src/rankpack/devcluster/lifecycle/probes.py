@@ -15,9 +15,10 @@ import urllib.request
 from collections.abc import Callable
 from pathlib import Path
 
-from rankpack.backend.kubernetes import status as readings
-from rankpack.backend.kubernetes.api import ApiError, ClientKubeApi
-from rankpack.backend.kubernetes.config import KubernetesConfig
+from rankpack.backend.kubernetes.api.client import ClientKubeApi
+from rankpack.backend.kubernetes.api.config import KubernetesConfig
+from rankpack.backend.kubernetes.api.kubeapi import ApiError
+from rankpack.backend.kubernetes.objects import status as readings
 from rankpack.devcluster import processes
 from rankpack.devcluster.layout import NAMESPACE, Layout
 from rankpack.errors import UserError
