@@ -18,6 +18,7 @@ from typing import Protocol
 
 from rankpack.backend.protocol import StagedCase
 from rankpack.core.failures import Failure, FailureCode
+from rankpack.core.results import RunResult
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
 
@@ -82,10 +83,16 @@ class JobSource(Protocol):
         ...
 
     def finished(
-        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
+        self,
+        job: Job,
+        status: str,
+        message: str = "",
+        failure: FailureCode | None = None,
+        result: RunResult | None = None,
     ) -> None:
         """The job ended (``message`` and ``failure``, its code: why, when it failed before
-        it had a run; a run's own code is its result's ``failure``)."""
+        it had a run; ``result``: its run's result, recorded, when it had one, whose own
+        code is its ``failure``)."""
         ...
 
     def heartbeat(self, jobs: Sequence[Job]) -> None: ...
@@ -128,7 +135,12 @@ class OneJob:
         pass
 
     def finished(
-        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
+        self,
+        job: Job,
+        status: str,
+        message: str = "",
+        failure: FailureCode | None = None,
+        result: RunResult | None = None,
     ) -> None:
         pass
 
@@ -169,7 +181,12 @@ class StoreQueue:
         self.store.set_queue_run(job.queue_id, run_id)
 
     def finished(
-        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
+        self,
+        job: Job,
+        status: str,
+        message: str = "",
+        failure: FailureCode | None = None,
+        result: RunResult | None = None,
     ) -> None:
         self.store.finish_queue(job.queue_id, status)
 
