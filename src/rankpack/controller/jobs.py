@@ -2,8 +2,8 @@
 
 A `Job` is one submission waiting in a queue. The loop asks its `JobSource` for the pending
 jobs each tick, claims the one the policy launches, and tells the source when it started,
-is held, handed back (a launch refused for quota) and ended. `OneJob` is `rankpack run`'s
-queue of one (in memory); `StoreQueue` is
+is held, handed back (a launch refused for quota) and ended (with its run's result).
+`OneJob` is `rankpack run`'s queue of one (in memory); `StoreQueue` is
 the database's queue (`rankpack submit`, `rankpack multiplex`); the operator's queue of
 Simulation objects lives in `rankpack.operator.queue`. `Adopted` is what a source knows of
 a simulation an earlier controller process launched (`ControlLoop.adopt`).

@@ -48,14 +48,13 @@ def running(queue: SimulationQueue) -> list[Adopted] | None:
         if item.phase != "Running" or not st.get("simId") or not st.get("staged"):
             continue
         queue.outbox.seed(item.key, st.get("conditions") or [])
-        queue.index.sim_names[str(st["simId"])] = item.key
         try:
             sub = crd.submission_of(item.obj)
             staged = staged_from_json(st["staged"])
         except (UserError, KeyError, TypeError, ValueError):
             continue
         qid = queue.index.queue_id(item.key)
-        queue.index.holding[qid] = item.uid
+        queue.index.hold(qid, item.uid)
         run_id = int(st["runId"]) if st.get("runId") is not None else None
         queue.index.launched(qid, run_id, str(st["simId"]))
         out.append(Adopted(

@@ -51,6 +51,14 @@ class SimulationIndex:
     def key(self, queue_id: int) -> str | None:
         return self.names.get(queue_id)
 
+    def hold(self, queue_id: int, uid: str) -> None:
+        """This process claimed or adopted it (``uid``: its Simulation's)."""
+        self.holding[queue_id] = uid
+
+    def release(self, queue_id: int) -> None:
+        """Its run ended: this process no longer holds it."""
+        self.holding.pop(queue_id, None)
+
     def launched(self, queue_id: int, run_id: int | None, sim_id: str) -> None:
         """It runs as ``sim_id``, recorded as run ``run_id`` (None: not known)."""
         if run_id is not None:

@@ -195,7 +195,7 @@ class SimulationQueue:
             self.uncertain.add(key)
             return False
         self.uncertain.discard(key)
-        self.index.holding[job.queue_id] = uid
+        self.index.hold(job.queue_id, uid)
         self.outbox.wrote(key)
         return True
 
@@ -218,7 +218,7 @@ class SimulationQueue:
         key = self.index.key(job.queue_id)
         if key is None:
             return
-        self.index.holding.pop(job.queue_id, None)
+        self.index.release(job.queue_id)
         if job.queue_id in self.index.gone:  # its Simulation was deleted: nothing to write
             self.forget(job.queue_id)
             return
