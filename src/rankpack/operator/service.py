@@ -2,8 +2,9 @@
 
 Start-up: take the Lease (leader election: only the holder acts), then adopt every Running
 Simulation an earlier operator launched (its mpirun outlives the operator: the backend is
-configured with ``detach``), requeue the ones it claimed but never launched, and run the
-control loop on the queue of Simulations. The Simulations are read from a cache (`simcache`:
+configured with ``detach``), requeue the ones it claimed but never launched (`adoption`),
+and run the control loop on the queue of Simulations (`queue`), its view shown by
+`display.OperatorDisplay`. The Simulations are read from a cache (`simcache`:
 listed once, then watched from their resourceVersion; the watch resumes after the apiserver
 went away), whose changes wake the loop. Each served namespace has its own backend and Role
 (`rankpack.operator.tenancy`); the Lease is in the operator's own namespace
