@@ -2,7 +2,8 @@
 quota goes back to ``Queued`` with ``QuotaExceeded`` in its status and an Event; a hold
 says why in the status; a namespace may have only so many Simulations queued (one more is
 refused ``TooManyQueued``) and running (the next waits ``MaxRunningPerNamespace``), counted
-per namespace. Against `FakeSims` (the `SimulationApi` boundary)."""
+per namespace; the namespace's ResourceQuota as read (`cpu_quota`). Against `FakeSims` (the
+`SimulationApi` boundary)."""
 
 from __future__ import annotations
 

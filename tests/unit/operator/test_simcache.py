@@ -1,6 +1,6 @@
-"""The operator's reads and writes of Simulations, cheap (issue 29): read from a cache of
-watches (`SimulationCache`, one per namespace), and status writes coalesced to one patch per
-Simulation per interval but phase changes (`SimulationQueue`), with an injected clock."""
+"""The operator's reads of Simulations, cheap (issue 29): read from a cache of watches
+(`SimulationCache`, one per namespace); a broken watch is a listing that fails for the queue;
+the apiserver requests exposed to Prometheus. (Status writes coalesced: test_outbox.)"""
 
 from __future__ import annotations
 
