@@ -74,6 +74,35 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         ),
     )
     add_cluster_arguments(p, several=True)
+    _add_pod_arguments(p)
+    _add_limit_arguments(p)
+    _add_admission_arguments(p)
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--identity", help="leader-election identity (default: HOST-PID)")
+    p.add_argument("--lease", default="rankpack-operator", help="Lease name (rankpack-operator)")
+    p.add_argument(
+        "--until-idle", action="store_true",
+        help="exit once no Simulation is queued or running (default: run until stopped)",
+    )  # fmt: skip
+    p.add_argument(
+        "--plot", type=parse_output_file,
+        help="when the operator ends, write the timeline of its session here (PNG): each "
+        "run it followed, launch, profiling and resizes, as `rankpack multiplex --plot`",
+    )  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+    p.set_defaults(handler=handle_operator)
+
+    s = sub.add_parser(
+        "simulations", help="list the Simulation resources of a namespace (Kubernetes)"
+    )
+    add_cluster_arguments(s)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(handler=handle_simulations)
+
+
+def _add_pod_arguments(p: argparse.ArgumentParser) -> None:
+    """The operator's flags for its rank pods: image, launcher, transport, volume, run
+    directories, wait mode and the CPU to place on."""
     p.add_argument(
         "--image", help="rank pod image (default: in a pod, the operator's own image; else the "
         "dev cluster's host-usr image)"
@@ -113,6 +142,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="CPU (cores) to place on when the identity may not read nodes (2 on the dev "
         "cluster)",
     )  # fmt: skip
+
+
+def _add_limit_arguments(p: argparse.ArgumentParser) -> None:
+    """The operator's flags for how much runs at once, and its profiling window."""
     p.add_argument(
         "--max-concurrent", type=parse_concurrent, default=4, help="simulations at once (4)"
     )
@@ -129,6 +162,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--profile-s", type=parse_seconds, default=5.0, help="profiling window (default 5 s)"
     )
+
+
+def _add_admission_arguments(p: argparse.ArgumentParser) -> None:
+    """The admin's admission policy: host paths, case roots, solvers (`_admission`)."""
     p.add_argument(
         "--allow-host-path", action="append", default=[], metavar="DIR",
         help="a host directory under which a Simulation's spec.case.volume host:DIR may lie "
@@ -146,27 +183,6 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="an application Simulations may run besides the OpenFOAM solvers installed in "
         "/usr/bin (repeat for several; others are refused: SolverNotAllowed)",
     )  # fmt: skip
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    p.add_argument("--identity", help="leader-election identity (default: HOST-PID)")
-    p.add_argument("--lease", default="rankpack-operator", help="Lease name (rankpack-operator)")
-    p.add_argument(
-        "--until-idle", action="store_true",
-        help="exit once no Simulation is queued or running (default: run until stopped)",
-    )  # fmt: skip
-    p.add_argument(
-        "--plot", type=parse_output_file,
-        help="when the operator ends, write the timeline of its session here (PNG): each "
-        "run it followed, launch, profiling and resizes, as `rankpack multiplex --plot`",
-    )  # fmt: skip
-    p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
-    p.set_defaults(handler=handle_operator)
-
-    s = sub.add_parser(
-        "simulations", help="list the Simulation resources of a namespace (Kubernetes)"
-    )
-    add_cluster_arguments(s)
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(handler=handle_simulations)
 
 
 def _config(args: argparse.Namespace) -> Any:
@@ -190,7 +206,7 @@ def _config(args: argparse.Namespace) -> Any:
 
 def simulation_api(args: argparse.Namespace) -> Any:
     from rankpack.backend.kubernetes.api.client import ClientKubeApi
-    from rankpack.operator.queue import SimulationApi
+    from rankpack.operator.simapi import SimulationApi
 
     cfg = _config(args)
     try:

@@ -151,7 +151,7 @@ class SimulationEvents:
             key = self.name_of(e)
             if key is None:
                 continue
-            # a key names its namespace when several are served (`queue.simulation_key`)
+            # a key names its namespace when several are served (`simapi.simulation_key`)
             ns, _, name = key.rpartition("/")
             body = event_body(e, name, self.uid_of(key), ns or self.namespace, self.instance)
             if body is not None:

@@ -40,7 +40,12 @@ class Recorded(OneJob):
         self.ends: list[tuple[str, str, FailureCode | None]] = []
 
     def finished(
-        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
+        self,
+        job: Job,
+        status: str,
+        message: str = "",
+        failure: FailureCode | None = None,
+        result: object = None,
     ) -> None:
         self.ends.append((status, message, failure))
 

@@ -79,7 +79,12 @@ class Recorded(OneJob):
         super().requeued(job, why)
 
     def finished(
-        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
+        self,
+        job: Job,
+        status: str,
+        message: str = "",
+        failure: FailureCode | None = None,
+        result: object = None,
     ) -> None:
         self.ends.append(status)
 

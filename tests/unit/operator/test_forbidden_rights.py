@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 import yaml
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
+DEPLOY = Path(__file__).resolve().parents[3] / "deploy"
 
 FORBIDDEN_RESOURCES = {"secrets", "nodes/proxy", "serviceaccounts/token", "*"}
 FORBIDDEN_VERBS = {"escalate", "bind", "impersonate", "*"}

@@ -1,6 +1,6 @@
-"""The operator's reads and writes of Simulations, cheap (issue 29): read from a cache of
-watches (`SimulationCache`, one per namespace), and status writes coalesced to one patch per
-Simulation per interval but phase changes (`SimulationQueue`), with an injected clock."""
+"""The operator's reads of Simulations, cheap (issue 29): read from a cache of watches
+(`SimulationCache`, one per namespace); a broken watch is a listing that fails for the queue;
+the apiserver requests exposed to Prometheus. (Status writes coalesced: test_outbox.)"""
 
 from __future__ import annotations
 
@@ -9,17 +9,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from rankpack.backend.kubernetes.api.informer import Cache
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, RequestCounter
-from rankpack.core.failures import FailureCode
 from rankpack.operator import crd, queue
 from rankpack.operator.simcache import SimulationCache, collection
 from rankpack.plan.submission import Submission
-from rankpack.store import Store
 
-from .test_operator_parts import FakeSims
+from .fakes import FakeSims
 
 Obj = dict[str, Any]
 
@@ -89,9 +85,9 @@ def test_a_broken_watch_is_a_list_that_fails_for_the_queue(tmp_path: Path) -> No
     sims = FakeSims()
     sims.cache = cache  # type: ignore[attr-defined]
     sims.list = cache.list  # type: ignore[method-assign]  # (FakeSims stands for SimulationApi)
-    q = queue.SimulationQueue(sims, Store(tmp_path / "db.sqlite"), "op-1")  # type: ignore[arg-type]
+    q = queue.SimulationQueue(sims, "op-1")  # type: ignore[arg-type]
     sims.objs["a"] = simulation("a", "ns", 5)
-    assert [q.names[j.queue_id] for j in q.pending()] == ["a"]
+    assert [q.index.names[j.queue_id] for j in q.pending()] == ["a"]
     api.down = True  # the apiserver went away: the next watch cannot be opened
     assert q.pending() == [] and not q.idle() and q.api_error
     api.down = False
@@ -110,74 +106,6 @@ def test_the_operators_own_write_is_read_back_before_its_watch_event() -> None:
     assert obj["status"]["phase"] == "Running"  # the older event does not undo it
     sims.saw(simulation("a", "ns", 9, "Queued"))  # an older answer changes nothing
     assert sims.list()[0]["status"]["phase"] == "Running"
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _coalescing(tmp_path: Path) -> tuple[FakeSims, queue.SimulationQueue, Clock]:
-    sims = FakeSims()
-    sims.add("a", {"phase": "Running", "simId": "s1"})
-    clock = Clock()
-    q = queue.SimulationQueue(sims, Store(tmp_path / "db.sqlite"), "op-1",  # type: ignore[arg-type]
-                              status_interval_s=10.0, clock=clock)  # fmt: skip
-    q._id("a")
-    return sims, q, clock
-
-
-def test_progress_is_written_at_most_once_per_interval(tmp_path: Path) -> None:
-    sims, q, clock = _coalescing(tmp_path)
-    for t in range(31):  # a tick a second: the loop flushes, then the writer patches
-        clock.t = float(t)
-        q.flush()
-        q._patch("a", {"iterations": t})
-    assert [p["iterations"] for _, p in sims.patches] == [0, 9, 19, 29]
-    assert sims.objs["a"]["status"]["iterations"] == 29
-    clock.t = 40.0
-    q.flush()
-    assert sims.objs["a"]["status"]["iterations"] == 30  # the last one is not lost
-    assert len(sims.patches) == 5  # at t = 0, 10, 20, 30, 40
-
-
-def test_a_phase_change_is_written_at_once_with_what_waits(tmp_path: Path) -> None:
-    sims, q, clock = _coalescing(tmp_path)
-    q._patch("a", {"iterations": 1})
-    clock.t = 1.0
-    q._patch("a", {"iterations": 2, "reason": "NoRoom"})
-    assert len(sims.patches) == 1  # coalesced: within the interval
-    clock.t = 2.0
-    q.fail("a", FailureCode.POD_DELETED, "rank pod rankpack-s1-1 was deleted")
-    assert len(sims.patches) == 2 and not q.outbox
-    _, last = sims.patches[-1]
-    assert last["phase"] == "Failed" and last["iterations"] == 2  # carried with it
-    assert last["reason"] == "PodDeleted"  # the later write wins per field
-
-
-def test_a_write_that_fails_waits_and_flush_says_so(tmp_path: Path) -> None:
-    sims, q, clock = _coalescing(tmp_path)
-    sims.down = True
-    q._patch("a", {"iterations": 3})
-    assert "a" in q.outbox and not q.flush()
-    sims.down = False
-    clock.t = 0.5
-    assert q.flush() and not q.outbox  # it was due when it failed: written once back
-    assert sims.patches == [("a", {"iterations": 3})]
-
-
-@pytest.mark.parametrize("interval", [0.0])
-def test_without_an_interval_every_patch_is_written(tmp_path: Path, interval: float) -> None:
-    sims = FakeSims()
-    sims.add("a", {"phase": "Running"})
-    q = queue.SimulationQueue(sims, Store(tmp_path / "db.sqlite"), "op-1",  # type: ignore[arg-type]
-                              status_interval_s=interval)  # fmt: skip
-    for i in range(3):
-        q._patch("a", {"iterations": i})
-    assert len(sims.patches) == 3
 
 
 def test_the_operators_requests_are_exposed_to_prometheus() -> None:

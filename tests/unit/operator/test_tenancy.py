@@ -15,11 +15,11 @@ import pytest
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Conflict, NotFound
 from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
-from rankpack.operator import crd, events, queue
+from rankpack.operator import adoption, crd, events, queue, simapi
 from rankpack.operator.admission import AdmissionPolicy, NamespaceLimits
 from rankpack.operator.tenancy import FIELD, Tenancy, parse_namespaces
 from rankpack.plan.submission import Submission
-from rankpack.store import EventRow, Store
+from rankpack.store import EventRow
 
 Obj = dict[str, Any]
 A, B = "team-a", "team-b"
@@ -133,8 +133,8 @@ class FakeRest:
 
 
 def _queue(rest: FakeRest, tmp_path: Path, **limits: Any) -> queue.SimulationQueue:
-    api = queue.SimulationApi(rest, (A, B))  # type: ignore[arg-type]
-    return queue.SimulationQueue(api, Store(tmp_path / "db.sqlite"), "op-1", admission=POLICY,
+    api = simapi.SimulationApi(rest, (A, B))  # type: ignore[arg-type]
+    return queue.SimulationQueue(api, "op-1", admission=POLICY,
                                  limits=NamespaceLimits(**limits), tenancy=LAYOUT)  # fmt: skip
 
 
@@ -144,7 +144,7 @@ def test_the_same_name_in_two_namespaces_is_two_simulations(tmp_path: Path) -> N
     rest.add(B, "pitz")
     q = _queue(rest, tmp_path)
     jobs = q.pending()
-    assert [q.names[j.queue_id] for j in jobs] == [f"{A}/pitz", f"{B}/pitz"]
+    assert [q.index.names[j.queue_id] for j in jobs] == [f"{A}/pitz", f"{B}/pitz"]
     ja, jb = jobs
     assert ja.namespace == A
     assert (jb.namespace, jb.runs_root, jb.volume) == (
@@ -169,7 +169,7 @@ def test_a_case_path_is_admitted_against_its_own_namespaces_root_only(tmp_path: 
     rest.add(A, "theirs", "/var/lib/rankpack/namespaces/team-b/cases/pitz")
     rest.add(A, "climb", "/var/lib/rankpack/namespaces/team-a/cases/../../team-b/cases/pitz")
     q = _queue(rest, tmp_path)
-    assert [q.names[j.queue_id] for j in q.pending()] == [f"{A}/mine"]
+    assert [q.index.names[j.queue_id] for j in q.pending()] == [f"{A}/mine"]
     for name in ("theirs", "climb"):
         st = rest.status(A, name)
         assert (st["phase"], st["reason"]) == ("Failed", "CasePathNotAllowed"), st
@@ -182,7 +182,7 @@ def test_limits_count_per_namespace_across_namespaces(tmp_path: Path) -> None:
         rest.add(ns, "one")
     rest.add(A, "two")
     q = _queue(rest, tmp_path, max_queued=1)
-    assert [q.names[j.queue_id] for j in q.pending()] == [f"{A}/one", f"{B}/one"]
+    assert [q.index.names[j.queue_id] for j in q.pending()] == [f"{A}/one", f"{B}/one"]
     st = rest.status(A, "two")
     assert (st["phase"], st["reason"]) == ("Failed", "TooManyQueued")
     assert "namespace team-a already has 1" in st["message"]
@@ -207,7 +207,7 @@ def test_adoption_hands_back_each_simulations_namespace(tmp_path: Path) -> None:
               "caseSource": "tutorial", "solver": "simpleFoam", "cellsPerRank": [1, 1],
               "expectedIterations": 10}  # fmt: skip
     rest.objs[(B, "pitz")]["status"] = {"phase": "Running", "simId": "s1", "staged": staged}
-    found = _queue(rest, tmp_path).running_for_adoption()
+    found = adoption.running(_queue(rest, tmp_path))
     assert found is not None
     ((adopted),) = found
     assert (adopted.job.namespace, adopted.sim_id) == (B, "s1")

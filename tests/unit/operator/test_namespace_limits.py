@@ -2,33 +2,36 @@
 quota goes back to ``Queued`` with ``QuotaExceeded`` in its status and an Event; a hold
 says why in the status; a namespace may have only so many Simulations queued (one more is
 refused ``TooManyQueued``) and running (the next waits ``MaxRunningPerNamespace``), counted
-per namespace. Against `FakeSims` (the `SimulationApi` boundary)."""
+per namespace; the namespace's ResourceQuota as read (`cpu_quota`). Against `FakeSims` (the
+`SimulationApi` boundary)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from rankpack.case.staging import StagedCase
 from rankpack.core.failures import Failure, FailureCode
-from rankpack.operator import events, queue
+from rankpack.operator import adoption, events, queue, transitions
 from rankpack.operator.admission import NamespaceLimits
 from rankpack.operator.status import StatusWriter
 from rankpack.store import EventRow, Store
 
-from .test_operator_parts import FakeSims
+from .fakes import FakeSims
 
 STAGED = StagedCase(Path("/runs/a"), "pitzDaily", "tutorial", "simpleFoam", (1, 1), 100)
 QUOTA = Failure(FailureCode.QUOTA_EXCEEDED, "exceeded quota: q; back in the queue")
 
 
 def _queue(sims: FakeSims, tmp_path: Path, **limits: Any) -> queue.SimulationQueue:
-    return queue.SimulationQueue(sims, Store(tmp_path / "db.sqlite"), "op-1",  # type: ignore[arg-type]
+    return queue.SimulationQueue(sims, "op-1",  # type: ignore[arg-type]
                                  limits=NamespaceLimits(**limits))  # fmt: skip
 
 
 def _names(q: queue.SimulationQueue) -> list[str]:
-    return [q.names[j.queue_id] for j in q.pending()]
+    return [q.index.names[j.queue_id] for j in q.pending()]
 
 
 def test_a_launch_refused_for_quota_goes_back_to_queued_with_its_reason(tmp_path: Path) -> None:
@@ -43,14 +46,14 @@ def test_a_launch_refused_for_quota_goes_back_to_queued_with_its_reason(tmp_path
     st = sims.objs["a"]["status"]
     assert st["phase"] == "Queued" and "operator" not in st
     assert (st["reason"], st["message"]) == ("QuotaExceeded", QUOTA.message)
-    for launched in queue.LAUNCH_FIELDS:  # its launch is forgotten: nothing to adopt
+    for launched in transitions.LAUNCH_FIELDS:  # its launch is forgotten: nothing to adopt
         assert launched not in st, launched
     conditions = {c["type"]: c for c in st["conditions"]}
     assert (conditions["Queued"]["status"], conditions["Queued"]["reason"]) == (
         "True", "QuotaExceeded")  # fmt: skip
     assert conditions["Running"]["status"] == "False"
-    assert job.queue_id not in q.run_ids and "s1" not in q.sim_names
-    assert q.running_for_adoption() == [] and q.claimed_not_launched() == []
+    assert job.queue_id not in q.index.run_ids and "s1" not in q.index.sim_names
+    assert adoption.running(q) == [] and adoption.claimed_not_launched(q) == []
     # pending again under the same id, and claimable; the claim clears why it waited
     (again,) = q.pending()
     assert again.queue_id == job.queue_id and q.claim(again)
@@ -186,8 +189,24 @@ def test_the_loop_requeues_a_simulation_whose_launch_the_quota_refused(tmp_path:
     sims.patch_status = watch  # type: ignore[method-assign]
     settings = LoopSettings(runs_root=tmp_path / "runs",
                             controller=ControllerSettings(launch_cooldown_s=0.0))  # fmt: skip
-    result = run_jobs(TakenTwice(refusals=1), q.store, q, settings)
+    result = run_jobs(TakenTwice(refusals=1), Store(tmp_path / "db.sqlite"), q, settings)
     assert [r.status for r in result.results] == ["completed"]
     assert ("Queued", "QuotaExceeded") in seen
     assert "Failed" not in {phase for phase, _ in seen}
     assert sims.objs["a"]["status"]["phase"] == "Succeeded"
+
+
+@pytest.mark.parametrize(
+    ("quota", "want"),
+    [
+        ({"status": {"hard": {"requests.cpu": "1200m"}, "used": {"requests.cpu": "500m"}}},
+         (1200, 500)),
+        ({"status": {"hard": {"cpu": "2"}, "used": {}}}, (2000, 0)),
+        ({"status": {"hard": {"pods": "10"}, "used": {"pods": "2"}}}, None),
+        ({}, None),
+    ],
+)  # fmt: skip
+def test_cpu_quota_reads_requests_cpu(quota: dict[str, Any], want: tuple[int, int] | None) -> None:
+    from rankpack.backend.kubernetes.objects.status import cpu_quota
+
+    assert cpu_quota(quota) == want
