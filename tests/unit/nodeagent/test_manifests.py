@@ -10,7 +10,8 @@ import yaml
 
 from rankpack.backend.kubernetes.api.config import KubernetesConfig, NodeFiles
 from rankpack.backend.kubernetes.nodes.agents import AgentReadings
-from rankpack.backend.kubernetes.nodes.readings import LocalReadings, choose
+from rankpack.backend.kubernetes.nodes.readings import LocalReadings
+from rankpack.backend.kubernetes.nodes.sources import choose
 from rankpack.backend.kubernetes.objects.rbac import agent_caller_rules, node_agent_cluster_role
 from rankpack.nodeagent.manifests import agent_objects, agent_yaml, main
 from tests.unit.backend.kubernetes.fake import FakeKubeApi

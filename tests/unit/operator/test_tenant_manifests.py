@@ -13,7 +13,7 @@ import yaml
 
 from rankpack.backend.kubernetes.objects import rbac
 from rankpack.cli import build_parser
-from rankpack.operator import manifests, tenant_manifests
+from rankpack.operator import deploy_files, manifests, tenant_manifests
 from rankpack.operator.admission import AdmissionPolicy
 from rankpack.operator.tenancy import Tenancy, parse_namespaces
 
@@ -21,7 +21,7 @@ EXAMPLE = tenant_manifests.EXAMPLE
 
 
 def _docs(name: str) -> list[dict[str, Any]]:
-    return [d for d in yaml.safe_load_all(manifests.files()[name]) if d]
+    return [d for d in yaml.safe_load_all(deploy_files.files()[name]) if d]
 
 
 def test_each_served_namespace_gets_its_identities_and_its_own_claim() -> None:
@@ -84,7 +84,7 @@ def test_in_its_own_namespace_the_operator_keeps_its_lease_and_reading_pods() ->
 
 
 def test_the_overlays_list_their_files_and_nothing_cluster_wide() -> None:
-    files = manifests.files()
+    files = deploy_files.files()
     for overlay, base in (("tenants", "../base"), ("dev-tenants", "../dev")):
         k = yaml.safe_load(files[f"{overlay}/kustomization.yaml"])
         assert k["resources"][0] == base
@@ -108,10 +108,12 @@ def test_the_dev_volumes_are_each_namespaces_directory_below_the_operators() -> 
 
 def test_an_overlay_for_other_namespaces_is_one_command(tmp_path: Path) -> None:
     out = tmp_path / "mine"
-    assert manifests.main(["tenants", str(out), "lab-x,lab-y", "--base", "../../deploy/base"]) == 0
+    assert (
+        deploy_files.main(["tenants", str(out), "lab-x,lab-y", "--base", "../../deploy/base"]) == 0
+    )
     k = yaml.safe_load((out / "kustomization.yaml").read_text())
     assert k["resources"] == ["../../deploy/base", "lab-x.yaml", "lab-y.yaml"]
     patch = yaml.safe_load((out / "operator-patch.yaml").read_text())
     command = patch["spec"]["template"]["spec"]["containers"][0]["command"]
     assert command[command.index("--namespace") + 1] == "lab-x,lab-y"
-    assert manifests.main(["tenants", str(out)]) == 2
+    assert deploy_files.main(["tenants", str(out)]) == 2

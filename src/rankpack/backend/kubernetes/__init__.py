@@ -7,7 +7,7 @@ See ``docs/decisions/0008-kubernetes-launcher.md`` and ``0010-node-agent.md``. S
 - `objects`: a simulation's Kubernetes objects (pure builders, pod-status readings,
   RBAC, quota and LimitRange rules, creating and deleting them);
 - `nodes`: what the nodes say (rank readings from this node or the node agents, node
-  health and lost nodes, the cluster's capacity);
+  health, the cluster's capacity);
 - `starting`: starting MPI ranks (mpirun on this host and its exit wrapper, the rsh agent,
   the launcher pod's program and the backend's pod mode).
 
@@ -21,6 +21,8 @@ Modules:
 - `launch`: the launch path (a new simulation's checks, record and objects);
 - `adoption`: earlier processes' simulations, listed and taken over;
 - `resizing`: a rank's ``pods/resize`` and what its answer says;
+- `lostnodes`: `NodeWatch`, a lost node's simulations (`NodeLost`) from the cached nodes
+  and Leases;
 - `poller`: the follower thread that acts on each change of the rank pods;
 - `record`: what the backend knows of one simulation (`SimRecord`, `Lifecycle`);
 - `observe`: what `observe` reports of one simulation, read from its record.

@@ -22,13 +22,13 @@ from __future__ import annotations
 import contextlib
 import time
 
-from rankpack.backend.kubernetes import adoption, resizing
+from rankpack.backend.kubernetes import adoption, lostnodes, resizing
 from rankpack.backend.kubernetes import observe as report
 from rankpack.backend.kubernetes.api import informer
 from rankpack.backend.kubernetes.api.config import KubernetesConfig
 from rankpack.backend.kubernetes.api.kubeapi import KubeApi
 from rankpack.backend.kubernetes.launch import launch_sim
-from rankpack.backend.kubernetes.nodes import lostnodes, readings
+from rankpack.backend.kubernetes.nodes import readings, sources
 from rankpack.backend.kubernetes.nodes.capacity import ClusterCapacity
 from rankpack.backend.kubernetes.objects import builders, limits, reconcile, status
 from rankpack.backend.kubernetes.poller import Poller
@@ -83,9 +83,9 @@ class KubernetesBackend:
         self.lock = self._state.lock
         """Guards the records, which the control loop's thread and the poller's share."""
         self.readings = (
-            source if source is not None else readings.choose(api, config, cache=self.cache)
+            source if source is not None else sources.choose(api, config, cache=self.cache)
         )
-        """Where the ranks' counters and shim records come from (`readings.choose`)."""
+        """Where the ranks' counters and shim records come from (`sources.choose`)."""
         self._stager = Stager(self.notify)
         self.host = MpirunHost(api, config, mpirun=mpirun, starter=starter, lock=self.lock,
                                notify=self.notify)  # fmt: skip

@@ -24,11 +24,10 @@ import signal
 import threading
 from typing import Any
 
-from rankpack.backend.kubernetes import observe
+from rankpack.backend.kubernetes import lostnodes, observe
 from rankpack.backend.kubernetes.api.informer import Informer, selected
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
-from rankpack.backend.kubernetes.nodes import lostnodes
-from rankpack.backend.kubernetes.nodes.lostnodes import NodeWatch
+from rankpack.backend.kubernetes.lostnodes import NodeWatch
 from rankpack.backend.kubernetes.objects import builders, reconcile, status
 from rankpack.backend.kubernetes.record import PodResize, SimRecord
 from rankpack.backend.kubernetes.starting import podmode

@@ -24,13 +24,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from rankpack.backend.kubernetes.api.config import KubernetesConfig, NodeFiles
-from rankpack.backend.kubernetes.api.kubeapi import KubeApi, Obj
+from rankpack.backend.kubernetes.api.kubeapi import Obj
 from rankpack.backend.kubernetes.nodes.nodereader import NodeRankReading, NodeReader, NotPublished
 from rankpack.backend.protocol import BackendError
 from rankpack.errors import UserError
 
 if TYPE_CHECKING:
-    from rankpack.backend.kubernetes.api.informer import Cache
+    pass
 
 
 class ReadingsMissing(BackendError):
@@ -113,16 +113,3 @@ def local_readings(config: KubernetesConfig) -> LocalReadings:
         node_reader(config.node_files),
         {node: node_reader(files) for node, files in config.node_files_by_node},
     )
-
-
-def choose(api: KubeApi, config: KubernetesConfig, *, cache: Cache | None = None) -> Readings:
-    """The readings ``config.readings`` asks for (``auto``: this node's files when they are
-    here, else the agents, found through ``cache`` when given: no List per lookup)."""
-    from rankpack.backend.kubernetes.nodes.agents import AgentReadings, cached_agents
-
-    local = local_readings(config)
-    if config.readings == "node" or (config.readings == "auto" and local.available):
-        return local
-    namespace = config.agent_namespace or config.namespace
-    return AgentReadings(api, agent_namespace=namespace, port=config.agent_port,
-                         agents=cached_agents(cache, namespace) if cache else None)  # fmt: skip

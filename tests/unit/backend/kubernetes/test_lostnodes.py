@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-from rankpack.backend.kubernetes.nodes import lostnodes
+from rankpack.backend.kubernetes import lostnodes
 from rankpack.backend.kubernetes.nodes.nodehealth import NodeHealthRules, failed_end_verdict
 from rankpack.backend.protocol import SimPhase
 from rankpack.core.failures import FailureCode
