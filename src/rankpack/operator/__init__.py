@@ -23,5 +23,6 @@ Its modules, from the resource to the running service:
 - `plot`: the timeline of an operator's session.
 - `lease`: leader election on a Lease.
 - `service`: `rankpack operator`: terms of leadership, each running the control loop.
-- `manifests`, `tenant_manifests`, `policy_manifest`: the builders ``deploy/`` is generated from.
+- `manifests`, `tenant_manifests`, `policy_manifest`: the builders ``deploy/`` is generated
+  from; `deploy_files` writes it (``python -m rankpack.operator.deploy_files``).
 """
