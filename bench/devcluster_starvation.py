@@ -26,13 +26,13 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rankpack.devcluster import cluster
 from rankpack.devcluster.layout import (
     HOST_USR_IMAGE,
     SYSTEM_CGROUP,
     Layout,
     default_state_dir,
 )
+from rankpack.devcluster.lifecycle import clusterstate
 
 PROBE = """
 import json, sys, time
@@ -146,7 +146,7 @@ def main() -> int:
     from kubernetes import client, config
 
     layout = Layout(default_state_dir())
-    status = cluster.status(layout.root)
+    status = clusterstate.status(layout.root)
     if not status["ready"]:
         print("no Ready dev cluster (rankpack dev-cluster up --nodes N)", file=sys.stderr)
         return 2

@@ -297,8 +297,9 @@ class KubernetesEnv:
 
         from kubernetes import client
 
-        from rankpack.backend.kubernetes import connect, load_config
-        from rankpack.backend.kubernetes.status import cpu_millis
+        from rankpack.backend.kubernetes.api.config import load_config
+        from rankpack.backend.kubernetes.connect import connect
+        from rankpack.backend.kubernetes.objects.status import cpu_millis
         from rankpack.devcluster.nodefiles import with_node_files
 
         admin = client.CoreV1Api(self.cluster.admin_api())

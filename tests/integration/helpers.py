@@ -4,23 +4,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
 from rankpack.backend import cgroups
-
-
-def rankpack(*argv: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rankpack", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
+from tests.cli_runner import rankpack
 
 
 def run_json(*argv: str, timeout: float = 300) -> dict[str, Any]:

@@ -26,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from rankpack.devcluster import appimages
+from rankpack.devcluster.imagerecipe import RANK_IMAGE, RANKPACK_IMAGE
 
 # Whichever test comes first may build both images: a few minutes cold on 2 cores.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(1800)]
@@ -129,7 +130,7 @@ def unpacked(images: appimages.ImageSet) -> Iterator[dict[str, Unpacked]]:
 
 
 def test_a_second_call_takes_both_images_from_the_cache(images: appimages.ImageSet) -> None:
-    assert [i.ref for i in images.images] == [appimages.RANKPACK_IMAGE, appimages.RANK_IMAGE]
+    assert [i.ref for i in images.images] == [RANKPACK_IMAGE, RANK_IMAGE]
     again = appimages.ensure_images(REPO, say=lambda _m: None)
     assert all(i.cached for i in again.images)
     assert [i.archive for i in again.images] == [i.archive for i in images.images]
@@ -218,8 +219,8 @@ def test_the_cli_reports_both_images(images: appimages.ImageSet) -> None:
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert [(i["ref"], i["cached"]) for i in data["images"]] == [
-        (appimages.RANKPACK_IMAGE, True),
-        (appimages.RANK_IMAGE, True),
+        (RANKPACK_IMAGE, True),
+        (RANK_IMAGE, True),
     ]
     bad = subprocess.run(
         [sys.executable, "-m", "rankpack", "dev-cluster", "images", "--source", "/nonexistent"],

@@ -34,7 +34,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 
-from tests.unit.decomp.meshgen import grid_mesh, write_case
+from tests.unit.case.meshgen import grid_mesh, write_case
 
 pytestmark = pytest.mark.integration
 

@@ -1,7 +1,7 @@
 """The rankpack process as a user's shell starts it: exit codes and stderr of
 ``python -m rankpack``, a closed stdout pipe, the process entry's fatal-signal handler and
 ``leave``'s exit without finalization. Real child processes: the integration tier (the
-in-process command line is tests/unit/test_cli.py)."""
+in-process command line is tests/unit/cli/test_cli.py)."""
 
 from __future__ import annotations
 

@@ -24,10 +24,10 @@ from rankpack.controller.views import LoopResult, SimView
 from rankpack.plan.allocation import QoS
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
+from tests.cli_runner import rankpack
 from tests.integration.helpers import (
     cgroup_subtree,
     processes_in,
-    rankpack,
     run_cgroups,
     run_json,
     wait_for,

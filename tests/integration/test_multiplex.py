@@ -20,7 +20,8 @@ from rankpack.controller.session import run_session
 from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
-from tests.integration.helpers import processes_in, rankpack, run_cgroups, run_json, wait_for
+from tests.cli_runner import rankpack
+from tests.integration.helpers import processes_in, run_cgroups, run_json, wait_for
 
 pytestmark = pytest.mark.integration
 

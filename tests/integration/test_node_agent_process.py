@@ -24,7 +24,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 
 from rankpack.profile.records import read_record
-from tests.unit.kubernetes.fakenode import FakeNodeFilesystems, new_uid, rank_pod_object
+from tests.unit.backend.kubernetes.fakenode import FakeNodeFilesystems, new_uid, rank_pod_object
 
 pytestmark = pytest.mark.integration
 

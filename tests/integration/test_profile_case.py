@@ -11,7 +11,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.integration.helpers import rankpack, run_json, wait_for
+from tests.cli_runner import rankpack
+from tests.integration.helpers import run_json, wait_for
 
 pytestmark = pytest.mark.integration
 

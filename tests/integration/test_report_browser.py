@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.browser import CHROMIUM, PageVisit, blank_fraction, visit
-from tests.integration.helpers import rankpack, run_json
+from tests.cli_runner import rankpack
+from tests.integration.helpers import run_json
 
 pytestmark = [
     pytest.mark.integration,

@@ -30,7 +30,7 @@ from typing import Any
 
 import pytest
 
-from rankpack.devcluster import binaries, cluster, host, processes
+from rankpack.devcluster import binaries, host, processes
 from rankpack.devcluster.layout import (
     BRIDGE,
     HOST_PATHS,
@@ -40,8 +40,10 @@ from rankpack.devcluster.layout import (
     SYSCTLS,
     SYSTEM_CGROUP,
     UNREACHABLE_ROUTES,
+    Layout,
     default_state_dir,
 )
+from rankpack.devcluster.lifecycle import bringup, clusterstate, teardown
 from tests.k8s.pods import container_cgroup, sleeper_pod, wait_running
 
 CLUSTER_EXES = {
@@ -61,7 +63,7 @@ class DevCluster:
     state_dir: Path
     before: dict[str, Any]
     """host.record() taken before the session's `up`: what `down` must restore."""
-    up_result: cluster.UpResult
+    up_result: bringup.UpResult
     links_before: set[str]
     """Network devices present before the session's `up`."""
     taken_down: bool = field(default=False, init=False)
@@ -69,32 +71,32 @@ class DevCluster:
     def ensure_up(self) -> None:
         """Bring it (back) up if an earlier test took it down (or left another one up:
         the session's cluster has one node)."""
-        st = cluster.status(self.state_dir)
+        st = clusterstate.status(self.state_dir)
         if st["ready"] and len(st["nodes"]) == 1:
             return
-        if cluster.running_components(cluster.Layout(self.state_dir)):
-            report = cluster.down(self.state_dir)
+        if clusterstate.running_components(Layout(self.state_dir)):
+            report = teardown.down(self.state_dir)
             assert not report.leftovers, report.leftovers
-        self.up_result = cluster.up(self.options())
+        self.up_result = bringup.up(self.options())
 
     @contextlib.contextmanager
     def nodes_up(self, nodes: int) -> Iterator[DevCluster]:
         """A cluster of ``nodes`` nodes in place of the session's (for a module: its tests'
         `up_result`), taken down after; the next test that needs the session's one-node
         cluster brings it back (`ensure_up`)."""
-        if cluster.running_components(cluster.Layout(self.state_dir)):
-            report = cluster.down(self.state_dir)
+        if clusterstate.running_components(Layout(self.state_dir)):
+            report = teardown.down(self.state_dir)
             assert not report.leftovers, report.leftovers
-        self.up_result = cluster.up(dataclasses.replace(self.options(), nodes=nodes))
+        self.up_result = bringup.up(dataclasses.replace(self.options(), nodes=nodes))
         try:
             yield self
         finally:
-            if cluster.running_components(cluster.Layout(self.state_dir)):
-                report = cluster.down(self.state_dir)
+            if clusterstate.running_components(Layout(self.state_dir)):
+                report = teardown.down(self.state_dir)
                 assert not report.leftovers, report.leftovers
 
-    def options(self) -> cluster.UpOptions:
-        return cluster.UpOptions(
+    def options(self) -> bringup.UpOptions:
+        return bringup.UpOptions(
             version=binaries.KubeVersion.parse(binaries.DEFAULT_VERSION),
             state_dir=self.state_dir,
             ready_timeout_s=180,
@@ -124,11 +126,11 @@ class DevCluster:
             return
         self.taken_down = True
         try:
-            if bring_up or cluster.status(self.state_dir)["ready"]:
+            if bring_up or clusterstate.status(self.state_dir)["ready"]:
                 check_down_leaves_nothing(self)
         finally:
-            if cluster.running_components(cluster.Layout(self.state_dir)):
-                report = cluster.down(self.state_dir)
+            if clusterstate.running_components(Layout(self.state_dir)):
+                report = teardown.down(self.state_dir)
                 assert not report.leftovers, report.leftovers
 
 
@@ -255,18 +257,18 @@ def session_cluster(request: pytest.FixtureRequest) -> Iterator[DevCluster]:
     if os.geteuid() != 0:
         pytest.fail("the k8s tier needs root (run `bash setup.sh test` as root)")
     state_dir = default_state_dir()
-    layout = cluster.Layout(state_dir)
-    if layout.host_record.exists() or cluster.running_components(layout):
+    layout = Layout(state_dir)
+    if layout.host_record.exists() or clusterstate.running_components(layout):
         # Start from a clean host so that `before` is the host without any cluster: also
         # after a cluster whose processes were killed without `down` (its record restores
         # what it changed, the kubelet's sysctls among them)
-        report = cluster.down(state_dir)
+        report = teardown.down(state_dir)
         assert not report.leftovers, report.leftovers
     before = host.record()
     links_before = set(os.listdir("/sys/class/net"))
     version = binaries.KubeVersion.parse(binaries.DEFAULT_VERSION)
-    opts = cluster.UpOptions(version=version, state_dir=state_dir, ready_timeout_s=180)
-    result = cluster.up(opts)
+    opts = bringup.UpOptions(version=version, state_dir=state_dir, ready_timeout_s=180)
+    result = bringup.up(opts)
     dc = DevCluster(state_dir, before, result, links_before)
     plugin = DownAfterLastUser(dc, request.session.items)
     request.config.pluginmanager.register(plugin, "rankpack-k8s-down-after-last-user")
@@ -288,8 +290,8 @@ def k8s(dev_cluster: DevCluster) -> DevCluster:
 @pytest.fixture
 def k8s_down(dev_cluster: DevCluster) -> DevCluster:
     """The session's cluster, taken down (for tests of starting and failing to start)."""
-    if cluster.running_components(cluster.Layout(dev_cluster.state_dir)):
-        report = cluster.down(dev_cluster.state_dir)
+    if clusterstate.running_components(Layout(dev_cluster.state_dir)):
+        report = teardown.down(dev_cluster.state_dir)
         assert not report.leftovers, report.leftovers
     return dev_cluster
 

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rankpack.operator import crd
+from tests.cli_runner import rankpack
 from tests.k8s.conftest import DevCluster
 
 
@@ -35,10 +36,7 @@ class Env:
         self.procs: list[subprocess.Popen[str]] = []
 
     def cli(self, *argv: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [sys.executable, "-m", "rankpack", *argv, "--kubeconfig", self.kubeconfig],
-            capture_output=True, text=True, timeout=120, env=self.env, check=False,
-        )  # fmt: skip
+        return rankpack(*argv, "--kubeconfig", self.kubeconfig, timeout=120, env=self.env)
 
     def operator(self, *extra: str, log: Path) -> subprocess.Popen[str]:
         argv = [sys.executable, "-m", "rankpack", "operator", "--kubeconfig", self.kubeconfig,
@@ -99,7 +97,7 @@ class Env:
             except OSError:
                 continue
             text = [a.decode(errors="replace") for a in argv]
-            if "rankpack.backend.kubernetes.launcher" in text and any(
+            if "rankpack.backend.kubernetes.starting.exitwrapper" in text and any(
                 str(self.tmp) in a for a in text
             ):
                 found.append(int(entry.name))

@@ -20,14 +20,15 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rankpack.backend.kubernetes import connect, load_config
-from rankpack.backend.kubernetes.informer import core
-from rankpack.backend.kubernetes.status import cpu_millis
+from rankpack.backend.kubernetes.api.config import load_config
+from rankpack.backend.kubernetes.api.informer import core
+from rankpack.backend.kubernetes.connect import connect
+from rankpack.backend.kubernetes.objects.status import cpu_millis
 from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import OneJob
 from rankpack.controller.loop import run_jobs
 from rankpack.controller.tracked import LoopSettings
-from rankpack.devcluster import cluster
+from rankpack.devcluster.lifecycle import restarts
 from rankpack.devcluster.nodefiles import with_node_files
 from rankpack.plan.submission import Phase, Submission
 from rankpack.store import Store
@@ -142,9 +143,9 @@ def test_a_watch_broken_by_an_apiserver_restart_resumes(k8s: DevCluster) -> None
     core_api = client.CoreV1Api(k8s.backend_api())
     try:
         assert pods.stats.lists == 1
-        assert cluster.stop_component(k8s.state_dir, "kube-apiserver")
+        assert restarts.stop_component(k8s.state_dir, "kube-apiserver")
         time.sleep(3)
-        cluster.start_component(k8s.state_dir, "kube-apiserver", timeout_s=180)
+        restarts.start_component(k8s.state_dir, "kube-apiserver", timeout_s=180)
         core_api.create_namespaced_pod(k8s.namespace, sleeper_pod("watch-resumes", 50))
         deadline = time.monotonic() + 60
         while pods.get("watch-resumes", k8s.namespace) is None:

@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
-from rankpack.devcluster import cluster
 from rankpack.devcluster.layout import NODE_NAME
+from rankpack.devcluster.lifecycle import clusterstate
+from tests.cli_runner import rankpack
 from tests.k8s.conftest import DevCluster
 
 
-def rankpack(*argv: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rankpack", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
-
-
 def test_status_json_reports_ready_node_and_allocatable(k8s: DevCluster) -> None:
-    proc = rankpack("dev-cluster", "status", "--json")
+    proc = rankpack("dev-cluster", "status", "--json", timeout=120)
     assert proc.returncode == 0, proc.stderr
     data = json.loads(proc.stdout)
     assert data["ready"] is True
@@ -49,14 +38,14 @@ def test_node_is_ready_through_the_api(k8s: DevCluster) -> None:
 
 
 def test_up_again_says_already_up_and_exits_0(k8s: DevCluster) -> None:
-    proc = rankpack("dev-cluster", "up")
+    proc = rankpack("dev-cluster", "up", timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert "already up" in proc.stdout
-    assert cluster.status(k8s.state_dir)["ready"] is True
+    assert clusterstate.status(k8s.state_dir)["ready"] is True
 
 
 def test_a_second_cluster_is_refused_with_one_line(k8s: DevCluster, tmp_path: object) -> None:
-    proc = rankpack("dev-cluster", "--state-dir", str(tmp_path), "up")
+    proc = rankpack("dev-cluster", "--state-dir", str(tmp_path), "up", timeout=120)
     assert proc.returncode == 2
     err = proc.stderr.strip()
     assert err.count("\n") == 0, err

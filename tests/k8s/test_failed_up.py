@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 from rankpack.devcluster import host
+from rankpack.devcluster.layout import Layout
 from tests.k8s.conftest import DevCluster
 
 
@@ -27,11 +28,12 @@ def test_a_failed_up_names_the_log_and_leaves_nothing(k8s_down: DevCluster) -> N
     assert err.count("\n") == 0, err
     assert "timed out" in err and "/logs" in err, err
     assert "taking down what was started" in proc.stdout
-    from rankpack.devcluster import cluster
+    from rankpack.devcluster.lifecycle.clusterstate import running_components
+    from rankpack.devcluster.lifecycle.teardown import leftovers
 
-    layout = cluster.Layout(k8s_down.state_dir)
-    assert cluster.running_components(layout) == {}
-    assert cluster.leftovers(layout, k8s_down.before) == []
+    layout = Layout(k8s_down.state_dir)
+    assert running_components(layout) == {}
+    assert leftovers(layout, k8s_down.before) == []
     assert not list(Path("/sys/fs/cgroup").glob("*/kubepods"))
     assert not host.cluster_cgroups()  # the nodes' cgroup roots, the daemons' cgroup
     assert not host.node_address_present()

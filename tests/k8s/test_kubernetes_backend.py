@@ -18,8 +18,10 @@ from typing import Any
 
 import pytest
 
-from rankpack.backend.kubernetes import KubernetesBackend, connect, load_config
-from rankpack.backend.kubernetes.status import cpu_millis
+from rankpack.backend.kubernetes.api.config import load_config
+from rankpack.backend.kubernetes.backend import KubernetesBackend
+from rankpack.backend.kubernetes.connect import connect
+from rankpack.backend.kubernetes.objects.status import cpu_millis
 from rankpack.backend.protocol import RankResources, ResizeState, SimPhase
 from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import OneJob
@@ -213,7 +215,7 @@ def kube(k8s: DevCluster) -> Iterator[Kube]:
 
 
 def test_identity_is_the_service_account(kube: Kube) -> None:
-    from rankpack.backend.kubernetes.api import ApiError
+    from rankpack.backend.kubernetes.api.kubeapi import ApiError
 
     # nodes read-only (ClusterRole rankpack-backend-nodes: to place ranks), nothing beyond
     assert kube.backend.api.list_nodes()

@@ -26,9 +26,11 @@ from typing import Any
 
 import pytest
 
-from rankpack.devcluster import cluster, deploy
+from rankpack.devcluster import deploy
 from rankpack.devcluster.binaries import DEFAULT_VERSION, KubeVersion
 from rankpack.devcluster.layout import NAMESPACE, Layout
+from rankpack.devcluster.lifecycle import bringup, clusterstate, teardown
+from rankpack.devcluster.lifecycle.nodes import start_node, stop_node
 from rankpack.operator import crd, manifests
 from tests.k8s.conftest import DevCluster
 from tests.k8s.operators import endless_pitzdaily
@@ -55,11 +57,11 @@ after another (`NoGain`)."""
 @pytest.fixture(scope="module")
 def two_nodes(dev_cluster: DevCluster) -> Iterator[InCluster]:
     state_dir = dev_cluster.state_dir
-    if cluster.running_components(Layout(state_dir)):
-        report = cluster.down(state_dir)
+    if clusterstate.running_components(Layout(state_dir)):
+        report = teardown.down(state_dir)
         assert not report.leftovers, report.leftovers
     t0 = time.monotonic()
-    result = cluster.up(dataclasses.replace(dev_cluster.options(), nodes=2))
+    result = bringup.up(dataclasses.replace(dev_cluster.options(), nodes=2))
     dev_cluster.up_result = result
     layout, version = Layout(state_dir), KubeVersion.parse(DEFAULT_VERSION)
     try:
@@ -67,7 +69,7 @@ def two_nodes(dev_cluster: DevCluster) -> Iterator[InCluster]:
         print(f"\nup --nodes 2 --operator in {time.monotonic() - t0:.0f} s")
         yield InCluster(dev_cluster, layout, version, done)
     finally:
-        report = cluster.down(state_dir)
+        report = teardown.down(state_dir)
         assert not report.leftovers, report.leftovers
 
 
@@ -139,7 +141,7 @@ def test_a_lost_node_requeues_its_simulations_which_resume(two_nodes: InCluster)
         hit = {n for n, st in before.items() if victim in by_sim.get(str(st.get("simId")), ())}
         spared = {n for n, st in before.items() if st.get("phase") == "Running"} - hit
         print(f"\nstopping {victim}: hit {sorted(hit)}, running elsewhere {sorted(spared)}")
-        proc = cluster.stop_node(ic.layout.root, victim)
+        proc = stop_node(ic.layout.root, victim)
         t_stop = time.monotonic()
         stopped = True
         assert proc.killed_pids
@@ -158,7 +160,7 @@ def test_a_lost_node_requeues_its_simulations_which_resume(two_nodes: InCluster)
         for name in spared:  # wholly on the other node: untouched
             st = ic.status(name)
             assert st.get("simId") == before[name]["simId"] and not st.get("nodeLost"), st
-        back_s = cluster.start_node(ic.layout.root, victim)
+        back_s = start_node(ic.layout.root, victim)
         stopped = False
         back_at = datetime.now(UTC).replace(microsecond=0)
         print(f"{victim} Ready again in {back_s:.1f} s")
@@ -221,7 +223,7 @@ def test_a_lost_node_requeues_its_simulations_which_resume(two_nodes: InCluster)
         assert ready == ["True"] and "node.kubernetes.io/unreachable" not in taints, back
     finally:
         if stopped:
-            cluster.start_node(ic.layout.root, victim)
+            start_node(ic.layout.root, victim)
         print(ic.kubectl("logs", "-n", NAMESPACE, f"deployment/{manifests.NAME}", "--tail=60",
                          "--timestamps"))  # fmt: skip
         for name in NAMES:

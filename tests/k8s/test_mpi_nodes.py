@@ -30,7 +30,9 @@ from pathlib import Path
 
 import pytest
 
-from rankpack.backend.kubernetes import KubernetesBackend, connect, load_config
+from rankpack.backend.kubernetes.api.config import load_config
+from rankpack.backend.kubernetes.backend import KubernetesBackend
+from rankpack.backend.kubernetes.connect import connect
 from rankpack.backend.protocol import RankResources, ShimSpec, SimObservation, SimPhase, SimSpec
 from rankpack.devcluster.nodefiles import with_node_files
 from tests.k8s.conftest import DevCluster
@@ -121,7 +123,7 @@ def stuck(log: Path) -> str:
     whole; an assertion message is cut): its MPI processes on this machine (the rank pods'
     included) with a backtrace of each rank (gdb), and where each rsh agent waits (they dump
     their stacks into the log on SIGUSR1)."""
-    pattern = "imbalance|hydra|mpiexec|mpirun|orted|kubernetes.rsh"
+    pattern = "imbalance|hydra|mpiexec|mpirun|orted|kubernetes.starting.rsh"
     ps = subprocess.run(["ps", "-eo", "pid,ppid,stat,wchan:32,etimes,args"], text=True,
                         capture_output=True, check=False).stdout  # fmt: skip
     rows = [row for row in ps.splitlines()[1:] if re.search(pattern, row)]
@@ -132,7 +134,9 @@ def stuck(log: Path) -> str:
             gdb = ["gdb", "-p", pid, "-batch", "-ex", "thread apply all bt"]
             bt = subprocess.run(gdb, text=True, capture_output=True, timeout=60, check=False)
             out += [f"--- gdb -p {pid}", bt.stdout[-6000:]]
-    subprocess.run(["pkill", "-USR1", "-f", "rankpack.backend.kubernetes.rsh"], check=False)
+    subprocess.run(
+        ["pkill", "-USR1", "-f", "rankpack.backend.kubernetes.starting.rsh"], check=False
+    )
     time.sleep(2)
     out += ["--- log:", log.read_text(errors="replace")[-6000:]]
     text = "\n".join(out)

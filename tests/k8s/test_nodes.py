@@ -17,7 +17,6 @@ import ipaddress
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,7 +25,7 @@ from typing import Any
 
 import pytest
 
-from rankpack.devcluster import binaries, cluster, host, packages, processes
+from rankpack.devcluster import binaries, host, packages, processes
 from rankpack.devcluster.layout import (
     HOST_USR_IMAGE,
     SYSTEM_CGROUP,
@@ -34,6 +33,8 @@ from rankpack.devcluster.layout import (
     NodeSpec,
     format_cpus,
 )
+from rankpack.devcluster.lifecycle import bringup, clusterstate, teardown
+from tests.cli_runner import rankpack
 from tests.k8s.conftest import DevCluster, down_leaves_nothing
 from tests.k8s.pods import container_cgroup, delete_and_wait, wait_running
 
@@ -69,16 +70,6 @@ except OSError:
     pass
 print(time.monotonic() - t)
 """
-
-
-def rankpack(*argv: str, timeout: float = 240) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "rankpack", *argv],
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        check=False,
-    )
 
 
 @dataclass
@@ -171,24 +162,24 @@ def pod_pids(pod: Any) -> list[int]:
 @pytest.fixture(scope="module")
 def two(dev_cluster: DevCluster) -> Iterator[TwoNodes]:
     state_dir = dev_cluster.state_dir
-    if cluster.running_components(Layout(state_dir)):
-        report = cluster.down(state_dir)
+    if clusterstate.running_components(Layout(state_dir)):
+        report = teardown.down(state_dir)
         assert not report.leftovers, report.leftovers
     opts = dataclasses.replace(dev_cluster.options(), nodes=2)
-    result = cluster.up(opts)
+    result = bringup.up(opts)
     print(f"\n2-node dev cluster Ready in {result.elapsed_s:.1f} s")
     specs = {s.name: s for s in Layout(state_dir).recorded_nodes()}
     dev_cluster.up_result = result
     try:
         yield TwoNodes(dev_cluster, result.elapsed_s, specs)
     finally:
-        if cluster.running_components(Layout(state_dir)):
-            report = cluster.down(state_dir)
+        if clusterstate.running_components(Layout(state_dir)):
+            report = teardown.down(state_dir)
             assert not report.leftovers, report.leftovers
 
 
 def test_both_nodes_ready_with_their_share_of_the_cpus(two: TwoNodes) -> None:
-    proc = rankpack("dev-cluster", "status", "--json")
+    proc = rankpack("dev-cluster", "status", "--json", timeout=240)
     assert proc.returncode == 0, proc.stderr
     status = json.loads(proc.stdout)
     assert [n["name"] for n in status["nodes"]] == list(NODES)
@@ -215,7 +206,7 @@ def test_the_cluster_daemons_run_in_their_own_cgroup_and_node_roots_hold_only_po
     two: TwoNodes,
 ) -> None:
     layout = two.layout
-    daemons = cluster.running_components(layout)
+    daemons = clusterstate.running_components(layout)
     assert len(daemons) == len(layout.components())
     system = {int(p) for p in (CGROUP / "cpu" / SYSTEM_CGROUP / "cgroup.procs").read_text().split()}
     assert set(daemons.values()) <= system
@@ -267,7 +258,7 @@ def test_stop_node_kills_its_pods_and_the_node_goes_not_ready(two: TwoNodes) -> 
     assert processes.shims_of(socket)
 
     t0 = time.monotonic()
-    proc = rankpack("dev-cluster", "stop-node", NODES[1], "--json")
+    proc = rankpack("dev-cluster", "stop-node", NODES[1], "--json", timeout=240)
     took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr
     assert set(stopped) <= set(json.loads(proc.stdout)["killed_pids"])
@@ -279,7 +270,7 @@ def test_stop_node_kills_its_pods_and_the_node_goes_not_ready(two: TwoNodes) -> 
     # the other node's pod gets an answer at once: no route (nothing leaves the machine)
     answer = two.exec("server-0", "python3", "-c", CLIENT, b.status.pod_ip, str(PORT))
     assert answer.startswith("error 113"), answer  # EHOSTUNREACH
-    status = cluster.status(two.state_dir)
+    status = clusterstate.status(two.state_dir)
     entry = next(n for n in status["nodes"] if n["name"] == NODES[1])
     assert entry["stopped"] is True and entry["running"] is False
 
@@ -294,7 +285,7 @@ def test_stop_node_kills_its_pods_and_the_node_goes_not_ready(two: TwoNodes) -> 
 def test_start_node_brings_it_back_empty_and_a_new_pod_runs_there(two: TwoNodes) -> None:
     old = two.core().read_namespaced_pod("server-1", two.session.namespace)
     old_ids = {s.container_id.split("://", 1)[1] for s in old.status.container_statuses or []}
-    proc = rankpack("dev-cluster", "start-node", NODES[1], "--json")
+    proc = rankpack("dev-cluster", "start-node", NODES[1], "--json", timeout=240)
     assert proc.returncode == 0, proc.stderr
     print(f"\nstart-node: Ready in {json.loads(proc.stdout)['elapsed_s']} s")
     assert ready_status(two.node(NODES[1])) == "True"

@@ -14,7 +14,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rankpack.devcluster import cluster
+from rankpack.devcluster.lifecycle import restarts
 from tests.k8s.operators import Env, endless_pitzdaily
 from tests.k8s.pods import sleeper_pod, wait_running
 
@@ -44,9 +44,9 @@ def test_apiserver_stopped_and_restarted_mid_run(env: Env, tmp_path: Path) -> No
     # and adopts them from the cluster's state.
     before = {n: env.status(n)["simId"] for n in running}
     t0 = time.monotonic()
-    assert cluster.stop_component(env.k8s.state_dir, "kube-apiserver")
+    assert restarts.stop_component(env.k8s.state_dir, "kube-apiserver")
     time.sleep(25)
-    cluster.start_component(env.k8s.state_dir, "kube-apiserver", timeout_s=180)
+    restarts.start_component(env.k8s.state_dir, "kube-apiserver", timeout_s=180)
     down_s = time.monotonic() - t0
     assert op.wait(timeout=900) == 0, log.read_text()[-4000:]
     text = log.read_text()

@@ -18,8 +18,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 import threading
 import time
 from collections.abc import Iterator
@@ -28,6 +26,7 @@ from typing import Any
 
 import pytest
 
+from tests.cli_runner import rankpack
 from tests.k8s.conftest import DevCluster
 from tests.k8s.operators import endless_pitzdaily
 
@@ -93,12 +92,9 @@ def run(two: DevCluster, tmp: Path, *argv: str) -> tuple[dict[str, Any], float]:
     env = {**os.environ, "RANKPACK_DB": str(tmp / "rankpack.db"),
            "RANKPACK_HOME": str(tmp / "home")}  # fmt: skip
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, "-m", "rankpack", "run", str(endless_pitzdaily(tmp)),
-         "--backend", "kubernetes", "--kubeconfig",
-         str(two.up_result.service_account_kubeconfig), "--json", *argv],
-        capture_output=True, text=True, timeout=150, env=env, check=False,
-    )  # fmt: skip
+    proc = rankpack("run", str(endless_pitzdaily(tmp)), "--backend", "kubernetes",
+                    "--kubeconfig", str(two.up_result.service_account_kubeconfig), "--json",
+                    *argv, timeout=150, env=env)  # fmt: skip
     took = time.monotonic() - t0
     assert proc.returncode == 0, proc.stderr[-3000:] + proc.stdout[-2000:]
     return json.loads(proc.stdout), took

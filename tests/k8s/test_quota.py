@@ -22,9 +22,11 @@ from typing import Any
 
 import pytest
 
-from rankpack.backend.kubernetes import KubernetesBackend, connect, load_config
-from rankpack.backend.kubernetes.builders import SIM_LABEL
-from rankpack.backend.kubernetes.capacity import LaunchCheck
+from rankpack.backend.kubernetes.api.config import load_config
+from rankpack.backend.kubernetes.backend import KubernetesBackend
+from rankpack.backend.kubernetes.connect import connect
+from rankpack.backend.kubernetes.nodes.capacity import LaunchCheck
+from rankpack.backend.kubernetes.objects.builders import SIM_LABEL
 from rankpack.backend.protocol import LaunchFailed, LaunchRefused, RankResources, SimSpec
 from rankpack.core.failures import FailureCode
 from rankpack.devcluster.nodefiles import with_node_files

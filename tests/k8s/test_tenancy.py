@@ -27,7 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
-from rankpack.backend.kubernetes.rbac import RANK_SERVICE_ACCOUNT
+from rankpack.backend.kubernetes.objects.rbac import RANK_SERVICE_ACCOUNT
 from rankpack.devcluster import deploy
 from rankpack.devcluster.binaries import DEFAULT_VERSION, KubeVersion, bin_dir
 from rankpack.devcluster.layout import NAMESPACE, Layout

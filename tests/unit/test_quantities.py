@@ -13,9 +13,10 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rankpack import paths, quantities
-from rankpack.model.contention import ClusterShape, check_beta, parse_point
+from rankpack.model.contention import check_beta, parse_point
 from rankpack.model.overlap import check_predictor_size, parse_duty_cycles
 from rankpack.model.pareto import PlanInputs, RequestBudget, plan_capacity, request_budget
+from rankpack.model.shape import ClusterShape
 from rankpack.plan.allocation import (
     budget_to_millis,
     parse_weights,

@@ -6,4 +6,13 @@
 once in `rankpack.backend.mpirun`; the backends never import each other. The simulated
 cluster that tests and benchmarks drive is not a backend rankpack ships: it is
 `rankpack.testing`.
+
+- `protocol`: the `Backend` interface and the values it takes and returns;
+- `mpirun`: finding, starting and stopping mpirun, its log and exit codes, the shim's
+  records of a run (both backends);
+- `worker`: staging in a worker thread (`Stager`) and the news `wait` waits on (`News`);
+- `cgroups`: Linux cgroups v1/v2 with the kubelet's CPU mapping, and the one parser of
+  their counters (the local backend; the Kubernetes node reader);
+- `local`: the local backend (a cgroup per rank on this machine);
+- `kubernetes`: the Kubernetes backend (a pod per rank).
 """

@@ -1,6 +1,9 @@
 """Linux cgroups for rank pods, v1 and v2, with the kubelet's CPU mapping.
 
-Used only by the local backend. The mapping functions are the kubelet's
+Used by the local backend (its drivers, `CgroupV1`/`CgroupV2`); the Kubernetes node reader
+(`rankpack.backend.kubernetes.nodes.nodereader`) parses its pods' counters with the same
+`cpu_stat_v1`/`cpu_stat_v2`, the one parser of ``cpu.stat``. The mapping functions are the
+kubelet's
 (pkg/kubelet/cm/helpers_linux.go), so a plan means the same locally as on Kubernetes:
 
 * shares = clamp(milliCPU * 1024 // 1000, 2, 262144)   (0 millicores -> 2)
@@ -117,13 +120,38 @@ def _write(path: Path, value: str) -> None:
         fh.write(value)
 
 
-def _parse_kv(text: str) -> dict[str, int]:
+def parse_kv(text: str) -> dict[str, int]:
+    """A flat-keyed cgroup file (``cpu.stat``: ``key value`` lines) as numbers; the one
+    parser of cgroup counters (the local backend's drivers, the Kubernetes node reader)."""
     out: dict[str, int] = {}
     for line in text.splitlines():
         parts = line.split()
         if len(parts) == 2 and parts[1].lstrip("-").isdigit():
             out[parts[0]] = int(parts[1])
     return out
+
+
+def cpu_stat_v2(stat_text: str) -> CpuStat:
+    """A cgroup v2 ``cpu.stat`` (microseconds) as a `CpuStat` (nanoseconds)."""
+    stat = parse_kv(stat_text)
+    return CpuStat(
+        usage_ns=stat.get("usage_usec", 0) * 1000,
+        nr_periods=stat.get("nr_periods", 0),
+        nr_throttled=stat.get("nr_throttled", 0),
+        throttled_ns=stat.get("throttled_usec", 0) * 1000,
+    )
+
+
+def cpu_stat_v1(stat_text: str, usage_text: str) -> CpuStat:
+    """A cgroup v1 ``cpu.stat`` (``""``: no cpu hierarchy) and ``cpuacct.usage`` (both in
+    nanoseconds) as a `CpuStat`."""
+    stat = parse_kv(stat_text)
+    return CpuStat(
+        usage_ns=int(usage_text.strip()),
+        nr_periods=stat.get("nr_periods", 0),
+        nr_throttled=stat.get("nr_throttled", 0),
+        throttled_ns=stat.get("throttled_time", 0),
+    )
 
 
 def _pids_in(path: Path) -> list[int]:
@@ -201,13 +229,9 @@ class CgroupV1:
         )
 
     def read_stat(self, rel: str) -> CpuStat:
-        stat = _parse_kv(_read(self.cpu_root / rel / "cpu.stat"))
-        usage = int(_read(self.cpuacct_root / rel / "cpuacct.usage"))
-        return CpuStat(
-            usage_ns=usage,
-            nr_periods=stat.get("nr_periods", 0),
-            nr_throttled=stat.get("nr_throttled", 0),
-            throttled_ns=stat.get("throttled_time", 0),
+        return cpu_stat_v1(
+            _read(self.cpu_root / rel / "cpu.stat"),
+            _read(self.cpuacct_root / rel / "cpuacct.usage"),
         )
 
     def pids(self, rel: str) -> list[int]:
@@ -267,13 +291,7 @@ class CgroupV2:
         )
 
     def read_stat(self, rel: str) -> CpuStat:
-        stat = _parse_kv(_read(self.root / rel / "cpu.stat"))
-        return CpuStat(
-            usage_ns=stat.get("usage_usec", 0) * 1000,
-            nr_periods=stat.get("nr_periods", 0),
-            nr_throttled=stat.get("nr_throttled", 0),
-            throttled_ns=stat.get("throttled_usec", 0) * 1000,
-        )
+        return cpu_stat_v2(_read(self.root / rel / "cpu.stat"))
 
     def pids(self, rel: str) -> list[int]:
         return _pids_in(self.root / rel / "cgroup.procs")

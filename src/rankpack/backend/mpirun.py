@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import IO, Protocol
 
 from rankpack.backend.protocol import BackendError, SimSpec
+from rankpack.core.actions import WaitMode
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.errors import UserError
 from rankpack.profile.records import RecordReader, record_path, set_wait_modes
@@ -99,7 +100,7 @@ class MpirunProcess:
     that runs it. stdin is closed, stdout and stderr go to ``log``.
 
     With ``with_parent`` (the default) the process is SIGTERMed when this process dies
-    (`terminate_with_parent`); a detached launcher that must outlive us passes False.
+    (`terminate_with_parent`); a detached exit wrapper that must outlive us passes False.
     Raises OSError if it cannot be started.
     """
 
@@ -221,7 +222,7 @@ class LogTail:
 def shim_dir(case_dir: Path) -> Path:
     """Where the shim's live records of a local run go (``<case>/.rankpack/shim``). The
     Kubernetes backend's ranks write theirs into their pods' own volumes instead
-    (`rankpack.backend.kubernetes.nodereader`)."""
+    (`rankpack.backend.kubernetes.nodes.nodereader`)."""
     return case_dir / ".rankpack" / "shim"
 
 
@@ -267,7 +268,7 @@ class ShimRecords:
                 return ShimSample(rec.compute_ns, rec.mpi_ns, rec.window_duty, rec.wait_mode)
         return ShimSample()
 
-    def set_wait_mode(self, mode: str) -> None:
+    def set_wait_mode(self, mode: WaitMode) -> None:
         """Ask every rank to wait in ``mode`` from its next wait on (the control word in each
         rank's record). BackendError for a simulation without the shim, an unknown mode, or
         a rank whose record is not published yet."""

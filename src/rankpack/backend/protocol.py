@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Protocol
 
 from rankpack.case.staging import StagedCase, StageSpec
+from rankpack.core.actions import WaitMode
 from rankpack.core.failures import FailureCode
 
 __all__ = ["StageSpec", "StagedCase"]
@@ -80,7 +81,7 @@ class RankResources:
 class ShimSpec:
     """Load the PMPI shim into every rank; the backend delivers its counters."""
 
-    wait_mode: str = "spin"
+    wait_mode: WaitMode = "spin"
     flavour: str = "openmpi"
 
 
@@ -346,7 +347,7 @@ class Backend(Protocol):
         states arrive in `observe`."""
         ...
 
-    def set_wait_mode(self, sim_id: str, mode: str) -> None:
+    def set_wait_mode(self, sim_id: str, mode: WaitMode) -> None:
         """Ask every rank of a running simulation to wait in MPI in ``mode`` (``spin``,
         ``polite``, ``adaptive``) from its next wait on, without a restart: the shim's
         control word in each rank's live record. Raises BackendError for an unknown mode,

@@ -1,1 +1,17 @@
-"""Case layer: OpenFOAM cases (find, copy, mesh, decompose) and their solver logs."""
+"""Case layer: OpenFOAM cases (find, copy, mesh, decompose) and their solver logs.
+
+Modules:
+
+- `openfoam`: resolve a tutorial or directory, copy it into a run directory, mesh it,
+  decompose it, edit its controlDict;
+- `staging`: a case copied into a fresh run directory, meshed and decomposed, ready to run;
+- `confine`: confined staging of a case from someone with fewer rights than the stager;
+- `restart`: resuming a decomposed case from the last time it wrote (after a lost node);
+- `refine`: refined copies of a case (blockMesh cell counts multiplied);
+- `mesh`: polyMesh topology and geometry (cell centres, the cell adjacency graph);
+- `partition`: cell-to-rank assignments whose sizes follow a weight vector (pure);
+- `decomposition`: `decompose_case`, a weighted or concentric decomposition written for
+  decomposePar's manual method, and the Scotch ``processorWeights`` route;
+- `decomp_plot`: a picture of a decomposition (cell centres coloured by rank);
+- `foamlog`: the incremental solver-log parser.
+"""

@@ -39,6 +39,7 @@ from rankpack.case import partition
 from rankpack.case.mesh import (
     FloatArray,
     IntArray,
+    PolyMesh,
     bounds,
     cell_centres,
     cell_graph,
@@ -63,7 +64,9 @@ _HEADER = (
 
 
 @dataclass(frozen=True)
-class RankResult:
+class RankCells:
+    """One rank's share of a decomposition."""
+
     rank: int
     weight: float
     target_cells: int
@@ -77,7 +80,7 @@ class DecompositionResult:
     case_dir: Path
     method: Method
     n_cells: int
-    ranks: tuple[RankResult, ...]
+    ranks: tuple[RankCells, ...]
     edge_cut: int
     """Internal faces between cells on different ranks."""
     center: tuple[float, float, float]
@@ -131,6 +134,16 @@ def parse_center(text: str) -> tuple[float, float, float]:
     return values[0], values[1], values[2]
 
 
+def parse_method(method: Method | str) -> Method:
+    """A decomposition method by its value (equal | weighted | concentric)."""
+    try:
+        return Method(method)
+    except ValueError:
+        raise UserError(
+            f"unknown method '{method}'; use {', '.join(m.value for m in Method)}"
+        ) from None
+
+
 def resolve_weights(method: Method, n_ranks: int, weights: list[float] | None) -> list[float]:
     """Weights for the method: ignored (all 1) for equal, else one positive value per rank."""
     if n_ranks < 1:
@@ -166,12 +179,7 @@ def decompose_case(
     input, leaving the case unchanged.
     """
     t0 = time.perf_counter()
-    try:
-        method = Method(method)
-    except ValueError:
-        raise UserError(
-            f"unknown method '{method}'; use {', '.join(m.value for m in Method)}"
-        ) from None
+    method = parse_method(method)
     weights = resolve_weights(method, n_ranks, weights)
     if vertex_weights is not None and method is not Method.WEIGHTED:
         raise UserError("vertex weights are only used by --method weighted")
@@ -181,71 +189,28 @@ def decompose_case(
         raise UserError(f"{len(vertex_weights)} vertex weights for {mesh.n_cells} cells")
     centres = cell_centres(mesh)
     plane = plane_axes(mesh.points)
-    warnings: list[str] = []
-    lo, hi = bounds(mesh.points)
-    if center is not None:
-        point = np.asarray(center, dtype=np.float64)
-        source = "given"
-        if np.any(point < lo) or np.any(point > hi):
-            warnings.append(
-                f"centre {_fmt(point)} is outside the mesh bounding box "
-                f"{_fmt(lo)}..{_fmt(hi)}; zones will be off-centre"
-            )
-    else:
-        walls = wall_bounds(mesh)
-        if walls is not None:
-            point, source = (walls[0] + walls[1]) / 2, "wall patches"
-        else:
-            point, source = (lo + hi) / 2, "mesh bounding box"
+    point, source, warnings = _choose_centre(mesh, center)
     t_read = time.perf_counter()
 
     if method is Method.CONCENTRIC:
         assignment = partition.concentric(centres, weights, point, plane)
     else:
         assignment = partition.weighted(cell_graph(mesh), weights, vertex_weights=vertex_weights)
-    counts = np.bincount(assignment, minlength=n_ranks)
-    if counts.sum() != mesh.n_cells or len(counts) != n_ranks:
-        raise AssertionError("partition lost or invented cells")  # a bug, not user input
+    counts = _cells_per_rank(assignment, n_ranks, mesh.n_cells)
     means = partition.mean_distances(centres, point, assignment, n_ranks)
     cut = partition.edge_cut(mesh.owner, mesh.neighbour, assignment)
     t_part = time.perf_counter()
 
-    openfoam_cells: tuple[int, ...] | None = None
-    if not run_decompose_par:
-        write_manual_dict(case_dir, n_ranks)
-        write_cell_decomposition(case_dir, assignment)
-        t_write = time.perf_counter()
-    else:
-        with staged(case_dir) as stage:
-            write_manual_dict(stage, n_ranks)
-            write_cell_decomposition(stage, assignment)
-            t_write = time.perf_counter()
-            openfoam_cells = tuple(openfoam_decompose(stage))
-            if list(openfoam_cells) != counts.tolist():
-                log = stage / "log.decomposePar"
-                where = keep_log(log, case_dir.name) if log.is_file() else log
-                raise UserError(
-                    f"decomposePar counted {list(openfoam_cells)} cells per processor, "
-                    f"rankpack assigned {counts.tolist()}; see {where}"
-                )
-            install(stage, case_dir, [DICT_PATH, DATA_PATH])
+    openfoam_cells, t_write = _write_and_decompose(
+        case_dir, assignment, counts.tolist(), run_decompose_par=run_decompose_par
+    )
     t_end = time.perf_counter()
 
-    ranks = tuple(
-        RankResult(
-            rank=i,
-            weight=weights[i],
-            target_cells=targets[i],
-            cells=int(counts[i]),
-            mean_distance=float(means[i]),
-        )
-        for i in range(n_ranks)
-    )
     return DecompositionResult(
         case_dir=case_dir,
         method=method,
         n_cells=mesh.n_cells,
-        ranks=ranks,
+        ranks=_rank_cells(weights, targets, counts, means),
         edge_cut=cut,
         center=(float(point[0]), float(point[1]), float(point[2])),
         center_source=source,
@@ -261,6 +226,79 @@ def decompose_case(
             "decompose_par": t_end - t_write if run_decompose_par else 0.0,
         },
     )
+
+
+def _cells_per_rank(assignment: IntArray, n_ranks: int, n_cells: int) -> IntArray:
+    counts: IntArray = np.bincount(assignment, minlength=n_ranks)
+    if counts.sum() != n_cells or len(counts) != n_ranks:
+        raise AssertionError("partition lost or invented cells")  # a bug, not user input
+    return counts
+
+
+def _rank_cells(
+    weights: list[float], targets: list[int], counts: IntArray, means: FloatArray
+) -> tuple[RankCells, ...]:
+    return tuple(
+        RankCells(
+            rank=i,
+            weight=weights[i],
+            target_cells=targets[i],
+            cells=int(counts[i]),
+            mean_distance=float(means[i]),
+        )
+        for i in range(len(weights))
+    )
+
+
+def _choose_centre(
+    mesh: PolyMesh, center: tuple[float, float, float] | None
+) -> tuple[FloatArray, str, list[str]]:
+    """The decomposition centre, how it was chosen, and a warning if a given one lies
+    outside the mesh's bounding box."""
+    warnings: list[str] = []
+    lo, hi = bounds(mesh.points)
+    if center is not None:
+        point = np.asarray(center, dtype=np.float64)
+        if np.any(point < lo) or np.any(point > hi):
+            warnings.append(
+                f"centre {_fmt(point)} is outside the mesh bounding box "
+                f"{_fmt(lo)}..{_fmt(hi)}; zones will be off-centre"
+            )
+        return point, "given", warnings
+    walls = wall_bounds(mesh)
+    if walls is not None:
+        return (walls[0] + walls[1]) / 2, "wall patches", warnings
+    return (lo + hi) / 2, "mesh bounding box", warnings
+
+
+def _write_and_decompose(
+    case_dir: Path, assignment: IntArray, counts: list[int], *, run_decompose_par: bool
+) -> tuple[tuple[int, ...] | None, float]:
+    """Write the manual decomposition; with ``run_decompose_par``, run decomposePar in a
+    staging copy, check its counts against ``counts`` and install the result.
+
+    Returns decomposePar's cells per processor (None if it did not run) and the
+    `time.perf_counter` at which the files were written.
+    """
+    n_ranks = len(counts)
+    if not run_decompose_par:
+        write_manual_dict(case_dir, n_ranks)
+        write_cell_decomposition(case_dir, assignment)
+        return None, time.perf_counter()
+    with staged(case_dir) as stage:
+        write_manual_dict(stage, n_ranks)
+        write_cell_decomposition(stage, assignment)
+        t_write = time.perf_counter()
+        openfoam_cells = tuple(openfoam_decompose(stage))
+        if list(openfoam_cells) != counts:
+            log = stage / "log.decomposePar"
+            where = keep_log(log, case_dir.name) if log.is_file() else log
+            raise UserError(
+                f"decomposePar counted {list(openfoam_cells)} cells per processor, "
+                f"rankpack assigned {counts}; see {where}"
+            )
+        install(stage, case_dir, [DICT_PATH, DATA_PATH])
+    return openfoam_cells, t_write
 
 
 def _fmt(p: FloatArray) -> str:

@@ -5,6 +5,13 @@ Each sub-command lives in its own module with two functions:
 the handler takes the parsed ``argparse.Namespace`` and returns an exit code.
 Handlers raise `rankpack.errors.UserError` for bad input; `main` turns that into a
 one-line message and exit code 2 (``--debug`` shows the traceback instead).
+
+Modules, one per command unless said: `demo_cmd`, `plan_cmd`, `decompose_cmd`, `run_cmd`,
+`runs_cmd`, `profile_cmd` (with `profile_case`: ``profile CASE`` and ``--attach``),
+`queue_cmd` (``submit``, ``queue``), `multiplex_cmd` (``multiplex``, ``events``),
+`report_cmd`, `model_cmd`, `operator_cmd` (``operator``, ``simulations``),
+`nodeagent_cmd`, `devcluster_cmd`; shared by them: `common` (argument validators, JSON
+output, the database path) and `backends` (``--backend`` and the Kubernetes flags).
 """
 
 from __future__ import annotations

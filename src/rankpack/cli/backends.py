@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from rankpack.backend.kubernetes.config import (
+from rankpack.backend.kubernetes.api.config import (
     LAUNCHER_CHOICES,
     MPI_TRANSPORTS,
     parse_transport,
@@ -69,7 +69,8 @@ def make_backend(args: argparse.Namespace, *, use_cgroups: bool = True) -> Backe
         return LocalBackend(use_cgroups=use_cgroups)
     from dataclasses import replace
 
-    from rankpack.backend.kubernetes import connect, load_config
+    from rankpack.backend.kubernetes.api.config import load_config
+    from rankpack.backend.kubernetes.connect import connect
     from rankpack.devcluster.nodefiles import with_node_files
     from rankpack.plan.allocation import budget_to_millis
 

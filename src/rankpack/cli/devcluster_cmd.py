@@ -1,7 +1,8 @@
 """`rankpack dev-cluster up|down|status|stop-node|start-node|images`: a real Kubernetes of one or
 more nodes on this machine.
 
-Thin layer over `rankpack.devcluster.cluster`: parses options, prints what happened.
+Thin layer over `rankpack.devcluster.lifecycle` (and `deploy`, `appimages`): parses
+options, prints what happened. `register` adds one parser per action (`_add_up`, ...).
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
     actions.required = True
+    for add in (_add_up, _add_down, _add_status, _add_stop_node, _add_start_node, _add_images):
+        add(actions)
 
+
+def _add_up(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     up = actions.add_parser(
         "up",
         help="start the cluster and wait until its node is Ready",
@@ -86,6 +91,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     up.add_argument("--json", action="store_true", help="print the result as JSON")
     up.set_defaults(handler=run_up)
 
+
+def _add_down(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     down = actions.add_parser(
         "down",
         help="stop the cluster and remove everything it created",
@@ -99,6 +106,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     down.add_argument("--json", action="store_true", help="print the result as JSON")
     down.set_defaults(handler=run_down)
 
+
+def _add_status(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     status = actions.add_parser(
         "status",
         help="is the cluster up and Ready; kubeconfig paths; nodes",
@@ -107,6 +116,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     status.add_argument("--json", action="store_true", help="print the result as JSON")
     status.set_defaults(handler=run_status)
 
+
+def _add_stop_node(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     stop = actions.add_parser(
         "stop-node",
         help="crash one node: kill its kubelet, containerd and pods, take its pod network down",
@@ -120,6 +131,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     stop.add_argument("--json", action="store_true", help="print the result as JSON")
     stop.set_defaults(handler=run_stop_node)
 
+
+def _add_start_node(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     start = actions.add_parser(
         "start-node",
         help="bring a stopped node back, empty, and wait until it is Ready",
@@ -138,6 +151,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     start.add_argument("--json", action="store_true", help="print the result as JSON")
     start.set_defaults(handler=run_start_node)
 
+
+def _add_images(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     images = actions.add_parser(
         "images",
         help="build or reuse rankpack's container images (rankpack, rank)",
@@ -168,21 +183,21 @@ def _state_dir(args: argparse.Namespace) -> Path:
 
 
 def run_up(args: argparse.Namespace) -> int:
-    from rankpack.devcluster import cluster
+    from rankpack.devcluster.lifecycle import bringup
 
     version = KubeVersion.parse(args.version)
     if args.timeout <= 0:
         from rankpack.errors import UserError
 
         raise UserError("--timeout must be a positive number of seconds")
-    opts = cluster.UpOptions(
+    opts = bringup.UpOptions(
         version=version,
         state_dir=_state_dir(args),
         ready_timeout_s=args.timeout,
         nodes=args.nodes,
     )
     say = (lambda _msg: None) if args.json else print
-    result = cluster.up(opts, say=say)
+    result = bringup.up(opts, say=say)
     operator: dict[str, object] | None = None
     if args.operator:
         from rankpack.devcluster import deploy
@@ -220,10 +235,10 @@ def run_up(args: argparse.Namespace) -> int:
 
 
 def run_down(args: argparse.Namespace) -> int:
-    from rankpack.devcluster import cluster
+    from rankpack.devcluster.lifecycle import teardown
     from rankpack.errors import UserError
 
-    report = cluster.down(_state_dir(args))
+    report = teardown.down(_state_dir(args))
     if args.json:
         print_json(
             {
@@ -251,9 +266,9 @@ def run_down(args: argparse.Namespace) -> int:
 
 
 def run_status(args: argparse.Namespace) -> int:
-    from rankpack.devcluster import cluster
+    from rankpack.devcluster.lifecycle import clusterstate
 
-    result = cluster.status(_state_dir(args))
+    result = clusterstate.status(_state_dir(args))
     if args.json:
         print_json(result)
     elif not result["running"]:
@@ -276,9 +291,9 @@ def run_status(args: argparse.Namespace) -> int:
 
 
 def run_stop_node(args: argparse.Namespace) -> int:
-    from rankpack.devcluster import cluster
+    from rankpack.devcluster.lifecycle import nodes
 
-    stopped = cluster.stop_node(_state_dir(args), args.name)
+    stopped = nodes.stop_node(_state_dir(args), args.name)
     if args.json:
         print_json({"node": stopped.name, "killed_pids": stopped.killed_pids})
     else:
@@ -290,12 +305,12 @@ def run_stop_node(args: argparse.Namespace) -> int:
 
 
 def run_start_node(args: argparse.Namespace) -> int:
-    from rankpack.devcluster import cluster
+    from rankpack.devcluster.lifecycle import nodes
     from rankpack.errors import UserError
 
     if args.timeout <= 0:
         raise UserError("--timeout must be a positive number of seconds")
-    took = cluster.start_node(_state_dir(args), args.name, args.timeout)
+    took = nodes.start_node(_state_dir(args), args.name, args.timeout)
     if args.json:
         print_json({"node": args.name, "was_running": took == 0.0, "elapsed_s": round(took, 2)})
     elif took == 0.0:

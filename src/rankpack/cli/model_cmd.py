@@ -74,7 +74,12 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         dest="model_command", metavar="ACTION", parser_class=OneLineArgumentParser
     )
     msub.required = True
+    _register_fit(msub)
+    _register_predict(msub)
+    _register_plan(msub)
 
+
+def _register_fit(msub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     fit = msub.add_parser("fit", help="fit beta to measured makespans N:makespan_s")
     _add_shape(fit)
     fit.add_argument("points", nargs="*", metavar="N:MAKESPAN_S", help="e.g. 1:1249 2:1410 3:1446")
@@ -95,6 +100,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     fit.add_argument("--json", action="store_true", help="machine-readable output")
     fit.set_defaults(handler=handle_fit)
 
+
+def _register_predict(msub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pred = msub.add_parser("predict", help="throughput and makespan for N = 1..max-n")
     _add_shape(pred)
     pred.add_argument(
@@ -124,6 +131,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     pred.add_argument("--json", action="store_true", help="machine-readable output")
     pred.set_defaults(handler=handle_predict)
 
+
+def _register_plan(msub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     plan = msub.add_parser("plan", help="how many simulations fit a cluster/quota; recommended N")
     _add_shape(plan)
     plan.add_argument(

@@ -45,9 +45,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
 
 
 def handle_node_agent(args: argparse.Namespace) -> int:
-    from rankpack.backend.kubernetes import ApiError, ClientKubeApi, KubernetesConfig
-    from rankpack.backend.kubernetes.informer import Cache, core
-    from rankpack.backend.kubernetes.nodereader import NodeReader, resolve_pods_cgroup
+    from rankpack.backend.kubernetes.api.client import ClientKubeApi
+    from rankpack.backend.kubernetes.api.config import KubernetesConfig
+    from rankpack.backend.kubernetes.api.informer import Cache, core
+    from rankpack.backend.kubernetes.api.kubeapi import ApiError
+    from rankpack.backend.kubernetes.nodes.nodereader import NodeReader, resolve_pods_cgroup
     from rankpack.nodeagent.auth import ApiReviewer, Authorizer
     from rankpack.nodeagent.server import AgentServer
     from rankpack.nodeagent.service import RANK_PODS_SELECTOR, NodeAgent, RankPods

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from rankpack.backend.kubernetes.config import LAUNCHER_CHOICES, resolve_launcher
+from rankpack.backend.kubernetes.api.config import LAUNCHER_CHOICES, resolve_launcher
 from rankpack.backend.protocol import BackendError
 from rankpack.cli.common import (
     data_dir,
@@ -40,7 +40,7 @@ from rankpack.plan.allocation import budget_to_millis
 from rankpack.plan.submission import Submission
 
 if TYPE_CHECKING:
-    from rankpack.backend.kubernetes.api import ApiError
+    from rankpack.backend.kubernetes.api.kubeapi import ApiError
 
 
 def add_cluster_arguments(p: argparse.ArgumentParser, *, several: bool = False) -> None:
@@ -74,6 +74,35 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         ),
     )
     add_cluster_arguments(p, several=True)
+    _add_pod_arguments(p)
+    _add_limit_arguments(p)
+    _add_admission_arguments(p)
+    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
+    p.add_argument("--identity", help="leader-election identity (default: HOST-PID)")
+    p.add_argument("--lease", default="rankpack-operator", help="Lease name (rankpack-operator)")
+    p.add_argument(
+        "--until-idle", action="store_true",
+        help="exit once no Simulation is queued or running (default: run until stopped)",
+    )  # fmt: skip
+    p.add_argument(
+        "--plot", type=parse_output_file,
+        help="when the operator ends, write the timeline of its session here (PNG): each "
+        "run it followed, launch, profiling and resizes, as `rankpack multiplex --plot`",
+    )  # fmt: skip
+    p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
+    p.set_defaults(handler=handle_operator)
+
+    s = sub.add_parser(
+        "simulations", help="list the Simulation resources of a namespace (Kubernetes)"
+    )
+    add_cluster_arguments(s)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(handler=handle_simulations)
+
+
+def _add_pod_arguments(p: argparse.ArgumentParser) -> None:
+    """The operator's flags for its rank pods: image, launcher, transport, volume, run
+    directories, wait mode and the CPU to place on."""
     p.add_argument(
         "--image", help="rank pod image (default: in a pod, the operator's own image; else the "
         "dev cluster's host-usr image)"
@@ -113,6 +142,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="CPU (cores) to place on when the identity may not read nodes (2 on the dev "
         "cluster)",
     )  # fmt: skip
+
+
+def _add_limit_arguments(p: argparse.ArgumentParser) -> None:
+    """The operator's flags for how much runs at once, and its profiling window."""
     p.add_argument(
         "--max-concurrent", type=parse_concurrent, default=4, help="simulations at once (4)"
     )
@@ -129,6 +162,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument(
         "--profile-s", type=parse_seconds, default=5.0, help="profiling window (default 5 s)"
     )
+
+
+def _add_admission_arguments(p: argparse.ArgumentParser) -> None:
+    """The admin's admission policy: host paths, case roots, solvers (`_admission`)."""
     p.add_argument(
         "--allow-host-path", action="append", default=[], metavar="DIR",
         help="a host directory under which a Simulation's spec.case.volume host:DIR may lie "
@@ -146,32 +183,10 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         help="an application Simulations may run besides the OpenFOAM solvers installed in "
         "/usr/bin (repeat for several; others are refused: SolverNotAllowed)",
     )  # fmt: skip
-    p.add_argument("--metrics-port", type=int, help="serve Prometheus metrics on this port")
-    p.add_argument("--identity", help="leader-election identity (default: HOST-PID)")
-    p.add_argument("--lease", default="rankpack-operator", help="Lease name (rankpack-operator)")
-    p.add_argument(
-        "--until-idle", action="store_true",
-        help="exit once no Simulation is queued or running (default: run until stopped)",
-    )  # fmt: skip
-    p.add_argument(
-        "--plot", type=parse_output_file,
-        help="when the operator ends, write the timeline of its session here (PNG): each "
-        "run it followed, launch, profiling and resizes, as `rankpack multiplex --plot`",
-    )  # fmt: skip
-    p.add_argument("--json", action="store_true", help="print a JSON summary at the end")
-    p.set_defaults(handler=handle_operator)
-
-    s = sub.add_parser(
-        "simulations", help="list the Simulation resources of a namespace (Kubernetes)"
-    )
-    add_cluster_arguments(s)
-    s.add_argument("--json", action="store_true")
-    s.set_defaults(handler=handle_simulations)
 
 
 def _config(args: argparse.Namespace) -> Any:
-    from rankpack.backend.kubernetes import load_config
-    from rankpack.backend.kubernetes.config import parse_transport
+    from rankpack.backend.kubernetes.api.config import load_config, parse_transport
     from rankpack.devcluster.nodefiles import with_node_files
 
     # the operator's --namespace is the list it serves (`handle_operator`), not its own
@@ -190,8 +205,8 @@ def _config(args: argparse.Namespace) -> Any:
 
 
 def simulation_api(args: argparse.Namespace) -> Any:
-    from rankpack.backend.kubernetes import ClientKubeApi
-    from rankpack.operator.queue import SimulationApi
+    from rankpack.backend.kubernetes.api.client import ClientKubeApi
+    from rankpack.operator.simapi import SimulationApi
 
     cfg = _config(args)
     try:
@@ -215,7 +230,7 @@ def _api_error(exc: ApiError, what: str) -> UserError:
 def create_simulations(
     args: argparse.Namespace, sub: Submission, count: int, volume: str | None
 ) -> list[str]:
-    from rankpack.backend.kubernetes.api import ApiError
+    from rankpack.backend.kubernetes.api.kubeapi import ApiError
     from rankpack.operator import crd
 
     api = simulation_api(args)
@@ -233,7 +248,7 @@ def create_simulations(
 
 
 def list_simulations(args: argparse.Namespace) -> list[dict[str, Any]]:
-    from rankpack.backend.kubernetes.api import ApiError
+    from rankpack.backend.kubernetes.api.kubeapi import ApiError
 
     api = simulation_api(args)
     try:
@@ -289,7 +304,7 @@ def own_image(config: Any) -> str | None:
     pod = os.environ.get("POD_NAME")
     if config.kubeconfig is not None or not pod:
         return None
-    from rankpack.backend.kubernetes import ClientKubeApi
+    from rankpack.backend.kubernetes.api.client import ClientKubeApi
 
     try:
         containers = ClientKubeApi(config).get_pod(pod)["spec"]["containers"]
@@ -448,7 +463,7 @@ def handle_runs_kubernetes(args: argparse.Namespace) -> int:
 
 
 def handle_events_kubernetes(args: argparse.Namespace) -> int:
-    from rankpack.backend.kubernetes.api import ApiError
+    from rankpack.backend.kubernetes.api.kubeapi import ApiError
 
     api = simulation_api(args)
     try:

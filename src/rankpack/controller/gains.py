@@ -21,8 +21,9 @@ from dataclasses import dataclass
 
 from rankpack.controller.decision import ControllerSettings, QueuedSim, SimMemory, SimSnapshot
 from rankpack.controller.step import Step
-from rankpack.model.contention import ClusterShape, throughput
+from rankpack.model.contention import throughput
 from rankpack.model.overlap import predict_from_duty_cycles
+from rankpack.model.shape import ClusterShape
 
 
 def _compute(duties: Sequence[float], ranks: int, cores: float, spin: bool) -> float:

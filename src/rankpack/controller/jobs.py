@@ -2,8 +2,8 @@
 
 A `Job` is one submission waiting in a queue. The loop asks its `JobSource` for the pending
 jobs each tick, claims the one the policy launches, and tells the source when it started,
-is held, handed back (a launch refused for quota) and ended. `OneJob` is `rankpack run`'s
-queue of one (in memory); `StoreQueue` is
+is held, handed back (a launch refused for quota) and ended (with its run's result).
+`OneJob` is `rankpack run`'s queue of one (in memory); `StoreQueue` is
 the database's queue (`rankpack submit`, `rankpack multiplex`); the operator's queue of
 Simulation objects lives in `rankpack.operator.queue`. `Adopted` is what a source knows of
 a simulation an earlier controller process launched (`ControlLoop.adopt`).
@@ -18,6 +18,7 @@ from typing import Protocol
 
 from rankpack.backend.protocol import StagedCase
 from rankpack.core.failures import Failure, FailureCode
+from rankpack.core.results import RunResult
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
 
@@ -82,10 +83,16 @@ class JobSource(Protocol):
         ...
 
     def finished(
-        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
+        self,
+        job: Job,
+        status: str,
+        message: str = "",
+        failure: FailureCode | None = None,
+        result: RunResult | None = None,
     ) -> None:
         """The job ended (``message`` and ``failure``, its code: why, when it failed before
-        it had a run; a run's own code is its result's ``failure``)."""
+        it had a run; ``result``: its run's result, recorded, when it had one, whose own
+        code is its ``failure``)."""
         ...
 
     def heartbeat(self, jobs: Sequence[Job]) -> None: ...
@@ -128,7 +135,12 @@ class OneJob:
         pass
 
     def finished(
-        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
+        self,
+        job: Job,
+        status: str,
+        message: str = "",
+        failure: FailureCode | None = None,
+        result: RunResult | None = None,
     ) -> None:
         pass
 
@@ -169,7 +181,12 @@ class StoreQueue:
         self.store.set_queue_run(job.queue_id, run_id)
 
     def finished(
-        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
+        self,
+        job: Job,
+        status: str,
+        message: str = "",
+        failure: FailureCode | None = None,
+        result: RunResult | None = None,
     ) -> None:
         self.store.finish_queue(job.queue_id, status)
 

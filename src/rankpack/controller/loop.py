@@ -289,7 +289,7 @@ class ControlLoop:
             return  # a lost node cut it short: back in the queue, to resume (not failed)
         ctx.tally.results.append(result)
         ctx.sims.pop(sim.sim_id, None)
-        ctx.jobs.finished(sim.job, result.status)
+        ctx.jobs.finished(sim.job, result.status, result=result)
         finished = self.now()
         ctx.event(result.id, "finished", status=result.status, iterations=result.iterations,
                   wall_s=round(result.wall_s, 3), reason=result.message or "",

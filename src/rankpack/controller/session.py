@@ -305,7 +305,8 @@ def fitted_beta_from_sessions(
 ) -> float | None:
     """beta fitted on the recorded sessions comparable with this one (same capacity, wait
     mode and ranks per simulation), or None when they do not give two distinct N."""
-    from rankpack.model.contention import ClusterShape, fit_beta, points_from_sessions
+    from rankpack.model.contention import fit_beta, points_from_sessions
+    from rankpack.model.shape import ClusterShape
 
     comparable = [
         {"status": m.status, "summary": m.summary}

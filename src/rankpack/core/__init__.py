@@ -1,5 +1,6 @@
 """The bottom layer: values every other layer may use and none of them owns.
 
-Results of a run (`core.results`), CPU accounting (`core.accounting`) and the actions the
-controller decides (`core.actions`). Nothing here imports another rankpack layer.
+Modules: `results` (what a run produced), `accounting` (CPU-seconds and rates from usage
+samples), `actions` (the actions the controller decides), `failures` (why a run failed or
+is held, as codes). Nothing here imports another rankpack layer.
 """

@@ -14,6 +14,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, get_args
 
+from rankpack.errors import UserError
+
 ResizeKind = Literal["size", "fairness", "phase", "pack"]
 """Which part of the policy asked for a resize: duty-cycle sizing, fairness, the phase
 schedule, or packing running simulations to make room for a launch."""
@@ -51,6 +53,19 @@ WAIT_MODES: tuple[WaitMode, ...] = get_args(WaitMode)
 WaitSetting = Literal["auto", WaitMode]
 """What a user asks for: a wait mode, or ``auto`` (the controller chooses per node load)."""
 WAIT_SETTINGS: tuple[WaitSetting, ...] = get_args(WaitSetting)
+
+
+class UnknownWaitMode(UserError):
+    """A wait mode that is none of `WAIT_MODES` (backends raise it as their BackendError)."""
+
+
+def parse_wait_mode(mode: str) -> WaitMode:
+    """``mode`` as a `WaitMode`: the one check of a wait mode's name, for the CLI, the
+    shim's settings, the record writers and every backend's ``set_wait_mode``."""
+    for known in WAIT_MODES:
+        if mode == known:
+            return known
+    raise UnknownWaitMode(f"unknown wait mode '{mode}'; use one of: {', '.join(WAIT_MODES)}")
 
 
 @dataclass(frozen=True)

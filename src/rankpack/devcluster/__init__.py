@@ -1,5 +1,5 @@
 """A real Kubernetes of one or more nodes on this machine: `rankpack dev-cluster
-up [--nodes N]|down|status|stop-node|start-node`.
+up [--nodes N] [--operator]|down|status|stop-node|start-node|images`.
 
 For users who want to try the Kubernetes backend without a cluster, and for the `k8s`
 test tier (`tests/k8s/conftest.py`). Called by `rankpack.cli.devcluster_cmd`.
@@ -13,13 +13,23 @@ Modules, in the order `up` uses them:
 - `configs`: pure builders of argv lists, config files and kubeconfigs;
 - `pki`: certificates, keys and static tokens;
 - `images`: the pause and host-/usr images, built with umoci, imported with ctr;
-- `processes`: detached daemons with pid files;
+- `processes`: detached daemons with pid files (started, found, stopped, reaped);
 - `host`: what the cluster changes on the host (addresses, routes, cgroups, each node's
   mount namespace), recorded and undone;
+- `relay`: the service relay, standing in for kube-proxy at the kubernetes Service's
+  address (a daemon `up` starts);
 - `rbac`: the backend's ServiceAccount/Role/RoleBinding (= ``deploy/``) and its kubeconfig;
-- `cluster`: `up`, `down`, `status`, `stop_node`, `start_node`.
+- `lifecycle`: the commands built from those: `up` (`bringup`), `down` (`teardown`),
+  `status` (`clusterstate`), `stop-node`/`start-node` (`nodes`), a control-plane component restarted
+  (`restarts`), with `preflight` and `probes` (see its docstring).
 
-Beside `up`: `appimages` builds rankpack's own container images (``rankpack/rankpack`` and
-``rankpack/rank``) from the checkout's ``images/`` with mmdebstrap and umoci, cached; what
-they are made of (keys, config, the mmdebstrap command) is `imagerecipe`, pure.
+Beside `up`:
+
+- `deploy`: `up --operator`, rankpack itself in the cluster (``deploy/dev``);
+- `appimages`: rankpack's own container images (``rankpack/rankpack`` and ``rankpack/rank``)
+  from the checkout's ``images/``, cached; `applayers` builds their layers with mmdebstrap
+  and umoci; what they are made of (keys, config, the mmdebstrap command) is
+  `imagerecipe`, pure;
+- `nodefiles`: where a host process reads each node's rank pods' files (the CLI and tests
+  on the dev cluster).
 """

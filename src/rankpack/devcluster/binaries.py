@@ -1,7 +1,8 @@
 """Kubernetes binaries for the dev cluster, built from the Go module proxy and cached by version.
 
-Called by `rankpack.devcluster.cluster.up` (build or reuse before starting anything) and by
-`setup.sh test` (``python -m rankpack.devcluster.binaries`` so the test tier finds them ready).
+Called by `rankpack.devcluster.lifecycle.bringup.up` (build or reuse before starting
+anything) and by `setup.sh test` (``python -m rankpack.devcluster.binaries`` so the test
+tier finds them ready).
 
 There is no release download here: only package registries are reachable. The Go module
 proxy serves `k8s.io/kubernetes` and every staging module it replaces (`k8s.io/api`, ...), so a

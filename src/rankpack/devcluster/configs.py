@@ -1,7 +1,7 @@
 """Pure builders of the dev cluster's configuration: command lines, config files, kubeconfigs.
 
 Spec in, object or text out; nothing here touches the machine, so every builder is unit
-tested without a cluster (`tests/unit/devcluster/`). `rankpack.devcluster.cluster` writes
+tested without a cluster (`tests/unit/devcluster/`). `rankpack.devcluster.lifecycle` writes
 what these return and starts the processes with the argv lists (never a shell string).
 
 The settings follow what a single-node cluster on this kind of machine needed (cgroup v1,

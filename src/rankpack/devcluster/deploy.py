@@ -1,11 +1,12 @@
 """`rankpack dev-cluster up --operator`: rankpack in the dev cluster as a cluster runs it.
 
-After `cluster.up`, builds (or reuses) the images from this checkout (`appimages`), imports
-them into the cluster's containerd, creates the host directory behind ``deploy/dev``'s
-PersistentVolume (owned by the images' non-root user), applies ``deploy/dev`` with
-``kubectl apply -k`` as the admin, and waits (bounded) until the operator's Deployment is
-available and the node agent's DaemonSet is ready on every node. Nothing here is a
-special case of the manifests: the dev overlay changes only the images and the volume.
+After `lifecycle.bringup.up`, builds (or reuses) the images from this checkout
+(`appimages`), imports them into the cluster's containerd, creates the host directory
+behind ``deploy/dev``'s PersistentVolume (owned by the images' non-root user), applies
+``deploy/dev`` with ``kubectl apply -k`` as the admin, and waits (bounded) until the
+operator's Deployment is available and the node agent's DaemonSet is ready on every node.
+Nothing here is a special case of the manifests: the dev overlay changes only the images
+and the volume.
 """
 
 from __future__ import annotations

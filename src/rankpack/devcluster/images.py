@@ -1,6 +1,6 @@
 """Container images for the dev cluster, built locally (there is no registry to pull from).
 
-Called by `rankpack.devcluster.cluster.up` once containerd runs:
+Called by `rankpack.devcluster.lifecycle.bringup.up` once containerd runs:
 
 - `PAUSE_IMAGE`: the pod sandbox, a static C program that sleeps until SIGTERM/SIGINT and
   reaps children; containerd's ``sandbox_image`` names it.
@@ -51,7 +51,9 @@ HOST_ETC_COPIES = ("passwd", "group", "alternatives", "openmpi", "ld.so.cache", 
 MERGED_USR_LINKS = ("bin", "lib", "lib64", "sbin")
 
 
-def _run(argv: list[str], log: Path, timeout_s: float = 120) -> None:
+def run_step(argv: list[str], log: Path, timeout_s: float = 120) -> None:
+    """Run one image build step, its output appended to ``log``; a failure is a one-line
+    `UserError` naming the log. Also `applayers`' steps (rankpack's own images)."""
     with open(log, "a") as out:
         out.write(f"$ {' '.join(argv)}\n")
         out.flush()
@@ -77,20 +79,20 @@ def build_image(
     bundle = workdir / "bundle"
     for d in (layout_dir, bundle):
         shutil.rmtree(d, ignore_errors=True)
-    _run([umoci, "init", "--layout", str(layout_dir)], log)
-    _run([umoci, "new", "--image", f"{layout_dir}:{tag}"], log)
-    _run([umoci, "unpack", "--image", f"{layout_dir}:{tag}", str(bundle)], log)
+    run_step([umoci, "init", "--layout", str(layout_dir)], log)
+    run_step([umoci, "new", "--image", f"{layout_dir}:{tag}"], log)
+    run_step([umoci, "unpack", "--image", f"{layout_dir}:{tag}", str(bundle)], log)
     rootfs = bundle / "rootfs"
     shutil.copytree(rootfs_files, rootfs, symlinks=True, dirs_exist_ok=True)
-    _run([umoci, "repack", "--image", f"{layout_dir}:{tag}", str(bundle)], log)
+    run_step([umoci, "repack", "--image", f"{layout_dir}:{tag}", str(bundle)], log)
     config = [umoci, "config", "--image", f"{layout_dir}:{tag}"]
     if entrypoint:
         for part in entrypoint:
             config += ["--config.entrypoint", part]
     else:
         config += ["--config.cmd", "/bin/sh"]
-    _run(config, log)
-    _run([umoci, "gc", "--layout", str(layout_dir)], log)
+    run_step(config, log)
+    run_step([umoci, "gc", "--layout", str(layout_dir)], log)
     archive = workdir / "image.tar"
     with tarfile.open(archive, "w") as tar:
         for entry in sorted(layout_dir.iterdir()):
@@ -104,7 +106,7 @@ def pause_rootfs(workdir: Path, log: Path) -> Path:
     src.write_text(PAUSE_C)
     rootfs = workdir / "files"
     rootfs.mkdir(parents=True, exist_ok=True)
-    _run([tool("gcc"), "-static", "-O2", "-Wall", "-o", str(rootfs / "pause"), str(src)], log)
+    run_step([tool("gcc"), "-static", "-O2", "-Wall", "-o", str(rootfs / "pause"), str(src)], log)
     return rootfs
 
 
@@ -133,7 +135,7 @@ def import_image(archive: Path, ref: str, socket: Path, log: Path, timeout_s: fl
     name, _tag = _split_ref(ref)
     argv = [tool("ctr"), "--address", str(socket), "--namespace", "k8s.io", "images", "import"]
     argv += ["--base-name", name, str(archive)]
-    _run(argv, log, timeout_s=timeout_s)
+    run_step(argv, log, timeout_s=timeout_s)
 
 
 def archives(layout: Layout) -> dict[str, Path]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import replace
 from pathlib import Path
 
-from rankpack.backend.kubernetes.config import KubernetesConfig, NodeFiles
+from rankpack.backend.kubernetes.api.config import KubernetesConfig, NodeFiles
 from rankpack.devcluster.layout import Layout, default_state_dir
 
 

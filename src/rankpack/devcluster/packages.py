@@ -1,7 +1,7 @@
 """Which Debian packages the dev cluster needs, and which of them this machine lacks.
 
-`setup.sh` installs them; `rankpack.devcluster.cluster.up` calls `missing_packages` first
-and refuses with one line naming the ``apt-get install`` to run.
+`setup.sh` installs them; `up` (`rankpack.devcluster.lifecycle.preflight`) calls
+`missing_packages` first and refuses with one line naming the ``apt-get install`` to run.
 """
 
 from __future__ import annotations

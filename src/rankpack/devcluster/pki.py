@@ -1,7 +1,8 @@
 """The dev cluster's certificates, keys and static tokens, generated with `cryptography`.
 
-Called once per `up` by `rankpack.devcluster.cluster` (a fresh CA every time: `down` removes
-the state directory, so nothing outlives the cluster). Produces under ``<state>/pki``:
+Called once per `up` by `rankpack.devcluster.lifecycle.bringup` (a fresh CA every time:
+`down` removes the state directory, so nothing outlives the cluster). Produces under
+``<state>/pki``:
 
 - ``ca.crt/.key``: the cluster CA (also the kubelet's client CA);
 - ``apiserver.crt/.key``: serving cert for 127.0.0.1, the node IP, the first service IP

@@ -1,6 +1,6 @@
 """Starting the dev cluster's daemons detached, finding them again, stopping them.
 
-`rankpack.devcluster.cluster` starts each component with `start` (argv list, own session,
+`rankpack.devcluster.lifecycle` starts each component with `start` (argv list, own session,
 output to ``<state>/logs/<name>.log``) and records ``pid starttime`` in
 ``<state>/pids/<name>.pid``; the start time (from /proc) guards against a recycled pid, so
 `down` in a later process never signals a stranger. Zombies count as gone (the parent that
@@ -102,6 +102,24 @@ def start(
     pid = int(helper.stdout.split()[0])
     pid_file.write_text(f"{pid} {start_time(pid) or 0}\n")
     return pid
+
+
+def daemon_env() -> dict[str, str]:
+    """The environment the daemons start with: this one without ``KUBE*``/``GO*``
+    variables, the sbin directories on ``PATH``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBE", "GO"))}
+    path = env.get("PATH", "/usr/bin:/bin")
+    env["PATH"] = ":".join(
+        dict.fromkeys(["/usr/local/sbin", "/usr/sbin", "/sbin", *path.split(":")])
+    )
+    return env
+
+
+def reap(pids: list[int]) -> None:
+    """Collect the exit status of those of ``pids`` that are our children (no zombies)."""
+    for pid in pids:
+        with contextlib.suppress(ChildProcessError, OSError):
+            os.waitpid(pid, os.WNOHANG)
 
 
 def read_pid(pid_file: Path) -> int | None:

@@ -1,9 +1,10 @@
 """The backend's identity on the dev cluster: applies the product's RBAC objects.
 
-The rules and objects are the product's (`rankpack.backend.kubernetes.rbac`, also written
-into ``deploy/``); this module only sends them. `rankpack.devcluster.cluster.up` applies
-them to the dev cluster and calls `service_account_kubeconfig` so that tests run the
-backend with the ServiceAccount's token (TokenRequest API), never as cluster admin.
+The rules and objects are the product's (`rankpack.backend.kubernetes.objects.rbac`,
+also written into ``deploy/``); this module only sends them.
+`rankpack.devcluster.lifecycle.bringup.up` applies them to the dev cluster and calls
+`service_account_kubeconfig` so that tests run the backend with the ServiceAccount's token
+(TokenRequest API), never as cluster admin.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from __future__ import annotations
 import contextlib
 from typing import Any
 
-from rankpack.backend.kubernetes.api import ClientKubeApi, Conflict
-from rankpack.backend.kubernetes.rbac import (
+from rankpack.backend.kubernetes.api.client import ClientKubeApi
+from rankpack.backend.kubernetes.api.kubeapi import Conflict
+from rankpack.backend.kubernetes.objects.rbac import (
     ROLE,
     SERVICE_ACCOUNT,
     backend_nodes_rbac,

@@ -1,9 +1,10 @@
 """Throughput model and capacity planner for co-located MPI simulations (seed 001 §3.4, §5.3, §6).
 
-`shape`: the cluster and its load rho; `contention`: the linear model and its fit;
-`overlap`: compute-overlap probability and the duty-cycle predictor; `pareto`: efficiency,
-knee, cost and request budgets; `warnings`: where the model is known to break; `plots`: PNG
-figures. Pure, except `plots`.
+Modules: `shape`: the cluster and its load rho; `contention`: the linear model and its fit;
+`overlap`: compute-overlap probability and the duty-cycle predictor; `limit`: the physical
+limit of co-location (a work-conserving bound on the gain); `pareto`: efficiency, knee, cost
+and request budgets; `warnings`: where the model is known to break; `plots`: PNG figures.
+Pure, except `plots`.
 """
 
 from rankpack.model.contention import (

@@ -27,9 +27,7 @@ from scipy.optimize import curve_fit
 
 from rankpack import quantities
 from rankpack.errors import UserError
-from rankpack.model.shape import RHO_VALIDATED as RHO_VALIDATED
-from rankpack.model.shape import ClusterShape as ClusterShape  # re-exported: its old home
-from rankpack.model.shape import check_n as check_n
+from rankpack.model.shape import ClusterShape
 from rankpack.model.warnings import extrapolation_warnings
 from rankpack.quantities import InvalidQuantity, literal
 
@@ -206,22 +204,40 @@ def fit_beta(
     """
     pts = _validated_points(points)
     t1 = next(p.makespan_s for p in pts if p.n == 1)
-    all_n = [p.n for p in pts]
+    used = _calibration_set([p.n for p in pts], calibrate_on)
+    beta, stderr = _least_squares_beta([p for p in pts if p.n in used], t1, shape)
+    return FitResult(
+        beta=beta,
+        beta_stderr=stderr,
+        t1_s=t1,
+        shape=shape,
+        calibrated_on=tuple(sorted(used)),
+        points=tuple(_point_fit(p, t1, beta, shape, used_in_fit=p.n in used) for p in pts),
+        warnings=tuple(dict.fromkeys(_fit_warnings(pts, used, beta, shape))),
+    )
+
+
+def _calibration_set(all_n: list[int], calibrate_on: Sequence[int] | None) -> set[int]:
+    """The N whose points the fit uses: all of them, or N = 1 plus ``calibrate_on``."""
     if calibrate_on is None:
-        used = set(all_n)
-    else:
-        missing = [n for n in calibrate_on if n not in all_n]
-        if missing:
-            raise InvalidQuantity(
-                f"{{calibrate_on}} {missing[0]}: no point with that N; "
-                f"give it as {missing[0]}:makespan_s"
-            )
-        used = {1, *calibrate_on}
-        if used == {1}:
-            raise InvalidQuantity(
-                "{calibrate_on} needs at least one N >= 2 (N = 1 only anchors T_1)"
-            )
-    fit_pts = [p for p in pts if p.n in used]
+        return set(all_n)
+    missing = [n for n in calibrate_on if n not in all_n]
+    if missing:
+        raise InvalidQuantity(
+            f"{{calibrate_on}} {missing[0]}: no point with that N; "
+            f"give it as {missing[0]}:makespan_s"
+        )
+    used = {1, *calibrate_on}
+    if used == {1}:
+        raise InvalidQuantity("{calibrate_on} needs at least one N >= 2 (N = 1 only anchors T_1)")
+    return used
+
+
+def _least_squares_beta(
+    fit_pts: list[MeasuredPoint], t1: float, shape: ClusterShape
+) -> tuple[float, float | None]:
+    """beta and its standard error (None when it carries no information) fitted on the
+    measured throughput of ``fit_pts``."""
     x = np.array([shape.delta_rho(p.n) for p in fit_pts])
     n_arr = np.array([float(p.n) for p in fit_pts])
     theta = n_arr * t1 / np.array([p.makespan_s for p in fit_pts])
@@ -245,25 +261,33 @@ def fit_beta(
     stderr: float | None = float(math.sqrt(pcov[0][0])) if n_nontrivial >= 2 else None
     if stderr is not None and not math.isfinite(stderr):
         stderr = None
+    return beta, stderr
 
-    fitted: list[PointFit] = []
-    for p in pts:
-        pred_t = t1 * slowdown(p.n, beta, shape)
-        meas_theta = p.n * t1 / p.makespan_s
-        pred_theta = p.n * t1 / pred_t
-        fitted.append(
-            PointFit(
-                n=p.n,
-                rho=shape.rho(p.n),
-                makespan_s=p.makespan_s,
-                throughput=meas_theta,
-                predicted_throughput=pred_theta,
-                predicted_makespan_s=pred_t,
-                error_pct=round((pred_t - p.makespan_s) / p.makespan_s * 100.0, 9) + 0.0,
-                throughput_error_pct=round((pred_theta - meas_theta) / meas_theta * 100.0, 9) + 0.0,
-                used_in_fit=p.n in used,
-            )
-        )
+
+def _point_fit(
+    p: MeasuredPoint, t1: float, beta: float, shape: ClusterShape, *, used_in_fit: bool
+) -> PointFit:
+    """One measured point beside the fitted model's prediction for it."""
+    pred_t = t1 * slowdown(p.n, beta, shape)
+    meas_theta = p.n * t1 / p.makespan_s
+    pred_theta = p.n * t1 / pred_t
+    return PointFit(
+        n=p.n,
+        rho=shape.rho(p.n),
+        makespan_s=p.makespan_s,
+        throughput=meas_theta,
+        predicted_throughput=pred_theta,
+        predicted_makespan_s=pred_t,
+        error_pct=round((pred_t - p.makespan_s) / p.makespan_s * 100.0, 9) + 0.0,
+        throughput_error_pct=round((pred_theta - meas_theta) / meas_theta * 100.0, 9) + 0.0,
+        used_in_fit=used_in_fit,
+    )
+
+
+def _fit_warnings(
+    pts: list[MeasuredPoint], used: set[int], beta: float, shape: ClusterShape
+) -> list[str]:
+    """Where the fit is extrapolated or says nothing (duplicates are removed by the caller)."""
     max_fit_n = max(used)
     warns: list[str] = []
     for p in pts:
@@ -276,15 +300,7 @@ def fit_beta(
         )
     if beta == 0.0:
         warns.append("beta fitted to 0: the data show no contention; check the makespans")
-    return FitResult(
-        beta=beta,
-        beta_stderr=stderr,
-        t1_s=t1,
-        shape=shape,
-        calibrated_on=tuple(sorted(used)),
-        points=tuple(fitted),
-        warnings=tuple(dict.fromkeys(warns)),
-    )
+    return warns
 
 
 def points_from_sessions(sessions: Sequence[Mapping[str, Any]]) -> list[MeasuredPoint]:

@@ -24,7 +24,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from rankpack.backend.kubernetes.api import ApiError
+from rankpack.backend.kubernetes.api.kubeapi import ApiError
 
 Obj = dict[str, Any]
 
@@ -61,7 +61,9 @@ class Access:
 
 
 @dataclass(frozen=True)
-class Decision:
+class AuthDecision:
+    """What `Authorizer.check` decided about one request, and for whom."""
+
     verdict: Verdict
     reason: str = ""
     user: str = ""
@@ -112,13 +114,13 @@ class Authorizer:
         self.ttl_s = ttl_s
         self.max_entries = max_entries
         self.clock = clock
-        self._cache: OrderedDict[str, tuple[float, Decision]] = OrderedDict()
+        self._cache: OrderedDict[str, tuple[float, AuthDecision]] = OrderedDict()
         self._lock = threading.Lock()
 
-    def check(self, authorization: str | None, access: Access) -> Decision:
+    def check(self, authorization: str | None, access: Access) -> AuthDecision:
         token = bearer(authorization)
         if token is None:
-            return Decision(Verdict.UNAUTHENTICATED, "no bearer token")
+            return AuthDecision(Verdict.UNAUTHENTICATED, "no bearer token")
         key = _key(token, access)
         now = self.clock()
         with self._lock:
@@ -134,13 +136,13 @@ class Authorizer:
                     self._cache.popitem(last=False)
         return decision
 
-    def _review(self, token: str, access: Access) -> Decision:
+    def _review(self, token: str, access: Access) -> AuthDecision:
         try:
             who = self.reviewer.review_token(token)
         except ApiError as exc:
-            return Decision(Verdict.UNAVAILABLE, f"cannot review the token: {exc}")
+            return AuthDecision(Verdict.UNAVAILABLE, f"cannot review the token: {exc}")
         if not who.get("authenticated"):
-            return Decision(Verdict.UNAUTHENTICATED, "the token is not valid")
+            return AuthDecision(Verdict.UNAUTHENTICATED, "the token is not valid")
         user = dict(who.get("user") or {})
         spec: Obj = {"user": str(user.get("username") or ""), **access.attributes()}
         for field in ("groups", "uid", "extra"):
@@ -149,16 +151,16 @@ class Authorizer:
         try:
             allowed = self.reviewer.review_access(spec)
         except ApiError as exc:
-            return Decision(Verdict.UNAVAILABLE, f"cannot review the access: {exc}")
+            return AuthDecision(Verdict.UNAVAILABLE, f"cannot review the access: {exc}")
         name = spec["user"]
         if allowed.get("allowed") and not allowed.get("denied"):
-            return Decision(Verdict.ALLOWED, "", name)
+            return AuthDecision(Verdict.ALLOWED, "", name)
         where = f"namespace {access.namespace}" if access.namespace else "every namespace"
         what = f"{access.verb} {access.path}" if access.path else (
             f"{access.verb} {RESOURCE}.{GROUP} in {where}")  # fmt: skip
         why = str(allowed.get("reason") or "")
-        return Decision(Verdict.FORBIDDEN, f"{name} may not {what}" + (f": {why}" if why else ""),
-                        name)  # fmt: skip
+        reason = f"{name} may not {what}" + (f": {why}" if why else "")
+        return AuthDecision(Verdict.FORBIDDEN, reason, name)
 
 
 def bearer(authorization: str | None) -> str | None:

@@ -18,9 +18,9 @@ from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, g
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rankpack.backend.kubernetes.nodereader import RankPod, RankReading
+from rankpack.backend.kubernetes.nodes.nodereader import NodeRankReading, RankPod
 
-Readings = Callable[[], list[tuple[RankPod, RankReading]] | None]
+Readings = Callable[[], list[tuple[RankPod, NodeRankReading]] | None]
 LABELS = ["namespace", "pod", "sim", "rank"]
 
 

@@ -30,17 +30,17 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from rankpack.backend.kubernetes.api import ApiError
-from rankpack.backend.kubernetes.builders import MANAGED_BY, MANAGER, RANK_LABEL, SIM_LABEL
-from rankpack.backend.kubernetes.nodereader import (
+from rankpack.backend.kubernetes.api.kubeapi import ApiError
+from rankpack.backend.kubernetes.nodes.nodereader import (
+    NodeRankReading,
     NodeReader,
     NotPublished,
     RankPod,
-    RankReading,
     rank_pod,
     reading_json,
 )
-from rankpack.core.actions import WAIT_MODES
+from rankpack.backend.kubernetes.objects.builders import MANAGED_BY, MANAGER, RANK_LABEL, SIM_LABEL
+from rankpack.core.actions import WAIT_MODES, UnknownWaitMode, parse_wait_mode
 from rankpack.errors import UserError
 from rankpack.nodeagent.auth import Access, Authorizer, Verdict
 from rankpack.nodeagent.metrics import AgentMetrics
@@ -178,10 +178,10 @@ class NodeAgent:
     def _wait_mode(self, namespace: str, sim: str, body: bytes | None) -> Response:
         try:
             data = json.loads(body or b"")
-            mode = data["mode"] if isinstance(data, dict) else None
-        except (ValueError, KeyError):
+            mode = parse_wait_mode(data["mode"]) if isinstance(data, dict) else None
+        except (ValueError, KeyError, TypeError, UnknownWaitMode):
             mode = None
-        if not isinstance(mode, str) or mode not in WAIT_MODES:
+        if mode is None:
             return Response.error(400, 'the body must be {"mode": "' + "|".join(WAIT_MODES) + '"}')
         pods = self.pods.get()
         if pods is None:
@@ -201,7 +201,7 @@ class NodeAgent:
 
     # -- helpers ----------------------------------------------------------------------------
 
-    def readings(self, namespace: str = "") -> list[tuple[RankPod, RankReading]] | None:
+    def readings(self, namespace: str = "") -> list[tuple[RankPod, NodeRankReading]] | None:
         """This node's running rank pods (of ``namespace``, or all) and their readings, by
         namespace, simulation and rank; None while the pods cannot be listed."""
         pods = self.pods.get()

@@ -21,8 +21,9 @@ what the cluster admin configured, never by the Simulation itself:
 * A Simulation whose ranks cannot fit the cluster even at the minimum request of 1m each
   is refused (``DoesNotFit``) instead of heading the queue forever.
 
-`admit` raises `Refused` (a `UserError` with a reason code); the queue ends the Simulation
-``Failed`` with that code and message in its status, and nothing is staged or created.
+`admit` raises `Refused` (a `UserError` with a reason code); the Simulation's arrival
+(`rankpack.operator.arrivals`, the first listing that shows it) ends it ``Failed`` with that
+code and message in its status, and nothing is staged or created.
 """
 
 from __future__ import annotations

@@ -99,8 +99,9 @@ def _spec_schema() -> Obj:
     }  # fmt: skip
 
 
-def _status_schema() -> Obj:
-    rank = {
+def _rank_schema() -> Obj:
+    """One rank in a Simulation's status (``status.ranks[]``)."""
+    return {
         "type": "object",
         "properties": {
             "rank": _int(0),
@@ -129,7 +130,10 @@ def _status_schema() -> Obj:
             },
         },
     }
-    condition = {
+
+
+def _condition_schema() -> Obj:
+    return {
         "type": "object",
         "required": ["type", "status"],
         "properties": {
@@ -137,6 +141,9 @@ def _status_schema() -> Obj:
             for k in ("type", "status", "reason", "message", "lastTransitionTime")
         },
     }
+
+
+def _status_schema() -> Obj:
     return {
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": True,
@@ -173,14 +180,14 @@ def _status_schema() -> Obj:
             "progress": {"type": "string"},
             "resizes": _int(0),
             "restarts": _int(0),
-            "ranks": {"type": "array", "items": rank},
+            "ranks": {"type": "array", "items": _rank_schema()},
             "waitMode": {
                 "type": "object",
                 "description": "the wait mode of the simulation's ranks (spin|polite|adaptive)"
                 " and the rule's reason: polite where ranks outnumber a node's cores",
                 "properties": {"mode": {"type": "string"}, "reason": {"type": "string"}},
             },
-            "conditions": {"type": "array", "items": condition},
+            "conditions": {"type": "array", "items": _condition_schema()},
             "result": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
             "staged": {"type": "object", "x-kubernetes-preserve-unknown-fields": True},
         },

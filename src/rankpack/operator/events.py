@@ -19,8 +19,8 @@ import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from rankpack.backend.kubernetes import builders
-from rankpack.backend.kubernetes.api import ApiError
+from rankpack.backend.kubernetes.api.kubeapi import ApiError
+from rankpack.backend.kubernetes.objects import builders
 from rankpack.core.failures import FailureCode
 from rankpack.operator import crd
 from rankpack.store import EventRow
@@ -151,7 +151,7 @@ class SimulationEvents:
             key = self.name_of(e)
             if key is None:
                 continue
-            # a key names its namespace when several are served (`queue.simulation_key`)
+            # a key names its namespace when several are served (`simapi.simulation_key`)
             ns, _, name = key.rpartition("/")
             body = event_body(e, name, self.uid_of(key), ns or self.namespace, self.instance)
             if body is not None:

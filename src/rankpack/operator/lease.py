@@ -23,7 +23,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from rankpack.backend.kubernetes.api import ApiError, ClientKubeApi, Conflict, NotFound
+from rankpack.backend.kubernetes.api.client import ClientKubeApi
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, Conflict, NotFound
 
 log = logging.getLogger("rankpack.operator")
 

@@ -2,7 +2,7 @@
 
 Gauges are set from the control loop's view every tick; counters from its recorded events;
 ``rankpack_apiserver_requests_total`` (by verb, resource and code) from the client's own
-request counter (`api.RequestCounter`), read when scraped: divide its rate by
+request counter (`kubeapi.RequestCounter`), read when scraped: divide its rate by
 ``rankpack_simulations_running`` for the requests per running simulation (issue 29).
 """
 
@@ -15,7 +15,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, start_http_serv
 from prometheus_client.core import CounterMetricFamily, Metric
 from prometheus_client.registry import Collector
 
-from rankpack.backend.kubernetes.api import RequestCounter
+from rankpack.backend.kubernetes.api.kubeapi import RequestCounter
 from rankpack.controller.views import SimView
 from rankpack.store import EventRow
 

@@ -2,8 +2,9 @@
 
 Start-up: take the Lease (leader election: only the holder acts), then adopt every Running
 Simulation an earlier operator launched (its mpirun outlives the operator: the backend is
-configured with ``detach``), requeue the ones it claimed but never launched, and run the
-control loop on the queue of Simulations. The Simulations are read from a cache (`simcache`:
+configured with ``detach``), requeue the ones it claimed but never launched (`adoption`),
+and run the control loop on the queue of Simulations (`queue`), its view shown by
+`display.OperatorDisplay`. The Simulations are read from a cache (`simcache`:
 listed once, then watched from their resourceVersion; the watch resumes after the apiserver
 went away), whose changes wake the loop. Each served namespace has its own backend and Role
 (`rankpack.operator.tenancy`); the Lease is in the operator's own namespace
@@ -25,39 +26,35 @@ import os
 import socket
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from rankpack.backend.kubernetes import (
-    ClientKubeApi,
-    KubernetesConfig,
-    NamespacedBackends,
-    connect_namespaces,
-)
-from rankpack.backend.kubernetes.api import ApiError, Obj
-from rankpack.backend.protocol import BackendError, UnknownSimulation
+from rankpack.backend.kubernetes.api.client import ClientKubeApi
+from rankpack.backend.kubernetes.api.config import KubernetesConfig
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
+from rankpack.backend.kubernetes.connect import connect_namespaces
+from rankpack.backend.kubernetes.tenants import NamespacedBackends
+from rankpack.backend.protocol import BackendError
 from rankpack.controller.decision import ControllerSettings
-from rankpack.controller.jobs import Adopted
 from rankpack.controller.loop import ControlLoop
 from rankpack.controller.tracked import LoopSettings
-from rankpack.controller.views import SimView
-from rankpack.core.failures import FailureCode
-from rankpack.errors import UserError
 from rankpack.operator import crd
 from rankpack.operator.admission import (
     AdmissionPolicy,
     NamespaceLimits,
     openfoam_applications,
 )
-from rankpack.operator.events import QUOTA_CODES, SimulationEvents
+from rankpack.operator.adoption import OPERATOR_LABEL, Adoption
+from rankpack.operator.display import OperatorDisplay
+from rankpack.operator.events import SimulationEvents
 from rankpack.operator.lease import Lease, LeaseTerms
 from rankpack.operator.metrics import OperatorMetrics
-from rankpack.operator.queue import SimulationApi, SimulationQueue
+from rankpack.operator.queue import SimulationQueue
+from rankpack.operator.simapi import SimulationApi
 from rankpack.operator.simcache import SimulationCache
-from rankpack.operator.status import StatusWriter
 from rankpack.operator.tenancy import Tenancy
-from rankpack.store import EventRow, Store
+from rankpack.store import Store
 
 log = logging.getLogger("rankpack.operator")
 
@@ -141,80 +138,25 @@ class OperatorResult:
     plot: str | None = None
 
 
-class _Display(StatusWriter):
-    """Status, metrics and Events from the loop's view and the store's new events."""
-
-    def __init__(self, queue: SimulationQueue, interval_s: float, metrics: OperatorMetrics,
-                 store: Store, events: SimulationEvents) -> None:  # fmt: skip
-        super().__init__(queue, interval_s)
-        self.metrics, self.store, self.events = metrics, store, events
-        self.multiplex_id: int | None = None
-        self.last_event = 0
-
-    def update(self, now_s: float, sims: Sequence[SimView]) -> None:
-        super().update(now_s, sims)
-        self.metrics.update(self.queue.names, sims)
-        self.drain()
-
-    def drain(self) -> None:
-        if self.multiplex_id is None:
-            return
-        new = self.store.events(multiplex_id=self.multiplex_id, after_id=self.last_event)
-        if new:
-            self.last_event = new[-1].id
-            self.metrics.count_events(new)
-            self.events.add(new)
-            self._resizes_held(new)
-
-    def _resizes_held(self, new: Sequence[EventRow]) -> None:
-        """A grow held within the quota (or refused by it) shows in the status too."""
-        name_of = _name_of(self.queue)
-        for e in new:
-            quota = str(e.detail.get("code") or "") in QUOTA_CODES
-            if e.kind in ("resize-capped", "resize-skipped", "resize-rejected") and quota:
-                name = name_of(e)
-                if name is not None:
-                    self.resize_held(name, str(e.detail.get("reason") or "held for quota"))
-            elif e.kind == "resize-held" and e.detail.get("code") == "node-full":
-                name = name_of(e)
-                if name is not None:  # its rank's node cannot hold the grow (issue 28)
-                    self.resize_held(name, str(e.detail.get("reason") or ""), "NodeFull")
-            elif e.kind == "resize":
-                name = name_of(e)
-                if name is not None:
-                    self.resize_held(name, None)
-
-
 @dataclass
 class _Ctx:
     """What lives as long as the operator process (across terms)."""
 
     opts: OperatorOptions
     backend: NamespacedBackends
+    api: ClientKubeApi
+    """The one client for the Simulations and the Lease (its request counter)."""
     store: Store
     queue: SimulationQueue
-    display: _Display
+    events: SimulationEvents
+    display: OperatorDisplay
+    adoption: Adoption
     stop: threading.Event
     say: Callable[[str], None]
     t0: float
     multiplex_id: int = 0
     capacity_millis: int = 0
     finished: list[str] = field(default_factory=list)
-
-
-def _name_of(queue: SimulationQueue) -> Callable[[EventRow], str | None]:
-    def name_of(e: EventRow) -> str | None:
-        qid = e.detail.get("queue_id")
-        if isinstance(qid, int) and qid in queue.names:
-            return queue.names[qid]
-        if e.run_id is not None:
-            for q, rid in list(queue.run_ids.items()):
-                if rid == e.run_id:
-                    return queue.names.get(q)
-        sim = e.detail.get("sim")
-        return queue.sim_names.get(sim) if isinstance(sim, str) else None
-
-    return name_of
 
 
 def run_operator(
@@ -231,26 +173,32 @@ def run_operator(
             "no solver is allowed: no OpenFOAM application (*Foam) was found in /usr/bin; "
             "name the solvers Simulations may run with --solver NAME"
         )
-    namespace = opts.config.namespace
-    tenancy = Tenancy(opts.namespaces or (namespace,), str(opts.runs_root), opts.volume)
+    tenancy = Tenancy(opts.namespaces or (opts.config.namespace,), str(opts.runs_root),
+                      opts.volume)  # fmt: skip
     tenancy.check(opts.admission)
     backend = connect_namespaces(opts.config, tenancy.namespaces)
+    ctx = _start(opts, backend, tenancy, stop, say)
+    result = OperatorResult("stopped", 0, 0, [])
+    try:
+        _lead(ctx, result)
+    finally:
+        _close(ctx, result)
+    return result
+
+
+def _start(
+    opts: OperatorOptions,
+    backend: NamespacedBackends,
+    tenancy: Tenancy,
+    stop: threading.Event,
+    say: Callable[[str], None],
+) -> _Ctx:
+    """What the operator holds across terms: its Simulations (from the cache), metrics,
+    store, queue, Events and display (the backend is closed if one cannot be had)."""
     api = backend.primary.api  # one client for the Simulations and the Lease (its counter)
     if not isinstance(api, ClientKubeApi):  # (connect_namespaces makes client APIs)
         raise BackendError("the operator needs the Kubernetes client")
-    sims = SimulationApi(api, tenancy.namespaces)
-    sims.cache = SimulationCache(backend.primary.cache, tenancy.namespaces)
-    try:
-        sims.cache.start()
-    except ApiError as exc:
-        backend.close()
-        raise BackendError(
-            f"cannot list simulations.{crd.GROUP} in namespaces {', '.join(tenancy.namespaces)}: "
-            f"{_first_line(exc)}; is the CRD installed (kubectl apply -f deploy/base/crd.yaml) "
-            "and may this identity use it there (deploy/base/backend.yaml; serving several "
-            "namespaces, the Role of deploy/tenants in each)?"
-        ) from exc
-    sims.cache.on_change(backend.notify)  # a Simulation created or changed wakes the loop
+    sims = _simulations(api, backend, tenancy)
     metrics = OperatorMetrics(api.requests)
     if opts.metrics_port is not None:
         try:
@@ -264,62 +212,89 @@ def run_operator(
         say(f"metrics on :{opts.metrics_port}/metrics")
     store = Store(opts.db_path)
     queue = SimulationQueue(
-        sims, store, identity, admission=opts.admission,
+        sims, opts.identity, admission=opts.admission,
         cluster_millis=_cluster_millis(backend), placement=backend.placement,
         limits=opts.namespace_limits, status_interval_s=opts.status_interval_s,
         tenancy=tenancy,
     )  # fmt: skip
     events = SimulationEvents(
-        _post_event(backend), tenancy.namespaces[0], identity,
-        name_of=_name_of(queue), uid_of=queue.uids.get,
+        _post_event(backend), tenancy.namespaces[0], opts.identity,
+        name_of=queue.index.key_of_event, uid_of=queue.index.uids.get,
     )  # fmt: skip
     events.start()
     # every tick's view goes to the queue, which writes it at most every status_interval_s
-    display = _Display(queue, 0.0, metrics, store, events)
-    ctx = _Ctx(opts, backend, store, queue, display, stop, say, backend.clock())
-    result = OperatorResult("stopped", 0, 0, [])
+    display = OperatorDisplay(queue, 0.0, metrics, store, events)
+    adoption = Adoption(queue, store, backend, say)
+    return _Ctx(opts, backend, api, store, queue, events, display, adoption, stop, say,
+                backend.clock())  # fmt: skip
+
+
+def _simulations(
+    api: ClientKubeApi, backend: NamespacedBackends, tenancy: Tenancy
+) -> SimulationApi:
+    """The served namespaces' Simulations, read from a cache whose changes wake the loop."""
+    sims = SimulationApi(api, tenancy.namespaces)
+    sims.cache = SimulationCache(backend.primary.cache, tenancy.namespaces)
     try:
-        while not stop.is_set():
-            lease = Lease(api, LeaseTerms(opts.lease_name, namespace, identity, opts.lease_s,
-                                          opts.renew_s, opts.retry_s))  # fmt: skip
-            lease.start()
-            followed = _follow(lease, ctx)
-            if followed == "stopped":
-                break
-            if followed == "retry":
-                stop.wait(opts.retry_s)
-                continue
-            result.terms += 1
-            say(f"{identity}: leading" + (f" (term {result.terms})" if result.terms > 1 else ""))
-            if not ctx.multiplex_id:
-                _start_session(ctx)
-                result.multiplex_id = ctx.multiplex_id
-            status, adopted, requeued = _term(ctx, lease)
-            result.adopted += adopted
-            result.requeued += requeued
-            queue.end_term()
-            left = backend.forget_all()
-            if status in ("idle", "stopped"):
-                result.status = status
-                lease.release()
-                break
-            why = f" ({lease_error})" if (lease_error := _lease_error(lease)) else ""
-            say(f"{identity}: lost the lease{why}; {len(left)} simulation(s) left running; "
-                "following again")  # fmt: skip
-    finally:
-        stop.set()
-        display.drain()
-        events.stop()
-        result.finished = list(ctx.finished)
-        if ctx.multiplex_id:
-            store.finish_multiplex(ctx.multiplex_id, result.status, {
-                "adopted": result.adopted, "requeued": result.requeued,
-                "finished": result.finished, "terms": result.terms,
-            })  # fmt: skip
-            if opts.plot is not None:
-                result.plot = _plot(ctx, opts.plot)
+        sims.cache.start()
+    except ApiError as exc:
         backend.close()
-    return result
+        raise BackendError(
+            f"cannot list simulations.{crd.GROUP} in namespaces {', '.join(tenancy.namespaces)}: "
+            f"{_first_line(exc)}; is the CRD installed (kubectl apply -f deploy/base/crd.yaml) "
+            "and may this identity use it there (deploy/base/backend.yaml; serving several "
+            "namespaces, the Role of deploy/tenants in each)?"
+        ) from exc
+    sims.cache.on_change(backend.notify)  # a Simulation created or changed wakes the loop
+    return sims
+
+
+def _lead(ctx: _Ctx, result: OperatorResult) -> None:
+    """Follow, then lead, term after term, until stopped (or idle, with until_idle)."""
+    opts, identity = ctx.opts, ctx.opts.identity
+    while not ctx.stop.is_set():
+        lease = Lease(ctx.api, LeaseTerms(opts.lease_name, opts.config.namespace, identity,
+                                          opts.lease_s, opts.renew_s, opts.retry_s))  # fmt: skip
+        lease.start()
+        followed = _follow(lease, ctx)
+        if followed == "stopped":
+            break
+        if followed == "retry":
+            ctx.stop.wait(opts.retry_s)
+            continue
+        result.terms += 1
+        ctx.say(f"{identity}: leading" + (f" (term {result.terms})" if result.terms > 1 else ""))
+        if not ctx.multiplex_id:
+            _start_session(ctx)
+            result.multiplex_id = ctx.multiplex_id
+        status, adopted, requeued = _term(ctx, lease)
+        result.adopted += adopted
+        result.requeued += requeued
+        ctx.queue.end_term()
+        left = ctx.backend.forget_all()
+        if status in ("idle", "stopped"):
+            result.status = status
+            lease.release()
+            break
+        why = f" ({lease_error})" if (lease_error := _lease_error(lease)) else ""
+        ctx.say(f"{identity}: lost the lease{why}; {len(left)} simulation(s) left running; "
+                "following again")  # fmt: skip
+
+
+def _close(ctx: _Ctx, result: OperatorResult) -> None:
+    """The operator ends: its last Events, its session's record and timeline."""
+    ctx.stop.set()
+    ctx.display.drain()
+    ctx.events.stop()
+    result.finished = list(ctx.finished)
+    if ctx.multiplex_id:
+        ctx.store.finish_multiplex(ctx.multiplex_id, result.status, {
+            "adopted": result.adopted, "requeued": result.requeued,
+            "finished": result.finished, "terms": result.terms,
+        })  # fmt: skip
+        if ctx.opts.plot is not None:
+            result.plot = _plot(ctx, ctx.opts.plot)
+    ctx.backend.close()
 
 
 def _post_event(backend: NamespacedBackends) -> Callable[[Obj], object]:
@@ -405,16 +380,17 @@ def _term(ctx: _Ctx, lease: Lease) -> tuple[str, int, int]:
         while not term_stop.is_set():
             loop = ControlLoop(ctx.backend, ctx.store, ctx.queue, _settings(ctx),
                                display=ctx.display, stop=term_stop, t0=ctx.t0)  # fmt: skip
-            n = _adopt_all(ctx, loop, term_stop)
+            n = ctx.adoption.adopt_all(loop, term_stop)
             if n is None:
                 break
             adopted += n
-            requeued += _requeue_unlaunched(ctx, term_stop)
+            requeued += ctx.adoption.requeue_unlaunched(term_stop)
             try:
                 while not term_stop.is_set():
                     result = loop.run()
                     ctx.display.drain()  # what the last tick recorded: Events, metrics
-                    ctx.finished += [ctx.queue.names.get(o.queue_id, "?") for o in result.outcomes]
+                    ctx.finished += [ctx.queue.index.names.get(o.queue_id, "?")
+                                     for o in result.outcomes]  # fmt: skip
                     if term_stop.is_set():
                         break
                     if ctx.opts.until_idle and ctx.queue.idle():
@@ -436,91 +412,12 @@ def _term(ctx: _Ctx, lease: Lease) -> tuple[str, int, int]:
     return status, adopted, requeued
 
 
-def _adopt_all(ctx: _Ctx, loop: ControlLoop, term_stop: threading.Event) -> int | None:
-    """Adopt every Running Simulation with a sim id (retried while the apiserver does not
-    answer); None if the term ended first."""
-    queue = ctx.queue
-    found: list[Adopted] | None = None
-    while found is None:
-        found = queue.running_for_adoption()
-        if found is None and term_stop.wait(2.0):
-            return None
-    n = 0
-    for a in found:
-        name = queue.names[a.job.queue_id]
-        run = _finished_run(ctx.store, a.run_id)
-        if run is not None:  # it ended under this process; only its status was not written
-            queue.finished(a.job, run)
-            continue
-        while not term_stop.is_set():
-            try:
-                loop.adopt(a)
-            except UnknownSimulation as exc:
-                queue.fail(name, FailureCode.LOST_ON_RESTART, f"could not be adopted: {exc}")
-                ctx.say(f"{name}: could not be adopted ({exc}); failed")
-            except BackendError as exc:  # the apiserver did not answer: try again
-                ctx.say(f"{name}: adoption waits ({exc})")
-                term_stop.wait(2.0)
-                continue
-            else:
-                n += 1
-                ctx.say(f"adopted {name} (simulation {a.sim_id})")
-            break
-    if not term_stop.is_set():
-        _discard_orphans(ctx, {a.sim_id for a in found})
-    return None if term_stop.is_set() else n
-
-
-OPERATOR_LABEL = {"rankpack.dev/launched-by": "operator"}
-"""On every object of the simulations operators launch (`rankpack run` launches carry none)."""
-
-
-def _discard_orphans(ctx: _Ctx, held: set[str]) -> None:
-    """Simulations an operator launched whose Simulation is gone (deleted while no
-    operator ran): nobody will ever follow them, and their pods hold CPU; stopped and
-    deleted. Simulations launched otherwise (`rankpack run`) are never touched."""
-    try:
-        refs = ctx.backend.list()
-    except BackendError as exc:
-        ctx.say(f"cannot list the simulations to find orphans ({_first_line(exc)})")
-        return
-    for ref in refs:
-        ours = all(ref.labels.get(k) == v for k, v in OPERATOR_LABEL.items())
-        if ref.sim_id and ours and ref.sim_id not in held:
-            ctx.say(f"simulation {ref.sim_id} has no Simulation any more: stopped and deleted")
-            ctx.backend.discard(ref.sim_id)
-
-
-def _finished_run(store: Store, run_id: int | None) -> str | None:
-    """The status of run ``run_id`` if this store has it finished (completed, failed)."""
-    if run_id is None:
-        return None
-    try:
-        status = store.get_run(run_id).status
-    except UserError:
-        return None
-    return status if status in ("completed", "failed") else None
-
-
-def _requeue_unlaunched(ctx: _Ctx, term_stop: threading.Event) -> int:
-    names: list[str] | None = None
-    while names is None and not term_stop.is_set():
-        names = ctx.queue.claimed_not_launched()
-        if names is None:
-            term_stop.wait(2.0)
-    for name in names or []:
-        ctx.queue.requeue(name, "its operator stopped between claim and launch")
-    return len(names or [])
-
-
 def _plot(ctx: _Ctx, path: Path) -> str | None:
     from rankpack.operator.plot import plot_session
 
     try:
         title = f"rankpack operator {ctx.opts.identity}: session {ctx.multiplex_id}"
-        q = ctx.queue
-        names = {run: q.names[qid] for qid, run in q.run_ids.items() if qid in q.names}
-        n = plot_session(ctx.store, ctx.multiplex_id, path, title, names)
+        n = plot_session(ctx.store, ctx.multiplex_id, path, title, ctx.queue.index.run_keys())
     except (OSError, ValueError) as exc:
         ctx.say(f"cannot write the timeline {path}: {exc}")
         return None

@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from rankpack.backend.kubernetes.api import ApiError, Obj
-from rankpack.backend.kubernetes.informer import Cache, Collection, Informer
+from rankpack.backend.kubernetes.api.informer import Cache, Collection, Informer
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
 from rankpack.operator import crd
 
 

@@ -3,27 +3,32 @@
 The control loop's view of each Simulation (iterations, per-rank CPU, resizes, wait modes)
 is copied into its status at most every ``interval_s``; a resize the node deferred sets the
 condition ``ResizeDeferred``, a grow held within the namespace's quota ``ResizeHeld``
-(``QuotaExceeded``). Every write goes through `rankpack.operator.queue.SimulationQueue`,
-which coalesces them: at most one patch per Simulation per its ``status_interval_s`` but
-for phase changes and launches (issue 29).
+(``QuotaExceeded``). Every write goes through the queue's status outbox
+(`rankpack.operator.outbox.StatusOutbox.patch`), which coalesces them: at most one patch
+per Simulation per its ``status_interval_s`` but for phase changes and launches (issue 29).
+Extended by `rankpack.operator.display.OperatorDisplay` (metrics and Events too).
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from rankpack.controller.views import SimView
 from rankpack.core.failures import FailureCode
 from rankpack.core.results import progress_text
-from rankpack.operator.queue import Obj, SimulationQueue, condition
+from rankpack.operator.queue import SimulationQueue
+from rankpack.operator.transitions import condition
+
+Obj = dict[str, Any]
 
 
 class StatusWriter:
     """A `Display` that copies the loop's view of each Simulation into its status.
 
-    Progress goes through the queue's coalescing (`SimulationQueue._patch`: merged with
-    what waits, written once due, kept while the apiserver does not answer). A rank
+    Progress goes through the queue's outbox (`StatusOutbox.patch`: merged with what
+    waits, written once due, kept while the apiserver does not answer). A rank
     whose resize the node deferred shows it (``ranks[].resize``) and sets the condition
     ``ResizeDeferred``; ``resizes`` counts completed resizes only.
     """
@@ -46,24 +51,23 @@ class StatusWriter:
         for view in sims:
             if view.run_id is None or t - self.last.get(view.queue_id, -1e9) < self.interval_s:
                 continue
-            name = self.queue.names.get(view.queue_id)
+            name = self.queue.index.key(view.queue_id)
             if name is None:
                 continue
             self.last[view.queue_id] = t
-            status = self._status(view)
             deferred = "; ".join(
                 f"rank {r.rank} {r.request_millis}m -> {r.resize_to_millis}m: {r.resize_reason}"
                 for r in view.ranks
                 if r.resize == "deferred"
             )
+            conditions = []
             if deferred != self.deferred.get(name, ""):
-                status["conditions"] = self.queue._set_conditions(
-                    name,
+                conditions.append(
                     condition("ResizeDeferred", True, "NodeDeferred", deferred)
                     if deferred
-                    else condition("ResizeDeferred", False, "Applied", "no resize deferred"),
+                    else condition("ResizeDeferred", False, "Applied", "no resize deferred")
                 )
-            self.queue._patch(name, status)
+            self.queue.outbox.patch(name, self._status(view), conditions)
             self.deferred[name] = deferred
 
     def resize_held(self, name: str, message: str | None, reason: str = "") -> None:
@@ -80,7 +84,7 @@ class StatusWriter:
         else:
             self.quota_held[name] = message
             cond = condition("ResizeHeld", True, reason or str(FailureCode.QUOTA_EXCEEDED), message)
-        self.queue._patch(name, {"conditions": self.queue._set_conditions(name, cond)})
+        self.queue.outbox.patch(name, {}, [cond])
 
     @staticmethod
     def _status(view: SimView) -> Obj:

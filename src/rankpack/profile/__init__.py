@@ -4,7 +4,8 @@ publishes, and the duty-cycle arithmetic of seed 001 §3.
 Data flow: the shim (C, in every rank) -> `records` (consistent snapshots of the per-rank
 memory-mapped records) -> `duty` (pure maths) -> `sampling` (sample a live run, summarise)
 -> the CLI (`rankpack profile`); the backends read the records for the control loop and
-`tracker` follows duty cycles during a run (`rankpack profile CASE`).
+`tracker` follows duty cycles during a run (`rankpack profile CASE`). Also: `shim` (where
+the built shim is and the environment that loads it), `plot` (the duty-cycle bar chart).
 """
 
 from rankpack.profile.duty import (
@@ -15,10 +16,9 @@ from rankpack.profile.duty import (
     steady_state_duty,
 )
 from rankpack.profile.records import FuncStats, RankRecord, read_record, read_records
-from rankpack.profile.shim import WAIT_MODES, shim_env, shim_library
+from rankpack.profile.shim import shim_env, shim_library
 
 __all__ = [
-    "WAIT_MODES",
     "Counters",
     "FuncStats",
     "RankRecord",

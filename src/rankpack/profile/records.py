@@ -8,9 +8,11 @@ wait, so reading never blocks (or slows) the solver. Called by `rankpack.profile
 `RECORD_FIELDS` is the one Python copy of the C layout; a unit test compares it with the
 offsets the C compiler gives (``shim/tests/record_layout.c``).
 
-`set_wait_mode` is the one write in the other direction: it changes the record's control word
-``wait_ctl``, which the shim reads at the start of every wait, so a running simulation's
-ranks switch between spin, polite and adaptive waiting without a restart.
+`set_wait_mode_fd` is the one write in the other direction (`set_wait_mode` and
+`set_wait_modes` by path, the Kubernetes node reader by descriptor, all call it): it
+changes the record's control word ``wait_ctl``, which the shim reads at the start of every
+wait, so a running simulation's ranks switch between spin, polite and adaptive waiting
+without a restart.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rankpack.core.actions import WAIT_MODES
+from rankpack.core.actions import WAIT_MODES, parse_wait_mode
 from rankpack.errors import UserError
 
 RECORD_MAGIC = 0x4B505052
@@ -277,12 +279,11 @@ def _check_header(data: bytes, path: Path) -> None:
 def set_wait_mode(record_path: Path, mode: str) -> None:
     """Ask the rank that publishes `record_path` to wait in `mode` (spin, polite, adaptive).
 
-    Writes the record's control word through a shared mapping: one aligned 32-bit store that
-    the shim picks up at the start of its next wait (no restart, no signal). Raises UserError
+    Writes the record's control word (`set_wait_mode_fd`, the one writer of it): the shim
+    picks it up at the start of its next wait (no restart, no signal). Raises UserError
     if the file is not a published record of this version.
     """
-    if mode not in WAIT_MODE_NAMES:
-        raise UserError(f"unknown wait mode '{mode}'; use one of: {', '.join(WAIT_MODE_NAMES)}")
+    wait = parse_wait_mode(mode)
     try:
         f = open(record_path, "r+b")  # noqa: SIM115 - closed by `with f` below
     except FileNotFoundError:
@@ -290,7 +291,7 @@ def set_wait_mode(record_path: Path, mode: str) -> None:
     with f:
         if os.fstat(f.fileno()).st_size < RECORD_SIZE:
             raise UserError(f"{record_path}: the record is not published yet; try again")
-        _write_wait_ctl(f.fileno(), record_path, WAIT_MODE_NAMES.index(mode))
+        set_wait_mode_fd(f.fileno(), record_path, wait)
 
 
 def set_wait_modes(live_dir: Path, n_ranks: int, mode: str) -> None:
@@ -298,8 +299,7 @@ def set_wait_modes(live_dir: Path, n_ranks: int, mode: str) -> None:
 
     Every record is checked before any is written, so a job whose ranks have not all
     published yet is left unchanged (UserError; try again later)."""
-    if mode not in WAIT_MODE_NAMES:
-        raise UserError(f"unknown wait mode '{mode}'; use one of: {', '.join(WAIT_MODE_NAMES)}")
+    parse_wait_mode(mode)
     paths = [record_path(live_dir, r) for r in range(n_ranks)]
     for rank, path in enumerate(paths):
         if not _published(path):
@@ -320,18 +320,6 @@ def _published(path: Path) -> bool:
     except OSError:
         return False
     return len(head) == _SEQ.size and _SEQ.unpack_from(head, 0)[0] >= 2
-
-
-def _write_wait_ctl(fd: int, record_path: Path, word: int) -> None:
-    offset, size = RECORD_OFFSETS["wait_ctl"]
-    with mmap.mmap(fd, RECORD_SIZE, access=mmap.ACCESS_WRITE) as mm:
-        if _SEQ.unpack_from(mm, 0)[0] < 2:
-            raise UserError(f"{record_path}: the record is not published yet; try again")
-        _check_header(mm[:RECORD_SIZE], record_path)
-        # One aligned 4-byte store through a typed view (CPython packs an "I" item with a
-        # fixed-size memcpy), so the shim never sees a torn word.
-        with memoryview(mm) as view, view[offset : offset + size].cast("I") as ctl:
-            ctl[0] = word
 
 
 # -- through a descriptor: the node agent's reads and writes of a pod's record --------------
@@ -365,19 +353,20 @@ def _seq_at(fd: int) -> int | None:
 
 
 def set_wait_mode_fd(fd: int, name: Path, mode: str) -> None:
-    """`set_wait_mode` on the record open (read-write) at ``fd``, with one ``pwrite`` of the
-    control word instead of a shared mapping (see `snapshot_fd`: the file is another user's).
-    The codes are 0, 1 and 2: only the word's lowest byte ever changes, so the shim's 32-bit
-    load cannot see a torn value whatever width the kernel copies in. UserError if the file
-    is not a published record of this version."""
-    if mode not in WAIT_MODE_NAMES:
-        raise UserError(f"unknown wait mode '{mode}'; use one of: {', '.join(WAIT_MODE_NAMES)}")
+    """The one writer of a record's control word: the record open (read-write) at ``fd``
+    (``name`` only for messages) asked to wait in ``mode``, with one ``pwrite`` of the word
+    rather than a shared mapping (see `snapshot_fd`: the file may be another user's, and a
+    mapping past a truncated end faults). The codes are 0, 1 and 2: only the word's lowest
+    byte ever changes, so the shim's 32-bit load cannot see a torn value whatever width the
+    kernel copies in. `set_wait_mode` (a path) and the node reader (a pod's record) call it.
+    UserError if the file is not a published record of this version."""
+    wait = parse_wait_mode(mode)
     data = os.pread(fd, RECORD_SIZE, 0)
     if len(data) < RECORD_SIZE or _SEQ.unpack_from(data, 0)[0] < 2:
         raise UserError(f"{name}: the record is not published yet; try again")
     _check_header(data, name)
     offset, size = RECORD_OFFSETS["wait_ctl"]
-    word = struct.pack("<I", WAIT_MODE_NAMES.index(mode))
+    word = struct.pack("<I", WAIT_MODE_NAMES.index(wait))
     if os.pwrite(fd, word, offset) != size:
         raise UserError(f"{name}: the control word could not be written")
 

@@ -10,7 +10,7 @@ import os
 from importlib import resources
 from pathlib import Path
 
-from rankpack.core.actions import WAIT_MODES as WAIT_MODES  # re-exported by rankpack.profile
+from rankpack.core.actions import parse_wait_mode
 from rankpack.errors import UserError
 
 FLAVOURS = ("openmpi", "mpich")
@@ -54,8 +54,7 @@ def shim_env(
 
     An LD_PRELOAD already in this process's environment is kept after the shim.
     """
-    if wait_mode not in WAIT_MODES:
-        raise UserError(f"unknown wait mode '{wait_mode}'; use one of: {', '.join(WAIT_MODES)}")
+    parse_wait_mode(wait_mode)
     preload = str(shim_library(flavour))
     existing = os.environ.get("LD_PRELOAD", "")
     if existing and preload not in existing.split(":"):

@@ -1,2 +1,14 @@
 """Report layer: what runs and sessions produced, rendered: terminal tables, live
-displays, plots, the self-contained HTML report (`build`) and the demo's story (`story`)."""
+displays, plots, the self-contained HTML report and the demo's story.
+
+Modules:
+
+- `tables`: the tables a user reads at the end of a run, in ``rankpack runs`` and ``profile``;
+- `live`: the live display of a running simulation; `multiplex_live`: of a multiplex session;
+- `timeline`: a multiplex session's timeline PNG;
+- `data`: what a report shows of a run or a session, read from the store and the solver log;
+- `figures`: the report's figures as PNG bytes;
+- `html`: one self-contained HTML page from a report document;
+- `build`: `rankpack report`, putting `data`, `figures` and `html` together;
+- `story`: the demo's story in numbers and words (summary, tables, JSON).
+"""

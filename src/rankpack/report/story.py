@@ -194,77 +194,98 @@ def headline(story: Story) -> str:
 
 
 def summary_lines(story: Story) -> list[str]:
-    out: list[str] = []
+    """The demo's conclusions, one paragraph each: why the ranks were resized, the hazard
+    of limits, this machine's limit, cautions about the gain, and how the machine was."""
     w, r, h, p = story.workload, story.ranks, story.hazard, story.payoff
+    out: list[str] = []
     if r is not None and r.measured:
-        busiest = max(r.work, key=lambda x: x.cells or 0)
-        idlest = min(r.work, key=lambda x: x.duty if x.duty is not None else 1.0)
-        total_cells = sum(x.cells or 0 for x in r.work) or 1
-        resized = ", ".join(
-            f"rank {z.rank} {z.from_millis}m->{z.to_millis}m" for z in r.completed_resizes[:4]
-        )
-        sharing = (
-            " While the two simulations shared the cores, their waiting ranks were switched "
-            "live to polite waiting (back off instead of spinning), which gives those cores "
-            "to the other simulation."
-            if p is not None and p.wait_switches
-            else ""
-        )
-        out.append(
-            f"Why: rank {idlest.rank} holds {(idlest.cells or 0) / total_cells:.0%} of the "
-            f"cells and computed {idlest.duty or 0:.0%} of the time (rank {busiest.rank}: "
-            f"{busiest.duty or 0:.0%}); spinning in MPI, the ranks spent "
-            f"{r.waiting_cores or 0:.2f} of {r.capacity_cores:g} cores waiting. rankpack "
-            f"measured that live and resized the ranks in place"
-            + (f" ({resized}; {r.restarts} restarts)." if resized else " (no change needed).")
-            + sharing
-        )
+        out.append(_why_line(r, p))
     if h is not None:
-        slow = h.slowdown
-        pace_l, pace_r = h.limits.pace.seconds_per_iteration, h.requests.pace.seconds_per_iteration
-        plan = "/".join(f"{m}m" for m in h.plan_millis)
-        if slow is not None and slow < 1.1 and not h.at_least:
-            out.append(
-                f"The hazard did not show on this run: with the requests as hard limits "
-                f"({plan}) an iteration took {pace_l:.2f} s against {pace_r:.2f} s with "
-                f"requests only ({h.limits.throttled} throttled periods). Other work on the "
-                "machine held both runs to about their requests (a request is a weight: under "
-                "contention a rank gets about its share either way); where cores are idle, a "
-                "limit forbids using them and a throttled rank stalls the others."
-            )
-        elif slow is not None:
-            out.append(
-                f"Hazard avoided: the same requests as hard CPU limits ({plan}) made each "
-                f"iteration "
-                f"{'at least ' if h.at_least else ''}{slow:.1f}x slower ({pace_l:.2f} s "
-                f"against {pace_r:.2f} s) with {h.limits.throttled} throttled periods; a "
-                "throttled rank holds every other rank at the next collective. rankpack sets "
-                "requests (weights), never limits."
-            )
-        else:
-            out.append("Hazard: the runs were too short to time an iteration; see the report.")
+        out.append(_hazard_line(h))
     if r is not None and r.measured and r.computing_cores is not None:
-        share = ""
-        if (
-            p is not None
-            and p.gain
-            and p.limit
-            and p.max_concurrent_seen >= 2
-            and p.limit > 1.0001
-            and p.gain <= 1.05 * p.limit
-        ):
-            share = (
-                f"; measured {p.gain:.2f}x is {max(0.0, p.gain - 1) / (p.limit - 1):.0%} of "
-                "the possible gain"
-            )
-        limit = p.limit if p is not None and p.limit else r.limit_of_two
-        out.append(
-            f"This machine's limit: {w.cores:g} cores; one simulation alone computes on "
-            f"{r.computing_cores:.2f} of them, so two together can gain at most "
-            f"{limit or 0:.2f}x (no number of simulations beats {w.cores:g} / "
-            f"{r.computing_cores:.2f}){share}."
+        out.append(_limit_line(w, r, r.computing_cores, p))
+    if p is not None:
+        out.extend(_payoff_cautions(p))
+    out.append(_load_line(story.load_start, w.cores))
+    return out
+
+
+def _why_line(r: RanksStep, p: Payoff | None) -> str:
+    busiest = max(r.work, key=lambda x: x.cells or 0)
+    idlest = min(r.work, key=lambda x: x.duty if x.duty is not None else 1.0)
+    total_cells = sum(x.cells or 0 for x in r.work) or 1
+    resized = ", ".join(
+        f"rank {z.rank} {z.from_millis}m->{z.to_millis}m" for z in r.completed_resizes[:4]
+    )
+    sharing = (
+        " While the two simulations shared the cores, their waiting ranks were switched "
+        "live to polite waiting (back off instead of spinning), which gives those cores "
+        "to the other simulation."
+        if p is not None and p.wait_switches
+        else ""
+    )
+    return (
+        f"Why: rank {idlest.rank} holds {(idlest.cells or 0) / total_cells:.0%} of the "
+        f"cells and computed {idlest.duty or 0:.0%} of the time (rank {busiest.rank}: "
+        f"{busiest.duty or 0:.0%}); spinning in MPI, the ranks spent "
+        f"{r.waiting_cores or 0:.2f} of {r.capacity_cores:g} cores waiting. rankpack "
+        f"measured that live and resized the ranks in place"
+        + (f" ({resized}; {r.restarts} restarts)." if resized else " (no change needed).")
+        + sharing
+    )
+
+
+def _hazard_line(h: Hazard) -> str:
+    slow = h.slowdown
+    pace_l, pace_r = h.limits.pace.seconds_per_iteration, h.requests.pace.seconds_per_iteration
+    plan = "/".join(f"{m}m" for m in h.plan_millis)
+    if slow is not None and slow < 1.1 and not h.at_least:
+        return (
+            f"The hazard did not show on this run: with the requests as hard limits "
+            f"({plan}) an iteration took {pace_l:.2f} s against {pace_r:.2f} s with "
+            f"requests only ({h.limits.throttled} throttled periods). Other work on the "
+            "machine held both runs to about their requests (a request is a weight: under "
+            "contention a rank gets about its share either way); where cores are idle, a "
+            "limit forbids using them and a throttled rank stalls the others."
         )
-    if p is not None and p.gain and p.limit and p.gain > 1.05 * p.limit:
+    if slow is not None:
+        return (
+            f"Hazard avoided: the same requests as hard CPU limits ({plan}) made each "
+            f"iteration "
+            f"{'at least ' if h.at_least else ''}{slow:.1f}x slower ({pace_l:.2f} s "
+            f"against {pace_r:.2f} s) with {h.limits.throttled} throttled periods; a "
+            "throttled rank holds every other rank at the next collective. rankpack sets "
+            "requests (weights), never limits."
+        )
+    return "Hazard: the runs were too short to time an iteration; see the report."
+
+
+def _limit_line(w: Workload, r: RanksStep, computing_cores: float, p: Payoff | None) -> str:
+    share = ""
+    if (
+        p is not None
+        and p.gain
+        and p.limit
+        and p.max_concurrent_seen >= 2
+        and p.limit > 1.0001
+        and p.gain <= 1.05 * p.limit
+    ):
+        share = (
+            f"; measured {p.gain:.2f}x is {max(0.0, p.gain - 1) / (p.limit - 1):.0%} of "
+            "the possible gain"
+        )
+    limit = p.limit if p is not None and p.limit else r.limit_of_two
+    return (
+        f"This machine's limit: {w.cores:g} cores; one simulation alone computes on "
+        f"{computing_cores:.2f} of them, so two together can gain at most "
+        f"{limit or 0:.2f}x (no number of simulations beats {w.cores:g} / "
+        f"{computing_cores:.2f}){share}."
+    )
+
+
+def _payoff_cautions(p: Payoff) -> list[str]:
+    out: list[str] = []
+    if p.gain and p.limit and p.gain > 1.05 * p.limit:
         out.append(
             f"Caution: the measured {p.gain:.2f}x exceeds the physical limit {p.limit:.2f}x, "
             "which no co-location can do: other work on this machine slowed the single run "
@@ -272,27 +293,26 @@ def summary_lines(story: Story) -> list[str]:
             "between the single run and the session, so this gain is not sound; run the demo "
             "again when the machine is quiet."
         )
-    if p is not None and p.max_concurrent_seen >= 2 and p.gain is not None and p.gain < 1.02:
+    if p.max_concurrent_seen >= 2 and p.gain is not None and p.gain < 1.02:
         held = f" The launch gate said: {p.held[-1]}." if p.held else ""
         out.append(
             "Why no gain: the co-located simulations slowed each other more than the "
             f"idle CPU gave back ({p.resizes} resizes, {p.wait_switches} wait-mode "
             f"switches).{held}"
         )
-    load = story.load_start
-    busy = load is not None and load > 0.5 * w.cores
-    out.append(
-        ("The machine was busy: " if busy else "")
-        + (
-            f"measured once, on this machine as it was (load average {load:.1f} on "
-            f"{w.cores:g} cores when the demo started): other work running at the same time "
-            "slows every step and shifts duty cycles, so the numbers move from run to run."
-            if load is not None
-            else "measured once, on this machine as it was."
-        )
-    )
-    out[-1] = out[-1][0].upper() + out[-1][1:]
     return out
+
+
+def _load_line(load: float | None, cores: float) -> str:
+    busy = load is not None and load > 0.5 * cores
+    line = ("The machine was busy: " if busy else "") + (
+        f"measured once, on this machine as it was (load average {load:.1f} on "
+        f"{cores:g} cores when the demo started): other work running at the same time "
+        "slows every step and shifts duty cycles, so the numbers move from run to run."
+        if load is not None
+        else "measured once, on this machine as it was."
+    )
+    return line[0].upper() + line[1:]
 
 
 # -- terminal tables ------------------------------------------------------------------------

@@ -40,7 +40,7 @@ from rankpack.backend.protocol import (
     StageSpec,
     UnknownSimulation,
 )
-from rankpack.core.actions import WAIT_MODES
+from rankpack.core.actions import UnknownWaitMode, WaitMode, parse_wait_mode
 from rankpack.core.failures import FailureCode
 from rankpack.testing.simapi import DELETE_REQUESTS, OBJECTS_PER_LAUNCH, ApiModel
 from rankpack.testing.simmodel import (
@@ -198,7 +198,7 @@ class SimulatedCluster:
         arrives = self.api.write(self.now, "patch") if self.api is not None else None
         return self._resizes.request(sim, sim.ranks[rank], resources, arrives)
 
-    def set_wait_mode(self, sim_id: str, mode: str) -> None:
+    def set_wait_mode(self, sim_id: str, mode: WaitMode) -> None:
         sim = self.get(sim_id)
         _check_wait_mode(sim, mode)
         self._sync(sim)  # what it burned so far, in the mode it had
@@ -404,8 +404,11 @@ def _check_launch(sim: SimRun, spec: SimSpec) -> None:
     bad = [r for r in spec.ranks if r.request_millis < 1]
     if bad:
         raise LaunchFailed(f"every rank needs a request of at least 1m, got {bad[0]}")
-    if spec.shim is not None and spec.shim.wait_mode not in WAIT_MODES:
-        raise LaunchFailed(f"unknown wait mode '{spec.shim.wait_mode}'")
+    if spec.shim is not None:
+        try:
+            parse_wait_mode(spec.shim.wait_mode)
+        except UnknownWaitMode as exc:
+            raise LaunchFailed(str(exc)) from None
 
 
 def _observation(sim: SimRun, now: float, timing: Timing | None) -> SimObservation:
@@ -499,10 +502,12 @@ def _integrate_sim(sim: SimRun, timing: Timing, dt: float) -> None:
         r.mpi_s += (1.0 - duty) * dt
 
 
-def _check_wait_mode(sim: SimRun, mode: str) -> None:
+def _check_wait_mode(sim: SimRun, mode: WaitMode) -> None:
     """BackendError unless ``sim``'s ranks can switch to ``mode`` now."""
-    if mode not in WAIT_MODES:
-        raise BackendError(f"unknown wait mode '{mode}'; use one of {', '.join(WAIT_MODES)}")
+    try:
+        parse_wait_mode(mode)
+    except UnknownWaitMode as exc:
+        raise BackendError(str(exc)) from None
     if sim.spec is None or sim.spec.shim is None:
         raise BackendError(f"simulation {sim.sim_id} runs without the shim")
     if sim.started_s is None:

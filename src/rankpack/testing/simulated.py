@@ -120,6 +120,7 @@ from rankpack.backend.protocol import (
     StageSpec,
     UnknownSimulation,
 )
+from rankpack.core.actions import WaitMode
 from rankpack.testing.simcluster import SimulatedCluster
 
 
@@ -159,7 +160,7 @@ class SimulatedBackend:
         self._require(sim_id)
         return self.cluster.resize(sim_id, rank, resources)
 
-    def set_wait_mode(self, sim_id: str, mode: str) -> None:
+    def set_wait_mode(self, sim_id: str, mode: WaitMode) -> None:
         self._require(sim_id)
         self.cluster.set_wait_mode(sim_id, mode)
 

@@ -19,6 +19,7 @@ from rankpack.controller.decision import (
 from rankpack.controller.jobs import Job, OneJob
 from rankpack.core.actions import Action, Note, Resize, StageJob, WaitSetting
 from rankpack.core.failures import Failure, FailureCode
+from rankpack.core.results import RunResult
 from rankpack.plan.submission import Phase, Submission
 
 S = ControllerSettings()
@@ -125,7 +126,12 @@ class Recorded(OneJob):
         super().requeued(job, why)
 
     def finished(
-        self, job: Job, status: str, message: str = "", failure: FailureCode | None = None
+        self,
+        job: Job,
+        status: str,
+        message: str = "",
+        failure: FailureCode | None = None,
+        result: RunResult | None = None,
     ) -> None:
         self.ends.append((status, message, failure))
 

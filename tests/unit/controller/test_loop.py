@@ -421,7 +421,14 @@ class WithdrawnAt(OneJob):
     def withdrawn(self) -> set[int]:
         return {self.job.queue_id} if self.now_s >= self.at_s else set()
 
-    def finished(self, job: object, status: str, message: str = "", failure: object = None) -> None:
+    def finished(
+        self,
+        job: object,
+        status: str,
+        message: str = "",
+        failure: object = None,
+        result: object = None,
+    ) -> None:
         self.finished_with.append(status)
 
 

@@ -1,5 +1,5 @@
 """Placement across nodes (issue 28): the decision step gives each rank of a launch a node
-(`room.place`, carried by `Launch.nodes`); a simulation spans nodes only when it must,
+(`room.place`, carried by `StageJob.nodes`); a simulation spans nodes only when it must,
 simulations pack onto a node when they fit, and a grow its rank's node cannot hold waits
 (`pacing`, code ``node-full``) instead of being sent to be deferred or refused. Pure tests
 with a fake clock, then the loop on the simulated cluster of two nodes (virtual time)."""
@@ -70,7 +70,7 @@ def test_balancing_falls_back_to_first_fit_when_it_must() -> None:
     assert sorted(load.values()) == [1000, 1000]
 
 
-# -- the decision step: Launch.nodes --------------------------------------------------------
+# -- the decision step: StageJob.nodes --------------------------------------------------------
 
 
 def cluster(*free: tuple[str, int, int]) -> tuple[NodeCores, ...]:

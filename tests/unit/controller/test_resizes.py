@@ -1,5 +1,5 @@
 """An in-flight resize from the policy's action to its outcome (`controller.resizes`), and
-the rules the loop applies (`policy.retry_delay_s`, `gate.fit_launch`). Simulated backend,
+the rules the loop applies (`policy.retry_delay_s`, `staged.fit_launch`). Simulated backend,
 virtual time."""
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """The container images' recipe, pure parts: cache keys, image config, argv lists, apt
-sources, the build environment, and that images/Containerfile says what the builder does.
-Nothing is built here (tests/integration/test_app_images.py builds and runs them)."""
+sources, the build environment, and that images/Containerfile says what the builder does;
+the build steps (`applayers`) leave no half cache. Nothing is built here
+(tests/integration/test_app_images.py builds and runs them)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from types import ModuleType
 import pytest
 
 from rankpack.case import openfoam
-from rankpack.devcluster import appimages, imagerecipe
+from rankpack.devcluster import appimages, applayers, imagerecipe
 from rankpack.devcluster.imagerecipe import TARGETS, target
 from rankpack.errors import UserError
 
@@ -473,13 +474,13 @@ def test_an_interrupted_base_build_leaves_nothing(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(appimages, "_pipeline", interrupted)
-    monkeypatch.setattr(appimages, "host_apt_source_files", lambda: {"a.sources": HOST_DEB822})
+    monkeypatch.setattr(applayers, "_pipeline", interrupted)
+    monkeypatch.setattr(applayers, "host_apt_source_files", lambda: {"a.sources": HOST_DEB822})
     parent = tmp_path / "cache" / "base"
     parent.mkdir(parents=True)
     dest = parent / "rank-0123"
     with pytest.raises(KeyboardInterrupt):
-        appimages.build_base(checkout, RANK, "0123", dest, tmp_path / "log")
+        applayers.build_base(checkout, RANK, "0123", dest, tmp_path / "log")
     assert list(parent.iterdir()) == []
 
 
@@ -493,7 +494,7 @@ def test_a_failed_code_layer_leaves_nothing(
         if argv[1] == "config":
             raise UserError("image build step umoci failed; see log")
 
-    monkeypatch.setattr(appimages, "_run", run)
+    monkeypatch.setattr(applayers, "run_step", run)
     base = tmp_path / "base" / "rank-0123"
     (base / "oci" / "blobs" / "sha256").mkdir(parents=True)
     (base / "oci" / "blobs" / "sha256" / "ab").write_bytes(b"layer")
@@ -503,7 +504,7 @@ def test_a_failed_code_layer_leaves_nothing(
     parent.mkdir()
     config = imagerecipe.image_config(RANK, "0.1.0", "0" * 64, "c" * 64)
     with pytest.raises(UserError):
-        appimages.assemble(
+        applayers.assemble(
             RANK, base, (tmp_path / "code.tar", 1), config, parent / "rank-x", tmp_path / "l"
         )
     assert steps == ["raw", "config"]
@@ -519,7 +520,7 @@ def test_the_code_layer_tar_is_root_owned_sorted_and_complete(tmp_path: Path) ->
     (stage / "opt/rankpack/bin/rankpack").chmod(0o755)
     (stage / "opt/rankpack/x.py").write_text("x = 1\n")
     layer = tmp_path / "code.tar"
-    assert appimages.code_layer(stage, layer) == 27 + 6
+    assert applayers.code_layer(stage, layer) == 27 + 6
     with tarfile.open(layer) as tar:  # reads to the end-of-archive blocks
         members = tar.getmembers()
     assert [m.name for m in members] == [
@@ -530,6 +531,6 @@ def test_the_code_layer_tar_is_root_owned_sorted_and_complete(tmp_path: Path) ->
         "opt/rankpack/x.py",
     ]
     assert {(m.uid, m.gid, m.uname, m.mtime) for m in members} == {
-        (0, 0, "root", appimages.LAYER_MTIME)
+        (0, 0, "root", applayers.LAYER_MTIME)
     }
     assert members[3].mode == 0o755 and members[4].mode & 0o777 == 0o644

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rankpack.backend.kubernetes import rbac as backend_rbac_rules
+from rankpack.backend.kubernetes.objects import rbac as backend_rbac_rules
 from rankpack.devcluster import binaries, configs, rbac
 from rankpack.devcluster.binaries import KubeVersion
 from rankpack.devcluster.layout import NODE_IP, PAUSE_IMAGE, PORTS, Layout, node_specs
@@ -216,12 +216,12 @@ def test_deploy_manifests_match_the_rbac_builder() -> None:
 def test_every_deployed_object_names_its_namespace() -> None:
     """The base spans two namespaces (the agent's apart, for PodSecurity), so it sets none:
     every namespaced object names its own."""
-    from rankpack.operator import manifests
+    from rankpack.operator import deploy_files, manifests
 
     cluster_scoped = {"Namespace", "CustomResourceDefinition", "ClusterRole", "PriorityClass",
                       "ClusterRoleBinding", "PersistentVolume", "ValidatingAdmissionPolicy",
                       "ValidatingAdmissionPolicyBinding", "Kustomization"}  # fmt: skip
-    for name, text in manifests.files().items():
+    for name, text in deploy_files.files().items():
         for doc in yaml.safe_load_all(text):
             if doc["kind"] not in cluster_scoped:
                 assert doc["metadata"].get("namespace"), (name, doc["kind"])
@@ -277,9 +277,9 @@ def test_deploy_crd_matches_the_builder() -> None:
 
 
 def test_deploy_files_are_what_the_generator_writes() -> None:
-    from rankpack.operator import manifests
+    from rankpack.operator import deploy_files
 
-    files = manifests.files()
+    files = deploy_files.files()
     for name, text in files.items():
         assert (REPO / "deploy" / name).read_text() == text, name
     on_disk = {str(p.relative_to(REPO / "deploy")) for p in (REPO / "deploy").rglob("*.yaml")}
@@ -290,19 +290,19 @@ def test_deploy_files_are_what_the_generator_writes() -> None:
 
 
 def test_the_dev_overlay_changes_only_images_and_the_volume() -> None:
-    from rankpack.operator import manifests
+    from rankpack.operator import deploy_files, manifests
 
-    dev = yaml.safe_load(manifests.files()["dev/kustomization.yaml"])
+    dev = yaml.safe_load(deploy_files.files()["dev/kustomization.yaml"])
     assert set(dev) == {"apiVersion", "kind", "resources", "images", "patches"}
     # the one patch: the dev image's /usr host mount admitted in the rankpack namespace
     assert dev["patches"] == [{"path": "namespace-patch.yaml"}]
-    patch = yaml.safe_load(manifests.files()["dev/namespace-patch.yaml"])
+    patch = yaml.safe_load(deploy_files.files()["dev/namespace-patch.yaml"])
     relaxed = {"pod-security.kubernetes.io/enforce": "privileged"}
     assert patch["metadata"] == {"name": "rankpack", "labels": relaxed}
     assert dev["resources"] == ["../base", "runs-pv.yaml"]
     assert {i["name"] for i in dev["images"]} == {"rankpack/rank", "rankpack/rankpack"}
     assert all(i["newName"].startswith("rankpack.local/") for i in dev["images"])
-    (pv,) = yaml.safe_load_all(manifests.files()["dev/runs-pv.yaml"])
+    (pv,) = yaml.safe_load_all(deploy_files.files()["dev/runs-pv.yaml"])
     assert pv["kind"] == "PersistentVolume"
     assert pv["spec"]["claimRef"] == {"namespace": "rankpack", "name": manifests.RUNS_CLAIM}
 

@@ -153,7 +153,7 @@ def test_a_process_on_the_host_reads_each_node_where_its_kubelet_keeps_it(tmp_pa
     """`with_node_files`: only a config that talks to this dev cluster gets its nodes."""
     from dataclasses import replace
 
-    from rankpack.backend.kubernetes.config import KubernetesConfig
+    from rankpack.backend.kubernetes.api.config import KubernetesConfig
     from rankpack.devcluster.nodefiles import with_node_files
 
     nodes = node_specs(2, [0, 1])

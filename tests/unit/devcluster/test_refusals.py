@@ -6,7 +6,8 @@ import socket
 
 import pytest
 
-from rankpack.devcluster import cluster, packages
+from rankpack.devcluster import packages
+from rankpack.devcluster.lifecycle import preflight
 
 
 def test_a_taken_port_is_named() -> None:
@@ -16,7 +17,7 @@ def test_a_taken_port_is_named() -> None:
         except OSError:
             pytest.skip("port 10259 is in use (a dev cluster is up)")
         s.listen()
-        assert "10259 (kube-scheduler)" in cluster._ports_taken()
+        assert "10259 (kube-scheduler)" in preflight.ports_taken()
 
 
 def test_missing_packages_hint_names_the_install_command() -> None:

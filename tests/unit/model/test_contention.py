@@ -10,7 +10,6 @@ from hypothesis import strategies as st
 
 from rankpack.errors import UserError
 from rankpack.model.contention import (
-    ClusterShape,
     MeasuredPoint,
     fit_beta,
     makespan_s,
@@ -18,6 +17,7 @@ from rankpack.model.contention import (
     slowdown,
     throughput,
 )
+from rankpack.model.shape import ClusterShape
 
 PAPER = ClusterShape(ranks=16, nodes=12, cpus_per_node=8)
 

@@ -7,13 +7,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from rankpack.errors import UserError
-from rankpack.model.contention import ClusterShape
 from rankpack.model.overlap import (
     implied_beta,
     p_overlap,
     parse_duty_cycles,
     predict_from_duty_cycles,
 )
+from rankpack.model.shape import ClusterShape
 
 PAPER = ClusterShape(ranks=16, nodes=12, cpus_per_node=8)
 PAPER_DUTY = [0.05] * 8 + [0.115] * 4 + [0.194] * 4

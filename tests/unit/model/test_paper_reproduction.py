@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import pytest
 
-from rankpack.model.contention import ClusterShape, MeasuredPoint, fit_beta
+from rankpack.model.contention import MeasuredPoint, fit_beta
 from rankpack.model.overlap import p_overlap
 from rankpack.model.pareto import cost_per_simulation, knee, request_budget
+from rankpack.model.shape import ClusterShape
 from rankpack.plan.allocation import parse_weights
 
 SHAPE = ClusterShape(ranks=16, nodes=12, cpus_per_node=8)

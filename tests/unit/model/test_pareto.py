@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rankpack.errors import UserError
-from rankpack.model.contention import ClusterShape, slowdown
+from rankpack.model.contention import slowdown
 from rankpack.model.pareto import (
     CapacityPlan,
     PlanInputs,
@@ -15,6 +15,7 @@ from rankpack.model.pareto import (
     plan_capacity,
     request_budget,
 )
+from rankpack.model.shape import ClusterShape
 
 PAPER = ClusterShape(ranks=16, nodes=12, cpus_per_node=8)
 

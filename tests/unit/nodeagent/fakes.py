@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from rankpack.backend.kubernetes.api import ApiError
+from rankpack.backend.kubernetes.api.kubeapi import ApiError
 
 Obj = dict[str, Any]
 

@@ -8,15 +8,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rankpack.backend.kubernetes import KubernetesConfig
-from rankpack.backend.kubernetes.agents import AgentReadings
-from rankpack.backend.kubernetes.config import NodeFiles
-from rankpack.backend.kubernetes.rbac import agent_caller_rules, node_agent_cluster_role
-from rankpack.backend.kubernetes.readings import LocalReadings, choose
+from rankpack.backend.kubernetes.api.config import KubernetesConfig, NodeFiles
+from rankpack.backend.kubernetes.nodes.agents import AgentReadings
+from rankpack.backend.kubernetes.nodes.readings import LocalReadings
+from rankpack.backend.kubernetes.nodes.sources import choose
+from rankpack.backend.kubernetes.objects.rbac import agent_caller_rules, node_agent_cluster_role
 from rankpack.nodeagent.manifests import agent_objects, agent_yaml, main
-
-from ..kubernetes.fake import FakeKubeApi
-from ..kubernetes.fakenode import FakeNodeFilesystems
+from tests.unit.backend.kubernetes.fake import FakeKubeApi
+from tests.unit.backend.kubernetes.fakenode import FakeNodeFilesystems
 
 
 def daemonset() -> dict:  # type: ignore[type-arg]
@@ -108,7 +107,7 @@ def test_auto_reads_this_node_when_its_files_are_here(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("mode", ["node", "agent", "auto"])
 def test_placement_says_where_usage_comes_from(tmp_path: Path, mode: str) -> None:
-    from rankpack.backend.kubernetes import KubernetesBackend
+    from rankpack.backend.kubernetes.backend import KubernetesBackend
 
     away = NodeFiles(tmp_path / "none", tmp_path / "none")
     config = KubernetesConfig(node_files=away, readings=mode)  # type: ignore[arg-type]

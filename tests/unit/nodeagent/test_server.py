@@ -13,18 +13,23 @@ from typing import Any
 
 import pytest
 
-from rankpack.backend.kubernetes.agents import AgentReadings, agent_addresses
-from rankpack.backend.kubernetes.nodereader import CpuCounters, NodeReader
-from rankpack.backend.kubernetes.readings import ReadingsMissing
+from rankpack.backend.kubernetes.nodes.agents import AgentReadings, agent_addresses
+from rankpack.backend.kubernetes.nodes.nodereader import CpuCounters, NodeReader
+from rankpack.backend.kubernetes.nodes.readings import ReadingsMissing
 from rankpack.backend.mpirun import ShimSample
 from rankpack.backend.protocol import BackendError
 from rankpack.nodeagent.auth import Authorizer
 from rankpack.nodeagent.server import AgentServer
 from rankpack.nodeagent.service import NodeAgent, RankPods, Response
 from rankpack.profile.records import read_record
+from tests.unit.backend.kubernetes.fake import FakeKubeApi
+from tests.unit.backend.kubernetes.fakenode import (
+    FakeNodeFilesystems,
+    new_uid,
+    rank_pod_object,
+    record_bytes,
+)
 
-from ..kubernetes.fake import FakeKubeApi
-from ..kubernetes.fakenode import FakeNodeFilesystems, new_uid, rank_pod_object, record_bytes
 from .fakes import CREATOR, OPERATOR, SCRAPER, FakeApiserverReviews
 
 Obj = dict[str, Any]

@@ -1,122 +1,29 @@
 """The Kubernetes backend: one pod per MPI rank, CPU requests resized in place (pods/resize).
 
-Public surface: `KubernetesBackend`, `KubernetesConfig`, `load_config` (kubectl's defaults
-for ``--kubeconfig``/``--context``/``--namespace``) and `connect` (a backend on the
-official client, with a clear error when the apiserver cannot be reached). Pure builders
-live in `builders`, pod-status readings in `status`, the API boundary in `api`, the rsh
-agent mpirun uses in `rsh`. See ``docs/decisions/0008-kubernetes-launcher.md``.
+See ``docs/decisions/0008-kubernetes-launcher.md`` and ``0010-node-agent.md``. Sub-packages:
+
+- `api`: the boundary to the Kubernetes API (the `KubeApi` interface, its client, the
+  connection settings, the shared watch cache);
+- `objects`: a simulation's Kubernetes objects (pure builders, pod-status readings,
+  RBAC, quota and LimitRange rules, creating and deleting them);
+- `nodes`: what the nodes say (rank readings from this node or the node agents, node
+  health, the cluster's capacity);
+- `starting`: starting MPI ranks (mpirun on this host and its exit wrapper, the rsh agent,
+  the launcher pod's program and the backend's pod mode).
+
+Modules:
+
+- `backend`: `KubernetesBackend`, backend protocol v2 over one namespace (delegates to
+  the modules below);
+- `connect`: `connect`, `connect_api`, `connect_namespaces` (a checked backend or client);
+- `tenants`: `NamespacedBackends`, one backend over several namespaces;
+- `state`: `BackendState`, what the backend's parts share (API, settings, cache, records);
+- `launch`: the launch path (a new simulation's checks, record and objects);
+- `adoption`: earlier processes' simulations, listed and taken over;
+- `resizing`: a rank's ``pods/resize`` and what its answer says;
+- `lostnodes`: `NodeWatch`, a lost node's simulations (`NodeLost`) from the cached nodes
+  and Leases;
+- `poller`: the follower thread that acts on each change of the rank pods;
+- `record`: what the backend knows of one simulation (`SimRecord`, `Lifecycle`);
+- `observe`: what `observe` reports of one simulation, read from its record.
 """
-
-from __future__ import annotations
-
-from collections.abc import Callable
-from dataclasses import replace
-from functools import partial
-
-from rankpack.backend.kubernetes.api import (
-    ApiError,
-    ClientKubeApi,
-    Conflict,
-    Gone,
-    KubeApi,
-    NotFound,
-)
-from rankpack.backend.kubernetes.backend import KubernetesBackend
-from rankpack.backend.kubernetes.config import (
-    DEV_IMAGE,
-    HostPathVolume,
-    KubernetesConfig,
-    PvcVolume,
-    VolumeSource,
-    load_config,
-    parse_volume,
-)
-from rankpack.backend.kubernetes.tenants import NamespacedBackends
-from rankpack.backend.protocol import BackendError
-from rankpack.backend.worker import News
-
-__all__ = [
-    "DEV_IMAGE",
-    "ApiError",
-    "ClientKubeApi",
-    "Conflict",
-    "Gone",
-    "HostPathVolume",
-    "KubeApi",
-    "KubernetesBackend",
-    "KubernetesConfig",
-    "NamespacedBackends",
-    "NotFound",
-    "PvcVolume",
-    "VolumeSource",
-    "connect",
-    "connect_api",
-    "connect_namespaces",
-    "load_config",
-    "parse_volume",
-]
-
-
-def connect(config: KubernetesConfig) -> KubernetesBackend:
-    """A backend on the official client; fails at once, in one line, if the apiserver does
-    not answer or the identity may not use the namespace (checked by the first List of its
-    cache: the namespace's pods, watched from then on)."""
-    api = connect_api(config, check=False)
-    backend = KubernetesBackend(api, config)
-    try:
-        _check(api, config, lambda: backend.cache.informer(backend.pods_collection))
-    except BackendError:
-        backend.close()
-        raise
-    return backend
-
-
-def connect_api(config: KubernetesConfig, *, check: bool = True) -> ClientKubeApi:
-    """The REST client `connect` gives its backend (the operator shares it for Simulations
-    and its Lease), checked the same way (a List of rankpack's pods) unless ``check`` is
-    false."""
-    api = ClientKubeApi(config)
-    if check:
-        _check(api, config, lambda: api.list_pods("app.kubernetes.io/managed-by=rankpack"))
-    return api
-
-
-def _check(api: ClientKubeApi, config: KubernetesConfig, read: Callable[[], object]) -> None:
-    try:
-        found = read()
-    except ApiError as exc:
-        if exc.status == 0:
-            raise BackendError(
-                f"the Kubernetes API at {api.host} is unreachable ({exc.message}); "
-                "is the cluster up (rankpack dev-cluster status)?"
-            ) from exc
-        raise BackendError(
-            f"cannot list pods in namespace {config.namespace} at {api.host}: {exc}"
-        ) from exc
-    if getattr(found, "forbidden", False):
-        raise BackendError(
-            f"cannot list pods in namespace {config.namespace} at {api.host}: 403 Forbidden"
-        )
-
-
-def connect_namespaces(config: KubernetesConfig, namespaces: tuple[str, ...]) -> NamespacedBackends:
-    """A backend per namespace (``config`` with that namespace), each checked as `connect`
-    checks one (the error names the namespace the identity may not use), all waking one
-    `News`; each counts the others' pods in its inventory, and those of ``config``'s own
-    namespace (where the operator itself runs) when it is not one of them."""
-    news = News()
-    backends: dict[str, KubernetesBackend] = {}
-    counted = (*namespaces, *((config.namespace,) if config.namespace not in namespaces else ()))
-    try:
-        for ns in namespaces:
-            others = tuple(n for n in counted if n != ns)
-            cfg = replace(config, namespace=ns, counted_namespaces=others)
-            api = connect_api(cfg, check=False)
-            backend = backends[ns] = KubernetesBackend(api, cfg, news=news)
-            cache, pods = backend.cache, backend.pods_collection
-            _check(api, cfg, partial(cache.informer, pods))
-    except BackendError:
-        for backend in backends.values():
-            backend.close()
-        raise
-    return NamespacedBackends(backends, news)

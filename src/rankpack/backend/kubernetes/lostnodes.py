@@ -16,9 +16,10 @@ import contextlib
 import time
 from collections.abc import Callable
 
-from rankpack.backend.kubernetes import builders, nodehealth
-from rankpack.backend.kubernetes.api import ApiError, KubeApi, Obj
-from rankpack.backend.kubernetes.informer import Cache, Collection, core
+from rankpack.backend.kubernetes.api.informer import Cache, Collection, core
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
+from rankpack.backend.kubernetes.nodes import nodehealth
+from rankpack.backend.kubernetes.objects import builders
 from rankpack.backend.kubernetes.record import SimRecord
 from rankpack.backend.mpirun import exit_failure
 from rankpack.core.failures import Failure, FailureCode

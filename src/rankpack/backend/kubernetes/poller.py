@@ -9,9 +9,12 @@ deleted, evicted or broken rank pod into the simulation's failure (`status.failu
 and a message), follows resizes from the pods' status (a resize completes when the watch
 brings the pod whose status shows it), fails a simulation with a pod on a lost node
 ``NodeLost`` (`lostnodes`), starts mpirun once every rank pod runs
-(`starting.MpirunHost`; in pod mode it follows each simulation's launcher pod instead,
-`pod_mode`), and wakes the control loop (`notify`) when something changed. It shares the
-backend's records under the backend's lock.
+(`hostmpirun.MpirunHost`; in pod mode it follows each simulation's launcher pod instead,
+`podmode`), and wakes the control loop (`notify`) when something changed. It sees of its
+backend only what the backend's parts share (`state.BackendState`: the API, the settings,
+the cache, the records under their lock) and the two parts it drives (the `MpirunHost`,
+the `NodeWatch`); `KubernetesBackend` makes it and calls `ensure`, `poll_once`, `error`,
+`orphans` and `closed`.
 """
 
 from __future__ import annotations
@@ -19,17 +22,19 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from rankpack.backend.kubernetes import builders, lostnodes, objects, pod_mode, status
-from rankpack.backend.kubernetes.api import ApiError, Obj
-from rankpack.backend.kubernetes.informer import Informer, selected
-from rankpack.backend.kubernetes.record import Resize, SimRecord
+from rankpack.backend.kubernetes import lostnodes, observe
+from rankpack.backend.kubernetes.api.informer import Informer, selected
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
+from rankpack.backend.kubernetes.lostnodes import NodeWatch
+from rankpack.backend.kubernetes.objects import builders, reconcile, status
+from rankpack.backend.kubernetes.record import PodResize, SimRecord
+from rankpack.backend.kubernetes.starting import podmode
+from rankpack.backend.kubernetes.starting.hostmpirun import MpirunHost
+from rankpack.backend.kubernetes.state import BackendState
 from rankpack.backend.protocol import BackendError, ResizeStatus
 from rankpack.core.failures import Failure, FailureCode
-
-if TYPE_CHECKING:
-    from rankpack.backend.kubernetes.backend import KubernetesBackend
 
 C = builders.CONTAINER
 
@@ -37,8 +42,13 @@ C = builders.CONTAINER
 class Poller:
     """The poll thread of one `KubernetesBackend` (started on demand, ends when idle)."""
 
-    def __init__(self, backend: KubernetesBackend) -> None:
-        self.backend = backend
+    def __init__(
+        self, state: BackendState, host: MpirunHost, nodes: NodeWatch, *, background: bool
+    ) -> None:
+        self.state = state
+        self.host = host
+        self.nodes = nodes
+        self.background = background
         self.thread: threading.Thread | None = None
         self.lock = threading.Lock()
         """Guards starting and ending the thread, so work added while it ends is seen."""
@@ -49,7 +59,7 @@ class Poller:
         """Released simulations whose objects could not be deleted yet (apiserver away)."""
 
     def ensure(self) -> None:
-        if not self.backend.background:
+        if not self.background:
             return
         with self.lock:
             if self.thread is None or not self.thread.is_alive():
@@ -57,13 +67,11 @@ class Poller:
                 self.thread.start()
 
     def _has_work(self) -> bool:
-        b = self.backend
-        with b.lock:
-            return bool(self.orphans) or any(not s.life.released for s in b.sims.values())
+        return bool(self.orphans) or bool(self.state.live())
 
     def _loop(self) -> None:
-        config = self.backend.config
         while not self.closed.is_set():
+            config = self.state.config
             pods = self._informer()
             seen = pods.version if pods is not None else -1
             busy = self.poll_once()
@@ -78,18 +86,16 @@ class Poller:
                 pods.wait(seen, config.poll_s)
 
     def _informer(self) -> Informer | None:
-        cache = self.backend.cache
-        found = cache.informers().get(self.backend.pods_collection)
+        found = self.state.cache.informers().get(self.state.pods_collection)
         return found if found is not None and found.synced else None
 
     def poll_once(self) -> bool:
         """Read the pods of every simulation from the cache and act on what changed; False
         when no simulation needs watching any more."""
-        b = self.backend
+        b = self.state
         if self.orphans:
             self._delete_orphans()
-        with b.lock:
-            sims = [s for s in b.sims.values() if not s.life.released]
+        sims = b.live()
         if not sims:
             return bool(self.orphans)
         try:
@@ -109,7 +115,7 @@ class Poller:
             with contextlib.suppress(KeyError, ValueError):
                 by_sim.setdefault(lab[builders.SIM_LABEL], {})[int(lab[builders.RANK_LABEL])] = pod
         news = False
-        lost = b.nodes.lost()
+        lost = self.nodes.lost()
         with b.lock:
             for sim in sims:
                 sim_id = sim.spec.sim_id
@@ -122,10 +128,10 @@ class Poller:
         return True
 
     def _retry_reconcile(self, sim: SimRecord) -> None:
-        launcher = pod_mode.options_of(sim, self.backend.config)
+        launcher = podmode.options_of(sim, self.state.config)
         try:
-            sim.created_rv = objects.reconcile(self.backend.api, sim.spec, sim.image, sim.volume,
-                                               launcher=launcher)  # fmt: skip
+            sim.created_rv = reconcile.reconcile(self.state.api, sim.spec, sim.image, sim.volume,
+                                                 launcher=launcher)  # fmt: skip
         except ApiError as exc:
             sim.reconcile_error = str(exc)
             if not exc.transient:
@@ -138,8 +144,8 @@ class Poller:
         """One non-blocking attempt per orphan (the poller must not stall on one)."""
         for sim_id in sorted(self.orphans):
             try:
-                gone = objects.delete(self.backend.api, self.backend.config, sim_id,
-                                      self.backend.pods_left(sim_id), wait=False)  # fmt: skip
+                gone = reconcile.delete(self.state.api, self.state.config, sim_id,
+                                        self.state.pods_left(sim_id), wait=False)  # fmt: skip
             except BackendError:
                 continue
             if gone:
@@ -150,7 +156,7 @@ class Poller:
     ) -> bool:
         """Act on a simulation's pods as the cache holds them (``caught_up``: the cache has
         taken in the simulation's own creates, so a pod missing from it is gone)."""
-        b, life = self.backend, sim.life
+        b, life = self.state, sim.life
         news = False
         for rank in range(sim.n):
             pod = pods.get(rank)
@@ -178,19 +184,19 @@ class Poller:
             status.running(p, C) for p in sim.pods.values()
         )
         if sim.in_pod:  # mpirun runs in the launcher pod: follow it
-            news |= pod_mode.follow(sim, launcher, ranks_running, caught_up=caught_up)
+            news |= podmode.follow(sim, launcher, ranks_running, caught_up=caught_up)
         if (
             not life.started
             and life.failure is None
             and b.clock() - sim.created_t > b.config.start_timeout_s
         ):
-            waiting = b.phase(sim)[1]
+            waiting = observe.phase(sim, self.error)[1]
             late = f"rank pods not running after {b.config.start_timeout_s:.0f} s: {waiting}"
             life.fail(Failure(FailureCode.NOT_RUNNING, late))
         if self._handle_failure(sim):
             return True
         if not sim.in_pod and not life.started and not life.ended and ranks_running:
-            b.host.start(sim)
+            self.host.start(sim)
             self._handle_failure(sim)
             news = True
         if life.adopted and not life.ended:
@@ -207,18 +213,18 @@ class Poller:
             return False
         rank, why = found
         if sim.life.ended:
-            if self.backend.nodes.judge_end(sim) is not None or sim.life.failure is None:
+            if self.nodes.judge_end(sim) is not None or sim.life.failure is None:
                 return False
         else:
             sim.life.fail(lostnodes.lost_failure(sim, why), max(rank, 0))
         return self._handle_failure(sim)
 
-    def _follow_resize(self, resize: Resize, pod: Obj) -> bool:
+    def _follow_resize(self, resize: PodResize, pod: Obj) -> bool:
         reading = status.resize_state(pod, C, resize.target, resize.generation)
         old = resize.status
         if reading.state is old.state and reading.reason == old.reason:
             return False
-        latency = self.backend.clock() - old.requested_t_s if reading.state.final else None
+        latency = self.state.clock() - old.requested_t_s if reading.state.final else None
         resize.status = ResizeStatus(
             reading.state, old.from_millis, old.to_millis, old.requested_t_s,
             latency_s=latency, reason=reading.reason,
@@ -230,9 +236,9 @@ class Poller:
         failure = sim.life.failure_to_handle()
         if failure is None:
             return False
-        self.backend.record_event(sim, sim.life.failure_rank, "SimulationFailed", failure.message)
+        self.state.record_event(sim, sim.life.failure_rank, "SimulationFailed", failure.message)
         if sim.in_pod:
-            pod_mode.end_on_failure(self.backend.api, sim)
+            podmode.end_on_failure(self.state.api, sim)
         if sim.process is not None and sim.process.poll() is None:
             sim.process.kill_group(signal.SIGTERM)
         if sim.process is None:

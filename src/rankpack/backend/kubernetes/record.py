@@ -18,9 +18,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
-from rankpack.backend.kubernetes.api import Obj
-from rankpack.backend.kubernetes.config import VolumeSource
-from rankpack.backend.kubernetes.nodereader import CpuCounters
+from rankpack.backend.kubernetes.api.config import VolumeSource
+from rankpack.backend.kubernetes.api.kubeapi import Obj
+from rankpack.backend.kubernetes.nodes.nodereader import CpuCounters
 from rankpack.backend.mpirun import LogTail, Proc, ShimSample
 from rankpack.backend.protocol import RankResources, ResizeStatus, SimSpec
 from rankpack.core.failures import Failure
@@ -32,7 +32,7 @@ def rank_dir(case_dir: Path) -> Path:
 
 
 def launch_file(case_dir: Path) -> Path:
-    """The launcher pod's instructions (pod mode: `launch_pod.Instructions`)."""
+    """The launcher pod's instructions (pod mode: `instructions.Instructions`)."""
     return rank_dir(case_dir) / "launch.json"
 
 
@@ -121,7 +121,7 @@ class Lifecycle:
 
 
 @dataclass
-class Resize:
+class PodResize:
     status: ResizeStatus
     target: RankResources
     generation: int | None
@@ -138,7 +138,7 @@ class SimRecord:
     life: Lifecycle = field(default_factory=Lifecycle)
     pods: dict[int, Obj] = field(default_factory=dict)
     seen: set[int] = field(default_factory=set)
-    resizes: dict[int, Resize] = field(default_factory=dict)
+    resizes: dict[int, PodResize] = field(default_factory=dict)
     process: Proc | None = None
     log_file: IO[bytes] | None = field(default=None, repr=False)
     log: LogTail = field(init=False)
@@ -153,7 +153,7 @@ class SimRecord:
     its Warning Event was recorded)."""
     created_t: float = field(default_factory=time.monotonic)
     launch_fd: int | None = None
-    """The launch marker's locked descriptor while this process holds it (`launcher`)."""
+    """The launch marker's locked descriptor while this process holds it (`exitwrapper`)."""
     reconcile_error: str | None = None
     """Creating its objects failed transiently; the poller tries again."""
     created_rv: str | None = None

@@ -25,9 +25,9 @@ import time
 from collections.abc import Mapping
 from dataclasses import replace
 
-from rankpack.backend.kubernetes.api import ApiError, KubeApi
+from rankpack.backend.kubernetes.api.config import KubernetesConfig
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi
 from rankpack.backend.kubernetes.backend import KubernetesBackend
-from rankpack.backend.kubernetes.config import KubernetesConfig
 from rankpack.backend.protocol import (
     BackendError,
     Inventory,
@@ -41,6 +41,7 @@ from rankpack.backend.protocol import (
     UnknownSimulation,
 )
 from rankpack.backend.worker import News
+from rankpack.core.actions import WaitMode
 
 
 class NamespacedBackends:
@@ -147,7 +148,7 @@ class NamespacedBackends:
     def resize(self, sim_id: str, rank: int, resources: RankResources) -> ResizeStatus:
         return self._of(sim_id).resize(sim_id, rank, resources)
 
-    def set_wait_mode(self, sim_id: str, mode: str) -> None:
+    def set_wait_mode(self, sim_id: str, mode: WaitMode) -> None:
         self._of(sim_id).set_wait_mode(sim_id, mode)
 
     def observe(self, sim_id: str) -> SimObservation:

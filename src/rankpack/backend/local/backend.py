@@ -35,6 +35,7 @@ from rankpack.backend.protocol import (
     UnknownSimulation,
 )
 from rankpack.backend.worker import News, Stager
+from rankpack.core.actions import WaitMode
 from rankpack.errors import UserError
 
 
@@ -182,7 +183,7 @@ class LocalBackend:
         sim.resizes[rank] = status
         return status
 
-    def set_wait_mode(self, sim_id: str, mode: str) -> None:
+    def set_wait_mode(self, sim_id: str, mode: WaitMode) -> None:
         self._sim(sim_id).shim.set_wait_mode(mode)
 
     def settings(self, sim_id: str, rank: int) -> cgroups.CpuSettings:

@@ -1,0 +1,238 @@
+"""mpirun on this host for the rank pods: the files it needs, starting it, following it.
+
+The poller calls `MpirunHost.start` once every rank pod of a simulation runs: the hostfile,
+the rsh agent (`rsh`) and the shim's library are on the case volume (`prepare_files`, at
+launch), the launch marker (`exitwrapper`) makes sure mpirun is started once across processes,
+and a thread per mpirun waits for its end. `kill_in_pods` takes down ranks that outlive it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import shutil
+import socket
+import sys
+import threading
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO
+
+from rankpack.backend.kubernetes.api.config import KubernetesConfig
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
+from rankpack.backend.kubernetes.objects import builders, status
+from rankpack.backend.kubernetes.record import SimRecord, rank_dir
+from rankpack.backend.kubernetes.starting import exitwrapper, mpirunargs, rsh
+from rankpack.backend.mpirun import MpirunProcess, Proc, find_mpirun, root_env
+from rankpack.backend.protocol import BackendError, LaunchFailed
+from rankpack.core.failures import Failure, FailureCode
+from rankpack.errors import UserError
+from rankpack.profile.shim import shim_env
+
+C = builders.CONTAINER
+
+
+def _mpirun_process(
+    argv: list[str],
+    cwd: Path,
+    env: dict[str, str],
+    log: IO[bytes],
+    *,
+    detach_exit_file: Path | None,
+    lock_fd: int | None,
+) -> Proc:
+    """mpirun as our child (ended with us), or detached under `exitwrapper`, which outlives
+    this process and writes mpirun's exit code into ``detach_exit_file``."""
+    if detach_exit_file is not None:
+        lock = ["--lock-fd", str(lock_fd)] if lock_fd is not None else []
+        argv = [sys.executable, "-m", "rankpack.backend.kubernetes.starting.exitwrapper",
+                str(detach_exit_file), *lock, "--", *argv]  # fmt: skip
+    return MpirunProcess(
+        argv, cwd, env, log, with_parent=detach_exit_file is None,
+        pass_fds=(lock_fd,) if lock_fd is not None else (),
+    )  # fmt: skip
+
+
+Starter = Callable[[list[str], Path, dict[str, str], IO[bytes]], Proc]
+
+
+def _popen(exit_file: Path | None, lock_fd: int | None) -> Starter:
+    def start(argv: list[str], cwd: Path, env: dict[str, str], log: IO[bytes]) -> Proc:
+        return _mpirun_process(argv, cwd, env, log, detach_exit_file=exit_file, lock_fd=lock_fd)
+
+    return start
+
+
+def prepare_files(sim: SimRecord) -> None:
+    """Hostfile, rsh agent and shim library on the case volume (paths the pods share); the
+    shim's live records are not there but in each rank pod's own volume."""
+    d = rank_dir(sim.spec.case_dir)
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "hostfile").write_text(builders.hostfile(sim.spec.sim_id, sim.n, sim.spec.mpi))
+        agent = d / "rsh-agent"
+        agent.write_text(rsh.agent_script(sys.executable))
+        agent.chmod(0o755)
+        sim.exit_file.unlink(missing_ok=True)
+        if sim.spec.shim is not None:
+            env = shim_env(builders.LIVE_DIR, sim.spec.shim.wait_mode,
+                           flavour=sim.spec.shim.flavour)  # fmt: skip
+            lib = Path(env["LD_PRELOAD"].split(":")[0])
+            (d / "lib").mkdir(exist_ok=True)
+            shutil.copy2(lib, d / "lib" / lib.name)
+    except OSError as exc:
+        raise LaunchFailed(f"cannot write to the case volume {d}: {exc}") from exc
+
+
+def _rank_env(sim: SimRecord) -> dict[str, str]:
+    env = dict(sim.spec.env)
+    shim = sim.spec.shim
+    if shim is not None:
+        # each rank pod's own volume (`builders.LIVE_VOLUME`), not the case volume
+        env.update(shim_env(builders.LIVE_DIR, shim.wait_mode, flavour=shim.flavour))
+        lib = Path(env["LD_PRELOAD"].split(":")[0]).name
+        env["LD_PRELOAD"] = str(rank_dir(sim.spec.case_dir) / "lib" / lib)
+    return env
+
+
+class MpirunHost:
+    """Starts and follows each simulation's mpirun on this host."""
+
+    def __init__(
+        self,
+        api: KubeApi,
+        config: KubernetesConfig,
+        *,
+        mpirun: str | None,
+        starter: Starter | None,
+        lock: threading.RLock,
+        notify: Callable[[], None],
+    ) -> None:
+        self.api, self.config, self.mpirun = api, config, mpirun
+        self.starter: Starter = starter if starter is not None else _popen(None, None)
+        self.default_starter = starter is None
+        self.lock, self.notify = lock, notify
+
+    def start(self, sim: SimRecord) -> None:
+        """All rank pods run: start the ranks in them (called by the poller)."""
+        life = sim.life
+        flavour = sim.spec.mpi
+        try:
+            mpirunargs.check_mpi(flavour, self.config.mpi_transport)
+        except BackendError as exc:
+            life.fail(Failure(FailureCode.LAUNCH_FAILED, str(exc)))
+            return
+        d = rank_dir(sim.spec.case_dir)
+        pods = [sim.pods[r] for r in sorted(sim.pods)]
+        try:
+            mpirun = self.mpirun or find_mpirun(flavour)
+        except UserError as exc:
+            life.fail(Failure(FailureCode.LAUNCH_FAILED, f"cannot start mpirun: {exc}"))
+            return
+        args = mpirunargs.MpirunArgs(
+            mpirun=mpirun,
+            n_ranks=sim.n,
+            hostfile=d / "hostfile",
+            agent=d / "rsh-agent",
+            case_dir=sim.spec.case_dir,
+            command=sim.spec.command,
+            env=_rank_env(sim),
+            subnet=self.config.pod_subnet or subnet_of(pods),
+            as_root=os.geteuid() == 0,
+            flavour=flavour,
+            transport=self.config.mpi_transport,
+            local_address=address_towards(pods) if flavour == "mpich" else None,
+        )
+        env = dict(os.environ)
+        env.pop("LD_PRELOAD", None)
+        env.update(
+            rsh.agent_env(self.config.kubeconfig, self.config.context, self.api.namespace, C)
+        )
+        env.update(root_env(flavour))
+        try:
+            fd = exitwrapper.begin(rank_dir(sim.spec.case_dir))
+        except OSError as exc:
+            why = f"cannot write the launch marker in {d}: {exc}"
+            life.fail(Failure(FailureCode.LAUNCH_FAILED, why))
+            return
+        if fd is None:  # another process launched it and runs it: follow, never start twice
+            life.start(adopted=True)
+            return
+        sim.launch_fd = fd
+        try:
+            sim.log_file = open(sim.spec.log_path, "ab")  # noqa: SIM115 - closed in release()
+            starter = self.starter
+            if self.default_starter:
+                starter = _popen(sim.exit_file if self.config.detach else None, fd)
+            sim.process = starter(mpirunargs.mpirun_argv(args), sim.spec.case_dir, env,
+                                  sim.log_file)  # fmt: skip
+        except (OSError, UserError, BackendError) as exc:
+            life.fail(Failure(FailureCode.LAUNCH_FAILED, f"cannot start mpirun: {exc}"))
+            return
+        exitwrapper.launched(fd, int(getattr(sim.process, "pid", 0) or os.getpid()))
+        # mpirun's rsh agent (another process, `rsh`) opens one pods/exec per rank pod:
+        # counted here, with this process's own requests
+        self.api.requests.add("create", "pods/exec", n=sim.n)
+        life.start()
+        threading.Thread(target=self._watch, args=(sim,), daemon=True).start()
+
+    def _watch(self, sim: SimRecord) -> None:
+        assert sim.process is not None
+        code = sim.process.wait()
+        if not sim.exit_file.exists():  # the detached exit wrapper wrote mpirun's own code
+            with contextlib.suppress(OSError):
+                sim.exit_file.write_text(f"{code}\n")
+        with self.lock:
+            sim.life.exit_code = code
+            sim.life.end()
+        self.notify()
+
+    def kill_in_pods(self, sim: SimRecord) -> None:
+        """Ranks and orteds that outlive mpirun: kill every process of each rank container
+        but its idle pid 1 (``kill -9 -1`` spares pid 1 and the caller)."""
+        argv = ["/bin/sh", "-c", "kill -9 -1 2>/dev/null; true"]
+
+        def kill(rank: int) -> None:
+            with contextlib.suppress(ApiError):
+                self.api.exec(builders.pod_name(sim.spec.sim_id, rank), C, argv, 15.0)
+
+        running = [i for i, p in sorted(sim.pods.items()) if status.running(p, C)]
+        threads = [threading.Thread(target=kill, args=(i,), daemon=True) for i in running]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=20)
+
+
+def subnet_of(pods: list[Obj]) -> str | None:
+    """The /24 holding every rank pod's IP (Open MPI's TCP interfaces), if there is one."""
+    ips = [p.get("status", {}).get("podIP") for p in pods]
+    if not ips or not all(ips):
+        return None
+    net = ipaddress.ip_network(f"{ips[0]}/24", strict=False)
+    if all(ipaddress.ip_address(ip) in net for ip in ips):
+        return str(net)
+    return None
+
+
+def address_towards(pods: list[Obj]) -> str | None:
+    """This host's address on its route to the first rank pod: where MPICH's hydra proxies
+    in the rank pods reach mpiexec here (`mpirunargs.MpirunArgs.local_address`). No packet is
+    sent (a UDP socket's connect only picks the route); None if there is no route."""
+    ips = [p.get("status", {}).get("podIP") for p in pods]
+    if not ips or not ips[0]:
+        return None
+    try:
+        family = socket.AF_INET6 if ":" in ips[0] else socket.AF_INET
+        with socket.socket(family, socket.SOCK_DGRAM) as probe:
+            probe.connect((ips[0], 9))
+            return str(probe.getsockname()[0])
+    except OSError:
+        return None
+
+
+def rank_env(sim: SimRecord) -> dict[str, str]:
+    """The ranks' environment (mpirun's ``-x``), for the launcher pod's instructions too
+    (pod mode, `podmode`): the same as mpirun on this host gives them."""
+    return _rank_env(sim)

@@ -1,0 +1,106 @@
+"""mpirun's command line: Open MPI's ``mpirun`` or MPICH's hydra, ranks started in the pods.
+
+Pure: `mpirun_argv` turns `MpirunArgs` into the argv that starts a simulation's ranks in
+its rank pods through the rsh agent (`rsh`), whether mpirun runs on this host
+(`hostmpirun`) or in the launcher pod (`launcher`); `check_mpi` is what both (and
+`podmode`, before writing the launcher's instructions) check first.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from rankpack.backend.kubernetes.api.config import MPI_TRANSPORTS
+from rankpack.backend.protocol import BackendError
+
+FLAVOURS = ("openmpi", "mpich")
+"""The MPI libraries whose launcher the backend drives: Open MPI's ``mpirun`` and MPICH's
+hydra (``mpiexec.hydra``)."""
+TCP_ONLY_MPICH_ENV = (
+    ("MPIR_CVAR_NOLOCAL", "1"),
+    ("UCX_TLS", "self,tcp"),
+)
+"""MPICH without shared memory: no ch4 shared-memory path between ranks it takes for local
+(``MPIR_CVAR_NOLOCAL``), and UCX (Debian's MPICH 4.0 is ch4:ucx) limited to loopback within a
+process and TCP: with its defaults UCX picks ``sysv``/``posix``/``cma`` shared memory between
+processes it finds on one machine, whatever ``MPIR_CVAR_NOLOCAL`` says."""
+
+
+def check_mpi(flavour: str, transport: str = "tcp") -> None:
+    """BackendError for an MPI flavour or transport the backend does not launch."""
+    if flavour not in FLAVOURS:
+        raise BackendError(
+            f"MPI '{flavour}' cannot be launched on Kubernetes; use one of {', '.join(FLAVOURS)}"
+        )
+    if transport not in MPI_TRANSPORTS:
+        raise BackendError(f"MPI transport '{transport}' not understood; use tcp or auto")
+
+
+@dataclass(frozen=True)
+class MpirunArgs:
+    mpirun: str
+    n_ranks: int
+    hostfile: Path
+    agent: Path
+    """The rsh agent: must exist at this path inside the pods too (orted segfaults else)."""
+    case_dir: Path
+    command: Sequence[str]
+    env: Mapping[str, str]
+    """Set in every rank (``-x NAME=VALUE``), not in mpirun's own environment."""
+    subnet: str | None = None
+    as_root: bool = False
+    flavour: str = "openmpi"
+    """``openmpi`` (`mpirun`) or ``mpich`` (hydra's ``mpiexec``)."""
+    transport: str = "tcp"
+    """`config.MPI_TRANSPORTS`: ``tcp`` only, or the library's choice (``auto``)."""
+    local_address: str | None = None
+    """MPICH: the address of this host (or launcher pod) that hydra's proxies in the rank
+    pods connect back to (``-localhost``): pod names do not resolve without cluster DNS, and
+    hydra would give them this host's name. Open MPI finds mpirun's address itself."""
+
+
+def mpirun_argv(args: MpirunArgs) -> list[str]:
+    """mpirun's command line (Open MPI's mpirun or MPICH's hydra) on the controller's
+    host or in the launcher pod, ranks started in the pods via the rsh agent."""
+    check_mpi(args.flavour, args.transport)
+    if any(c.isspace() for c in str(args.agent)):
+        raise BackendError(f"the rsh agent path {args.agent} contains whitespace")
+    if args.flavour == "mpich":
+        return _hydra_argv(args)
+    btl = "self,tcp" if args.transport == "tcp" else "self,vader,tcp"
+    argv = [
+        args.mpirun, "-np", str(args.n_ranks), "--hostfile", str(args.hostfile),
+        "--map-by", "slot", "--bind-to", "none", "--wdir", str(args.case_dir),
+        "--mca", "plm_rsh_agent", str(args.agent),
+        "--mca", "plm_rsh_no_tree_spawn", "1",
+        "--mca", "pml", "ob1", "--mca", "btl", btl,
+    ]  # fmt: skip
+    if args.subnet:
+        argv += ["--mca", "oob_tcp_if_include", args.subnet]
+        argv += ["--mca", "btl_tcp_if_include", args.subnet]
+    if args.as_root:
+        argv.append("--allow-run-as-root")
+    for name in sorted(args.env):
+        argv += ["-x", f"{name}={args.env[name]}"]
+    return [*argv, *args.command]
+
+
+def _hydra_argv(args: MpirunArgs) -> list[str]:
+    """MPICH's hydra: one proxy per rank pod, each started by ``AGENT POD CMD...`` exactly as
+    Open MPI's daemons are (so the same rsh agent serves); proxies connect back to
+    ``local_address``; ranks get only the environment given here (``-genvnone``: nothing of
+    this host's), the TCP-only switches first unless the transport is ``auto``."""
+    argv = [
+        args.mpirun, "-n", str(args.n_ranks), "-f", str(args.hostfile),
+        "-launcher", "rsh", "-launcher-exec", str(args.agent),
+        "-wdir", str(args.case_dir), "-genvnone",
+    ]  # fmt: skip
+    if args.local_address:
+        argv += ["-localhost", args.local_address]
+    env = dict(TCP_ONLY_MPICH_ENV) if args.transport == "tcp" else {}
+    env.update(args.env)
+    for name in sorted(env):
+        argv += ["-genv", name, env[name]]
+    return [*argv, *args.command]

@@ -1,0 +1,253 @@
+"""The backend's pod mode: each simulation's mpirun runs in its launcher pod (decision 0008).
+
+`KubernetesBackend` uses this when `KubernetesConfig.launcher` is ``pod``. At launch (and
+at an adoption that finds mpirun never started) `prepare` writes the launcher's
+instructions (`instructions.Instructions`) onto the case volume and `options` tells
+`reconcile.reconcile` how to build the launcher pod. The poller hands `follow` the launcher
+pod of every listing: running, with every rank pod running → the simulation is started;
+its container terminated → ended with mpirun's code (`reading`: the exit file, else the
+container's code), or failed with the launcher's own reason (its termination message);
+deleted, evicted or lost with its node → failed, `FailureCode.LAUNCHER_LOST`, naming the
+pod. `stop` deletes the launcher pod (SIGTERM reaches mpirun, which takes its ranks down).
+Nothing here uses ``pods/exec``: this process never enters a pod in pod mode.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from rankpack.backend.kubernetes.api.config import KubernetesConfig
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
+from rankpack.backend.kubernetes.objects import builders, rbac, status
+from rankpack.backend.kubernetes.record import SimRecord, launch_file, rank_dir
+from rankpack.backend.kubernetes.starting import mpirunargs
+from rankpack.backend.kubernetes.starting.hostmpirun import rank_env
+from rankpack.backend.kubernetes.starting.instructions import Instructions
+from rankpack.backend.kubernetes.starting.launcher import read_exit, write_exit
+from rankpack.backend.protocol import BackendError, LaunchFailed, SimSpec
+from rankpack.core.failures import Failure, FailureCode
+
+LC = builders.LAUNCHER_CONTAINER
+POLL_S = 1.0
+"""How often the launcher lists the rank pods while it waits for them."""
+
+
+def options(config: KubernetesConfig, spec: SimSpec) -> builders.LauncherOptions:
+    """How `reconcile.reconcile` builds this simulation's launcher pod."""
+    return builders.LauncherOptions(
+        launch_file(spec.case_dir),
+        rbac.LAUNCHER_SERVICE_ACCOUNT,
+        config.launcher_env,
+        config.launcher_cpu_millis,
+        # its rank pods' identity: deploy/ installs it beside the launcher's (no rights)
+        rank_service_account=rbac.RANK_SERVICE_ACCOUNT,
+    )
+
+
+def options_of(sim: SimRecord, config: KubernetesConfig) -> builders.LauncherOptions | None:
+    """`options` for a pod-mode simulation (its launcher's CPU within the namespace's
+    LimitRange, `SimRecord.launcher_millis`), None for one whose mpirun runs on this host."""
+    if not sim.in_pod:
+        return None
+    found = options(config, sim.spec)
+    return found if sim.launcher_millis is None else replace(found, cpu_millis=sim.launcher_millis)
+
+
+def instructions(sim: SimRecord, config: KubernetesConfig, namespace: str) -> Instructions:
+    spec = sim.spec
+    return Instructions(
+        sim_id=spec.sim_id,
+        namespace=namespace,
+        container=builders.CONTAINER,
+        pods=tuple(builders.pod_name(spec.sim_id, r) for r in range(sim.n)),
+        hostfile=rank_dir(spec.case_dir) / "hostfile",
+        case_dir=spec.case_dir,
+        command=tuple(spec.command),
+        env=rank_env(sim),
+        log_path=spec.log_path,
+        exit_path=sim.exit_file,
+        start_timeout_s=config.start_timeout_s,
+        poll_s=POLL_S,
+        subnet=config.pod_subnet,
+        mpi=spec.mpi,
+        transport=config.mpi_transport,
+    )
+
+
+def prepare(sim: SimRecord, config: KubernetesConfig, namespace: str) -> None:
+    """Write the launcher's instructions (after `hostmpirun.prepare_files`: the hostfile and
+    the shim's copy are there). `LaunchFailed` if they cannot be written or mean nothing."""
+    try:
+        mpirunargs.check_mpi(sim.spec.mpi, config.mpi_transport)
+    except BackendError as exc:
+        raise LaunchFailed(str(exc)) from exc
+    path = launch_file(sim.spec.case_dir)
+    text = instructions(sim, config, namespace).to_json()
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        tmp.write_text(text)
+        os.replace(tmp, path)
+    except OSError as exc:
+        raise LaunchFailed(f"cannot write the launcher's instructions {path}: {exc}") from exc
+
+
+# -- reading the launcher pod ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Reading:
+    """Where a launcher pod stands: pending (``reason``), running, ended (mpirun's
+    ``exit_code``; None: unknown) or failed (``failure``)."""
+
+    state: str
+    reason: str = ""
+    exit_code: int | None = None
+    failure: Failure | None = None
+
+
+def reading(name: str, pod: Obj | None, exit_code: Callable[[], int | None]) -> Reading:
+    """Where the launcher pod ``name`` stands, from the pod as listed (None: it does not
+    exist) and mpirun's exit file (read only when the pod says it may have ended)."""
+    lost = _lost(name, pod)
+    if lost is not None:
+        code = exit_code()
+        if code == 0 or (pod is None and code is not None):
+            return Reading("ended", exit_code=code)  # it ended, then went
+        return Reading("failed", failure=lost)
+    assert pod is not None
+    cs = status.container_status(pod, LC) or {}
+    state = cs.get("state") or {}
+    terminated = state.get("terminated")
+    if terminated is not None:
+        code = exit_code()
+        if code is not None:
+            return Reading("ended", exit_code=code)
+        message = str(terminated.get("message") or "").strip()
+        if message:  # the launcher failed before mpirun ran (`launcher.fail`)
+            why = f"launcher pod {name}: {message}"
+            return Reading("failed", failure=Failure(FailureCode.LAUNCH_FAILED, why))
+        if terminated.get("reason") == "OOMKilled":
+            why = f"launcher pod {name} was OOM-killed (mpirun with it)"
+            return Reading("failed", failure=Failure(FailureCode.OOM_KILLED, why))
+        container_code = terminated.get("exitCode")
+        return Reading("ended", exit_code=int(container_code) if container_code is not None
+                       else None)  # fmt: skip
+    waiting = state.get("waiting") or {}
+    if waiting.get("reason") in status.CANNOT_START_REASONS:
+        why = f"launcher pod {name} cannot start: {waiting['reason']}: {waiting.get('message', '')}"
+        return Reading("failed", failure=Failure(FailureCode.CANNOT_START, why.strip()))
+    if status.running(pod, LC):
+        return Reading("running")
+    return Reading("pending", reason=status.pending_reason(pod))
+
+
+def _lost(name: str, pod: Obj | None) -> Failure | None:
+    """Why the launcher pod is gone or going without having run to its end (None if not)."""
+    code = FailureCode.LAUNCHER_LOST
+    if pod is None:
+        return Failure(code, f"launcher pod {name} was deleted (mpirun with it)")
+    for cond in pod.get("status", {}).get("conditions") or []:
+        if cond.get("type") == "DisruptionTarget" and cond.get("status") == "True":
+            why = str(cond.get("reason") or "DisruptionTarget")
+            message = str(cond.get("message") or "")
+            detail = f"{why}: {message}" if message else why
+            return Failure(code, f"launcher pod {name} was evicted ({detail})")
+    if pod.get("metadata", {}).get("deletionTimestamp"):
+        return Failure(code, f"launcher pod {name} was deleted (mpirun with it)")
+    st = pod.get("status", {})
+    if st.get("phase") == "Failed" and st.get("reason"):  # Evicted, NodeLost, Shutdown, ...
+        message = st.get("message") or ""
+        return Failure(code, f"launcher pod {name} {str(st['reason']).lower()}"
+                             + (f": {message}" if message else ""))  # fmt: skip
+    return None
+
+
+# -- following it (the poller, under the backend's lock) --------------------------------------
+
+
+def follow(sim: SimRecord, pod: Obj | None, ranks_running: bool, *, caught_up: bool = True) -> bool:
+    """Act on the launcher pod as the cache holds it now (None: not in it); True if
+    something changed. A pod missing from a cache that has not taken in its create yet
+    (``caught_up`` False) is not missing; once it has, only a second miss counts."""
+    life = sim.life
+    name = builders.launcher_pod_name(sim.spec.sim_id)
+    news = False
+    if pod is None:
+        if life.ended or sim.reconcile_error is not None or not caught_up:
+            return False  # over, not created yet (the poller creates it), or not seen yet
+        if not sim.launcher_seen:
+            sim.launcher_missing += 1
+            if sim.launcher_missing < 2:
+                return False
+        sim.launcher = None
+    else:
+        old = sim.launcher
+        news = old is None or _version(old) != _version(pod)
+        sim.launcher, sim.launcher_seen, sim.launcher_missing = pod, True, 0
+        if life.ended:
+            return news
+    now = reading(name, pod, lambda: read_exit(sim.exit_file))
+    if now.state == "failed":
+        assert now.failure is not None
+        life.fail(now.failure)
+        return True
+    if now.state == "ended":
+        if not sim.exit_file.exists() and now.exit_code is not None:
+            with contextlib.suppress(OSError):  # for `list` and a later adopter
+                write_exit(sim.exit_file, now.exit_code)
+        life.start()
+        life.end(now.exit_code)
+        return True
+    if now.state == "running" and ranks_running and not life.started:
+        life.start()  # mpirun starts now (the launcher saw the same pods run)
+        return True
+    return news
+
+
+def pending_reason(sim: SimRecord, ranks_reason: str) -> str:
+    """A pending simulation's reason with its launcher pod's, if that is not running."""
+    pod = sim.launcher
+    if pod is not None and status.running(pod, LC):
+        return ranks_reason
+    name = builders.launcher_pod_name(sim.spec.sim_id)
+    mine = f"launcher pod {name}: {status.pending_reason(pod)}"
+    return f"{ranks_reason}; {mine}" if ranks_reason else mine
+
+
+def adopted(sim: SimRecord, pod: Obj) -> None:
+    """An adopted simulation whose launcher pod was listed: followed through it (whatever
+    the launch marker says: its lock may not be visible from here)."""
+    sim.in_pod = True
+    sim.launcher, sim.launcher_seen = pod, True
+
+
+def lost_on_adoption(sim: SimRecord) -> Failure:
+    """An adopted simulation whose mpirun was started, without a launcher pod or an exit
+    code: nothing runs it any more."""
+    name = builders.launcher_pod_name(sim.spec.sim_id)
+    why = f"launcher pod {name} is gone and mpirun's exit code was never written"
+    return Failure(FailureCode.LAUNCHER_LOST, why)
+
+
+def stop(api: KubeApi, sim: SimRecord) -> None:
+    """Delete the launcher pod (its grace period, `builders.LAUNCHER_GRACE_S`: SIGTERM
+    reaches mpirun, which takes its ranks down); best effort: the owner's deletion at
+    release removes it anyway."""
+    with contextlib.suppress(ApiError):
+        api.delete("pods", builders.launcher_pod_name(sim.spec.sim_id))
+
+
+def end_on_failure(api: KubeApi, sim: SimRecord) -> None:
+    """The simulation failed: its mpirun must not start, or go on, in the launcher pod
+    (`stop`); a launcher pod that has ended is left for people to read (its termination
+    message) until release."""
+    cs = status.container_status(sim.launcher or {}, LC) or {}
+    if "terminated" not in (cs.get("state") or {}):
+        stop(api, sim)
+
+
+def _version(obj: Obj) -> object:
+    return obj.get("metadata", {}).get("resourceVersion")

@@ -1,0 +1,391 @@
+"""The launcher pod's process (`launcher`) without a cluster or processes: its
+instructions (bad input refused), the subnet, the exit code, waiting for the rank pods on
+a fake API and virtual time, and one run with a fake mpirun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankpack.backend.kubernetes.api.kubeapi import ApiError
+from rankpack.backend.kubernetes.starting import exitwrapper, launcher
+from rankpack.backend.kubernetes.starting.instructions import Instructions, InstructionsError
+from rankpack.backend.kubernetes.starting.launcher import LaunchError, LauncherRun, Stopped
+from tests.unit.backend.kubernetes.fake import FakeKubeApi
+
+SIM = "s1"
+PODS = tuple(f"rankpack-{SIM}-{i}" for i in range(3))
+AGENT = Path("/opt/rankpack/bin/rankpack-exec")
+
+
+def instructions(case: Path, **kw: Any) -> Instructions:
+    base: dict[str, Any] = {
+        "sim_id": SIM,
+        "namespace": "rankpack",
+        "container": "rank",
+        "pods": PODS,
+        "hostfile": case / ".rankpack" / "hostfile",
+        "case_dir": case,
+        "command": ("simpleFoam", "-parallel"),
+        "env": {"WM_PROJECT_DIR": "/usr/share/openfoam", "OMPI_MCA_mpi_yield_when_idle": "1"},
+        "log_path": case / "log.simpleFoam",
+        "exit_path": case / ".rankpack" / "mpirun.exit",
+        "start_timeout_s": 30.0,
+        "poll_s": 1.0,
+        "subnet": None,
+    }
+    base.update(kw)
+    return Instructions(**base)
+
+
+# -- the instructions ------------------------------------------------------------------------
+
+
+def test_instructions_round_trip() -> None:
+    ins = instructions(Path("/runs/r1"), subnet="10.201.0.0/24")
+    assert Instructions.parse(ins.to_json()) == ins
+
+
+def _data() -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(instructions(Path("/runs/r1")).to_json())
+    return data
+
+
+BAD: list[tuple[str, Any]] = [
+    ("not-json", "{"),
+    ("a-list", []),
+    ("missing-key", {k: v for k, v in _data().items() if k != "exit_path"}),
+    ("unknown-key", {**_data(), "shell": "/bin/sh -c 'rm -rf /'"}),
+    ("other-version", {**_data(), "version": 2}),
+    ("no-pods", {**_data(), "pods": []}),
+    ("same-pod-twice", {**_data(), "pods": [PODS[0], PODS[0]]}),
+    ("pod-not-a-label", {**_data(), "pods": ["rankpack-s1-0; true"]}),
+    ("pod-uppercase", {**_data(), "pods": ["Rankpack-s1-0"]}),
+    ("namespace-not-a-label", {**_data(), "namespace": "../kube-system"}),
+    ("sim-id-bad", {**_data(), "sim_id": "S 1"}),
+    ("relative-path", {**_data(), "log_path": "log.simpleFoam"}),
+    ("dotdot-path", {**_data(), "exit_path": "/runs/r1/../../etc/passwd"}),
+    ("nul-in-path", {**_data(), "hostfile": "/runs/r1/\u0000x"}),
+    ("empty-command", {**_data(), "command": []}),
+    ("command-not-strings", {**_data(), "command": ["simpleFoam", 3]}),
+    ("command-a-string", {**_data(), "command": "simpleFoam -parallel"}),
+    ("env-bad-name", {**_data(), "env": {"A=B": "x"}}),
+    ("env-not-string", {**_data(), "env": {"A": 1}}),
+    ("timeout-negative", {**_data(), "start_timeout_s": -1}),
+    ("timeout-bool", {**_data(), "start_timeout_s": True}),
+    ("timeout-string", {**_data(), "start_timeout_s": "300"}),
+    ("timeout-huge", {**_data(), "start_timeout_s": 1e12}),
+    ("subnet-bad", {**_data(), "subnet": "10.201.0.0/33"}),
+    ("subnet-not-string", {**_data(), "subnet": 10}),
+    ("mpi-unknown", {**_data(), "mpi": "intelmpi"}),
+    ("mpi-not-string", {**_data(), "mpi": ["mpich"]}),
+    ("transport-unknown", {**_data(), "transport": "shm"}),
+]
+
+
+@pytest.mark.parametrize(("name", "data"), BAD, ids=[b[0] for b in BAD])
+def test_bad_instructions_are_refused(name: str, data: Any) -> None:
+    text = data if isinstance(data, str) else json.dumps(data)
+    with pytest.raises(InstructionsError):
+        Instructions.parse(text)
+
+
+def test_mpich_instructions_round_trip_and_older_ones_mean_open_mpi_over_tcp() -> None:
+    ins = instructions(Path("/runs/r1"), mpi="mpich", transport="auto")
+    assert Instructions.parse(ins.to_json()) == ins
+    older = {k: v for k, v in _data().items() if k not in ("mpi", "transport")}
+    parsed = Instructions.parse(json.dumps(older))
+    assert (parsed.mpi, parsed.transport) == ("openmpi", "tcp")
+
+
+def test_a_subnet_is_normalised() -> None:
+    data = {**_data(), "subnet": "10.201.0.7/24"}
+    assert Instructions.parse(json.dumps(data)).subnet == "10.201.0.0/24"
+
+
+# -- the pure parts --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("returncode", "status"),
+    [(0, 0), (1, 1), (139, 139), (255, 255), (-15, 143), (-9, 137)],
+    ids=["ok", "solver-error", "rank-signal", "max", "mpirun-sigterm", "mpirun-sigkill"],
+)
+def test_exit_status(returncode: int, status: int) -> None:
+    assert launcher.exit_status(returncode) == status
+
+
+def _pod(name: str, ip: str | None) -> dict[str, Any]:
+    return {"metadata": {"name": name}, "status": {"podIP": ip}}
+
+
+@pytest.mark.parametrize(
+    ("given", "own_ip", "subnet"),
+    [
+        ("10.9.0.0/16", "10.201.0.20", "10.9.0.0/16"),
+        (None, "10.201.0.20", "10.201.0.0/24"),
+        (None, "10.201.7.20", None),  # mpirun's address outside the ranks' /24
+        (None, None, None),  # its own address unknown: Open MPI picks
+    ],
+    ids=["given-wins", "same-24", "launcher-elsewhere", "own-ip-unknown"],
+)
+def test_choose_subnet(given: str | None, own_ip: str | None, subnet: str | None) -> None:
+    pods = [_pod(p, f"10.201.0.{10 + i}") for i, p in enumerate(PODS)]
+    ins = instructions(Path("/runs/r1"), subnet=given)
+    assert launcher.choose_subnet(ins, pods, own_ip) == subnet
+
+
+def test_mpirun_env_is_in_cluster_without_preload() -> None:
+    env = launcher.mpirun_env(
+        {
+            "PATH": "/opt/rankpack/bin:/usr/bin",
+            "LD_PRELOAD": "/x.so",
+            "KUBERNETES_SERVICE_HOST": "h",
+        },
+        instructions(Path("/runs/r1")),
+    )
+    assert "LD_PRELOAD" not in env
+    assert env["KUBERNETES_SERVICE_HOST"] == "h"
+    assert env["RANKPACK_KUBECONFIG"] == ""  # in-cluster: the pod's ServiceAccount
+    assert (env["RANKPACK_NAMESPACE"], env["RANKPACK_CONTAINER"]) == ("rankpack", "rank")
+
+
+def test_the_agent_is_found_beside_python(tmp_path: Path) -> None:
+    (tmp_path / "rankpack-exec").write_text("#!/bin/sh\n")
+    assert launcher.find_agent(str(tmp_path / "python")) == tmp_path / "rankpack-exec"
+
+
+# -- waiting for the rank pods (fake API, virtual time) ----------------------------------------
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.t = 0.0
+        self.sleeps: list[float] = []
+
+    def __call__(self) -> float:
+        return self.t
+
+    def sleep(self, s: float) -> None:
+        self.sleeps.append(s)
+        self.t += s
+
+
+def _cluster() -> FakeKubeApi:
+    api = FakeKubeApi()
+    for name in PODS:
+        labels = {"app.kubernetes.io/managed-by": "rankpack", "rankpack.dev/sim": SIM}
+        api.create("pods", {"metadata": {"name": name, "labels": labels},
+                            "spec": {"containers": [{"name": "rank",
+                                     "resources": {"requests": {"cpu": "250m"}}}]}})  # fmt: skip
+    return api
+
+
+def _run_all(api: FakeKubeApi) -> None:
+    for i, name in enumerate(PODS):
+        api.run_pod(name, ip=f"10.201.0.{10 + i}")
+
+
+def test_wait_returns_the_pods_in_rank_order_once_all_run(tmp_path: Path) -> None:
+    api, clock = _cluster(), Clock()
+    api.run_pod(PODS[0])
+
+    def sleep(s: float) -> None:
+        clock.sleep(s)
+        if clock.t >= 3:
+            _run_all(api)
+
+    pods = launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=sleep)
+    assert [p["metadata"]["name"] for p in pods] == list(PODS)
+    assert clock.t == 3.0 and clock.sleeps == [1.0, 1.0, 1.0]
+
+
+def test_wait_is_bounded_and_says_what_it_waited_for(tmp_path: Path) -> None:
+    api, clock = _cluster(), Clock()
+    api.run_pod(PODS[0])
+    with pytest.raises(LaunchError, match="not running after 30 s") as err:
+        launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=clock.sleep)
+    assert f"{PODS[1]}: Pending" in str(err.value) and PODS[0] + ":" not in str(err.value)
+    assert clock.t == 30.0
+
+
+def test_a_failed_rank_pod_ends_the_wait_at_once(tmp_path: Path) -> None:
+    api, clock = _cluster(), Clock()
+    api.run_pod(PODS[0])
+    api.evict(PODS[0])
+    with pytest.raises(LaunchError, match="evicted"):
+        launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=clock.sleep)
+    assert clock.t == 0.0
+
+
+class FlakyApi(FakeKubeApi):
+    def __init__(self, errors: list[ApiError]) -> None:
+        super().__init__()
+        self.errors = errors
+
+    def list_pods(self, label_selector: str) -> list[dict[str, Any]]:
+        if self.errors:
+            raise self.errors.pop(0)
+        return super().list_pods(label_selector)
+
+
+def test_an_api_that_does_not_answer_is_asked_again(tmp_path: Path) -> None:
+    api, clock = FlakyApi([ApiError(0, "Unreachable"), ApiError(503, "Unavailable")]), Clock()
+    api.objects = _cluster().objects
+    _run_all(api)
+    pods = launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=clock.sleep)
+    assert len(pods) == 3 and clock.t == 2.0
+
+
+def test_a_refusal_says_which_rights_are_missing(tmp_path: Path) -> None:
+    api, clock = FlakyApi([ApiError(403, "Forbidden", "pods is forbidden")]), Clock()
+    with pytest.raises(LaunchError, match="ServiceAccount needs pods get/list"):
+        launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=clock.sleep)
+
+
+# -- one run, with a fake mpirun -----------------------------------------------------------------
+
+
+class FakeChild:
+    def __init__(self, code: int, on_wait: Any = None) -> None:
+        self.pid = 4321
+        self.code = code
+        self.signals: list[int] = []
+        self.on_wait = on_wait
+
+    def wait(self) -> int:
+        if self.on_wait is not None:
+            self.on_wait()
+        return self.code
+
+    def send_signal(self, sig: int) -> None:
+        self.signals.append(sig)
+
+
+class Harness:
+    def __init__(self, tmp_path: Path, code: int = 0) -> None:
+        self.case = tmp_path / "run"
+        (self.case / ".rankpack").mkdir(parents=True)
+        self.ins = instructions(self.case)
+        self.api = _cluster()
+        _run_all(self.api)
+        self.clock = Clock()
+        self.spawned: list[tuple[list[str], Path, dict[str, str], tuple[int, ...]]] = []
+        self.child = FakeChild(code)
+        self.launch = LauncherRun(
+            self.ins, self.api, spawn=self.spawn, clock=self.clock, sleep=self.clock.sleep,
+            environ={"RANKPACK_POD_IP": "10.201.0.30", "LD_PRELOAD": "/x.so"},
+            mpirun="/usr/bin/mpirun", agent=AGENT, as_root=False,
+        )  # fmt: skip
+
+    def spawn(
+        self, argv: list[str], cwd: Path, env: dict[str, str], log: Any, fds: tuple[int, ...]
+    ) -> FakeChild:
+        self.spawned.append((argv, cwd, env, fds))
+        log.write(b"Time = 1\n")
+        # while mpirun runs, the launch marker is held: nobody else starts it
+        assert exitwrapper.state(self.case / ".rankpack") == "running"
+        return self.child
+
+
+def test_a_run_starts_mpirun_once_and_records_its_exit(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    assert h.launch.run() == 0
+    ((argv, cwd, env, _fds),) = h.spawned
+    text = " ".join(argv)
+    assert argv[0] == "/usr/bin/mpirun" and cwd == h.case
+    assert f"--mca plm_rsh_agent {AGENT}" in text
+    assert "--hostfile " + str(h.case / ".rankpack" / "hostfile") in text
+    assert "--mca btl_tcp_if_include 10.201.0.0/24" in text
+    assert "-x WM_PROJECT_DIR=/usr/share/openfoam" in text
+    assert argv[-2:] == ["simpleFoam", "-parallel"]
+    assert "--allow-run-as-root" not in argv
+    assert "LD_PRELOAD" not in env and env["RANKPACK_KUBECONFIG"] == ""
+    assert (h.case / ".rankpack" / "mpirun.exit").read_text() == "0\n"
+    assert (h.case / "log.simpleFoam").read_bytes() == b"Time = 1\n"
+    assert exitwrapper.state(h.case / ".rankpack") == "ended"
+    # a second launcher (or this one again) never starts it twice
+    assert h.launch.run() == 0 and len(h.spawned) == 1
+
+
+def test_an_mpich_run_starts_hydra_calling_back_to_this_pod(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.launch.instructions = instructions(h.case, mpi="mpich")
+    h.launch.mpirun = "/usr/bin/mpiexec.hydra"
+    assert h.launch.run() == 0
+    ((argv, _cwd, env, _fds),) = h.spawned
+    text = " ".join(argv)
+    assert argv[0] == "/usr/bin/mpiexec.hydra"
+    assert f"-launcher rsh -launcher-exec {AGENT}" in text
+    assert "-localhost 10.201.0.30" in text  # this pod's IP: pod names do not resolve
+    assert "-genv MPIR_CVAR_NOLOCAL 1" in text and "-genv UCX_TLS self,tcp" in text
+    assert "-genv WM_PROJECT_DIR /usr/share/openfoam" in text
+    assert "--mca" not in argv and "OMPI_ALLOW_RUN_AS_ROOT" not in env
+    assert env["RANKPACK_NAMESPACE"] == "rankpack"
+
+
+def test_mpirun_killed_by_a_signal_exits_128_plus_n(tmp_path: Path) -> None:
+    h = Harness(tmp_path, code=-15)
+    assert h.launch.run() == 143
+    assert (h.case / ".rankpack" / "mpirun.exit").read_text() == "-15\n"
+
+
+def test_sigterm_is_passed_on_to_mpirun(tmp_path: Path) -> None:
+    h = Harness(tmp_path, code=-15)
+    h.child.on_wait = lambda: h.launch.on_signal(signal.SIGTERM)
+    assert h.launch.run() == 143
+    assert h.child.signals == [signal.SIGTERM]
+
+
+def test_a_signal_before_mpirun_starts_it_never(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.launch.on_signal(signal.SIGTERM)
+    with pytest.raises(Stopped) as err:
+        h.launch.run()
+    assert err.value.signum == signal.SIGTERM and h.spawned == []
+    assert exitwrapper.state(h.case / ".rankpack") == "never"
+
+
+def test_a_held_launch_marker_is_never_launched_twice(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    fd = exitwrapper.begin(h.case / ".rankpack")  # another launcher runs it
+    assert fd is not None
+    try:
+        with pytest.raises(LaunchError, match="launched already"):
+            h.launch.run()
+    finally:
+        os.close(fd)
+    assert h.spawned == []
+
+
+def test_a_marker_left_by_a_dead_launcher_is_not_started_again(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    fd = exitwrapper.begin(h.case / ".rankpack")
+    assert fd is not None
+    exitwrapper.launched(fd, 99)
+    os.close(fd)
+    with pytest.raises(LaunchError, match="says died"):
+        h.launch.run()
+    assert h.spawned == []
+
+
+def test_main_refuses_bad_instructions_in_its_termination_message(tmp_path: Path) -> None:
+    path, log = tmp_path / "launch.json", tmp_path / "termination-log"
+    path.write_text('{"version": 1}')
+    assert launcher.main([str(path)], termination_log=str(log)) == launcher.LAUNCH_ERROR_EXIT
+    assert log.read_text().startswith(f"cannot read the instructions {path}: missing keys")
+
+
+def test_main_without_a_service_account_says_so(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    path, log = tmp_path / "launch.json", tmp_path / "termination-log"
+    path.write_text(instructions(tmp_path).to_json())
+    assert launcher.main([str(path)], termination_log=str(log)) == launcher.LAUNCH_ERROR_EXIT
+    assert "cannot reach the Kubernetes API from the launcher pod" in log.read_text()

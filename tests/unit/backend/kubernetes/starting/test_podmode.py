@@ -1,0 +1,489 @@
+"""Pod mode (mpirun in a launcher pod per simulation) against FakeKubeApi: the launcher
+pod's builder, its identity, and the backend following it (no process, no pods/exec)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankpack.backend.kubernetes.api.config import (
+    DEV_IMAGE,
+    HostPathVolume,
+    KubernetesConfig,
+    PvcVolume,
+    VolumeSource,
+)
+from rankpack.backend.kubernetes.backend import KubernetesBackend
+from rankpack.backend.kubernetes.objects import builders, rbac
+from rankpack.backend.kubernetes.starting import exitwrapper, podmode
+from rankpack.backend.kubernetes.starting.instructions import Instructions
+from rankpack.backend.protocol import BackendError, RankPhase, RankResources, SimPhase, SimSpec
+from rankpack.core.failures import FailureCode
+from rankpack.errors import UserError
+from tests.unit.backend.kubernetes.fake import FakeKubeApi
+from tests.unit.backend.kubernetes.test_backend import PODS, SIM
+from tests.unit.backend.kubernetes.test_backend import Harness as HostHarness
+
+pytestmark = pytest.mark.timeout(20)
+
+LAUNCHER = f"rankpack-{SIM}-launcher"
+IMAGE = "rankpack.local/rank:dev"
+
+
+# -- the launcher pod's builder ----------------------------------------------------------------
+
+CASE = Path("/runs/r1")
+OWNER = builders.OwnerRef("rankpack-s1", "uid-1")
+OPTIONS = builders.LauncherOptions(CASE / ".rankpack" / "launch.json", "rankpack-launcher")
+
+
+def spec(**kw: Any) -> SimSpec:
+    base: dict[str, Any] = {
+        "sim_id": "s1",
+        "case_dir": CASE,
+        "command": ("simpleFoam", "-parallel"),
+        "ranks": (RankResources(250), RankResources(1250, 1500)),
+        "log_path": CASE / "log.simpleFoam",
+        "labels": {"rankpack.dev/run-id": "7", "rankpack.dev/rank": "0"},
+    }
+    base.update(kw)
+    return SimSpec(**base)
+
+
+BUILDS: list[tuple[str, str, VolumeSource, dict[str, str], bool, str]] = [
+    # name, image, volume, placement, runAsNonRoot expected, mount path
+    ("real-image-pvc", "registry.example/rankpack/rank:1", PvcVolume("runs", Path("/runs")), {},
+     True, "/runs"),
+    ("local-image-host", IMAGE, HostPathVolume(Path("/runs")), {"kubernetes.io/hostname": "n1"},
+     True, "/runs"),
+    ("dev-image", DEV_IMAGE, HostPathVolume(CASE), {}, False, str(CASE)),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "image", "volume", "placement", "non_root", "mount"), BUILDS,
+                         ids=[b[0] for b in BUILDS])  # fmt: skip
+def test_launcher_pod_builder(
+    name: str,
+    image: str,
+    volume: VolumeSource,
+    placement: dict[str, str],
+    non_root: bool,
+    mount: str,
+) -> None:
+    s = spec(placement=placement)
+    pod = builders.launcher_pod(s, OWNER, volume, image, OPTIONS)
+    rank = builders.rank_pod(s, 0, OWNER, volume, image)
+    meta, ps = pod["metadata"], pod["spec"]
+    (c,) = ps["containers"]
+    assert meta["name"] == "rankpack-s1-launcher"
+    assert meta["labels"] == {
+        "rankpack.dev/run-id": "7",
+        "app.kubernetes.io/managed-by": "rankpack",
+        "rankpack.dev/sim": "s1",
+        "rankpack.dev/role": "launcher",
+    }  # never a rank label: no rank listing takes it for a rank
+    assert meta["ownerReferences"] == [OWNER.reference()]
+    assert ps["serviceAccountName"] == "rankpack-launcher"
+    assert ps["automountServiceAccountToken"] is True
+    assert rank["spec"]["automountServiceAccountToken"] is False  # the ranks hold no token
+    assert ps["restartPolicy"] == "Never"
+    assert ps["terminationGracePeriodSeconds"] == builders.LAUNCHER_GRACE_S
+    assert ps.get("nodeSelector") == (placement or None)
+    assert c["image"] == image and c["workingDir"] == str(CASE)
+    # no shell: the entry point and the instructions' path, nothing else
+    assert c["command"] == ["rankpack-launcher", str(CASE / ".rankpack" / "launch.json")]
+    assert "args" not in c
+    assert c["resources"] == {"requests": {"cpu": "50m"}}
+    mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
+    assert mounts["case"] == mount == rank["spec"]["containers"][0]["volumeMounts"][0]["mountPath"]
+    # the rank pods' volumes but their own rankpack-live (the shim's records: ranks only)
+    rank_volumes = [v for v in rank["spec"]["volumes"] if v["name"] != builders.LIVE_VOLUME]
+    assert ps["volumes"] == rank_volumes
+    security = c["securityContext"]
+    assert {k: v for k, v in security.items() if k != "runAsNonRoot"} == builders.CONTAINER_SECURITY
+    assert security.get("runAsNonRoot", False) is non_root
+    assert c["terminationMessagePath"] == builders.TERMINATION_LOG
+    assert c["env"][0] == {
+        "name": "RANKPACK_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}
+    }  # fmt: skip
+    assert (c.get("imagePullPolicy") == "Never") is image.startswith("rankpack.local/")
+
+
+def test_launcher_env_and_request_are_configured() -> None:
+    env = (("KUBERNETES_SERVICE_HOST", "10.200.0.1"),)
+    config = KubernetesConfig(launcher="pod", launcher_cpu_millis=20, launcher_env=env)
+    opts = podmode.options(config, spec())
+    assert opts.instructions == CASE / ".rankpack" / "launch.json"
+    (c,) = builders.launcher_pod(spec(), OWNER, HostPathVolume(CASE), IMAGE, opts)["spec"][
+        "containers"
+    ]
+    assert {"name": "KUBERNETES_SERVICE_HOST", "value": "10.200.0.1"} in c["env"]
+    assert c["resources"] == {"requests": {"cpu": "20m"}}
+
+
+@pytest.mark.parametrize(("sim_id", "ok"), [("s1", True), ("x" * 45, True), ("x" * 46, False)])
+def test_launcher_pod_names_are_dns_labels(sim_id: str, ok: bool) -> None:
+    if ok:
+        builders.check_launcher_name(sim_id)
+    else:
+        with pytest.raises(BackendError, match="launcher pod"):
+            builders.check_launcher_name(sim_id)
+
+
+def test_the_launcher_mode_is_checked() -> None:
+    with pytest.raises(UserError, match="launcher"):
+        KubernetesConfig(launcher="cluster")  # type: ignore[arg-type]
+
+
+# -- RBAC ------------------------------------------------------------------------------------------
+
+
+def test_the_launchers_rights_are_reading_pods_and_exec() -> None:
+    grants = {(res, verb) for _, resources, verbs in rbac.LAUNCHER_RULES
+              for res in resources for verb in verbs}  # fmt: skip
+    assert grants == {("pods", "get"), ("pods", "list"), ("pods", "watch"),
+                      ("pods/exec", "create"), ("pods/exec", "get")}  # fmt: skip
+    sa, role, binding = rbac.launcher_rbac("sims")
+    assert (sa["kind"], sa["metadata"]["name"], sa["metadata"]["namespace"]) == (
+        "ServiceAccount", "rankpack-launcher", "sims"
+    )  # fmt: skip
+    assert role["kind"] == "Role" and role["metadata"]["namespace"] == "sims"
+    assert role["rules"] == [
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
+    ]
+    assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
+                                  "name": "rankpack-launcher"}  # fmt: skip
+    assert binding["subjects"] == [{"kind": "ServiceAccount", "name": "rankpack-launcher",
+                                    "namespace": "sims"}]  # fmt: skip
+    assert rbac.launcher_rbac()[2]["subjects"][0]["namespace"] == rbac.DEPLOY_NAMESPACE
+    assert "namespace" not in rbac.launcher_rbac()[0]["metadata"]
+
+
+def test_the_rank_pods_identity_has_no_token_and_host_mode_keeps_the_default() -> None:
+    sa = rbac.rank_service_account("sims")
+    assert sa["automountServiceAccountToken"] is False
+    assert (sa["metadata"]["name"], sa["metadata"]["namespace"]) == (rbac.RANK_SERVICE_ACCOUNT,
+                                                                     "sims")  # fmt: skip
+    assert (
+        "serviceAccountName"
+        not in builders.rank_pod(spec(), 0, OWNER, PvcVolume("r", CASE), IMAGE)["spec"]
+    )
+
+
+def test_the_operator_in_pod_mode_needs_no_exec() -> None:
+    assert [r for r in rbac.RULES if "pods/exec" not in r[1]] == list(rbac.OPERATOR_RULES)
+    assert not any("pods/exec" in r["resources"] for r in rbac.operator_role_rules())
+    assert len(rbac.OPERATOR_RULES) == len(rbac.RULES) - 1
+
+
+# -- the backend in pod mode ---------------------------------------------------------------------
+
+
+class Harness(HostHarness):
+    def make(self) -> KubernetesBackend:
+        backend = super().make()
+        backend.config = dataclasses.replace(backend.config, launcher="pod", image=IMAGE)
+        return backend
+
+    def launcher(self) -> dict[str, Any]:
+        return self.api.objects[("pods", LAUNCHER)]
+
+    def set_launcher(self, phase: str, state: dict[str, Any], **status: Any) -> None:
+        pod = self.launcher()
+        pod["spec"]["nodeName"] = "node-1"
+        pod["status"] = {
+            "phase": phase,
+            "podIP": "10.201.0.30",
+            "containerStatuses": [{"name": "launcher", "restartCount": 0, "state": state}],
+            **status,
+        }
+        pod["metadata"]["resourceVersion"] = str(int(pod["metadata"]["resourceVersion"]) + 1)
+
+    def run_launcher(self) -> None:
+        self.set_launcher("Running", {"running": {"startedAt": "now"}})
+
+    def end_launcher(self, code: int, message: str = "", reason: str = "Completed") -> None:
+        terminated = {"exitCode": code, "reason": reason, "message": message}
+        self.set_launcher("Succeeded" if code == 0 else "Failed", {"terminated": terminated})
+
+    def running(self) -> None:
+        """Launched; every rank pod and the launcher run."""
+        self.backend.launch(self.spec())
+        self.run_launcher()
+        self.run_all()
+
+    @property
+    def exit_file(self) -> Path:
+        return self.case / ".rankpack" / "mpirun.exit"
+
+    def no_exec(self) -> None:
+        assert not [a for a in self.api.actions if a[0] == "exec"]
+        assert self.procs == []  # nothing started on this host
+
+
+def test_launch_creates_the_launcher_pod_after_the_rank_pods(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    created = [a[2] for a in h.api.writes() if a[:2] == ("create", "pods")]
+    assert created == [*PODS, LAUNCHER]
+    assert h.launcher()["spec"]["serviceAccountName"] == "rankpack-launcher"
+    for name in PODS:  # the rank pods' own identity (deploy/ installs it): no rights, no token
+        pod = h.api.objects[("pods", name)]["spec"]
+        assert pod["serviceAccountName"] == rbac.RANK_SERVICE_ACCOUNT
+        assert pod["automountServiceAccountToken"] is False
+    ins = Instructions.parse((h.case / ".rankpack" / "launch.json").read_text())
+    assert ins.pods == tuple(PODS) and ins.namespace == "rankpack" and ins.container == "rank"
+    assert ins.exit_path == h.exit_file and ins.log_path == h.case / "log.simpleFoam"
+    assert ins.command == ("simpleFoam", "-parallel") and ins.subnet is None
+    assert ins.start_timeout_s == h.backend.config.start_timeout_s
+    assert (h.case / ".rankpack" / "hostfile").read_text().splitlines()[0] == f"{PODS[0]} slots=1"
+    assert h.backend.placement()["launcher"] == "launcher-pod"
+    h.api.actions.clear()
+    uids = {k: o["metadata"]["uid"] for k, o in h.api.objects.items()}
+    h.make().launch(h.spec())  # idempotent across processes: each create answered 409
+    assert {k: o["metadata"]["uid"] for k, o in h.api.objects.items()} == uids
+    assert [a for a in h.api.writes() if a[0] != "create"] == []
+
+
+def test_the_simulation_starts_when_the_launcher_and_every_rank_pod_run(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()  # the ranks run, the launcher does not yet
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.PENDING and f"launcher pod {LAUNCHER}: Pending" in obs.reason
+    h.run_launcher()
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.RUNNING
+    assert [r.phase for r in obs.ranks] == [RankPhase.RUNNING] * 3  # the launcher is no rank
+    assert [r.pod for r in obs.ranks] == PODS
+    h.no_exec()
+
+
+def test_the_end_comes_from_the_exit_file(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.running()
+    h.exit_file.write_text("0\n")
+    h.end_launcher(0)
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.SUCCEEDED and obs.exit_code == 0
+    assert [r.phase for r in obs.ranks] == [RankPhase.SUCCEEDED] * 3
+    h.no_exec()
+
+
+def test_without_an_exit_file_the_containers_code_is_mpiruns(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.running()
+    h.end_launcher(1, reason="Error")
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and obs.exit_code == 1
+    assert obs.failure is FailureCode.SOLVER_FAILED
+    assert h.exit_file.read_text() == "1\n"  # written for `list` and a later adopter
+
+
+def test_a_launcher_that_failed_before_mpirun_says_why(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.running()
+    h.end_launcher(2, "rank pods not running after 300 s: x", reason="Error")
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.LAUNCH_FAILED
+    assert obs.reason == f"launcher pod {LAUNCHER}: rank pods not running after 300 s: x"
+    assert ("pods", LAUNCHER) in h.api.objects  # left to read until release
+
+
+@pytest.mark.parametrize("how", ["deleted", "deleting", "evicted", "node-gone", "failed-evicted"])
+def test_a_lost_launcher_pod_fails_the_simulation(tmp_path: Path, how: str) -> None:
+    h = Harness(tmp_path)
+    h.running()
+    pod = h.launcher()
+    if how == "deleted":
+        del h.api.objects[("pods", LAUNCHER)]
+    elif how == "deleting":
+        pod["metadata"]["deletionTimestamp"] = "now"
+    elif how in ("evicted", "node-gone"):
+        reason = "EvictionByEvictionAPI" if how == "evicted" else "DeletionByPodGC"
+        pod["status"]["conditions"] = [
+            {"type": "DisruptionTarget", "status": "True", "reason": reason}
+        ]
+    else:
+        pod["status"].update(phase="Failed", reason="Evicted", message="low on memory")
+    pod["metadata"]["resourceVersion"] = "99"
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.LAUNCHER_LOST
+    assert obs.reason.startswith(f"launcher pod {LAUNCHER} ")
+    assert ("pods", LAUNCHER) not in h.api.objects or how != "deleted"
+    h.backend.poll_once()  # acted on once, nothing hangs
+    assert h.backend.observe(SIM).phase is SimPhase.FAILED
+    h.no_exec()
+
+
+def test_a_launcher_that_cannot_start_fails_the_simulation(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    waiting = {"reason": "ErrImageNeverPull", "message": "image not present"}
+    h.set_launcher("Pending", {"waiting": waiting})
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.CANNOT_START
+    assert f"launcher pod {LAUNCHER} cannot start: ErrImageNeverPull" in obs.reason
+    assert ("delete", "pods", LAUNCHER, "Background") in h.api.writes()
+
+
+def test_a_launcher_pod_that_never_runs_times_out(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.config = dataclasses.replace(h.backend.config, start_timeout_s=0.0)
+    h.backend.launch(h.spec())
+    h.run_all()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.NOT_RUNNING
+    assert f"launcher pod {LAUNCHER}: Pending" in obs.reason
+    assert ("delete", "pods", LAUNCHER, "Background") in h.api.writes()  # it never starts
+
+
+def test_a_failed_rank_pod_takes_the_launcher_pod_down(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.running()
+    h.api.evict(PODS[1])
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.EVICTED
+    assert ("pods", LAUNCHER) not in h.api.objects  # SIGTERM reached mpirun
+    h.no_exec()
+
+
+def test_stop_deletes_the_launcher_pod_and_release_everything(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.running()
+    h.api.actions.clear()
+    h.backend.stop(SIM)
+    assert h.api.writes() == [("delete", "pods", LAUNCHER, "Background")]
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.STOPPED
+    h.backend.release(SIM)
+    assert h.api.writes()[1:] == [("delete", "configmaps", "rankpack-s1", "Foreground")]
+    assert h.api.objects == {}
+    h.no_exec()
+
+
+def test_a_stop_before_it_started_also_deletes_the_launcher(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    h.backend.stop(SIM)
+    assert ("pods", LAUNCHER) not in h.api.objects
+    assert h.backend.observe(SIM).failure is FailureCode.STOPPED
+
+
+def test_the_first_listing_after_creation_may_miss_it(tmp_path: Path) -> None:
+    """The poller lists, then creates what a transient error left missing: the launcher
+    pod is not in that listing, and must not count as lost."""
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    sim = h.backend.sims[SIM]
+    del h.api.objects[("pods", LAUNCHER)]
+    assert podmode.follow(sim, None, ranks_running=True) is False
+    assert sim.life.failure is None
+    podmode.follow(sim, None, ranks_running=True)  # missing again: deleted
+    assert sim.life.failure is not None and sim.life.failure.code is FailureCode.LAUNCHER_LOST
+
+
+# -- adoption in pod mode -------------------------------------------------------------------------
+
+
+def test_adopting_a_running_simulation_follows_its_launcher_pod(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.running()
+    later = h.make()
+    later.adopt(SIM, h.spec())
+    later.poll_once()
+    assert later.observe(SIM).phase is SimPhase.RUNNING
+    h.exit_file.write_text("0\n")
+    h.end_launcher(0)
+    later.poll_once()
+    obs = later.observe(SIM)
+    assert obs.phase is SimPhase.SUCCEEDED and obs.exit_code == 0
+    h.no_exec()
+
+
+def test_adopting_when_the_launcher_pod_is_gone_is_lost(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.running()
+    marker = exitwrapper.begin(h.case / ".rankpack")  # the launcher took the marker and died
+    assert marker is not None
+    exitwrapper.launched(marker, 7)
+    os.close(marker)
+    h.backend.forget_all()
+    del h.api.objects[("pods", LAUNCHER)]
+    later = h.make()
+    later.adopt(SIM, h.spec())
+    obs = later.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.LAUNCHER_LOST
+    assert LAUNCHER in obs.reason and "never written" in obs.reason
+
+
+def test_adopting_a_simulation_that_ended_reads_its_exit_file(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.running()
+    h.exit_file.write_text("3\n")
+    h.end_launcher(3, reason="Error")
+    later = h.make()
+    later.adopt(SIM, h.spec())
+    obs = later.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and obs.exit_code == 3
+    assert obs.failure is FailureCode.SOLVER_FAILED
+
+
+def test_adopting_before_the_launcher_pod_exists_creates_it(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec())
+    del h.api.objects[("pods", LAUNCHER)]  # the earlier process died before creating it
+    (h.case / ".rankpack" / "launch.json").unlink()
+    later = h.make()
+    later.adopt(SIM, h.spec())
+    assert ("pods", LAUNCHER) in h.api.objects
+    assert json.loads((h.case / ".rankpack" / "launch.json").read_text())["sim_id"] == SIM
+    h.run_launcher()
+    h.run_all()
+    later.poll_once()
+    assert later.observe(SIM).phase is SimPhase.RUNNING
+    h.no_exec()
+
+
+def test_host_mode_is_unchanged(tmp_path: Path) -> None:
+    h = HostHarness(tmp_path)
+    h.backend.launch(h.spec())
+    assert ("pods", LAUNCHER) not in h.api.objects
+    assert not (h.case / ".rankpack" / "launch.json").exists()
+    h.run_all()
+    assert len(h.procs) == 1
+    assert h.backend.placement()["launcher"] == "mpirun+pods/exec"
+
+
+def test_an_mpi_the_backend_cannot_launch_is_refused_before_anything_is_created(
+    tmp_path: Path,
+) -> None:
+    from rankpack.backend.protocol import LaunchFailed
+
+    h = Harness(tmp_path, FakeKubeApi())
+    with pytest.raises(LaunchFailed, match="intelmpi"):
+        h.backend.launch(h.spec(mpi="intelmpi"))
+    assert h.api.writes() == []
+
+
+def test_mpich_in_a_pod_gets_its_hostfile_and_instructions(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.config = dataclasses.replace(h.backend.config, mpi_transport="auto")
+    h.backend.launch(h.spec(mpi="mpich"))
+    ins = Instructions.parse((h.case / ".rankpack" / "launch.json").read_text())
+    assert (ins.mpi, ins.transport) == ("mpich", "auto")
+    assert (h.case / ".rankpack" / "hostfile").read_text().splitlines()[0] == f"{PODS[0]}:1"

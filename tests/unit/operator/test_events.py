@@ -1,0 +1,96 @@
+"""The operator's Events on Simulations (`SimulationEvents`, `event_body`): their bodies,
+their order within one second, and their wait while the apiserver is down."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+
+from rankpack.operator import crd, events, simapi
+from rankpack.store import EventRow
+
+from .fakes import Down
+
+Obj = dict[str, Any]
+
+
+def _event(kind: str, **detail: Any) -> EventRow:
+    return EventRow(1, 7, "2026-01-01T00:00:00+00:00", 1.0, kind, detail, 3)
+
+
+@pytest.mark.parametrize(
+    ("row", "etype", "reason"),
+    [
+        (_event("launch", queue_id=1, sim="s1", request_millis=[500, 500]), "Normal", "Launched"),
+        (_event("resize", rank=0, request_millis=300, reason="duty 0.3"), "Normal", "Resized"),
+        (_event("resize-deferred", rank=1, reason="OutOfcpu"), "Warning", "ResizeDeferred"),
+        (_event("resize-deferred", rank=1, reason="x", final=True), "Warning",
+         "ResizeNeverApplied"),
+        (_event("wait-mode", mode="polite", reason="sharing"), "Normal", "WaitMode"),
+        (_event("finished", status="completed"), "Normal", "Succeeded"),
+        (_event("finished", status="failed", reason="rank pod p was deleted", code="PodDeleted"),
+         "Warning", "PodDeleted"),
+        (_event("finished", status="failed", reason="exit code 1"), "Warning", "RunFailed"),
+        (_event("launch-held", reason="no room"), None, None),
+    ],
+)  # fmt: skip
+def test_event_bodies(row: EventRow, etype: str | None, reason: str | None) -> None:
+    body = events.event_body(row, "sim-a", "uid-a", "ns", "op-1")
+    if etype is None:
+        assert body is None
+        return
+    assert body is not None
+    assert (body["type"], body["reason"]) == (etype, reason)
+    want = {"apiVersion": crd.API_VERSION, "kind": "Simulation", "name": "sim-a",
+            "namespace": "ns", "uid": "uid-a"}  # fmt: skip
+    assert body["involvedObject"] == want
+    assert "\n" not in body["message"] and len(body["message"]) <= 1000
+    if row.detail.get("reason"):
+        assert str(row.detail["reason"]) in body["message"]
+
+
+def test_events_posted_in_one_second_are_listed_in_the_order_recorded() -> None:
+    bodies = []
+    for i, kind in enumerate(("stage", "learned-sizes", "launch"), start=8):
+        row = EventRow(i, 7, "2026-01-01T00:00:00+00:00", 1.0, kind, {}, 3)
+        body = events.event_body(row, "sim-a", None, "ns", "op-1")
+        assert body is not None and body["metadata"]["annotations"] == {crd.EVENT_SEQUENCE: str(i)}
+        body["lastTimestamp"] = "2026-01-01T00:00:05Z"  # all in the same second
+        bodies.append(body)
+    earlier = {**bodies[0], "lastTimestamp": "2026-01-01T00:00:04Z", "reason": "Earlier"}
+    shuffled = [bodies[2], bodies[0], earlier, bodies[1]]
+    ordered = sorted(shuffled, key=simapi.event_order)
+    assert [b["reason"] for b in ordered] == ["Earlier", "Staging", "LearnedSizes", "Launched"]
+
+
+def test_events_wait_while_the_apiserver_is_down_and_go_out_in_order() -> None:
+    import threading
+    import time
+
+    posted: list[str] = []
+    refused: list[str] = []
+    tried = threading.Event()
+    down = {"on": True}
+
+    def post(body: Obj) -> None:
+        if down["on"]:
+            refused.append(body["reason"])
+            tried.set()
+            raise Down("refused")
+        posted.append(body["reason"])
+
+    ev = events.SimulationEvents(post, "ns", "op", name_of=lambda e: "a", uid_of=lambda n: None)
+    ev.start()
+    ev.add([_event("launch"), _event("resize", rank=0), _event("finished", status="completed")])
+    assert tried.wait(10), "the events worker never tried to post"
+    # it tried while the apiserver was down: the first event, kept with the others
+    assert refused[0] == "Launched"
+    assert posted == [] and len(ev.queue) == 3
+    down["on"] = False
+    ev.wake.set()
+    deadline = time.monotonic() + 10
+    while len(posted) < 3 and time.monotonic() < deadline:
+        time.sleep(0.05)
+    ev.stop()
+    assert posted == ["Launched", "Resized", "Succeeded"]

@@ -1,0 +1,119 @@
+"""deploy/tenants and deploy/dev-tenants (issue 26, item 7): the admin's overlay serving
+several namespaces. Each served namespace gets the operator's Role and RoleBinding (bound to
+the operator's ServiceAccount in its own namespace), the launcher pods' and the rank pods'
+identities, and a claim that binds only that namespace's volume; the operator is patched to
+serve exactly those namespaces with a layout its own check accepts; nothing is cluster-wide."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from rankpack.backend.kubernetes.objects import rbac
+from rankpack.cli import build_parser
+from rankpack.operator import deploy_files, manifests, tenant_manifests
+from rankpack.operator.admission import AdmissionPolicy
+from rankpack.operator.tenancy import Tenancy, parse_namespaces
+
+EXAMPLE = tenant_manifests.EXAMPLE
+
+
+def _docs(name: str) -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(deploy_files.files()[name]) if d]
+
+
+def test_each_served_namespace_gets_its_identities_and_its_own_claim() -> None:
+    for ns in EXAMPLE:
+        docs = _docs(f"tenants/{ns}.yaml")
+        kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
+        assert kinds == sorted([
+            ("Namespace", ns), ("Role", "rankpack-operator"), ("RoleBinding", "rankpack-operator"),
+            ("ServiceAccount", "rankpack-launcher"), ("Role", "rankpack-launcher"),
+            ("RoleBinding", "rankpack-launcher"), ("ServiceAccount", "rankpack-rank"),
+            ("PersistentVolumeClaim", manifests.RUNS_CLAIM),
+        ])  # fmt: skip
+        by = {(d["kind"], d["metadata"]["name"]): d for d in docs}
+        assert all(d["metadata"].get("namespace") == ns for d in docs if d["kind"] != "Namespace")
+        labels = by[("Namespace", ns)]["metadata"]["labels"]
+        assert labels["pod-security.kubernetes.io/enforce"] == "restricted"
+        role = by[("Role", "rankpack-operator")]
+        granted = {(r, v) for rule in role["rules"] for r in rule["resources"]
+                   for v in rule["verbs"]}  # fmt: skip
+        assert ("pods", "create") in granted and ("simulations/status", "patch") in granted
+        assert ("ranks", "get") in granted  # the node agents answer it about this namespace
+        assert not {r for r, _ in granted} & {"leases", "pods/exec", "secrets"}
+        binding = by[("RoleBinding", "rankpack-operator")]
+        assert binding["subjects"] == [{"kind": "ServiceAccount", "name": manifests.NAME,
+                                        "namespace": rbac.DEPLOY_NAMESPACE}]  # fmt: skip
+        assert by[("ServiceAccount", "rankpack-rank")]["automountServiceAccountToken"] is False
+        claim = by[("PersistentVolumeClaim", manifests.RUNS_CLAIM)]["spec"]
+        assert claim["storageClassName"] == ""  # never a fresh, empty provisioned volume
+        assert claim["selector"] == {"matchLabels": {tenant_manifests.RUNS_OF: ns}}
+
+
+def test_the_operator_is_patched_to_serve_exactly_them_with_its_checked_layout() -> None:
+    (patch,) = _docs("tenants/operator-patch.yaml")
+    (container,) = patch["spec"]["template"]["spec"]["containers"]
+    command = container["command"]
+    assert command[:2] == ["rankpack", "operator"]
+    args = build_parser().parse_args(command[1:])
+    served = parse_namespaces(args.namespace)
+    assert served == EXAMPLE
+    policy = AdmissionPolicy(case_roots=tuple(args.case_root))
+    Tenancy(served, args.runs_root, args.volume).check(policy)  # what the operator checks
+    # everything of a namespace lies below its own part of the operator's volume
+    for ns in served:
+        root = f"{manifests.RUNS_PATH}/namespaces/{ns}"
+        assert Tenancy(served, args.runs_root, args.volume).volume_of(ns) == (
+            f"pvc:{manifests.RUNS_CLAIM}:{root}")  # fmt: skip
+        assert policy.case_roots[0].replace("{namespace}", ns) == f"{root}/cases"
+    (params,) = _docs("tenants/admission-patch.yaml")  # the API's own check, per namespace
+    assert params["data"] == {"caseRoots": policy.case_roots[0]}
+
+
+def test_in_its_own_namespace_the_operator_keeps_its_lease_and_reading_pods() -> None:
+    (role,) = _docs("tenants/home-role-patch.yaml")
+    assert role["metadata"] == {"name": manifests.NAME, "namespace": rbac.DEPLOY_NAMESPACE}
+    assert role["rules"] == [
+        {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
+         "verbs": ["get", "create", "update"]},
+        {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
+    ]  # fmt: skip
+
+
+def test_the_overlays_list_their_files_and_nothing_cluster_wide() -> None:
+    files = deploy_files.files()
+    for overlay, base in (("tenants", "../base"), ("dev-tenants", "../dev")):
+        k = yaml.safe_load(files[f"{overlay}/kustomization.yaml"])
+        assert k["resources"][0] == base
+        listed = set(k["resources"][1:]) | {p["path"] for p in k["patches"]}
+        shipped = {n.split("/", 1)[1] for n in files if n.startswith(f"{overlay}/")}
+        assert listed == shipped - {"kustomization.yaml"}
+        kinds = {d["kind"] for n in shipped - {"kustomization.yaml"}
+                 for d in _docs(f"{overlay}/{n}")}  # fmt: skip
+        assert not kinds & {"ClusterRole", "ClusterRoleBinding"}
+
+
+def test_the_dev_volumes_are_each_namespaces_directory_below_the_operators() -> None:
+    pvs = _docs("dev-tenants/runs-pvs.yaml")
+    assert [pv["spec"]["claimRef"] for pv in pvs] == [
+        {"namespace": ns, "name": manifests.RUNS_CLAIM} for ns in EXAMPLE]  # fmt: skip
+    for ns, pv in zip(EXAMPLE, pvs, strict=True):
+        assert pv["metadata"]["labels"][tenant_manifests.RUNS_OF] == ns
+        assert pv["spec"]["hostPath"] == {
+            "path": f"{manifests.DEV_RUNS_DIR}/namespaces/{ns}", "type": "Directory"}  # fmt: skip
+
+
+def test_an_overlay_for_other_namespaces_is_one_command(tmp_path: Path) -> None:
+    out = tmp_path / "mine"
+    assert (
+        deploy_files.main(["tenants", str(out), "lab-x,lab-y", "--base", "../../deploy/base"]) == 0
+    )
+    k = yaml.safe_load((out / "kustomization.yaml").read_text())
+    assert k["resources"] == ["../../deploy/base", "lab-x.yaml", "lab-y.yaml"]
+    patch = yaml.safe_load((out / "operator-patch.yaml").read_text())
+    command = patch["spec"]["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--namespace") + 1] == "lab-x,lab-y"
+    assert deploy_files.main(["tenants", str(out)]) == 2
