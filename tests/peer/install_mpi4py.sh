@@ -38,8 +38,10 @@ for flavour in "${flavours[@]}"; do
   mkdir -p "$dest"
   MPICC="mpicc.$flavour" "$python" -m pip install -q --no-deps --no-cache-dir \
     --target "$dest/site" "$src/mpi4py-$version.tar.gz"
-  # The build must really use this flavour's library.
-  ldd "$dest"/site/mpi4py/MPI*.so | grep -q "$( [ "$flavour" = openmpi ] && echo libmpi.so || echo libmpich.so )" || {
+  # The build must really use this flavour's library. (ldd's output is taken whole first: a
+  # `grep -q` on a pipe may close it early, and pipefail would count ldd's SIGPIPE a failure.)
+  libs=$(ldd "$dest"/site/mpi4py/MPI*.so)
+  grep -q "$( [ "$flavour" = openmpi ] && echo libmpi.so || echo libmpich.so )" <<<"$libs" || {
     echo "install_mpi4py: $dest is not linked against $flavour" >&2
     exit 1
   }
