@@ -1,0 +1,220 @@
+#!/usr/bin/env python3
+"""What does rankpack cost? The same solver run, plain and under rankpack, side by side.
+
+  .venv/bin/python bench/cost.py [--reps 5] [--cases user,pitzDaily] [--configs ...] [--out F]
+
+Every configuration runs the same case with the same decomposition (rankpack's own: its
+``hierarchical (N 1 1)`` dictionary, written and decomposed by rankpack's staging code
+before the clock starts), the same iteration count and the same number of ranks; within a
+repetition the configurations alternate (the order rotates from one repetition to the next),
+and each is compared with ``plain`` of the same repetition, pair by pair:
+
+- ``plain``: ``mpirun --oversubscribe -np N SOLVER -parallel`` in the decomposed case;
+- ``shim``: the same with the PMPI shim preloaded, in its ``polite`` wait mode (what
+  ``auto`` chooses where ranks outnumber cores);
+- ``rankpack``: ``rankpack run CASE --ranks N --iterations K`` (defaults: a cgroup per rank,
+  the shim, ``--wait auto``, the control loop); its ``wall_s``;
+- ``rankpack-nocg``: the same with ``--no-cgroups`` (one of the suspects, isolated);
+- ``rankpack-noshim``: the same with ``--no-shim``.
+
+Cases: ``user`` is pitzDaily refined 3x in x and y (110 025 cells, ~27 500 per rank at 4
+ranks, 100 iterations); ``pitzDaily`` is the tutorial (12 225 cells, 250 iterations). The
+solver's own ``ClockTime`` at its last iteration is recorded beside each wall time.
+Writes one JSON file (every run, and per case and configuration the median [min-max] of the
+wall time and of its ratio to ``plain``) and prints a table. Root (cgroups); 2 cores: run it
+on a quiet machine.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import resource
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import date
+from pathlib import Path
+
+from rankpack.case.openfoam import (
+    CaseSource,
+    copy_case,
+    decompose,
+    ensure_mesh,
+    find_tutorial,
+    foam_env,
+    read_application,
+    set_iterations,
+    write_decompose_dict,
+)
+from rankpack.profile.shim import shim_env
+
+HERE = Path(__file__).resolve().parent
+CASES = {"user": (3, 100), "pitzDaily": (1, 250)}  # scale, iterations
+CONFIGS = ("plain", "shim", "rankpack", "rankpack-nocg", "rankpack-noshim")
+CLOCK = re.compile(r"ExecutionTime = ([\d.]+) s\s+ClockTime = ([\d.]+) s")
+
+
+def prepare(work: Path, case: str, ranks: int) -> tuple[Path, Path, int]:
+    """(the case as rankpack is given it, a decomposed copy for mpirun, iterations)."""
+    scale, iterations = CASES[case]
+    source = work / f"{case}-source"
+    if scale == 1:
+        copy_case(CaseSource(find_tutorial("pitzDaily"), "pitzDaily", tutorial=True), source)
+    else:
+        subprocess.run([sys.executable, str(HERE / "scaled_pitzdaily.py"), str(source),
+                        "--scale", str(scale)], check=True)  # fmt: skip
+    decomposed = work / f"{case}-decomposed"
+    shutil.copytree(source, decomposed)
+    ensure_mesh(decomposed)
+    set_iterations(decomposed, iterations)
+    write_decompose_dict(decomposed, ranks)
+    cells = decompose(decomposed)
+    print(f"{case}: {sum(cells)} cells, {cells} per rank, {iterations} iterations", flush=True)
+    return source, decomposed, iterations
+
+
+def clock_time(log: Path) -> float | None:
+    found = CLOCK.findall(log.read_text(errors="replace")) if log.exists() else []
+    return float(found[-1][1]) if found else None
+
+
+def run_plain(work: Path, decomposed: Path, ranks: int, shim: bool) -> dict[str, object]:
+    run_dir = Path(tempfile.mkdtemp(dir=work, prefix="plain-"))
+    case = run_dir / "case"
+    shutil.copytree(decomposed, case)
+    solver = read_application(case)
+    env = foam_env(dict(os.environ))
+    if shim:
+        live = run_dir / "live"
+        live.mkdir()
+        env.update(shim_env(live, wait_mode="polite"))
+    argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)]
+    if shim:
+        argv += ["-x", "LD_PRELOAD", "-x", "RANKPACK_SHIM_DIR", "-x", "RANKPACK_SHIM_WAIT",
+                 "-x", "RANKPACK_SHIM_YIELD_US"]  # fmt: skip
+    argv += [solver, "-parallel"]
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    start = time.monotonic()
+    with open(case / f"log.{solver}", "wb") as log:
+        proc = subprocess.run(argv, cwd=case, env=env, stdout=log, stderr=subprocess.STDOUT)
+    wall = time.monotonic() - start
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    cpu = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    status = "completed" if proc.returncode == 0 else f"exit {proc.returncode}"
+    clock = clock_time(case / f"log.{solver}")
+    result = {"status": status, "wall_s": wall, "clock_s": clock, "cpu_s": cpu}
+    shutil.rmtree(run_dir)
+    return result
+
+
+def run_rankpack(work: Path, source: Path, ranks: int, iterations: int,
+                 extra: list[str]) -> dict[str, object]:  # fmt: skip
+    rankpack = os.environ.get("RANKPACK", str(Path(sys.executable).parent / "rankpack"))
+    run_dir = Path(tempfile.mkdtemp(dir=work, prefix="rankpack-"))
+    argv = [rankpack, "run", str(source), "--ranks", str(ranks), "--iterations",
+            str(iterations), "--workdir", str(run_dir / "run"), "--json", *extra]  # fmt: skip
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    try:
+        out = json.loads(proc.stdout)
+    except ValueError:
+        shutil.rmtree(run_dir)
+        return {"status": f"exit {proc.returncode}: {proc.stderr.strip()[-200:]}",
+                "wall_s": None, "clock_s": None, "cpu_s": None}  # fmt: skip
+    logs = sorted((run_dir / "run").glob("log.*Foam"))
+    result = {"status": out.get("status"), "wall_s": out.get("wall_s"),
+              "clock_s": clock_time(logs[0]) if logs else None,
+              "cpu_s": sum(r.get("cpu_s") or 0 for r in out.get("ranks", []))}  # fmt: skip
+    shutil.rmtree(run_dir)
+    return result
+
+
+def one(config: str, work: Path, source: Path, decomposed: Path, ranks: int,
+        iterations: int) -> dict[str, object]:  # fmt: skip
+    if config == "plain":
+        return run_plain(work, decomposed, ranks, shim=False)
+    if config == "shim":
+        return run_plain(work, decomposed, ranks, shim=True)
+    extra = {"rankpack": [], "rankpack-nocg": ["--no-cgroups"],
+             "rankpack-noshim": ["--no-shim"]}[config]  # fmt: skip
+    return run_rankpack(work, source, ranks, iterations, extra)
+
+
+def spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
+
+
+def summary(runs: list[dict[str, object]]) -> dict[str, dict[str, object]]:
+    out: dict[str, dict[str, object]] = {}
+    for case in sorted({str(r["case"]) for r in runs}):
+        plain = {r["rep"]: r["wall_s"] for r in runs if r["case"] == case
+                 and r["config"] == "plain" and r["status"] == "completed"}  # fmt: skip
+        for config in CONFIGS:
+            mine = [r for r in runs if r["case"] == case and r["config"] == config
+                    and r["status"] == "completed"]  # fmt: skip
+            if not mine:
+                continue
+            walls = [float(r["wall_s"]) for r in mine]  # type: ignore[arg-type]
+            clocks = [float(r["clock_s"]) for r in mine if r["clock_s"] is not None]  # type: ignore[arg-type]
+            ratios = [float(r["wall_s"]) / float(plain[r["rep"]])  # type: ignore[arg-type]
+                      for r in mine if r["rep"] in plain]  # fmt: skip
+            out[f"{case}/{config}"] = {
+                "n": len(mine),
+                "wall_s": spread(walls),
+                "clock_s": spread(clocks),
+                "vs_plain": spread(ratios),
+            }
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--ranks", type=int, default=4)
+    ap.add_argument("--cases", default="user,pitzDaily")
+    ap.add_argument("--configs", default=",".join(CONFIGS))
+    ap.add_argument("--out", type=Path,
+                    default=HERE / "results" / f"cost-{date.today().isoformat()}.json")  # fmt: skip
+    args = ap.parse_args()
+    cases = args.cases.split(",")
+    configs = args.configs.split(",")
+    if bad := [c for c in cases if c not in CASES] + [c for c in configs if c not in CONFIGS]:
+        print(f"cost.py: unknown {bad}: cases {list(CASES)}, configs {list(CONFIGS)}",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    work = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="rankpack-cost-"))
+    os.environ["RANKPACK_HOME"] = str(work / "home")
+    os.environ["RANKPACK_DB"] = str(work / "cost.db")
+    runs: list[dict[str, object]] = []
+    try:
+        for case in cases:
+            source, decomposed, iterations = prepare(work, case, args.ranks)
+            for rep in range(args.reps):
+                order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
+                for config in order:
+                    r = one(config, work, source, decomposed, args.ranks, iterations)
+                    r.update(case=case, config=config, rep=rep)
+                    runs.append(r)
+                    print(json.dumps(r), flush=True)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    result = {"command": " ".join(sys.argv), "ranks": args.ranks, "runs": runs,
+              "summary": summary(runs)}  # fmt: skip
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=1) + "\n")
+    print(f"\n{'case/config':<28} {'n':>2}  {'wall_s':<24} {'ClockTime':<24} vs plain")
+    for key, s in result["summary"].items():  # type: ignore[union-attr]
+        print(f"{key:<28} {s['n']:>2}  {s['wall_s']:<24} {s['clock_s']:<24} {s['vs_plain']}")
+    print(f"written: {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
