@@ -18,11 +18,11 @@ from rankpack.backend.kubernetes.nodes.nodereader import CpuCounters, NodeReader
 from rankpack.backend.kubernetes.nodes.readings import ReadingsMissing
 from rankpack.backend.mpirun import ShimSample
 from rankpack.backend.protocol import BackendError
-from rankpack.nodeagent.auth import Authorizer
+from rankpack.nodeagent.auth import ApiReviewer, Authorizer
 from rankpack.nodeagent.server import AgentServer
 from rankpack.nodeagent.service import NodeAgent, RankPods, Response
 from rankpack.profile.records import read_record
-from tests.unit.backend.kubernetes.fake import FakeKubeApi
+from tests.fakeapi import CREATOR, OPERATOR, SCRAPER, FakeKubeApi
 from tests.unit.backend.kubernetes.fakenode import (
     FakeNodeFilesystems,
     new_uid,
@@ -30,7 +30,6 @@ from tests.unit.backend.kubernetes.fakenode import (
     record_bytes,
 )
 
-from .fakes import CREATOR, OPERATOR, SCRAPER, FakeApiserverReviews
 
 Obj = dict[str, Any]
 
@@ -43,7 +42,8 @@ class Node:
     pods: list[Obj]
     agent: NodeAgent
     server: AgentServer
-    reviews: FakeApiserverReviews
+    reviews: FakeKubeApi
+    """The apiserver the agent's reviews go to."""
     handled: list[str]
     lists: list[int]
 
@@ -94,9 +94,9 @@ def node(tmp_path: Path) -> Iterator[Node]:
         lists.append(1)
         return [dict(p) for p in pods]
 
-    reviews = FakeApiserverReviews()
+    reviews = FakeKubeApi()
     reader = NodeReader(files.kubelet_root, files.cgroup_root, files.pods_cgroup)
-    agent = NodeAgent("node-1", reader, RankPods(list_pods), Authorizer(reviews),
+    agent = NodeAgent("node-1", reader, RankPods(list_pods), Authorizer(ApiReviewer(reviews)),
                       wall=lambda: 1_700_000_000.0)  # fmt: skip
     handled: list[str] = []
     handle = agent.handle

@@ -10,7 +10,7 @@ import pytest
 from rankpack.operator import crd, events, simapi
 from rankpack.store import EventRow
 
-from .fakes import Down
+from tests.fakeapi import Down
 
 Obj = dict[str, Any]
 

@@ -19,7 +19,7 @@ from rankpack.operator.admission import NamespaceLimits
 from rankpack.operator.status import StatusWriter
 from rankpack.store import EventRow, Store
 
-from .fakes import FakeSims
+from tests.fakeapi import FakeSims
 
 STAGED = StagedCase(Path("/runs/a"), "pitzDaily", "tutorial", "simpleFoam", (1, 1), 100)
 QUOTA = Failure(FailureCode.QUOTA_EXCEEDED, "exceeded quota: q; back in the queue")

@@ -12,7 +12,7 @@ import pytest
 from rankpack.core.failures import FailureCode
 from rankpack.operator import queue, transitions
 
-from .fakes import FakeSims
+from tests.fakeapi import FakeSims
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import pytest
 from rankpack.core.failures import FailureCode
 from rankpack.operator import codec, queue
 
-from .fakes import Down, FakeSims
+from tests.fakeapi import Down, FakeSims
 
 Obj = dict[str, Any]
 

@@ -17,7 +17,7 @@ from rankpack.backend.kubernetes.backend import KubernetesBackend
 from rankpack.backend.kubernetes.tenants import NamespacedBackends, intersect
 from rankpack.backend.protocol import BackendError, RankBounds, RankResources, UnknownSimulation
 from rankpack.backend.worker import News
-from tests.unit.backend.kubernetes.fake import FakeKubeApi
+from tests.fakeapi import FakeKubeApi
 from tests.unit.backend.kubernetes.test_backend import PODS, SIM, FakeReadings, Harness
 from tests.unit.backend.kubernetes.test_backend_quota import limit_range, quota
 
@@ -27,16 +27,6 @@ A, B = "team-a", "team-b"
 NODE = {"metadata": {"name": "n1"}, "spec": {},
         "status": {"allocatable": {"cpu": "2"},
                    "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
-
-
-class NamespacedApi(FakeKubeApi):
-    """One namespace's API for an identity that may not list pods cluster-wide (the
-    operator): the other namespaces' pods only through `list_pods_in`."""
-
-    def list_pods_all_namespaces(
-        self, field_selector: str = "", label_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        raise ApiError(403, "Forbidden", "pods is forbidden at the cluster scope")
 
 
 def _pod(namespace: str, name: str, cpu: str) -> dict[str, Any]:
@@ -50,7 +40,8 @@ class Tenants:
 
     def __init__(self, tmp_path: Path, namespaces: tuple[str, ...] = (A, B)) -> None:
         self.h = Harness(tmp_path)  # its spec(), its case directory
-        self.apis = {ns: NamespacedApi(namespace=ns, nodes=[NODE], forbid_paths={"/api/v1/pods"})
+        self.apis = {ns: FakeKubeApi(namespace=ns, nodes=[NODE], cluster_scope=False,
+                                   forbid_paths={"/api/v1/pods"})
                      for ns in namespaces}  # fmt: skip
         self.news = News()
         backends = {}
@@ -148,10 +139,7 @@ def test_a_namespace_whose_limit_ranges_do_not_answer_keeps_its_last(tmp_path: P
     t.apis[B].objects[("limitranges", "lr")] = limit_range(max="600m")
     assert t.backend.inventory().rank_bounds == t.backend.backends[B].rank_bounds()
 
-    def away(kind: str, label_selector: str) -> list[dict[str, Any]]:
-        raise ApiError(0, "", "connection refused")
-
-    t.apis[B].list = away  # type: ignore[method-assign]
+    t.apis[B].fail_next["list"] = [ApiError(0, "", "connection refused")] * 10  # away
     bounds = t.backend.inventory().rank_bounds
     assert bounds is not None and bounds.max_millis == 600
 

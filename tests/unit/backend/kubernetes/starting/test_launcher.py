@@ -16,7 +16,7 @@ from rankpack.backend.kubernetes.api.kubeapi import ApiError
 from rankpack.backend.kubernetes.starting import exitwrapper, launcher
 from rankpack.backend.kubernetes.starting.instructions import Instructions, InstructionsError
 from rankpack.backend.kubernetes.starting.launcher import LaunchError, LauncherRun, Stopped
-from tests.unit.backend.kubernetes.fake import FakeKubeApi
+from tests.fakeapi import FakeKubeApi
 
 SIM = "s1"
 PODS = tuple(f"rankpack-{SIM}-{i}" for i in range(3))
@@ -223,19 +223,13 @@ def test_a_failed_rank_pod_ends_the_wait_at_once(tmp_path: Path) -> None:
     assert clock.t == 0.0
 
 
-class FlakyApi(FakeKubeApi):
-    def __init__(self, errors: list[ApiError]) -> None:
-        super().__init__()
-        self.errors = errors
-
-    def list_pods(self, label_selector: str) -> list[dict[str, Any]]:
-        if self.errors:
-            raise self.errors.pop(0)
-        return super().list_pods(label_selector)
+def flaky(errors: list[ApiError]) -> FakeKubeApi:
+    """An apiserver whose next pod lists raise ``errors``."""
+    return FakeKubeApi(fail_next={"list_pods": errors})
 
 
 def test_an_api_that_does_not_answer_is_asked_again(tmp_path: Path) -> None:
-    api, clock = FlakyApi([ApiError(0, "Unreachable"), ApiError(503, "Unavailable")]), Clock()
+    api, clock = flaky([ApiError(0, "Unreachable"), ApiError(503, "Unavailable")]), Clock()
     api.objects = _cluster().objects
     _run_all(api)
     pods = launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=clock.sleep)
@@ -243,7 +237,7 @@ def test_an_api_that_does_not_answer_is_asked_again(tmp_path: Path) -> None:
 
 
 def test_a_refusal_says_which_rights_are_missing(tmp_path: Path) -> None:
-    api, clock = FlakyApi([ApiError(403, "Forbidden", "pods is forbidden")]), Clock()
+    api, clock = flaky([ApiError(403, "Forbidden", "pods is forbidden")]), Clock()
     with pytest.raises(LaunchError, match="ServiceAccount needs pods get/list"):
         launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=clock.sleep)
 

@@ -25,7 +25,7 @@ from rankpack.backend.kubernetes.starting.instructions import Instructions
 from rankpack.backend.protocol import BackendError, RankPhase, RankResources, SimPhase, SimSpec
 from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
-from tests.unit.backend.kubernetes.fake import FakeKubeApi
+from tests.fakeapi import FakeKubeApi
 from tests.unit.backend.kubernetes.test_backend import PODS, SIM
 from tests.unit.backend.kubernetes.test_backend import Harness as HostHarness
 
