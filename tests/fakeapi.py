@@ -449,8 +449,9 @@ class FakeKubeApi:
             assert body is not None
             return self.create("events", body)
         if parts[-1] == "events":
+            selector = (query or {}).get("fieldSelector", "")
             return {"items": [copy.deepcopy(e) for e in self.events
-                              if _fields_match(e, (query or {}).get("fieldSelector", ""))]}  # fmt: skip
+                              if _fields_match(e, selector)]}  # fmt: skip
         assert method == "GET", (method, path)
         return self._listed(*self._scope(path), query or {})
 
@@ -494,8 +495,11 @@ class FakeKubeApi:
             body = crd.simulation(name, Submission(case=case, weights=(1, 1), budget_millis=2000))
         obj = copy.deepcopy(body)
         n = sum(len(s) for s in self.simulations.values())
-        obj["metadata"].update(namespace=ns, uid=f"uid-{ns}-{name}", resourceVersion=self._next_rv(),
-                               creationTimestamp=f"2026-01-01T00:{n // 60:02d}:{n % 60:02d}Z")  # fmt: skip
+        stamp = f"2026-01-01T00:{n // 60:02d}:{n % 60:02d}Z"
+        rv = self._next_rv()
+        obj["metadata"].update(
+            namespace=ns, uid=f"uid-{ns}-{name}", resourceVersion=rv, creationTimestamp=stamp
+        )
         if status is not None:
             obj["status"] = copy.deepcopy(status)
         store[name] = obj
@@ -513,7 +517,10 @@ class FakeKubeApi:
             ok = (res["group"], res["resource"]) == ("rankpack.dev", "ranks") and (
                 spec["user"], res["verb"], res["namespace"]) in self.allowed  # fmt: skip
         else:
-            ok = nonres is not None and (spec["user"], nonres["verb"], nonres["path"]) in self.allowed
+            ok = (
+                nonres is not None
+                and (spec["user"], nonres["verb"], nonres["path"]) in self.allowed
+            )
         return {"allowed": ok, **({} if ok else {"reason": "no RBAC rule allows it"})}
 
     # -- what the kubelet and the scheduler would do -------------------------------------

@@ -6,7 +6,6 @@ from __future__ import annotations
 import pytest
 
 from rankpack.nodeagent.auth import Access, ApiReviewer, Authorizer, Verdict, bearer
-
 from tests.fakeapi import CREATOR, OPERATOR, OPERATOR_USER, SCRAPER, FakeKubeApi
 
 READ = Access("get", "runs")

@@ -30,7 +30,6 @@ from tests.unit.backend.kubernetes.fakenode import (
     record_bytes,
 )
 
-
 Obj = dict[str, Any]
 
 

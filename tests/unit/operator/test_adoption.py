@@ -11,7 +11,6 @@ from typing import Any
 from rankpack.core.results import ResizeRecord, RunResult
 from rankpack.operator import adoption, queue
 from rankpack.store import NewRun, RankRow, Store
-
 from tests.fakeapi import FakeSims
 
 STAGED = {"runDir": "/runs/r", "caseName": "pitzDaily", "caseSource": "tutorial",

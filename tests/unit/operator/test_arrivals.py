@@ -6,7 +6,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from rankpack.operator import queue
-
 from tests.fakeapi import FakeSims
 
 

@@ -9,7 +9,6 @@ import pytest
 
 from rankpack.operator import crd, events, simapi
 from rankpack.store import EventRow
-
 from tests.fakeapi import Down
 
 Obj = dict[str, Any]

@@ -18,7 +18,6 @@ from rankpack.operator import adoption, events, queue, transitions
 from rankpack.operator.admission import NamespaceLimits
 from rankpack.operator.status import StatusWriter
 from rankpack.store import EventRow, Store
-
 from tests.fakeapi import FakeSims
 
 STAGED = StagedCase(Path("/runs/a"), "pitzDaily", "tutorial", "simpleFoam", (1, 1), 100)

@@ -11,7 +11,6 @@ import pytest
 
 from rankpack.core.failures import FailureCode
 from rankpack.operator import queue, transitions
-
 from tests.fakeapi import FakeSims
 
 

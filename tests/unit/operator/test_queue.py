@@ -11,7 +11,6 @@ import pytest
 
 from rankpack.core.failures import FailureCode
 from rankpack.operator import codec, queue
-
 from tests.fakeapi import Down, FakeSims
 
 Obj = dict[str, Any]

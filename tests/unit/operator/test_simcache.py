@@ -12,7 +12,6 @@ from rankpack.backend.kubernetes.api.kubeapi import RequestCounter
 from rankpack.operator import crd, queue
 from rankpack.operator.simcache import SimulationCache, collection
 from rankpack.plan.submission import Submission
-
 from tests.fakeapi import FakeKubeApi, FakeSims
 
 Obj = dict[str, Any]

@@ -117,7 +117,9 @@ def test_a_case_path_is_admitted_against_its_own_namespaces_root_only(tmp_path: 
     rest = FakeKubeApi()
     rest.add_simulation(A, "mine", "/var/lib/rankpack/namespaces/team-a/cases/pitz")
     rest.add_simulation(A, "theirs", "/var/lib/rankpack/namespaces/team-b/cases/pitz")
-    rest.add_simulation(A, "climb", "/var/lib/rankpack/namespaces/team-a/cases/../../team-b/cases/pitz")
+    rest.add_simulation(
+        A, "climb", "/var/lib/rankpack/namespaces/team-a/cases/../../team-b/cases/pitz"
+    )
     q = _queue(rest, tmp_path)
     assert [q.index.names[j.queue_id] for j in q.pending()] == [f"{A}/mine"]
     for name in ("theirs", "climb"):
