@@ -7,21 +7,14 @@ import pytest
 
 from rankpack.nodeagent.auth import Access, ApiReviewer, Authorizer, Verdict, bearer
 from tests.fakeapi import CREATOR, OPERATOR, OPERATOR_USER, SCRAPER, FakeKubeApi
+from tests.fakeclock import FakeClock
 
 READ = Access("get", "runs")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def authorizer() -> tuple[Authorizer, FakeKubeApi, Clock]:
+def authorizer() -> tuple[Authorizer, FakeKubeApi, FakeClock]:
     """The real reviewer over the fake apiserver (its TokenReview and SubjectAccessReview)."""
-    reviews, clock = FakeKubeApi(), Clock()
+    reviews, clock = FakeKubeApi(), FakeClock(100.0)
     return Authorizer(ApiReviewer(reviews), ttl_s=10.0, clock=clock), reviews, clock
 
 

@@ -23,6 +23,7 @@ from rankpack.nodeagent.server import AgentServer
 from rankpack.nodeagent.service import NodeAgent, RankPods, Response
 from rankpack.profile.records import read_record
 from tests.fakeapi import CREATOR, OPERATOR, SCRAPER, FakeKubeApi
+from tests.fakeclock import FakeClock
 from tests.unit.backend.kubernetes.fakenode import (
     FakeNodeFilesystems,
     new_uid,
@@ -219,14 +220,6 @@ def test_the_pods_are_listed_at_most_once_a_second(node: Node) -> None:
 # -- the backend's client -------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def agent_pod(node_name: str, ip: str, *, ready: bool = True, created: str = "1") -> Obj:
     return {
         "metadata": {"name": f"agent-{node_name}-{created}", "namespace": "rankpack",
@@ -238,10 +231,12 @@ def agent_pod(node_name: str, ip: str, *, ready: bool = True, created: str = "1"
     }  # fmt: skip
 
 
-def client(node: Node, token: str | None = OPERATOR) -> tuple[AgentReadings, Clock, FakeKubeApi]:
+def client(
+    node: Node, token: str | None = OPERATOR
+) -> tuple[AgentReadings, FakeClock, FakeKubeApi]:
     api = FakeKubeApi(namespace="runs", token=token,
                       other_pods=[agent_pod("node-1", "127.0.0.1")])  # fmt: skip
-    clock = Clock()
+    clock = FakeClock(1000.0)
     readings = AgentReadings(api, agent_namespace="rankpack", port=node.server.port,
                              clock=clock)  # fmt: skip
     return readings, clock, api

@@ -19,14 +19,10 @@ from rankpack.operator.admission import NamespaceLimits
 from rankpack.operator.status import StatusWriter
 from rankpack.store import EventRow, Store
 from tests.fakeapi import FakeSims
+from tests.unit.operator._helpers import new_queue
 
 STAGED = StagedCase(Path("/runs/a"), "pitzDaily", "tutorial", "simpleFoam", (1, 1), 100)
 QUOTA = Failure(FailureCode.QUOTA_EXCEEDED, "exceeded quota: q; back in the queue")
-
-
-def _queue(sims: FakeSims, tmp_path: Path, **limits: Any) -> queue.SimulationQueue:
-    return queue.SimulationQueue(sims, "op-1",  # type: ignore[arg-type]
-                                 limits=NamespaceLimits(**limits))  # fmt: skip
 
 
 def _names(q: queue.SimulationQueue) -> list[str]:
@@ -36,7 +32,7 @@ def _names(q: queue.SimulationQueue) -> list[str]:
 def test_a_launch_refused_for_quota_goes_back_to_queued_with_its_reason(tmp_path: Path) -> None:
     sims = FakeSims()
     sims.add("a")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     (job,) = q.pending()
     assert q.claim(job)
     q.started(job, 7, "s1", STAGED)
@@ -63,7 +59,7 @@ def test_a_launch_refused_for_quota_goes_back_to_queued_with_its_reason(tmp_path
 def test_a_hold_says_why_in_the_status_and_is_written_once(tmp_path: Path) -> None:
     sims = FakeSims()
     sims.add("a")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     (job,) = q.pending()
     why = "queued simulation 1 needs 2000m: held within the namespace's ResourceQuota q"
     q.held(job, "quota", why)
@@ -79,7 +75,7 @@ def test_one_simulation_too_many_queued_is_refused(tmp_path: Path) -> None:
     sims = FakeSims()
     for name in ("a", "b", "c"):
         sims.add(name)
-    q = _queue(sims, tmp_path, max_queued=2)
+    q = new_queue(sims, max_queued=2)
     assert _names(q) == ["a", "b"]
     st = sims.objs["c"]["status"]
     assert (st["phase"], st["reason"]) == ("Failed", "TooManyQueued")
@@ -98,7 +94,7 @@ def test_a_namespace_at_its_running_limit_waits_and_others_do_not(tmp_path: Path
     sims.add("b")
     sims.add("other")
     sims.objs["other"]["metadata"]["namespace"] = "team-b"
-    q = _queue(sims, tmp_path, max_running=1)
+    q = new_queue(sims, max_running=1)
     assert _names(q) == ["other"]
     st = sims.objs["b"]["status"]
     assert (st["phase"], st["reason"]) == ("Queued", "MaxRunningPerNamespace")
@@ -139,7 +135,7 @@ def test_a_grow_held_for_quota_sets_resize_held_until_a_resize_completes(
 ) -> None:
     sims = FakeSims()
     sims.add("a", {"phase": "Running"})
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     writer = StatusWriter(q)
     writer.resize_held("a", "a wanted 3000m, 1200m fit: grows held within q")
     held = {c["type"]: c for c in sims.objs["a"]["status"]["conditions"]}["ResizeHeld"]
@@ -176,7 +172,7 @@ def test_the_loop_requeues_a_simulation_whose_launch_the_quota_refused(tmp_path:
     sims = FakeSims()
     sims.add("a")
     sims.objs["a"]["spec"].update(case={"path": "box"}, budgetMillis=1000, sizing="fixed")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     seen: list[tuple[str, str | None]] = []
     real = sims.patch_status
 

@@ -12,22 +12,15 @@ import pytest
 from rankpack.core.failures import FailureCode
 from rankpack.operator import queue, transitions
 from tests.fakeapi import FakeSims
-
-
-@pytest.fixture
-def sims() -> FakeSims:
-    return FakeSims()
-
-
-def _queue(sims: FakeSims, tmp_path: Path) -> queue.SimulationQueue:
-    return queue.SimulationQueue(sims, "op-1")  # type: ignore[arg-type]
+from tests.fakeclock import FakeClock
+from tests.unit.operator._helpers import new_queue
 
 
 def test_a_status_patch_made_while_down_is_written_when_it_is_back(
     sims: FakeSims, tmp_path: Path
 ) -> None:
     sims.add("a", {"phase": "Running", "simId": "s1"})
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     q.index.queue_id("a")
     sims.down = True
     q.fail("a", FailureCode.POD_DELETED, "rank pod rankpack-s1-1 was deleted")
@@ -43,7 +36,7 @@ def test_a_status_patch_made_while_down_is_written_when_it_is_back(
 def test_end_of_term_keeps_only_final_phases(sims: FakeSims, tmp_path: Path) -> None:
     sims.add("a", {"phase": "Running"})
     sims.add("b", {"phase": "Running"})
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     sims.down = True
     q.requeue("a", "stopped before launch")  # another leader may have claimed it since
     q.fail("b", FailureCode.OTHER, "exit code 1")
@@ -55,7 +48,7 @@ def test_conditions_are_one_per_type_and_keep_their_transition_time(
     sims: FakeSims, tmp_path: Path
 ) -> None:
     sims.add("a")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     first = q.outbox.set_conditions("a", transitions.condition("Running", True, "Claimed", "x"))
     again = q.outbox.set_conditions("a", {**transitions.condition("Running", True, "Launched", "y"),
                                      "lastTransitionTime": "later"})  # fmt: skip
@@ -63,18 +56,10 @@ def test_conditions_are_one_per_type_and_keep_their_transition_time(
     assert again[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _coalescing(tmp_path: Path) -> tuple[FakeSims, queue.SimulationQueue, Clock]:
+def _coalescing(tmp_path: Path) -> tuple[FakeSims, queue.SimulationQueue, FakeClock]:
     sims = FakeSims()
     sims.add("a", {"phase": "Running", "simId": "s1"})
-    clock = Clock()
+    clock = FakeClock()
     q = queue.SimulationQueue(sims, "op-1",  # type: ignore[arg-type]
                               status_interval_s=10.0, clock=clock)  # fmt: skip
     q.index.queue_id("a")

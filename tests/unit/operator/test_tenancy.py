@@ -82,7 +82,7 @@ def status(rest: FakeKubeApi, ns: str, name: str) -> Obj:
     return dict(rest.simulations[ns][name].get("status") or {})
 
 
-def _queue(rest: FakeKubeApi, tmp_path: Path, **limits: Any) -> queue.SimulationQueue:
+def tenant_queue(rest: FakeKubeApi, tmp_path: Path, **limits: Any) -> queue.SimulationQueue:
     api = simapi.SimulationApi(rest, (A, B))  # type: ignore[arg-type]
     return queue.SimulationQueue(api, "op-1", admission=POLICY,
                                  limits=NamespaceLimits(**limits), tenancy=LAYOUT)  # fmt: skip
@@ -92,7 +92,7 @@ def test_the_same_name_in_two_namespaces_is_two_simulations(tmp_path: Path) -> N
     rest = FakeKubeApi()
     rest.add_simulation(A, "pitz")
     rest.add_simulation(B, "pitz")
-    q = _queue(rest, tmp_path)
+    q = tenant_queue(rest, tmp_path)
     jobs = q.pending()
     assert [q.index.names[j.queue_id] for j in jobs] == [f"{A}/pitz", f"{B}/pitz"]
     ja, jb = jobs
@@ -120,7 +120,7 @@ def test_a_case_path_is_admitted_against_its_own_namespaces_root_only(tmp_path: 
     rest.add_simulation(
         A, "climb", "/var/lib/rankpack/namespaces/team-a/cases/../../team-b/cases/pitz"
     )
-    q = _queue(rest, tmp_path)
+    q = tenant_queue(rest, tmp_path)
     assert [q.index.names[j.queue_id] for j in q.pending()] == [f"{A}/mine"]
     for name in ("theirs", "climb"):
         st = status(rest, A, name)
@@ -133,7 +133,7 @@ def test_limits_count_per_namespace_across_namespaces(tmp_path: Path) -> None:
     for ns in (A, B):
         rest.add_simulation(ns, "one")
     rest.add_simulation(A, "two")
-    q = _queue(rest, tmp_path, max_queued=1)
+    q = tenant_queue(rest, tmp_path, max_queued=1)
     assert [q.index.names[j.queue_id] for j in q.pending()] == [f"{A}/one", f"{B}/one"]
     st = status(rest, A, "two")
     assert (st["phase"], st["reason"]) == ("Failed", "TooManyQueued")
@@ -144,7 +144,7 @@ def test_a_deleted_simulation_withdraws_only_its_own(tmp_path: Path) -> None:
     rest = FakeKubeApi()
     rest.add_simulation(A, "pitz")
     rest.add_simulation(B, "pitz")
-    q = _queue(rest, tmp_path)
+    q = tenant_queue(rest, tmp_path)
     ja, jb = q.pending()
     assert q.claim(ja) and q.claim(jb)
     del rest.simulations[A]["pitz"]
@@ -159,7 +159,7 @@ def test_adoption_hands_back_each_simulations_namespace(tmp_path: Path) -> None:
               "caseSource": "tutorial", "solver": "simpleFoam", "cellsPerRank": [1, 1],
               "expectedIterations": 10}  # fmt: skip
     rest.simulations[B]["pitz"]["status"] = {"phase": "Running", "simId": "s1", "staged": staged}
-    found = adoption.running(_queue(rest, tmp_path))
+    found = adoption.running(tenant_queue(rest, tmp_path))
     assert found is not None
     ((adopted),) = found
     assert (adopted.job.namespace, adopted.sim_id) == (B, "s1")
@@ -169,7 +169,7 @@ def test_a_namespace_that_does_not_answer_is_no_listing_at_all(tmp_path: Path) -
     rest = FakeKubeApi()
     rest.add_simulation(A, "pitz")
     rest.forbid_paths.add(f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/{B}/{crd.PLURAL}")
-    q = _queue(rest, tmp_path)
+    q = tenant_queue(rest, tmp_path)
     assert q.pending() == [] and not q.idle()  # never mistaken for an empty namespace
 
 

@@ -17,6 +17,7 @@ from rankpack.backend.kubernetes.starting import exitwrapper, launcher
 from rankpack.backend.kubernetes.starting.instructions import Instructions, InstructionsError
 from rankpack.backend.kubernetes.starting.launcher import LaunchError, LauncherRun, Stopped
 from tests.fakeapi import FakeKubeApi
+from tests.fakeclock import FakeClock
 
 SIM = "s1"
 PODS = tuple(f"rankpack-{SIM}-{i}" for i in range(3))
@@ -163,19 +164,6 @@ def test_the_agent_is_found_beside_python(tmp_path: Path) -> None:
 # -- waiting for the rank pods (fake API, virtual time) ----------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.sleeps.append(s)
-        self.t += s
-
-
 def _cluster() -> FakeKubeApi:
     api = FakeKubeApi()
     for name in PODS:
@@ -192,7 +180,7 @@ def _run_all(api: FakeKubeApi) -> None:
 
 
 def test_wait_returns_the_pods_in_rank_order_once_all_run(tmp_path: Path) -> None:
-    api, clock = _cluster(), Clock()
+    api, clock = _cluster(), FakeClock()
     api.run_pod(PODS[0])
 
     def sleep(s: float) -> None:
@@ -206,7 +194,7 @@ def test_wait_returns_the_pods_in_rank_order_once_all_run(tmp_path: Path) -> Non
 
 
 def test_wait_is_bounded_and_says_what_it_waited_for(tmp_path: Path) -> None:
-    api, clock = _cluster(), Clock()
+    api, clock = _cluster(), FakeClock()
     api.run_pod(PODS[0])
     with pytest.raises(LaunchError, match="not running after 30 s") as err:
         launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=clock.sleep)
@@ -215,7 +203,7 @@ def test_wait_is_bounded_and_says_what_it_waited_for(tmp_path: Path) -> None:
 
 
 def test_a_failed_rank_pod_ends_the_wait_at_once(tmp_path: Path) -> None:
-    api, clock = _cluster(), Clock()
+    api, clock = _cluster(), FakeClock()
     api.run_pod(PODS[0])
     api.evict(PODS[0])
     with pytest.raises(LaunchError, match="evicted"):
@@ -229,7 +217,7 @@ def flaky(errors: list[ApiError]) -> FakeKubeApi:
 
 
 def test_an_api_that_does_not_answer_is_asked_again(tmp_path: Path) -> None:
-    api, clock = flaky([ApiError(0, "Unreachable"), ApiError(503, "Unavailable")]), Clock()
+    api, clock = flaky([ApiError(0, "Unreachable"), ApiError(503, "Unavailable")]), FakeClock()
     api.objects = _cluster().objects
     _run_all(api)
     pods = launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=clock.sleep)
@@ -237,7 +225,7 @@ def test_an_api_that_does_not_answer_is_asked_again(tmp_path: Path) -> None:
 
 
 def test_a_refusal_says_which_rights_are_missing(tmp_path: Path) -> None:
-    api, clock = flaky([ApiError(403, "Forbidden", "pods is forbidden")]), Clock()
+    api, clock = flaky([ApiError(403, "Forbidden", "pods is forbidden")]), FakeClock()
     with pytest.raises(LaunchError, match="ServiceAccount needs pods get/list"):
         launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=clock.sleep)
 
@@ -268,7 +256,7 @@ class Harness:
         self.ins = instructions(self.case)
         self.api = _cluster()
         _run_all(self.api)
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.spawned: list[tuple[list[str], Path, dict[str, str], tuple[int, ...]]] = []
         self.child = FakeChild(code)
         self.launch = LauncherRun(
