@@ -5,7 +5,6 @@ client's wiring (paths, verbs, content types, the bearer token, error statuses).
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -35,14 +34,12 @@ def canned(seen: Seen) -> Answer:
     return ("json", 200, {"items": [{"metadata": {"name": "p"}}], "metadata": {"uid": "u"}})
 
 
-@pytest.fixture
-def server() -> Iterator[FakeApiserver]:
-    httpd = FakeApiserver(answer=canned).start()
-    yield httpd
-    httpd.stop()
+@pytest.fixture(autouse=True)
+def _canned(server: FakeApiserver) -> None:
+    server.answer = canned
 
 
-def kubeconfig(tmp_path: Path, server: str) -> Path:
+def kubeconfig_at(tmp_path: Path, server: str) -> Path:
     path = tmp_path / "kubeconfig"
     path.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
@@ -54,7 +51,7 @@ def kubeconfig(tmp_path: Path, server: str) -> Path:
 
 
 def test_requests_as_the_api_spells_them(tmp_path: Path, server: FakeApiserver) -> None:
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server.url)))
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, server.url)))
     assert api.list_pods("a=b,c") == [{"metadata": {"name": "p"}}]
     api.create("pods", {"metadata": {"name": "p"}})
     api.patch_resize("p", {"spec": {"containers": []}})
@@ -74,7 +71,7 @@ def test_requests_as_the_api_spells_them(tmp_path: Path, server: FakeApiserver) 
 
 
 def test_the_new_calls_for_the_node_agents(tmp_path: Path, server: FakeApiserver) -> None:
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server.url)))
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, server.url)))
     api.list_pods_all_namespaces("spec.nodeName=n1", "app=x,rankpack.dev/rank")
     api.list_pods_in("agents", "app.kubernetes.io/name=rankpack-node-agent")
     assert [s.target for s in server.seen] == [
@@ -91,7 +88,7 @@ def test_the_new_calls_for_the_node_agents(tmp_path: Path, server: FakeApiserver
 
 
 def test_error_statuses_become_kube_errors(tmp_path: Path, server: FakeApiserver) -> None:
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server.url)))
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, server.url)))
     with pytest.raises(ApiError) as info:
         api.patch_resize("forbidden", {})
     assert (info.value.status, info.value.reason) == (403, "Forbidden")
@@ -110,7 +107,7 @@ def test_errors_are_typed_by_status() -> None:
 
 
 def test_a_watch_yields_events_and_raises_gone(tmp_path: Path, server: FakeApiserver) -> None:
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server.url)))
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, server.url)))
     seen = []
     with pytest.raises(Gone):
         for event in api.watch("/apis/rankpack.dev/v1/namespaces/ns/simulations", timeout_s=5):
@@ -123,7 +120,7 @@ def test_an_unreachable_apiserver_is_a_clear_error(tmp_path: Path) -> None:
     from rankpack.backend.kubernetes.connect import connect
     from rankpack.backend.protocol import BackendError
 
-    config = load_config(kubeconfig(tmp_path, "http://127.0.0.1:9"))
+    config = load_config(kubeconfig_at(tmp_path, "http://127.0.0.1:9"))
     with pytest.raises(BackendError, match="unreachable"):
         connect(config)
 
@@ -133,7 +130,7 @@ def test_an_exec_that_cannot_start_is_tried_again_then_given_up(tmp_path: Path) 
     # while nothing answers (nothing ran yet), for as long as it is told, then fails.
     import time
 
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, "http://127.0.0.1:9")))
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, "http://127.0.0.1:9")))
     t0 = time.monotonic()
     with pytest.raises(ApiError) as err:
         api.exec_attached("p", "rank", ["true"], connect_retry_s=2.0)
@@ -144,7 +141,7 @@ def test_an_exec_that_cannot_start_is_tried_again_then_given_up(tmp_path: Path) 
 
 
 def test_an_exec_refused_is_not_tried_again(tmp_path: Path, server: FakeApiserver) -> None:
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server.url)))
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, server.url)))
     with pytest.raises(ApiError) as err:
         api.exec_attached("forbidden", "rank", ["true"], connect_retry_s=30.0)
     tries = sum(n for (verb, res, _), n in api.requests.counts().items() if res == "pods/exec")
@@ -174,7 +171,7 @@ def test_an_exec_refused_right_after_the_apiserver_came_back_is_tried_again(
         httpd.serve_forever()
 
     threading.Thread(target=come_back, daemon=True).start()
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, f"http://127.0.0.1:{port}")))
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, f"http://127.0.0.1:{port}")))
     try:
         with pytest.raises(ApiError) as err:
             api.exec_attached("forbidden", "rank", ["true"], connect_retry_s=30.0)
@@ -191,7 +188,7 @@ def test_an_exec_nobody_waits_for_is_not_tried_again(tmp_path: Path) -> None:
     # (it would otherwise start a daemon no mpirun waits for, or linger for minutes).
     import time
 
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, "http://127.0.0.1:9")))
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, "http://127.0.0.1:9")))
     checks: list[float] = []
 
     def abandoned() -> bool:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -35,14 +34,6 @@ PODS = core("pods", "rankpack", labels="app.kubernetes.io/managed-by=rankpack")
 
 def recorded(name: str) -> Any:
     return json.loads((DATA / name).read_text())
-
-
-@pytest.fixture
-def server(tmp_path: Path) -> Iterator[FakeApiserver]:
-    """The stand-in apiserver, answering from its ``script`` only."""
-    httpd = FakeApiserver().start()
-    yield httpd
-    httpd.stop()
 
 
 @pytest.fixture
