@@ -10,6 +10,7 @@ from rankpack.controller.decision import (
     ControllerSettings,
     ControllerState,
     Decision,
+    NodeCores,
     Observations,
     QueuedSim,
     RankSnapshot,
@@ -73,9 +74,32 @@ def observe(
     queue: Sequence[QueuedSim] = (),
     capacity: int = 8000,
     others: int = 0,
+    nodes: tuple[NodeCores, ...] | None = None,
 ) -> Observations:
+    """What the loop observed at ``now_s``; given ``nodes``, the capacity is theirs."""
+    if nodes is not None:
+        capacity = sum(n.allocatable_millis for n in nodes)
     return Observations(now_s=now_s, capacity_millis=capacity, sims=sims, queue=tuple(queue),
-                        others_millis=others)  # fmt: skip
+                        others_millis=others, nodes=nodes or ())  # fmt: skip
+
+
+def queued(qid: int, ranks: int = 8, millis: int = 1000) -> QueuedSim:
+    return QueuedSim(queue_id=qid, n_ranks=ranks, initial_request_millis=(millis,) * ranks)
+
+
+def running(
+    sim_id: str, node: str, ranks: int = 8, millis: int = 1000, started_s: float = 0.0
+) -> SimSnapshot:
+    """A simulation whose ``ranks`` ranks all run on ``node``."""
+    return SimSnapshot(
+        sim_id=sim_id,
+        started_s=started_s,
+        iterations=50,
+        expected_iterations=100,
+        budget_millis=ranks * 1000,
+        ranks=tuple(RankSnapshot(i, millis, 0, 0, 0, node=node) for i in range(ranks)),
+        wait="polite",
+    )
 
 
 def resizes(d: Decision) -> list[Resize]:

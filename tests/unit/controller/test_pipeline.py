@@ -16,13 +16,11 @@ from rankpack.controller.decision import (
     NodeCores,
     Observations,
     QueuedSim,
-    RankSnapshot,
     SimMemory,
-    SimSnapshot,
 )
 from rankpack.controller.policy import decide
 
-from ._helpers import launches
+from ._helpers import launches, observe, queued, running
 
 CORES = 8000
 S = ControllerSettings(max_concurrent=1000, launch_must_fit=True)
@@ -37,39 +35,8 @@ def nodes(n: int, **placed: int) -> tuple[NodeCores, ...]:
     )  # fmt: skip
 
 
-def queued(qid: int, ranks: int = 8, millis: int = 1000) -> QueuedSim:
-    return QueuedSim(queue_id=qid, n_ranks=ranks, initial_request_millis=(millis,) * ranks)
-
-
-def running(
-    sim_id: str, node: str, ranks: int = 8, millis: int = 1000, started_s: float = 0.0
-) -> SimSnapshot:
-    """A simulation whose ``ranks`` ranks all run on ``node``."""
-    return SimSnapshot(
-        sim_id=sim_id,
-        started_s=started_s,
-        iterations=50,
-        expected_iterations=100,
-        budget_millis=ranks * 1000,
-        ranks=tuple(RankSnapshot(i, millis, 0, 0, 0, node=node) for i in range(ranks)),
-        wait="polite",
-    )
-
-
-def observe(
-    now_s: float, *sims: SimSnapshot, queue: list[QueuedSim], cluster: tuple[NodeCores, ...]
-) -> Observations:
-    return Observations(
-        now_s=now_s,
-        capacity_millis=sum(n.allocatable_millis for n in cluster),
-        sims=sims,
-        queue=tuple(queue),
-        nodes=cluster,
-    )
-
-
 def test_an_empty_cluster_takes_a_burst_of_launches_in_the_queues_order() -> None:
-    obs = observe(0.0, queue=[queued(i) for i in range(1, 11)], cluster=nodes(10))
+    obs = observe(0.0, queue=[queued(i) for i in range(1, 11)], nodes=nodes(10))
     d = decide(obs, ControllerState(), S)
     assert [a.queue_id for a in launches(d)] == [1, 2, 3, 4]  # launch_burst
     assert launches(d)[0].reason.startswith("nothing is running")
@@ -88,7 +55,7 @@ def test_the_rate_refills_the_bucket_and_the_pipeline_goes_on() -> None:
     queue = [queued(i) for i in range(5, 11)]
     # 2.5 s later: 2 launches' worth of rate (1/s); the running ones are still warming up
     # on whole cores, so they close nothing
-    d = decide(observe(2.5, *sims, queue=queue, cluster=cluster), state, S)
+    d = decide(observe(2.5, *sims, queue=queue, nodes=cluster), state, S)
     assert [a.queue_id for a in launches(d)] == [5, 6]
     assert d.state.launch_bucket == (0.5, 2.5)
 
@@ -99,7 +66,7 @@ def test_launches_in_flight_are_bounded() -> None:
                 for i in range(7)]  # fmt: skip
     state = ControllerState(sims={s.sim_id: SimMemory(stage="warmup") for s in starting})
     queue = [queued(i, ranks=1) for i in range(1, 6)]
-    d = decide(observe(10.0, *starting, queue=queue, cluster=cluster), state, S)
+    d = decide(observe(10.0, *starting, queue=queue, nodes=cluster), state, S)
     assert [a.queue_id for a in launches(d)] == [1]  # max_starting 8: one more in flight
 
 
@@ -109,12 +76,12 @@ def test_a_node_that_took_a_launch_is_closed_for_the_cooldown() -> None:
     sim = running("a", "n0", ranks=4, started_s=9.0)
     state = ControllerState(sims={"a": SimMemory(stage="warmup")}, last_launch_s=9.0)
     queue = [queued(1, ranks=4), queued(2, ranks=4)]
-    d = decide(observe(10.0, sim, queue=queue, cluster=cluster), state, S)
+    d = decide(observe(10.0, sim, queue=queue, nodes=cluster), state, S)
     # only n1's 8 cores are open: one simulation of 4 cores fits, then another does too
     assert [a.queue_id for a in launches(d)] == [1, 2]
-    d = decide(observe(10.0, sim, queue=[queued(1, ranks=12)], cluster=cluster), state, S)
+    d = decide(observe(10.0, sim, queue=[queued(1, ranks=12)], nodes=cluster), state, S)
     assert launches(d) == []  # 12 cores do not fit n1's 8 (n0's 4 free are closed)
-    d = decide(observe(11.0, sim, queue=[queued(1, ranks=12)], cluster=cluster), state, S)
+    d = decide(observe(11.0, sim, queue=[queued(1, ranks=12)], nodes=cluster), state, S)
     assert [a.queue_id for a in launches(d)] == [1]  # the cooldown is over: both open
 
 
@@ -126,9 +93,9 @@ def test_a_rank_fits_one_node_or_the_simulation_does_not_fit() -> None:
     state = ControllerState(sims={s.sim_id: SimMemory(stage="warmup") for s in sims},
                             last_launch_s=0.0)  # fmt: skip
     wide = QueuedSim(queue_id=1, n_ranks=1, initial_request_millis=(2000,))
-    d = decide(observe(100.0, *sims, queue=[wide], cluster=cluster), state, S)
+    d = decide(observe(100.0, *sims, queue=[wide], nodes=cluster), state, S)
     assert launches(d) == []
-    d = decide(observe(100.0, *sims, queue=[queued(2, ranks=3)], cluster=cluster), state, S)
+    d = decide(observe(100.0, *sims, queue=[queued(2, ranks=3)], nodes=cluster), state, S)
     assert [a.queue_id for a in launches(d)] == [2]
 
 
@@ -143,11 +110,11 @@ def test_a_simulation_measured_on_borrowed_cpu_closes_its_nodes_one_on_whole_cor
               "w": SimMemory(stage="profiling", profile_start_s=90.0)},
         last_launch_s=0.0,
     )  # fmt: skip
-    d = decide(observe(91.0, borrowing, whole, queue=[queued(1, ranks=4)], cluster=cluster),
+    d = decide(observe(91.0, borrowing, whole, queue=[queued(1, ranks=4)], nodes=cluster),
                state, replace(S, profile_s=60.0))  # fmt: skip
     (launch,) = launches(d)  # into n1's 4 free cores, beside the whole-core one
     assert launch.reason.startswith("pipeline:")
-    d = decide(observe(91.0, borrowing, whole, queue=[queued(1, ranks=6)], cluster=cluster),
+    d = decide(observe(91.0, borrowing, whole, queue=[queued(1, ranks=6)], nodes=cluster),
                state, replace(S, profile_s=60.0))  # fmt: skip
     assert launches(d) == []  # 6 cores would need n0's room: closed while b is measured
 
@@ -157,11 +124,11 @@ def test_one_node_keeps_one_launch_at_a_time_after_everything_is_measured() -> N
     sim = running("a", "n0", ranks=8)
     state = ControllerState(sims={"a": SimMemory(stage="warmup")}, last_launch_s=0.0)
     queue = [queued(i) for i in range(1, 5)]
-    d = decide(observe(100.0, sim, queue=queue, cluster=one), state, S)
+    d = decide(observe(100.0, sim, queue=queue, nodes=one), state, S)
     assert launches(d) == []  # measuring: the gate as it always was on one node
     state = ControllerState(sims={"a": SimMemory(stage="sized", duty=(0.9,) * 8)},
                             last_launch_s=0.0)  # fmt: skip
-    d = decide(observe(100.0, sim, queue=queue, cluster=one), state, S)
+    d = decide(observe(100.0, sim, queue=queue, nodes=one), state, S)
     assert [a.queue_id for a in launches(d)] == [1]
 
 
@@ -174,7 +141,7 @@ def test_the_gain_a_launch_needs_is_a_share_of_one_simulation() -> None:
         sims={s.sim_id: SimMemory(stage="sized", duty=(0.9,) * 8) for s in sims},
         last_launch_s=0.0,
     )
-    d = decide(observe(100.0, *sims, queue=[queued(1)], cluster=cluster), state, S)
+    d = decide(observe(100.0, *sims, queue=[queued(1)], nodes=cluster), state, S)
     (launch,) = launches(d)
     assert "(the gate alone: " in launch.reason and "x1.025 with 41" in launch.reason
 
@@ -186,7 +153,7 @@ def test_behind_a_head_that_does_not_fit_the_pipeline_backfills_until_its_wait_i
     wide = queued(1, ranks=24)  # 24 cores: only 16 free
     queue = [wide, queued(2), queued(3), queued(4)]
     settings = replace(S, backfill_wait_s=60.0)
-    d = decide(observe(100.0, *sims, queue=queue, cluster=cluster),
+    d = decide(observe(100.0, *sims, queue=queue, nodes=cluster),
                ControllerState(sims=mems, last_launch_s=0.0), settings)  # fmt: skip
     assert [a.queue_id for a in launches(d)] == [2, 3]  # 16 cores: two of 8 pass the head
     assert all(a.reason.startswith("backfill: pipeline:") for a in launches(d))
@@ -194,7 +161,7 @@ def test_behind_a_head_that_does_not_fit_the_pipeline_backfills_until_its_wait_i
     assert d.state.head_no_room == (1, 100.0)
     # once the head has waited backfill_wait_s nothing passes it
     aged = replace(d.state, launch_bucket=None, head_no_room=(1, 30.0))
-    d = decide(observe(100.0, *sims, queue=queue, cluster=cluster), aged, settings)
+    d = decide(observe(100.0, *sims, queue=queue, nodes=cluster), aged, settings)
     assert launches(d) == []
 
 

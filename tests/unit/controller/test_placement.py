@@ -15,7 +15,6 @@ from rankpack.controller.decision import (
     ControllerState,
     NodeCores,
     Observations,
-    QueuedSim,
     RankSnapshot,
     SimMemory,
     SimSnapshot,
@@ -32,7 +31,7 @@ from rankpack.testing.simcluster import SimulatedCluster
 from rankpack.testing.simmodel import SimNode, SimulatedCase
 from rankpack.testing.simulated import SimulatedBackend
 
-from ._helpers import launches
+from ._helpers import launches, observe, queued, running
 
 S = ControllerSettings(max_concurrent=10, launch_must_fit=True)
 
@@ -73,56 +72,34 @@ def test_balancing_falls_back_to_first_fit_when_it_must() -> None:
 # -- the decision step: StageJob.nodes --------------------------------------------------------
 
 
-def cluster(*free: tuple[str, int, int]) -> tuple[NodeCores, ...]:
+def free_nodes(*free: tuple[str, int, int]) -> tuple[NodeCores, ...]:
     """(name, allocatable, this loop's millicores there)."""
     return tuple(NodeCores(n, a, ours_ranks=o // 1000, ours_millis=o) for n, a, o in free)
 
 
-def running(sim_id: str, node: str, ranks: int, millis: int = 1000) -> SimSnapshot:
-    return SimSnapshot(
-        sim_id=sim_id, started_s=0.0, iterations=50, expected_iterations=100,
-        budget_millis=ranks * millis,
-        ranks=tuple(RankSnapshot(i, millis, 0, 0, 0, node=node) for i in range(ranks)),
-        wait="polite",
-    )  # fmt: skip
-
-
-def observe(
-    now_s: float, nodes: tuple[NodeCores, ...], *sims: SimSnapshot, queue: list[QueuedSim]
-) -> Observations:
-    return Observations(
-        now_s=now_s, capacity_millis=sum(n.allocatable_millis for n in nodes),
-        sims=sims, queue=tuple(queue), nodes=nodes,
-    )  # fmt: skip
-
-
-def queued(qid: int, ranks: int, millis: int = 1000) -> QueuedSim:
-    return QueuedSim(qid, ranks, (millis,) * ranks)
-
-
 def test_a_launch_names_a_node_per_rank_on_a_cluster_and_none_on_one_node() -> None:
-    two = cluster(("n0", 2000, 0), ("n1", 2000, 0))
-    d = decide(observe(0.0, two, queue=[queued(1, 2)]), ControllerState(), S)
+    two = free_nodes(("n0", 2000, 0), ("n1", 2000, 0))
+    d = decide(observe(0.0, queue=[queued(1, 2)], nodes=two), ControllerState(), S)
     assert [a.nodes for a in launches(d)] == [("n0", "n0")]  # fits one node: stays there
-    d = decide(observe(0.0, two, queue=[queued(1, 4, 800)]), ControllerState(), S)
+    d = decide(observe(0.0, queue=[queued(1, 4, 800)], nodes=two), ControllerState(), S)
     assert [sorted(a.nodes) for a in launches(d)] == [["n0", "n0", "n1", "n1"]]  # must span
-    one = cluster(("n0", 4000, 0))
-    d = decide(observe(0.0, one, queue=[queued(1, 2)]), ControllerState(), S)
+    one = free_nodes(("n0", 4000, 0))
+    d = decide(observe(0.0, queue=[queued(1, 2)], nodes=one), ControllerState(), S)
     assert [a.nodes for a in launches(d)] == [()]  # one node: the scheduler's
 
 
 def test_simulations_pack_onto_a_node_while_they_fit() -> None:
     # a sized 4-rank simulation on n0 (8 cores), n1 empty: the next 4-rank one goes beside
     # it on n0, leaving n1 whole for a wide one
-    nodes = cluster(("n0", 8000, 4000), ("n1", 8000, 0))
+    nodes = free_nodes(("n0", 8000, 4000), ("n1", 8000, 0))
     sim = running("a", "n0", 4)
     state = ControllerState(sims={"a": SimMemory(stage="sized", duty=(0.5,) * 4)})
-    d = decide(observe(10.0, nodes, sim, queue=[queued(1, 4)]), state, S)
+    d = decide(observe(10.0, sim, queue=[queued(1, 4)], nodes=nodes), state, S)
     assert [a.nodes for a in launches(d)] == [("n0",) * 4]
     # the pipeline places each launch of a step after the ones before it in that step
-    d = decide(observe(0.0, cluster(("n0", 8000, 0), ("n1", 8000, 0)),
-                       queue=[queued(1, 4), queued(2, 4), queued(3, 8)]), ControllerState(),
-               S)  # fmt: skip
+    two = free_nodes(("n0", 8000, 0), ("n1", 8000, 0))
+    queue = [queued(1, 4), queued(2, 4), queued(3, 8)]
+    d = decide(observe(0.0, queue=queue, nodes=two), ControllerState(), S)
     assert [a.nodes for a in launches(d)] == [("n0",) * 4, ("n0",) * 4, ("n1",) * 8]
 
 
