@@ -79,7 +79,7 @@ class Agent:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[tuple[FakeNodeFilesystems, FakeApiserver, list[dict]]]:  # type: ignore[type-arg]
+def agent_node(tmp_path: Path) -> Iterator[tuple[FakeNodeFilesystems, FakeApiserver, list[dict]]]:  # type: ignore[type-arg]
     files = FakeNodeFilesystems(tmp_path / "node")
     pods = []
     for rank in range(2):
@@ -92,8 +92,8 @@ def node(tmp_path: Path) -> Iterator[tuple[FakeNodeFilesystems, FakeApiserver, l
     api.stop()
 
 
-def test_the_agent_process_serves_its_nodes_ranks(tmp_path: Path, node: Any) -> None:
-    files, api, pods = node
+def test_the_agent_process_serves_its_nodes_ranks(tmp_path: Path, agent_node: Any) -> None:
+    files, api, pods = agent_node
     agent = Agent(tmp_path, files, api, [])
     try:
         assert ask(agent.port, "GET", "/v1/ranks?namespace=runs")[0] == 401
@@ -145,9 +145,9 @@ needs_root = pytest.mark.skipif(
 @pytest.mark.parametrize(("caps", "status"), [("+dac_override", 200), ("", 409)],
                          ids=["dac-override", "no-capabilities"])  # fmt: skip
 def test_dac_override_is_the_capability_the_agent_needs(
-    tmp_path: Path, node: Any, caps: str, status: int
+    tmp_path: Path, agent_node: Any, caps: str, status: int
 ) -> None:
-    files, api, pods = node
+    files, api, pods = agent_node
     _as_rank_user(files, pods)
     tmp_path.chmod(0o755)
     caps_arg = f"-all{',' + caps if caps else ''}"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from rankpack.controller.decision import (
     ControllerSettings,
@@ -18,6 +19,7 @@ from rankpack.controller.decision import (
     SimSnapshot,
 )
 from rankpack.controller.jobs import Job, OneJob
+from rankpack.controller.tracked import LoopSettings
 from rankpack.core.actions import Action, Note, Resize, StageJob, WaitSetting
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.core.results import RunResult
@@ -87,7 +89,7 @@ def queued(qid: int, ranks: int = 8, millis: int = 1000) -> QueuedSim:
     return QueuedSim(queue_id=qid, n_ranks=ranks, initial_request_millis=(millis,) * ranks)
 
 
-def running(
+def running_on(
     sim_id: str, node: str, ranks: int = 8, millis: int = 1000, started_s: float = 0.0
 ) -> SimSnapshot:
     """A simulation whose ``ranks`` ranks all run on ``node``."""
@@ -168,3 +170,9 @@ class Recorded(OneJob):
     def whys(self) -> list[Failure]:
         """Why it was requeued, each time."""
         return [why for _, why in self.requeues]
+
+
+def quick_loop_settings(tmp_path: Path) -> LoopSettings:
+    """The loop's settings with no cooldown between launches, its runs under ``tmp_path``."""
+    return LoopSettings(runs_root=tmp_path / "runs",
+                        controller=ControllerSettings(launch_cooldown_s=0.0))  # fmt: skip

@@ -19,7 +19,7 @@ from rankpack.operator.admission import NamespaceLimits
 from rankpack.operator.status import StatusWriter
 from rankpack.store import EventRow, Store
 from tests.fakeapi import FakeSims
-from tests.unit.operator._helpers import new_queue
+from tests.unit.operator._helpers import event_row, new_queue
 
 STAGED = StagedCase(Path("/runs/a"), "pitzDaily", "tutorial", "simpleFoam", (1, 1), 100)
 QUOTA = Failure(FailureCode.QUOTA_EXCEEDED, "exceeded quota: q; back in the queue")
@@ -113,21 +113,17 @@ def test_no_limits_by_default_but_100_queued() -> None:
     assert limits.queued_refusal("ns", 99) == "" and limits.queued_refusal("ns", 100)
 
 
-def _event(kind: str, **detail: Any) -> EventRow:
-    return EventRow(1, 7, "2026-01-01T00:00:00+00:00", 1.0, kind, detail, 3)
-
-
 def test_quota_holds_and_requeues_are_events_with_the_reason_quota_exceeded() -> None:
     for row, etype in (
-        (_event("launch-requeued", code="QuotaExceeded", reason="exceeded quota"), "Warning"),
-        (_event("launch-held", code="quota", reason="held within q"), "Normal"),
-        (_event("resize-capped", code="quota", reason="grows held within q"), "Normal"),
-        (_event("resize-rejected", code="QuotaExceeded", reason="exceeded quota"), "Warning"),
+        (event_row("launch-requeued", code="QuotaExceeded", reason="exceeded quota"), "Warning"),
+        (event_row("launch-held", code="quota", reason="held within q"), "Normal"),
+        (event_row("resize-capped", code="quota", reason="grows held within q"), "Normal"),
+        (event_row("resize-rejected", code="QuotaExceeded", reason="exceeded quota"), "Warning"),
     ):
         body = events.event_body(row, "sim-a", "uid-a", "ns", "op-1")
         assert body is not None, row.kind
         assert (body["type"], body["reason"]) == (etype, "QuotaExceeded"), row.kind
-    assert events.event_body(_event("launch-held", code="no-gain"), "a", None, "ns", "i") is None
+    assert events.event_body(event_row("launch-held", code="no-gain"), "a", None, "ns", "i") is None
 
 
 def test_a_grow_held_for_quota_sets_resize_held_until_a_resize_completes(
