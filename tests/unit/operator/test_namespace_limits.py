@@ -3,7 +3,7 @@ quota goes back to ``Queued`` with ``QuotaExceeded`` in its status and an Event;
 says why in the status; a namespace may have only so many Simulations queued (one more is
 refused ``TooManyQueued``) and running (the next waits ``MaxRunningPerNamespace``), counted
 per namespace; the namespace's ResourceQuota as read (`cpu_quota`). Against `FakeSims` (the
-`SimulationApi` boundary)."""
+real `SimulationApi` over the fake apiserver)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,8 @@
 """The Simulations' status writes (`StatusOutbox`): patches kept while the apiserver is away
 and written when it is back, the end of a term, conditions one per type, and writes coalesced
 to one patch per Simulation per interval but phase changes (issue 29), with an injected
-clock. Against `FakeSims` (the `SimulationApi` boundary)."""
+clock. Against `FakeSims`
+(the real `SimulationApi` over the fake apiserver)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,7 @@
 """The operator's queue of Simulations (`SimulationQueue`) without a cluster: what is pending
 while the apiserver is down, claims, holds, ends (with the run's result), withdrawals and a
-lost node's requeue. Against `FakeSims` (the `SimulationApi` boundary)."""
+lost node's requeue. Against `FakeSims`
+(the real `SimulationApi` over the fake apiserver)."""
 
 from __future__ import annotations
 
