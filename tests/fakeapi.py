@@ -20,6 +20,7 @@ admission check of each create), `forbid_paths`, `quota_millis`, `resize_limit_m
 
 from __future__ import annotations
 
+import builtins
 import copy
 import itertools
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -455,8 +456,8 @@ class FakeKubeApi:
         assert method == "GET", (method, path)
         return self._listed(*self._scope(path), query or {})
 
-    def _simulation(self, method: str, ns: str | None, rest: list[str], query: Mapping[str, str],
-                    body: Obj | None) -> Obj:  # fmt: skip
+    def _simulation(self, method: str, ns: str | None, rest: Sequence[str],
+                    query: Mapping[str, str], body: Obj | None) -> Obj:  # fmt: skip
         if not rest and method == "GET":
             return self._listed(crd.PLURAL, ns, query)
         store = self.simulations.setdefault(str(ns), {})
@@ -573,7 +574,7 @@ class FakeKubeApi:
         pod["status"]["message"] = "The node was low on resource: memory."
         self._bump(pod)
 
-    def writes(self) -> list[tuple[str, ...]]:
+    def writes(self) -> builtins.list[tuple[str, ...]]:
         """The actions that change something (no get, list or watch)."""
         return [a for a in self.actions if a[0] not in ("get", "list", "watch")]
 
@@ -596,7 +597,7 @@ class FakeSims(SimulationApi):
         return self.fake.simulations.setdefault(self.namespace, {})
 
     @property
-    def patches(self) -> list[tuple[str, Obj]]:
+    def patches(self) -> builtins.list[tuple[str, Obj]]:
         return self.fake.status_patches
 
     @property
