@@ -214,7 +214,7 @@ def _scratch(root: Path) -> dict[str, str]:
     }
 
 
-def _snapshot(root: Path, skip: str | None) -> dict[str, tuple[int, int]]:
+def _tree_modes(root: Path, skip: str | None) -> dict[str, tuple[int, int]]:
     """Every entry under ``root``: mode and size; ``skip``: a database file not compared."""
     out: dict[str, tuple[int, int]] = {}
     for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
@@ -267,7 +267,7 @@ def test_fuzz_every_subcommand(argv: list[str], worker: Worker) -> None:
                 while not top.parent.exists() and top.parent != top:
                     top = top.parent
                 skip_db = str(top)
-        before = _snapshot(root, skip_db)
+        before = _tree_modes(root, skip_db)
         reply = worker.call(real, env, names["@W"])
         code, err = reply["code"], reply["stderr"]
         event(f"{' '.join(argv[2:4] if argv[0] == '--db' else argv[:2])[:20]} -> exit {code}")
@@ -277,4 +277,4 @@ def test_fuzz_every_subcommand(argv: list[str], worker: Worker) -> None:
         if code == 2:
             lines = [line for line in err.splitlines() if not line.startswith("rankpack: warning:")]
             assert len(lines) == 1, (real, err)
-            assert _snapshot(root, skip_db) == before, (real, err)
+            assert _tree_modes(root, skip_db) == before, (real, err)

@@ -49,7 +49,7 @@ def aerofoil(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return _meshed(tmp_path_factory, "aerofoilNACA0012")
 
 
-def _state(case: Path) -> dict[str, bytes]:
+def _decompose_state(case: Path) -> dict[str, bytes]:
     """Everything decompose may touch: dicts, cellDecomposition, processor dir listings."""
     out = {}
     for rel in ("system/decomposeParDict", "constant/cellDecomposition"):
@@ -124,7 +124,7 @@ def test_bad_input_leaves_decomposed_case_unchanged(
     aerofoil: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     decompose_case(aerofoil, 2, "equal")
-    before = _state(aerofoil)
+    before = _decompose_state(aerofoil)
     for args in (
         ["--weights", "1,0"],
         ["--ranks", "20000"],
@@ -132,7 +132,7 @@ def test_bad_input_leaves_decomposed_case_unchanged(
     ):
         assert main(["decompose", str(aerofoil), *args]) == 2
         assert capsys.readouterr().err.count("\n") == 1
-        assert _state(aerofoil) == before
+        assert _decompose_state(aerofoil) == before
 
 
 def test_centre_outside_domain_warns(aerofoil: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -166,13 +166,13 @@ def test_binary_gzipped_mesh_reads_the_same(pitz: Path, tmp_path: Path) -> None:
 
 def test_processor_weights_with_stub_scotch(aerofoil: Path) -> None:
     decompose_case(aerofoil, 4, "concentric", [4.0, 3.0, 2.0, 1.0])
-    processors = _state(aerofoil)
+    processors = _decompose_state(aerofoil)
     result = write_processor_weights(aerofoil, [1.0, 1.0, 5.0, 15.0])
     text = (aerofoil / "system" / "decomposeParDict").read_text()
     assert "processorWeights (1 1 5 15);" in text
     if result.openfoam_cells is None:  # Debian's stub Scotch
         assert "stub" in result.message
-        after = _state(aerofoil)
+        after = _decompose_state(aerofoil)
         assert {k: v for k, v in after.items() if k.startswith("processor")} == {
             k: v for k, v in processors.items() if k.startswith("processor")
         }

@@ -64,7 +64,9 @@ def _tools_under(root: Path, *, any_name: bool = False) -> list[int]:
     return found
 
 
-def _wait_for(what: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 180) -> None:
+def _wait_for_phase(
+    what: Callable[[], bool], proc: subprocess.Popen[str], timeout: float = 180
+) -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if what():
@@ -145,7 +147,7 @@ def test_decompose_tutorial_interrupted_leaves_nothing(
     out = parent / "pd"
     argv = ["decompose", "pitzDaily", "--output", str(out), "--weights", "1,1,5,15"]
     proc = _start(argv, env=slow_tools)
-    _wait_for(_tool_running(phase, parent), proc)
+    _wait_for_phase(_tool_running(phase, parent), proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     if sig == signal.SIGKILL:
@@ -179,7 +181,7 @@ def decomposed(tmp_path: Path) -> Path:
     return case
 
 
-def _state(case: Path) -> dict[str, object]:
+def _case_state(case: Path) -> dict[str, object]:
     out: dict[str, object] = {}
     for rel in ("system/decomposeParDict", "constant/cellDecomposition", "log.decomposePar"):
         p = case / rel
@@ -196,15 +198,15 @@ def _state(case: Path) -> dict[str, object]:
 def test_decompose_in_place_interrupted_keeps_old_decomposition(
     decomposed: Path, sig: signal.Signals, slow_tools: dict[str, str]
 ) -> None:
-    before = _state(decomposed)
+    before = _case_state(decomposed)
     assert before["processor1"] and "processor2" not in before
     proc = _start(["decompose", str(decomposed), "--weights", "1,1,5,15"], env=slow_tools)
-    _wait_for(_tool_running("decomposePar", decomposed), proc)
+    _wait_for_phase(_tool_running("decomposePar", decomposed), proc)
     proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == (-signal.SIGKILL if sig == signal.SIGKILL else 130), err
     _no_orphans(decomposed, sig)
-    after = _state(decomposed)
+    after = _case_state(decomposed)
     if sig == signal.SIGKILL:
         hidden = [n for n in after.pop("entries") if n.startswith(".rankpack-decompose-")]  # type: ignore[attr-defined]
         assert len(hidden) == 1
@@ -282,7 +284,7 @@ def test_demo_sigterm_exits_130_and_says_the_story_is_incomplete(tmp_path: Path)
             return False
         return int(n) >= 2 and int(running) >= 1
 
-    _wait_for(second_run_running, proc, timeout=600)
+    _wait_for_phase(second_run_running, proc, timeout=600)
     proc.send_signal(signal.SIGTERM)
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 130, err

@@ -89,7 +89,7 @@ class OnTick:
         pass
 
 
-def _run(
+def _run_local(
     tmp_path: Path, backend: LocalBackend, sub: Submission, check: Callable[[SimView], None],
     stop: threading.Event | None = None,
 ) -> LoopResult:  # fmt: skip
@@ -107,7 +107,7 @@ def _weights(settings: cgroups.CpuSettings) -> int:
     return value
 
 
-def _kubelet_weight(driver: cgroups.CgroupDriver, millis: int) -> int:
+def _driver_weight(driver: cgroups.CgroupDriver, millis: int) -> int:
     if driver.version == "v1":
         return cgroups.millis_to_shares(millis)
     return cgroups.millis_to_weight(millis)
@@ -136,25 +136,25 @@ def test_proportional_shares_in_cgroups_while_running_and_resize_in_place(tmp_pa
             backend.resize(view.sim_id, 0, RankResources(500))
             resized.append(view.log.iterations)
 
-    loop = _run(tmp_path, backend, _submission([1, 1, 5, 15], iters=150), check)
+    loop = _run_local(tmp_path, backend, _submission([1, 1, 5, 15], iters=150), check)
     (result,) = loop.results
     assert result.status == "completed" and result.iterations == 150, result.message
     # the run's own cgroup existed (under the detected driver's root) while it ran
     assert run_cgroup_seen and all(run_cgroup_seen)
     # kubelet: millis * 1024 // 1000 (v1 shares; the kubelet's weight on v2)
-    expected = [_kubelet_weight(driver, m) for m in (182, 182, 909, 2727)]
+    expected = [_driver_weight(driver, m) for m in (182, 182, 909, 2727)]
     if driver.version == "v1":
         assert expected == [186, 186, 930, 2792]
     assert seen_shares[0] == expected
     # like a pod's cgroup, the run weighs the sum of its requests (4000m, then 4318m)
-    assert run_shares[0] == _kubelet_weight(driver, 4000)
-    assert run_shares[-1] == _kubelet_weight(driver, 500 + 182 + 909 + 2727)
+    assert run_shares[0] == _driver_weight(driver, 4000)
+    assert run_shares[-1] == _driver_weight(driver, 500 + 182 + 909 + 2727)
     # like kubepods, the parent of all rank pods weighs the machine's CPUs
     parent = _weights(driver.read_settings(cgroups.SUBTREE))
-    assert parent == _kubelet_weight(driver, backend.capacity_millis())
+    assert parent == _driver_weight(driver, backend.capacity_millis())
     assert resized, "the run ended before a resize could be made"
     # rank 0 resized to 500m in place
-    assert [_kubelet_weight(driver, 500), *expected[1:]] in seen_shares
+    assert [_driver_weight(driver, 500), *expected[1:]] in seen_shares
     pid_dir = Path(result.run_dir) / ".rankpack" / "pids"
     # zero restarts: the same rank processes before and after the resize
     assert {i: (pid_dir / f"rank-{i}.pid").read_text() for i in range(4)} == pids_before
@@ -176,7 +176,9 @@ def test_hard_limits_throttle_the_small_ranks(tmp_path: Path) -> None:
             timers[0].start()
 
     try:
-        loop = _run(tmp_path, backend, _submission([1, 1, 5, 15], QoS.LIMITS, 500), check, stop)
+        loop = _run_local(
+            tmp_path, backend, _submission([1, 1, 5, 15], QoS.LIMITS, 500), check, stop
+        )
     finally:
         for timer in timers:
             timer.cancel()

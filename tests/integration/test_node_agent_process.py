@@ -1,8 +1,9 @@
-"""`rankpack node-agent` as a process, against a fake apiserver (HTTP, in this process) and
-fakes of a node's filesystems: the REST calls it makes (its node's rank pods, TokenReview,
-SubjectAccessReview), its answers, and - as root, under ``setpriv`` - the capability the
-DaemonSet gives it: with only DAC_OVERRIDE it writes the wait-mode word of a record that
-belongs to uid 1000 behind the kubelet's 0750 root directories; without it, it cannot."""
+"""`rankpack node-agent` as a process, against the HTTP apiserver fake (`tests.fakeapiserver`
+over `tests.fakeapi`, in this process) and fakes of a node's filesystems: the REST calls it
+makes (its node's rank pods, TokenReview, SubjectAccessReview), its answers, and - as root,
+under ``setpriv`` - the capability the DaemonSet gives it: with only DAC_OVERRIDE it writes
+the wait-mode word of a record that belongs to uid 1000 behind the kubelet's 0750 root
+directories; without it, it cannot."""
 
 from __future__ import annotations
 
@@ -13,74 +14,21 @@ import shutil
 import socket
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlsplit
 
 import pytest
 
 from rankpack.profile.records import read_record
+from tests.fakeapi import FakeKubeApi
+from tests.fakeapiserver import FakeApiserver
 from tests.unit.backend.kubernetes.fakenode import FakeNodeFilesystems, new_uid, rank_pod_object
 
 pytestmark = pytest.mark.integration
 
 AGENT_TOKEN = "agent-token"
-USERS = {"operator-token": "system:serviceaccount:rankpack:rankpack-operator",
-         "creator-token": "system:serviceaccount:team:submitter"}  # fmt: skip
-
-
-class FakeApiserver(ThreadingHTTPServer):
-    """Pods of one node, TokenReview and SubjectAccessReview; records what it is asked."""
-
-    daemon_threads = True
-
-    def __init__(self, pods: list[dict[str, Any]]) -> None:
-        self.pods = pods
-        self.asked: list[str] = []
-        super().__init__(("127.0.0.1", 0), _Api)
-
-
-class _Api(BaseHTTPRequestHandler):
-    server: FakeApiserver
-
-    def log_message(self, *args: object) -> None:
-        return None
-
-    def _json(self, data: object, status: int = 200) -> None:
-        body = json.dumps(data).encode()
-        self.send_response(status)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        self.wfile.write(body)
-
-    def do_GET(self) -> None:
-        url = urlsplit(self.path)
-        self.server.asked.append(f"GET {url.path} {sorted(parse_qs(url.query).items())}")
-        if self.headers.get("Authorization") != f"Bearer {AGENT_TOKEN}":
-            self._json({"message": "Unauthorized"}, 401)
-        elif url.path == "/api/v1/pods":
-            self._json({"items": self.server.pods})
-        else:
-            self._json({"message": "not found"}, 404)
-
-    def do_POST(self) -> None:
-        spec = json.loads(self.rfile.read(int(self.headers["Content-Length"])))["spec"]
-        self.server.asked.append(f"POST {self.path}")
-        if self.path.endswith("/tokenreviews"):
-            user = USERS.get(spec["token"])
-            status: dict[str, Any] = {"authenticated": bool(user)}
-            if user:
-                status["user"] = {"username": user, "groups": ["system:authenticated"]}
-        else:
-            attrs = spec["resourceAttributes"]
-            status = {"allowed": spec["user"] == USERS["operator-token"]
-                      and attrs["namespace"] == "runs"}  # fmt: skip
-        self._json({"status": status}, 201)
 
 
 def free_port() -> int:
@@ -103,13 +51,7 @@ def ask(port: int, method: str, path: str, token: str | None = None,
 class Agent:
     def __init__(self, tmp_path: Path, files: FakeNodeFilesystems, api: FakeApiserver,
                  prefix: list[str]) -> None:  # fmt: skip
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(json.dumps({
-            "apiVersion": "v1", "kind": "Config", "current-context": "x",
-            "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{api.server_port}"}}],
-            "users": [{"name": "u", "user": {"token": AGENT_TOKEN}}],
-            "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
-        }))  # fmt: skip
+        kubeconfig = api.kubeconfig(tmp_path / "kubeconfig", token=AGENT_TOKEN)
         kubeconfig.chmod(0o644)
         self.port = free_port()
         self.log = tmp_path / f"agent-{self.port}.log"
@@ -137,7 +79,7 @@ class Agent:
 
 
 @pytest.fixture
-def node(tmp_path: Path) -> Iterator[tuple[FakeNodeFilesystems, FakeApiserver, list[dict]]]:  # type: ignore[type-arg]
+def agent_node(tmp_path: Path) -> Iterator[tuple[FakeNodeFilesystems, FakeApiserver, list[dict]]]:  # type: ignore[type-arg]
     files = FakeNodeFilesystems(tmp_path / "node")
     pods = []
     for rank in range(2):
@@ -145,15 +87,13 @@ def node(tmp_path: Path) -> Iterator[tuple[FakeNodeFilesystems, FakeApiserver, l
         files.add_cgroup(uid, usage_ns=(rank + 1) * 10**9)
         files.write_record(uid, rank, compute_ns=30, mpi_ns=10, window=(3, 1))
         pods.append(rank_pod_object(uid, "s1", rank, namespace="runs"))
-    api = FakeApiserver(pods)
-    threading.Thread(target=api.serve_forever, args=(0.1,), daemon=True).start()
+    api = FakeApiserver(FakeKubeApi(token=AGENT_TOKEN, other_pods=pods)).start()
     yield files, api, pods
-    api.shutdown()
-    api.server_close()
+    api.stop()
 
 
-def test_the_agent_process_serves_its_nodes_ranks(tmp_path: Path, node: Any) -> None:
-    files, api, pods = node
+def test_the_agent_process_serves_its_nodes_ranks(tmp_path: Path, agent_node: Any) -> None:
+    files, api, pods = agent_node
     agent = Agent(tmp_path, files, api, [])
     try:
         assert ask(agent.port, "GET", "/v1/ranks?namespace=runs")[0] == 401
@@ -172,13 +112,12 @@ def test_the_agent_process_serves_its_nodes_ranks(tmp_path: Path, node: Any) -> 
             assert read_record(path / f"rank-{rank}.rec").wait_mode_requested == "polite"  # type: ignore[union-attr]
     finally:
         assert agent.stop() == 0, agent.log.read_text()
-    selector = (
-        "GET /api/v1/pods [('fieldSelector', ['spec.nodeName=node-1']), "
-        "('labelSelector', ['app.kubernetes.io/managed-by=rankpack,rankpack.dev/rank'])]"
-    )
-    assert api.asked.count(selector) >= 1  # fmt: skip
-    assert "POST /apis/authentication.k8s.io/v1/tokenreviews" in api.asked
-    assert "POST /apis/authorization.k8s.io/v1/subjectaccessreviews" in api.asked
+    asked = [(s.method, s.path, s.query) for s in api.seen]
+    labels = "app.kubernetes.io/managed-by=rankpack,rankpack.dev/rank"
+    selector = {"fieldSelector": "spec.nodeName=node-1", "labelSelector": labels}
+    assert asked.count(("GET", "/api/v1/pods", selector)) >= 1
+    assert ("POST", "/apis/authentication.k8s.io/v1/tokenreviews", {}) in asked
+    assert ("POST", "/apis/authorization.k8s.io/v1/subjectaccessreviews", {}) in asked
     assert "operator-token" not in agent.log.read_text()  # tokens are never logged
 
 
@@ -206,9 +145,9 @@ needs_root = pytest.mark.skipif(
 @pytest.mark.parametrize(("caps", "status"), [("+dac_override", 200), ("", 409)],
                          ids=["dac-override", "no-capabilities"])  # fmt: skip
 def test_dac_override_is_the_capability_the_agent_needs(
-    tmp_path: Path, node: Any, caps: str, status: int
+    tmp_path: Path, agent_node: Any, caps: str, status: int
 ) -> None:
-    files, api, pods = node
+    files, api, pods = agent_node
     _as_rank_user(files, pods)
     tmp_path.chmod(0o755)
     caps_arg = f"-all{',' + caps if caps else ''}"

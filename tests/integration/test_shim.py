@@ -212,7 +212,9 @@ def test_profile_cli_bad_input_is_one_line(built: Path) -> None:
     assert out.stderr.count("\n") == 1 and "not found" in out.stderr
 
 
-def _wait_for(path: Path, cond: Callable[[RankRecord], bool], timeout_s: float) -> RankRecord:
+def _wait_for_record(
+    path: Path, cond: Callable[[RankRecord], bool], timeout_s: float
+) -> RankRecord:
     """The first snapshot of `path` that satisfies `cond`."""
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -240,17 +242,17 @@ def test_wait_mode_switches_live(built: Path, tmp_path: Path, flavour: str) -> N
     )
     paths = [tmp_path / f"rank-{r}.rec" for r in range(2)]
     try:
-        rec = _wait_for(paths[1], lambda r: r.updates > 10, 30)
+        rec = _wait_for_record(paths[1], lambda r: r.updates > 10, 30)
         assert (rec.wait_mode, rec.wait_mode_requested, rec.sleeps) == ("spin", "spin", 0)
         for path in paths:
             set_wait_mode(path, "polite")
-        polite = _wait_for(paths[1], lambda r: r.wait_mode == "polite", 10)
+        polite = _wait_for_record(paths[1], lambda r: r.wait_mode == "polite", 10)
         assert polite.wait_mode_requested == "polite" and polite.wait_switches == 1
         if flavour == "openmpi":
-            _wait_for(paths[1], lambda r: r.sleeps > 0, 10)
+            _wait_for_record(paths[1], lambda r: r.sleeps > 0, 10)
         for path in paths:
             set_wait_mode(path, "spin")
-        spin = _wait_for(paths[1], lambda r: r.wait_mode == "spin", 10)
+        spin = _wait_for_record(paths[1], lambda r: r.wait_mode == "spin", 10)
         time.sleep(0.3)  # several more waits, all spinning
         later = read_record(paths[1])
         assert later is not None and later.updates > spin.updates

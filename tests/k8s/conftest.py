@@ -317,3 +317,10 @@ def env(k8s: DevCluster, tmp_path: Path) -> Iterator[Any]:
         e.custom.delete_namespaced_custom_object(
             crd.GROUP, crd.VERSION, k8s.namespace, crd.PLURAL, o["metadata"]["name"]
         )
+
+
+@pytest.fixture(scope="module")
+def two(dev_cluster: DevCluster) -> Iterator[DevCluster]:
+    """The module's own dev cluster of two nodes (the session's one node is down meanwhile)."""
+    with dev_cluster.nodes_up(2) as two_nodes:
+        yield two_nodes

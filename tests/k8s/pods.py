@@ -81,3 +81,8 @@ def delete_and_wait(core: Any, name: str, namespace: str, timeout_s: float = 60)
 def cpu_patch(container: str, cpu: str) -> dict[str, Any]:
     """A `pods/resize` strategic-merge patch of one container's CPU request."""
     return {"spec": {"containers": [{"name": container, "resources": {"requests": {"cpu": cpu}}}]}}
+
+
+def shares_for(millis: int) -> int:
+    """The cgroup v1 ``cpu.shares`` the kubelet writes for a request of ``millis``."""
+    return max(2, millis * 1024 // 1000)

@@ -32,14 +32,10 @@ from rankpack.devcluster.nodefiles import with_node_files
 from rankpack.plan.submission import Phase, Submission
 from rankpack.store import Store
 from tests.k8s.conftest import DevCluster
-from tests.k8s.pods import container_cgroup
+from tests.k8s.pods import container_cgroup, shares_for
 
 POD_SUBNET = "10.201.0.0/24"
 SELECTOR = "app.kubernetes.io/managed-by=rankpack"
-
-
-def shares_for(millis: int) -> int:
-    return max(2, millis * 1024 // 1000)
 
 
 @dataclass

@@ -73,7 +73,7 @@ def two_nodes(dev_cluster: DevCluster) -> Iterator[InCluster]:
         assert not report.leftovers, report.leftovers
 
 
-def _simulation(name: str, case: str) -> dict[str, Any]:
+def _fixed_simulation(name: str, case: str) -> dict[str, Any]:
     return {
         "apiVersion": crd.API_VERSION,
         "kind": crd.KIND,
@@ -116,7 +116,7 @@ def test_a_lost_node_requeues_its_simulations_which_resume(two_nodes: InCluster)
         os.chown(path, manifests.RUN_AS, manifests.RUN_AS)
     in_pod = str(Path(manifests.RUNS_PATH) / "cases" / case.name)
     manifest = runs / "lost-node.json"
-    items = [_simulation(n, in_pod) for n in NAMES]
+    items = [_fixed_simulation(n, in_pod) for n in NAMES]
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     (op,) = ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
     nodes = sorted(n["metadata"]["name"] for n in ic.get("nodes")["items"])

@@ -25,7 +25,6 @@ import re
 import shutil
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -45,12 +44,6 @@ ITERATIONS = 1500
 COMPUTE_US = 2000
 """Rank 1 computes 2 ms an iteration, rank 0 twice that (``-k 2``): ~6 s of work, long
 enough for the shim's records to be read on each node while it runs."""
-
-
-@pytest.fixture(scope="module")
-def two(dev_cluster: DevCluster) -> Iterator[DevCluster]:
-    with dev_cluster.nodes_up(2) as two_nodes:
-        yield two_nodes
 
 
 @pytest.fixture(scope="module")

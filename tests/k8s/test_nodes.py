@@ -160,7 +160,7 @@ def pod_pids(pod: Any) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def two(dev_cluster: DevCluster) -> Iterator[TwoNodes]:
+def two_up(dev_cluster: DevCluster) -> Iterator[TwoNodes]:
     state_dir = dev_cluster.state_dir
     if clusterstate.running_components(Layout(state_dir)):
         report = teardown.down(state_dir)
@@ -178,7 +178,7 @@ def two(dev_cluster: DevCluster) -> Iterator[TwoNodes]:
             assert not report.leftovers, report.leftovers
 
 
-def test_both_nodes_ready_with_their_share_of_the_cpus(two: TwoNodes) -> None:
+def test_both_nodes_ready_with_their_share_of_the_cpus(two_up: TwoNodes) -> None:
     proc = rankpack("dev-cluster", "status", "--json", timeout=240)
     assert proc.returncode == 0, proc.stderr
     status = json.loads(proc.stdout)
@@ -190,7 +190,7 @@ def test_both_nodes_ready_with_their_share_of_the_cpus(two: TwoNodes) -> None:
         assert entry["allocatable_millis"] == share * 1000
         assert entry["cpu_count"] == share
         assert entry["pods_cgroup"] == f"{entry['name']}/kubepods"
-        node = two.node(entry["name"])
+        node = two_up.node(entry["name"])
         assert node.status.capacity["cpu"] == str(share)  # its kubelet sees its CPUs only
         addresses = {a.type: a.address for a in node.status.addresses}
         assert addresses["InternalIP"] == f"10.200.0.{i + 1}"
@@ -199,13 +199,13 @@ def test_both_nodes_ready_with_their_share_of_the_cpus(two: TwoNodes) -> None:
         cpuset = (CGROUP / "cpuset" / entry["name"] / "cpuset.cpus").read_text().strip()
         assert cpuset == entry["cpus"]
     assert len(cpus) == 2  # disjoint shares
-    assert two.up_s < 120
+    assert two_up.up_s < 120
 
 
 def test_the_cluster_daemons_run_in_their_own_cgroup_and_node_roots_hold_only_pods(
-    two: TwoNodes,
+    two_up: TwoNodes,
 ) -> None:
-    layout = two.layout
+    layout = two_up.layout
     daemons = clusterstate.running_components(layout)
     assert len(daemons) == len(layout.components())
     system = {int(p) for p in (CGROUP / "cpu" / SYSTEM_CGROUP / "cgroup.procs").read_text().split()}
@@ -216,45 +216,45 @@ def test_the_cluster_daemons_run_in_their_own_cgroup_and_node_roots_hold_only_po
         assert not host.cgroup_pids(root) & system
 
 
-def test_a_pod_on_each_node_sees_its_cpus_and_reaches_the_other(two: TwoNodes) -> None:
-    pods = {node: two.server(f"server-{i}", node) for i, node in enumerate(NODES)}
+def test_a_pod_on_each_node_sees_its_cpus_and_reaches_the_other(two_up: TwoNodes) -> None:
+    pods = {node: two_up.server(f"server-{i}", node) for i, node in enumerate(NODES)}
     for i, (node, pod) in enumerate(pods.items()):
-        spec = two.specs[node]
+        spec = two_up.specs[node]
         assert pod.spec.node_name == node
         assert pod.status.pod_ip.startswith(f"10.201.{i}.")
         cpuset = (container_cgroup(pod, CGROUP / "cpuset") / "cpuset.cpus").read_text().strip()
         assert cpuset == format_cpus(spec.cpus)
-        seen = two.exec(pod.metadata.name, "python3", "-c",
+        seen = two_up.exec(pod.metadata.name, "python3", "-c",
                         "import os; print(sorted(os.sched_getaffinity(0)))")  # fmt: skip
         assert seen == str(list(spec.cpus))
         # a host path /var/lib/kubelet is this node's kubelet root, not another node's
-        listed = two.exec(pod.metadata.name, "ls", "/host/kubelet/pods").split()
+        listed = two_up.exec(pod.metadata.name, "ls", "/host/kubelet/pods").split()
         assert pod.metadata.uid in listed
         others = [p.metadata.uid for n, p in pods.items() if n != node]
         assert not set(others) & set(listed)
-        assert (two.layout.node(spec).kubelet_root / "pods" / pod.metadata.uid).is_dir()
+        assert (two_up.layout.node(spec).kubelet_root / "pods" / pod.metadata.uid).is_dir()
     a, b = pods[NODES[0]], pods[NODES[1]]
     for src, dst in ((a, b), (b, a)):
-        answer = two.exec(src.metadata.name, "python3", "-c", CLIENT, dst.status.pod_ip,
+        answer = two_up.exec(src.metadata.name, "python3", "-c", CLIENT, dst.status.pod_ip,
                           str(PORT))  # fmt: skip
         assert answer.startswith(dst.metadata.name), answer
         # no resolver off this machine: a name lookup (mpirun resolves its hostfile's pod
         # names) fails at once instead of waiting out an unreachable nameserver's timeouts
-        resolv = two.exec(src.metadata.name, "cat", "/etc/resolv.conf").split("\n")
+        resolv = two_up.exec(src.metadata.name, "cat", "/etc/resolv.conf").split("\n")
         servers = [line.split()[1] for line in resolv if line.startswith("nameserver")]
         assert all(ipaddress.ip_address(s).is_loopback for s in servers), resolv
-        took = float(two.exec(src.metadata.name, "python3", "-c", LOOKUP, dst.metadata.name))
+        took = float(two_up.exec(src.metadata.name, "python3", "-c", LOOKUP, dst.metadata.name))
         assert took < 2.0, f"a lookup of {dst.metadata.name} took {took:.1f} s to fail"
 
 
-def test_stop_node_kills_its_pods_and_the_node_goes_not_ready(two: TwoNodes) -> None:
-    core = two.core()
-    ns = two.session.namespace
+def test_stop_node_kills_its_pods_and_the_node_goes_not_ready(two_up: TwoNodes) -> None:
+    core = two_up.core()
+    ns = two_up.session.namespace
     a = core.read_namespaced_pod("server-0", ns)
     b = core.read_namespaced_pod("server-1", ns)
     stopped, kept = pod_pids(b), pod_pids(a)
     assert stopped and kept
-    socket = two.layout.node(two.specs[NODES[1]]).containerd_socket
+    socket = two_up.layout.node(two_up.specs[NODES[1]]).containerd_socket
     assert processes.shims_of(socket)
 
     t0 = time.monotonic()
@@ -265,58 +265,58 @@ def test_stop_node_kills_its_pods_and_the_node_goes_not_ready(two: TwoNodes) -> 
     assert not any(processes.running(p) for p in stopped)
     assert not host.cgroup_pids(CGROUP / "cpu" / NODES[1])  # nothing of its pods runs
     assert not processes.shims_of(socket)
-    assert not host.link_exists(two.specs[NODES[1]].bridge)  # its pod network is down
+    assert not host.link_exists(two_up.specs[NODES[1]].bridge)  # its pod network is down
     assert all(processes.running(p) for p in kept), "the other node's pods must run on"
     # the other node's pod gets an answer at once: no route (nothing leaves the machine)
-    answer = two.exec("server-0", "python3", "-c", CLIENT, b.status.pod_ip, str(PORT))
+    answer = two_up.exec("server-0", "python3", "-c", CLIENT, b.status.pod_ip, str(PORT))
     assert answer.startswith("error 113"), answer  # EHOSTUNREACH
-    status = clusterstate.status(two.state_dir)
+    status = clusterstate.status(two_up.state_dir)
     entry = next(n for n in status["nodes"] if n["name"] == NODES[1])
     assert entry["stopped"] is True and entry["running"] is False
 
     deadline = time.monotonic() + 150
-    while ready_status(two.node(NODES[1])) == "True":
+    while ready_status(two_up.node(NODES[1])) == "True":
         assert time.monotonic() < deadline, "the stopped node stayed Ready"
         time.sleep(1)
     print(f"\nstop-node took {took:.1f} s; NotReady {time.monotonic() - t0:.0f} s after it")
-    assert ready_status(two.node(NODES[0])) == "True"
+    assert ready_status(two_up.node(NODES[0])) == "True"
 
 
-def test_start_node_brings_it_back_empty_and_a_new_pod_runs_there(two: TwoNodes) -> None:
-    old = two.core().read_namespaced_pod("server-1", two.session.namespace)
+def test_start_node_brings_it_back_empty_and_a_new_pod_runs_there(two_up: TwoNodes) -> None:
+    old = two_up.core().read_namespaced_pod("server-1", two_up.session.namespace)
     old_ids = {s.container_id.split("://", 1)[1] for s in old.status.container_statuses or []}
     proc = rankpack("dev-cluster", "start-node", NODES[1], "--json", timeout=240)
     assert proc.returncode == 0, proc.stderr
     print(f"\nstart-node: Ready in {json.loads(proc.stdout)['elapsed_s']} s")
-    assert ready_status(two.node(NODES[1])) == "True"
-    spec = two.specs[NODES[1]]
+    assert ready_status(two_up.node(NODES[1])) == "True"
+    spec = two_up.specs[NODES[1]]
     # its old containers' state is gone (a fresh containerd under a fresh runtime directory)
-    socket = two.layout.node(spec).containerd_socket
+    socket = two_up.layout.node(spec).containerd_socket
     listed = subprocess.run(
         [packages.tool("ctr"), "--address", str(socket), "-n", "k8s.io", "containers", "ls", "-q"],
         capture_output=True, text=True, timeout=30, check=True,
     ).stdout.split()  # fmt: skip
     assert old_ids and not old_ids & set(listed)
-    again = two.core().read_namespaced_pod("server-1", two.session.namespace)
+    again = two_up.core().read_namespaced_pod("server-1", two_up.session.namespace)
     print(
         f"the old pod on the returned node: {again.status.phase}, "
         f"{[(s.state, s.restart_count) for s in again.status.container_statuses or []]}"
     )
 
-    delete_and_wait(two.core(), "server-1", two.session.namespace)
-    pod = two.server("server-1b", NODES[1])
+    delete_and_wait(two_up.core(), "server-1", two_up.session.namespace)
+    pod = two_up.server("server-1b", NODES[1])
     assert pod.spec.node_name == NODES[1]
     cpuset = (container_cgroup(pod, CGROUP / "cpuset") / "cpuset.cpus").read_text().strip()
     assert cpuset == format_cpus(spec.cpus)
-    answer = two.exec("server-0", "python3", "-c", CLIENT, pod.status.pod_ip, str(PORT))
+    answer = two_up.exec("server-0", "python3", "-c", CLIENT, pod.status.pod_ip, str(PORT))
     assert answer.startswith("server-1b"), answer
 
 
-def test_down_leaves_nothing_with_pods_on_both_nodes(two: TwoNodes) -> None:
-    core = two.core()
-    ns = two.session.namespace
+def test_down_leaves_nothing_with_pods_on_both_nodes(two_up: TwoNodes) -> None:
+    core = two_up.core()
+    ns = two_up.session.namespace
     pids = [p for name in ("server-0", "server-1b")
             for p in pod_pids(core.read_namespaced_pod(name, ns))]  # fmt: skip
     assert pids
-    down_leaves_nothing(two.state_dir, two.session.before, two.session.links_before, pids)
-    assert not os.path.exists(two.layout.nodes_file)
+    down_leaves_nothing(two_up.state_dir, two_up.session.before, two_up.session.links_before, pids)
+    assert not os.path.exists(two_up.layout.nodes_file)

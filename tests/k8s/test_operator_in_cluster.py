@@ -84,7 +84,7 @@ class InCluster:
                             "--duration=1h").strip()  # fmt: skip
 
 
-def _remove(ic: InCluster) -> None:
+def _remove_operator(ic: InCluster) -> None:
     for kind, name in (("deployment", manifests.NAME), ("daemonset", AGENT)):
         ic.kubectl("delete", kind, name, "-n", NAMESPACE, "--ignore-not-found", "--wait=true",
                    timeout_s=120)  # fmt: skip
@@ -109,7 +109,7 @@ def incluster(dev_cluster: DevCluster) -> Iterator[InCluster]:
         yield ic
     finally:
         ic.kubectl("label", "namespace", NAMESPACE, f"{ENFORCE}=privileged", "--overwrite")
-        _remove(ic)
+        _remove_operator(ic)
 
 
 def test_the_operator_and_the_agent_run_from_deploy(incluster: InCluster) -> None:
@@ -159,7 +159,7 @@ def test_the_agent_answers_401_403_200(incluster: InCluster) -> None:
             ic.kubectl("delete", kind, CREATOR, "-n", NAMESPACE, "--ignore-not-found")
 
 
-def _simulation(name: str, case: str) -> dict[str, Any]:
+def _phased_simulation(name: str, case: str) -> dict[str, Any]:
     iterations = ITERATIONS[name]
     return {
         "apiVersion": crd.API_VERSION,
@@ -202,7 +202,7 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
         ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
                    "--ignore-not-found")  # fmt: skip
     manifest = runs / "simulations.json"
-    items = [_simulation(n, str(in_pod)) for n in names]
+    items = [_phased_simulation(n, str(in_pod)) for n in names]
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
     try:
@@ -284,7 +284,9 @@ def test_a_deleted_launcher_pod_fails_its_simulation_with_a_code(incluster: InCl
     manifest = ic.deployed.runs_dir / "launcher-lost.json"
     # a run that lasts (the tutorial's 285 iterations may end on a quiet machine before the
     # status, coalesced to one patch per 10 s, shows it running)
-    body = _simulation("incluster-a", str(Path(manifests.RUNS_PATH) / "cases" / "pitzDailyLong"))
+    body = _phased_simulation(
+        "incluster-a", str(Path(manifests.RUNS_PATH) / "cases" / "pitzDailyLong")
+    )
     body["metadata"]["name"] = name
     body["spec"]["iterations"] = 3000
     manifest.write_text(json.dumps(body))
@@ -321,7 +323,9 @@ def test_no_resize_is_decided_while_the_agent_is_away(incluster: InCluster) -> N
     # its 10 s coalescing)
     name, total = "incluster-away", 10000
     ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE, "--ignore-not-found")
-    body = _simulation("incluster-a", str(Path(manifests.RUNS_PATH) / "cases" / "pitzDailyLong"))
+    body = _phased_simulation(
+        "incluster-a", str(Path(manifests.RUNS_PATH) / "cases" / "pitzDailyLong")
+    )
     body["metadata"]["name"] = name
     body["spec"]["iterations"] = total
     body["spec"]["phases"][1]["startFraction"] = 0.3  # due while the agent is away

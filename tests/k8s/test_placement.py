@@ -20,11 +20,8 @@ import json
 import os
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 from tests.cli_runner import rankpack
 from tests.k8s.conftest import DevCluster
@@ -32,12 +29,6 @@ from tests.k8s.operators import endless_pitzdaily
 
 NODES = ("rankpack-node", "rankpack-node-1")
 HOSTNAME = "kubernetes.io/hostname"
-
-
-@pytest.fixture(scope="module")
-def two(dev_cluster: DevCluster) -> Iterator[DevCluster]:
-    with dev_cluster.nodes_up(2) as two_nodes:
-        yield two_nodes
 
 
 class PodWatch:

@@ -8,11 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from tests.k8s.conftest import DevCluster
-from tests.k8s.pods import container_cgroup, cpu_patch, delete_and_wait, sleeper_pod, wait_running
-
-
-def shares_for(millis: int) -> int:
-    return max(2, millis * 1024 // 1000)  # the kubelet's mapping (helpers_linux.go)
+from tests.k8s.pods import (
+    container_cgroup,
+    cpu_patch,
+    delete_and_wait,
+    shares_for,
+    sleeper_pod,
+    wait_running,
+)
 
 
 def read_int(path: Path) -> int:

@@ -73,7 +73,7 @@ class Tenants:
         raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
 
-def _remove(t: Tenants) -> None:
+def _remove_tenants(t: Tenants) -> None:
     for kind, name in (("deployment", manifests.NAME), ("daemonset", "rankpack-node-agent")):
         t.kubectl("delete", kind, name, "-n", NAMESPACE, "--ignore-not-found", "--wait=true",
                   timeout_s=120)  # fmt: skip
@@ -123,10 +123,10 @@ def tenants(dev_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -
                             "--tail=30", "--timestamps"))  # fmt: skip
         except UserError as exc:
             print(f"no operator log: {exc}")
-        _remove(t)
+        _remove_tenants(t)
 
 
-def _simulation(name: str, path: str = "pitzDaily") -> str:
+def _simulation_json(name: str, path: str = "pitzDaily") -> str:
     # fixed sizes small enough for both at once: the second is launched as soon as the
     # first runs (nothing to profile), so the two namespaces' pods run side by side
     spec = {"case": {"path": path}, "ranks": 2, "iterations": ITERATIONS, "budgetMillis": 500,
@@ -152,7 +152,7 @@ def test_two_namespaces_two_users_each_sees_and_reaches_only_its_own(tenants: Te
     started = time.monotonic()
     name = "pitz"  # the same name in both namespaces
     for ns in (A, B):
-        done = _create(t, ns, ns, _simulation(name))
+        done = _create(t, ns, ns, _simulation_json(name))
         assert done.returncode == 0, done.stderr
     # neither user reaches the other's namespace: Simulations or pods; nor its own pods
     for me, other in ((A, B), (B, A)):
@@ -161,13 +161,13 @@ def test_two_namespaces_two_users_each_sees_and_reaches_only_its_own(tenants: Te
                      ("get", "pods", "-n", me)):  # fmt: skip
             done = t.as_user(me, *args)
             assert _forbidden(done), (me, args, done.returncode, done.stdout, done.stderr)
-        done = _create(t, me, other, _simulation("intruder"))
+        done = _create(t, me, other, _simulation_json("intruder"))
         assert _forbidden(done), (me, done.stderr)
         assert t.as_user(me, "get", SIMS, name, "-n", me).returncode == 0
     # a case under the other namespace's case root is refused at create (the admission
     # policy's roots are each namespace's own), as text: nothing is read
     theirs = f"{manifests.RUNS_PATH}/namespaces/{B}/cases/pitz"
-    done = _create(t, A, A, _simulation("theirs", theirs))
+    done = _create(t, A, A, _simulation_json("theirs", theirs))
     assert done.returncode != 0 and "CasePathNotAllowed" in done.stderr, done.stderr
 
     # while they run: every rank and launcher pod in its Simulation's namespace

@@ -11,7 +11,7 @@ from rankpack.backend.protocol import BackendError, RankResources, ShimSpec, Sim
 from rankpack.errors import UserError
 
 
-def _spec(tmp_path: Path, shim: ShimSpec | None) -> SimSpec:
+def _mpirun_spec(tmp_path: Path, shim: ShimSpec | None) -> SimSpec:
     ranks = (RankResources(1000), RankResources(1000))
     return SimSpec("s1", tmp_path, ("solver",), ranks, tmp_path / "log", shim=shim)
 
@@ -43,14 +43,14 @@ def test_find_mpirun_says_what_to_install(monkeypatch: pytest.MonkeyPatch) -> No
 
 
 def test_shim_records_without_the_shim_refuse_a_wait_mode(tmp_path: Path) -> None:
-    records = ShimRecords.of(_spec(tmp_path, None))
+    records = ShimRecords.of(_mpirun_spec(tmp_path, None))
     assert records.readers == [] and records.sample(0) == ShimSample()
     with pytest.raises(BackendError, match="without the shim"):
         records.set_wait_mode("polite")
 
 
 def test_shim_records_before_any_record_sample_empty(tmp_path: Path) -> None:
-    records = ShimRecords.of(_spec(tmp_path, ShimSpec()))
+    records = ShimRecords.of(_mpirun_spec(tmp_path, ShimSpec()))
     assert [r.path.parent for r in records.readers] == [shim_dir(tmp_path)] * 2
     assert records.sample(1) == ShimSample()
     with pytest.raises(BackendError):

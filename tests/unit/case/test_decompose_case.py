@@ -15,7 +15,7 @@ from rankpack.errors import UserError
 from .meshgen import grid_mesh, write_case
 
 
-def _snapshot(case: Path) -> dict[str, bytes]:
+def _case_files(case: Path) -> dict[str, bytes]:
     return {
         str(p.relative_to(case)): p.read_bytes() for p in sorted(case.rglob("*")) if p.is_file()
     }
@@ -46,7 +46,7 @@ def test_failed_decompose_par_restores_everything(
     (case / "system" / "decomposeParDict").write_text("old dict\n")
     (case / "processor0").mkdir()
     (case / "processor0" / "marker").write_text("old")
-    before = _snapshot(case)
+    before = _case_files(case)
 
     def fail(case_dir: Path) -> list[int]:
         (case_dir / "processor0").mkdir()
@@ -56,7 +56,7 @@ def test_failed_decompose_par_restores_everything(
     monkeypatch.setattr(D, "openfoam_decompose", fail)
     with pytest.raises(UserError, match="decomposePar failed"):
         D.decompose_case(case, 2, "equal")
-    assert _snapshot(case) == before
+    assert _case_files(case) == before
     assert not (case / "constant" / "cellDecomposition").exists()
     assert not (case / ".rankpack-stash").exists()
 
@@ -64,11 +64,11 @@ def test_failed_decompose_par_restores_everything(
 def test_count_mismatch_is_an_error_and_rolls_back(
     case: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    before = _snapshot(case)
+    before = _case_files(case)
     monkeypatch.setattr(D, "openfoam_decompose", lambda case_dir: [1, 199])
     with pytest.raises(UserError, match="decomposePar counted"):
         D.decompose_case(case, 2, "equal")
-    assert _snapshot(case) == before
+    assert _case_files(case) == before
 
 
 def test_success_replaces_old_processor_dirs(case: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -118,20 +118,20 @@ def test_default_center_without_walls_is_mesh_box(tmp_path: Path) -> None:
 def test_cli_bad_input_exit_2_case_unchanged(
     case: Path, capsys: pytest.CaptureFixture[str], args: list[str], match: str
 ) -> None:
-    before = _snapshot(case)
+    before = _case_files(case)
     assert main(["decompose", str(case), *args]) == 2
     err = capsys.readouterr().err
     assert match in err
     assert err.count("\n") == 1
-    assert _snapshot(case) == before
+    assert _case_files(case) == before
 
 
 def test_cli_missing_mesh_file(case: Path, capsys: pytest.CaptureFixture[str]) -> None:
     (case / "constant" / "polyMesh" / "points").unlink()
-    before = _snapshot(case)
+    before = _case_files(case)
     assert main(["decompose", str(case), "--weights", "1,2"]) == 2
     assert "points missing" in capsys.readouterr().err
-    assert _snapshot(case) == before
+    assert _case_files(case) == before
 
 
 def _examples(root: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
@@ -147,11 +147,11 @@ def test_cli_tutorial_needs_output(
 ) -> None:
     examples = _examples(tmp_path / "examples", monkeypatch)
     tutorial = write_case(examples / "incompressible/simpleFoam/pitzDaily", grid_mesh(4, 2))
-    before = _snapshot(tutorial)
+    before = _case_files(tutorial)
     assert main(["decompose", "pitzDaily", "--ranks", "2"]) == 2
     err = capsys.readouterr().err
     assert "pitzDaily is a tutorial; give --output DIR" in err and err.count("\n") == 1
-    assert _snapshot(tutorial) == before
+    assert _case_files(tutorial) == before
 
 
 def test_cli_tutorial_without_the_examples_installed(

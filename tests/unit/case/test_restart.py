@@ -25,7 +25,7 @@ writeInterval 50;
 """
 
 
-def case(
+def _restart_case(
     tmp_path: Path, writes: dict[int, list[str]], fields: tuple[str, ...] = ("U", "p")
 ) -> Path:
     """processor<i>/<time>/ with `fields` (a time listed for a rank; '!' marks a partial)."""
@@ -41,18 +41,18 @@ def case(
 
 
 def test_the_latest_time_every_rank_wrote_completely(tmp_path: Path) -> None:
-    c = case(tmp_path, {0: ["50", "100", "150"], 1: ["50", "100", "150!"]})
+    c = _restart_case(tmp_path, {0: ["50", "100", "150"], 1: ["50", "100", "150!"]})
     assert latest_written_time(c, 2) == "100"
 
 
 def test_nothing_past_the_start_or_a_missing_rank_is_none(tmp_path: Path) -> None:
-    c = case(tmp_path, {0: [], 1: []})
+    c = _restart_case(tmp_path, {0: [], 1: []})
     assert latest_written_time(c, 2) is None
     assert latest_written_time(c, 3) is None  # processor2 is missing
 
 
 def test_resuming_drops_later_partial_writes_and_starts_from_latest(tmp_path: Path) -> None:
-    c = case(tmp_path, {0: ["50", "100", "150"], 1: ["50", "100", "150!"]})
+    c = _restart_case(tmp_path, {0: ["50", "100", "150"], 1: ["50", "100", "150!"]})
     resume_from(c, "100")
     assert sorted(p.name for p in (c / "processor0").iterdir()) == ["0", "100", "50"]
     assert sorted(p.name for p in (c / "processor1").iterdir()) == ["0", "100", "50"]
@@ -61,7 +61,7 @@ def test_resuming_drops_later_partial_writes_and_starts_from_latest(tmp_path: Pa
 
 
 def test_prepare_resume_keeps_the_lost_runs_files_beside(tmp_path: Path) -> None:
-    c = case(tmp_path, {0: ["50", "100", "150"], 1: ["50", "100", "150!"]})
+    c = _restart_case(tmp_path, {0: ["50", "100", "150"], 1: ["50", "100", "150!"]})
     (c / "log.simpleFoam").write_text("Time = 1\n")
     (c / ".rankpack").mkdir()
     (c / ".rankpack" / "mpirun.exit").write_text("1\n")
@@ -78,13 +78,13 @@ def test_prepare_resume_keeps_the_lost_runs_files_beside(tmp_path: Path) -> None
 
 
 def test_prepare_resume_without_a_write_starts_over(tmp_path: Path) -> None:
-    c = case(tmp_path, {0: ["50!"], 1: []})
+    c = _restart_case(tmp_path, {0: ["50!"], 1: []})
     assert prepare_resume(c, 2, "simpleFoam") == ResumePoint(None, 0)
     assert sorted(p.name for p in (c / "processor0").iterdir()) == ["0"]
 
 
 def test_steps_count_from_the_start_time_in_time_steps(tmp_path: Path) -> None:
-    c = case(tmp_path, {0: [], 1: []})
+    c = _restart_case(tmp_path, {0: [], 1: []})
     text = (c / "system" / "controlDict").read_text()
     (c / "system" / "controlDict").write_text(
         text.replace("startTime 0;", "startTime 10;").replace("deltaT 1;", "deltaT 0.5;")
@@ -93,7 +93,7 @@ def test_steps_count_from_the_start_time_in_time_steps(tmp_path: Path) -> None:
 
 
 def test_staging_a_resume_copies_nothing_and_says_from_where(tmp_path: Path) -> None:
-    c = case(tmp_path / "run", {0: ["50", "100"], 1: ["50", "100"]})
+    c = _restart_case(tmp_path / "run", {0: ["50", "100"], 1: ["50", "100"]})
     staged = StagedCase(c, "pitzDaily", "/src", "simpleFoam", (10, 10), 250)
     spec = StageSpec("s2", "pitzDaily", 2, tmp_path / "runs", 250, resume=staged)
     again = stage(spec)

@@ -11,7 +11,7 @@ from rankpack.cli import main
 from rankpack.store import NewRun, RankRow, SampleRow, Store
 
 
-def _run(store: Store, run_dir: Path, status: str) -> int:
+def _run_with_status(store: Store, run_dir: Path, status: str) -> int:
     run_dir.mkdir(parents=True)
     (run_dir / ".rankpack").mkdir()
     rid = store.create_run(
@@ -30,8 +30,8 @@ def test_delete_forgets_rows_and_removes_the_run_directory(
     tmp_path: Path, isolated_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = Store(isolated_home / "rankpack.db")
-    keep = _run(store, tmp_path / "a", "completed")
-    gone = _run(store, tmp_path / "b", "failed")
+    keep = _run_with_status(store, tmp_path / "a", "completed")
+    gone = _run_with_status(store, tmp_path / "b", "failed")
     assert main(["runs", "delete", str(gone), "--yes", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)
     assert out["deleted"] == [gone] and out["removed_dirs"] == [str(tmp_path / "b")]
@@ -44,8 +44,8 @@ def test_delete_refuses_a_running_run_and_asks_without_yes(
     tmp_path: Path, isolated_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = Store(isolated_home / "rankpack.db")
-    running = _run(store, tmp_path / "r", "running")
-    done = _run(store, tmp_path / "d", "completed")
+    running = _run_with_status(store, tmp_path / "r", "running")
+    done = _run_with_status(store, tmp_path / "d", "completed")
     assert main(["runs", "delete", str(running), "--yes"]) == 2
     assert "still running" in capsys.readouterr().err
     assert main(["runs", "delete", str(done)]) == 2  # no terminal to ask on: needs --yes
@@ -57,9 +57,9 @@ def test_prune_takes_failed_and_interrupted_by_default(
     tmp_path: Path, isolated_home: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     store = Store(isolated_home / "rankpack.db")
-    ok = _run(store, tmp_path / "ok", "completed")
-    _run(store, tmp_path / "f", "failed")
-    _run(store, tmp_path / "i", "interrupted")
+    ok = _run_with_status(store, tmp_path / "ok", "completed")
+    _run_with_status(store, tmp_path / "f", "failed")
+    _run_with_status(store, tmp_path / "i", "interrupted")
     (tmp_path / "i" / ".rankpack").rmdir()  # not recognisably rankpack's: kept
     assert main(["runs", "prune", "--yes", "--json"]) == 0
     out = json.loads(capsys.readouterr().out)

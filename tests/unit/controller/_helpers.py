@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 
 from rankpack.controller.decision import (
     ControllerSettings,
     ControllerState,
     Decision,
+    NodeCores,
     Observations,
     QueuedSim,
     RankSnapshot,
@@ -17,6 +19,7 @@ from rankpack.controller.decision import (
     SimSnapshot,
 )
 from rankpack.controller.jobs import Job, OneJob
+from rankpack.controller.tracked import LoopSettings
 from rankpack.core.actions import Action, Note, Resize, StageJob, WaitSetting
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.core.results import RunResult
@@ -73,9 +76,32 @@ def observe(
     queue: Sequence[QueuedSim] = (),
     capacity: int = 8000,
     others: int = 0,
+    nodes: tuple[NodeCores, ...] | None = None,
 ) -> Observations:
+    """What the loop observed at ``now_s``; given ``nodes``, the capacity is theirs."""
+    if nodes is not None:
+        capacity = sum(n.allocatable_millis for n in nodes)
     return Observations(now_s=now_s, capacity_millis=capacity, sims=sims, queue=tuple(queue),
-                        others_millis=others)  # fmt: skip
+                        others_millis=others, nodes=nodes or ())  # fmt: skip
+
+
+def queued(qid: int, ranks: int = 8, millis: int = 1000) -> QueuedSim:
+    return QueuedSim(queue_id=qid, n_ranks=ranks, initial_request_millis=(millis,) * ranks)
+
+
+def running_on(
+    sim_id: str, node: str, ranks: int = 8, millis: int = 1000, started_s: float = 0.0
+) -> SimSnapshot:
+    """A simulation whose ``ranks`` ranks all run on ``node``."""
+    return SimSnapshot(
+        sim_id=sim_id,
+        started_s=started_s,
+        iterations=50,
+        expected_iterations=100,
+        budget_millis=ranks * 1000,
+        ranks=tuple(RankSnapshot(i, millis, 0, 0, 0, node=node) for i in range(ranks)),
+        wait="polite",
+    )
 
 
 def resizes(d: Decision) -> list[Resize]:
@@ -144,3 +170,9 @@ class Recorded(OneJob):
     def whys(self) -> list[Failure]:
         """Why it was requeued, each time."""
         return [why for _, why in self.requeues]
+
+
+def quick_loop_settings(tmp_path: Path) -> LoopSettings:
+    """The loop's settings with no cooldown between launches, its runs under ``tmp_path``."""
+    return LoopSettings(runs_root=tmp_path / "runs",
+                        controller=ControllerSettings(launch_cooldown_s=0.0))  # fmt: skip

@@ -37,7 +37,7 @@ def test_fitted_beta_overrides_an_optimistic_duty_model() -> None:
     assert "linear contention model" in ok.actions[-1].reason
 
 
-def _session(n: int, makespan: float, t1: float, *, ranks: int = 4, cap: int = 2000,
+def _session_row(n: int, makespan: float, t1: float, *, ranks: int = 4, cap: int = 2000,
              wait: str = "spin", status: str = "completed") -> SessionRow:  # fmt: skip
     sims = [{"status": "completed", "n_ranks": ranks} for _ in range(n)]
     return SessionRow(
@@ -50,11 +50,11 @@ def _session(n: int, makespan: float, t1: float, *, ranks: int = 4, cap: int = 2
 def test_beta_from_comparable_sessions_only() -> None:
     # Theta(2) = 2 * 10 / 28.17 = 0.71 with delta rho = (2 - 1) * 4 / 2 = 2 -> beta ~ 0.91
     sessions = [
-        _session(2, 28.17, 10.0),
-        _session(2, 5.0, 10.0, wait="polite"),  # other wait mode: ignored
-        _session(2, 5.0, 10.0, ranks=2),  # other ranks: ignored
-        _session(2, 5.0, 10.0, cap=4000),  # other capacity: ignored
-        _session(3, 1.0, 10.0, status="interrupted"),  # not completed: ignored
+        _session_row(2, 28.17, 10.0),
+        _session_row(2, 5.0, 10.0, wait="polite"),  # other wait mode: ignored
+        _session_row(2, 5.0, 10.0, ranks=2),  # other ranks: ignored
+        _session_row(2, 5.0, 10.0, cap=4000),  # other capacity: ignored
+        _session_row(3, 1.0, 10.0, status="interrupted"),  # not completed: ignored
     ]
     beta = fitted_beta_from_sessions(sessions, capacity_millis=2000, wait_mode="spin", n_ranks=4)
     assert beta == pytest.approx((2 * 28.17 / 20.0 - 1) / 2, rel=1e-3)
@@ -62,5 +62,5 @@ def test_beta_from_comparable_sessions_only() -> None:
 
 def test_no_beta_without_two_distinct_n() -> None:
     assert fitted_beta_from_sessions([], capacity_millis=2000, wait_mode="spin", n_ranks=4) is None
-    one = [_session(1, 10.0, 10.0)]
+    one = [_session_row(1, 10.0, 10.0)]
     assert fitted_beta_from_sessions(one, capacity_millis=2000, wait_mode="spin", n_ranks=4) is None

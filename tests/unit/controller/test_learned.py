@@ -31,18 +31,18 @@ SUB = Submission(case="box", weights=(1.0, 1.0), budget_millis=2000, sizing="dut
                  decompose="weighted", decompose_weights=(1.0, 3.0))  # fmt: skip
 
 
-def _backend() -> SimulatedBackend:
+def _one_node_backend() -> SimulatedBackend:
     return SimulatedBackend(SimulatedCluster(nodes=(SimNode("node-a", 2000),), cases=(CASE,)))
 
 
-def _settings(tmp_path: Path, n: int) -> LoopSettings:
+def _learning_settings(tmp_path: Path, n: int) -> LoopSettings:
     controller = ControllerSettings(max_concurrent=n, profile_s=3.0, launch_cooldown_s=0.0,
                                     min_predicted_gain=-1.0)  # fmt: skip
     return LoopSettings(runs_root=tmp_path / "runs", controller=controller)
 
 
 def _profiled_run(tmp_path: Path, store: Store, backend: SimulatedBackend) -> int:
-    result = run_jobs(backend, store, OneJob(SUB), _settings(tmp_path, 1))
+    result = run_jobs(backend, store, OneJob(SUB), _learning_settings(tmp_path, 1))
     (run,) = result.results
     assert run.status == "completed"
     sized = {r.rank: r.to_millis for r in run.resizes if r.kind == "size"}
@@ -59,7 +59,7 @@ def test_learned_from_the_sized_run_only_for_the_same_case_decomposition_and_ran
     tmp_path: Path,
 ) -> None:
     store = Store(tmp_path / "r.db")
-    run_id = _profiled_run(tmp_path, store, _backend())
+    run_id = _profiled_run(tmp_path, store, _one_node_backend())
 
     def learn(sub: Submission, backend: str = "simulated") -> object:
         return learned_sizes(store, sub, backend, headroom=1.25, floor_millis=50)
@@ -82,10 +82,10 @@ def test_learned_from_the_sized_run_only_for_the_same_case_decomposition_and_ran
 
 def test_copies_start_at_learned_sizes_and_run_together_at_once(tmp_path: Path) -> None:
     store = Store(tmp_path / "r.db")
-    backend = _backend()
+    backend = _one_node_backend()
     run_id = _profiled_run(tmp_path, store, backend)
     store.submit_many("box", 2, SUB.to_json(), 2)
-    result = run_jobs(backend, store, StoreQueue(store, None), _settings(tmp_path, 2))
+    result = run_jobs(backend, store, StoreQueue(store, None), _learning_settings(tmp_path, 2))
     assert [r.status for r in result.results] == ["completed", "completed"]
     assert result.max_concurrent_seen == 2
     learned = [e for e in store.events() if e.kind == "learned-sizes"]
@@ -108,7 +108,9 @@ def test_a_copy_starts_at_the_sizes_of_a_running_copy(tmp_path: Path) -> None:
     fits beside it, instead of waiting for the first to end."""
     store = Store(tmp_path / "r.db")
     store.submit_many("box", 2, SUB.to_json(), 2)
-    result = run_jobs(_backend(), store, StoreQueue(store, None), _settings(tmp_path, 2))
+    result = run_jobs(
+        _one_node_backend(), store, StoreQueue(store, None), _learning_settings(tmp_path, 2)
+    )
     assert [r.status for r in result.results] == ["completed", "completed"]
     assert result.max_concurrent_seen == 2
     first, second = sorted(result.outcomes, key=lambda o: o.started_s)
@@ -126,17 +128,17 @@ def test_runs_that_shared_the_node_teach_no_sizes(tmp_path: Path) -> None:
     from the run that had the node to itself, not from the newest (shared) ones, whose
     duty cycles measured their sharing. A copy run alone afterwards teaches again."""
     store = Store(tmp_path / "r.db")
-    backend = _backend()
+    backend = _one_node_backend()
     alone = _profiled_run(tmp_path, store, backend)
     store.submit_many("box", 2, SUB.to_json(), 2)
-    together = run_jobs(backend, store, StoreQueue(store, None), _settings(tmp_path, 2))
+    together = run_jobs(backend, store, StoreQueue(store, None), _learning_settings(tmp_path, 2))
     assert together.max_concurrent_seen == 2
     assert store.get_run(alone).shared_s == 0
     shared = [store.get_run(r.id).shared_s for r in together.results]
     assert all(s is not None and s > 0 for s in shared), shared
     found = learned_sizes(store, SUB, "simulated", headroom=1.25, floor_millis=50)
     assert found is not None and found.run_id == alone
-    (later,) = run_jobs(backend, store, OneJob(SUB), _settings(tmp_path, 1)).results
+    (later,) = run_jobs(backend, store, OneJob(SUB), _learning_settings(tmp_path, 1)).results
     assert store.get_run(later.id).shared_s == 0
     found = learned_sizes(store, SUB, "simulated", headroom=1.25, floor_millis=50)
     assert found is not None and found.run_id == later.id
@@ -146,7 +148,7 @@ def test_the_dry_run_sees_the_learned_sizes_and_applies_nothing(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     store = Store(tmp_path / "r.db")
-    backend = _backend()
+    backend = _one_node_backend()
     run_id = _profiled_run(tmp_path, store, backend)
     store.submit_many("box", 2, SUB.to_json(), 1)
     seen: list[Observations] = []
@@ -158,7 +160,9 @@ def test_the_dry_run_sees_the_learned_sizes_and_applies_nothing(
 
     monkeypatch.setattr(loop, "decide", spy)
     events = len(store.events())
-    decision = loop.preview(backend, store, StoreQueue(store, None), _settings(tmp_path, 2))
+    decision = loop.preview(
+        backend, store, StoreQueue(store, None), _learning_settings(tmp_path, 2)
+    )
     (obs,) = seen
     assert obs.queue[0].initial_request_millis == (250, 750)  # as the run would see it
     assert len(obs.queue[0].duty) == 2

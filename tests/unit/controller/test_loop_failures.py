@@ -28,7 +28,7 @@ CASE = SimulatedCase("box", cells=8000, iterations=40, cell_work_s=1e-4)
 SUB = Submission(case="box", weights=(1.0, 1.0), budget_millis=2000, sizing="fixed")
 
 
-def _cluster() -> SimulatedCluster:
+def _small_cluster() -> SimulatedCluster:
     return SimulatedCluster(nodes=(SimNode("node-a", 2000),), cases=(CASE,))
 
 
@@ -60,7 +60,7 @@ class KillOnce:
         pass
 
 
-def _run(
+def _run_loop(
     tmp_path: Path,
     backend: SimulatedBackend,
     jobs: OneJob,
@@ -72,22 +72,22 @@ def _run(
 
 
 def test_a_completed_run_has_no_failure_code(tmp_path: Path) -> None:
-    (run,) = _run(tmp_path, SimulatedBackend(_cluster()), OneJob(SUB)).results
+    (run,) = _run_loop(tmp_path, SimulatedBackend(_small_cluster()), OneJob(SUB)).results
     assert run.status == "completed" and run.failure is None
 
 
 def test_a_failed_run_carries_the_backends_code(tmp_path: Path) -> None:
-    cluster = _cluster()
+    cluster = _small_cluster()
     backend = Coded(cluster, FailureCode.OOM_KILLED)
-    result = _run(tmp_path, backend, OneJob(SUB), KillOnce(cluster))
+    result = _run_loop(tmp_path, backend, OneJob(SUB), KillOnce(cluster))
     (run,) = result.results
     assert run.status == "failed" and run.failure == "OOMKilled"
     assert Store(tmp_path / "r.db").events()[-1].detail["code"] == "OOMKilled"
 
 
 def test_a_failed_run_without_a_code_from_the_backend_is_other(tmp_path: Path) -> None:
-    cluster = _cluster()
-    (run,) = _run(tmp_path, Coded(cluster, None), OneJob(SUB), KillOnce(cluster)).results
+    cluster = _small_cluster()
+    (run,) = _run_loop(tmp_path, Coded(cluster, None), OneJob(SUB), KillOnce(cluster)).results
     # the message names the killed rank, but no code is recovered from its words
     assert run.status == "failed" and run.message and "rank 1 failed" in run.message
     assert run.failure == FailureCode.OTHER.value == "RunFailed"
@@ -104,33 +104,33 @@ def test_a_stopped_run_is_stopped(tmp_path: Path) -> None:
         def close(self) -> None:
             pass
 
-    result = _run(tmp_path, SimulatedBackend(_cluster()), OneJob(SUB), StopAt5s(), stop)
+    result = _run_loop(tmp_path, SimulatedBackend(_small_cluster()), OneJob(SUB), StopAt5s(), stop)
     (run,) = result.results
     assert run.status == "interrupted" and run.failure == "Stopped"
 
 
 def test_a_launch_the_backend_refuses_is_launch_failed(tmp_path: Path) -> None:
-    backend = SimulatedBackend(_cluster())
+    backend = SimulatedBackend(_small_cluster())
 
     def refuse(spec: SimSpec) -> None:
         raise LaunchFailed("no rank pod could be created")
 
     backend.launch = refuse  # type: ignore[method-assign]  # a backend that refuses launches
-    (run,) = _run(tmp_path, backend, OneJob(SUB)).results
+    (run,) = _run_loop(tmp_path, backend, OneJob(SUB)).results
     assert run.status == "failed" and run.failure == "LaunchFailed"
     assert run.message == "launch failed: no rank pod could be created"
 
 
 def test_a_solver_not_allowed_has_its_own_code(tmp_path: Path) -> None:
     settings = LoopSettings(runs_root=tmp_path / "runs", solvers=frozenset({"otherFoam"}))
-    backend = SimulatedBackend(_cluster())
+    backend = SimulatedBackend(_small_cluster())
     (run,) = run_jobs(backend, Store(tmp_path / "r.db"), OneJob(SUB), settings).results
     assert run.status == "failed" and run.failure == "SolverNotAllowed"
 
 
 def test_a_case_that_cannot_be_staged_is_stage_failed(tmp_path: Path) -> None:
     jobs = Recorded(replace(SUB, case="nope"))
-    result = _run(tmp_path, Coded(_cluster(), None), jobs)  # a failure without a code
+    result = _run_loop(tmp_path, Coded(_small_cluster(), None), jobs)  # a failure without a code
     (failed,) = result.stage_failures
     assert failed.failure is FailureCode.STAGE_FAILED and not result.results
     ((status, message, code),) = jobs.ends
@@ -141,20 +141,20 @@ def test_a_case_that_cannot_be_staged_is_stage_failed(tmp_path: Path) -> None:
 
 def test_the_backends_staging_code_is_kept(tmp_path: Path) -> None:
     jobs = Recorded(replace(SUB, case="nope"))
-    result = _run(tmp_path, Coded(_cluster(), FailureCode.NOT_A_CASE), jobs)
+    result = _run_loop(tmp_path, Coded(_small_cluster(), FailureCode.NOT_A_CASE), jobs)
     assert result.stage_failures[0].failure is FailureCode.NOT_A_CASE
     assert jobs.ends[0][2] is FailureCode.NOT_A_CASE
 
 
 def test_a_stage_refused_as_not_a_case_is_not_a_case(tmp_path: Path) -> None:
-    backend = SimulatedBackend(_cluster())
+    backend = SimulatedBackend(_small_cluster())
 
     def refuse(spec: StageSpec) -> None:
         raise NotACase(f"{spec.case} is not an OpenFOAM case (no system/controlDict)")
 
     backend.stage = refuse  # type: ignore[method-assign]  # a backend that refuses the case
     jobs = Recorded(SUB)
-    result = _run(tmp_path, backend, jobs)
+    result = _run_loop(tmp_path, backend, jobs)
     assert result.stage_failures[0].failure is FailureCode.NOT_A_CASE
     assert jobs.ends == [("failed", result.stage_failures[0].reason, FailureCode.NOT_A_CASE)]
 

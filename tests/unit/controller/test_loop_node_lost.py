@@ -16,11 +16,9 @@ from dataclasses import replace
 from pathlib import Path
 
 from rankpack.backend.protocol import SimObservation, SimPhase, StageSpec
-from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import Resume, StoreQueue
 from rankpack.controller.loop import run_jobs
 from rankpack.controller.requeue import resumed_facts
-from rankpack.controller.tracked import LoopSettings
 from rankpack.core.failures import FailureCode
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
@@ -28,7 +26,7 @@ from rankpack.testing.simcluster import SimulatedCluster
 from rankpack.testing.simmodel import SimNode, SimulatedCase
 from rankpack.testing.simulated import SimulatedBackend
 
-from ._helpers import Recorded
+from ._helpers import Recorded, quick_loop_settings
 
 CASE = SimulatedCase("box", cells=8000, iterations=40, cell_work_s=1e-4)
 SUB = Submission(case="box", weights=(1.0, 1.0), budget_millis=1000, sizing="fixed")
@@ -73,15 +71,10 @@ class LosesANode(SimulatedBackend):
         return obs
 
 
-def _settings(tmp_path: Path) -> LoopSettings:
-    return LoopSettings(runs_root=tmp_path / "runs",
-                        controller=ControllerSettings(launch_cooldown_s=0.0))  # fmt: skip
-
-
 def test_node_lost_is_requeued_and_resumed_not_failed(tmp_path: Path) -> None:
     backend, jobs = LosesANode(), Recorded(SUB)
     store = Store(tmp_path / "r.db")
-    result = run_jobs(backend, store, jobs, _settings(tmp_path))
+    result = run_jobs(backend, store, jobs, quick_loop_settings(tmp_path))
     assert [r.status for r in result.results] == ["completed"]
     assert jobs.statuses == ["completed"]  # ended once, never failed
     ((job, why),) = jobs.requeues
@@ -118,7 +111,7 @@ def test_other_failures_are_not_requeued(tmp_path: Path) -> None:
             return obs
 
     jobs = Recorded(SUB)
-    result = run_jobs(Fails(), Store(tmp_path / "r.db"), jobs, _settings(tmp_path))
+    result = run_jobs(Fails(), Store(tmp_path / "r.db"), jobs, quick_loop_settings(tmp_path))
     assert [r.status for r in result.results] == ["failed"] and jobs.statuses == ["failed"]
     assert not jobs.requeues
 
@@ -127,7 +120,7 @@ def test_the_store_queue_keeps_what_to_resume_from(tmp_path: Path) -> None:
     store = Store(tmp_path / "r.db")
     (qid,) = store.submit_many("box", 2, SUB.to_json(), 1)
     backend = LosesANode()
-    result = run_jobs(backend, store, StoreQueue(store, None), _settings(tmp_path))
+    result = run_jobs(backend, store, StoreQueue(store, None), quick_loop_settings(tmp_path))
     assert [r.status for r in result.results] == ["completed"]
     assert backend.stages[1].resume is not None
     row = store.get_queue(qid)

@@ -13,10 +13,8 @@ from dataclasses import replace
 from pathlib import Path
 
 from rankpack.backend.protocol import Inventory, LaunchRefused, RankBounds, SimSpec
-from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import Job, OneJob, StoreQueue
 from rankpack.controller.loop import run_jobs
-from rankpack.controller.tracked import LoopSettings
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
@@ -24,7 +22,7 @@ from rankpack.testing.simcluster import SimulatedCluster
 from rankpack.testing.simmodel import SimNode, SimulatedCase
 from rankpack.testing.simulated import SimulatedBackend
 
-from ._helpers import Recorded
+from ._helpers import Recorded, quick_loop_settings
 
 CASE = SimulatedCase("box", cells=8000, iterations=40, cell_work_s=1e-4)
 SUB = Submission(case="box", weights=(1.0, 1.0), budget_millis=1000, sizing="fixed")
@@ -58,15 +56,10 @@ class TakenTwice(SimulatedBackend):
         super().release(sim_id)
 
 
-def _settings(tmp_path: Path) -> LoopSettings:
-    return LoopSettings(runs_root=tmp_path / "runs",
-                        controller=ControllerSettings(launch_cooldown_s=0.0))  # fmt: skip
-
-
 def test_run_waits_through_refused_launches_and_completes(tmp_path: Path) -> None:
     backend, jobs = TakenTwice(), Recorded(SUB)
     store = Store(tmp_path / "r.db")
-    result = run_jobs(backend, store, jobs, _settings(tmp_path))
+    result = run_jobs(backend, store, jobs, quick_loop_settings(tmp_path))
     # nothing failed: the third launch ran to its end
     assert [r.status for r in result.results] == ["completed"]
     assert jobs.statuses == ["completed"] and not result.stage_failures
@@ -108,7 +101,7 @@ def test_the_store_queue_gets_the_entry_back_and_runs_it(tmp_path: Path) -> None
             assert row is not None
             seen.append((row.status, row.run_id))
 
-    result = run_jobs(backend, store, Watched(store, None), _settings(tmp_path))
+    result = run_jobs(backend, store, Watched(store, None), quick_loop_settings(tmp_path))
     assert [r.status for r in result.results] == ["completed"]
     assert seen == [("queued", None)]  # claimable again, its refused run unlinked
     row = store.get_queue(qid)
@@ -121,7 +114,7 @@ def test_initial_requests_are_brought_within_the_limit_range(tmp_path: Path) -> 
     backend = TakenTwice(refusals=0, bounds=bounds)
     sub = replace(SUB, weights=(1.0, 9.0))  # 100m and 900m of the 1000m budget
     store = Store(tmp_path / "r.db")
-    run_jobs(backend, store, OneJob(sub), _settings(tmp_path))
+    run_jobs(backend, store, OneJob(sub), quick_loop_settings(tmp_path))
     ((_, spec),) = backend.launches
     assert [r.request_millis for r in spec.ranks] == [100, 400]
     (fitted,) = [e for e in store.events() if e.kind == "launch-fitted"]

@@ -19,11 +19,11 @@ from rankpack.testing.simulated import SimulatedBackend
 CASE = SimulatedCase("box", cells=8000, iterations=100, cell_work_s=1e-4)
 
 
-def _cluster(cores: int = 4) -> SimulatedCluster:
+def _wait_cluster(cores: int = 4) -> SimulatedCluster:
     return SimulatedCluster(nodes=(SimNode("node-a", cores * 1000),), cases=(CASE,))
 
 
-def _sub(iterations: int | None = None) -> Submission:
+def _wait_sub(iterations: int | None = None) -> Submission:
     return Submission(case="box", weights=(1.0, 1.0), budget_millis=1000, sizing="fixed",
                       iterations=iterations)  # fmt: skip
 
@@ -52,8 +52,8 @@ class Recording(SimulatedBackend):
 
 def _two(tmp_path: Path, backend: SimulatedBackend, wait: str = "auto") -> Store:
     store = Store(tmp_path / "r.db")
-    store.submit_many("box", 2, _sub().to_json(), 1)
-    store.submit_many("box", 2, _sub(iterations=40).to_json(), 1)
+    store.submit_many("box", 2, _wait_sub().to_json(), 1)
+    store.submit_many("box", 2, _wait_sub(iterations=40).to_json(), 1)
     settings = LoopSettings(
         runs_root=tmp_path / "runs", wait_mode=wait,
         controller=ControllerSettings(max_concurrent=2, launch_cooldown_s=0.0,
@@ -73,7 +73,7 @@ def test_auto_switches_to_polite_while_ranks_outnumber_cores_and_back_to_spin(
     tmp_path: Path,
 ) -> None:
     # two 2-rank simulations on 3 cores: 4 ranks share them while both run
-    backend = Recording(_cluster(cores=3))
+    backend = Recording(_wait_cluster(cores=3))
     store = _two(tmp_path, backend)
     # the second is launched beside the first: 4 ranks on 3 cores, polite from its start
     assert [s.shim.wait_mode for s in backend.specs if s.shim] == ["spin", "polite"]
@@ -94,15 +94,17 @@ def test_auto_switches_to_polite_while_ranks_outnumber_cores_and_back_to_spin(
 
 
 def test_two_simulations_whose_ranks_each_have_a_core_keep_spinning(tmp_path: Path) -> None:
-    backend = Recording(_cluster(cores=4))  # 2 x 2 ranks on 4 cores
+    backend = Recording(_wait_cluster(cores=4))  # 2 x 2 ranks on 4 cores
     store = _two(tmp_path, backend)
     assert [s.shim.wait_mode for s in backend.specs if s.shim] == ["spin", "spin"]
     assert backend.calls == [] and _wait_events(store) == []
 
 
-def test_one_simulation_with_more_ranks_than_cores_waits_politely(tmp_path: Path) -> None:
+def test_one_simulation_with_more_ranks_than_cores_waits_politely_in_the_loop(
+    tmp_path: Path,
+) -> None:
     # issue 24: 4 ranks of one simulation on 2 cores spin against each other
-    backend = Recording(_cluster(cores=2))
+    backend = Recording(_wait_cluster(cores=2))
     store = Store(tmp_path / "r.db")
     sub = Submission(case="box", weights=(1.0, 1.0, 5.0, 15.0), budget_millis=2000)
     settings = LoopSettings(runs_root=tmp_path / "runs", wait_mode="auto",
@@ -122,11 +124,11 @@ def test_one_simulation_with_more_ranks_than_cores_waits_politely(tmp_path: Path
 
 
 def test_a_single_run_under_auto_never_switches(tmp_path: Path) -> None:
-    backend = Recording(_cluster())
+    backend = Recording(_wait_cluster())
     store = Store(tmp_path / "r.db")
     settings = LoopSettings(runs_root=tmp_path / "runs", wait_mode="auto",
                             controller=ControllerSettings(max_concurrent=1))  # fmt: skip
-    result = run_jobs(backend, store, OneJob(_sub()), settings)
+    result = run_jobs(backend, store, OneJob(_wait_sub()), settings)
     assert result.results[0].status == "completed"
     assert backend.calls == [] and _wait_events(store) == []
     assert backend.specs[0].shim == ShimSpec("spin", "openmpi")
@@ -134,7 +136,7 @@ def test_a_single_run_under_auto_never_switches(tmp_path: Path) -> None:
 
 
 def test_a_fixed_spin_on_too_few_cores_spins_with_the_mpi_librarys_yield(tmp_path: Path) -> None:
-    backend = Recording(_cluster(cores=2))
+    backend = Recording(_wait_cluster(cores=2))
     sub = Submission(case="box", weights=(1.0,) * 4, budget_millis=2000, sizing="fixed")
     settings = LoopSettings(runs_root=tmp_path / "runs", wait_mode="spin")
     result = run_jobs(backend, Store(tmp_path / "r.db"), OneJob(sub), settings).results[0]
@@ -145,14 +147,14 @@ def test_a_fixed_spin_on_too_few_cores_spins_with_the_mpi_librarys_yield(tmp_pat
 
 
 def test_a_fixed_mode_is_launched_as_given_and_never_switched(tmp_path: Path) -> None:
-    backend = Recording(_cluster())
+    backend = Recording(_wait_cluster())
     store = _two(tmp_path, backend, wait="polite")
     assert [s.shim.wait_mode for s in backend.specs if s.shim] == ["polite", "polite"]
     assert backend.calls == [] and _wait_events(store) == []
 
 
 def test_a_refused_switch_is_recorded_once_and_asked_for_again(tmp_path: Path) -> None:
-    backend = Recording(_cluster(cores=3), refuse=3)
+    backend = Recording(_wait_cluster(cores=3), refuse=3)
     store = _two(tmp_path, backend)
     failed = [e for e in store.events() if e.kind == "wait-mode-failed"]
     assert 1 <= len(failed) <= 2  # once per (simulation, mode)

@@ -15,7 +15,6 @@ from rankpack.controller.decision import (
     ControllerState,
     NodeCores,
     Observations,
-    QueuedSim,
     RankSnapshot,
     SimMemory,
     SimSnapshot,
@@ -32,7 +31,7 @@ from rankpack.testing.simcluster import SimulatedCluster
 from rankpack.testing.simmodel import SimNode, SimulatedCase
 from rankpack.testing.simulated import SimulatedBackend
 
-from ._helpers import launches
+from ._helpers import launches, observe, queued, running_on
 
 S = ControllerSettings(max_concurrent=10, launch_must_fit=True)
 
@@ -73,56 +72,34 @@ def test_balancing_falls_back_to_first_fit_when_it_must() -> None:
 # -- the decision step: StageJob.nodes --------------------------------------------------------
 
 
-def cluster(*free: tuple[str, int, int]) -> tuple[NodeCores, ...]:
+def free_nodes(*free: tuple[str, int, int]) -> tuple[NodeCores, ...]:
     """(name, allocatable, this loop's millicores there)."""
     return tuple(NodeCores(n, a, ours_ranks=o // 1000, ours_millis=o) for n, a, o in free)
 
 
-def running(sim_id: str, node: str, ranks: int, millis: int = 1000) -> SimSnapshot:
-    return SimSnapshot(
-        sim_id=sim_id, started_s=0.0, iterations=50, expected_iterations=100,
-        budget_millis=ranks * millis,
-        ranks=tuple(RankSnapshot(i, millis, 0, 0, 0, node=node) for i in range(ranks)),
-        wait="polite",
-    )  # fmt: skip
-
-
-def observe(
-    now_s: float, nodes: tuple[NodeCores, ...], *sims: SimSnapshot, queue: list[QueuedSim]
-) -> Observations:
-    return Observations(
-        now_s=now_s, capacity_millis=sum(n.allocatable_millis for n in nodes),
-        sims=sims, queue=tuple(queue), nodes=nodes,
-    )  # fmt: skip
-
-
-def queued(qid: int, ranks: int, millis: int = 1000) -> QueuedSim:
-    return QueuedSim(qid, ranks, (millis,) * ranks)
-
-
 def test_a_launch_names_a_node_per_rank_on_a_cluster_and_none_on_one_node() -> None:
-    two = cluster(("n0", 2000, 0), ("n1", 2000, 0))
-    d = decide(observe(0.0, two, queue=[queued(1, 2)]), ControllerState(), S)
+    two = free_nodes(("n0", 2000, 0), ("n1", 2000, 0))
+    d = decide(observe(0.0, queue=[queued(1, 2)], nodes=two), ControllerState(), S)
     assert [a.nodes for a in launches(d)] == [("n0", "n0")]  # fits one node: stays there
-    d = decide(observe(0.0, two, queue=[queued(1, 4, 800)]), ControllerState(), S)
+    d = decide(observe(0.0, queue=[queued(1, 4, 800)], nodes=two), ControllerState(), S)
     assert [sorted(a.nodes) for a in launches(d)] == [["n0", "n0", "n1", "n1"]]  # must span
-    one = cluster(("n0", 4000, 0))
-    d = decide(observe(0.0, one, queue=[queued(1, 2)]), ControllerState(), S)
+    one = free_nodes(("n0", 4000, 0))
+    d = decide(observe(0.0, queue=[queued(1, 2)], nodes=one), ControllerState(), S)
     assert [a.nodes for a in launches(d)] == [()]  # one node: the scheduler's
 
 
 def test_simulations_pack_onto_a_node_while_they_fit() -> None:
     # a sized 4-rank simulation on n0 (8 cores), n1 empty: the next 4-rank one goes beside
     # it on n0, leaving n1 whole for a wide one
-    nodes = cluster(("n0", 8000, 4000), ("n1", 8000, 0))
-    sim = running("a", "n0", 4)
+    nodes = free_nodes(("n0", 8000, 4000), ("n1", 8000, 0))
+    sim = running_on("a", "n0", 4)
     state = ControllerState(sims={"a": SimMemory(stage="sized", duty=(0.5,) * 4)})
-    d = decide(observe(10.0, nodes, sim, queue=[queued(1, 4)]), state, S)
+    d = decide(observe(10.0, sim, queue=[queued(1, 4)], nodes=nodes), state, S)
     assert [a.nodes for a in launches(d)] == [("n0",) * 4]
     # the pipeline places each launch of a step after the ones before it in that step
-    d = decide(observe(0.0, cluster(("n0", 8000, 0), ("n1", 8000, 0)),
-                       queue=[queued(1, 4), queued(2, 4), queued(3, 8)]), ControllerState(),
-               S)  # fmt: skip
+    two = free_nodes(("n0", 8000, 0), ("n1", 8000, 0))
+    queue = [queued(1, 4), queued(2, 4), queued(3, 8)]
+    d = decide(observe(0.0, queue=queue, nodes=two), ControllerState(), S)
     assert [a.nodes for a in launches(d)] == [("n0",) * 4, ("n0",) * 4, ("n1",) * 8]
 
 
@@ -139,7 +116,7 @@ def scheduled(requests: tuple[int, int], node: str = "n0") -> SimSnapshot:
     )  # fmt: skip
 
 
-def two_nodes(ours: int, others: int) -> tuple[NodeCores, ...]:
+def two_node_cores(ours: int, others: int) -> tuple[NodeCores, ...]:
     return (
         NodeCores("n0", 1200, others_millis=others, ours_ranks=2, ours_millis=ours),
         NodeCores("n1", 1000, ours_ranks=0, ours_millis=0),
@@ -152,7 +129,7 @@ def test_a_grow_its_node_cannot_hold_is_held_and_said_once_then_sent_when_it_fit
     # n0: 1200m, another pod 200m, the two ranks 1000m: the shrink to 200m frees 300m,
     # the grow to 1000m needs 500m more: held, though the cluster has 1000m free on n1
     obs = Observations(now_s=10.0, capacity_millis=2000, sims=(sim,), queue=(),
-                       nodes=two_nodes(1000, 200), others_millis=200)  # fmt: skip
+                       nodes=two_node_cores(1000, 200), others_millis=200)  # fmt: skip
     d = decide(obs, state, S)
     resizes = [a for a in d.actions if isinstance(a, Resize)]
     assert [(a.rank, a.request_millis) for a in resizes] == [(0, 200)]
@@ -163,13 +140,13 @@ def test_a_grow_its_node_cannot_hold_is_held_and_said_once_then_sent_when_it_fit
     # the shrink done, the other pod still there: still held, not said again
     sim = scheduled((200, 500))
     obs = Observations(now_s=11.0, capacity_millis=2000, sims=(sim,), queue=(),
-                       nodes=two_nodes(700, 200), others_millis=200)  # fmt: skip
+                       nodes=two_node_cores(700, 200), others_millis=200)  # fmt: skip
     d2 = decide(obs, d.state, S)
     assert not [a for a in d2.actions if isinstance(a, Resize | Note)]
     assert [(a.rank, a.request_millis) for a in d2.state.resize_queue] == [(1, 1000)]
     # the other pod left: the node holds it now
     obs = Observations(now_s=12.0, capacity_millis=2200, sims=(sim,), queue=(),
-                       nodes=two_nodes(700, 0))  # fmt: skip
+                       nodes=two_node_cores(700, 0))  # fmt: skip
     d3 = decide(obs, d2.state, S)
     assert [(a.rank, a.request_millis) for a in d3.actions if isinstance(a, Resize)] == [(1, 1000)]
     assert d3.state.resize_queue == ()
@@ -178,7 +155,7 @@ def test_a_grow_its_node_cannot_hold_is_held_and_said_once_then_sent_when_it_fit
 def test_a_trade_between_ranks_of_one_node_that_fits_is_sent_at_once() -> None:
     state = ControllerState(sims={"a": SimMemory(stage="scheduled", phase_index=0)})
     obs = Observations(now_s=10.0, capacity_millis=2200, sims=(scheduled((500, 500)),),
-                       queue=(), nodes=two_nodes(1000, 0))  # fmt: skip
+                       queue=(), nodes=two_node_cores(1000, 0))  # fmt: skip
     d = decide(obs, state, S)
     assert [(a.rank, a.request_millis) for a in d.actions if isinstance(a, Resize)] == [
         (0, 200), (1, 1000)]  # fmt: skip
@@ -191,7 +168,7 @@ def test_a_trade_between_ranks_of_one_node_that_fits_is_sent_at_once() -> None:
 CASE = SimulatedCase("box", cells=8000, iterations=100, cell_work_s=1e-4)
 
 
-def _run(tmp_path: Path, sub: Submission, *nodes: SimNode) -> tuple[object, Store]:
+def _run_placed(tmp_path: Path, sub: Submission, *nodes: SimNode) -> tuple[object, Store]:
     store = Store(tmp_path / "r.db")
     backend = SimulatedBackend(SimulatedCluster(nodes=nodes, cases=(CASE,)))
     settings = LoopSettings(runs_root=tmp_path / "runs", controller=S, shim=True)
@@ -203,7 +180,7 @@ def test_the_issues_run_spans_two_nodes_and_every_phase_resize_completes(tmp_pat
         case="box", weights=(1.0, 1.0, 3.0, 3.0), budget_millis=1600, sizing="fixed",
         phases=(Phase(0.0, (200, 200, 600, 600)), Phase(0.5, (400, 400, 400, 400))),
     )  # fmt: skip
-    result, store = _run(tmp_path, sub, SimNode("n0", 1000), SimNode("n1", 1000))
+    result, store = _run_placed(tmp_path, sub, SimNode("n0", 1000), SimNode("n1", 1000))
     (run,) = result.results  # type: ignore[attr-defined]
     assert run.status == "completed" and run.restarts == 0
     assert [r.node for r in run.ranks] == ["n0", "n1", "n0", "n1"]
@@ -221,7 +198,7 @@ def test_the_loop_holds_a_grow_its_node_cannot_hold_and_the_run_completes(
 ) -> None:
     sub = Submission(case="box", weights=(1.0, 1.0), budget_millis=1200, sizing="fixed",
                      phases=PHASES)  # fmt: skip
-    result, store = _run(tmp_path, sub, SimNode("n0", 1000), SimNode("n1", 1000))
+    result, store = _run_placed(tmp_path, sub, SimNode("n0", 1000), SimNode("n1", 1000))
     (run,) = result.results  # type: ignore[attr-defined]
     assert run.status == "completed" and [r.node for r in run.ranks] == ["n0", "n0"]
     # the shrink completed; the grow to 1000m never fits n0 beside 200m: held, never sent
@@ -233,7 +210,7 @@ def test_the_loop_holds_a_grow_its_node_cannot_hold_and_the_run_completes(
 
 def test_one_node_decides_no_node(tmp_path: Path) -> None:
     sub = Submission(case="box", weights=(1.0, 1.0), budget_millis=1000, sizing="fixed")
-    result, store = _run(tmp_path, sub, SimNode("n0", 2000))
+    result, store = _run_placed(tmp_path, sub, SimNode("n0", 2000))
     (run,) = result.results  # type: ignore[attr-defined]
     assert run.status == "completed" and [r.node for r in run.ranks] == ["n0", "n0"]
     (stage,) = [e for e in store.events() if e.kind == "stage"]

@@ -28,7 +28,7 @@ PHASES = (Phase(0.0, (1000, 1000)), Phase(0.2, (1000, 600)))
 SUB = Submission(case="box", weights=(1.0, 1.0), budget_millis=2000, phases=PHASES)
 
 
-def _run(
+def _run_resizes(
     tmp_path: Path, script: ResizeScript | None, sub: Submission = SUB, **settings: object
 ) -> tuple[LoopResult, list[EventRow]]:
     cluster = SimulatedCluster(nodes=(SimNode("n", 2000),), cases=(CASE,),
@@ -49,7 +49,7 @@ def test_retry_delays_back_off_then_give_up() -> None:
 
 def test_a_failed_resize_is_asked_again_with_back_off_until_it_completes(tmp_path: Path) -> None:
     script = ResizeScript(ResizeState.FAILED, rank=1, reason="apiserver timeout", count=2)
-    result, events = _run(tmp_path, script)
+    result, events = _run_resizes(tmp_path, script)
     (run,) = result.results
     assert run.status == "completed"
     assert [(r.rank, r.to_millis, r.status) for r in run.resizes] == [
@@ -64,7 +64,7 @@ def test_a_failed_resize_is_asked_again_with_back_off_until_it_completes(tmp_pat
 
 def test_a_resize_that_keeps_failing_is_given_up(tmp_path: Path) -> None:
     script = ResizeScript(ResizeState.FAILED, rank=1, reason="apiserver timeout", count=99)
-    result, events = _run(tmp_path, script)
+    result, events = _run_resizes(tmp_path, script)
     (run,) = result.results
     assert run.status == "completed"
     assert [r.status for r in run.resizes] == ["failed"] * (len(RETRY_DELAYS_S) + 1)
@@ -74,7 +74,7 @@ def test_a_resize_that_keeps_failing_is_given_up(tmp_path: Path) -> None:
 
 def test_a_deferred_resize_is_recorded_once_and_settled_once(tmp_path: Path) -> None:
     script = ResizeScript(ResizeState.DEFERRED, rank=1, reason="OutOfcpu", defer_s=1e6)
-    result, events = _run(tmp_path, script)
+    result, events = _run_resizes(tmp_path, script)
     (run,) = result.results
     (resize,) = run.resizes  # never granted: settled when the run ended, not counted
     assert (resize.rank, resize.to_millis) == (1, 600) and resize.status != "completed"
@@ -93,7 +93,7 @@ def test_fit_launch_scales_to_what_is_free_or_leaves_the_requests() -> None:
 def test_a_launch_that_must_fit_is_scaled_to_the_capacity(tmp_path: Path) -> None:
     sub = Submission(case="box", weights=(1.0, 1.0), budget_millis=2000, sizing="fixed")
     controller = ControllerSettings(launch_must_fit=True)
-    result, events = _run(tmp_path, None, sub, controller=controller, capacity_millis=1000)
+    result, events = _run_resizes(tmp_path, None, sub, controller=controller, capacity_millis=1000)
     (run,) = result.results
     assert run.status == "completed" and [r.cpu_millis for r in run.ranks] == [500, 500]
     (fitted,) = [e for e in events if e.kind == "launch-fitted"]

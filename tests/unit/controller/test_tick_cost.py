@@ -98,7 +98,7 @@ counter = st.one_of(st.none(), st.integers(0, 5 * GIGA))
 
 
 @st.composite
-def running(draw: Any) -> tuple[SimSnapshot, SimMemory]:
+def running_sims(draw: Any) -> tuple[SimSnapshot, SimMemory]:
     n = draw(st.integers(1, 6))
     ranks = tuple(RankSnapshot(i, 500, 0, draw(counter), draw(counter)) for i in range(n))
     wait = draw(st.sampled_from(["spin", "polite", "auto"]))
@@ -137,7 +137,7 @@ def gate_loads_from_scratch(
 
 
 @settings(max_examples=200, deadline=None)
-@given(sims=st.lists(running(), max_size=6), capacity=st.integers(1000, 12000))
+@given(sims=st.lists(running_sims(), max_size=6), capacity=st.integers(1000, 12000))
 def test_the_limit_gates_loads_are_those_summed_over_every_rank(
     sims: list[tuple[SimSnapshot, SimMemory]], capacity: int
 ) -> None:

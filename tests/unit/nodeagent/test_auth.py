@@ -6,23 +6,16 @@ from __future__ import annotations
 import pytest
 
 from rankpack.nodeagent.auth import Access, ApiReviewer, Authorizer, Verdict, bearer
-
-from .fakes import CREATOR, OPERATOR, OPERATOR_USER, SCRAPER, FakeApiserverReviews
+from tests.fakeapi import CREATOR, OPERATOR, OPERATOR_USER, SCRAPER, FakeKubeApi
+from tests.fakeclock import FakeClock
 
 READ = Access("get", "runs")
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 100.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def authorizer() -> tuple[Authorizer, FakeApiserverReviews, Clock]:
-    reviews, clock = FakeApiserverReviews(), Clock()
-    return Authorizer(reviews, ttl_s=10.0, clock=clock), reviews, clock
+def authorizer() -> tuple[Authorizer, FakeKubeApi, FakeClock]:
+    """The real reviewer over the fake apiserver (its TokenReview and SubjectAccessReview)."""
+    reviews, clock = FakeKubeApi(), FakeClock(100.0)
+    return Authorizer(ApiReviewer(reviews), ttl_s=10.0, clock=clock), reviews, clock
 
 
 @pytest.mark.parametrize(
@@ -99,8 +92,7 @@ def test_an_apiserver_that_does_not_answer_is_503_and_not_cached() -> None:
 
 
 def test_the_cache_is_bounded() -> None:
-    reviews = FakeApiserverReviews()
-    auth = Authorizer(reviews, max_entries=3)
+    auth = Authorizer(ApiReviewer(FakeKubeApi()), max_entries=3)
     for i in range(10):
         auth.check(f"Bearer bad-{i}", READ)
     assert len(auth._cache) == 3
@@ -113,23 +105,13 @@ def test_bearer() -> None:
     assert bearer("Bearer é") is None
 
 
-class FakeRest:
-    """The REST boundary (`ClientKubeApi.request`) as the reviewer uses it."""
-
-    def __init__(self) -> None:
-        self.calls: list[tuple[str, str, object]] = []
-
-    def request(self, method: str, path: str, *, body: dict[str, object] | None = None) -> dict:  # type: ignore[type-arg]
-        self.calls.append((method, path, body))
-        return {"status": {"authenticated": True}} if "token" in path else {"status": {}}
-
-
 def test_the_reviews_are_posted_to_the_review_apis() -> None:
-    rest = FakeRest()
+    rest = FakeKubeApi(users={"t": {"username": "u"}})
     reviewer = ApiReviewer(rest)
-    assert reviewer.review_token("t") == {"authenticated": True}
-    assert reviewer.review_access({"user": "u"}) == {}
-    assert rest.calls == [
+    assert reviewer.review_token("t") == {"authenticated": True, "user": {"username": "u"}}
+    assert reviewer.review_access({"user": "u"}) == {
+        "allowed": False, "reason": "no RBAC rule allows it"}  # fmt: skip
+    assert rest.sent == [
         ("POST", "/apis/authentication.k8s.io/v1/tokenreviews",
          {"apiVersion": "authentication.k8s.io/v1", "kind": "TokenReview",
           "spec": {"token": "t"}}),

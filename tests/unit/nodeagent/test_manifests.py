@@ -14,7 +14,7 @@ from rankpack.backend.kubernetes.nodes.readings import LocalReadings
 from rankpack.backend.kubernetes.nodes.sources import choose
 from rankpack.backend.kubernetes.objects.rbac import agent_caller_rules, node_agent_cluster_role
 from rankpack.nodeagent.manifests import agent_objects, agent_yaml, main
-from tests.unit.backend.kubernetes.fake import FakeKubeApi
+from tests.fakeapi import FakeKubeApi
 from tests.unit.backend.kubernetes.fakenode import FakeNodeFilesystems
 
 

@@ -18,19 +18,18 @@ from rankpack.backend.kubernetes.nodes.nodereader import CpuCounters, NodeReader
 from rankpack.backend.kubernetes.nodes.readings import ReadingsMissing
 from rankpack.backend.mpirun import ShimSample
 from rankpack.backend.protocol import BackendError
-from rankpack.nodeagent.auth import Authorizer
+from rankpack.nodeagent.auth import ApiReviewer, Authorizer
 from rankpack.nodeagent.server import AgentServer
 from rankpack.nodeagent.service import NodeAgent, RankPods, Response
 from rankpack.profile.records import read_record
-from tests.unit.backend.kubernetes.fake import FakeKubeApi
+from tests.fakeapi import CREATOR, OPERATOR, SCRAPER, FakeKubeApi
+from tests.fakeclock import FakeClock
 from tests.unit.backend.kubernetes.fakenode import (
     FakeNodeFilesystems,
     new_uid,
     rank_pod_object,
     record_bytes,
 )
-
-from .fakes import CREATOR, OPERATOR, SCRAPER, FakeApiserverReviews
 
 Obj = dict[str, Any]
 
@@ -43,7 +42,8 @@ class Node:
     pods: list[Obj]
     agent: NodeAgent
     server: AgentServer
-    reviews: FakeApiserverReviews
+    reviews: FakeKubeApi
+    """The apiserver the agent's reviews go to."""
     handled: list[str]
     lists: list[int]
 
@@ -94,9 +94,9 @@ def node(tmp_path: Path) -> Iterator[Node]:
         lists.append(1)
         return [dict(p) for p in pods]
 
-    reviews = FakeApiserverReviews()
+    reviews = FakeKubeApi()
     reader = NodeReader(files.kubelet_root, files.cgroup_root, files.pods_cgroup)
-    agent = NodeAgent("node-1", reader, RankPods(list_pods), Authorizer(reviews),
+    agent = NodeAgent("node-1", reader, RankPods(list_pods), Authorizer(ApiReviewer(reviews)),
                       wall=lambda: 1_700_000_000.0)  # fmt: skip
     handled: list[str] = []
     handle = agent.handle
@@ -220,14 +220,6 @@ def test_the_pods_are_listed_at_most_once_a_second(node: Node) -> None:
 # -- the backend's client -------------------------------------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 1000.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
 def agent_pod(node_name: str, ip: str, *, ready: bool = True, created: str = "1") -> Obj:
     return {
         "metadata": {"name": f"agent-{node_name}-{created}", "namespace": "rankpack",
@@ -239,10 +231,12 @@ def agent_pod(node_name: str, ip: str, *, ready: bool = True, created: str = "1"
     }  # fmt: skip
 
 
-def client(node: Node, token: str | None = OPERATOR) -> tuple[AgentReadings, Clock, FakeKubeApi]:
+def client(
+    node: Node, token: str | None = OPERATOR
+) -> tuple[AgentReadings, FakeClock, FakeKubeApi]:
     api = FakeKubeApi(namespace="runs", token=token,
                       other_pods=[agent_pod("node-1", "127.0.0.1")])  # fmt: skip
-    clock = Clock()
+    clock = FakeClock(1000.0)
     readings = AgentReadings(api, agent_namespace="rankpack", port=node.server.port,
                              clock=clock)  # fmt: skip
     return readings, clock, api

@@ -11,8 +11,7 @@ from typing import Any
 from rankpack.core.results import ResizeRecord, RunResult
 from rankpack.operator import adoption, queue
 from rankpack.store import NewRun, RankRow, Store
-
-from .fakes import FakeSims
+from tests.fakeapi import FakeSims
 
 STAGED = {"runDir": "/runs/r", "caseName": "pitzDaily", "caseSource": "tutorial",
           "solver": "simpleFoam", "cellsPerRank": [1, 1], "expectedIterations": 10}  # fmt: skip

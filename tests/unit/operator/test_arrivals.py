@@ -6,8 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from rankpack.operator import queue
-
-from .fakes import FakeSims
+from tests.fakeapi import FakeSims
 
 
 def test_a_refused_spec_ends_failed_with_its_reason_and_is_never_a_job(

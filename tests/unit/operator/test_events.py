@@ -9,30 +9,27 @@ import pytest
 
 from rankpack.operator import crd, events, simapi
 from rankpack.store import EventRow
-
-from .fakes import Down
+from tests.fakeapi import Down
+from tests.unit.operator._helpers import event_row
 
 Obj = dict[str, Any]
-
-
-def _event(kind: str, **detail: Any) -> EventRow:
-    return EventRow(1, 7, "2026-01-01T00:00:00+00:00", 1.0, kind, detail, 3)
 
 
 @pytest.mark.parametrize(
     ("row", "etype", "reason"),
     [
-        (_event("launch", queue_id=1, sim="s1", request_millis=[500, 500]), "Normal", "Launched"),
-        (_event("resize", rank=0, request_millis=300, reason="duty 0.3"), "Normal", "Resized"),
-        (_event("resize-deferred", rank=1, reason="OutOfcpu"), "Warning", "ResizeDeferred"),
-        (_event("resize-deferred", rank=1, reason="x", final=True), "Warning",
+        (event_row("launch", queue_id=1, sim="s1", request_millis=[500, 500]), "Normal",
+         "Launched"),
+        (event_row("resize", rank=0, request_millis=300, reason="duty 0.3"), "Normal", "Resized"),
+        (event_row("resize-deferred", rank=1, reason="OutOfcpu"), "Warning", "ResizeDeferred"),
+        (event_row("resize-deferred", rank=1, reason="x", final=True), "Warning",
          "ResizeNeverApplied"),
-        (_event("wait-mode", mode="polite", reason="sharing"), "Normal", "WaitMode"),
-        (_event("finished", status="completed"), "Normal", "Succeeded"),
-        (_event("finished", status="failed", reason="rank pod p was deleted", code="PodDeleted"),
+        (event_row("wait-mode", mode="polite", reason="sharing"), "Normal", "WaitMode"),
+        (event_row("finished", status="completed"), "Normal", "Succeeded"),
+        (event_row("finished", status="failed", reason="rank pod p was deleted", code="PodDeleted"),
          "Warning", "PodDeleted"),
-        (_event("finished", status="failed", reason="exit code 1"), "Warning", "RunFailed"),
-        (_event("launch-held", reason="no room"), None, None),
+        (event_row("finished", status="failed", reason="exit code 1"), "Warning", "RunFailed"),
+        (event_row("launch-held", reason="no room"), None, None),
     ],
 )  # fmt: skip
 def test_event_bodies(row: EventRow, etype: str | None, reason: str | None) -> None:
@@ -82,7 +79,13 @@ def test_events_wait_while_the_apiserver_is_down_and_go_out_in_order() -> None:
 
     ev = events.SimulationEvents(post, "ns", "op", name_of=lambda e: "a", uid_of=lambda n: None)
     ev.start()
-    ev.add([_event("launch"), _event("resize", rank=0), _event("finished", status="completed")])
+    ev.add(
+        [
+            event_row("launch"),
+            event_row("resize", rank=0),
+            event_row("finished", status="completed"),
+        ]
+    )
     assert tried.wait(10), "the events worker never tried to post"
     # it tried while the apiserver was down: the first event, kept with the others
     assert refused[0] == "Launched"

@@ -3,7 +3,7 @@ quota goes back to ``Queued`` with ``QuotaExceeded`` in its status and an Event;
 says why in the status; a namespace may have only so many Simulations queued (one more is
 refused ``TooManyQueued``) and running (the next waits ``MaxRunningPerNamespace``), counted
 per namespace; the namespace's ResourceQuota as read (`cpu_quota`). Against `FakeSims` (the
-`SimulationApi` boundary)."""
+real `SimulationApi` over the fake apiserver)."""
 
 from __future__ import annotations
 
@@ -18,16 +18,11 @@ from rankpack.operator import adoption, events, queue, transitions
 from rankpack.operator.admission import NamespaceLimits
 from rankpack.operator.status import StatusWriter
 from rankpack.store import EventRow, Store
-
-from .fakes import FakeSims
+from tests.fakeapi import FakeSims
+from tests.unit.operator._helpers import event_row, new_queue
 
 STAGED = StagedCase(Path("/runs/a"), "pitzDaily", "tutorial", "simpleFoam", (1, 1), 100)
 QUOTA = Failure(FailureCode.QUOTA_EXCEEDED, "exceeded quota: q; back in the queue")
-
-
-def _queue(sims: FakeSims, tmp_path: Path, **limits: Any) -> queue.SimulationQueue:
-    return queue.SimulationQueue(sims, "op-1",  # type: ignore[arg-type]
-                                 limits=NamespaceLimits(**limits))  # fmt: skip
 
 
 def _names(q: queue.SimulationQueue) -> list[str]:
@@ -37,7 +32,7 @@ def _names(q: queue.SimulationQueue) -> list[str]:
 def test_a_launch_refused_for_quota_goes_back_to_queued_with_its_reason(tmp_path: Path) -> None:
     sims = FakeSims()
     sims.add("a")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     (job,) = q.pending()
     assert q.claim(job)
     q.started(job, 7, "s1", STAGED)
@@ -64,7 +59,7 @@ def test_a_launch_refused_for_quota_goes_back_to_queued_with_its_reason(tmp_path
 def test_a_hold_says_why_in_the_status_and_is_written_once(tmp_path: Path) -> None:
     sims = FakeSims()
     sims.add("a")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     (job,) = q.pending()
     why = "queued simulation 1 needs 2000m: held within the namespace's ResourceQuota q"
     q.held(job, "quota", why)
@@ -80,7 +75,7 @@ def test_one_simulation_too_many_queued_is_refused(tmp_path: Path) -> None:
     sims = FakeSims()
     for name in ("a", "b", "c"):
         sims.add(name)
-    q = _queue(sims, tmp_path, max_queued=2)
+    q = new_queue(sims, max_queued=2)
     assert _names(q) == ["a", "b"]
     st = sims.objs["c"]["status"]
     assert (st["phase"], st["reason"]) == ("Failed", "TooManyQueued")
@@ -99,7 +94,7 @@ def test_a_namespace_at_its_running_limit_waits_and_others_do_not(tmp_path: Path
     sims.add("b")
     sims.add("other")
     sims.objs["other"]["metadata"]["namespace"] = "team-b"
-    q = _queue(sims, tmp_path, max_running=1)
+    q = new_queue(sims, max_running=1)
     assert _names(q) == ["other"]
     st = sims.objs["b"]["status"]
     assert (st["phase"], st["reason"]) == ("Queued", "MaxRunningPerNamespace")
@@ -118,21 +113,17 @@ def test_no_limits_by_default_but_100_queued() -> None:
     assert limits.queued_refusal("ns", 99) == "" and limits.queued_refusal("ns", 100)
 
 
-def _event(kind: str, **detail: Any) -> EventRow:
-    return EventRow(1, 7, "2026-01-01T00:00:00+00:00", 1.0, kind, detail, 3)
-
-
 def test_quota_holds_and_requeues_are_events_with_the_reason_quota_exceeded() -> None:
     for row, etype in (
-        (_event("launch-requeued", code="QuotaExceeded", reason="exceeded quota"), "Warning"),
-        (_event("launch-held", code="quota", reason="held within q"), "Normal"),
-        (_event("resize-capped", code="quota", reason="grows held within q"), "Normal"),
-        (_event("resize-rejected", code="QuotaExceeded", reason="exceeded quota"), "Warning"),
+        (event_row("launch-requeued", code="QuotaExceeded", reason="exceeded quota"), "Warning"),
+        (event_row("launch-held", code="quota", reason="held within q"), "Normal"),
+        (event_row("resize-capped", code="quota", reason="grows held within q"), "Normal"),
+        (event_row("resize-rejected", code="QuotaExceeded", reason="exceeded quota"), "Warning"),
     ):
         body = events.event_body(row, "sim-a", "uid-a", "ns", "op-1")
         assert body is not None, row.kind
         assert (body["type"], body["reason"]) == (etype, "QuotaExceeded"), row.kind
-    assert events.event_body(_event("launch-held", code="no-gain"), "a", None, "ns", "i") is None
+    assert events.event_body(event_row("launch-held", code="no-gain"), "a", None, "ns", "i") is None
 
 
 def test_a_grow_held_for_quota_sets_resize_held_until_a_resize_completes(
@@ -140,7 +131,7 @@ def test_a_grow_held_for_quota_sets_resize_held_until_a_resize_completes(
 ) -> None:
     sims = FakeSims()
     sims.add("a", {"phase": "Running"})
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     writer = StatusWriter(q)
     writer.resize_held("a", "a wanted 3000m, 1200m fit: grows held within q")
     held = {c["type"]: c for c in sims.objs["a"]["status"]["conditions"]}["ResizeHeld"]
@@ -177,7 +168,7 @@ def test_the_loop_requeues_a_simulation_whose_launch_the_quota_refused(tmp_path:
     sims = FakeSims()
     sims.add("a")
     sims.objs["a"]["spec"].update(case={"path": "box"}, budgetMillis=1000, sizing="fixed")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     seen: list[tuple[str, str | None]] = []
     real = sims.patch_status
 

@@ -1,7 +1,8 @@
 """The Simulations' status writes (`StatusOutbox`): patches kept while the apiserver is away
 and written when it is back, the end of a term, conditions one per type, and writes coalesced
 to one patch per Simulation per interval but phase changes (issue 29), with an injected
-clock. Against `FakeSims` (the `SimulationApi` boundary)."""
+clock. Against `FakeSims`
+(the real `SimulationApi` over the fake apiserver)."""
 
 from __future__ import annotations
 
@@ -11,24 +12,16 @@ import pytest
 
 from rankpack.core.failures import FailureCode
 from rankpack.operator import queue, transitions
-
-from .fakes import FakeSims
-
-
-@pytest.fixture
-def sims() -> FakeSims:
-    return FakeSims()
-
-
-def _queue(sims: FakeSims, tmp_path: Path) -> queue.SimulationQueue:
-    return queue.SimulationQueue(sims, "op-1")  # type: ignore[arg-type]
+from tests.fakeapi import FakeSims
+from tests.fakeclock import FakeClock
+from tests.unit.operator._helpers import new_queue
 
 
 def test_a_status_patch_made_while_down_is_written_when_it_is_back(
     sims: FakeSims, tmp_path: Path
 ) -> None:
     sims.add("a", {"phase": "Running", "simId": "s1"})
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     q.index.queue_id("a")
     sims.down = True
     q.fail("a", FailureCode.POD_DELETED, "rank pod rankpack-s1-1 was deleted")
@@ -44,7 +37,7 @@ def test_a_status_patch_made_while_down_is_written_when_it_is_back(
 def test_end_of_term_keeps_only_final_phases(sims: FakeSims, tmp_path: Path) -> None:
     sims.add("a", {"phase": "Running"})
     sims.add("b", {"phase": "Running"})
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     sims.down = True
     q.requeue("a", "stopped before launch")  # another leader may have claimed it since
     q.fail("b", FailureCode.OTHER, "exit code 1")
@@ -56,7 +49,7 @@ def test_conditions_are_one_per_type_and_keep_their_transition_time(
     sims: FakeSims, tmp_path: Path
 ) -> None:
     sims.add("a")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     first = q.outbox.set_conditions("a", transitions.condition("Running", True, "Claimed", "x"))
     again = q.outbox.set_conditions("a", {**transitions.condition("Running", True, "Launched", "y"),
                                      "lastTransitionTime": "later"})  # fmt: skip
@@ -64,18 +57,10 @@ def test_conditions_are_one_per_type_and_keep_their_transition_time(
     assert again[0]["lastTransitionTime"] == first[0]["lastTransitionTime"]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
-
-
-def _coalescing(tmp_path: Path) -> tuple[FakeSims, queue.SimulationQueue, Clock]:
+def _coalescing(tmp_path: Path) -> tuple[FakeSims, queue.SimulationQueue, FakeClock]:
     sims = FakeSims()
     sims.add("a", {"phase": "Running", "simId": "s1"})
-    clock = Clock()
+    clock = FakeClock()
     q = queue.SimulationQueue(sims, "op-1",  # type: ignore[arg-type]
                               status_interval_s=10.0, clock=clock)  # fmt: skip
     q.index.queue_id("a")

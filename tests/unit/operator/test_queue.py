@@ -1,36 +1,26 @@
 """The operator's queue of Simulations (`SimulationQueue`) without a cluster: what is pending
 while the apiserver is down, claims, holds, ends (with the run's result), withdrawals and a
-lost node's requeue. Against `FakeSims` (the `SimulationApi` boundary)."""
+lost node's requeue. Against `FakeSims`
+(the real `SimulationApi` over the fake apiserver)."""
 
 from __future__ import annotations
 
 from pathlib import Path
 from typing import Any
 
-import pytest
-
 from rankpack.core.failures import FailureCode
 from rankpack.operator import codec, queue
-
-from .fakes import Down, FakeSims
+from tests.fakeapi import Down, FakeSims
+from tests.unit.operator._helpers import new_queue
 
 Obj = dict[str, Any]
-
-
-@pytest.fixture
-def sims() -> FakeSims:
-    return FakeSims()
-
-
-def _queue(sims: FakeSims, tmp_path: Path) -> queue.SimulationQueue:
-    return queue.SimulationQueue(sims, "op-1")  # type: ignore[arg-type]
 
 
 def test_pending_while_the_apiserver_is_down_is_empty_and_not_idle(
     sims: FakeSims, tmp_path: Path
 ) -> None:
     sims.add("a")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     assert [q.index.names[j.queue_id] for j in q.pending()] == ["a"]
     sims.down = True
     assert q.pending() == [] and q.api_error and not q.idle()
@@ -40,7 +30,7 @@ def test_pending_while_the_apiserver_is_down_is_empty_and_not_idle(
 
 def test_claim_is_exclusive_and_a_lost_answer_is_requeued(sims: FakeSims, tmp_path: Path) -> None:
     sims.add("a")
-    q1, q2 = _queue(sims, tmp_path), queue.SimulationQueue(sims, "op-2")  # type: ignore[arg-type]
+    q1, q2 = new_queue(sims), queue.SimulationQueue(sims, "op-2")  # type: ignore[arg-type]
     (job,) = q1.pending()
     (job2,) = q2.pending()
     assert q1.claim(job) and not q2.claim(job2)
@@ -65,7 +55,7 @@ def test_an_unwritten_queued_status_keeps_its_place_and_a_claim_supersedes_it(
 ) -> None:
     for name in ("a", "b", "c"):
         sims.add(name)  # created in this order
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     real_patch = sims.patch_status
 
     def slow_for_a(name: str, status: Obj) -> Obj:
@@ -91,7 +81,7 @@ def test_a_staging_failure_puts_its_message_in_the_status(sims: FakeSims, tmp_pa
     from rankpack.controller.jobs import Job
 
     sims.add("a")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     (job,) = q.pending()
     q.finished(job, "failed", "nosuchcase is not an OpenFOAM case (no system/controlDict)")
     st = sims.objs["a"]["status"]
@@ -104,7 +94,7 @@ def test_a_staging_failure_puts_its_message_in_the_status(sims: FakeSims, tmp_pa
 
 def test_a_failure_before_the_run_carries_its_code(sims: FakeSims, tmp_path: Path) -> None:
     sims.add("a")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     (job,) = q.pending()
     q.finished(job, "failed", "nosuchcase: no system/controlDict", FailureCode.NOT_A_CASE)
     st = sims.objs["a"]["status"]
@@ -114,7 +104,7 @@ def test_a_failure_before_the_run_carries_its_code(sims: FakeSims, tmp_path: Pat
 
 def test_a_held_head_says_why_in_its_queued_condition(sims: FakeSims, tmp_path: Path) -> None:
     sims.add("a")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     (job,) = q.pending()
     q.held(job, "quota", "queued simulation 1 needs 1000m ... held within the ResourceQuota q")
     queued = {c["type"]: c for c in sims.objs["a"]["status"]["conditions"]}["Queued"]
@@ -129,7 +119,7 @@ def test_a_claimed_simulation_deleted_or_created_again_is_withdrawn(
     sims.add("a")
     sims.add("b")
     sims.add("c")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     jobs = {q.index.names[j.queue_id]: j for j in q.pending()}
     assert q.claim(jobs["a"]) and q.claim(jobs["b"])  # c stays queued: never held
     assert q.withdrawn() == set()
@@ -160,7 +150,7 @@ def test_a_node_lost_simulation_is_queued_again_with_what_to_resume_from(
     from rankpack.core.failures import Failure
 
     sims.add("a")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     (job,) = q.pending()
     assert q.claim(job)
     staged = StagedCase(Path("/runs/r1"), "pitzDaily", "/src", "simpleFoam", (6000, 6000), 300)
@@ -189,7 +179,7 @@ def test_an_end_carries_the_runs_result_into_the_status(sims: FakeSims, tmp_path
     from rankpack.core.results import ResizeRecord, RunResult
 
     sims.add("a")
-    q = _queue(sims, tmp_path)
+    q = new_queue(sims)
     (job,) = q.pending()
     assert q.claim(job)
     resized = ResizeRecord(0, 1.0, 1000, 600, "completed", 0.2)

@@ -1,25 +1,23 @@
 """Serving several namespaces (issue 26, item 7): the admin's layout (`Tenancy`), and the
-operator's queue over the real `SimulationApi` on a fake REST boundary holding two
-namespaces. A Simulation is known by ``namespace/name``; its job names its namespace and
+operator's queue over the real `SimulationApi` on the fake apiserver (`FakeKubeApi`) holding
+two namespaces. A Simulation is known by ``namespace/name``; its job names its namespace and
 that namespace's run directories and volume; it is admitted against its own namespace's case
 roots; its status and its Events are written in its namespace only."""
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from rankpack.backend.kubernetes.api.kubeapi import ApiError, Conflict, NotFound
 from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
 from rankpack.operator import adoption, crd, events, queue, simapi
 from rankpack.operator.admission import AdmissionPolicy, NamespaceLimits
 from rankpack.operator.tenancy import FIELD, Tenancy, parse_namespaces
-from rankpack.plan.submission import Submission
 from rankpack.store import EventRow
+from tests.fakeapi import FakeKubeApi
 
 Obj = dict[str, Any]
 A, B = "team-a", "team-b"
@@ -80,69 +78,21 @@ def test_a_claim_mounted_at_the_runs_root_is_per_namespace_by_itself() -> None:
 # -- the queue over two namespaces ---------------------------------------------------------------
 
 
-class FakeRest:
-    """The apiserver's REST paths for Simulations and Events (what `SimulationApi` sends
-    through `ClientKubeApi.request`), two namespaces in memory."""
-
-    def __init__(self) -> None:
-        self.objs: dict[tuple[str, str], Obj] = {}
-        self.calls: list[tuple[str, str]] = []
-        self.version = 1
-
-    def add(self, ns: str, name: str, path: str = "pitzDaily") -> None:
-        sub = Submission(case=path, weights=(1, 1), budget_millis=2000)
-        obj = crd.simulation(name, sub)
-        stamp = f"2026-01-01T00:00:{len(self.objs):02d}Z"
-        obj["metadata"].update(namespace=ns, uid=f"uid-{ns}-{name}", resourceVersion="1",
-                               creationTimestamp=stamp)  # fmt: skip
-        self.objs[(ns, name)] = obj
-
-    def status(self, ns: str, name: str) -> Obj:
-        return dict(self.objs[(ns, name)].get("status") or {})
-
-    def request(self, method: str, path: str, body: Obj | None = None, **_: Any) -> Obj:
-        self.calls.append((method, path))
-        parts = path.strip("/").split("/")
-        ns = parts[parts.index("namespaces") + 1]
-        rest = parts[parts.index("namespaces") + 3 :]
-        if not rest:  # the collection
-            assert method == "GET", (method, path)
-            items = [copy.deepcopy(o) for (n, _), o in sorted(self.objs.items()) if n == ns]
-            return {"items": items}
-        key = (ns, rest[0])
-        if key not in self.objs:
-            raise NotFound(404, "NotFound", path)
-        obj = self.objs[key]
-        if method == "GET":
-            return copy.deepcopy(obj)
-        assert body is not None and rest[1:] == ["status"], (method, path)
-        if method == "PUT":
-            if body["metadata"]["resourceVersion"] != obj["metadata"]["resourceVersion"]:
-                raise Conflict(409, "Conflict", "modified")
-            obj["status"] = copy.deepcopy(body["status"])
-        else:
-            current = obj.setdefault("status", {})
-            for k, v in body["status"].items():
-                if v is None:
-                    current.pop(k, None)
-                else:
-                    current[k] = copy.deepcopy(v)
-        self.version += 1
-        obj["metadata"]["resourceVersion"] = str(self.version)
-        return copy.deepcopy(obj)
+def status(rest: FakeKubeApi, ns: str, name: str) -> Obj:
+    return dict(rest.simulations[ns][name].get("status") or {})
 
 
-def _queue(rest: FakeRest, tmp_path: Path, **limits: Any) -> queue.SimulationQueue:
+def tenant_queue(rest: FakeKubeApi, tmp_path: Path, **limits: Any) -> queue.SimulationQueue:
     api = simapi.SimulationApi(rest, (A, B))  # type: ignore[arg-type]
     return queue.SimulationQueue(api, "op-1", admission=POLICY,
                                  limits=NamespaceLimits(**limits), tenancy=LAYOUT)  # fmt: skip
 
 
 def test_the_same_name_in_two_namespaces_is_two_simulations(tmp_path: Path) -> None:
-    rest = FakeRest()
-    rest.add(A, "pitz")
-    rest.add(B, "pitz")
-    q = _queue(rest, tmp_path)
+    rest = FakeKubeApi()
+    rest.add_simulation(A, "pitz")
+    rest.add_simulation(B, "pitz")
+    q = tenant_queue(rest, tmp_path)
     jobs = q.pending()
     assert [q.index.names[j.queue_id] for j in jobs] == [f"{A}/pitz", f"{B}/pitz"]
     ja, jb = jobs
@@ -152,79 +102,74 @@ def test_the_same_name_in_two_namespaces_is_two_simulations(tmp_path: Path) -> N
         "pvc:rankpack-runs:/var/lib/rankpack/namespaces/team-b",
     )  # fmt: skip
     assert q.claim(jb)
-    assert rest.status(B, "pitz")["phase"] == "Running"
-    assert rest.status(A, "pitz")["phase"] == "Queued"
+    assert status(rest, B, "pitz")["phase"] == "Running"
+    assert status(rest, A, "pitz")["phase"] == "Queued"
     q.finished(jb, "failed", "it broke", FailureCode.STAGE_FAILED)
-    assert rest.status(B, "pitz")["phase"] == "Failed"
-    assert rest.status(A, "pitz")["phase"] == "Queued"
+    assert status(rest, B, "pitz")["phase"] == "Failed"
+    assert status(rest, A, "pitz")["phase"] == "Queued"
     # every write went to its own namespace's object
-    writes = {path for method, path in rest.calls if method != "GET"}
+    writes = {path for method, path, _ in rest.sent if method not in ("GET", "WATCH")}
     assert writes == {f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/{ns}/{crd.PLURAL}/pitz/status"
                       for ns in (A, B)}  # fmt: skip
 
 
 def test_a_case_path_is_admitted_against_its_own_namespaces_root_only(tmp_path: Path) -> None:
-    rest = FakeRest()
-    rest.add(A, "mine", "/var/lib/rankpack/namespaces/team-a/cases/pitz")
-    rest.add(A, "theirs", "/var/lib/rankpack/namespaces/team-b/cases/pitz")
-    rest.add(A, "climb", "/var/lib/rankpack/namespaces/team-a/cases/../../team-b/cases/pitz")
-    q = _queue(rest, tmp_path)
+    rest = FakeKubeApi()
+    rest.add_simulation(A, "mine", "/var/lib/rankpack/namespaces/team-a/cases/pitz")
+    rest.add_simulation(A, "theirs", "/var/lib/rankpack/namespaces/team-b/cases/pitz")
+    rest.add_simulation(
+        A, "climb", "/var/lib/rankpack/namespaces/team-a/cases/../../team-b/cases/pitz"
+    )
+    q = tenant_queue(rest, tmp_path)
     assert [q.index.names[j.queue_id] for j in q.pending()] == [f"{A}/mine"]
     for name in ("theirs", "climb"):
-        st = rest.status(A, name)
+        st = status(rest, A, name)
         assert (st["phase"], st["reason"]) == ("Failed", "CasePathNotAllowed"), st
-    assert "/var/lib/rankpack/namespaces/team-a/cases" in rest.status(A, "theirs")["message"]
+    assert "/var/lib/rankpack/namespaces/team-a/cases" in status(rest, A, "theirs")["message"]
 
 
 def test_limits_count_per_namespace_across_namespaces(tmp_path: Path) -> None:
-    rest = FakeRest()
+    rest = FakeKubeApi()
     for ns in (A, B):
-        rest.add(ns, "one")
-    rest.add(A, "two")
-    q = _queue(rest, tmp_path, max_queued=1)
+        rest.add_simulation(ns, "one")
+    rest.add_simulation(A, "two")
+    q = tenant_queue(rest, tmp_path, max_queued=1)
     assert [q.index.names[j.queue_id] for j in q.pending()] == [f"{A}/one", f"{B}/one"]
-    st = rest.status(A, "two")
+    st = status(rest, A, "two")
     assert (st["phase"], st["reason"]) == ("Failed", "TooManyQueued")
     assert "namespace team-a already has 1" in st["message"]
 
 
 def test_a_deleted_simulation_withdraws_only_its_own(tmp_path: Path) -> None:
-    rest = FakeRest()
-    rest.add(A, "pitz")
-    rest.add(B, "pitz")
-    q = _queue(rest, tmp_path)
+    rest = FakeKubeApi()
+    rest.add_simulation(A, "pitz")
+    rest.add_simulation(B, "pitz")
+    q = tenant_queue(rest, tmp_path)
     ja, jb = q.pending()
     assert q.claim(ja) and q.claim(jb)
-    del rest.objs[(A, "pitz")]
+    del rest.simulations[A]["pitz"]
     q.pending()
     assert q.withdrawn() == {ja.queue_id}
 
 
 def test_adoption_hands_back_each_simulations_namespace(tmp_path: Path) -> None:
-    rest = FakeRest()
-    rest.add(B, "pitz")
+    rest = FakeKubeApi()
+    rest.add_simulation(B, "pitz")
     staged = {"runDir": "/var/lib/rankpack/namespaces/team-b/runs/r", "caseName": "pitzDaily",
               "caseSource": "tutorial", "solver": "simpleFoam", "cellsPerRank": [1, 1],
               "expectedIterations": 10}  # fmt: skip
-    rest.objs[(B, "pitz")]["status"] = {"phase": "Running", "simId": "s1", "staged": staged}
-    found = adoption.running(_queue(rest, tmp_path))
+    rest.simulations[B]["pitz"]["status"] = {"phase": "Running", "simId": "s1", "staged": staged}
+    found = adoption.running(tenant_queue(rest, tmp_path))
     assert found is not None
     ((adopted),) = found
     assert (adopted.job.namespace, adopted.sim_id) == (B, "s1")
 
 
 def test_a_namespace_that_does_not_answer_is_no_listing_at_all(tmp_path: Path) -> None:
-    rest = FakeRest()
-    rest.add(A, "pitz")
-    real = rest.request
-
-    def b_away(method: str, path: str, body: Obj | None = None, **kw: Any) -> Obj:
-        if f"/namespaces/{B}/" in path:
-            raise ApiError(403, "Forbidden", "no RoleBinding here")
-        return real(method, path, body, **kw)
-
-    rest.request = b_away  # type: ignore[method-assign]
-    q = _queue(rest, tmp_path)
+    rest = FakeKubeApi()
+    rest.add_simulation(A, "pitz")
+    rest.forbid_paths.add(f"/apis/{crd.GROUP}/{crd.VERSION}/namespaces/{B}/{crd.PLURAL}")
+    q = tenant_queue(rest, tmp_path)
     assert q.pending() == [] and not q.idle()  # never mistaken for an empty namespace
 
 

@@ -34,7 +34,7 @@ LOG = Path(__file__).parents[2] / "data" / "log.simpleFoam.pitzDaily.cut"
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 
 
-def _run(store: Store, run_dir: Path, *, multiplex_id: int | None = None) -> int:
+def _report_run(store: Store, run_dir: Path, *, multiplex_id: int | None = None) -> int:
     run_dir.mkdir(parents=True, exist_ok=True)
     shutil.copy(LOG, run_dir / "log.simpleFoam")
     options: dict[str, object] = {"iterations": 5, "wait_mode": "auto", "shim": True}
@@ -96,9 +96,9 @@ def store(tmp_path: Path) -> Store:
     return Store(tmp_path / "db" / "r.db")
 
 
-def _session(store: Store, tmp_path: Path) -> tuple[int, list[int]]:
+def _multiplex_session(store: Store, tmp_path: Path) -> tuple[int, list[int]]:
     mid = store.start_multiplex(2000, 4, "auto")
-    runs = [_run(store, tmp_path / f"runs/m{i}", multiplex_id=mid) for i in range(2)]
+    runs = [_report_run(store, tmp_path / f"runs/m{i}", multiplex_id=mid) for i in range(2)]
     store.add_event(None, "launch-held", {"reason": "cooldown"}, multiplex_id=mid, t_s=1.0)
     store.finish_multiplex(mid, "completed", {
         "makespan_s": 8.0, "sequential_s": 13.0, "throughput_gain": 13 / 8,
@@ -117,7 +117,7 @@ def _session(store: Store, tmp_path: Path) -> tuple[int, list[int]]:
 def test_duty_cpu_and_throttling_series_from_the_stored_samples(
     store: Store, tmp_path: Path
 ) -> None:
-    run_id = _run(store, tmp_path / "runs" / "a")
+    run_id = _report_run(store, tmp_path / "runs" / "a")
     data = load_run(store, run_id)
     r0, r1 = data.ranks
     assert r0.duty()[1] == pytest.approx([0.25] * 5)
@@ -182,7 +182,7 @@ class _Page(HTMLParser):
 
 
 def test_report_of_a_session_is_one_self_contained_page(store: Store, tmp_path: Path) -> None:
-    mid, runs = _session(store, tmp_path)
+    mid, runs = _multiplex_session(store, tmp_path)
     doc = build_report(store, [Part(multiplex_id=mid)], headline="H", summary=["why"])
     (tmp_path / "out").mkdir()
     written = write_report(doc, tmp_path / "out" / "r.html")
@@ -216,7 +216,7 @@ def test_report_of_a_session_is_one_self_contained_page(store: Store, tmp_path: 
 def test_a_failed_write_leaves_the_previous_report_untouched(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    run_id = _run(store, tmp_path / "runs" / "a")
+    run_id = _report_run(store, tmp_path / "runs" / "a")
     out = tmp_path / "out" / "r.html"
     out.parent.mkdir()
     first = write_report(build_report(store, [Part(run_id=run_id)]), out)
@@ -235,7 +235,7 @@ def test_a_failed_write_leaves_the_previous_report_untouched(
 # -- the command ------------------------------------------------------------------------------
 
 
-def _snapshot(root: Path) -> list[str]:
+def _tree(root: Path) -> list[str]:
     return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
 
 
@@ -256,15 +256,15 @@ def test_bad_report_requests_are_one_line_and_write_nothing(
     argv: list[str], says: str, store: Store, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    _run(store, tmp_path / "runs" / "a")
+    _report_run(store, tmp_path / "runs" / "a")
     monkeypatch.setenv("RANKPACK_DB", str(store.path))
     (tmp_path / "blocked_figures").write_text("a file where the figures would go")
-    before = _snapshot(tmp_path)
+    before = _tree(tmp_path)
     code = main([a.replace("@T", str(tmp_path)) for a in argv])
     err = capsys.readouterr().err
     assert code == 2, err
     assert err.count("\n") == 1 and "Traceback" not in err and says in err, err
-    assert _snapshot(tmp_path) == before
+    assert _tree(tmp_path) == before
 
 
 def test_report_without_a_database_creates_none(
@@ -280,7 +280,7 @@ def test_report_command_writes_the_page_and_the_pngs(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:  # fmt: skip
-    mid, runs = _session(store, tmp_path)
+    mid, runs = _multiplex_session(store, tmp_path)
     monkeypatch.setenv("RANKPACK_DB", str(store.path))
     out = tmp_path / "rep.html"
     assert main(["report", "--multiplex", str(mid), "-o", str(out), "--json"]) == 0

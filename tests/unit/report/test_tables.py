@@ -8,7 +8,7 @@ from rankpack.core.results import RankResult, RunResult
 from rankpack.report.tables import run_table
 
 
-def _result(backend: str, nodes: tuple[str | None, str | None]) -> RunResult:
+def _table_result(backend: str, nodes: tuple[str | None, str | None]) -> RunResult:
     return RunResult(
         id=3, status="completed", case="pitzDaily", solver="simpleFoam", run_dir="/tmp/r",
         n_ranks=2, qos="requests", total_millis=1000, iterations=5, expected_iterations=5,
@@ -28,7 +28,7 @@ def _text(result: RunResult) -> str:
 
 
 def test_a_cluster_run_names_each_ranks_node() -> None:
-    text = _text(_result("kubernetes", ("rankpack-node", "rankpack-node-1")))
+    text = _text(_table_result("kubernetes", ("rankpack-node", "rankpack-node-1")))
     header = next(line for line in text.splitlines() if "rank" in line and "duty" in line)
     assert "node" in header
     rows = [line for line in text.splitlines() if "rankpack-node" in line]
@@ -36,10 +36,10 @@ def test_a_cluster_run_names_each_ranks_node() -> None:
 
 
 def test_a_local_run_has_no_node_column() -> None:
-    result = _result("local", ("myhost", "myhost"))
+    result = _table_result("local", ("myhost", "myhost"))
     text = _text(result)
     assert "myhost" not in text
     # nor a cluster run whose ranks were never placed (no node known)
-    unplaced = _result("kubernetes", (None, None))
+    unplaced = _table_result("kubernetes", (None, None))
     header = next(line for line in _text(unplaced).splitlines() if "duty" in line)
     assert "node" not in header

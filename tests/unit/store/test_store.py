@@ -36,7 +36,7 @@ def test_trapezoid_linear_ramp() -> None:
     assert trapezoid_cpu_s(times, usage) == pytest.approx(50.0, rel=0.01)
 
 
-def _result(run_id: int, shared_s: float | None = None) -> RunResult:
+def _stored_result(run_id: int, shared_s: float | None = None) -> RunResult:
     return RunResult(
         id=run_id, status="completed", case="pitzDaily", solver="simpleFoam", run_dir="/x",
         n_ranks=2, qos="requests", total_millis=2000, iterations=10, expected_iterations=10,
@@ -68,7 +68,7 @@ def test_store_round_trip_typed_rows(tmp_path: Path) -> None:
         run_id, [SampleRow(0.0, 0, 0, 500, 0, 0), SampleRow(1.0, 0, 10**9, 500, 0, 3)]
     )
     store.add_resize(run_id, ResizeRecord(1, 2.5, 1500, 1000, "completed", 0.2, "phase", "phase"))
-    store.finish_run(_result(run_id))
+    store.finish_run(_stored_result(run_id))
     record = store.get_run(run_id)
     assert record.status == "completed" and record.iterations == 10
     assert record.backend == "simulated" and record.placement == {"node": "n"}
@@ -266,7 +266,7 @@ def test_schema_3_file_gains_the_shared_seconds_of_runs(tmp_path: Path) -> None:
     store = Store(path)
     assert store.get_run(old_id).shared_s is None  # not recorded: unknown
     new_id = _new_run(store)
-    store.finish_run(_result(new_id, shared_s=2.5))
+    store.finish_run(_stored_result(new_id, shared_s=2.5))
     assert store.get_run(new_id).shared_s == 2.5
     store.close()
     conn = sqlite3.connect(path)
@@ -287,7 +287,7 @@ def test_a_failed_run_keeps_its_failure_code_and_schema_4_files_gain_the_column(
     assert store.get_run(old_id).failure is None  # recorded before codes: none
     new_id = _new_run(store)
     failed = replace(
-        _result(new_id), status="failed", message="rank 1 exited with code 3",
+        _stored_result(new_id), status="failed", message="rank 1 exited with code 3",
         failure=FailureCode.RANK_FAILED.value,
     )  # fmt: skip
     store.finish_run(failed)
@@ -326,7 +326,7 @@ def test_a_migration_stopped_between_steps_resumes_at_the_step_it_reached(
     monkeypatch.undo()
     store = Store(path)
     run_id = _new_run(store)
-    store.finish_run(_result(run_id, shared_s=1.5))
+    store.finish_run(_stored_result(run_id, shared_s=1.5))
     assert store.get_run(run_id).shared_s == 1.5
 
 
@@ -357,7 +357,7 @@ def test_runs_show_and_list_give_a_failed_runs_code(
     store = Store(isolated_home / "rankpack.db")
     run_id = _new_run(store)
     store.finish_run(
-        replace(_result(run_id), status="failed", message="rank 1: OOM", failure="OOMKilled")
+        replace(_stored_result(run_id), status="failed", message="rank 1: OOM", failure="OOMKilled")
     )
     store.close()
     assert main(["runs", "show", str(run_id), "--json"]) == 0

@@ -28,7 +28,7 @@ from rankpack.backend.protocol import (
     UnknownSimulation,
 )
 from rankpack.core.failures import FailureCode
-from tests.unit.backend.kubernetes.fake import FakeKubeApi
+from tests.fakeapi import FakeKubeApi
 
 pytestmark = pytest.mark.timeout(20)
 

@@ -22,7 +22,7 @@ from rankpack.backend.protocol import (
 )
 from rankpack.backend.worker import _Stage
 from rankpack.core.failures import FailureCode
-from tests.unit.backend.kubernetes.fake import FakeKubeApi
+from tests.fakeapi import FakeKubeApi
 from tests.unit.backend.kubernetes.test_backend import PODS, SIM, Harness
 
 pytestmark = pytest.mark.timeout(20)
@@ -141,14 +141,12 @@ def test_a_rank_outside_the_limit_range_is_refused_before_any_create(
 
 
 def test_a_create_the_limit_ranger_refuses_is_outside_limit_range(tmp_path: Path) -> None:
-    class Ranger(FakeKubeApi):
-        def create(self, kind: str, body: dict[str, Any]) -> dict[str, Any]:
-            if kind == "pods" and body["metadata"]["name"] == PODS[1]:
-                raise ApiError(403, "Forbidden", f'pods "{PODS[1]}" is forbidden: minimum cpu '
-                               "usage per Container is 300m, but request is 250m")  # fmt: skip
-            return super().create(kind, body)
+    def limit_ranger(kind: str, body: dict[str, Any]) -> None:
+        if kind == "pods" and body["metadata"]["name"] == PODS[1]:
+            raise ApiError(403, "Forbidden", f'pods "{PODS[1]}" is forbidden: minimum cpu '
+                           "usage per Container is 300m, but request is 250m")  # fmt: skip
 
-    api = Ranger()
+    api = FakeKubeApi(admit=limit_ranger)
     h = Harness(tmp_path, api)
     with pytest.raises(LaunchFailed) as failed:
         h.backend.launch(h.spec())

@@ -20,8 +20,8 @@ from rankpack.backend.kubernetes import lostnodes
 from rankpack.backend.kubernetes.nodes.nodehealth import NodeHealthRules, failed_end_verdict
 from rankpack.backend.protocol import SimPhase
 from rankpack.core.failures import FailureCode
-from tests.unit.backend.kubernetes.starting.test_podmode import LAUNCHER
-from tests.unit.backend.kubernetes.starting.test_podmode import Harness as PodHarness
+from tests.unit.backend.kubernetes._helpers import node_object
+from tests.unit.backend.kubernetes.starting.test_podmode import LAUNCHER, PodHarness
 from tests.unit.backend.kubernetes.test_backend import PODS, SIM
 from tests.unit.backend.kubernetes.test_backend import Harness as HostHarness
 
@@ -34,12 +34,6 @@ def stamp(t: float) -> str:
     return datetime.fromtimestamp(t, tz=UTC).isoformat().replace("+00:00", "Z")
 
 
-def node(name: str, ready: str = "True") -> dict[str, Any]:
-    return {"metadata": {"name": name},
-            "status": {"conditions": [{"type": "Ready", "status": ready}],
-                       "allocatable": {"cpu": "4"}}}  # fmt: skip
-
-
 def lease(name: str, renewed_s: float) -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": "kube-node-lease"},
             "spec": {"holderIdentity": name, "renewTime": stamp(renewed_s),
@@ -50,7 +44,7 @@ def lease(name: str, renewed_s: float) -> dict[str, Any]:
 
 
 def test_a_failed_end_waits_until_every_node_renewed_its_lease_after_it() -> None:
-    nodes = [node("a"), node("b")]
+    nodes = [node_object("a"), node_object("b")]
     ended = NOW - 3
     fresh, old = lease("a", NOW - 1), lease("b", NOW - 8)  # b renewed before the end
     v = failed_end_verdict({"a", "b"}, nodes, {"a": fresh, "b": old}, ended, NOW)
@@ -59,20 +53,20 @@ def test_a_failed_end_waits_until_every_node_renewed_its_lease_after_it() -> Non
     renewed = {"a": fresh, "b": lease("b", NOW)}
     assert failed_end_verdict({"a", "b"}, nodes, renewed, ended, NOW).state == "alive"
     # b never renews and the control plane says so: lost
-    gone = [node("a"), node("b", "Unknown")]
+    gone = [node_object("a"), node_object("b", "Unknown")]
     v = failed_end_verdict({"a", "b"}, gone, {"a": fresh, "b": old}, ended, NOW + 50)
     assert v.state == "lost" and "no longer hears" in v.why
 
 
 def test_a_failed_end_is_not_held_for_ever_nor_without_leases() -> None:
-    nodes = [node("a")]
+    nodes = [node_object("a")]
     old = {"a": lease("a", NOW - 100)}  # (a lease not renewed since: older than the end)
     rules = NodeHealthRules(grace_s=600, hold_s=80)
     assert failed_end_verdict({"a"}, nodes, old, NOW - 79, NOW, rules).state == "wait"
     assert failed_end_verdict({"a"}, nodes, old, NOW - 81, NOW, rules).state == "alive"
     # the Leases cannot be read: judged by the Ready condition alone, nothing waits
     assert failed_end_verdict({"a"}, nodes, None, NOW, NOW).state == "alive"
-    unknown = [node("a", "Unknown"), node("b")]
+    unknown = [node_object("a", "Unknown"), node_object("b")]
     assert failed_end_verdict({"a"}, unknown, None, NOW, NOW).state == "lost"
     # a node without a Lease is judged by its Ready condition alone
     assert failed_end_verdict({"a"}, nodes, {}, NOW, NOW).state == "alive"
@@ -83,7 +77,7 @@ def test_a_failed_end_is_not_held_for_ever_nor_without_leases() -> None:
 
 def test_a_lease_stale_past_the_grace_is_lost_even_while_ready() -> None:
     old = {"a": lease("a", NOW - 61), "b": lease("b", NOW - 2)}
-    v = failed_end_verdict({"a"}, [node("a"), node("b")], old, NOW - 30, NOW)
+    v = failed_end_verdict({"a"}, [node_object("a"), node_object("b")], old, NOW - 30, NOW)
     assert v.state == "lost" and "61 s ago" in v.why
 
 
@@ -91,7 +85,7 @@ def test_a_lease_stale_past_the_grace_is_lost_even_while_ready() -> None:
 
 
 def _with_nodes(h: HostHarness, *names: str) -> None:
-    h.api.nodes = [node(n) for n in names]
+    h.api.nodes = [node_object(n) for n in names]
     h.api.leases = [lease(n, time.time()) for n in names]
 
 
@@ -104,7 +98,7 @@ def test_a_rank_pod_on_a_lost_node_fails_its_simulation_node_lost(tmp_path: Path
     h.backend.poll_once()
     (proc,) = h.procs
     assert h.backend.observe(SIM).phase is SimPhase.RUNNING
-    h.api.nodes[1] = node("node-2", "Unknown")  # the control plane no longer hears it
+    h.api.nodes[1] = node_object("node-2", "Unknown")  # the control plane no longer hears it
     h.api.leases[1] = lease("node-2", time.time() - 45)  # nor its Lease a renewal
     h.backend.poll_once()
     obs = h.backend.observe(SIM)
@@ -125,7 +119,7 @@ def test_simulations_wholly_on_other_nodes_go_on(tmp_path: Path) -> None:
     _with_nodes(h, "node-1", "node-2")
     h.backend.launch(h.spec())
     h.run_all()  # every rank on node-1
-    h.api.nodes[1] = node("node-2", "Unknown")
+    h.api.nodes[1] = node_object("node-2", "Unknown")
     h.backend.poll_once()
     assert h.backend.observe(SIM).phase is SimPhase.RUNNING
     assert not h.api.events
@@ -138,7 +132,7 @@ def test_the_launcher_pod_on_a_lost_node_is_node_lost(tmp_path: Path) -> None:
     h.api.objects[("pods", LAUNCHER)]["spec"]["nodeName"] = "node-2"
     h.backend.poll_once()
     assert h.backend.observe(SIM).phase is SimPhase.RUNNING
-    h.api.nodes[1] = node("node-2", "Unknown")
+    h.api.nodes[1] = node_object("node-2", "Unknown")
     h.api.leases[1] = lease("node-2", time.time() - 45)
     h.backend.poll_once()
     obs = h.backend.observe(SIM)
@@ -164,7 +158,7 @@ def test_mpirun_ending_first_is_held_then_node_lost(tmp_path: Path) -> None:
     assert obs.phase is SimPhase.RUNNING, obs
     assert obs.reason.endswith("waiting for a Lease renewal of node-2 (a lost node ends it "
                                "NodeLost)")  # fmt: skip
-    h.api.nodes[1] = node("node-2", "Unknown")
+    h.api.nodes[1] = node_object("node-2", "Unknown")
     h.backend.poll_once()
     obs = h.backend.observe(SIM)
     assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.NODE_LOST

@@ -17,7 +17,7 @@ from rankpack.backend.kubernetes.backend import KubernetesBackend
 from rankpack.backend.kubernetes.tenants import NamespacedBackends, intersect
 from rankpack.backend.protocol import BackendError, RankBounds, RankResources, UnknownSimulation
 from rankpack.backend.worker import News
-from tests.unit.backend.kubernetes.fake import FakeKubeApi
+from tests.fakeapi import FakeKubeApi
 from tests.unit.backend.kubernetes.test_backend import PODS, SIM, FakeReadings, Harness
 from tests.unit.backend.kubernetes.test_backend_quota import limit_range, quota
 
@@ -29,28 +29,19 @@ NODE = {"metadata": {"name": "n1"}, "spec": {},
                    "conditions": [{"type": "Ready", "status": "True"}]}}  # fmt: skip
 
 
-class NamespacedApi(FakeKubeApi):
-    """One namespace's API for an identity that may not list pods cluster-wide (the
-    operator): the other namespaces' pods only through `list_pods_in`."""
-
-    def list_pods_all_namespaces(
-        self, field_selector: str = "", label_selector: str = ""
-    ) -> list[dict[str, Any]]:
-        raise ApiError(403, "Forbidden", "pods is forbidden at the cluster scope")
-
-
 def _pod(namespace: str, name: str, cpu: str) -> dict[str, Any]:
     return {"metadata": {"name": name, "namespace": namespace},
             "spec": {"nodeName": "n1", "containers": [{"resources": {"requests": {"cpu": cpu}}}]},
             "status": {"phase": "Running"}}  # fmt: skip
 
 
-class Tenants:
+class TwoNamespaces:
     """Two namespaces' fake APIs and backends, and the one backend over both."""
 
     def __init__(self, tmp_path: Path, namespaces: tuple[str, ...] = (A, B)) -> None:
         self.h = Harness(tmp_path)  # its spec(), its case directory
-        self.apis = {ns: NamespacedApi(namespace=ns, nodes=[NODE], forbid_paths={"/api/v1/pods"})
+        self.apis = {ns: FakeKubeApi(namespace=ns, nodes=[NODE], cluster_scope=False,
+                                   forbid_paths={"/api/v1/pods"})
                      for ns in namespaces}  # fmt: skip
         self.news = News()
         backends = {}
@@ -70,7 +61,7 @@ class Tenants:
 
 
 def test_a_simulation_lives_in_its_own_namespace_only(tmp_path: Path) -> None:
-    t = Tenants(tmp_path)
+    t = TwoNamespaces(tmp_path)
     t.backend.launch(t.h.spec(namespace=B))
     assert t.pods(B) == PODS and t.pods(A) == []
     assert t.apis[A].writes() == []
@@ -88,7 +79,7 @@ def test_a_simulation_lives_in_its_own_namespace_only(tmp_path: Path) -> None:
 
 
 def test_a_namespace_not_served_is_refused_and_a_simulation_never_moves(tmp_path: Path) -> None:
-    t = Tenants(tmp_path)
+    t = TwoNamespaces(tmp_path)
     with pytest.raises(
         BackendError, match=r"namespace other is not served \(serving team-a, team-b"
     ):
@@ -100,15 +91,15 @@ def test_a_namespace_not_served_is_refused_and_a_simulation_never_moves(tmp_path
 
 
 def test_without_a_namespace_a_simulation_goes_to_the_first(tmp_path: Path) -> None:
-    t = Tenants(tmp_path)
+    t = TwoNamespaces(tmp_path)
     t.backend.launch(t.h.spec())
     assert t.pods(A) == PODS and t.pods(B) == []
 
 
 def test_the_listing_is_every_namespaces_and_discard_finds_its_namespace(tmp_path: Path) -> None:
-    t = Tenants(tmp_path)
+    t = TwoNamespaces(tmp_path)
     t.backend.launch(t.h.spec(namespace=B))
-    later = Tenants(tmp_path)  # another process: it knows nothing of SIM
+    later = TwoNamespaces(tmp_path)  # another process: it knows nothing of SIM
     later.apis = t.apis
     for ns, backend in later.backend.backends.items():
         backend.api = t.apis[ns]
@@ -119,7 +110,7 @@ def test_the_listing_is_every_namespaces_and_discard_finds_its_namespace(tmp_pat
 
 
 def test_the_inventory_counts_every_served_namespaces_pods(tmp_path: Path) -> None:
-    t = Tenants(tmp_path)
+    t = TwoNamespaces(tmp_path)
     t.apis[A].other_pods = [_pod(B, "b-pod", "300m"), _pod("elsewhere", "x", "700m")]
     t.apis[A].objects[("pods", "a-pod")] = _pod(A, "a-pod", "200m")
     inv = t.backend.inventory()
@@ -128,7 +119,7 @@ def test_the_inventory_counts_every_served_namespaces_pods(tmp_path: Path) -> No
 
 
 def test_no_namespaces_quota_binds_the_others_but_every_limit_range_does(tmp_path: Path) -> None:
-    t = Tenants(tmp_path)
+    t = TwoNamespaces(tmp_path)
     t.apis[A].objects[("resourcequotas", "q")] = quota("1", "0")
     t.apis[A].objects[("limitranges", "lr")] = limit_range(min="100m", max="1")
     t.apis[B].objects[("limitranges", "lr")] = limit_range(min="50m", max="600m")
@@ -137,33 +128,30 @@ def test_no_namespaces_quota_binds_the_others_but_every_limit_range_does(tmp_pat
     assert inv.rank_bounds is not None
     assert (inv.rank_bounds.min_millis, inv.rank_bounds.max_millis) == (100, 600)
     # serving one namespace, its quota is planned within as before
-    one = Tenants(tmp_path, (A,))
+    one = TwoNamespaces(tmp_path, (A,))
     one.apis[A].objects[("resourcequotas", "q")] = quota("1", "0")
     found = one.backend.inventory().quota
     assert found is not None and found.hard_millis == 1000
 
 
 def test_a_namespace_whose_limit_ranges_do_not_answer_keeps_its_last(tmp_path: Path) -> None:
-    t = Tenants(tmp_path)
+    t = TwoNamespaces(tmp_path)
     t.apis[B].objects[("limitranges", "lr")] = limit_range(max="600m")
     assert t.backend.inventory().rank_bounds == t.backend.backends[B].rank_bounds()
 
-    def away(kind: str, label_selector: str) -> list[dict[str, Any]]:
-        raise ApiError(0, "", "connection refused")
-
-    t.apis[B].list = away  # type: ignore[method-assign]
+    t.apis[B].fail_next["list"] = [ApiError(0, "", "connection refused")] * 10  # away
     bounds = t.backend.inventory().rank_bounds
     assert bounds is not None and bounds.max_millis == 600
 
 
 def test_wait_wakes_on_any_namespaces_news(tmp_path: Path) -> None:
-    t = Tenants(tmp_path)
+    t = TwoNamespaces(tmp_path)
     t.backend.backends[B].notify()  # e.g. its poller saw a rank pod run
     t.backend.wait(600.0)  # returns at once (else the test's timeout fails it)
 
 
 def test_the_facts_name_every_namespace(tmp_path: Path) -> None:
-    assert Tenants(tmp_path).backend.placement()["namespace"] == f"{A},{B}"
+    assert TwoNamespaces(tmp_path).backend.placement()["namespace"] == f"{A},{B}"
 
 
 @pytest.mark.parametrize(
@@ -186,7 +174,7 @@ def test_the_bounds_of_several_namespaces_are_their_intersection(
 
 
 def test_rank_bounds_are_read_now(tmp_path: Path) -> None:
-    t = Tenants(tmp_path)
+    t = TwoNamespaces(tmp_path)
     assert t.backend.backends[A].rank_bounds() is None
     t.apis[A].objects[("limitranges", "lr")] = limit_range(min="100m")
     found = t.backend.backends[A].rank_bounds()

@@ -1,86 +1,45 @@
-"""ClientKubeApi over HTTP against a tiny local stand-in for the apiserver: the official
+"""ClientKubeApi over HTTP against the HTTP apiserver fake
+(`tests.fakeapiserver`) answering canned replies: the official
 client's wiring (paths, verbs, content types, the bearer token, error statuses)."""
 
 from __future__ import annotations
 
-import json
 import threading
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
 
 import pytest
 
 from rankpack.backend.kubernetes.api.client import ClientKubeApi
 from rankpack.backend.kubernetes.api.config import load_config
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Conflict, Gone, NotFound
+from tests.fakeapiserver import Answer, FakeApiserver, Seen
 
 pytestmark = pytest.mark.timeout(30)
 
 
-class Recorder(BaseHTTPRequestHandler):
-    seen: ClassVar[list[dict[str, Any]]] = []
-
-    def _answer(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        body = json.loads(self.rfile.read(length)) if length else None
-        self.seen.append({
-            "method": self.command, "path": self.path, "body": body,
-            "content_type": self.headers.get("Content-Type"),
-            "auth": self.headers.get("Authorization"),
-        })  # fmt: skip
-        if "watch=true" in self.path:
-            lines = [
-                {"type": "ADDED", "object": {"metadata": {"name": "a"}}},
-                {
-                    "type": "ERROR",
-                    "object": {
-                        "kind": "Status",
-                        "code": 410,
-                        "reason": "Expired",
-                        "message": "too old",
-                    },
-                },
-            ]
-            data = b"".join(json.dumps(x).encode() + b"\n" for x in lines)
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
-            return
-        if "forbidden" in self.path:
-            why = "node didn't have enough allocatable resources"
-            code, out = 403, {"kind": "Status", "reason": "Forbidden", "message": why}
-        elif "missing" in self.path:
-            code, out = 404, {"kind": "Status", "reason": "NotFound", "message": "not found"}
-        else:
-            code, out = 200, {"items": [{"metadata": {"name": "p"}}], "metadata": {"uid": "u"}}
-        data = json.dumps(out).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    do_GET = do_POST = do_PATCH = do_DELETE = _answer
-
-    def log_message(self, *args: Any) -> None:
-        pass
+def canned(seen: Seen) -> Answer:
+    """A watch: one event, then 410 Gone; a name with ``forbidden``: 403 (a resize the node
+    has no room for); ``missing``: 404; anything else: one pod."""
+    if "watch=true" in seen.target:
+        return ("watch", [
+            {"type": "ADDED", "object": {"metadata": {"name": "a"}}},
+            {"type": "ERROR", "object": {"kind": "Status", "code": 410, "reason": "Expired",
+                                         "message": "too old"}},
+        ])  # fmt: skip
+    if "forbidden" in seen.target:
+        why = "node didn't have enough allocatable resources"
+        return ("status", 403, {"reason": "Forbidden", "message": why})
+    if "missing" in seen.target:
+        return ("status", 404, {"reason": "NotFound", "message": "not found"})
+    return ("json", 200, {"items": [{"metadata": {"name": "p"}}], "metadata": {"uid": "u"}})
 
 
-@pytest.fixture
-def server() -> Iterator[str]:
-    httpd = HTTPServer(("127.0.0.1", 0), Recorder)
-    Recorder.seen = []
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    yield f"http://127.0.0.1:{httpd.server_address[1]}"
-    httpd.shutdown()
+@pytest.fixture(autouse=True)
+def _canned(server: FakeApiserver) -> None:
+    server.answer = canned
 
 
-def kubeconfig(tmp_path: Path, server: str) -> Path:
+def kubeconfig_at(tmp_path: Path, server: str) -> Path:
     path = tmp_path / "kubeconfig"
     path.write_text(
         "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
@@ -91,14 +50,14 @@ def kubeconfig(tmp_path: Path, server: str) -> Path:
     return path
 
 
-def test_requests_as_the_api_spells_them(tmp_path: Path, server: str) -> None:
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server)))
+def test_requests_as_the_api_spells_them(tmp_path: Path, server: FakeApiserver) -> None:
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, server.url)))
     assert api.list_pods("a=b,c") == [{"metadata": {"name": "p"}}]
     api.create("pods", {"metadata": {"name": "p"}})
     api.patch_resize("p", {"spec": {"containers": []}})
     api.delete("configmaps", "rankpack-s1", "Foreground")
     api.list_pods_all_namespaces("status.phase!=Failed")
-    seen = [(s["method"], s["path"]) for s in Recorder.seen]
+    seen = [(s.method, s.target) for s in server.seen]
     assert seen == [
         ("GET", "/api/v1/namespaces/rankpack/pods?labelSelector=a%3Db%2Cc"),
         ("POST", "/api/v1/namespaces/rankpack/pods"),
@@ -106,16 +65,16 @@ def test_requests_as_the_api_spells_them(tmp_path: Path, server: str) -> None:
         ("DELETE", "/api/v1/namespaces/rankpack/configmaps/rankpack-s1"),
         ("GET", "/api/v1/pods?fieldSelector=status.phase%21%3DFailed"),
     ]
-    assert {s["auth"] for s in Recorder.seen} == {"Bearer sekrit"}
-    assert Recorder.seen[2]["content_type"] == "application/strategic-merge-patch+json"
-    assert Recorder.seen[3]["body"]["propagationPolicy"] == "Foreground"
+    assert {s.auth for s in server.seen} == {"Bearer sekrit"}
+    assert server.seen[2].content_type == "application/strategic-merge-patch+json"
+    assert server.seen[3].body["propagationPolicy"] == "Foreground"
 
 
-def test_the_new_calls_for_the_node_agents(tmp_path: Path, server: str) -> None:
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server)))
+def test_the_new_calls_for_the_node_agents(tmp_path: Path, server: FakeApiserver) -> None:
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, server.url)))
     api.list_pods_all_namespaces("spec.nodeName=n1", "app=x,rankpack.dev/rank")
     api.list_pods_in("agents", "app.kubernetes.io/name=rankpack-node-agent")
-    assert [s["path"] for s in Recorder.seen] == [
+    assert [s.target for s in server.seen] == [
         "/api/v1/pods?fieldSelector=spec.nodeName%3Dn1&labelSelector=app%3Dx%2Crankpack.dev/rank",
         "/api/v1/namespaces/agents/pods?labelSelector=app.kubernetes.io/name%3Drankpack-node-agent",
     ]
@@ -128,8 +87,8 @@ def test_the_new_calls_for_the_node_agents(tmp_path: Path, server: str) -> None:
     assert api.bearer_token() is None
 
 
-def test_error_statuses_become_kube_errors(tmp_path: Path, server: str) -> None:
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server)))
+def test_error_statuses_become_kube_errors(tmp_path: Path, server: FakeApiserver) -> None:
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, server.url)))
     with pytest.raises(ApiError) as info:
         api.patch_resize("forbidden", {})
     assert (info.value.status, info.value.reason) == (403, "Forbidden")
@@ -147,21 +106,21 @@ def test_errors_are_typed_by_status() -> None:
     assert ApiError(0, "Unreachable", "x").transient
 
 
-def test_a_watch_yields_events_and_raises_gone(tmp_path: Path, server: str) -> None:
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server)))
+def test_a_watch_yields_events_and_raises_gone(tmp_path: Path, server: FakeApiserver) -> None:
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, server.url)))
     seen = []
     with pytest.raises(Gone):
         for event in api.watch("/apis/rankpack.dev/v1/namespaces/ns/simulations", timeout_s=5):
             seen.append(event["object"]["metadata"]["name"])
     assert seen == ["a"]
-    assert "timeoutSeconds=5" in Recorder.seen[-1]["path"]
+    assert "timeoutSeconds=5" in server.seen[-1].target
 
 
 def test_an_unreachable_apiserver_is_a_clear_error(tmp_path: Path) -> None:
     from rankpack.backend.kubernetes.connect import connect
     from rankpack.backend.protocol import BackendError
 
-    config = load_config(kubeconfig(tmp_path, "http://127.0.0.1:9"))
+    config = load_config(kubeconfig_at(tmp_path, "http://127.0.0.1:9"))
     with pytest.raises(BackendError, match="unreachable"):
         connect(config)
 
@@ -171,7 +130,7 @@ def test_an_exec_that_cannot_start_is_tried_again_then_given_up(tmp_path: Path) 
     # while nothing answers (nothing ran yet), for as long as it is told, then fails.
     import time
 
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, "http://127.0.0.1:9")))
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, "http://127.0.0.1:9")))
     t0 = time.monotonic()
     with pytest.raises(ApiError) as err:
         api.exec_attached("p", "rank", ["true"], connect_retry_s=2.0)
@@ -181,8 +140,8 @@ def test_an_exec_that_cannot_start_is_tried_again_then_given_up(tmp_path: Path) 
     assert tries >= 2 and 1.0 <= waited <= 10.0, (tries, waited)
 
 
-def test_an_exec_refused_is_not_tried_again(tmp_path: Path, server: str) -> None:
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, server)))
+def test_an_exec_refused_is_not_tried_again(tmp_path: Path, server: FakeApiserver) -> None:
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, server.url)))
     with pytest.raises(ApiError) as err:
         api.exec_attached("forbidden", "rank", ["true"], connect_retry_s=30.0)
     tries = sum(n for (verb, res, _), n in api.requests.counts().items() if res == "pods/exec")
@@ -203,24 +162,23 @@ def test_an_exec_refused_right_after_the_apiserver_came_back_is_tried_again(
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    Recorder.seen = []
-    started: list[HTTPServer] = []
+    started: list[FakeApiserver] = []
 
     def come_back() -> None:
         time.sleep(1.0)  # away for a second: connection refused meanwhile
-        httpd = HTTPServer(("127.0.0.1", port), Recorder)
+        httpd = FakeApiserver(answer=canned, port=port)
         started.append(httpd)
         httpd.serve_forever()
 
     threading.Thread(target=come_back, daemon=True).start()
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, f"http://127.0.0.1:{port}")))
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, f"http://127.0.0.1:{port}")))
     try:
         with pytest.raises(ApiError) as err:
             api.exec_attached("forbidden", "rank", ["true"], connect_retry_s=30.0)
     finally:
         for httpd in started:
-            httpd.shutdown()
-    refused = [r for r in Recorder.seen if "/exec" in r["path"]]
+            httpd.stop()
+    refused = [r for httpd in started for r in httpd.seen if "/exec" in r.target]
     assert err.value.status == 403
     assert len(refused) >= 2, refused  # refused, tried again, refused: then given up
 
@@ -230,7 +188,7 @@ def test_an_exec_nobody_waits_for_is_not_tried_again(tmp_path: Path) -> None:
     # (it would otherwise start a daemon no mpirun waits for, or linger for minutes).
     import time
 
-    api = ClientKubeApi(load_config(kubeconfig(tmp_path, "http://127.0.0.1:9")))
+    api = ClientKubeApi(load_config(kubeconfig_at(tmp_path, "http://127.0.0.1:9")))
     checks: list[float] = []
 
     def abandoned() -> bool:

@@ -1,6 +1,7 @@
-"""The shared cache (`informer`) over the real client, against a local stand-in apiserver that
-replays event sequences: what a List and each watch answered, byte for byte as JSON lines
-(``data/*.json``). Nothing of the client is replaced: the boundary is the HTTP stream.
+"""The shared cache (`informer`) over the real client, against the HTTP apiserver fake
+(`tests.fakeapiserver`) replaying event sequences: what a List and each watch answered, byte
+for byte as JSON lines (``data/*.json``). Nothing of the client is replaced: the boundary is
+the HTTP stream.
 
 Checked: ADDED/MODIFIED/DELETED/BOOKMARK taken in, each watch started from the last
 resourceVersion with bookmarks asked for, ``410 Gone`` (as an ERROR event and as the watch's
@@ -13,18 +14,15 @@ from __future__ import annotations
 
 import json
 import threading
-import urllib.parse
-from collections import deque
-from collections.abc import Iterator
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any
 
 import pytest
 
 from rankpack.backend.kubernetes.api.client import ClientKubeApi
 from rankpack.backend.kubernetes.api.config import load_config
 from rankpack.backend.kubernetes.api.informer import REFUSALS, Cache, Informer, core
+from tests.fakeapiserver import FakeApiserver
 
 Obj = dict[str, Any]
 
@@ -38,64 +36,16 @@ def recorded(name: str) -> Any:
     return json.loads((DATA / name).read_text())
 
 
-class Replay(BaseHTTPRequestHandler):
-    """Answers each request with the next scripted answer: ``("list", obj)``,
-    ``("watch", [events])`` (a 200 stream, then closed), ``("status", code, Status)``, or
-    ``("cut", [events])`` (a stream broken off without its end: the apiserver going away)."""
-
-    script: ClassVar[deque[tuple[Any, ...]]] = deque()
-    seen: ClassVar[list[tuple[str, dict[str, str]]]] = []
-
-    def do_GET(self) -> None:
-        url = urllib.parse.urlsplit(self.path)
-        query = dict(urllib.parse.parse_qsl(url.query))
-        self.seen.append((url.path, query))
-        answer = self.script.popleft() if self.script else ("status", 500, {"message": "no script"})
-        kind = answer[0]
-        if kind == "list":
-            self._json(200, answer[1])
-        elif kind == "status":
-            self._json(answer[1], {"kind": "Status", "code": answer[1], **answer[2]})
-        else:
-            lines = b"".join(json.dumps(e).encode() + b"\n" for e in answer[1])
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Transfer-Encoding", "chunked")
-            self.end_headers()
-            self.wfile.write(f"{len(lines):x}\r\n".encode() + lines + b"\r\n")
-            if kind == "watch":
-                self.wfile.write(b"0\r\n\r\n")
-            self.wfile.flush()
-            self.close_connection = True  # "cut": no last chunk, the connection just ends
-
-    def _json(self, code: int, obj: Any) -> None:
-        data = json.dumps(obj).encode()
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        self.end_headers()
-        self.wfile.write(data)
-
-    def log_message(self, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture
-def api(tmp_path: Path) -> Iterator[ClientKubeApi]:
-    httpd = ThreadingHTTPServer(("127.0.0.1", 0), Replay)
-    Replay.script, Replay.seen = deque(), []
-    thread = threading.Thread(target=httpd.serve_forever, daemon=True)
-    thread.start()
-    server = f"http://127.0.0.1:{httpd.server_address[1]}"
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        "apiVersion: v1\nkind: Config\ncurrent-context: c\n"
-        f"clusters: [{{name: k, cluster: {{server: '{server}'}}}}]\n"
-        "users: [{name: u, user: {token: t}}]\n"
-        "contexts: [{name: c, context: {cluster: k, user: u, namespace: rankpack}}]\n"
+def api(tmp_path: Path, server: FakeApiserver) -> ClientKubeApi:
+    return ClientKubeApi(
+        load_config(server.kubeconfig(tmp_path / "kubeconfig")), request_timeout_s=5
     )
-    yield ClientKubeApi(load_config(kubeconfig), request_timeout_s=5)
-    httpd.shutdown()
+
+
+def asked(server: FakeApiserver) -> list[tuple[str, dict[str, str]]]:
+    """(path, query) of each request so far."""
+    return [(s.path, s.query) for s in server.seen]
 
 
 def names(inf: Informer) -> dict[str, str]:
@@ -126,9 +76,11 @@ def name_of(event: Obj) -> str:
     return str(event["object"]["metadata"]["name"])
 
 
-def test_a_pods_life_is_followed_from_the_list_and_one_watch(api: ClientKubeApi) -> None:
+def test_a_pods_life_is_followed_from_the_list_and_one_watch(
+    api: ClientKubeApi, server: FakeApiserver
+) -> None:
     seq = recorded("pod_life.json")
-    Replay.script.extend([("list", seq["list"]), ("watch", seq["watch"])])
+    server.script.extend([("list", seq["list"]), ("watch", seq["watch"])])
     heard: list[tuple[str, str]] = []
     inf = Informer(api, PODS)
     inf.listeners.append(lambda kind, obj: heard.append((kind, obj["metadata"]["name"])))
@@ -151,21 +103,23 @@ def test_a_pods_life_is_followed_from_the_list_and_one_watch(api: ClientKubeApi)
     assert (inf.stats.events, inf.stats.bookmarks, inf.stats.dropped) == (
         len(changes(seq["watch"])), n_marks, 0,
     )  # fmt: skip
-    (_, listed), (path, watched) = Replay.seen
+    (_, listed), (path, watched) = asked(server)
     assert path == "/api/v1/namespaces/rankpack/pods"
     assert listed["labelSelector"] == watched["labelSelector"] == PODS.label_selector
     assert watched["watch"] == "true" and watched["allowWatchBookmarks"] == "true"
     assert watched["resourceVersion"] == seq["list"]["metadata"]["resourceVersion"]
     # the next watch starts from the bookmark: no List
-    Replay.script.append(("watch", []))
+    server.script.append(("watch", []))
     inf.pump()
-    assert Replay.seen[-1][1]["resourceVersion"] == inf.resource_version
+    assert asked(server)[-1][1]["resourceVersion"] == inf.resource_version
     assert inf.stats.lists == 1 and inf.stats.watches == 2
 
 
-def test_a_resize_completes_in_the_cache_when_the_watch_brings_it(api: ClientKubeApi) -> None:
+def test_a_resize_completes_in_the_cache_when_the_watch_brings_it(
+    api: ClientKubeApi, server: FakeApiserver
+) -> None:
     seq = recorded("pod_resize.json")
-    Replay.script.extend([("list", seq["list"]), ("watch", seq["watch"])])
+    server.script.extend([("list", seq["list"]), ("watch", seq["watch"])])
     inf = Informer(api, PODS)
     inf.list_now()
     versions = [inf.version]
@@ -183,7 +137,7 @@ def test_a_resize_completes_in_the_cache_when_the_watch_brings_it(api: ClientKub
 
 
 def test_gone_as_an_error_event_lists_again_and_resumes_from_the_new_list(
-    api: ClientKubeApi,
+    api: ClientKubeApi, server: FakeApiserver
 ) -> None:
     seq = recorded("pod_life.json")
     expired = {"type": "ERROR", "object": {"kind": "Status", "apiVersion": "v1",
@@ -193,7 +147,7 @@ def test_gone_as_an_error_event_lists_again_and_resumes_from_the_new_list(
     upto = next(i for i, e in enumerate(seq["watch"]) if e["type"] == "ADDED"
                 and name_of(e) == gone)  # fmt: skip
     later = seq["relist"]
-    Replay.script.extend([("list", seq["list"]), ("watch", [*seq["watch"][: upto + 1], expired]),
+    server.script.extend([("list", seq["list"]), ("watch", [*seq["watch"][: upto + 1], expired]),
                           ("list", later), ("watch", [])])  # fmt: skip
     heard: list[tuple[str, str]] = []
     inf = Informer(api, PODS)
@@ -205,13 +159,13 @@ def test_gone_as_an_error_event_lists_again_and_resumes_from_the_new_list(
     assert gone not in names(inf) and ("DELETED", gone) in heard  # went while unwatched
     assert inf.resource_version == later["metadata"]["resourceVersion"]
     inf.pump()
-    assert Replay.seen[-1][1]["resourceVersion"] == later["metadata"]["resourceVersion"]
-    assert [q.get("watch") for _, q in Replay.seen] == [None, "true", None, "true"]
+    assert asked(server)[-1][1]["resourceVersion"] == later["metadata"]["resourceVersion"]
+    assert [q.get("watch") for _, q in asked(server)] == [None, "true", None, "true"]
 
 
-def test_gone_as_the_watchs_status_lists_again(api: ClientKubeApi) -> None:
+def test_gone_as_the_watchs_status_lists_again(api: ClientKubeApi, server: FakeApiserver) -> None:
     seq = recorded("pod_life.json")
-    Replay.script.extend([
+    server.script.extend([
         ("list", seq["list"]),
         ("status", 410, {"reason": "Expired", "message": "too old resource version"}),
         ("list", seq["relist"]),
@@ -224,14 +178,14 @@ def test_gone_as_the_watchs_status_lists_again(api: ClientKubeApi) -> None:
 
 
 def test_a_broken_watch_resumes_from_its_resource_version_without_a_list(
-    api: ClientKubeApi,
+    api: ClientKubeApi, server: FakeApiserver
 ) -> None:
     """The apiserver restarted mid-watch: the stream breaks off, the next one is refused;
     then it answers again and the watch goes on from the last resourceVersion seen."""
     seq = recorded("pod_life.json")
     first, rest = seq["watch"][:2], seq["watch"][2:]
     after = first[-1]["object"]["metadata"]["resourceVersion"]
-    Replay.script.extend([
+    server.script.extend([
         ("list", seq["list"]), ("cut", first),
         ("status", 503, {"reason": "ServiceUnavailable", "message": "starting"}),
         ("watch", rest),
@@ -247,22 +201,22 @@ def test_a_broken_watch_resumes_from_its_resource_version_without_a_list(
     stop.set()
     assert names(inf) == fold(seq["list"], [e for e in seq["watch"] if e["type"] != "BOOKMARK"])
     assert inf.stats.lists == 1 and inf.stats.gone == 0 and inf.stats.broken >= 2
-    watches = [q for _, q in Replay.seen if q.get("watch") == "true"]
+    watches = [q for _, q in asked(server) if q.get("watch") == "true"]
     assert [q["resourceVersion"] for q in watches][:3] == [
         seq["list"]["metadata"]["resourceVersion"], after, after,
     ]  # fmt: skip
 
 
-def test_the_resource_version_never_goes_back(api: ClientKubeApi) -> None:
+def test_the_resource_version_never_goes_back(api: ClientKubeApi, server: FakeApiserver) -> None:
     seq = recorded("pod_life.json")
-    Replay.script.extend([("list", seq["list"]), ("watch", seq["watch"])])
+    server.script.extend([("list", seq["list"]), ("watch", seq["watch"])])
     inf = Informer(api, PODS)
     inf.list_now()
     inf.watch_once()
     rv = inf.resource_version
     kept = {p["metadata"]["name"]: p["metadata"]["resourceVersion"] for p in inf.items()}
     old_pod = seq["watch"][1]["object"]  # an early version: older than the cache
-    Replay.script.append(("watch", [
+    server.script.append(("watch", [
         {"type": "MODIFIED", "object": old_pod},
         {"type": "DELETED", "object": seq["list"]["items"][0] | {"metadata": {
             **seq["list"]["items"][0]["metadata"], "resourceVersion": "1"}}},
@@ -276,11 +230,11 @@ def test_the_resource_version_never_goes_back(api: ClientKubeApi) -> None:
 
 
 def test_a_watch_refused_falls_back_to_listing_and_a_list_refused_is_forbidden(
-    api: ClientKubeApi,
+    api: ClientKubeApi, server: FakeApiserver
 ) -> None:
     seq = recorded("pod_life.json")
     refused = ("status", 403, {"reason": "Forbidden", "message": "cannot watch pods"})
-    Replay.script.extend([("list", seq["list"]), *[refused] * REFUSALS, ("list", seq["relist"])])
+    server.script.extend([("list", seq["list"]), *[refused] * REFUSALS, ("list", seq["relist"])])
     inf = Informer(api, PODS)
     inf.list_now()
     for _ in range(REFUSALS):  # (a restarted apiserver refuses for a moment: backed off)
@@ -288,16 +242,18 @@ def test_a_watch_refused_falls_back_to_listing_and_a_list_refused_is_forbidden(
     assert inf.error and "Forbidden" in inf.error and not inf.forbidden
     inf.pump()  # refused that often in a row: from now on a List is the poll
     assert names(inf) == phases(seq["relist"]["items"])
-    assert [q.get("watch") for _, q in Replay.seen] == [None, *["true"] * REFUSALS, None]
+    assert [q.get("watch") for _, q in asked(server)] == [None, *["true"] * REFUSALS, None]
     nodes = Cache(api, background=False)
-    Replay.script.append(("status", 403, {"reason": "Forbidden", "message": "nodes"}))
+    server.script.append(("status", 403, {"reason": "Forbidden", "message": "nodes"}))
     found = nodes.informer(core("nodes"))
     assert found.forbidden and found.items() == []
 
 
-def test_a_shared_cache_lists_each_collection_once_for_every_reader(api: ClientKubeApi) -> None:
+def test_a_shared_cache_lists_each_collection_once_for_every_reader(
+    api: ClientKubeApi, server: FakeApiserver
+) -> None:
     seq = recorded("pod_life.json")
-    Replay.script.extend([("list", seq["list"]), ("watch", seq["watch"])])
+    server.script.extend([("list", seq["list"]), ("watch", seq["watch"])])
     cache = Cache(api, background=False)
     a = cache.informer(PODS)
     b = cache.informer(PODS)  # a second reader: the same informer, one watch round

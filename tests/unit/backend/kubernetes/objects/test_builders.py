@@ -9,23 +9,10 @@ import pytest
 
 from rankpack.backend.kubernetes.api.config import DEV_IMAGE, HostPathVolume, PvcVolume
 from rankpack.backend.kubernetes.objects import builders
-from rankpack.backend.protocol import BackendError, RankResources, SimSpec
+from rankpack.backend.protocol import BackendError, RankResources
+from tests.unit.backend.kubernetes._helpers import CASE, sim_spec
 
-CASE = Path("/runs/r1")
 OWNER = builders.OwnerRef("rankpack-s1", "uid-1")
-
-
-def spec(**kw: Any) -> SimSpec:
-    base: dict[str, Any] = {
-        "sim_id": "s1",
-        "case_dir": CASE,
-        "command": ("simpleFoam", "-parallel"),
-        "ranks": (RankResources(250), RankResources(1250, 1500)),
-        "log_path": CASE / "log.simpleFoam",
-        "labels": {"rankpack.dev/run-id": "7"},
-    }
-    base.update(kw)
-    return SimSpec(**base)
 
 
 def test_names_and_hostfile_in_rank_order() -> None:
@@ -51,7 +38,7 @@ def test_sim_ids_must_name_pods(sim_id: str, ok: bool) -> None:
 
 
 def test_owner_configmap_holds_hostfile_and_spec() -> None:
-    cm = builders.owner_configmap(spec(), DEV_IMAGE)
+    cm = builders.owner_configmap(sim_spec(), DEV_IMAGE)
     assert cm["metadata"]["name"] == "rankpack-s1"
     assert cm["metadata"]["labels"] == {
         "rankpack.dev/run-id": "7",
@@ -65,7 +52,7 @@ def test_owner_configmap_holds_hostfile_and_spec() -> None:
 
 
 def test_service_is_headless_and_owned() -> None:
-    svc = builders.headless_service(spec(), OWNER)
+    svc = builders.headless_service(sim_spec(), OWNER)
     assert svc["spec"]["clusterIP"] == "None"
     assert svc["spec"]["selector"] == {
         "app.kubernetes.io/managed-by": "rankpack",
@@ -110,7 +97,7 @@ POD_CASES = [
 
 @pytest.mark.parametrize(("given", "want"), POD_CASES)
 def test_rank_pod(given: dict[str, Any], want: dict[str, Any]) -> None:
-    pod = builders.rank_pod(spec(), given["rank"], OWNER, given["volume"], given["image"])
+    pod = builders.rank_pod(sim_spec(), given["rank"], OWNER, given["volume"], given["image"])
     name = f"rankpack-s1-{given['rank']}"
     assert pod["metadata"]["name"] == name
     assert pod["metadata"]["labels"]["rankpack.dev/rank"] == str(given["rank"])
@@ -143,7 +130,7 @@ def test_rank_pod(given: dict[str, Any], want: dict[str, Any]) -> None:
 
 
 def test_the_shims_records_live_in_the_pods_own_empty_dir() -> None:
-    pod = builders.rank_pod(spec(), 0, OWNER, PvcVolume("runs", Path("/runs")), "img")
+    pod = builders.rank_pod(sim_spec(), 0, OWNER, PvcVolume("runs", Path("/runs")), "img")
     (c,) = pod["spec"]["containers"]
     live = [m for m in c["volumeMounts"] if m["name"] == "rankpack-live"]
     assert live == [{"name": "rankpack-live", "mountPath": "/var/run/rankpack"}]
@@ -154,13 +141,13 @@ def test_the_shims_records_live_in_the_pods_own_empty_dir() -> None:
 
 def test_placement_becomes_node_selector() -> None:
     pod = builders.rank_pod(
-        spec(placement={"kubernetes.io/hostname": "n1"}), 0, OWNER, HostPathVolume(CASE), "img"
+        sim_spec(placement={"kubernetes.io/hostname": "n1"}), 0, OWNER, HostPathVolume(CASE), "img"
     )
     assert pod["spec"]["nodeSelector"] == {"kubernetes.io/hostname": "n1"}
 
 
 def test_each_rank_gets_a_required_affinity_to_its_node_and_never_a_node_name() -> None:
-    placed = spec(rank_nodes=("n0", "n1"))
+    placed = sim_spec(rank_nodes=("n0", "n1"))
     for rank, node in enumerate(("n0", "n1")):
         pod = builders.rank_pod(placed, rank, OWNER, HostPathVolume(CASE), "img")
         assert "nodeName" not in pod["spec"]  # the scheduler's fit check still applies
@@ -173,9 +160,9 @@ def test_each_rank_gets_a_required_affinity_to_its_node_and_never_a_node_name() 
         }}  # fmt: skip
     assert '"rank_nodes": ["n0", "n1"]' in builders.spec_json(placed, "img")
     # no node decided (one node, the local backend's spec): nothing changes
-    pod = builders.rank_pod(spec(), 0, OWNER, HostPathVolume(CASE), "img")
+    pod = builders.rank_pod(sim_spec(), 0, OWNER, HostPathVolume(CASE), "img")
     assert "affinity" not in pod["spec"] and "nodeSelector" not in pod["spec"]
-    assert "rank_nodes" not in builders.spec_json(spec(), "img")
+    assert "rank_nodes" not in builders.spec_json(sim_spec(), "img")
 
 
 @pytest.mark.parametrize(

@@ -15,30 +15,31 @@ from rankpack.core.failures import FailureCode
 Obj = dict[str, Any]
 
 
-def _quota(status: Obj, **spec: Any) -> Obj:
+def _quota_object(status: Obj, **spec: Any) -> Obj:
     return {"metadata": {"name": "q"}, "spec": spec, "status": status}
 
 
 @pytest.mark.parametrize(
     ("quota", "want"),
     [
-        pytest.param(_quota({"hard": {"requests.cpu": "2"}, "used": {"requests.cpu": "500m"}}),
+        pytest.param(_quota_object({"hard": {"requests.cpu": "2"},
+                                    "used": {"requests.cpu": "500m"}}),
                      [("requests.cpu", 2000, 500)], id="requests"),
-        pytest.param(_quota({"hard": {"cpu": "1"}}), [("requests.cpu", 1000, 0)],
+        pytest.param(_quota_object({"hard": {"cpu": "1"}}), [("requests.cpu", 1000, 0)],
                      id="cpu-means-requests"),
-        pytest.param(_quota({"hard": {"limits.cpu": "4", "requests.cpu": "2"},
+        pytest.param(_quota_object({"hard": {"limits.cpu": "4", "requests.cpu": "2"},
                              "used": {"limits.cpu": "1"}}),
                      [("requests.cpu", 2000, 0), ("limits.cpu", 4000, 1000)], id="both"),
-        pytest.param(_quota({"hard": {"pods": "10"}}), [], id="not-cpu"),
-        pytest.param(_quota({}, hard={"requests.cpu": "1"}), [], id="no-status-yet"),
-        pytest.param(_quota({"hard": {"cpu": "1"}}, scopes=["BestEffort"]), [],
+        pytest.param(_quota_object({"hard": {"pods": "10"}}), [], id="not-cpu"),
+        pytest.param(_quota_object({}, hard={"requests.cpu": "1"}), [], id="no-status-yet"),
+        pytest.param(_quota_object({"hard": {"cpu": "1"}}, scopes=["BestEffort"]), [],
                      id="best-effort-scope"),
-        pytest.param(_quota({"hard": {"cpu": "1"}}, scopes=["NotTerminating"]),
+        pytest.param(_quota_object({"hard": {"cpu": "1"}}, scopes=["NotTerminating"]),
                      [("requests.cpu", 1000, 0)], id="not-terminating-scope"),
-        pytest.param(_quota({"hard": {"cpu": "1"}}, scopeSelector={"matchExpressions": [
+        pytest.param(_quota_object({"hard": {"cpu": "1"}}, scopeSelector={"matchExpressions": [
             {"scopeName": "PriorityClass", "operator": "In", "values": ["high"]}]}), [],
                      id="priority-class-scope"),
-        pytest.param(_quota({"hard": {"cpu": "1"}}, scopeSelector={"matchExpressions": [
+        pytest.param(_quota_object({"hard": {"cpu": "1"}}, scopeSelector={"matchExpressions": [
             {"scopeName": "PriorityClass", "operator": "DoesNotExist"}]}),
                      [("requests.cpu", 1000, 0)], id="no-priority-class-scope"),
     ],

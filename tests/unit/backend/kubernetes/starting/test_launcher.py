@@ -16,7 +16,8 @@ from rankpack.backend.kubernetes.api.kubeapi import ApiError
 from rankpack.backend.kubernetes.starting import exitwrapper, launcher
 from rankpack.backend.kubernetes.starting.instructions import Instructions, InstructionsError
 from rankpack.backend.kubernetes.starting.launcher import LaunchError, LauncherRun, Stopped
-from tests.unit.backend.kubernetes.fake import FakeKubeApi
+from tests.fakeapi import FakeKubeApi
+from tests.fakeclock import FakeClock
 
 SIM = "s1"
 PODS = tuple(f"rankpack-{SIM}-{i}" for i in range(3))
@@ -120,7 +121,7 @@ def test_exit_status(returncode: int, status: int) -> None:
     assert launcher.exit_status(returncode) == status
 
 
-def _pod(name: str, ip: str | None) -> dict[str, Any]:
+def _pod_at(name: str, ip: str | None) -> dict[str, Any]:
     return {"metadata": {"name": name}, "status": {"podIP": ip}}
 
 
@@ -135,7 +136,7 @@ def _pod(name: str, ip: str | None) -> dict[str, Any]:
     ids=["given-wins", "same-24", "launcher-elsewhere", "own-ip-unknown"],
 )
 def test_choose_subnet(given: str | None, own_ip: str | None, subnet: str | None) -> None:
-    pods = [_pod(p, f"10.201.0.{10 + i}") for i, p in enumerate(PODS)]
+    pods = [_pod_at(p, f"10.201.0.{10 + i}") for i, p in enumerate(PODS)]
     ins = instructions(Path("/runs/r1"), subnet=given)
     assert launcher.choose_subnet(ins, pods, own_ip) == subnet
 
@@ -163,20 +164,7 @@ def test_the_agent_is_found_beside_python(tmp_path: Path) -> None:
 # -- waiting for the rank pods (fake API, virtual time) ----------------------------------------
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.t = 0.0
-        self.sleeps: list[float] = []
-
-    def __call__(self) -> float:
-        return self.t
-
-    def sleep(self, s: float) -> None:
-        self.sleeps.append(s)
-        self.t += s
-
-
-def _cluster() -> FakeKubeApi:
+def _rank_pods() -> FakeKubeApi:
     api = FakeKubeApi()
     for name in PODS:
         labels = {"app.kubernetes.io/managed-by": "rankpack", "rankpack.dev/sim": SIM}
@@ -192,7 +180,7 @@ def _run_all(api: FakeKubeApi) -> None:
 
 
 def test_wait_returns_the_pods_in_rank_order_once_all_run(tmp_path: Path) -> None:
-    api, clock = _cluster(), Clock()
+    api, clock = _rank_pods(), FakeClock()
     api.run_pod(PODS[0])
 
     def sleep(s: float) -> None:
@@ -206,7 +194,7 @@ def test_wait_returns_the_pods_in_rank_order_once_all_run(tmp_path: Path) -> Non
 
 
 def test_wait_is_bounded_and_says_what_it_waited_for(tmp_path: Path) -> None:
-    api, clock = _cluster(), Clock()
+    api, clock = _rank_pods(), FakeClock()
     api.run_pod(PODS[0])
     with pytest.raises(LaunchError, match="not running after 30 s") as err:
         launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=clock.sleep)
@@ -215,7 +203,7 @@ def test_wait_is_bounded_and_says_what_it_waited_for(tmp_path: Path) -> None:
 
 
 def test_a_failed_rank_pod_ends_the_wait_at_once(tmp_path: Path) -> None:
-    api, clock = _cluster(), Clock()
+    api, clock = _rank_pods(), FakeClock()
     api.run_pod(PODS[0])
     api.evict(PODS[0])
     with pytest.raises(LaunchError, match="evicted"):
@@ -223,27 +211,21 @@ def test_a_failed_rank_pod_ends_the_wait_at_once(tmp_path: Path) -> None:
     assert clock.t == 0.0
 
 
-class FlakyApi(FakeKubeApi):
-    def __init__(self, errors: list[ApiError]) -> None:
-        super().__init__()
-        self.errors = errors
-
-    def list_pods(self, label_selector: str) -> list[dict[str, Any]]:
-        if self.errors:
-            raise self.errors.pop(0)
-        return super().list_pods(label_selector)
+def flaky(errors: list[ApiError]) -> FakeKubeApi:
+    """An apiserver whose next pod lists raise ``errors``."""
+    return FakeKubeApi(fail_next={"list_pods": errors})
 
 
 def test_an_api_that_does_not_answer_is_asked_again(tmp_path: Path) -> None:
-    api, clock = FlakyApi([ApiError(0, "Unreachable"), ApiError(503, "Unavailable")]), Clock()
-    api.objects = _cluster().objects
+    api, clock = flaky([ApiError(0, "Unreachable"), ApiError(503, "Unavailable")]), FakeClock()
+    api.objects = _rank_pods().objects
     _run_all(api)
     pods = launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=clock.sleep)
     assert len(pods) == 3 and clock.t == 2.0
 
 
 def test_a_refusal_says_which_rights_are_missing(tmp_path: Path) -> None:
-    api, clock = FlakyApi([ApiError(403, "Forbidden", "pods is forbidden")]), Clock()
+    api, clock = flaky([ApiError(403, "Forbidden", "pods is forbidden")]), FakeClock()
     with pytest.raises(LaunchError, match="ServiceAccount needs pods get/list"):
         launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=clock.sleep)
 
@@ -267,14 +249,14 @@ class FakeChild:
         self.signals.append(sig)
 
 
-class Harness:
+class LauncherHarness:
     def __init__(self, tmp_path: Path, code: int = 0) -> None:
         self.case = tmp_path / "run"
         (self.case / ".rankpack").mkdir(parents=True)
         self.ins = instructions(self.case)
-        self.api = _cluster()
+        self.api = _rank_pods()
         _run_all(self.api)
-        self.clock = Clock()
+        self.clock = FakeClock()
         self.spawned: list[tuple[list[str], Path, dict[str, str], tuple[int, ...]]] = []
         self.child = FakeChild(code)
         self.launch = LauncherRun(
@@ -294,7 +276,7 @@ class Harness:
 
 
 def test_a_run_starts_mpirun_once_and_records_its_exit(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = LauncherHarness(tmp_path)
     assert h.launch.run() == 0
     ((argv, cwd, env, _fds),) = h.spawned
     text = " ".join(argv)
@@ -314,7 +296,7 @@ def test_a_run_starts_mpirun_once_and_records_its_exit(tmp_path: Path) -> None:
 
 
 def test_an_mpich_run_starts_hydra_calling_back_to_this_pod(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = LauncherHarness(tmp_path)
     h.launch.instructions = instructions(h.case, mpi="mpich")
     h.launch.mpirun = "/usr/bin/mpiexec.hydra"
     assert h.launch.run() == 0
@@ -330,20 +312,20 @@ def test_an_mpich_run_starts_hydra_calling_back_to_this_pod(tmp_path: Path) -> N
 
 
 def test_mpirun_killed_by_a_signal_exits_128_plus_n(tmp_path: Path) -> None:
-    h = Harness(tmp_path, code=-15)
+    h = LauncherHarness(tmp_path, code=-15)
     assert h.launch.run() == 143
     assert (h.case / ".rankpack" / "mpirun.exit").read_text() == "-15\n"
 
 
 def test_sigterm_is_passed_on_to_mpirun(tmp_path: Path) -> None:
-    h = Harness(tmp_path, code=-15)
+    h = LauncherHarness(tmp_path, code=-15)
     h.child.on_wait = lambda: h.launch.on_signal(signal.SIGTERM)
     assert h.launch.run() == 143
     assert h.child.signals == [signal.SIGTERM]
 
 
 def test_a_signal_before_mpirun_starts_it_never(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = LauncherHarness(tmp_path)
     h.launch.on_signal(signal.SIGTERM)
     with pytest.raises(Stopped) as err:
         h.launch.run()
@@ -352,7 +334,7 @@ def test_a_signal_before_mpirun_starts_it_never(tmp_path: Path) -> None:
 
 
 def test_a_held_launch_marker_is_never_launched_twice(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = LauncherHarness(tmp_path)
     fd = exitwrapper.begin(h.case / ".rankpack")  # another launcher runs it
     assert fd is not None
     try:
@@ -364,7 +346,7 @@ def test_a_held_launch_marker_is_never_launched_twice(tmp_path: Path) -> None:
 
 
 def test_a_marker_left_by_a_dead_launcher_is_not_started_again(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = LauncherHarness(tmp_path)
     fd = exitwrapper.begin(h.case / ".rankpack")
     assert fd is not None
     exitwrapper.launched(fd, 99)

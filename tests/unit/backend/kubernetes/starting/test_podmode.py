@@ -22,12 +22,12 @@ from rankpack.backend.kubernetes.backend import KubernetesBackend
 from rankpack.backend.kubernetes.objects import builders, rbac
 from rankpack.backend.kubernetes.starting import exitwrapper, podmode
 from rankpack.backend.kubernetes.starting.instructions import Instructions
-from rankpack.backend.protocol import BackendError, RankPhase, RankResources, SimPhase, SimSpec
+from rankpack.backend.protocol import BackendError, RankPhase, SimPhase
 from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
-from tests.unit.backend.kubernetes.fake import FakeKubeApi
-from tests.unit.backend.kubernetes.test_backend import PODS, SIM
-from tests.unit.backend.kubernetes.test_backend import Harness as HostHarness
+from tests.fakeapi import FakeKubeApi
+from tests.unit.backend.kubernetes._helpers import CASE, sim_spec
+from tests.unit.backend.kubernetes.test_backend import PODS, SIM, Harness
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -37,22 +37,9 @@ IMAGE = "rankpack.local/rank:dev"
 
 # -- the launcher pod's builder ----------------------------------------------------------------
 
-CASE = Path("/runs/r1")
+LABELS = {"rankpack.dev/run-id": "7", "rankpack.dev/rank": "0"}
 OWNER = builders.OwnerRef("rankpack-s1", "uid-1")
 OPTIONS = builders.LauncherOptions(CASE / ".rankpack" / "launch.json", "rankpack-launcher")
-
-
-def spec(**kw: Any) -> SimSpec:
-    base: dict[str, Any] = {
-        "sim_id": "s1",
-        "case_dir": CASE,
-        "command": ("simpleFoam", "-parallel"),
-        "ranks": (RankResources(250), RankResources(1250, 1500)),
-        "log_path": CASE / "log.simpleFoam",
-        "labels": {"rankpack.dev/run-id": "7", "rankpack.dev/rank": "0"},
-    }
-    base.update(kw)
-    return SimSpec(**base)
 
 
 BUILDS: list[tuple[str, str, VolumeSource, dict[str, str], bool, str]] = [
@@ -75,7 +62,7 @@ def test_launcher_pod_builder(
     non_root: bool,
     mount: str,
 ) -> None:
-    s = spec(placement=placement)
+    s = sim_spec(labels=LABELS, placement=placement)
     pod = builders.launcher_pod(s, OWNER, volume, image, OPTIONS)
     rank = builders.rank_pod(s, 0, OWNER, volume, image)
     meta, ps = pod["metadata"], pod["spec"]
@@ -117,11 +104,11 @@ def test_launcher_pod_builder(
 def test_launcher_env_and_request_are_configured() -> None:
     env = (("KUBERNETES_SERVICE_HOST", "10.200.0.1"),)
     config = KubernetesConfig(launcher="pod", launcher_cpu_millis=20, launcher_env=env)
-    opts = podmode.options(config, spec())
+    opts = podmode.options(config, sim_spec(labels=LABELS))
     assert opts.instructions == CASE / ".rankpack" / "launch.json"
-    (c,) = builders.launcher_pod(spec(), OWNER, HostPathVolume(CASE), IMAGE, opts)["spec"][
-        "containers"
-    ]
+    (c,) = builders.launcher_pod(sim_spec(labels=LABELS), OWNER, HostPathVolume(CASE), IMAGE, opts)[
+        "spec"
+    ]["containers"]
     assert {"name": "KUBERNETES_SERVICE_HOST", "value": "10.200.0.1"} in c["env"]
     assert c["resources"] == {"requests": {"cpu": "20m"}}
 
@@ -172,7 +159,9 @@ def test_the_rank_pods_identity_has_no_token_and_host_mode_keeps_the_default() -
                                                                      "sims")  # fmt: skip
     assert (
         "serviceAccountName"
-        not in builders.rank_pod(spec(), 0, OWNER, PvcVolume("r", CASE), IMAGE)["spec"]
+        not in builders.rank_pod(sim_spec(labels=LABELS), 0, OWNER, PvcVolume("r", CASE), IMAGE)[
+            "spec"
+        ]
     )
 
 
@@ -185,7 +174,7 @@ def test_the_operator_in_pod_mode_needs_no_exec() -> None:
 # -- the backend in pod mode ---------------------------------------------------------------------
 
 
-class Harness(HostHarness):
+class PodHarness(Harness):
     def make(self) -> KubernetesBackend:
         backend = super().make()
         backend.config = dataclasses.replace(backend.config, launcher="pod", image=IMAGE)
@@ -228,7 +217,7 @@ class Harness(HostHarness):
 
 
 def test_launch_creates_the_launcher_pod_after_the_rank_pods(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.backend.launch(h.spec())
     created = [a[2] for a in h.api.writes() if a[:2] == ("create", "pods")]
     assert created == [*PODS, LAUNCHER]
@@ -252,7 +241,7 @@ def test_launch_creates_the_launcher_pod_after_the_rank_pods(tmp_path: Path) -> 
 
 
 def test_the_simulation_starts_when_the_launcher_and_every_rank_pod_run(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.backend.launch(h.spec())
     h.run_all()  # the ranks run, the launcher does not yet
     obs = h.backend.observe(SIM)
@@ -267,7 +256,7 @@ def test_the_simulation_starts_when_the_launcher_and_every_rank_pod_run(tmp_path
 
 
 def test_the_end_comes_from_the_exit_file(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.running()
     h.exit_file.write_text("0\n")
     h.end_launcher(0)
@@ -279,7 +268,7 @@ def test_the_end_comes_from_the_exit_file(tmp_path: Path) -> None:
 
 
 def test_without_an_exit_file_the_containers_code_is_mpiruns(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.running()
     h.end_launcher(1, reason="Error")
     h.backend.poll_once()
@@ -290,7 +279,7 @@ def test_without_an_exit_file_the_containers_code_is_mpiruns(tmp_path: Path) -> 
 
 
 def test_a_launcher_that_failed_before_mpirun_says_why(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.running()
     h.end_launcher(2, "rank pods not running after 300 s: x", reason="Error")
     h.backend.poll_once()
@@ -302,7 +291,7 @@ def test_a_launcher_that_failed_before_mpirun_says_why(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("how", ["deleted", "deleting", "evicted", "node-gone", "failed-evicted"])
 def test_a_lost_launcher_pod_fails_the_simulation(tmp_path: Path, how: str) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.running()
     pod = h.launcher()
     if how == "deleted":
@@ -328,7 +317,7 @@ def test_a_lost_launcher_pod_fails_the_simulation(tmp_path: Path, how: str) -> N
 
 
 def test_a_launcher_that_cannot_start_fails_the_simulation(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.backend.launch(h.spec())
     h.run_all()
     waiting = {"reason": "ErrImageNeverPull", "message": "image not present"}
@@ -341,7 +330,7 @@ def test_a_launcher_that_cannot_start_fails_the_simulation(tmp_path: Path) -> No
 
 
 def test_a_launcher_pod_that_never_runs_times_out(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.backend.config = dataclasses.replace(h.backend.config, start_timeout_s=0.0)
     h.backend.launch(h.spec())
     h.run_all()
@@ -352,7 +341,7 @@ def test_a_launcher_pod_that_never_runs_times_out(tmp_path: Path) -> None:
 
 
 def test_a_failed_rank_pod_takes_the_launcher_pod_down(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.running()
     h.api.evict(PODS[1])
     h.backend.poll_once()
@@ -363,7 +352,7 @@ def test_a_failed_rank_pod_takes_the_launcher_pod_down(tmp_path: Path) -> None:
 
 
 def test_stop_deletes_the_launcher_pod_and_release_everything(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.running()
     h.api.actions.clear()
     h.backend.stop(SIM)
@@ -377,7 +366,7 @@ def test_stop_deletes_the_launcher_pod_and_release_everything(tmp_path: Path) ->
 
 
 def test_a_stop_before_it_started_also_deletes_the_launcher(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.backend.launch(h.spec())
     h.backend.stop(SIM)
     assert ("pods", LAUNCHER) not in h.api.objects
@@ -387,7 +376,7 @@ def test_a_stop_before_it_started_also_deletes_the_launcher(tmp_path: Path) -> N
 def test_the_first_listing_after_creation_may_miss_it(tmp_path: Path) -> None:
     """The poller lists, then creates what a transient error left missing: the launcher
     pod is not in that listing, and must not count as lost."""
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.backend.launch(h.spec())
     sim = h.backend.sims[SIM]
     del h.api.objects[("pods", LAUNCHER)]
@@ -401,7 +390,7 @@ def test_the_first_listing_after_creation_may_miss_it(tmp_path: Path) -> None:
 
 
 def test_adopting_a_running_simulation_follows_its_launcher_pod(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.running()
     later = h.make()
     later.adopt(SIM, h.spec())
@@ -416,7 +405,7 @@ def test_adopting_a_running_simulation_follows_its_launcher_pod(tmp_path: Path) 
 
 
 def test_adopting_when_the_launcher_pod_is_gone_is_lost(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.running()
     marker = exitwrapper.begin(h.case / ".rankpack")  # the launcher took the marker and died
     assert marker is not None
@@ -432,7 +421,7 @@ def test_adopting_when_the_launcher_pod_is_gone_is_lost(tmp_path: Path) -> None:
 
 
 def test_adopting_a_simulation_that_ended_reads_its_exit_file(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.running()
     h.exit_file.write_text("3\n")
     h.end_launcher(3, reason="Error")
@@ -444,7 +433,7 @@ def test_adopting_a_simulation_that_ended_reads_its_exit_file(tmp_path: Path) ->
 
 
 def test_adopting_before_the_launcher_pod_exists_creates_it(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.backend.launch(h.spec())
     del h.api.objects[("pods", LAUNCHER)]  # the earlier process died before creating it
     (h.case / ".rankpack" / "launch.json").unlink()
@@ -460,7 +449,7 @@ def test_adopting_before_the_launcher_pod_exists_creates_it(tmp_path: Path) -> N
 
 
 def test_host_mode_is_unchanged(tmp_path: Path) -> None:
-    h = HostHarness(tmp_path)
+    h = Harness(tmp_path)
     h.backend.launch(h.spec())
     assert ("pods", LAUNCHER) not in h.api.objects
     assert not (h.case / ".rankpack" / "launch.json").exists()
@@ -474,14 +463,14 @@ def test_an_mpi_the_backend_cannot_launch_is_refused_before_anything_is_created(
 ) -> None:
     from rankpack.backend.protocol import LaunchFailed
 
-    h = Harness(tmp_path, FakeKubeApi())
+    h = PodHarness(tmp_path, FakeKubeApi())
     with pytest.raises(LaunchFailed, match="intelmpi"):
         h.backend.launch(h.spec(mpi="intelmpi"))
     assert h.api.writes() == []
 
 
 def test_mpich_in_a_pod_gets_its_hostfile_and_instructions(tmp_path: Path) -> None:
-    h = Harness(tmp_path)
+    h = PodHarness(tmp_path)
     h.backend.config = dataclasses.replace(h.backend.config, mpi_transport="auto")
     h.backend.launch(h.spec(mpi="mpich"))
     ins = Instructions.parse((h.case / ".rankpack" / "launch.json").read_text())
