@@ -37,7 +37,7 @@ from rankpack.controller.session import (
     run_session,
 )
 from rankpack.controller.tracked import LoopSettings
-from rankpack.core.actions import WAIT_SETTINGS
+from rankpack.core.actions import WAIT_SETTINGS, StageJob
 from rankpack.errors import UserError
 from rankpack.plan.allocation import budget_to_millis
 from rankpack.plan.submission import Submission
@@ -283,7 +283,7 @@ def dry_run(store: Store, backend: LocalBackend, settings: LoopSettings, as_json
     """The loop's first decision on the queue, applied nowhere: built from the same
     observations as a run (learned sizes, capacity), so it decides as the run will."""
     decision = preview(backend, store, StoreQueue(store, None), settings)
-    actions = [{"action": type(a).__name__.lower(), **a.__dict__} for a in decision.actions]
+    actions = [{"action": _action_name(a), **a.__dict__} for a in decision.actions]
     if as_json:
         print_json({"dry_run": True, "actions": actions})
     else:
@@ -292,6 +292,12 @@ def dry_run(store: Store, backend: LocalBackend, settings: LoopSettings, as_json
         if not actions:
             Console().print("no action now")
     return 0
+
+
+def _action_name(action: object) -> str:
+    """What a dry run calls an action: a queued job the gate lets in is "launch" (claimed,
+    staged, then launched: `StageJob`, the first of its two steps), the others their type."""
+    return "launch" if isinstance(action, StageJob) else type(action).__name__.lower()
 
 
 def print_summary(data: dict[str, object]) -> None:
