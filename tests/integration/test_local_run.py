@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rankpack.backend import cgroups
+from rankpack.backend import cgroups, ranknice
 from rankpack.backend.local import LocalBackend
 from rankpack.backend.protocol import RankResources
 from rankpack.controller.decision import ControllerSettings
@@ -26,7 +26,6 @@ from rankpack.plan.submission import Submission
 from rankpack.store import Store
 from tests.cli_runner import rankpack
 from tests.integration.helpers import (
-    cgroup_subtree,
     processes_in,
     run_cgroups,
     run_json,
@@ -113,52 +112,52 @@ def _driver_weight(driver: cgroups.CgroupDriver, millis: int) -> int:
     return cgroups.millis_to_weight(millis)
 
 
-def test_proportional_shares_in_cgroups_while_running_and_resize_in_place(tmp_path: Path) -> None:
+def test_rank_group_weighs_requests_by_nice_and_resizes_in_place(tmp_path: Path) -> None:
     backend = LocalBackend()
     assert backend.driver is not None
     driver = backend.driver
-    seen_shares: list[list[int]] = []
+    seen_nice: list[list[int | None]] = []
     pids_before: dict[int, str] = {}
     resized: list[int] = []
     run_shares: list[int] = []
-    run_cgroup_seen: list[bool] = []
+    in_run_cgroup: list[bool] = []
 
     def check(view: SimView) -> None:
-        shares = [_weights(backend.settings(view.sim_id, r)) for r in range(4)]
-        seen_shares.append(shares)
+        seen_nice.append([backend.nice(view.sim_id, r) for r in range(4)])
         run_rel = f"{cgroups.SUBTREE}/run-{view.sim_id}-{os.getpid()}"
         run_shares.append(_weights(driver.read_settings(run_rel)))
-        run_cgroup_seen.append(cgroup_subtree() / run_rel.split("/")[1] in run_cgroups(os.getpid()))
         assert view.run_dir is not None
         pid_dir = Path(view.run_dir) / ".rankpack" / "pids"
+        if len(list(pid_dir.glob("*.pid"))) == 4:
+            pids = {int((pid_dir / f"rank-{i}.pid").read_text()) for i in range(4)}
+            # the rank group: every rank in the run's own cgroup, none below it
+            in_run_cgroup.append(pids <= set(driver.pids(run_rel)))
+            assert not driver.children(run_rel)
         if not resized and len(list(pid_dir.glob("*.pid"))) == 4 and view.log.iterations > 0:
             pids_before.update({i: (pid_dir / f"rank-{i}.pid").read_text() for i in range(4)})
-            backend.resize(view.sim_id, 0, RankResources(500))
+            backend.resize(view.sim_id, 3, RankResources(500))
             resized.append(view.log.iterations)
 
     loop = _run_local(tmp_path, backend, _submission([1, 1, 5, 15], iters=150), check)
     (result,) = loop.results
     assert result.status == "completed" and result.iterations == 150, result.message
-    # the run's own cgroup existed (under the detected driver's root) while it ran
-    assert run_cgroup_seen and all(run_cgroup_seen)
-    # kubelet: millis * 1024 // 1000 (v1 shares; the kubelet's weight on v2)
-    expected = [_driver_weight(driver, m) for m in (182, 182, 909, 2727)]
-    if driver.version == "v1":
-        assert expected == [186, 186, 930, 2792]
-    assert seen_shares[0] == expected
-    # like a pod's cgroup, the run weighs the sum of its requests (4000m, then 4318m)
+    assert in_run_cgroup and all(in_run_cgroup)
+    # requests 182m, 182m, 909m, 2727m: the largest runs at nice 0, the others at the nice
+    # value whose kernel weight is nearest their ratio (1/15 -> nice 12, 1/3 -> nice 5)
+    assert [12, 12, 5, 0] in seen_nice
+    # like a pod's cgroup, the run weighs the sum of its requests (4000m, then 1773m)
     assert run_shares[0] == _driver_weight(driver, 4000)
-    assert run_shares[-1] == _driver_weight(driver, 500 + 182 + 909 + 2727)
-    # like kubepods, the parent of all rank pods weighs the machine's CPUs
+    assert run_shares[-1] == _driver_weight(driver, 182 + 182 + 909 + 500)
+    # like kubepods, the parent of all runs weighs the machine's CPUs
     parent = _weights(driver.read_settings(cgroups.SUBTREE))
     assert parent == _driver_weight(driver, backend.capacity_millis())
     assert resized, "the run ended before a resize could be made"
-    # rank 0 resized to 500m in place
-    assert [_driver_weight(driver, 500), *expected[1:]] in seen_shares
+    # rank 3 resized to 500m in place: now rank 2 (909m) is the largest, at nice 0
+    assert [ranknice.nice_for(182, 909)] * 2 + [0, ranknice.nice_for(500, 909)] in seen_nice
     pid_dir = Path(result.run_dir) / ".rankpack" / "pids"
     # zero restarts: the same rank processes before and after the resize
     assert {i: (pid_dir / f"rank-{i}.pid").read_text() for i in range(4)} == pids_before
-    assert result.ranks[0].cpu_millis == 500
+    assert result.ranks[3].cpu_millis == 500
     assert result.restarts == 0
     assert not run_cgroups(os.getpid())
 

@@ -36,16 +36,14 @@ def _kubelet_weight(millis: int) -> int:
     return cgroups.millis_to_weight(millis)
 
 
-def _cpu_shares_of(owner_pid: int) -> dict[str, list[int]]:
-    out: dict[str, list[int]] = {}
+def _run_weights_of(owner_pid: int) -> dict[str, int]:
+    """Each run cgroup's weight: the sum of its ranks' requests (a rank group)."""
+    out: dict[str, int] = {}
     for run in run_cgroups(owner_pid):
-        shares = []
-        for rank in sorted(run.glob("rank-*")):
-            try:
-                shares.append(int((rank / WEIGHT_FILE).read_text()))
-            except OSError:
-                continue
-        out[run.name] = shares
+        try:
+            out[run.name] = int((run / WEIGHT_FILE).read_text())
+        except OSError:
+            continue
     return out
 
 
@@ -68,12 +66,12 @@ def test_three_pitzdaily_simulations_multiplexed(isolated_home: Path) -> None:
     )  # fmt: skip
     # the sessions' run cgroups exist while it runs, so "none left" below means something
     wait_for(lambda: bool(run_cgroups(proc.pid)), 300, "the multiplexer's run cgroups")
-    seen: list[dict[str, list[int]]] = []
+    seen: list[dict[str, int]] = []
     done = threading.Event()
 
     def watch() -> None:  # read the cgroup files while the multiplexer runs
         while not done.wait(0.5):
-            seen.append(_cpu_shares_of(proc.pid))
+            seen.append(_run_weights_of(proc.pid))
 
     watcher = threading.Thread(target=watch)
     watcher.start()
@@ -117,9 +115,9 @@ def test_three_pitzdaily_simulations_multiplexed(isolated_home: Path) -> None:
     assert len(baselines) == 1 and data["baseline"] == "db"  # measured once, before the session
     assert data["sequential_s"] == pytest.approx(3 * baselines[0])
     assert data["throughput_gain"] == pytest.approx(3 * baselines[0] / makespan)
-    # the initial 250m changed in place while the ranks ran
-    all_shares = {s for snap in seen for shares in snap.values() for s in shares}
-    assert _kubelet_weight(250) in all_shares and len(all_shares) > 1
+    # the initial 4 x 250m changed in place while the ranks ran (the run's weight is the sum)
+    all_weights = {w for snap in seen for w in snap.values()}
+    assert _kubelet_weight(1000) in all_weights and len(all_weights) > 1
     # results intact: every run directory has its log and its last time directory
     for s in sims:
         run_dir = Path(s["run_dir"])
@@ -179,8 +177,8 @@ def test_multiplex_bad_input(isolated_home: Path) -> None:
 
 
 class RefusingDriver:
-    """The real cgroup driver, except that a rank cgroup's CPU can be written only once
-    (at launch): every in-place resize is refused, as a FAKE of the one boundary we cannot
+    """The real cgroup driver, except that a run's cgroup CPU can be written only once (at
+    launch): every in-place resize is refused, as a FAKE of the one boundary we cannot
     provoke here on demand (a kubelet or API server refusing a `pods/resize`, a cgroup write
     failing). The local backend itself is not faked."""
 
@@ -190,7 +188,7 @@ class RefusingDriver:
         self.written: set[str] = set()
 
     def set_cpu(self, rel: str, request_millis: int, limit_millis: int | None) -> object:
-        if "/rank-" in rel and rel in self.written:
+        if "/run-" in rel and rel in self.written:
             raise PermissionError(13, "resize refused by the test")
         self.written.add(rel)
         return self.inner.set_cpu(rel, request_millis, limit_millis)

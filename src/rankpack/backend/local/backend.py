@@ -1,7 +1,7 @@
 """`LocalBackend`: backend protocol v2 (`rankpack.backend.protocol`) on this machine.
 
 It ties the rooms of the local backend together: `launching` starts mpirun, `rankcgroups`
-holds each run's rank cgroups, `observing` keeps each run's state and observes it. Staging
+holds each run's cgroups, `observing` keeps each run's state and observes it. Staging
 runs in a worker thread (`rankpack.backend.worker.Stager`), a waiter thread per launched
 simulation notices its end, and `wait` wakes on the first event of any simulation.
 """
@@ -14,7 +14,7 @@ import signal
 import threading
 import time
 
-from rankpack.backend import cgroups
+from rankpack.backend import cgroups, ranknice
 from rankpack.backend.local import launching, rankcgroups
 from rankpack.backend.local.observing import LocalRun
 from rankpack.backend.local.rankcgroups import RunCgroups
@@ -40,7 +40,9 @@ from rankpack.errors import UserError
 
 
 class LocalBackend:
-    """Runs simulations on this machine, one cgroup per rank (or uncontained if asked)."""
+    """Runs simulations on this machine, each in one cgroup weighing its ranks' requests,
+    a rank's share of it its nice value (a cgroup per rank with hard limits; uncontained if
+    asked)."""
 
     name = "local"
 
@@ -117,7 +119,10 @@ class LocalBackend:
         run: RunCgroups | None = None
         if self.driver is not None:
             run = RunCgroups.create(self.driver, spec.sim_id, spec.ranks, self.capacity_millis())
-            env["RANKPACK_CGROUP_DIRS"] = run.join_dirs()
+            env.update(run.launcher_env())
+            if not run.per_rank:
+                nice = ranknice.nices([r.request_millis for r in spec.ranks])
+                env["RANKPACK_RANK_NICE"] = ",".join(str(n) for n in nice)
         argv = launching.command(spec, mpirun, env)
         try:
             process, log_file = launching.start(spec, argv, env)
@@ -173,9 +178,15 @@ class LocalBackend:
             )
         else:
             try:
-                sim.cgroups.set_rank(rank, resources)
-                sim.desired[rank] = resources  # the rank's cgroup has it, whatever follows
-                sim.cgroups.set_weight(sum(r.request_millis for r in sim.desired))
+                if sim.cgroups.per_rank:
+                    sim.cgroups.set_rank(rank, resources)
+                    sim.desired[rank] = resources  # the rank's cgroup has it, whatever follows
+                    sim.cgroups.set_weight(sum(r.request_millis for r in sim.desired))
+                else:  # the group's weight first: if it is refused, nothing has changed
+                    others = sum(r.request_millis for i, r in enumerate(sim.desired) if i != rank)
+                    sim.cgroups.set_weight(others + resources.request_millis)
+                    sim.desired[rank] = resources
+                    sim.apply_nice()
             except OSError as exc:
                 status = settled(ResizeState.REJECTED, f"the cgroup write was refused: {exc}")
             else:
@@ -187,11 +198,21 @@ class LocalBackend:
         self._sim(sim_id).shim.set_wait_mode(mode)
 
     def settings(self, sim_id: str, rank: int) -> cgroups.CpuSettings:
-        """The cgroup values in force for a rank (for display and checks)."""
+        """The cgroup values in force for a rank (for display and checks): its own cgroup's
+        with hard limits, else its rank group's (the run's; its share in it is `nice`)."""
         sim = self._sim(sim_id)
         if sim.cgroups is None:
             raise UserError("this simulation runs without cgroups")
         return sim.cgroups.settings(rank)
+
+    def nice(self, sim_id: str, rank: int) -> int | None:
+        """Rank ``rank``'s nice value, its share of its rank group (None before it started
+        or after it ended)."""
+        pid = self._sim(sim_id).pids.get(rank)
+        try:
+            return ranknice.nice_of(int(pid)) if pid is not None else None
+        except ProcessLookupError:
+            return None
 
     # -- observe -----------------------------------------------------------------------------
 
@@ -275,7 +296,7 @@ class LocalBackend:
             log=LogTail(spec.log_path),
             shim=ShimRecords.of(spec),
         )
-        for i in range(len(sim.desired)):
+        for i in range(len(sim.desired) if run.per_rank else 0):
             with contextlib.suppress(OSError):
                 sim.desired[i] = run.resources(i)
         with contextlib.suppress(OSError):

@@ -1,10 +1,12 @@
 """Starting a local run: the rank launcher, mpirun's command line and environment.
 
 `mpirun` (Open MPI by default, MPICH's hydra if the solver was built with it) starts
-``rank_launcher.sh`` once per rank; the launcher writes its pid into its rank cgroup's
-``cgroup.procs`` (``$RANKPACK_CGROUP_DIRS``) and its pid file (``$RANKPACK_PID_DIR``), then
-execs the solver, so the rank is contained before its first instruction. If it cannot join
-its cgroup it exits with `LAUNCHER_NO_RANK` or `LAUNCHER_NO_CGROUP` instead.
+``rank_launcher.sh`` once per rank; the launcher writes its pid into its run's cgroup
+(``$RANKPACK_CGROUP_DIRS``; its own below it with ``$RANKPACK_CGROUP_PER_RANK``) and its
+pid file (``$RANKPACK_PID_DIR``), then execs the solver at its nice value
+(``$RANKPACK_RANK_NICE``), so the rank is contained and weighted before its first
+instruction. If it cannot join its cgroup it exits with `LAUNCHER_NO_RANK` or
+`LAUNCHER_NO_CGROUP` instead.
 
 Called by `LocalBackend.launch`, which creates the rank cgroups in between.
 """
@@ -24,6 +26,10 @@ LAUNCHER_NO_RANK = 97
 """``rank_launcher.sh``'s exit code when it finds no MPI rank (not started by mpirun)."""
 LAUNCHER_NO_CGROUP = 98
 """``rank_launcher.sh``'s exit code when a rank cannot join its cgroup."""
+
+
+CGROUP_VARIABLES = ("RANKPACK_CGROUP_DIRS", "RANKPACK_CGROUP_PER_RANK", "RANKPACK_RANK_NICE")
+"""The launcher's cgroup and weight variables, set by the backend once the cgroups exist."""
 
 
 def launcher_path() -> Path:
@@ -68,7 +74,7 @@ def prepare_dirs(spec: SimSpec) -> Path:
 
 def environment(spec: SimSpec, pids: Path) -> dict[str, str]:
     """mpirun's environment: this process's, the spec's, the shim's and the launcher's
-    (without ``$RANKPACK_CGROUP_DIRS``: the caller adds it once the cgroups exist).
+    (without the cgroup variables: the caller adds them once the cgroups exist).
     UserError for an unknown wait mode or a missing shim library."""
     env = dict(os.environ)
     env.update(spec.env)
@@ -76,7 +82,8 @@ def environment(spec: SimSpec, pids: Path) -> dict[str, str]:
         live = shim_dir(spec.case_dir)
         env.update(shim_env(live, spec.shim.wait_mode, flavour=spec.shim.flavour))
     env["RANKPACK_PID_DIR"] = str(pids)
-    env.pop("RANKPACK_CGROUP_DIRS", None)
+    for name in CGROUP_VARIABLES:
+        env.pop(name, None)
     env.update(root_env(spec.mpi))
     return env
 
@@ -84,7 +91,7 @@ def environment(spec: SimSpec, pids: Path) -> dict[str, str]:
 def command(spec: SimSpec, mpirun: str, env: dict[str, str]) -> list[str]:
     """The whole command line: mpirun, forwarding what the ranks need of ``env``, starting
     the launcher with the solver's command."""
-    names = {"RANKPACK_PID_DIR", "RANKPACK_CGROUP_DIRS", *spec.env}
+    names = {"RANKPACK_PID_DIR", *CGROUP_VARIABLES, *spec.env}
     if spec.shim is not None:
         names |= {k for k in env if k.startswith("RANKPACK_SHIM_")} | {"LD_PRELOAD"}
     forwarded = sorted(names & set(env))

@@ -2,19 +2,22 @@
 and its observation (phase, ranks, counters, the shim's records, the solver log, why it
 failed).
 
-A rank's counters come from its cgroup (``cpu.stat``) when the run has cgroups, else from
-``/proc/<pid>/stat`` of the pid the launcher recorded. A run ends when its mpirun does (a
+A rank's counters come from its own cgroup (``cpu.stat``) when it has one (a run with hard
+limits), else from ``/proc/<pid>/stat`` of the pid the launcher recorded (a rank group's
+ranks share the run's cgroup; an uncontained run has none). A run ends when its mpirun does (a
 waiter thread of the backend sets ``ended``); an adopted run, whose mpirun is not our child,
 ends when its rank cgroups are empty, with no exit code.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO
 
+from rankpack.backend import ranknice
 from rankpack.backend.local.launching import LAUNCHER_NO_CGROUP, LAUNCHER_NO_RANK
 from rankpack.backend.local.rankcgroups import RunCgroups
 from rankpack.backend.mpirun import LogTail, MpirunProcess, ShimRecords, exit_failure
@@ -97,13 +100,33 @@ class LocalRun:
             failure=failure.code if failure else None, log_text=log_text,
         )  # fmt: skip
 
+    def apply_nice(self) -> None:
+        """Give each started rank of a rank group the nice value of its request among the
+        group's (`rankpack.backend.ranknice`); ranks that ended are skipped. OSError if the
+        kernel refuses."""
+        nice = ranknice.nices([r.request_millis for r in self.desired])
+        for i in range(len(self.desired)):
+            pid = _read_pid(self.pid_dir / f"rank-{i}.pid")
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError, ValueError):
+                    ranknice.set_nice(int(pid), nice[i])
+
+    def _renice_new(self, i: int, pid: str) -> None:
+        """A rank seen for the first time started at the nice value of its launch-time
+        request: give it the one of its request now (a resize may have come first)."""
+        nice = ranknice.nices([r.request_millis for r in self.desired])[i]
+        with contextlib.suppress(OSError, ValueError):
+            ranknice.set_nice(int(pid), nice)
+
     def _observe_rank(self, i: int, ended: bool) -> RankObservation:
         pid = _read_pid(self.pid_dir / f"rank-{i}.pid")
         if pid is not None:
             if i in self.pids and self.pids[i] != pid:
                 self.restarts[i] = self.restarts.get(i, 0) + 1
+            if self.pids.get(i) != pid and self.cgroups is not None and not self.cgroups.per_rank:
+                self._renice_new(i, pid)
             self.pids[i] = pid
-        if self.cgroups is not None:
+        if self.cgroups is not None and self.cgroups.per_rank:
             stat = self.cgroups.stat(i)
             usage, nthr, thr_ns = stat.usage_ns, stat.nr_throttled, stat.throttled_ns
             alive = self.cgroups.alive(i)

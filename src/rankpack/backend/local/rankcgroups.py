@@ -1,10 +1,14 @@
-"""The rank cgroups of a local run: the machine's "rank pods".
+"""The cgroups of a local run: the machine's rank group.
 
-A run launched by rankpack process P is the cgroup ``rankpack/run-<sim>-<P>``; each rank is
-``rank-<i>`` below it. Like the kubelet, the ``rankpack`` parent weighs the machine's CPUs
-(kubepods = allocatable) and a run weighs the sum of its ranks' requests, so rank pods
-compete with the rest of the host as they would on a node. Resizing a rank is a write to
-its cgroup files, complete when the write returns.
+A run launched by rankpack process P is the cgroup ``rankpack/run-<sim>-<P>``. Like the
+kubelet, the ``rankpack`` parent weighs the machine's CPUs (kubepods = allocatable) and a
+run weighs the sum of its ranks' requests, so a run competes with the rest of the host as a
+pod would on a node. By default its ranks are in that one cgroup (a *rank group*) and each
+rank's share of it is its nice value (`rankpack.backend.ranknice`, set by the backend): a
+rank waiting in MPI can then yield its core to a peer, which it cannot across cgroups
+(docs/decisions/0012-rank-groups.md). A run with hard limits has a cgroup per rank,
+``rank-<i>`` below the run's (a limit is a quota, which only a cgroup holds). Resizing is a
+write to the cgroup files (or a nice value), complete when the write returns.
 
 `RunCgroups` is one run's tree (create, resize, read, kill, remove); `runs` lists every run
 on the machine, also those of other rankpack processes (for the inventory, `list` and
@@ -27,10 +31,12 @@ _RUN_CGROUP = re.compile(r"^run-(?P<sim>.+)-(?P<pid>\d+)$")
 
 @dataclass(frozen=True)
 class RunCgroups:
-    """One run's cgroup tree: ``rel`` (``rankpack/run-<sim>-<owner pid>``), a rank below it."""
+    """One run's cgroups: ``rel`` (``rankpack/run-<sim>-<owner pid>``) and, if ``per_rank``
+    (a run with hard limits), a cgroup per rank below it; otherwise the ranks are in ``rel``."""
 
     driver: cgroups.CgroupDriver
     rel: str
+    per_rank: bool = False
 
     @classmethod
     def create(
@@ -40,14 +46,16 @@ class RunCgroups:
         ranks: Sequence[RankResources],
         capacity_millis: int,
     ) -> RunCgroups:
-        """The tree of a run this process launches, with the ranks' CPU set. LaunchFailed
-        (and nothing left behind) if a cgroup cannot be created or written."""
-        run = cls(driver, f"{cgroups.SUBTREE}/run-{sim_id}-{os.getpid()}")
+        """The cgroups of a run this process launches, with the ranks' CPU set (a cgroup per
+        rank only if a rank has a limit). LaunchFailed (and nothing left behind) if a cgroup
+        cannot be created or written."""
+        per_rank = any(r.limit_millis is not None for r in ranks)
+        run = cls(driver, f"{cgroups.SUBTREE}/run-{sim_id}-{os.getpid()}", per_rank)
         try:
             driver.create(run.rel)
             driver.set_cpu(cgroups.SUBTREE, capacity_millis, None)
             driver.set_cpu(run.rel, sum(r.request_millis for r in ranks), None)
-            for i, res in enumerate(ranks):
+            for i, res in enumerate(ranks if per_rank else ()):
                 driver.create(run.rank(i))
                 driver.set_cpu(run.rank(i), res.request_millis, res.limit_millis)
         except OSError as exc:
@@ -56,16 +64,23 @@ class RunCgroups:
         return run
 
     def rank(self, i: int) -> str:
-        """Rank ``i``'s cgroup (relative to the driver's root)."""
-        return f"{self.rel}/rank-{i}"
+        """The cgroup rank ``i`` is in (relative to the driver's root): its own if
+        ``per_rank``, else the run's."""
+        return f"{self.rel}/rank-{i}" if self.per_rank else self.rel
 
-    def join_dirs(self) -> str:
-        """$RANKPACK_CGROUP_DIRS for `rank_launcher.sh`: where a rank writes its pid."""
-        return ":".join(str(d) for d in self.driver.join_dirs(self.rel))
+    def launcher_env(self) -> dict[str, str]:
+        """What `rank_launcher.sh` needs to join: $RANKPACK_CGROUP_DIRS (the run's
+        directories) and, for a cgroup per rank, $RANKPACK_CGROUP_PER_RANK."""
+        env = {"RANKPACK_CGROUP_DIRS": ":".join(str(d) for d in self.driver.join_dirs(self.rel))}
+        if self.per_rank:
+            env["RANKPACK_CGROUP_PER_RANK"] = "1"
+        return env
 
     def set_rank(self, i: int, resources: RankResources) -> None:
-        """Resize rank ``i`` in place (OSError if the kernel refuses the write); the run's
-        weight follows with `set_weight`."""
+        """Resize rank ``i``'s own cgroup in place (``per_rank`` runs; OSError if the kernel
+        refuses the write); the run's weight follows with `set_weight`."""
+        if not self.per_rank:
+            raise ValueError("the ranks of a rank group have no cgroup of their own")
         self.driver.set_cpu(self.rank(i), resources.request_millis, resources.limit_millis)
 
     def set_weight(self, total_request_millis: int) -> None:
@@ -73,30 +88,37 @@ class RunCgroups:
         self.driver.set_cpu(self.rel, total_request_millis, None)
 
     def settings(self, i: int) -> cgroups.CpuSettings:
+        """The cgroup values rank ``i`` is under (the run's own for a rank group)."""
         return self.driver.read_settings(self.rank(i))
 
+    def group_settings(self) -> cgroups.CpuSettings:
+        """The run cgroup's values (its weight: the sum of the ranks' requests)."""
+        return self.driver.read_settings(self.rel)
+
     def resources(self, i: int) -> RankResources:
-        """Rank ``i``'s request and limit, read back from its cgroup (OSError if gone)."""
+        """Rank ``i``'s request and limit, read back from its own cgroup (``per_rank``;
+        OSError if gone)."""
         s = self.settings(i)
         return RankResources(cgroups.request_millis_of(s), cgroups.limit_millis_of(s))
 
     def stat(self, i: int) -> cgroups.CpuStat:
+        """The counters of the cgroup rank ``i`` is in (its own only if ``per_rank``)."""
         return self.driver.read_stat(self.rank(i))
 
     def alive(self, i: int) -> bool:
-        """Whether a process of rank ``i`` is in its cgroup."""
+        """Whether a process is in rank ``i``'s cgroup (any rank's, for a rank group)."""
         return bool(self.driver.pids(self.rank(i)))
 
     def any_alive(self, n_ranks: int) -> bool:
         """Whether any rank still has a process (ranks whose cgroup is gone have none)."""
-        ranks = [self.rank(i) for i in range(n_ranks)]
+        ranks = {self.rank(i) for i in range(n_ranks)}
         return any(self.driver.pids(r) for r in ranks if self.driver.exists(r))
 
     def kill(self, n_ranks: int, grace_s: float = 1.0) -> None:
         """End every process left in the ranks' cgroups (those that escaped mpirun's process
         group or outlived it)."""
-        for i in range(n_ranks):
-            cgroups.kill_all(self.driver, self.rank(i), grace_s=grace_s)
+        for rel in sorted({self.rank(i) for i in range(n_ranks)}):
+            cgroups.kill_all(self.driver, rel, grace_s=grace_s)
 
     def remove(self) -> None:
         """Kill what is left and remove the tree."""
@@ -116,14 +138,18 @@ class RunOnMachine:
         return cgroups.request_millis_of(self.cgroups.driver.read_settings(self.cgroups.rel))
 
     def n_ranks(self) -> int:
-        return sum(
-            1 for c in self.cgroups.driver.children(self.cgroups.rel) if c.startswith("rank-")
-        )
+        """Its ranks: its rank cgroups, or the processes of a rank group (each rank is one
+        process in it; 0 before they start)."""
+        driver, rel = self.cgroups.driver, self.cgroups.rel
+        if self.cgroups.per_rank:
+            return sum(1 for c in driver.children(rel) if c.startswith("rank-"))
+        return len(driver.pids(rel))
 
     def running(self) -> bool:
         """Whether any process is left in any of its cgroups."""
         driver, rel = self.cgroups.driver, self.cgroups.rel
-        return any(driver.pids(f"{rel}/{c}") for c in driver.children(rel))
+        children = (f"{rel}/{c}" for c in driver.children(rel))
+        return bool(driver.pids(rel)) or any(driver.pids(c) for c in children)
 
 
 def runs(driver: cgroups.CgroupDriver) -> Iterator[RunOnMachine]:
@@ -131,7 +157,9 @@ def runs(driver: cgroups.CgroupDriver) -> Iterator[RunOnMachine]:
     for name in driver.children(cgroups.SUBTREE):
         m = _RUN_CGROUP.match(name)
         if m is not None:
-            run = RunCgroups(driver, f"{cgroups.SUBTREE}/{name}")
+            rel = f"{cgroups.SUBTREE}/{name}"
+            per_rank = any(c.startswith("rank-") for c in driver.children(rel))
+            run = RunCgroups(driver, rel, per_rank)
             yield RunOnMachine(run, m.group("sim"), m.group("pid"))
 
 
