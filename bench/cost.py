@@ -12,8 +12,12 @@ and each is compared with ``plain`` of the same repetition, pair by pair:
 - ``plain``: ``mpirun --oversubscribe -np N SOLVER -parallel`` in the decomposed case;
 - ``shim``: the same with the PMPI shim preloaded, in its ``polite`` wait mode (what
   ``auto`` chooses where ranks outnumber cores);
-- ``rankpack``: ``rankpack run CASE --ranks N --iterations K`` (defaults: a cgroup per rank,
-  the shim, ``--wait auto``, the control loop); its ``wall_s``;
+- ``plain-tcp``: ``plain`` with ranks talking over TCP only (``--mca btl self,tcp``): the
+  transport of ranks that share no memory (a pod per rank on Kubernetes); not in the
+  default set, ask for it with ``--configs``;
+- ``rankpack``: ``rankpack run CASE --ranks N --iterations K`` (defaults: the ranks in one
+  cgroup weighted by nice values, the shim, ``--wait auto``, the control loop); its
+  ``wall_s``;
 - ``rankpack-nocg``: the same with ``--no-cgroups`` (one of the suspects, isolated);
 - ``rankpack-noshim``: the same with ``--no-shim``.
 
@@ -57,6 +61,7 @@ from rankpack.profile.shim import shim_env
 HERE = Path(__file__).resolve().parent
 CASES = {"user": (3, 100), "pitzDaily": (1, 250)}  # scale, iterations
 CONFIGS = ("plain", "shim", "rankpack", "rankpack-nocg", "rankpack-noshim")
+OPTIONAL = ("plain-tcp",)
 CLOCK = re.compile(r"ExecutionTime = ([\d.]+) s\s+ClockTime = ([\d.]+) s")
 
 
@@ -84,7 +89,8 @@ def clock_time(log: Path) -> float | None:
     return float(found[-1][1]) if found else None
 
 
-def run_plain(work: Path, decomposed: Path, ranks: int, shim: bool) -> dict[str, object]:
+def run_plain(work: Path, decomposed: Path, ranks: int, shim: bool,
+              tcp: bool = False) -> dict[str, object]:  # fmt: skip
     run_dir = Path(tempfile.mkdtemp(dir=work, prefix="plain-"))
     case = run_dir / "case"
     shutil.copytree(decomposed, case)
@@ -95,6 +101,8 @@ def run_plain(work: Path, decomposed: Path, ranks: int, shim: bool) -> dict[str,
         live.mkdir()
         env.update(shim_env(live, wait_mode="polite"))
     argv = ["mpirun", "--allow-run-as-root", "--oversubscribe", "-np", str(ranks)]
+    if tcp:
+        argv += ["--mca", "btl", "self,tcp"]
     if shim:
         argv += ["-x", "LD_PRELOAD", "-x", "RANKPACK_SHIM_DIR", "-x", "RANKPACK_SHIM_WAIT",
                  "-x", "RANKPACK_SHIM_YIELD_US"]  # fmt: skip
@@ -140,6 +148,8 @@ def one(config: str, work: Path, source: Path, decomposed: Path, ranks: int,
         return run_plain(work, decomposed, ranks, shim=False)
     if config == "shim":
         return run_plain(work, decomposed, ranks, shim=True)
+    if config == "plain-tcp":
+        return run_plain(work, decomposed, ranks, shim=False, tcp=True)
     extra = {"rankpack": [], "rankpack-nocg": ["--no-cgroups"],
              "rankpack-noshim": ["--no-shim"]}[config]  # fmt: skip
     return run_rankpack(work, source, ranks, iterations, extra)
@@ -156,7 +166,7 @@ def summary(runs: list[dict[str, object]]) -> dict[str, dict[str, object]]:
     for case in sorted({str(r["case"]) for r in runs}):
         plain = {r["rep"]: r["wall_s"] for r in runs if r["case"] == case
                  and r["config"] == "plain" and r["status"] == "completed"}  # fmt: skip
-        for config in CONFIGS:
+        for config in CONFIGS + OPTIONAL:
             mine = [r for r in runs if r["case"] == case and r["config"] == config
                     and r["status"] == "completed"]  # fmt: skip
             if not mine:
@@ -185,8 +195,9 @@ def main() -> int:
     args = ap.parse_args()
     cases = args.cases.split(",")
     configs = args.configs.split(",")
-    if bad := [c for c in cases if c not in CASES] + [c for c in configs if c not in CONFIGS]:
-        print(f"cost.py: unknown {bad}: cases {list(CASES)}, configs {list(CONFIGS)}",
+    known = CONFIGS + OPTIONAL
+    if bad := [c for c in cases if c not in CASES] + [c for c in configs if c not in known]:
+        print(f"cost.py: unknown {bad}: cases {list(CASES)}, configs {list(known)}",
               file=sys.stderr)  # fmt: skip
         return 2
     work = Path(tempfile.mkdtemp(dir="/var/tmp", prefix="rankpack-cost-"))

@@ -1,6 +1,6 @@
 """What both real backends do with ``mpirun``, written once.
 
-The local backend (`rankpack.backend.local`) starts mpirun with one rank cgroup per rank on
+The local backend (`rankpack.backend.local`) starts mpirun with a run's ranks in its cgroup on
 this machine; the Kubernetes backend (`rankpack.backend.kubernetes`) starts it on this host
 with one rank pod per rank. Both then handle mpirun and the files of its ranks the same way,
 and this module is that common part:

@@ -1,7 +1,8 @@
 """Backend protocol v2: the interface every backend implements, and the values that cross it.
 
 The control loop (`rankpack.controller.loop`) only sees these types, so the local backend
-(one cgroup per rank), the simulated backend (virtual time, for fast tests of the loop) and
+(a run's ranks in one cgroup, weighted by nice values), the simulated backend (virtual
+time, for fast tests of the loop) and
 the Kubernetes backend (one pod per rank, resized through ``pods/resize``) are driven by the
 same code. Backends carry out actions and report what they see; they decide nothing.
 

@@ -126,7 +126,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         description=(
             "Copy CASE (a case directory or an installed tutorial name such as pitzDaily or "
             "aerofoilNACA0012) into a fresh run directory, mesh and decompose it, and run its "
-            "solver with mpirun, each rank in its own cgroup with a CPU request from the plan. "
+            "solver with mpirun, its ranks in one cgroup weighing the plan's CPU requests "
+            "(each rank's share of it a nice value). "
             "--phases or --resize duty change the requests in place while it runs (no "
             "restart); --json lists every resize. Results go to the SQLite database (see "
             "`rankpack runs`)."

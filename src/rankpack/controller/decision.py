@@ -63,6 +63,8 @@ class RankReading(Protocol):
     @property
     def node(self) -> str | None: ...
     @property
+    def pod(self) -> str | None: ...
+    @property
     def readings_ok(self) -> bool: ...
 
 
@@ -79,6 +81,9 @@ class RankSnapshot:
     """Cumulative time inside MPI calls, from the shim's live record."""
     node: str | None = None
     """The node the rank runs on (None: not placed yet)."""
+    pod: str | None = None
+    """The pod (local: the cgroup) it runs in; ranks of one simulation with the same pod
+    share a cgroup (a rank group: decision 0012). None: not known yet."""
     readings_ok: bool = True
     """False: its node could not be read this time (the backend's
     ``RankObservation.readings_ok``): the counters are stale, nothing is decided on them."""

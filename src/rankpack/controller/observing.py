@@ -463,6 +463,7 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
                 compute_ns=r.compute_ns,
                 mpi_ns=r.mpi_ns,
                 node=r.node if r.node is not None else planned[i],
+                pod=r.pod,
                 readings_ok=r.readings_ok,
             )
             for i, r in enumerate(sim.last.ranks)

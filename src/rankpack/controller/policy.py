@@ -501,7 +501,8 @@ def _adjust(
 
 def _wait_modes(step: Step, memory: dict[str, SimMemory], launching: int) -> None:
     """Switch ``auto`` simulations between spin and polite by where their ranks sit
-    (`rankpack.controller.waits`): polite where ranks outnumber a node's cores.
+    (`rankpack.controller.waits`): polite where ranks outnumber a node's cores and are not
+    all of one rank group of theirs.
     ``launching``: ranks of a simulation this step launches (not placed yet)."""
     obs = step.obs
     loads: Mapping[str, waits.NodeLoad] | None = None
@@ -521,9 +522,10 @@ def _wait_modes(step: Step, memory: dict[str, SimMemory], launching: int) -> Non
         current = sim.wait_mode or mem.wait_mode or AUTO_LAUNCH_MODE
         if loads is None:  # the loads of every node, once per step (if any is asked for)
             loads = waits.node_loads(obs, launching)
-        if waits.mode(sim.wait, sim.nodes, loads, nodes, crowd) == current:
+        own = waits.grouped([(r.node, r.pod) for r in sim.ranks], nodes, loads)
+        if waits.mode(sim.wait, sim.nodes, loads, nodes, crowd, own) == current:
             continue
-        choice = waits.choose(sim.wait, [r.node for r in sim.ranks], loads, nodes, crowd)
+        choice = waits.choose(sim.wait, [r.node for r in sim.ranks], loads, nodes, crowd, own)
         step.actions.append(
             SetWaitMode(
                 sim_id=sim.sim_id,

@@ -13,9 +13,13 @@ same on every backend:
   those still starting, and other rankpack rank pods the backend reports on it);
 * a node is *oversubscribed* when its ranks x 1000m exceed its allocatable CPU;
 * a simulation with ``wait="auto"`` waits ``polite`` when any of its ranks is on an
-  oversubscribed node, or when its requests exceed the capacity left to rankpack while
-  pods that are not rankpack's request CPU there; else it ``spin``s (every rank has a
-  core to itself).
+  oversubscribed node that others share (ranks of another simulation, or its own ranks in
+  more than one cgroup), or when its requests exceed the capacity left to rankpack while
+  pods that are not rankpack's request CPU there; else it ``spin``s: every rank has a
+  core to itself, or the node's only ranks are its own in one rank group (decision 0012),
+  where the MPI library's own idle yield hands a waiting rank's core to the peer it waits
+  for (a polite wait, which sleeps after 1 ms, costs 1.13x on 4-rank pitzDaily alone
+  against that yield: docs/benchmarks.md).
 
 Ranks not placed yet (rank pods pending on a multi-node cluster) are not on any node: they
 count against the cluster as a whole (all ranks against all cores). With one node, every
@@ -177,19 +181,42 @@ class CountedLoads(Mapping[str, NodeLoad]):
         return len(self._nodes) + 1
 
 
+def grouped(
+    ranks: Sequence[tuple[str | None, str | None]], nodes: Sequence[NodeCores],
+    known: Collection[str] = (),
+) -> dict[str, int]:  # fmt: skip
+    """For one simulation's ranks as (node, pod) pairs: each node (as `node_of` names it)
+    where all of its ranks there are in one pod (one cgroup: a rank group), and how many.
+    A rank whose pod is not known yet keeps its node out."""
+    pods: dict[str, set[str | None]] = {}
+    counts: dict[str, int] = {}
+    for node, pod in ranks:
+        key = node_of(node, nodes, known)
+        pods.setdefault(key, set()).add(pod)
+        counts[key] = counts.get(key, 0) + 1
+    return {n: c for n, c in counts.items() if len(pods[n]) == 1 and None not in pods[n]}
+
+
+def _contended(load: NodeLoad, own_groups: Mapping[str, int]) -> bool:
+    """An oversubscribed node where a spinning rank would take CPU from ranks its own
+    yield cannot reach: anything but one rank group of this simulation alone there."""
+    return load.oversubscribed and own_groups.get(load.node) != load.ranks
+
+
 def mode(
     setting: WaitSetting,
     rank_nodes: Collection[str | None],
     loads: Mapping[str, NodeLoad],
     nodes: Sequence[NodeCores],
     crowded_by_others: str = "",
+    own_groups: Mapping[str, int] | None = None,
 ) -> WaitMode:
     """`choose`'s mode alone, without a reason per rank (what the policy compares with the
     mode a simulation has: the reasons are built only for a switch)."""
     if setting != "auto":
         return setting
     for n in set(rank_nodes):
-        if loads[node_of(n, nodes, loads)].oversubscribed:
+        if _contended(loads[node_of(n, nodes, loads)], own_groups or {}):
             return "polite"
     return "polite" if crowded_by_others else "spin"
 
@@ -200,22 +227,30 @@ def choose(
     loads: Mapping[str, NodeLoad],
     nodes: Sequence[NodeCores],
     crowded_by_others: str = "",
+    own_groups: Mapping[str, int] | None = None,
 ) -> WaitChoice:
     """The mode of one simulation whose ranks sit on ``rank_nodes`` (None: not placed).
 
     ``crowded_by_others``: non-empty (the reason) when pods that are not rankpack's take
-    CPU the simulation's requests need; it then waits politely wherever its ranks are."""
+    CPU the simulation's requests need; it then waits politely wherever its ranks are.
+    ``own_groups``: `grouped` of its ranks (empty: none known to share a cgroup)."""
     where = [node_of(n, nodes, loads) for n in rank_nodes]
     placed = [loads[w] for w in where]
     crowded = [load for load in dict.fromkeys(placed) if load.oversubscribed]
+    contended = [load for load in crowded if _contended(load, own_groups or {})]
     mode: WaitMode
     if setting != "auto":
         mode, why = setting, f"--wait {setting} (fixed)"
-    elif crowded:
+    elif contended:
         mode = "polite"
-        why = "ranks outnumber cores: " + "; ".join(load.describe() for load in crowded)
+        why = "ranks outnumber cores: " + "; ".join(load.describe() for load in contended)
     elif crowded_by_others:
         mode, why = "polite", crowded_by_others
+    elif crowded:
+        mode = "spin"
+        why = "its own ranks outnumber cores, in one cgroup (the MPI library yields): " + (
+            "; ".join(load.describe() for load in crowded)
+        )
     else:
         mode = "spin"
         why = "every rank has a core to itself: " + "; ".join(

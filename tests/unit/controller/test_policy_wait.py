@@ -208,3 +208,53 @@ def test_decide_is_pure_for_wait_modes() -> None:
     obs = observe(0.0, auto("a", (500, 500)), auto("b", (500, 500)), capacity=2000)
     state = ControllerState()
     assert decide(obs, state, S) == decide(obs, state, S)
+
+
+def grouped_auto(
+    sim_id: str, requests: tuple[int, ...], pods: tuple[str | None, ...]
+) -> SimSnapshot:
+    """An ``auto`` simulation whose ranks run in these pods (one pod: a rank group)."""
+    sim = auto(sim_id, requests)
+    ranks = tuple(replace(r, pod=p) for r, p in zip(sim.ranks, pods, strict=True))  # type: ignore[type-var]
+    return replace(sim, ranks=ranks)
+
+
+def test_own_ranks_in_one_rank_group_outnumbering_the_cores_spin_with_the_mpi_yield() -> None:
+    # 4 ranks on 2 cores, all in one cgroup: their own yields reach each other (decision
+    # 0012), so a polite wait's sleeps would only cost; the MPI library's idle yield stays on
+    a = grouped_auto("a", (500,) * 4, ("run-a",) * 4)
+    polite_a = SimMemory(stage="fixed", wait_mode="polite")
+    d = decide(observe(0.0, replace(a, wait_mode="polite"), capacity=2000),
+               state_of(a=polite_a), S)  # fmt: skip
+    assert switches(d) == [("a", "spin")]
+    reason = next(x.reason for x in d.actions if isinstance(x, SetWaitMode))
+    assert "its own ranks outnumber cores, in one cgroup" in reason
+    loads = waits.node_loads(observe(0.0, a, capacity=2000))
+    nodes = waits.nodes_of(observe(0.0, a, capacity=2000))
+    own = waits.grouped([(r.node, r.pod) for r in a.ranks], nodes)
+    choice = waits.choose("auto", [r.node for r in a.ranks], loads, nodes, "", own)
+    assert choice.mode == "spin" and choice.idle_yield
+
+
+@pytest.mark.parametrize(
+    "pods",
+    [
+        ("run-a",) * 3 + ("other",),  # its ranks in two cgroups: a yield does not cross
+        ("p0", "p1", "p2", "p3"),  # a pod per rank
+        ("run-a",) * 3 + (None,),  # a rank whose pod is not known yet
+    ],
+)
+def test_ranks_not_all_in_one_group_wait_politely(pods: tuple[str | None, ...]) -> None:
+    a = grouped_auto("a", (500,) * 4, pods)
+    d = decide(observe(0.0, a, capacity=2000), state_of(a=FIXED), S)
+    assert switches(d) == [("a", "polite")]
+
+
+def test_a_rank_group_sharing_its_node_with_another_simulation_waits_politely() -> None:
+    a = grouped_auto("a", (500, 500), ("run-a",) * 2)
+    b = grouped_auto("b", (500, 500), ("run-b",) * 2)
+    d = decide(observe(0.0, a, b, capacity=2000), state_of(a=FIXED, b=FIXED), S)
+    assert sorted(switches(d)) == [("a", "polite"), ("b", "polite")]
+    # b ended: a alone, in one group, 2 ranks on 2 cores: spin (a core each)
+    d2 = decide(observe(1.0, a, capacity=2000), d.state, S)
+    assert switches(d2) == [("a", "spin")]

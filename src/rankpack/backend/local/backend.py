@@ -280,7 +280,7 @@ class LocalBackend:
 
     def adopt(self, sim_id: str, spec: SimSpec) -> None:
         """Take over the cgroups of a simulation another rankpack process launched. Its
-        mpirun is not our child: its end is seen when the rank cgroups empty."""
+        mpirun is not our child: its end is seen when its cgroups empty."""
         if self.driver is None:
             raise BackendError("adopting needs cgroups")
         found = [r for r in rankcgroups.runs(self.driver) if r.sim_id == sim_id]

@@ -8,7 +8,7 @@ pid file (``$RANKPACK_PID_DIR``), then execs the solver at its nice value
 instruction. If it cannot join its cgroup it exits with `LAUNCHER_NO_RANK` or
 `LAUNCHER_NO_CGROUP` instead.
 
-Called by `LocalBackend.launch`, which creates the rank cgroups in between.
+Called by `LocalBackend.launch`, which creates the run's cgroups in between.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ A rank's counters come from its own cgroup (``cpu.stat``) when it has one (a run
 limits), else from ``/proc/<pid>/stat`` of the pid the launcher recorded (a rank group's
 ranks share the run's cgroup; an uncontained run has none). A run ends when its mpirun does (a
 waiter thread of the backend sets ``ended``); an adopted run, whose mpirun is not our child,
-ends when its rank cgroups are empty, with no exit code.
+ends when its cgroups are empty, with no exit code.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def run_failure(code: int | None, *, stopped: bool, adopted: bool) -> Failure | 
     """Why a local run whose mpirun ended with ``code`` failed; None if it succeeded.
 
     As `rankpack.backend.mpirun.exit_failure`, and: an adopted run's mpirun is not our child,
-    so its code is unknown (None) and its end (empty rank cgroups) counts as success; the
-    rank launcher's own exit codes (no MPI rank, cannot join the rank cgroup) are
+    so its code is unknown (None) and its end (empty cgroups) counts as success; the
+    rank launcher's own exit codes (no MPI rank, cannot join its cgroup) are
     LAUNCH_FAILED.
     """
     if not stopped and adopted and code is None:
