@@ -208,6 +208,9 @@ class NodeCapacity:
     """Requests already placed on the node (by anyone)."""
     rank_pods: int = 0
     """Rank pods (local: rank cgroups) of any rankpack simulation live on the node."""
+    rank_groups: bool = False
+    """The backend runs a simulation's ranks on this node in one cgroup (a rank group,
+    decision 0012), so they can yield their cores to each other."""
 
 
 @dataclass(frozen=True)

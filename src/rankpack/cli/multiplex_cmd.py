@@ -71,8 +71,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         choices=WAIT_SETTINGS,
         default="auto",
         help="how ranks wait inside MPI (PMPI shim): auto (default: a simulation spins while "
-        "every rank on its nodes has a core to itself and is switched live to polite where "
-        "ranks outnumber a node's cores; see docs/controller.md), or a fixed mode for all: "
+        "every rank on its nodes has a core to itself, or a node's ranks are all its own in one "
+        "cgroup, and is switched live to polite where more ranks outnumber a node's cores; "
+        "see docs/controller.md), or a fixed mode for all: "
         "spin, polite, adaptive",
     )
     p.add_argument(

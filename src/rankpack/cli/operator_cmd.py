@@ -134,8 +134,8 @@ def _add_pod_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--wait", choices=WAIT_SETTINGS, default="auto",
         help="how ranks wait inside MPI, for Simulations whose spec.wait is empty: auto "
-        "(default; spin while each rank has a core, polite where ranks outnumber a node's "
-        "cores), spin, polite or adaptive",
+        "(default; spin while each rank has a core or a node's ranks are all one Simulation's "
+        "in one pod, polite where ranks outnumber a node's cores), spin, polite or adaptive",
     )  # fmt: skip
     p.add_argument(
         "--allocatable", type=parse_cores,

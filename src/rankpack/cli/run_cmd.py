@@ -107,8 +107,9 @@ def add_run_arguments(p: argparse.ArgumentParser) -> None:
         choices=WAIT_SETTINGS,
         default="auto",
         help="how ranks wait inside MPI (PMPI shim): auto (default: spin while every rank on "
-        "its node has a core to itself, polite where ranks outnumber a node's cores, of this "
-        "and other simulations; switched live), or a fixed mode: spin (MPI's own busy "
+        "its node has a core to itself or the node's ranks are all its own in one cgroup, "
+        "polite where ranks of this and other simulations outnumber a node's cores; "
+        "switched live), or a fixed mode: spin (MPI's own busy "
         "polling), polite (backs off, gives the CPU back), adaptive",
     )
     p.add_argument(

@@ -116,6 +116,10 @@ class SimSnapshot:
     ``auto`` (the wait rule's mode at launch; the controller switches it live)."""
     wait_mode: WaitMode | None = None
     """The mode its ranks were last set to (None: not known, taken as `AUTO_LAUNCH_MODE`)."""
+    mpi_yields: bool = False
+    """Its MPI library yields while idle when told to (Open MPI's ``mpi_yield_when_idle``):
+    then its ranks may spin where they outnumber the cores in one rank group of their own
+    (`rankpack.controller.waits`). MPICH's ch4 has no idle yield: False."""
     launched: bool = True
     """False: not launched yet (its case is staging, or staged and launched by this step);
     its ranks are its plan's, on the nodes the policy placed them (if any)."""
@@ -211,6 +215,8 @@ class StagedSim:
     capacity_millis: int
     """The capacity left to this loop as its launch counts it (with its own CPU limits,
     ``--qos limits``, when a ``limits.cpu`` quota binds)."""
+    mpi_yields: bool = False
+    """Its MPI library yields while idle when told to (`SimSnapshot.mpi_yields`)."""
 
 
 @dataclass(frozen=True)
@@ -229,6 +235,8 @@ class NodeCores:
     simulations, one by one)."""
     ours_millis: int | None = None
     """What those ranks request, as observed (None: counted from the simulations)."""
+    rank_groups: bool = False
+    """A simulation's ranks on it share one cgroup (`NodeCapacity.rank_groups`)."""
 
 
 @dataclass(frozen=True)

@@ -98,6 +98,7 @@ class Starter:
         ctx.sims[sim_id] = Tracked(
             job=job, sim_id=sim_id, plan=plan, queued_s=ctx.now(),
             wait_setting=wait_setting, learned_duty=found.duty if found else (), nodes=placed,
+            mpi=sub.mpi or ctx.settings.mpi,
         )  # fmt: skip
         ctx.event(None, "stage", queue_id=job.queue_id, case=sub.case, sim=sim_id, reason=reason,
                   **({"staged_ahead": True} if ahead else {}),
@@ -275,7 +276,7 @@ class Starter:
     def _spec(self, sim: Tracked) -> SimSpec:
         assert sim.staged is not None
         s, staged = self.ctx.settings, sim.staged
-        mpi = sim.job.submission.mpi or s.mpi
+        mpi = sim.mpi
         return SimSpec(
             sim_id=sim.sim_id,
             case_dir=staged.run_dir,
@@ -304,7 +305,7 @@ class Starter:
         job, staged = adopted.job, adopted.staged
         setting = waits.setting(job.submission.wait, ctx.settings.wait_mode)
         sim = Tracked(job=job, sim_id=adopted.sim_id, plan=job.submission.plan(), queued_s=0.0,
-                      wait_setting=setting)  # fmt: skip
+                      wait_setting=setting, mpi=job.submission.mpi or ctx.settings.mpi)  # fmt: skip
         sim.staged = staged
         sim.parser.state.iterations = staged.start_iterations  # (a resumed run's log counts on)
         if adopted.run_id is not None and ctx.store.take_over_run(adopted.run_id):
@@ -319,7 +320,8 @@ class Starter:
         # what the ranks do is known; the policy switches it from there.
         beside = self.observer.beside(sim.sim_id)
         requests = tuple(r.cpu_millis for r in sim.plan.ranks)
-        self._wait(sim, waits.at_launch(beside, sim.wait_setting, requests, sim.nodes))
+        self._wait(sim, waits.at_launch(beside, sim.wait_setting, requests, sim.nodes,
+                                        sim.mpi == "openmpi"))  # fmt: skip
         ctx.backend.adopt(sim.sim_id, self._spec(sim))
         if sim.wait_mode is not None:
             try:

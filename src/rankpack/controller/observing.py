@@ -241,7 +241,7 @@ class Observer:
             ours, ours_millis = self._ranks_on.get(n.name, 0), self._millis_on.get(n.name, 0)
             view = NodeCores(
                 n.name, n.allocatable_millis, max(0, n.rank_pods - ours),
-                max(0, n.requested_millis - ours_millis), ours, ours_millis,
+                max(0, n.requested_millis - ours_millis), ours, ours_millis, n.rank_groups,
             )  # fmt: skip
             self._node_views[n.name] = (n, view)
             views.append(view)
@@ -481,6 +481,7 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
         learned_duty=sim.learned_duty,
         wait=sim.wait_setting,
         wait_mode=sim.wait_mode,
+        mpi_yields=sim.mpi == "openmpi",
     )
 
 
@@ -495,6 +496,7 @@ def _staged(sim: Tracked, capacity_millis: int) -> StagedSim:
         nodes=planned,
         wait=sim.wait_setting,
         capacity_millis=capacity_millis,
+        mpi_yields=sim.mpi == "openmpi",
     )
 
 

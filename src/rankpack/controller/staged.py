@@ -113,7 +113,7 @@ def _launch(staged: StagedSim, obs: Observations, s: ControllerSettings) -> Laun
         nodes=_moved(obs.nodes, _planned(staged.nodes, staged.request_millis),
                      _planned(nodes, wanted)),
     )  # fmt: skip
-    choice = waits.at_launch(beside, staged.wait, wanted, nodes)
+    choice = waits.at_launch(beside, staged.wait, wanted, nodes, staged.mpi_yields)
     return Launch(staged.sim_id, staged.queue_id, tuple(wanted), nodes, choice, tuple(changes))
 
 

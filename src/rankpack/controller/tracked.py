@@ -106,6 +106,8 @@ class Tracked:
     without the shim."""
     idle_yield: bool = False
     """The MPI library's own idle yield, as the wait rule gave it at launch."""
+    mpi: str = "openmpi"
+    """The MPI library its solver runs with (its submission's, else the session's)."""
     waits: list[WaitRecord] = field(default_factory=list)
     """Each mode its ranks got, when, and why (per rank): its result's ``wait_modes``."""
     learned_duty: tuple[float, ...] = ()

@@ -279,20 +279,32 @@ def others_crowd(obs: Observations, requested_millis: int) -> str:
 
 
 def at_launch(
-    obs: Observations, setting: WaitSetting, requests: Sequence[int], nodes: Sequence[str] = ()
-) -> WaitChoice:
+    obs: Observations, setting: WaitSetting, requests: Sequence[int], nodes: Sequence[str] = (),
+    mpi_yields: bool = False,
+) -> WaitChoice:  # fmt: skip
     """The mode a simulation about to start gets (``obs`` holds the simulations already
     there). ``nodes``: each rank's node where the policy placed them (`StageJob.nodes`), which
     ``obs.nodes`` count already; empty: not placed yet, they count against the cluster.
-    Placement then refines it live (policy step E)."""
+    ``mpi_yields``: its MPI library yields while idle; its ranks on a node whose backend
+    runs them in one cgroup (`NodeCores.rank_groups`) then count as one rank group of its
+    own there. Placement then refines it live (policy step E)."""
     requested = sum(s.requested_millis for s in obs.sims) + sum(requests)
     placed = len(nodes) == len(requests) and all(n.ours_ranks is not None for n in obs.nodes)
+    rank_nodes: list[str | None] = list(nodes) if placed else [None] * len(requests)
+    all_nodes = nodes_of(obs)
+    grouping = {n.name for n in all_nodes if n.rank_groups} if mpi_yields else set()
+    own: dict[str, int] = {}
+    for node in rank_nodes:
+        key = node_of(node, all_nodes)
+        if key in grouping:
+            own[key] = own.get(key, 0) + 1
     return choose(
         setting,
-        list(nodes) if placed else [None] * len(requests),
+        rank_nodes,
         node_loads(obs, launching=0 if placed else len(requests)),
-        nodes_of(obs),
+        all_nodes,
         others_crowd(obs, requested),
+        own,
     )
 
 

@@ -216,7 +216,7 @@ def grouped_auto(
     """An ``auto`` simulation whose ranks run in these pods (one pod: a rank group)."""
     sim = auto(sim_id, requests)
     ranks = tuple(replace(r, pod=p) for r, p in zip(sim.ranks, pods, strict=True))  # type: ignore[type-var]
-    return replace(sim, ranks=ranks)
+    return replace(sim, ranks=ranks, mpi_yields=True)
 
 
 def test_own_ranks_in_one_rank_group_outnumbering_the_cores_spin_with_the_mpi_yield() -> None:
@@ -258,3 +258,30 @@ def test_a_rank_group_sharing_its_node_with_another_simulation_waits_politely() 
     # b ended: a alone, in one group, 2 ranks on 2 cores: spin (a core each)
     d2 = decide(observe(1.0, a, capacity=2000), d.state, S)
     assert switches(d2) == [("a", "spin")]
+
+
+def test_a_rank_group_whose_mpi_never_yields_waits_politely() -> None:
+    # MPICH's ch4 has no idle yield: spinning ranks in one cgroup would not hand over cores
+    a = replace(grouped_auto("a", (500,) * 4, ("run-a",) * 4), mpi_yields=False)
+    d = decide(observe(0.0, a, capacity=2000), state_of(a=FIXED), S)
+    assert switches(d) == [("a", "polite")]
+
+
+@pytest.mark.parametrize(
+    ("groups", "yields", "beside", "want"),
+    [
+        (True, True, False, "spin"),  # alone, one cgroup, Open MPI: its own yield
+        (False, True, False, "polite"),  # a cgroup (pod) per rank: no yield across
+        (True, False, False, "polite"),  # MPICH: no idle yield
+        (True, True, True, "polite"),  # another simulation on the node
+    ],
+)
+def test_the_launch_mode_counts_a_rank_group_the_backend_will_make(
+    groups: bool, yields: bool, beside: bool, want: str
+) -> None:
+    node = NodeCores("vm", 2000, rank_groups=groups)
+    running = (grouped_auto("b", (500, 500), ("run-b",) * 2),) if beside else ()
+    obs = observe(0.0, *running, nodes=(node,))
+    choice = waits.at_launch(obs, "auto", (500,) * 4, (), mpi_yields=yields)
+    assert choice.mode == want
+    assert choice.idle_yield  # 4 ranks on 2 cores: the library's own yield is on either way

@@ -83,7 +83,8 @@ class LocalBackend:
             others_requested, others_ranks = rankcgroups.others_load(self.driver, ours)
             requested += others_requested
             ranks += others_ranks
-        node = NodeCapacity(os.uname().nodename, self.capacity_millis(), requested, ranks)
+        node = NodeCapacity(os.uname().nodename, self.capacity_millis(), requested, ranks,
+                            rank_groups=self.driver is not None)  # fmt: skip
         return Inventory((node,))
 
     def placement(self) -> dict[str, str]:
