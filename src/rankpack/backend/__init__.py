@@ -2,8 +2,9 @@
 
 `rankpack.backend.protocol.Backend` is the interface the run driver and the controller use;
 `rankpack.backend.local.LocalBackend` implements it on this machine, a run's ranks in one
-cgroup (a rank group), `rankpack.backend.kubernetes` with one pod per rank. What both do with mpirun is written
-once in `rankpack.backend.mpirun`; the backends never import each other. The simulated
+cgroup (a rank group), `rankpack.backend.kubernetes` with one pod per rank. What both do
+with mpirun is written once in `rankpack.backend.mpirun`; the backends never import each
+other. The simulated
 cluster that tests and benchmarks drive is not a backend rankpack ships: it is
 `rankpack.testing`.
 

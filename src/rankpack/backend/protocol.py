@@ -3,7 +3,8 @@
 The control loop (`rankpack.controller.loop`) only sees these types, so the local backend
 (a run's ranks in one cgroup, weighted by nice values), the simulated backend (virtual
 time, for fast tests of the loop) and the Kubernetes backend (one pod per rank, resized
-through ``pods/resize``) are driven by the same code. Backends carry out actions and report what they see; they decide nothing.
+through ``pods/resize``) are driven by the same code. Backends carry out actions and report
+what they see; they decide nothing.
 
 Simulations are named by ``sim_id`` (not by in-process handles), so a controller process
 can `Backend.list` and `Backend.adopt` what an earlier one started. Every call returns
