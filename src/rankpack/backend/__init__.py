@@ -4,9 +4,8 @@
 `rankpack.backend.local.LocalBackend` implements it on this machine, a run's ranks in one
 cgroup (a rank group), `rankpack.backend.kubernetes` with one pod per rank. What both do
 with mpirun is written once in `rankpack.backend.mpirun`; the backends never import each
-other. The simulated
-cluster that tests and benchmarks drive is not a backend rankpack ships: it is
-`rankpack.testing`.
+other. The simulated cluster that tests and benchmarks drive is not a backend rankpack
+ships: it is `rankpack.testing`.
 
 - `protocol`: the `Backend` interface and the values it takes and returns;
 - `mpirun`: finding, starting and stopping mpirun, its log and exit codes, the shim's
