@@ -19,7 +19,13 @@ and each is compared with ``plain`` of the same repetition, pair by pair:
   cgroup weighted by nice values, the shim, ``--wait auto``, the control loop); its
   ``wall_s``;
 - ``rankpack-nocg``: the same with ``--no-cgroups`` (one of the suspects, isolated);
-- ``rankpack-noshim``: the same with ``--no-shim``.
+- ``rankpack-noshim``: the same with ``--no-shim``;
+- ``rankpack-w``: ``rankpack run`` with ``--weights 1,1,5,15 --budget 2`` (the Kubernetes
+  comparison's settings), not in the default set;
+- ``k8s-run-w``: the same through ``--backend kubernetes`` on the dev cluster
+  (``$RANKPACK_BENCH_KUBECONFIG``, default the dev cluster's backend ServiceAccount;
+  ``--allocatable 2``),
+  not in the default set: compare it with ``rankpack-w``.
 
 Cases: ``user`` is pitzDaily refined 3x in x and y (110 025 cells, ~27 500 per rank at 4
 ranks, 100 iterations); ``pitzDaily`` is the tutorial (12 225 cells, 250 iterations). The
@@ -61,7 +67,9 @@ from rankpack.profile.shim import shim_env
 HERE = Path(__file__).resolve().parent
 CASES = {"user": (3, 100), "pitzDaily": (1, 250)}  # scale, iterations
 CONFIGS = ("plain", "shim", "rankpack", "rankpack-nocg", "rankpack-noshim")
-OPTIONAL = ("plain-tcp",)
+OPTIONAL = ("plain-tcp", "rankpack-w", "k8s-run-w")
+WEIGHTED = ["--weights", "1,1,5,15", "--budget", "2"]
+DEV_KUBECONFIG = "/var/lib/rankpack/dev-cluster/rankpack-sa.kubeconfig"
 CLOCK = re.compile(r"ExecutionTime = ([\d.]+) s\s+ClockTime = ([\d.]+) s")
 
 
@@ -150,8 +158,11 @@ def one(config: str, work: Path, source: Path, decomposed: Path, ranks: int,
         return run_plain(work, decomposed, ranks, shim=True)
     if config == "plain-tcp":
         return run_plain(work, decomposed, ranks, shim=False, tcp=True)
+    kubeconfig = os.environ.get("RANKPACK_BENCH_KUBECONFIG", DEV_KUBECONFIG)
+    k8s = ["--backend", "kubernetes", "--kubeconfig", kubeconfig, "--allocatable", "2"]
     extra = {"rankpack": [], "rankpack-nocg": ["--no-cgroups"],
-             "rankpack-noshim": ["--no-shim"]}[config]  # fmt: skip
+             "rankpack-noshim": ["--no-shim"], "rankpack-w": WEIGHTED,
+             "k8s-run-w": WEIGHTED + k8s}[config]  # fmt: skip
     return run_rankpack(work, source, ranks, iterations, extra)
 
 
