@@ -43,11 +43,6 @@ def nices(requests_millis: Sequence[int]) -> list[int]:
     return [nice_for(r, largest) for r in requests_millis]
 
 
-def weight_of(nice: int) -> int:
-    """The kernel's weight of a nice value (clamped to 0..19)."""
-    return NICE_WEIGHTS[min(max(nice, 0), MAX_NICE)]
-
-
 def set_nice(pid: int, nice: int) -> None:
     """Give every thread of ``pid`` this nice value (nice is per thread on Linux; threads
     started later inherit it from the thread that starts them). ProcessLookupError if the

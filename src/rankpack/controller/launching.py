@@ -321,7 +321,7 @@ class Starter:
         beside = self.observer.beside(sim.sim_id)
         requests = tuple(r.cpu_millis for r in sim.plan.ranks)
         self._wait(sim, waits.at_launch(beside, sim.wait_setting, requests, sim.nodes,
-                                        sim.mpi == "openmpi"))  # fmt: skip
+                                        sim.mpi_yields))  # fmt: skip
         ctx.backend.adopt(sim.sim_id, self._spec(sim))
         if sim.wait_mode is not None:
             try:

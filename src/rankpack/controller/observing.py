@@ -481,7 +481,7 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
         learned_duty=sim.learned_duty,
         wait=sim.wait_setting,
         wait_mode=sim.wait_mode,
-        mpi_yields=sim.mpi == "openmpi",
+        mpi_yields=sim.mpi_yields,
     )
 
 
@@ -496,7 +496,7 @@ def _staged(sim: Tracked, capacity_millis: int) -> StagedSim:
         nodes=planned,
         wait=sim.wait_setting,
         capacity_millis=capacity_millis,
-        mpi_yields=sim.mpi == "openmpi",
+        mpi_yields=sim.mpi_yields,
     )
 
 

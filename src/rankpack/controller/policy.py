@@ -522,11 +522,8 @@ def _wait_modes(step: Step, memory: dict[str, SimMemory], launching: int) -> Non
         current = sim.wait_mode or mem.wait_mode or AUTO_LAUNCH_MODE
         if loads is None:  # the loads of every node, once per step (if any is asked for)
             loads = waits.node_loads(obs, launching)
-        own = (
-            waits.grouped([(r.node, r.pod) for r in sim.ranks], nodes, loads)
-            if (sim.mpi_yields)
-            else {}
-        )
+        pods = [(r.node, r.pod) for r in sim.ranks]
+        own = waits.grouped(pods, nodes, loads) if sim.mpi_yields else {}
         if waits.mode(sim.wait, sim.nodes, loads, nodes, crowd, own) == current:
             continue
         choice = waits.choose(sim.wait, [r.node for r in sim.ranks], loads, nodes, crowd, own)

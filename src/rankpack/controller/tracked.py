@@ -127,6 +127,11 @@ class Tracked:
     the run lost (recorded in its run's options; `requeue.resumed_facts`)."""
 
     @property
+    def mpi_yields(self) -> bool:
+        """Its MPI library yields while idle when told to (Open MPI; MPICH's ch4 does not)."""
+        return self.mpi == "openmpi"
+
+    @property
     def launched(self) -> bool:
         return self.run_id is not None
 

@@ -31,7 +31,7 @@ def test_each_rank_gets_the_nearest_weight_in_ratio(requests: list[int]) -> None
     for req, n in zip(requests, nice, strict=True):
         assert 0 <= n <= ranknice.MAX_NICE
         want = math.log(req / largest * 1024)
-        got = abs(math.log(ranknice.weight_of(n)) - want)
+        got = abs(math.log(ranknice.NICE_WEIGHTS[n]) - want)
         assert all(got <= abs(math.log(w) - want) + 1e-12 for w in ranknice.NICE_WEIGHTS)
     # larger requests never get a larger nice value
     order = sorted(range(len(requests)), key=lambda i: requests[i])

@@ -120,10 +120,7 @@ class LocalBackend:
         run: RunCgroups | None = None
         if self.driver is not None:
             run = RunCgroups.create(self.driver, spec.sim_id, spec.ranks, self.capacity_millis())
-            env.update(run.launcher_env())
-            if not run.per_rank:
-                nice = ranknice.nices([r.request_millis for r in spec.ranks])
-                env["RANKPACK_RANK_NICE"] = ",".join(str(n) for n in nice)
+            env.update(run.launcher_env([r.request_millis for r in spec.ranks]))
         argv = launching.command(spec, mpirun, env)
         try:
             process, log_file = launching.start(spec, argv, env)

@@ -104,18 +104,16 @@ class LocalRun:
         """Give each started rank of a rank group the nice value of its request among the
         group's (`rankpack.backend.ranknice`); ranks that ended are skipped. OSError if the
         kernel refuses."""
-        nice = ranknice.nices([r.request_millis for r in self.desired])
         for i in range(len(self.desired)):
             pid = _read_pid(self.pid_dir / f"rank-{i}.pid")
             if pid is not None:
-                with contextlib.suppress(ProcessLookupError, ValueError):
-                    ranknice.set_nice(int(pid), nice[i])
+                self._set_nice(i, pid)
 
-    def _renice_new(self, i: int, pid: str) -> None:
-        """A rank seen for the first time started at the nice value of its launch-time
-        request: give it the one of its request now (a resize may have come first)."""
+    def _set_nice(self, i: int, pid: str) -> None:
+        """Rank ``i`` (process ``pid``) at the nice value of its request now; a rank that
+        ended (or a pid file that is not a pid) is skipped. OSError if the kernel refuses."""
         nice = ranknice.nices([r.request_millis for r in self.desired])[i]
-        with contextlib.suppress(OSError, ValueError):
+        with contextlib.suppress(ProcessLookupError, ValueError):
             ranknice.set_nice(int(pid), nice)
 
     def _observe_rank(self, i: int, ended: bool) -> RankObservation:
@@ -124,7 +122,10 @@ class LocalRun:
             if i in self.pids and self.pids[i] != pid:
                 self.restarts[i] = self.restarts.get(i, 0) + 1
             if self.pids.get(i) != pid and self.cgroups is not None and not self.cgroups.per_rank:
-                self._renice_new(i, pid)
+                # seen for the first time: it started at its launch-time request's nice
+                # value; give it the one of its request now (a resize may have come first)
+                with contextlib.suppress(OSError):
+                    self._set_nice(i, pid)
             self.pids[i] = pid
         if self.cgroups is not None and self.cgroups.per_rank:
             stat = self.cgroups.stat(i)

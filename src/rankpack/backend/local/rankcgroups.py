@@ -23,7 +23,7 @@ import re
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
-from rankpack.backend import cgroups
+from rankpack.backend import cgroups, ranknice
 from rankpack.backend.protocol import LaunchFailed, RankResources
 
 _RUN_CGROUP = re.compile(r"^run-(?P<sim>.+)-(?P<pid>\d+)$")
@@ -68,12 +68,15 @@ class RunCgroups:
         ``per_rank``, else the run's."""
         return f"{self.rel}/rank-{i}" if self.per_rank else self.rel
 
-    def launcher_env(self) -> dict[str, str]:
-        """What `rank_launcher.sh` needs to join: $RANKPACK_CGROUP_DIRS (the run's
-        directories) and, for a cgroup per rank, $RANKPACK_CGROUP_PER_RANK."""
+    def launcher_env(self, requests_millis: Sequence[int]) -> dict[str, str]:
+        """What `rank_launcher.sh` needs to join and weigh its rank: $RANKPACK_CGROUP_DIRS
+        (the run's directories) and, for a cgroup per rank, $RANKPACK_CGROUP_PER_RANK; for a
+        rank group, each rank's nice value from these requests ($RANKPACK_RANK_NICE)."""
         env = {"RANKPACK_CGROUP_DIRS": ":".join(str(d) for d in self.driver.join_dirs(self.rel))}
         if self.per_rank:
             env["RANKPACK_CGROUP_PER_RANK"] = "1"
+        else:
+            env["RANKPACK_RANK_NICE"] = ",".join(str(n) for n in ranknice.nices(requests_millis))
         return env
 
     def set_rank(self, i: int, resources: RankResources) -> None:
@@ -90,10 +93,6 @@ class RunCgroups:
     def settings(self, i: int) -> cgroups.CpuSettings:
         """The cgroup values rank ``i`` is under (the run's own for a rank group)."""
         return self.driver.read_settings(self.rank(i))
-
-    def group_settings(self) -> cgroups.CpuSettings:
-        """The run cgroup's values (its weight: the sum of the ranks' requests)."""
-        return self.driver.read_settings(self.rel)
 
     def resources(self, i: int) -> RankResources:
         """Rank ``i``'s request and limit, read back from its own cgroup (``per_rank``;
