@@ -1,7 +1,8 @@
 """Backends carry out actions: start rank pods, resize them, observe them, stop them.
 
 `rankpack.backend.protocol.Backend` is the interface the run driver and the controller use;
-`rankpack.backend.local.LocalBackend` implements it with one cgroup per rank on this machine,
+`rankpack.backend.local.LocalBackend` implements it on this machine, a run's ranks in one
+cgroup (a rank group),
 `rankpack.backend.kubernetes` with one pod per rank. What both do with mpirun is written
 once in `rankpack.backend.mpirun`; the backends never import each other. The simulated
 cluster that tests and benchmarks drive is not a backend rankpack ships: it is
@@ -13,6 +14,7 @@ cluster that tests and benchmarks drive is not a backend rankpack ships: it is
 - `worker`: staging in a worker thread (`Stager`) and the news `wait` waits on (`News`);
 - `cgroups`: Linux cgroups v1/v2 with the kubelet's CPU mapping, and the one parser of
   their counters (the local backend; the Kubernetes node reader);
-- `local`: the local backend (a cgroup per rank on this machine);
+- `ranknice`: per-rank weights inside a rank group (nice values from requests);
+- `local`: the local backend (a run's ranks in one cgroup on this machine);
 - `kubernetes`: the Kubernetes backend (a pod per rank).
 """
