@@ -11,7 +11,8 @@ Why not a cgroup per rank: on this kernel (EEVDF, 6.6+) ``sched_yield`` reorders
 yielding task's own group, so a rank waiting in MPI alone in its cgroup cannot hand its
 core to a peer in another; the measurements are in docs/decisions/0012-rank-groups.md.
 
-Called by the local backend (the launcher's first nice, resizes).
+Called by the local backend (the launcher's first nice, resizes) and the Kubernetes
+backend's rank groups (`kubernetes.objects.groups.group_nices`).
 """
 
 from __future__ import annotations

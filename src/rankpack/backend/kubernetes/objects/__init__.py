@@ -2,6 +2,9 @@
 created and deleted.
 
 - `builders`: pure builders (spec in, objects and the mpirun command out);
+- `groups`: rank groups, a simulation's ranks on one node (pure: plan, resources, nice
+  values, the ranks annotation);
+- `grouppods`: pure builders of a rank group's pod and the groups' hostfile;
 - `status`: pure readings of a pod's JSON (phase, allocation, resize state);
 - `limits`: what the namespace's ResourceQuotas and LimitRanges allow (pure);
 - `rbac`: the least-privilege identities (backend, node agent, launcher, operator);

@@ -14,6 +14,9 @@ One simulation is:
   resizable in place without a restart, idling until mpirun starts the rank in it;
 - in pod mode its launcher pod ``rankpack-<sim>-launcher`` (`launcher_pod`), which runs
   mpirun.
+
+A rank pod and a rank-group pod (`grouppods`, decision 0012: one pod per simulation per
+node) are both `idle_pod`s, told apart by their `IdlePodShape`.
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -69,10 +72,15 @@ def pod_name(sim_id: str, rank: int) -> str:
     return f"rankpack-{sim_id}-{rank}"
 
 
+def is_pod_name(name: str) -> bool:
+    """Whether ``name`` can name a pod that doubles as a hostname: a DNS label (lowercase
+    letters, digits and '-', at most 63 characters)."""
+    return bool(_DNS_LABEL.match(name)) and len(name) <= 63
+
+
 def check_sim_id(sim_id: str, n_ranks: int) -> None:
     """Pod names double as hostnames: a DNS label (lowercase, ≤ 63 characters)."""
-    longest = pod_name(sim_id, max(0, n_ranks - 1))
-    if not _DNS_LABEL.match(longest) or len(longest) > 63:
+    if not is_pod_name(pod_name(sim_id, max(0, n_ranks - 1))):
         raise BackendError(
             f"simulation id '{sim_id}' cannot name pods (lowercase letters, digits and '-', "
             "pod names of at most 63 characters)"
@@ -211,6 +219,23 @@ def volume_entry(volume: VolumeSource) -> Obj:
     return {"name": "case", "persistentVolumeClaim": {"claimName": volume.claim}}
 
 
+@dataclass(frozen=True)
+class IdlePodShape:
+    """What tells apart pods that idle until mpirun starts ranks in them (a rank pod, a
+    group pod: `grouppods`); the rest of such a pod is `idle_pod`'s."""
+
+    name: str
+    """The pod's name and hostname."""
+    labels: Mapping[str, str]
+    resources: RankResources
+    """The ``rank`` container's CPU."""
+    node: str | None = None
+    """The node it is placed on (a required `node_affinity`); None: the scheduler's choice."""
+    annotations: Mapping[str, str] = field(default_factory=dict)
+    volumes: tuple[tuple[Obj, Obj], ...] = ()
+    """Volumes of its own beside the case and live ones, each with its container mount."""
+
+
 def rank_pod(
     spec: SimSpec,
     rank: int,
@@ -222,7 +247,28 @@ def rank_pod(
     """Rank ``rank``'s pod: the plan's request, the case volume at ``case_dir``'s path, and
     its own ``rankpack-live`` volume for the shim's records; ``service_account`` its identity
     (None: the namespace's default), never with a token mounted."""
-    name = pod_name(spec.sim_id, rank)
+    shape = IdlePodShape(
+        name=pod_name(spec.sim_id, rank),
+        labels=labels(spec, **{RANK_LABEL: str(rank)}),
+        resources=spec.ranks[rank],
+        node=spec.rank_nodes[rank] if spec.rank_nodes else None,
+    )
+    return idle_pod(spec, shape, owner, volume, image, service_account)
+
+
+def idle_pod(
+    spec: SimSpec,
+    shape: IdlePodShape,
+    owner: OwnerRef,
+    volume: VolumeSource,
+    image: str,
+    service_account: str | None = None,
+) -> Obj:
+    """A pod of ``spec``'s that idles until mpirun starts ranks in it: one container
+    `CONTAINER` (`IDLE_COMMAND`, the restricted `security_context`, its CPU resizable in
+    place without a restart), the case volume at ``case_dir``'s path, its own `LIVE_VOLUME`,
+    in the Service's subdomain, owned by ``owner``; ``service_account`` its identity (None:
+    the namespace's default), never with a token mounted."""
     mounts: list[Obj] = [
         {"name": "case", "mountPath": str(mount_path(volume))},
         {"name": LIVE_VOLUME, "mountPath": str(LIVE_DIR)},
@@ -230,6 +276,9 @@ def rank_pod(
     # on the node's disk, not medium Memory: a tmpfs would be a mount made after the agent
     # started, which it sees only through mount propagation
     volumes: list[Obj] = [volume_entry(volume), {"name": LIVE_VOLUME, "emptyDir": {}}]
+    for own, mount in shape.volumes:
+        volumes.append(own)
+        mounts.append(mount)
     if image == DEV_IMAGE:
         # the dev cluster's image is an empty root whose bin/lib link into the host's /usr
         mounts.append({"name": "host-usr", "mountPath": "/usr", "readOnly": True})
@@ -239,7 +288,7 @@ def rank_pod(
         "image": image,
         "command": list(IDLE_COMMAND),
         "workingDir": str(spec.case_dir),
-        "resources": resources(spec.ranks[rank]),
+        "resources": resources(shape.resources),
         "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"}],
         "volumeMounts": mounts,
         "securityContext": security_context(image),
@@ -247,7 +296,7 @@ def rank_pod(
     if is_dev_image(image):
         container["imagePullPolicy"] = "Never"
     pod_spec: Obj = {
-        "hostname": name,
+        "hostname": shape.name,
         "subdomain": service_name(spec.sim_id),
         "restartPolicy": "Never",
         "terminationGracePeriodSeconds": GRACE_S,
@@ -260,18 +309,16 @@ def rank_pod(
         pod_spec["serviceAccountName"] = service_account
     if spec.placement:
         pod_spec["nodeSelector"] = dict(spec.placement)
-    if spec.rank_nodes:
-        pod_spec["affinity"] = node_affinity(spec.rank_nodes[rank])
-    return {
-        "apiVersion": "v1",
-        "kind": "Pod",
-        "metadata": {
-            "name": name,
-            "labels": labels(spec, **{RANK_LABEL: str(rank)}),
-            "ownerReferences": [owner.reference()],
-        },
-        "spec": pod_spec,
+    if shape.node is not None:
+        pod_spec["affinity"] = node_affinity(shape.node)
+    metadata: Obj = {
+        "name": shape.name,
+        "labels": dict(shape.labels),
+        "ownerReferences": [owner.reference()],
     }
+    if shape.annotations:
+        metadata["annotations"] = dict(shape.annotations)
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": pod_spec}
 
 
 HOSTNAME_LABEL = "kubernetes.io/hostname"
@@ -380,7 +427,7 @@ def launcher_pod_name(sim_id: str) -> str:
 def check_launcher_name(sim_id: str) -> None:
     """The launcher pod's name must be a DNS label too (it is longer than a rank pod's)."""
     name = launcher_pod_name(sim_id)
-    if not _DNS_LABEL.match(name) or len(name) > 63:
+    if not is_pod_name(name):
         raise BackendError(
             f"simulation id '{sim_id}' cannot name its launcher pod {name} (at most 63 "
             "characters: lowercase letters, digits and '-')"

@@ -54,7 +54,12 @@ class MpirunArgs:
     flavour: str = "openmpi"
     """``openmpi`` (`mpirun`) or ``mpich`` (hydra's ``mpiexec``)."""
     transport: str = "tcp"
-    """`config.MPI_TRANSPORTS`: ``tcp`` only, or the library's choice (``auto``)."""
+    """`config.MPI_TRANSPORTS`: ``tcp`` only, or the library's choice (``auto``). With rank
+    groups (decision 0012: `objects.grouppods`, one pod per simulation per node, named once
+    in the hostfile with a slot per rank) ``auto`` means shared memory between the ranks of
+    one pod (Open MPI ``self,vader,tcp``; MPICH and UCX with their defaults) and TCP
+    between pods: each pod has its own IPC namespace and ``/dev/shm``, so ranks of other
+    pods, and of other simulations, are never on shared memory with them."""
     local_address: str | None = None
     """MPICH: the address of this host (or launcher pod) that hydra's proxies in the rank
     pods connect back to (``-localhost``): pod names do not resolve without cluster DNS, and

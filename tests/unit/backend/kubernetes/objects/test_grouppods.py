@@ -1,0 +1,225 @@
+"""Rank-group pods and their hostfile: table tests with named cases (spec in, object out)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rankpack.backend.kubernetes.api.config import DEV_IMAGE, HostPathVolume, PvcVolume
+from rankpack.backend.kubernetes.objects import builders, grouppods
+from rankpack.backend.kubernetes.objects.groups import RankGroup, plan_groups
+from rankpack.backend.protocol import BackendError, RankResources
+from tests.unit.backend.kubernetes._helpers import CASE, sim_spec
+
+OWNER = builders.OwnerRef("rankpack-s1", "uid-1")
+LIVE = {"name": "rankpack-live", "emptyDir": {}}
+RESTRICTED = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+FOUR = (RankResources(100), RankResources(100), RankResources(500), RankResources(1500))
+
+
+def shm(size: str) -> dict[str, Any]:
+    return {"name": "rankpack-shm", "emptyDir": {"medium": "Memory", "sizeLimit": size}}
+
+
+GROUP_POD_CASES = [
+    pytest.param(
+        {
+            "ranks": FOUR,
+            "group": RankGroup(0, None, (0, 1, 2, 3)),
+            "image": DEV_IMAGE,
+            "volume": HostPathVolume(CASE),
+        },
+        {
+            "name": "rankpack-s1-g0",
+            "ranks": "0-3",
+            "resources": {"requests": {"cpu": "2200m"}},
+            "pull": "Never",
+            "volumes": [
+                {"name": "case", "hostPath": {"path": "/runs/r1", "type": "Directory"}},
+                LIVE,
+                shm("256Mi"),
+                {"name": "host-usr", "hostPath": {"path": "/usr", "type": "Directory"}},
+            ],
+            "mounts": ["/runs/r1", "/var/run/rankpack", "/dev/shm", "/usr"],
+            "node": None,
+        },
+        id="dev-image-unplaced-all-ranks",
+    ),
+    pytest.param(
+        {
+            "ranks": (RankResources(250, 500), RankResources(1250, 1500), RankResources(100)),
+            "group": RankGroup(1, "n1", (0, 1)),
+            "image": "ghcr.io/x/foam:1",
+            "volume": PvcVolume("runs", Path("/runs")),
+        },
+        {
+            "name": "rankpack-s1-g1",
+            "ranks": "0-1",
+            "resources": {"requests": {"cpu": "1500m"}, "limits": {"cpu": "2000m"}},
+            "pull": None,
+            "volumes": [
+                {"name": "case", "persistentVolumeClaim": {"claimName": "runs"}},
+                LIVE,
+                shm("128Mi"),
+            ],
+            "mounts": ["/runs", "/var/run/rankpack", "/dev/shm"],
+            "node": "n1",
+        },
+        id="real-image-pvc-placed-limits",
+    ),
+    pytest.param(
+        {
+            "ranks": FOUR,
+            "group": RankGroup(3, "n0", (3,)),
+            "image": "img",
+            "volume": PvcVolume("runs", Path("/runs")),
+        },
+        {
+            "name": "rankpack-s1-g3",
+            "ranks": "3",
+            "resources": {"requests": {"cpu": "1500m"}},
+            "pull": None,
+            "volumes": [
+                {"name": "case", "persistentVolumeClaim": {"claimName": "runs"}},
+                LIVE,
+                shm("64Mi"),
+            ],
+            "mounts": ["/runs", "/var/run/rankpack", "/dev/shm"],
+            "node": "n0",
+        },
+        id="one-rank-group",
+    ),
+]
+
+
+@pytest.mark.parametrize(("given", "want"), GROUP_POD_CASES)
+def test_group_pod(given: dict[str, Any], want: dict[str, Any]) -> None:
+    spec = sim_spec(ranks=given["ranks"])
+    pod = grouppods.group_pod(spec, given["group"], OWNER, given["volume"], given["image"])
+    meta = pod["metadata"]
+    assert meta["name"] == want["name"]
+    assert meta["labels"] == {
+        "rankpack.dev/run-id": "7",
+        "app.kubernetes.io/managed-by": "rankpack",
+        "rankpack.dev/sim": "s1",
+        "rankpack.dev/group": str(given["group"].index),
+    }
+    assert meta["annotations"] == {"rankpack.dev/ranks": want["ranks"]}
+    assert meta["ownerReferences"][0]["uid"] == "uid-1"
+    s = pod["spec"]
+    assert (s["hostname"], s["subdomain"]) == (want["name"], "rankpack-s1")
+    assert (s["restartPolicy"], s["automountServiceAccountToken"]) == ("Never", False)
+    assert "serviceAccountName" not in s and "nodeName" not in s
+    (c,) = s["containers"]
+    assert (c["name"], c["image"]) == ("rank", given["image"])
+    assert c.get("imagePullPolicy") == want["pull"]
+    assert c["resources"] == want["resources"]
+    assert c["resizePolicy"] == [{"resourceName": "cpu", "restartPolicy": "NotRequired"}]
+    assert c["command"][:2] == ["/bin/sh", "-c"] and "sleep" in c["command"][2]
+    assert c["workingDir"] == "/runs/r1"
+    assert [m["mountPath"] for m in c["volumeMounts"]] == want["mounts"]
+    assert s["volumes"] == want["volumes"]
+    restricted = dict(RESTRICTED, **({} if want["pull"] else {"runAsNonRoot": True}))
+    assert c["securityContext"] == restricted
+    if want["node"] is None:
+        assert "affinity" not in s
+    else:
+        assert s["affinity"] == builders.node_affinity(want["node"])
+
+
+def test_a_group_pod_is_a_rank_pod_but_for_what_makes_it_a_group() -> None:
+    """Everything but name, labels, annotations, resources and /dev/shm is shared."""
+    spec = sim_spec(ranks=(RankResources(250), RankResources(750)), rank_nodes=("n0", "n0"))
+    volume = PvcVolume("runs", Path("/runs"))
+    group = plan_groups(2, spec.rank_nodes)[0]
+    pod = grouppods.group_pod(spec, group, OWNER, volume, "img", service_account="rankpack-rank")
+    rank = builders.rank_pod(spec, 0, OWNER, volume, "img", service_account="rankpack-rank")
+    assert pod["spec"]["affinity"] == rank["spec"]["affinity"]
+    assert pod["spec"]["serviceAccountName"] == "rankpack-rank"
+    for s in (pod["spec"], rank["spec"]):
+        s.pop("hostname")
+        (c,) = s["containers"]
+        c.pop("resources")
+        c["volumeMounts"] = [m for m in c["volumeMounts"] if m["mountPath"] != "/dev/shm"]
+        s["volumes"] = [v for v in s["volumes"] if v["name"] != "rankpack-shm"]
+    assert pod["spec"] == rank["spec"]
+    assert pod["apiVersion"] == rank["apiVersion"] and pod["kind"] == rank["kind"]
+
+
+def test_a_run_label_cannot_make_a_group_pod_one_ranks() -> None:
+    own = {"rankpack.dev/rank": "0", "rankpack.dev/group": "9", "team": "a"}
+    spec = sim_spec(ranks=FOUR, labels=own)
+    pod = grouppods.group_pod(spec, RankGroup(0, None, (0, 1)), OWNER, HostPathVolume(CASE), "i")
+    labels = pod["metadata"]["labels"]
+    assert "rankpack.dev/rank" not in labels
+    assert (labels["rankpack.dev/group"], labels["team"]) == ("0", "a")
+
+
+@pytest.mark.parametrize(
+    ("ranks", "group", "match"),
+    [
+        (FOUR, RankGroup(1, None, (3, 4)), "holds rank 4; the simulation has 4"),
+        ((RankResources(250), RankResources(1250, 1500)), RankGroup(0, None, (0, 1)), "limit"),
+    ],
+    ids=["beyond-the-ranks", "mixed-limits"],
+)
+def test_group_pod_refuses(ranks: Any, group: RankGroup, match: str) -> None:
+    with pytest.raises(BackendError, match=match):
+        grouppods.group_pod(sim_spec(ranks=ranks), group, OWNER, HostPathVolume(CASE), "img")
+
+
+def test_a_groups_resize_is_the_rank_containers_patch() -> None:
+    """`builders.resize_patch` serves groups: it patches the one container by name."""
+    spec = sim_spec(ranks=FOUR)
+    pod = grouppods.group_pod(
+        spec, RankGroup(0, None, (0, 1, 2, 3)), OWNER, PvcVolume("r", Path("/r")), "i"
+    )
+    (patched,) = builders.resize_patch(RankResources(2200))["spec"]["containers"]
+    (c,) = pod["spec"]["containers"]
+    assert (patched["name"], patched["resources"]) == (c["name"], c["resources"])
+
+
+HOSTFILE_CASES = [
+    pytest.param(
+        "openmpi",
+        ("n0", "n0", "n0", "n1", "n1"),
+        "rankpack-s1-g0 slots=3\nrankpack-s1-g1 slots=2\n",
+        id="openmpi",
+    ),
+    pytest.param(
+        "mpich", ("n0", "n0", "n0", "n1", "n1"), "rankpack-s1-g0:3\nrankpack-s1-g1:2\n", id="mpich"
+    ),
+    pytest.param("openmpi", (), "rankpack-s1-g0 slots=5\n", id="unplaced-one-line"),
+    pytest.param(
+        "mpich",
+        ("a", "b", "a", "a", "a"),
+        "rankpack-s1-g0:1\nrankpack-s1-g1:1\nrankpack-s1-g2:3\n",
+        id="a-node-again",
+    ),
+]
+
+
+@pytest.mark.parametrize(("flavour", "nodes", "want"), HOSTFILE_CASES)
+def test_group_hostfile(flavour: str, nodes: tuple[str, ...], want: str) -> None:
+    planned = plan_groups(5, nodes)
+    assert grouppods.group_hostfile("s1", planned, flavour) == want
+
+
+@pytest.mark.parametrize(
+    ("sim_id", "n_groups", "ok"),
+    [("x" * 50, 10, True), ("x" * 51, 10, True), ("x" * 51, 11, False), ("S1", 1, False)],
+    ids=["long-ok", "longest-ok", "g10-too-long", "uppercase"],
+)
+def test_group_pod_names_must_be_hostnames(sim_id: str, n_groups: int, ok: bool) -> None:
+    planned = plan_groups(n_groups, [f"n{i}" for i in range(n_groups)])
+    if ok:
+        grouppods.check_group_pod_names(sim_id, planned)
+    else:
+        with pytest.raises(BackendError, match="group pod"):
+            grouppods.check_group_pod_names(sim_id, planned)
