@@ -52,10 +52,10 @@ def add_backend_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--mpi-transport",
         choices=list(MPI_TRANSPORTS),
-        default="tcp",
-        help="kubernetes: how ranks talk: tcp (default: TCP over the pod network only, no "
-        "shared-memory transport, as co-located jobs in the seeds) or auto (the MPI "
-        "library's own choice, shared memory included where it can)",
+        default="auto",
+        help="kubernetes: how ranks talk: auto (default: the MPI library's own choice, "
+        "shared memory between the ranks of one pod, TCP between pods) or tcp (TCP over "
+        "the pod network only, no shared-memory transport)",
     )
     p.add_argument(
         "--volume",
@@ -81,7 +81,7 @@ def make_backend(args: argparse.Namespace, *, use_cgroups: bool = True) -> Backe
     config = replace(
         with_node_files(config),
         launcher=resolve_launcher(args.launcher, config.image),
-        mpi_transport=parse_transport(getattr(args, "mpi_transport", "tcp")),
+        mpi_transport=parse_transport(getattr(args, "mpi_transport", "auto")),
     )
     if args.allocatable is not None:
         config = replace(config, allocatable_millis=budget_to_millis(args.allocatable))

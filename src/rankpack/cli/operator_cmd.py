@@ -115,9 +115,10 @@ def _add_pod_arguments(p: argparse.ArgumentParser) -> None:
         "host-usr)",
     )  # fmt: skip
     p.add_argument(
-        "--mpi-transport", choices=["tcp", "auto"], default="tcp",
-        help="how the ranks of a simulation talk: tcp (default: TCP over the pod network "
-        "only, no shared-memory transport) or auto (the MPI library's own choice)",
+        "--mpi-transport", choices=["tcp", "auto"], default="auto",
+        help="how the ranks of a simulation talk: auto (default: the MPI library's own "
+        "choice, shared memory between the ranks of one pod, TCP between pods) or tcp "
+        "(TCP over the pod network only, no shared-memory transport)",
     )  # fmt: skip
     p.add_argument(
         "--volume", help="where run directories live in the rank pods, for Simulations whose "

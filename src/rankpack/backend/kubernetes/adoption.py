@@ -9,15 +9,16 @@ whether mpirun was ever started.
 
 from __future__ import annotations
 
-import contextlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 from rankpack.backend.kubernetes import observe
 from rankpack.backend.kubernetes.api.config import parse_volume
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
 from rankpack.backend.kubernetes.launch import create_failure, prepare
-from rankpack.backend.kubernetes.objects import builders, reconcile, status
+from rankpack.backend.kubernetes.objects import builders, grouppods, reconcile, status
+from rankpack.backend.kubernetes.objects.groups import plan_groups
 from rankpack.backend.kubernetes.poller import check_adopted
 from rankpack.backend.kubernetes.record import Lifecycle, SimRecord, rank_dir
 from rankpack.backend.kubernetes.starting import exitwrapper, podmode
@@ -25,6 +26,7 @@ from rankpack.backend.kubernetes.state import BackendState
 from rankpack.backend.protocol import (
     LaunchFailed,
     LaunchRefused,
+    RankResources,
     SimPhase,
     SimRef,
     SimSpec,
@@ -68,8 +70,16 @@ def adopt(state: BackendState, sim_id: str, spec: SimSpec) -> SimRecord:
     if launch != "never":
         life.start()
     in_pod = state.config.launcher == "pod"
+    pods = state.pods_left(sim_id)(0.0) if owner else []
+    groups = grouppods.groups_of_pods(pods, len(spec.ranks))
+    if groups is None:  # none created yet (or not as this rankpack makes them)
+        groups = plan_groups(len(spec.ranks), spec.rank_nodes)
+        if pods and launch != "never":
+            life.fail(Failure(FailureCode.OTHER, "its pods do not hold its ranks as rank "
+                              "groups (launched by an older rankpack?); stop it and launch "
+                              "it again"))  # fmt: skip
     sim = SimRecord(spec=spec, image=image, volume=volume, desired=list(spec.ranks),
-                    life=life, in_pod=in_pod and launch == "never")  # fmt: skip
+                    groups=groups, life=life, in_pod=in_pod and launch == "never")  # fmt: skip
     if launch == "never":
         _create_missing(state, sim)
     exists = bool(owner) or (launch == "never" and sim.reconcile_error is None)
@@ -116,7 +126,7 @@ def _create_missing(state: BackendState, sim: SimRecord) -> None:
     prepare(state, sim)
     try:
         sim.created_rv = reconcile.reconcile(
-            state.api, sim.spec, sim.image, sim.volume,
+            state.api, sim.spec, sim.groups, sim.image, sim.volume,
             launcher=podmode.options_of(sim, state.config),
         )  # fmt: skip
     except ApiError as exc:
@@ -138,14 +148,29 @@ def _take_pods(sim: SimRecord, pods: list[Obj]) -> Obj | None:
         if labels.get(builders.ROLE_LABEL) == builders.LAUNCHER_ROLE:
             launcher_pod = pod
             continue
-        with contextlib.suppress(KeyError, ValueError):
-            rank = int(labels[builders.RANK_LABEL])
-            want = status.desired(pod, C)
-            if want is not None and 0 <= rank < sim.n:
-                sim.desired[rank] = want
-                sim.pods[rank] = pod
-                sim.seen.add(rank)
+        ranks = grouppods.pod_ranks(pod)
+        if not ranks or ranks[-1] >= sim.n or pod["metadata"].get("name") != sim.pod_name(ranks[0]):
+            continue
+        want = status.desired(pod, C)
+        if want is not None:
+            sim.desired[ranks[0] : ranks[-1] + 1] = split_group(
+                want, [sim.desired[r] for r in ranks]
+            )
+        for rank in ranks:
+            sim.pods[rank] = pod
+            sim.seen.add(rank)
     return launcher_pod
+
+
+def split_group(now: RankResources, ranks: list[RankResources]) -> list[RankResources]:
+    """The ranks' requests in a group pod that asks for ``now``: as launched (``ranks``)
+    when their sum is the pod's, else scaled to it in their ratio (the resizes since the
+    launch moved the sum; which rank's is not recorded in the pod), at least 1m each."""
+    total = sum(r.request_millis for r in ranks)
+    if total == now.request_millis or total <= 0:
+        return ranks
+    scale = now.request_millis / total
+    return [replace(r, request_millis=max(1, round(r.request_millis * scale))) for r in ranks]
 
 
 def _phase_from_exit(owner: Obj) -> SimPhase:

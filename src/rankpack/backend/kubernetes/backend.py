@@ -178,7 +178,7 @@ class KubernetesBackend:
         return self._poller.error
 
     def resize(self, sim_id: str, rank: int, resources: RankResources) -> ResizeStatus:
-        st = resizing.resize(self._state, self._sim(sim_id), rank, resources)
+        st = resizing.resize(self._state, self.readings, self._sim(sim_id), rank, resources)
         if st.state in (ResizeState.COMPLETED, ResizeState.PENDING):
             self._poller.ensure()
         return st
@@ -198,9 +198,9 @@ class KubernetesBackend:
         except UnknownWaitMode as exc:
             raise BackendError(str(exc)) from None
         with self.lock:
-            pods = [sim.pods.get(i) for i in range(sim.n)]
-        running = [p for p in pods if p is not None and status.running(p, C)]
-        if len(running) < sim.n:
+            pods = sim.group_pods()
+        running = [p for p in pods if status.running(p, C)]
+        if len(running) < len(sim.groups):
             raise BackendError(f"{sim_id}: not every rank pod runs yet; try again")
         self.readings.set_wait_mode(sim_id, running, mode)
 
@@ -212,8 +212,10 @@ class KubernetesBackend:
         if staged is not None:
             return staged
         sim = self._sim(sim_id)
+        if sim.nices_due:
+            resizing.set_nices(self._state, self.readings, sim)
         with self.lock:
-            pods = list(sim.pods.values())
+            pods = sim.group_pods()
         self.readings.prefetch(pods)  # (a node agent may take its timeout: not under the lock)
         missing: dict[str, str] = {}
         with self.lock:

@@ -1,8 +1,9 @@
 """The launch path of the Kubernetes backend: a new simulation's checks, record and objects.
 
-`KubernetesBackend.launch` calls `launch_sim`, which checks the spec and the namespace's
+`KubernetesBackend.launch` calls `launch_sim`, which cuts the ranks into rank groups (`plan`:
+the ranks on one node share a pod, decision 0012), checks the spec and the namespace's
 quotas and LimitRanges (`capacity.ClusterCapacity.launch_check`), writes the files mpirun
-needs on the case volume (`prepare`), creates the owner ConfigMap, the Service and the rank
+needs on the case volume (`prepare`), creates the owner ConfigMap, the Service and the group
 pods (`reconcile`) and returns the simulation's new record, for the backend to keep and its
 poller to follow. Adoption (`adoption`) shares `prepare` and `create_failure`.
 """
@@ -12,12 +13,19 @@ from __future__ import annotations
 from rankpack.backend.kubernetes.api.config import parse_volume
 from rankpack.backend.kubernetes.api.kubeapi import ApiError
 from rankpack.backend.kubernetes.nodes.capacity import ClusterCapacity
-from rankpack.backend.kubernetes.objects import builders, reconcile
+from rankpack.backend.kubernetes.objects import builders, grouppods, reconcile
+from rankpack.backend.kubernetes.objects.groups import (
+    RankGroup,
+    group_resources,
+    plan_groups,
+    plan_unplaced,
+    ranks_annotation,
+)
 from rankpack.backend.kubernetes.record import SimRecord
 from rankpack.backend.kubernetes.starting import podmode
 from rankpack.backend.kubernetes.starting.hostmpirun import prepare_files
 from rankpack.backend.kubernetes.state import BackendState
-from rankpack.backend.protocol import LaunchFailed, LaunchRefused, SimSpec
+from rankpack.backend.protocol import BackendError, LaunchFailed, LaunchRefused, SimSpec
 from rankpack.backend.worker import Stager
 from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
@@ -38,7 +46,13 @@ def launch_sim(
     in_pod = config.launcher == "pod"
     if in_pod:
         builders.check_launcher_name(spec.sim_id)
-    check = capacity.launch_check(spec.ranks)
+    groups = plan(spec, capacity)
+    grouppods.check_group_pod_names(spec.sim_id, groups)
+    check = capacity.launch_check([
+        (f"pod {g.pod_name(spec.sim_id)} (ranks {ranks_annotation(g)})",
+         group_resources([spec.ranks[r] for r in g.ranks]))
+        for g in groups
+    ])  # fmt: skip
     refusal = check.refusal
     if refusal is not None and refusal[0] is FailureCode.QUOTA_EXCEEDED:
         raise LaunchRefused(f"{spec.sim_id} not launched: {refusal[1]}")
@@ -51,13 +65,13 @@ def launch_sim(
         raise LaunchFailed(str(exc)) from exc
     image = spec.image or config.image
     sim = SimRecord(spec=spec, image=image, volume=volume, desired=list(spec.ranks),
-                    in_pod=in_pod)  # fmt: skip
+                    groups=groups, in_pod=in_pod)  # fmt: skip
     if check.launcher_millis != config.launcher_cpu_millis:
         sim.launcher_millis = check.launcher_millis  # within the namespace's LimitRange
     prepare(state, sim)
     try:
         sim.created_rv = reconcile.reconcile(
-            state.api, spec, image, volume, launcher=podmode.options_of(sim, config),
+            state.api, spec, groups, image, volume, launcher=podmode.options_of(sim, config),
             create_first=True,
         )  # fmt: skip
     except ApiError as exc:
@@ -74,6 +88,20 @@ def launch_sim(
         # (get-or-create is idempotent), bounded by start_timeout_s like any start.
         sim.reconcile_error = str(exc)
     return sim
+
+
+def plan(spec: SimSpec, capacity: ClusterCapacity) -> tuple[RankGroup, ...]:
+    """The simulation's rank groups: a pod per node the controller placed its ranks on;
+    unplaced, one pod if every rank fits the roomiest node, else consecutive ranks split
+    over the nodes by their free CPU (`groups.plan_unplaced`)."""
+    if spec.rank_nodes:
+        return plan_groups(len(spec.ranks), spec.rank_nodes)
+    try:
+        nodes = capacity.inventory().nodes
+    except BackendError:  # nodes not readable: the scheduler places one pod
+        nodes = ()
+    room = {n.name: n.allocatable_millis - n.requested_millis for n in nodes}
+    return plan_unplaced([r.request_millis for r in spec.ranks], room)
 
 
 def prepare(state: BackendState, sim: SimRecord) -> None:

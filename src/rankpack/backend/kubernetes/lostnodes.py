@@ -133,7 +133,7 @@ class NodeWatch:
         """Delete at once (grace period 0) the simulation's pods on a lost node: their
         kubelet is gone and would never confirm a graceful end. Best effort; how many."""
         lost = self.lost()
-        pods = [*sim.pods.values(), *([sim.launcher] if sim.launcher else [])]
+        pods = [*sim.group_pods(), *([sim.launcher] if sim.launcher else [])]
         deleted = 0
         for pod in pods:
             if (pod.get("spec") or {}).get("nodeName") not in lost:
@@ -146,7 +146,7 @@ class NodeWatch:
 
 def placed_nodes(sim: SimRecord) -> set[str]:
     """The nodes of a simulation's rank pods and launcher pod (as last listed)."""
-    pods = [*sim.pods.values(), *([sim.launcher] if sim.launcher else [])]
+    pods = [*sim.group_pods(), *([sim.launcher] if sim.launcher else [])]
     return {str(n) for p in pods if (n := (p.get("spec") or {}).get("nodeName"))}
 
 
@@ -156,7 +156,7 @@ def hit(sim: SimRecord, lost: dict[str, str]) -> tuple[int, str] | None:
     for rank in sorted(sim.pods):
         node = (sim.pods[rank].get("spec") or {}).get("nodeName")
         if node in lost:
-            name = builders.pod_name(sim.spec.sim_id, rank)
+            name = sim.pod_name(rank)
             return rank, f"rank pod {name} is on a lost node: {lost[node]}"
     node = ((sim.launcher or {}).get("spec") or {}).get("nodeName")
     if node in lost:

@@ -63,7 +63,7 @@ def observe_rank(
     fresh = True
     if pod is not None and status.running(pod, C):
         try:
-            reading = source.read(pod)
+            reading = source.read(pod, i)
         except ReadingsMissing as exc:
             reading, fresh = None, False
             missing.setdefault(exc.node, exc.why)
@@ -98,7 +98,7 @@ def observe_rank(
         restarts=status.restarts(pod, C),
         reason=_failure_text(pod),
         node=(pod or {}).get("spec", {}).get("nodeName"),
-        pod=builders.pod_name(sim.spec.sim_id, i),
+        pod=sim.pod_name(i),
         resize=resize.status if resize else None,
         compute_ns=shim.compute_ns,
         mpi_ns=shim.mpi_ns,

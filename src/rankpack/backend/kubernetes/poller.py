@@ -29,6 +29,7 @@ from rankpack.backend.kubernetes.api.informer import Informer, selected
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
 from rankpack.backend.kubernetes.lostnodes import NodeWatch
 from rankpack.backend.kubernetes.objects import builders, reconcile, status
+from rankpack.backend.kubernetes.objects.grouppods import pod_ranks
 from rankpack.backend.kubernetes.record import PodResize, SimRecord
 from rankpack.backend.kubernetes.starting import podmode
 from rankpack.backend.kubernetes.starting.hostmpirun import MpirunHost
@@ -111,9 +112,9 @@ class Poller:
         by_sim: dict[str, dict[int, Obj]] = {}
         launchers = _launcher_pods(pods)
         for pod in pods:
-            lab = pod.get("metadata", {}).get("labels") or {}
-            with contextlib.suppress(KeyError, ValueError):
-                by_sim.setdefault(lab[builders.SIM_LABEL], {})[int(lab[builders.RANK_LABEL])] = pod
+            sim_label = (pod.get("metadata", {}).get("labels") or {}).get(builders.SIM_LABEL)
+            for rank in pod_ranks(pod):
+                by_sim.setdefault(str(sim_label), {})[rank] = pod
         news = False
         lost = self.nodes.lost()
         with b.lock:
@@ -130,8 +131,8 @@ class Poller:
     def _retry_reconcile(self, sim: SimRecord) -> None:
         launcher = podmode.options_of(sim, self.state.config)
         try:
-            sim.created_rv = reconcile.reconcile(self.state.api, sim.spec, sim.image, sim.volume,
-                                                 launcher=launcher)  # fmt: skip
+            sim.created_rv = reconcile.reconcile(self.state.api, sim.spec, sim.groups, sim.image,
+                                                 sim.volume, launcher=launcher)  # fmt: skip
         except ApiError as exc:
             sim.reconcile_error = str(exc)
             if not exc.transient:
@@ -160,12 +161,14 @@ class Poller:
         news = False
         for rank in range(sim.n):
             pod = pods.get(rank)
+            if pod is not None and pod.get("metadata", {}).get("name") != sim.pod_name(rank):
+                pod = None  # (a pod whose annotation claims another group's rank)
             old = sim.pods.get(rank)
             if pod is None:
                 if rank in sim.seen and old is not None:
                     sim.pods.pop(rank)
                     news = True
-                    name = builders.pod_name(sim.spec.sim_id, rank)
+                    name = sim.pod_name(rank)
                     life.fail(
                         Failure(FailureCode.POD_DELETED, f"rank pod {name} was deleted"), rank
                     )

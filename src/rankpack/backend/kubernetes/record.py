@@ -21,6 +21,7 @@ from typing import IO
 from rankpack.backend.kubernetes.api.config import VolumeSource
 from rankpack.backend.kubernetes.api.kubeapi import Obj
 from rankpack.backend.kubernetes.nodes.nodereader import CpuCounters
+from rankpack.backend.kubernetes.objects.groups import RankGroup, group_of
 from rankpack.backend.mpirun import LogTail, Proc, ShimSample
 from rankpack.backend.protocol import RankResources, ResizeStatus, SimSpec
 from rankpack.core.failures import Failure
@@ -135,10 +136,16 @@ class SimRecord:
     image: str
     volume: VolumeSource
     desired: list[RankResources]
+    groups: tuple[RankGroup, ...]
+    """Its rank groups: the ranks of each of its pods (decision 0012)."""
     life: Lifecycle = field(default_factory=Lifecycle)
     pods: dict[int, Obj] = field(default_factory=dict)
+    """Each rank's group pod as last listed, by rank (the ranks of a group share it)."""
     seen: set[int] = field(default_factory=set)
     resizes: dict[int, PodResize] = field(default_factory=dict)
+    nices_due: dict[int, dict[int, int]] = field(default_factory=dict)
+    """The nice values of a group's ranks not set yet, by group index (the node could not
+    set them at the resize: set at the next observation)."""
     process: Proc | None = None
     log_file: IO[bytes] | None = field(default=None, repr=False)
     log: LogTail = field(init=False)
@@ -182,6 +189,18 @@ class SimRecord:
     @property
     def n(self) -> int:
         return len(self.desired)
+
+    def group(self, rank: int) -> RankGroup:
+        """The group holding ``rank``."""
+        return group_of(self.groups, rank)
+
+    def pod_name(self, rank: int) -> str:
+        """The name of the pod that holds ``rank``."""
+        return self.group(rank).pod_name(self.spec.sim_id)
+
+    def group_pods(self) -> list[Obj]:
+        """Each group's pod as last listed (a pod not listed yet is left out)."""
+        return [self.pods[g.ranks[0]] for g in self.groups if g.ranks[0] in self.pods]
 
     @property
     def exit_file(self) -> Path:

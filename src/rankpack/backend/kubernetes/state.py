@@ -75,7 +75,7 @@ class BackendState:
         """Record a Warning Event on the rank pod; best effort (never fails the caller)."""
         pod = sim.pods.get(rank) or {}
         body = builders.event(
-            sim.spec.sim_id, self.api.namespace, builders.pod_name(sim.spec.sim_id, rank),
+            sim.spec.sim_id, self.api.namespace, sim.pod_name(rank),
             pod.get("metadata", {}).get("uid"), reason, message,
             datetime.now(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"),
         )  # fmt: skip

@@ -118,16 +118,15 @@ class KubernetesConfig:
     launcher_cpu_millis: int = 50
     """The launcher pods' CPU request (pod mode; no limit): mpirun forwards rank 0's output
     and the rsh agents start the ranks, then mostly wait."""
-    mpi_transport: MpiTransport = "tcp"
-    """How the ranks of a simulation talk. ``tcp`` (the default): TCP over the pod network
+    mpi_transport: MpiTransport = "auto"
+    """How the ranks of a simulation talk. ``auto`` (the default): the MPI library's own
+    choice: shared memory between the ranks of one group pod (its own ``/dev/shm`` and IPC
+    namespace: never another simulation's, decision 0012), TCP between pods (Open MPI
+    ``self,vader,tcp`` with vader's single copy off, which needs ptrace rights a restricted
+    pod lacks; MPICH and UCX defaults but UCX's ``cma``). ``tcp``: TCP over the pod network
     only, every shared-memory transport off (Open MPI ``--mca btl self,tcp``; MPICH
-    ``MPIR_CVAR_NOLOCAL=1`` and ``UCX_TLS=self,tcp``), as the seeds run co-located jobs:
-    ranks of different simulations on one node never share a shared-memory segment, and
-    a rank's traffic is the same whether its peer is on its node or another. ``auto``: the
-    MPI library's own choice, shared memory included (Open MPI ``self,vader,tcp``; MPICH
-    and UCX defaults) where it finds a peer it can share memory with; each rank pod has its
-    own IPC namespace and ``/dev/shm``, so between rank pods that is still TCP (see
-    docs/kubernetes-backend.md)."""
+    ``MPIR_CVAR_NOLOCAL=1`` and ``UCX_TLS=self,tcp``), a rank's traffic the same whether
+    its peer is in its pod or not (for measurements; docs/kubernetes-backend.md)."""
     readings: ReadingsMode = "auto"
     """Where the ranks' counters and shim records come from (decision 0010): ``node``, this
     process runs on the rank pods' node and reads its files (the single-node dev cluster);

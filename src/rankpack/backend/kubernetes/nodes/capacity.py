@@ -21,7 +21,8 @@ from typing import NamedTuple
 from rankpack.backend.kubernetes.api.config import KubernetesConfig
 from rankpack.backend.kubernetes.api.informer import Cache, core
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
-from rankpack.backend.kubernetes.objects import builders, limits, status
+from rankpack.backend.kubernetes.objects import limits, status
+from rankpack.backend.kubernetes.objects.grouppods import pod_ranks
 from rankpack.backend.protocol import BackendError, Inventory, NodeCapacity, Quota, RankResources
 from rankpack.core.failures import FailureCode
 
@@ -95,8 +96,9 @@ class ClusterCapacity:
     def limit_ranges(self, *, fresh: bool = False) -> list[Obj]:
         return self._namespaced("limitranges", fresh=fresh)
 
-    def launch_check(self, ranks: Sequence[RankResources]) -> LaunchCheck:
-        """Why the namespace would refuse these rank pods (and, in pod mode, the launcher
+    def launch_check(self, pods: Sequence[tuple[str, RankResources]]) -> LaunchCheck:
+        """Why the namespace would refuse these pods (what each is called in a refusal, its
+        container's CPU: a simulation's group pods) (and, in pod mode, the launcher
         pod, its request brought within the LimitRange), as the cache holds the quotas and
         LimitRanges now (watched: as fresh as a List; `limits.launch_refusal`);
         no refusal when they fit (or the apiserver does not answer: the creates will tell)."""
@@ -107,7 +109,7 @@ class ClusterCapacity:
             if exc.transient:
                 return LaunchCheck(None, launcher)
             raise
-        pods = [(f"rank {i}", r) for i, r in enumerate(ranks)]
+        pods = list(pods)
         if self.config.launcher == "pod":
             bounds = limits.rank_bounds(ranges)
             if bounds is not None and not bounds.empty:
@@ -182,8 +184,7 @@ class ClusterCapacity:
             node = p.get("spec", {}).get("nodeName")
             if node:
                 used[node] = used.get(node, 0) + status.pod_request_millis(p)
-                if builders.RANK_LABEL in (p.get("metadata", {}).get("labels") or {}):
-                    ranks[node] = ranks.get(node, 0) + 1
+                ranks[node] = ranks.get(node, 0) + len(pod_ranks(p))
         names = [str(n["metadata"]["name"]) for n in nodes]
         return Inventory(
             tuple(
@@ -192,6 +193,7 @@ class ClusterCapacity:
                     status.node_allocatable_millis(n),
                     used.get(name, 0),
                     ranks.get(name, 0),
+                    rank_groups=True,
                 )
                 for name, n in zip(names, nodes, strict=True)
             ),

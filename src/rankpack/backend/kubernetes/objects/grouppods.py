@@ -28,6 +28,7 @@ from rankpack.backend.kubernetes.objects.builders import (
 from rankpack.backend.kubernetes.objects.groups import (
     RankGroup,
     group_resources,
+    parse_ranks_annotation,
     ranks_annotation,
 )
 from rankpack.backend.protocol import BackendError, SimSpec
@@ -106,3 +107,34 @@ def check_group_pod_names(sim_id: str, groups: Sequence[RankGroup]) -> None:
                 f"simulation id '{sim_id}' cannot name its group pod {name} (lowercase "
                 "letters, digits and '-', pod names of at most 63 characters)"
             )
+
+
+def pod_ranks(pod: Obj) -> tuple[int, ...]:
+    """The ranks a pod of the API holds: a group pod's (its `RANKS_ANNOTATION`, read by the
+    strict parser); none for any other pod, or a group pod whose annotation is not a run of
+    ranks (anyone who may edit the pod may have written it)."""
+    meta = pod.get("metadata") or {}
+    if GROUP_LABEL not in (meta.get("labels") or {}):
+        return ()
+    try:
+        return parse_ranks_annotation(str((meta.get("annotations") or {}).get(RANKS_ANNOTATION)))
+    except ValueError:
+        return ()
+
+
+def groups_of_pods(pods: Sequence[Obj], n_ranks: int) -> tuple[RankGroup, ...] | None:
+    """A simulation's rank groups as its group pods (of the API) say them: their
+    `GROUP_LABEL` and `RANKS_ANNOTATION`, checked to cover ranks ``0..n_ranks-1`` in order,
+    one pod per group; None when they do not (pods missing, edited, or of an older layout)."""
+    found: dict[int, RankGroup] = {}
+    for pod in pods:
+        ranks = pod_ranks(pod)
+        label = str(((pod.get("metadata") or {}).get("labels") or {}).get(GROUP_LABEL))
+        if not ranks or not label.isdigit() or int(label) in found:
+            continue
+        node = (pod.get("spec") or {}).get("nodeName")
+        found[int(label)] = RankGroup(int(label), str(node) if node else None, ranks)
+    groups = tuple(found[i] for i in sorted(found))
+    covered = [r for g in groups for r in g.ranks]
+    ordered = [g.index for g in groups] == list(range(len(groups)))
+    return groups if ordered and covered == list(range(n_ranks)) else None

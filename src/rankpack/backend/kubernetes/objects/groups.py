@@ -14,7 +14,7 @@ the hostfile's entries in order, so the ranks an entry (a group pod) gets are co
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from rankpack.backend.protocol import BackendError, RankResources
@@ -137,3 +137,26 @@ def parse_ranks_annotation(text: str) -> tuple[int, ...]:
             f"not a run of ranks below {MAX_RANKS} with its first before its last: {text!r}"
         )
     return tuple(range(first, last + 1))
+
+
+def plan_unplaced(requests_millis: Sequence[int], room: Mapping[str, int]) -> tuple[RankGroup, ...]:
+    """The groups of a simulation the controller did not place (no ``rank_nodes``), from
+    each node's free CPU (``room``, millicores): one group the scheduler places when every
+    rank fits the roomiest node (or nothing is known of the nodes); else consecutive ranks
+    fill the roomiest node first, then the next, the last taking what is left (a pod that
+    does not fit waits for room like any pod)."""
+    n = len(requests_millis)
+    if n < 1:
+        raise BackendError(f"a simulation has at least one rank, not {n}")
+    if not room or sum(requests_millis) <= max(room.values()):
+        return plan_groups(n, ())
+    order = sorted(room, key=lambda node: (-room[node], node))
+    nodes: list[str] = []
+    at, left = 0, room[order[0]]
+    for request in requests_millis:
+        if request > left and nodes and nodes[-1] == order[at] and at + 1 < len(order):
+            at += 1
+            left = room[order[at]]
+        nodes.append(order[at])
+        left -= request
+    return plan_groups(n, nodes)

@@ -1,7 +1,7 @@
 """A simulation's Kubernetes objects: created idempotently, deleted through their owner.
 
 Every simulation has an owner ConfigMap (its spec; the garbage collector's root), a headless
-Service and one pod per rank (and in pod mode its launcher pod), built by `builders`.
+Service and one pod per rank group (`grouppods`; and in pod mode its launcher pod, `builders`).
 `reconcile` creates them, or takes those that exist (at launch, adoption, and by the poller
 after a transient error): one request per object when none exists. `delete` removes them
 at release, reading what is left from the backend's cache (the poller retries orphans
@@ -13,12 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from rankpack.backend.kubernetes.api.config import KubernetesConfig, VolumeSource
 from rankpack.backend.kubernetes.api.informer import newer, version_of
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
-from rankpack.backend.kubernetes.objects import builders
+from rankpack.backend.kubernetes.objects import builders, grouppods
+from rankpack.backend.kubernetes.objects.groups import RankGroup
 from rankpack.backend.protocol import BackendError, LaunchFailed, SimSpec
 
 PodsLeft = Callable[[float], list[Obj]]
@@ -29,14 +30,15 @@ the given seconds for the cache to change (0: now)."""
 def reconcile(
     api: KubeApi,
     spec: SimSpec,
+    groups: Sequence[RankGroup],
     image: str,
     volume: VolumeSource,
     *,
     launcher: builders.LauncherOptions | None = None,
     create_first: bool = False,
 ) -> str:
-    """Create the owner, the Service and every rank pod, and with ``launcher`` (pod mode)
-    the launcher pod after them, taking those that exist (idempotent: objects that belong
+    """Create the owner, the Service and the pod of every rank group, and with ``launcher``
+    (pod mode) the launcher pod after them, taking those that exist (idempotent: objects that belong
     to this simulation are left alone; someone else's are an error). Returns the newest
     resourceVersion among them (`SimRecord.created_rv`).
 
@@ -51,9 +53,9 @@ def reconcile(
     made.append(owner_obj)
     owner = builders.OwnerRef(builders.owner_name(spec.sim_id), str(owner_obj["metadata"]["uid"]))
     made.append(take(api, "services", builders.headless_service(spec, owner), spec))
-    for rank in range(len(spec.ranks)):
-        account = launcher.rank_service_account if launcher is not None else None
-        pod = builders.rank_pod(spec, rank, owner, volume, image, account)
+    account = launcher.rank_service_account if launcher is not None else None
+    for group in groups:
+        pod = grouppods.group_pod(spec, group, owner, volume, image, account)
         made.append(take(api, "pods", pod, spec))
     if launcher is not None:
         made.append(take(api, "pods", builders.launcher_pod(spec, owner, volume, image, launcher),

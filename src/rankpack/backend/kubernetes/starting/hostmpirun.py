@@ -16,12 +16,15 @@ import socket
 import sys
 import threading
 from collections.abc import Callable
+from importlib import resources
 from pathlib import Path
 from typing import IO
 
 from rankpack.backend.kubernetes.api.config import KubernetesConfig
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.objects import builders, status
+from rankpack.backend.kubernetes.objects.grouppods import group_hostfile
+from rankpack.backend.kubernetes.objects.groups import group_nices
 from rankpack.backend.kubernetes.record import SimRecord, rank_dir
 from rankpack.backend.kubernetes.starting import exitwrapper, mpirunargs, rsh
 from rankpack.backend.mpirun import MpirunProcess, Proc, find_mpirun, root_env
@@ -31,6 +34,8 @@ from rankpack.errors import UserError
 from rankpack.profile.shim import shim_env
 
 C = builders.CONTAINER
+RANK_LAUNCHER = "rank-launcher"
+"""``rank_launcher.sh``'s copy in `rank_dir` (the rank pods run it from the case volume)."""
 
 
 def _mpirun_process(
@@ -65,12 +70,15 @@ def _popen(exit_file: Path | None, lock_fd: int | None) -> Starter:
 
 
 def prepare_files(sim: SimRecord) -> None:
-    """Hostfile, rsh agent and shim library on the case volume (paths the pods share); the
-    shim's live records are not there but in each rank pod's own volume."""
+    """Hostfile (a line per group pod, as many slots as it has ranks), rsh agent, rank
+    launcher and shim library on the case volume (paths the pods share); the shim's live
+    records and the ranks' pid files are not there but in each group pod's own volume."""
     d = rank_dir(sim.spec.case_dir)
     try:
         d.mkdir(parents=True, exist_ok=True)
-        (d / "hostfile").write_text(builders.hostfile(sim.spec.sim_id, sim.n, sim.spec.mpi))
+        (d / "hostfile").write_text(group_hostfile(sim.spec.sim_id, sim.groups, sim.spec.mpi))
+        source = resources.files("rankpack.backend") / "rank_launcher.sh"
+        (d / RANK_LAUNCHER).write_bytes(source.read_bytes())
         agent = d / "rsh-agent"
         agent.write_text(rsh.agent_script(sys.executable))
         agent.chmod(0o755)
@@ -85,8 +93,18 @@ def prepare_files(sim: SimRecord) -> None:
         raise LaunchFailed(f"cannot write to the case volume {d}: {exc}") from exc
 
 
+def rank_command(sim: SimRecord) -> tuple[str, ...]:
+    """Each rank's argv: the rank launcher (``rank_launcher.sh`` on the case volume: it
+    writes the rank's pid where its node finds it and starts the solver at its nice value
+    within its group pod), then the solver's."""
+    return ("/bin/sh", str(rank_dir(sim.spec.case_dir) / RANK_LAUNCHER), *sim.spec.command)
+
+
 def _rank_env(sim: SimRecord) -> dict[str, str]:
     env = dict(sim.spec.env)
+    env["RANKPACK_PID_DIR"] = str(builders.LIVE_DIR)
+    nices = group_nices(sim.groups, sim.desired)
+    env["RANKPACK_RANK_NICE"] = ",".join(str(nices[r]) for r in range(sim.n))
     shim = sim.spec.shim
     if shim is not None:
         # each rank pod's own volume (`builders.LIVE_VOLUME`), not the case volume
@@ -124,7 +142,7 @@ class MpirunHost:
             life.fail(Failure(FailureCode.LAUNCH_FAILED, str(exc)))
             return
         d = rank_dir(sim.spec.case_dir)
-        pods = [sim.pods[r] for r in sorted(sim.pods)]
+        pods = sim.group_pods()
         try:
             mpirun = self.mpirun or find_mpirun(flavour)
         except UserError as exc:
@@ -136,7 +154,7 @@ class MpirunHost:
             hostfile=d / "hostfile",
             agent=d / "rsh-agent",
             case_dir=sim.spec.case_dir,
-            command=sim.spec.command,
+            command=rank_command(sim),
             env=_rank_env(sim),
             subnet=self.config.pod_subnet or subnet_of(pods),
             as_root=os.geteuid() == 0,
@@ -171,9 +189,9 @@ class MpirunHost:
             life.fail(Failure(FailureCode.LAUNCH_FAILED, f"cannot start mpirun: {exc}"))
             return
         exitwrapper.launched(fd, int(getattr(sim.process, "pid", 0) or os.getpid()))
-        # mpirun's rsh agent (another process, `rsh`) opens one pods/exec per rank pod:
+        # mpirun's rsh agent (another process, `rsh`) opens one pods/exec per group pod:
         # counted here, with this process's own requests
-        self.api.requests.add("create", "pods/exec", n=sim.n)
+        self.api.requests.add("create", "pods/exec", n=len(sim.groups))
         life.start()
         threading.Thread(target=self._watch, args=(sim,), daemon=True).start()
 
@@ -193,12 +211,12 @@ class MpirunHost:
         but its idle pid 1 (``kill -9 -1`` spares pid 1 and the caller)."""
         argv = ["/bin/sh", "-c", "kill -9 -1 2>/dev/null; true"]
 
-        def kill(rank: int) -> None:
+        def kill(name: str) -> None:
             with contextlib.suppress(ApiError):
-                self.api.exec(builders.pod_name(sim.spec.sim_id, rank), C, argv, 15.0)
+                self.api.exec(name, C, argv, 15.0)
 
-        running = [i for i, p in sorted(sim.pods.items()) if status.running(p, C)]
-        threads = [threading.Thread(target=kill, args=(i,), daemon=True) for i in running]
+        running = [str(p["metadata"]["name"]) for p in sim.group_pods() if status.running(p, C)]
+        threads = [threading.Thread(target=kill, args=(n,), daemon=True) for n in running]
         for t in threads:
             t.start()
         for t in threads:

@@ -21,6 +21,7 @@ from rankpack.backend.kubernetes.api.config import MPI_TRANSPORTS
 from rankpack.backend.kubernetes.objects import builders
 from rankpack.backend.kubernetes.starting import mpirunargs
 from rankpack.backend.protocol import BackendError
+from rankpack.quantities import MAX_RANKS
 
 VERSION = 1
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
@@ -42,7 +43,7 @@ class Instructions:
     container: str
     """The rank pods' container the ranks start in."""
     pods: tuple[str, ...]
-    """The rank pods, in rank order (the hostfile's order)."""
+    """The rank (group) pods, in rank order (the hostfile's order)."""
     hostfile: Path
     case_dir: Path
     """mpirun's working directory (``--wdir`` of the ranks)."""
@@ -62,8 +63,14 @@ class Instructions:
     """Open MPI's TCP interfaces (a CIDR); None: the /24 holding every pod's IP, if any."""
     mpi: str = "openmpi"
     """The MPI library (`mpirunargs.FLAVOURS`): Open MPI's mpirun or MPICH's hydra."""
-    transport: str = "tcp"
-    """`config.MPI_TRANSPORTS`: TCP only (the default), or the library's choice."""
+    transport: str = "auto"
+    """`config.MPI_TRANSPORTS`: TCP only, or the library's choice."""
+    ranks: int = 0
+    """How many ranks mpirun starts (0: one per pod)."""
+
+    @property
+    def n_ranks(self) -> int:
+        return self.ranks or len(self.pods)
 
     def to_json(self) -> str:
         data = {
@@ -84,6 +91,8 @@ class Instructions:
             "mpi": self.mpi,
             "transport": self.transport,
         }
+        if self.ranks:
+            data["ranks"] = self.ranks
         return json.dumps(data, indent=1, sort_keys=True) + "\n"
 
     @classmethod
@@ -115,6 +124,13 @@ class Instructions:
         command = _strings(data, "command")
         if not command:
             raise InstructionsError("command: empty")
+        ranks = data.get("ranks", len(pods))
+        if (
+            isinstance(ranks, bool)
+            or not isinstance(ranks, int)
+            or not (len(pods) <= ranks < MAX_RANKS)
+        ):
+            raise InstructionsError(f"ranks: not a number of ranks of {len(pods)} pods")
         return cls(
             sim_id=sim_id,
             namespace=_string(data, "namespace"),
@@ -131,15 +147,17 @@ class Instructions:
             subnet=_subnet(data),
             mpi=_choice(data, "mpi", mpirunargs.FLAVOURS),
             transport=_choice(data, "transport", MPI_TRANSPORTS),
+            ranks=ranks,
         )
 
 
 _KEYS = frozenset({
     "version", "sim_id", "namespace", "container", "pods", "hostfile", "case_dir", "command",
     "env", "log_path", "exit_path", "start_timeout_s", "poll_s", "subnet", "mpi", "transport",
+    "ranks",
 })  # fmt: skip
 """What `Instructions.to_json` writes and `Instructions.parse` expects: no more, no less."""
-_OPTIONAL = frozenset({"mpi", "transport"})
+_OPTIONAL = frozenset({"mpi", "transport", "ranks"})
 """Keys a launcher reads as their defaults (Open MPI, TCP) when absent: instructions
 written before MPICH was launched on Kubernetes."""
 

@@ -259,7 +259,7 @@ class LauncherRun:
         try:
             args = mpirunargs.MpirunArgs(
                 mpirun=self.mpirun or find_mpirun(ins.mpi),
-                n_ranks=len(ins.pods),
+                n_ranks=ins.n_ranks,
                 hostfile=ins.hostfile,
                 agent=self.agent or find_agent(),
                 case_dir=ins.case_dir,

@@ -27,8 +27,13 @@ TCP_ONLY_MPICH_ENV = (
 process and TCP: with its defaults UCX picks ``sysv``/``posix``/``cma`` shared memory between
 processes it finds on one machine, whatever ``MPIR_CVAR_NOLOCAL`` says."""
 
+SHM_MPICH_ENV = (("UCX_TLS", "^cma"),)
+"""MPICH with its own choice of transports but UCX's ``cma`` (``process_vm_readv`` between
+ranks, which needs ptrace rights a restricted pod's ranks lack): shared memory within a
+pod through ``/dev/shm``, TCP between pods."""
 
-def check_mpi(flavour: str, transport: str = "tcp") -> None:
+
+def check_mpi(flavour: str, transport: str = "auto") -> None:
     """BackendError for an MPI flavour or transport the backend does not launch."""
     if flavour not in FLAVOURS:
         raise BackendError(
@@ -53,7 +58,7 @@ class MpirunArgs:
     as_root: bool = False
     flavour: str = "openmpi"
     """``openmpi`` (`mpirun`) or ``mpich`` (hydra's ``mpiexec``)."""
-    transport: str = "tcp"
+    transport: str = "auto"
     """`config.MPI_TRANSPORTS`: ``tcp`` only, or the library's choice (``auto``). With rank
     groups (decision 0012: `objects.grouppods`, one pod per simulation per node, named once
     in the hostfile with a slot per rank) ``auto`` means shared memory between the ranks of
@@ -82,6 +87,8 @@ def mpirun_argv(args: MpirunArgs) -> list[str]:
         "--mca", "plm_rsh_no_tree_spawn", "1",
         "--mca", "pml", "ob1", "--mca", "btl", btl,
     ]  # fmt: skip
+    if args.transport != "tcp":  # (process_vm_readv between ranks needs ptrace rights)
+        argv += ["--mca", "btl_vader_single_copy_mechanism", "none"]
     if args.subnet:
         argv += ["--mca", "oob_tcp_if_include", args.subnet]
         argv += ["--mca", "btl_tcp_if_include", args.subnet]
@@ -104,7 +111,7 @@ def _hydra_argv(args: MpirunArgs) -> list[str]:
     ]  # fmt: skip
     if args.local_address:
         argv += ["-localhost", args.local_address]
-    env = dict(TCP_ONLY_MPICH_ENV) if args.transport == "tcp" else {}
+    env = dict(TCP_ONLY_MPICH_ENV) if args.transport == "tcp" else dict(SHM_MPICH_ENV)
     env.update(args.env)
     for name in sorted(env):
         argv += ["-genv", name, env[name]]

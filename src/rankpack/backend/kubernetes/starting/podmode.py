@@ -24,7 +24,7 @@ from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.objects import builders, rbac, status
 from rankpack.backend.kubernetes.record import SimRecord, launch_file, rank_dir
 from rankpack.backend.kubernetes.starting import mpirunargs
-from rankpack.backend.kubernetes.starting.hostmpirun import rank_env
+from rankpack.backend.kubernetes.starting.hostmpirun import rank_command, rank_env
 from rankpack.backend.kubernetes.starting.instructions import Instructions
 from rankpack.backend.kubernetes.starting.launcher import read_exit, write_exit
 from rankpack.backend.protocol import BackendError, LaunchFailed, SimSpec
@@ -62,10 +62,10 @@ def instructions(sim: SimRecord, config: KubernetesConfig, namespace: str) -> In
         sim_id=spec.sim_id,
         namespace=namespace,
         container=builders.CONTAINER,
-        pods=tuple(builders.pod_name(spec.sim_id, r) for r in range(sim.n)),
+        pods=tuple(g.pod_name(spec.sim_id) for g in sim.groups),
         hostfile=rank_dir(spec.case_dir) / "hostfile",
         case_dir=spec.case_dir,
-        command=tuple(spec.command),
+        command=rank_command(sim),
         env=rank_env(sim),
         log_path=spec.log_path,
         exit_path=sim.exit_file,
@@ -74,6 +74,7 @@ def instructions(sim: SimRecord, config: KubernetesConfig, namespace: str) -> In
         subnet=config.pod_subnet,
         mpi=spec.mpi,
         transport=config.mpi_transport,
+        ranks=sim.n,
     )
 
 
