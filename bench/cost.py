@@ -24,8 +24,16 @@ and each is compared with ``plain`` of the same repetition, pair by pair:
   comparison's settings), not in the default set;
 - ``k8s-run-w``: the same through ``--backend kubernetes`` on the dev cluster
   (``$RANKPACK_BENCH_KUBECONFIG``, default the dev cluster's backend ServiceAccount;
-  ``--allocatable 2``),
-  not in the default set: compare it with ``rankpack-w``.
+  ``--allocatable 2``), not in the default set: compared with ``rankpack-w`` of the same
+  repetition (``vs_local``);
+- ``k8s-sim-w``: the same settings as a Simulation on the in-cluster operator
+  (``rankpack dev-cluster up --operator`` first), its namespace PodSecurity ``restricted``
+  for the benchmark, the real rank image (`k8s_sim`); the operator's own ``wallSeconds``.
+
+Every ``rankpack`` configuration also records its start-up: from the controller's launch
+decision (the ``launch`` event's ``decided_unix``) to the first ``Time =`` line of the
+solver's log (watched every 10 ms); the Kubernetes ones, how far above ``rankpack-w``'s of
+the same repetition (``startup_above_local_s``).
 
 Cases: ``user`` is pitzDaily refined 3x in x and y (110 025 cells, ~27 500 per rank at 4
 ranks, 100 iterations); ``pitzDaily`` is the tutorial (12 225 cells, 250 iterations). The
@@ -38,6 +46,7 @@ on a quiet machine.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
@@ -50,6 +59,8 @@ import tempfile
 import time
 from datetime import date
 from pathlib import Path
+
+from k8s_sim import FirstLine, decided, restricted, run_simulation  # (bench/, beside this)
 
 from rankpack.case.openfoam import (
     CaseSource,
@@ -67,7 +78,7 @@ from rankpack.profile.shim import shim_env
 HERE = Path(__file__).resolve().parent
 CASES = {"user": (3, 100), "pitzDaily": (1, 250)}  # scale, iterations
 CONFIGS = ("plain", "shim", "rankpack", "rankpack-nocg", "rankpack-noshim")
-OPTIONAL = ("plain-tcp", "rankpack-w", "k8s-run-w")
+OPTIONAL = ("plain-tcp", "rankpack-w", "k8s-run-w", "k8s-sim-w")
 WEIGHTED = ["--weights", "1,1,5,15", "--budget", "2"]
 DEV_KUBECONFIG = "/var/lib/rankpack/dev-cluster/rankpack-sa.kubeconfig"
 CLOCK = re.compile(r"ExecutionTime = ([\d.]+) s\s+ClockTime = ([\d.]+) s")
@@ -135,7 +146,13 @@ def run_rankpack(work: Path, source: Path, ranks: int, iterations: int,
     run_dir = Path(tempfile.mkdtemp(dir=work, prefix="rankpack-"))
     argv = [rankpack, "run", str(source), "--ranks", str(ranks), "--iterations",
             str(iterations), "--workdir", str(run_dir / "run"), "--json", *extra]  # fmt: skip
+    log = run_dir / "run" / "log.simpleFoam"
+    watch = FirstLine(lambda: log if log.exists() else None)
+    watch.start()
     proc = subprocess.run(argv, capture_output=True, text=True)
+    watch.stop.set()
+    at = decided(Path(os.environ["RANKPACK_DB"]))
+    startup = None if watch.at is None or at is None else round(watch.at - at, 3)
     try:
         out = json.loads(proc.stdout)
     except ValueError:
@@ -145,7 +162,8 @@ def run_rankpack(work: Path, source: Path, ranks: int, iterations: int,
     logs = sorted((run_dir / "run").glob("log.*Foam"))
     result = {"status": out.get("status"), "wall_s": out.get("wall_s"),
               "clock_s": clock_time(logs[0]) if logs else None,
-              "cpu_s": sum(r.get("cpu_s") or 0 for r in out.get("ranks", []))}  # fmt: skip
+              "cpu_s": sum(r.get("cpu_s") or 0 for r in out.get("ranks", [])),
+              "startup_s": startup}  # fmt: skip
     shutil.rmtree(run_dir)
     return result
 
@@ -158,6 +176,8 @@ def one(config: str, work: Path, source: Path, decomposed: Path, ranks: int,
         return run_plain(work, decomposed, ranks, shim=True)
     if config == "plain-tcp":
         return run_plain(work, decomposed, ranks, shim=False, tcp=True)
+    if config == "k8s-sim-w":
+        return run_simulation(source, ranks, iterations)
     kubeconfig = os.environ.get("RANKPACK_BENCH_KUBECONFIG", DEV_KUBECONFIG)
     k8s = ["--backend", "kubernetes", "--kubeconfig", kubeconfig, "--allocatable", "2"]
     extra = {"rankpack": [], "rankpack-nocg": ["--no-cgroups"],
@@ -170,6 +190,10 @@ def spread(values: list[float]) -> str:
     if not values:
         return "-"
     return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
+
+
+def startups(runs: list[dict[str, object]]) -> list[float]:
+    return [float(r["startup_s"]) for r in runs if r.get("startup_s") is not None]  # type: ignore[arg-type]
 
 
 def summary(runs: list[dict[str, object]]) -> dict[str, dict[str, object]]:
@@ -191,8 +215,39 @@ def summary(runs: list[dict[str, object]]) -> dict[str, dict[str, object]]:
                 "wall_s": spread(walls),
                 "clock_s": spread(clocks),
                 "vs_plain": spread(ratios),
+                "startup_s": spread(startups(mine)),
             }
+            if config.startswith("k8s-"):  # pair by pair with the same settings run locally
+                local = {r["rep"]: r for r in runs if r["case"] == case
+                         and r["config"] == "rankpack-w"
+                         and r["status"] == "completed"}  # fmt: skip
+                pairs = [(r, local[r["rep"]]) for r in mine if r["rep"] in local]
+                out[f"{case}/{config}"]["vs_local"] = spread(
+                    [float(k["wall_s"]) / float(lo["wall_s"]) for k, lo in pairs]  # type: ignore[arg-type]
+                )
+                out[f"{case}/{config}"]["startup_above_local_s"] = spread(
+                    [
+                        float(k["startup_s"]) - float(lo["startup_s"])
+                        for k, lo in pairs  # type: ignore[arg-type]
+                        if k.get("startup_s") is not None and lo.get("startup_s") is not None
+                    ]
+                )
     return out
+
+
+def run_case(work: Path, case: str, configs: list[str], reps: int,
+             ranks: int) -> list[dict[str, object]]:  # fmt: skip
+    """Every configuration of one case, ``reps`` times, alternated (the order rotates)."""
+    runs: list[dict[str, object]] = []
+    source, decomposed, iterations = prepare(work, case, ranks)
+    for rep in range(reps):
+        order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
+        for config in order:
+            r = one(config, work, source, decomposed, ranks, iterations)
+            r.update(case=case, config=config, rep=rep)
+            runs.append(r)
+            print(json.dumps(r), flush=True)
+    return runs
 
 
 def main() -> int:
@@ -215,16 +270,11 @@ def main() -> int:
     os.environ["RANKPACK_HOME"] = str(work / "home")
     os.environ["RANKPACK_DB"] = str(work / "cost.db")
     runs: list[dict[str, object]] = []
+    sims = restricted() if "k8s-sim-w" in configs else contextlib.nullcontext()
     try:
-        for case in cases:
-            source, decomposed, iterations = prepare(work, case, args.ranks)
-            for rep in range(args.reps):
-                order = configs[rep % len(configs) :] + configs[: rep % len(configs)]
-                for config in order:
-                    r = one(config, work, source, decomposed, args.ranks, iterations)
-                    r.update(case=case, config=config, rep=rep)
-                    runs.append(r)
-                    print(json.dumps(r), flush=True)
+        with sims:
+            for case in cases:
+                runs += run_case(work, case, configs, args.reps, args.ranks)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {"command": " ".join(sys.argv), "ranks": args.ranks, "runs": runs,

@@ -9,6 +9,7 @@ allocatable CPU (read here as admin), as a user of a namespace-scoped Role would
 from __future__ import annotations
 
 import dataclasses
+import os
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -23,6 +24,7 @@ from rankpack.backend.kubernetes.backend import KubernetesBackend
 from rankpack.backend.kubernetes.connect import connect
 from rankpack.backend.kubernetes.objects.status import cpu_millis
 from rankpack.backend.protocol import RankResources, ResizeState, SimPhase
+from rankpack.backend.ranknice import nices
 from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import OneJob
 from rankpack.controller.loop import run_jobs
@@ -40,41 +42,46 @@ SELECTOR = "app.kubernetes.io/managed-by=rankpack"
 
 @dataclass
 class Sample:
+    """One rank as its group pod and its solver process were seen at ``t``."""
+
     t: float
     rank: int
     pod_uid: str
     spec_millis: int
+    """Its group pod's container's request (the sum of its ranks')."""
     status_millis: int | None
     restarts: int
     shares: int | None
+    """Its group pod's container's ``cpu.shares``."""
     solver_pids: tuple[int, ...]
     waits: tuple[str | None, str | None] = (None, None)
     """The solver's environment: (RANKPACK_SHIM_WAIT, OMPI_MCA_mpi_yield_when_idle)."""
+    nice: int | None = None
+    """The solver's nice value (its share of its group pod, decision 0012)."""
 
 
 YIELD = "OMPI_MCA_mpi_yield_when_idle"
+RANK = "OMPI_COMM_WORLD_RANK"
 
 
-def _has_environ(pid: int) -> bool:
+def _environ(pid: int) -> dict[str, str]:
+    """The process's environment ({} once it has exited: a zombie has none)."""
     try:
-        return bool(Path(f"/proc/{pid}/environ").read_bytes())
+        raw = Path(f"/proc/{pid}/environ").read_bytes()
     except OSError:
-        return False
+        return {}
+    return dict(e.decode().split("=", 1) for e in raw.split(b"\0") if b"=" in e)
 
 
-def _env_of(pid: int, *names: str) -> tuple[str | None, str | None]:
-    environ = dict(
-        e.decode().split("=", 1)
-        for e in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        if b"=" in e
-    )
-    first, second = (environ.get(n) for n in names)
-    return first, second
+def _ranks_of(pod: Any) -> list[int]:
+    first, _, last = pod.metadata.annotations["rankpack.dev/ranks"].partition("-")
+    return list(range(int(first), int(last or first) + 1))
 
 
 @dataclass
 class Watcher:
-    """Samples the rank pods (as admin) and their container cgroups every 0.1 s."""
+    """Samples the group pods (as admin), their container cgroups and each rank's solver
+    process every 0.1 s."""
 
     core: Any
     namespace: str
@@ -91,6 +98,8 @@ class Watcher:
                 time.sleep(0.1)
                 continue
             for pod in pods.items:
+                if "rankpack.dev/group" not in (pod.metadata.labels or {}):
+                    continue
                 self.sim_id = pod.metadata.labels.get("rankpack.dev/sim", self.sim_id)
                 statuses = pod.status.container_statuses or []
                 if not statuses or not statuses[0].container_id:
@@ -98,35 +107,37 @@ class Watcher:
                 st = statuses[0]
                 cgroup = container_cgroup(pod)
                 shares: int | None = None
-                pids: list[int] = []
-                waits: tuple[str | None, str | None] = (None, None)
+                solvers: dict[int, tuple[int, dict[str, str], int | None]] = {}
                 try:
                     shares = int((cgroup / "cpu.shares").read_text())
                     for pid in (cgroup / "cgroup.procs").read_text().split():
-                        comm = Path(f"/proc/{pid}/comm").read_text().strip()
-                        if comm == self.solver:
-                            pids.append(int(pid))
-                    if pids:
-                        waits = _env_of(pids[0], "RANKPACK_SHIM_WAIT", YIELD)
+                        if Path(f"/proc/{pid}/comm").read_text().strip() != self.solver:
+                            continue
+                        environ = _environ(int(pid))
+                        if RANK in environ:
+                            nice = os.getpriority(os.PRIO_PROCESS, int(pid))
+                            solvers[int(environ[RANK])] = (int(pid), environ, nice)
                 except (OSError, ValueError):
                     pass
-                if pids and waits == (None, None) and not _has_environ(pids[0]):
-                    pids = []  # it exited meanwhile (a zombie has no environment)
                 status_cpu = (st.resources.requests or {}).get("cpu") if st.resources else None
-                self.samples.append(
-                    Sample(
-                        t=time.monotonic(),
-                        rank=int(pod.metadata.labels["rankpack.dev/rank"]),
-                        pod_uid=pod.metadata.uid,
-                        spec_millis=cpu_millis(pod.spec.containers[0].resources.requests["cpu"])
-                        or 0,
-                        status_millis=cpu_millis(status_cpu),
-                        restarts=st.restart_count,
-                        shares=shares,
-                        solver_pids=tuple(sorted(pids)),
-                        waits=waits,
-                    )
-                )
+                for rank in _ranks_of(pod):
+                    pid, environ, nice = solvers.get(rank, (0, {}, None))
+                    self.samples.append(
+                        Sample(
+                            t=time.monotonic(),
+                            rank=rank,
+                            pod_uid=pod.metadata.uid,
+                            spec_millis=cpu_millis(
+                                pod.spec.containers[0].resources.requests["cpu"]
+                            ) or 0,
+                            status_millis=cpu_millis(status_cpu),
+                            restarts=st.restart_count,
+                            shares=shares,
+                            solver_pids=(pid,) if pid else (),
+                            waits=(environ.get("RANKPACK_SHIM_WAIT"), environ.get(YIELD)),
+                            nice=nice,
+                        )
+                    )  # fmt: skip
             time.sleep(0.1)
 
     def of_rank(self, rank: int) -> list[Sample]:
@@ -236,14 +247,18 @@ def test_four_ranks_with_planned_requests(kube: Kube, tmp_path: Path) -> None:
     row = store.get_run(run.id)
     assert (row.backend, row.status) == ("kubernetes", "completed")
     assert run.iterations == run.expected_iterations == 30
-    assert [r.pod for r in run.ranks] == [f"rankpack-{watcher.sim_id}-{i}" for i in range(4)]
+    # one node: one pod holds the four ranks (decision 0012), asking for their sum; each
+    # rank's share within it is its nice value
+    assert [r.pod for r in run.ranks] == [f"rankpack-{watcher.sim_id}-g0"] * 4
     assert {r.node for r in run.ranks} == {"rankpack-node"}
     assert [r.restarts for r in run.ranks] == [0, 0, 0, 0]
     assert [r.cpu_millis for r in run.ranks] == planned
-    for rank, millis in enumerate(planned):
+    total = sum(planned)
+    for rank, nice in enumerate(nices(planned)):
         seen = {(s.spec_millis, s.status_millis, s.shares) for s in watcher.of_rank(rank)
                 if s.shares is not None and s.status_millis is not None}  # fmt: skip
-        assert seen == {(millis, millis, shares_for(millis))}, (rank, seen)
+        assert seen == {(total, total, shares_for(total))}, (rank, seen)
+        assert {s.nice for s in watcher.of_rank(rank) if s.solver_pids} == {nice}, rank
     assert all(r.cpu_s > 0 for r in run.ranks), [r.cpu_s for r in run.ranks]
     marks = [sum(s.compute_ns is not None for s in store.samples(run.id) if s.rank == r.rank)
              for r in run.ranks]  # fmt: skip
@@ -253,11 +268,12 @@ def test_four_ranks_with_planned_requests(kube: Kube, tmp_path: Path) -> None:
     assert "End" in log
 
 
-def test_four_weighted_ranks_at_default_sizing_wait_politely_on_two_cores(
+def test_four_weighted_ranks_of_one_pod_at_default_sizing_spin_on_two_cores(
     kube: Kube, tmp_path: Path
 ) -> None:
-    # issue 24: 4 rank pods of one simulation on a 2-core node, requests 1:1:5:15 of 2
-    # cores, profiled and sized by duty cycles (the default), waits chosen by the rule
+    # issue 24: 4 ranks of one simulation on a 2-core node, requests 1:1:5:15 of 2
+    # cores, profiled and sized by duty cycles (the default), waits chosen by the rule: in
+    # one group pod (decision 0012), with Open MPI's idle yield, they spin
     sub = Submission(case="pitzDaily", weights=(1, 1, 5, 15), budget_millis=2000, iterations=150)
     assert sub.sizing == "duty"
     result, watcher, store = kube.run(sub, tmp_path / "runs", wait_mode="auto")
@@ -266,16 +282,15 @@ def test_four_weighted_ranks_at_default_sizing_wait_politely_on_two_cores(
     print(f"\nwall {run.wall_s:.1f} s; wait modes {modes}; resizes {len(run.resizes)}")
     assert run.status == "completed", run.message
     assert run.iterations == 150
-    # launched polite, never switched: 4 ranks on 2 cores all along
+    # launched spinning, never switched: its own 4 ranks in one pod on 2 cores all along
     (launch,) = run.wait_modes
-    assert launch.mode == "polite"
-    assert "ranks outnumber cores: 4 ranks on the 2 cores" in launch.reason
-    assert [(r.rank, r.mode) for r in launch.ranks] == [(i, "polite") for i in range(4)]
-    assert all("(oversubscribed)" in r.why for r in launch.ranks)
+    assert launch.mode == "spin"
+    assert "its own ranks outnumber cores, in one cgroup" in launch.reason
+    assert [(r.rank, r.mode) for r in launch.ranks] == [(i, "spin") for i in range(4)]
     assert [e.detail["mode"] for e in store.events(run.id) if e.kind == "wait-mode"] == []
-    # every rank's solver started polite, and Open MPI's own idle yield matched
+    # every rank's solver started spinning, with Open MPI's own idle yield
     seen = {(s.rank, s.waits) for s in watcher.samples if s.solver_pids}
-    assert seen == {(i, ("polite", "1")) for i in range(4)}, seen
+    assert seen == {(i, ("spin", "1")) for i in range(4)}, seen
     assert [r.restarts for r in run.ranks] == [0, 0, 0, 0]
 
 
@@ -299,18 +314,24 @@ def test_phase_schedule_resizes_running_ranks_in_place(kube: Kube, tmp_path: Pat
     # with an independent probe; docs/kubernetes.md), so the bound is loose.
     assert all(0 < lat < 40 for lat in latencies)
     assert [r.restarts for r in run.ranks] == [0, 0, 0, 0]
+    # the group pod keeps the sum (1800m both times); each rank's share is its nice value
+    nice_before, nice_after = nices(before), nices(after)
     for rank in range(4):
         samples = [s for s in watcher.of_rank(rank) if s.solver_pids and s.shares]
-        old = [s for s in samples if s.shares == shares_for(before[rank])]
-        new = [s for s in samples if s.shares == shares_for(after[rank])]
-        assert old and new, (rank, {s.shares for s in samples})
+        assert {s.shares for s in samples} == {shares_for(sum(before))}
+        old = [s for s in samples if s.nice == nice_before[rank]]
+        new = [s for s in samples if s.nice == nice_after[rank]]
+        if nice_before[rank] == nice_after[rank]:
+            assert old, (rank, {s.nice for s in samples})
+            continue
+        assert old and new, (rank, {s.nice for s in samples})
         assert old[-1].t < new[0].t
-        # the same solver process, in the same container, saw its cgroup change
+        # the same solver process, in the same container, was reniced
         assert old[-1].solver_pids == new[0].solver_pids == samples[-1].solver_pids
         assert {s.pod_uid for s in samples} == {samples[0].pod_uid}
         assert {s.restarts for s in samples} == {0}
         print(
-            f"rank {rank}: cpu.shares {old[-1].shares} -> {new[0].shares}, "
+            f"rank {rank}: nice {old[-1].nice} -> {new[0].nice}, "
             f"solver pid {new[0].solver_pids}, restarts 0"
         )
 
@@ -358,8 +379,8 @@ def test_rank_pod_deleted_mid_run_fails_the_simulation(kube: Kube, tmp_path: Pat
         while time.monotonic() < deadline:
             if any(s.solver_pids for s in watcher.of_rank(2)) and watcher.sim_id:
                 time.sleep(2)
-                kube.admin.delete_namespaced_pod(
-                    f"rankpack-{watcher.sim_id}-2", kube.cluster.namespace
+                kube.admin.delete_namespaced_pod(  # rank 2's pod: every rank's here
+                    f"rankpack-{watcher.sim_id}-g0", kube.cluster.namespace
                 )
                 return
             time.sleep(0.2)
@@ -372,7 +393,7 @@ def test_rank_pod_deleted_mid_run_fails_the_simulation(kube: Kube, tmp_path: Pat
     (run,) = result.results
     print(f"\n{run.status}: {run.message}")
     assert run.status == "failed"
-    assert f"rank pod rankpack-{watcher.sim_id}-2" in (run.message or "")
+    assert f"rank pod rankpack-{watcher.sim_id}-g0" in (run.message or "")
     assert run.iterations < 2000
 
 
@@ -460,7 +481,7 @@ def test_resize_latency_over_twenty_resizes(kube: Kube, tmp_path: Path) -> None:
         while b.observe("latency1").phase is not SimPhase.RUNNING:
             assert time.monotonic() < deadline, b.observe("latency1").reason
             b.wait(0.5)
-        pod = kube.admin.read_namespaced_pod("rankpack-latency1-0", kube.cluster.namespace)
+        pod = kube.admin.read_namespaced_pod("rankpack-latency1-g0", kube.cluster.namespace)
         shares = container_cgroup(pod) / "cpu.shares"
         for i in range(20):
             millis = 400 + 100 * (i % 8)

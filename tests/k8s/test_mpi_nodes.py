@@ -6,11 +6,11 @@ ranks entered through ``pods/exec`` with the backend's ServiceAccount), launchin
 Open MPI only, so no MPICH solver exists on this machine) with the PMPI shim:
 
 - each flavour with ranks of 800m, which one 1-core node cannot hold both of: the ranks
-  land on both nodes, talk over TCP through the pod network only (the default transport),
-  complete, and every rank's shim record is read on its own node (a duty cycle each);
-- MPICH with the ``auto`` transport (shared memory allowed), both ranks pinned to one node:
-  it still completes (UCX finds no shared memory between two pods: each has its own IPC
-  namespace and ``/dev/shm``).
+  land in a pod on each node, talk over TCP through the pod network only, complete, and
+  every rank's shim record is read on its own node (a duty cycle each);
+- each flavour with the default transport (``auto``), two ranks on one node: in one group
+  pod they share memory (what the MPI says it chose: vader, UCX's sysv/posix memory); in
+  two pods on that node, as two simulations' ranks are, they talk TCP (decision 0012).
 
 The wall time of each run (launch to end, mpirun's start-up included) is printed for
 docs/kubernetes-backend.md. The module takes the session's one-node cluster down and brings
@@ -29,9 +29,11 @@ from pathlib import Path
 
 import pytest
 
+from rankpack.backend.kubernetes import launch
 from rankpack.backend.kubernetes.api.config import load_config
 from rankpack.backend.kubernetes.backend import KubernetesBackend
 from rankpack.backend.kubernetes.connect import connect
+from rankpack.backend.kubernetes.objects.groups import RankGroup
 from rankpack.backend.protocol import RankResources, ShimSpec, SimObservation, SimPhase, SimSpec
 from rankpack.devcluster.nodefiles import with_node_files
 from tests.k8s.conftest import DevCluster
@@ -73,6 +75,7 @@ def run_program(
     sim_id: str,
     request_millis: int,
     placement: dict[str, str] | None = None,
+    env: dict[str, str] | None = None,
 ) -> tuple[SimObservation, dict[int, SimObservation], float, str]:
     """Launch the imbalance program on 2 rank pods, follow it to its end; the last
     observation, the latest observation per rank that had shim data, the wall time (launch to
@@ -90,6 +93,7 @@ def run_program(
         mpi=flavour,
         shim=ShimSpec("polite", flavour),
         placement=placement or {},
+        env=env or {},
     )
     with_shim: dict[int, SimObservation] = {}
     t0 = time.monotonic()
@@ -167,18 +171,57 @@ def test_two_ranks_on_two_nodes_talk_over_tcp_and_complete(
     assert wall < 120
 
 
-def test_mpich_with_shared_memory_allowed_on_one_node_completes(
-    two: DevCluster, tmp_path: Path, programs: Path
-) -> None:
+VERBOSE = {
+    "openmpi": {"OMPI_MCA_btl_base_verbose": "100"},
+    "mpich": {"UCX_PROTO_ENABLE": "y", "UCX_PROTO_INFO": "y"},
+}
+"""What makes each MPI say which transport it chose for each peer: Open MPI's
+``mca: bml: Using <btl> btl for send to [[job,1],<rank>]`` lines; UCX's protocol tables
+(``tagged message by ucp_tag_send*() ... | <transport>/<device>``)."""
+
+
+def transports(flavour: str, log: str) -> set[str]:
+    """The transports the MPI says its ranks chose to reach each other (not themselves)."""
+    if flavour == "openmpi":
+        return {m.group(1) for m in re.finditer(r"Using (\w+) btl for send", log)} - {"self"}
+    return {m.group(1) for m in re.finditer(r"\| (\w+)/\S+\s+\|", log)} - {"self"}
+
+
+@pytest.mark.parametrize("flavour", ["mpich", "openmpi"])
+def test_ranks_of_one_simulation_on_one_node_share_memory_ranks_of_two_pods_do_not(
+    two: DevCluster, tmp_path: Path, programs: Path, flavour: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    """Decision 0012, through each MPI's own transport selection (the default transport,
+    ``auto``): two ranks of one simulation on one node share their group pod and talk
+    through shared memory (Open MPI's vader; UCX's sysv/posix memory); two ranks in two pods
+    on one node, as two simulations' ranks always are, find no shared memory between them
+    and talk TCP: a pod's ``/dev/shm`` and IPC namespace are its own."""
     backend = backend_for(two, "auto")
     try:
-        obs, _with_shim, wall, log = run_program(
-            backend, tmp_path, programs, "mpich", sim_id="xauto", request_millis=300,
-            placement={HOSTNAME: NODES[0]},
+        obs, _, wall, log = run_program(
+            backend, tmp_path, programs, flavour, sim_id=f"shm{flavour[0]}", request_millis=300,
+            placement={HOSTNAME: NODES[0]}, env=VERBOSE[flavour],
+        )  # fmt: skip
+        pods = {r.pod for r in obs.ranks}
+        assert obs.phase is SimPhase.SUCCEEDED, (obs.reason, log[-3000:])
+        within = transports(flavour, log)
+        print(f"\n{flavour}, one pod {pods} on {NODES[0]}: {sorted(within)} in {wall:.1f} s")
+        assert len(pods) == 1 and {r.node for r in obs.ranks} == {NODES[0]}
+        assert within and within <= {"vader", "sysv", "posix"}, log[-3000:]
+
+        apart = (RankGroup(0, NODES[0], (0,)), RankGroup(1, NODES[0], (1,)))
+        monkeypatch.setattr(launch, "plan", lambda spec, capacity: apart)
+        obs, _, wall, log = run_program(
+            backend, tmp_path, programs, flavour, sim_id=f"tcp{flavour[0]}", request_millis=300,
+            placement={HOSTNAME: NODES[0]}, env=VERBOSE[flavour],
         )  # fmt: skip
     finally:
         backend.close()
-    print(f"\nmpich, transport auto, both ranks on {NODES[0]}: {obs.phase.value} in {wall:.1f} s")
+    between = transports(flavour, log)
+    pods = {r.pod for r in obs.ranks}
+    print(f"{flavour}, two pods {sorted(p or '' for p in pods)} on {NODES[0]}: "
+          f"{sorted(between)} in {wall:.1f} s")  # fmt: skip
     assert obs.phase is SimPhase.SUCCEEDED, (obs.reason, log[-3000:])
-    assert {r.node for r in obs.ranks} == {NODES[0]}
-    assert "rank 1 compute_s" in log
+    assert len(pods) == 2 and {r.node for r in obs.ranks} == {NODES[0]}
+    assert between == {"tcp"}, log[-3000:]

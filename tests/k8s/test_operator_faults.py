@@ -151,7 +151,7 @@ def test_rank_pods_deleted_and_evicted_fail_only_their_simulations(
     # seconds while rank pods run (CI once saw a third of 1 500 iterations start and finish
     # unseen). It is evicted once its solver writes its log, so its length costs nothing.
     names += _submit(env, "--iterations", "100000", "--phases", "0:300,300")
-    pod_a = f"rankpack-{env.status(deleted)['simId']}-1"
+    pod_a = f"rankpack-{env.status(deleted)['simId']}-g0"  # (its ranks' one pod)
     core.delete_namespaced_pod(pod_a, ns)
     env.wait("the one whose pod was deleted to fail",
              lambda: env.status(deleted).get("phase") == "Failed", 120)  # fmt: skip
@@ -163,7 +163,7 @@ def test_rank_pods_deleted_and_evicted_fail_only_their_simulations(
         # rank pods run (docs/kubernetes.md), so the status may skip "Running" altogether.
         sim_id = env.status(evicted).get("simId")
         pod = next((p for p in env.rank_pods()
-                    if p.metadata.name == f"rankpack-{sim_id}-0"), None)  # fmt: skip
+                    if p.metadata.name == f"rankpack-{sim_id}-g0"), None)  # fmt: skip
         return pod.metadata.name if pod is not None and pod.status.phase == "Running" else None
 
     def third_solving() -> bool:
@@ -174,7 +174,7 @@ def test_rank_pods_deleted_and_evicted_fail_only_their_simulations(
 
     env.wait("the third's rank pod to run", lambda: third_pod_running() is not None, 300)
     env.wait("the third's solver to write its log", third_solving, 300)
-    pod_c = f"rankpack-{env.status(evicted)['simId']}-0"
+    pod_c = f"rankpack-{env.status(evicted)['simId']}-g0"
     core.create_namespaced_pod_eviction(
         pod_c, ns, client.V1Eviction(metadata=client.V1ObjectMeta(name=pod_c, namespace=ns))
     )

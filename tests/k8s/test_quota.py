@@ -22,11 +22,13 @@ from typing import Any
 
 import pytest
 
+from rankpack.backend.kubernetes import launch
 from rankpack.backend.kubernetes.api.config import load_config
 from rankpack.backend.kubernetes.backend import KubernetesBackend
 from rankpack.backend.kubernetes.connect import connect
 from rankpack.backend.kubernetes.nodes.capacity import LaunchCheck
 from rankpack.backend.kubernetes.objects.builders import SIM_LABEL
+from rankpack.backend.kubernetes.objects.groups import RankGroup
 from rankpack.backend.protocol import LaunchFailed, LaunchRefused, RankResources, SimSpec
 from rankpack.core.failures import FailureCode
 from rankpack.devcluster.nodefiles import with_node_files
@@ -155,7 +157,7 @@ def _gone(core: Any, ns: str, sim_id: str, timeout_s: float = 60) -> None:
 
 
 def test_a_create_refused_halfway_leaves_no_partial_gang(
-    k8s: DevCluster, backend: KubernetesBackend, tmp_path: Path
+    k8s: DevCluster, backend: KubernetesBackend, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from kubernetes import client
 
@@ -168,7 +170,10 @@ def test_a_create_refused_halfway_leaves_no_partial_gang(
         # the plan's read of the quota is stale: another tenant took it since
         checked = backend._capacity.launch_check
         backend._capacity.launch_check = lambda ranks: LaunchCheck(None, 50)  # type: ignore[method-assign]
-        with pytest.raises(LaunchRefused) as refused:
+        # two group pods (as on two nodes): the first is made, the second refused
+        apart = (RankGroup(0, None, (0,)), RankGroup(1, None, (1,)))
+        with pytest.raises(LaunchRefused) as refused, monkeypatch.context() as m:
+            m.setattr(launch, "plan", lambda spec, capacity: apart)
             backend.launch(_spec("qrace1", tmp_path / "a", 400, 400))  # 400m made, 400m refused
         print(f"\nrefused: {refused.value}")
         assert refused.value.code is FailureCode.QUOTA_EXCEEDED
@@ -193,7 +198,7 @@ def test_a_create_refused_halfway_leaves_no_partial_gang(
             except LaunchRefused:
                 assert time.monotonic() < deadline, "the quota never had room again"
                 time.sleep(1)
-        assert _live_rank_pods(core, ns) == {"qrace3": 2}
+        assert _live_rank_pods(core, ns) == {"qrace3": 1}  # both ranks in one group pod
         backend.release("qrace3")
         _gone(core, ns, "qrace3")
     finally:
@@ -218,7 +223,7 @@ def test_the_apiservers_limit_range_and_limits_quota_refusals_fail_with_their_co
     core.create_namespaced_limit_range(ns, lr)
     try:
         with pytest.raises(LaunchFailed) as failed:
-            backend.launch(_spec("qlr1", tmp_path / "a", 200, 50))
+            backend.launch(_spec("qlr1", tmp_path / "a", 60, 30))  # a pod of 90m
         print(f"\nLimitRange: {failed.value}")
         assert failed.value.code is FailureCode.OUTSIDE_LIMIT_RANGE
         _gone(core, ns, "qlr1")

@@ -180,12 +180,12 @@ def test_two_namespaces_two_users_each_sees_and_reaches_only_its_own(tenants: Te
         nonlocal together
         pods = t.get("pods", "-A", "-l", "rankpack.dev/sim")["items"]
         ranks_in = {p["metadata"]["namespace"] for p in pods
-                    if "rankpack.dev/rank" in p["metadata"]["labels"]}  # fmt: skip
+                    if "rankpack.dev/group" in p["metadata"]["labels"]}  # fmt: skip
         together += ranks_in >= {A, B}
         for pod in pods:
             meta, spec = pod["metadata"], pod["spec"]
             seen.setdefault(meta["namespace"], set()).add(meta["labels"]["rankpack.dev/sim"])
-            if "rankpack.dev/rank" in meta["labels"]:
+            if "rankpack.dev/group" in meta["labels"]:
                 accounts.add(spec.get("serviceAccountName", "default"))
             claims.update((meta["namespace"], v["persistentVolumeClaim"]["claimName"])
                           for v in spec["volumes"] if "persistentVolumeClaim" in v)  # fmt: skip

@@ -21,6 +21,7 @@ reported.
 from __future__ import annotations
 
 import contextlib
+import time
 import uuid
 from collections.abc import Callable
 from dataclasses import replace
@@ -224,6 +225,7 @@ class Starter:
                 "solver; ask the admin to allow it (rankpack operator --solver)"
             )))  # fmt: skip
             return
+        decided_unix = time.time()
         try:
             ctx.backend.launch(spec)
         except LaunchRefused as exc:
@@ -244,6 +246,8 @@ class Starter:
             sim.run_id, "launch", queue_id=sim.job.queue_id, case=sub.case, sim=sim.sim_id,
             request_millis=[r.cpu_millis for r in sim.plan.ranks],
             **({"nodes": list(sim.nodes)} if sim.nodes else {}),
+            decided_unix=round(decided_unix, 3),
+            launch_call_s=round(ctx.backend.clock() - sim.t0, 3),
         )  # fmt: skip
 
     def _changes(self, sim: Tracked, action: Launch) -> None:

@@ -7,14 +7,17 @@ from its node, `readings`, flagged when the node could not be read).
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 from rankpack.backend.kubernetes.api.kubeapi import Obj
 from rankpack.backend.kubernetes.nodes.nodereader import CpuCounters
 from rankpack.backend.kubernetes.nodes.readings import Readings, ReadingsMissing
 from rankpack.backend.kubernetes.objects import builders, status
+from rankpack.backend.kubernetes.objects.groups import group_resources
 from rankpack.backend.kubernetes.record import SimRecord
 from rankpack.backend.kubernetes.starting import podmode
 from rankpack.backend.mpirun import ShimSample, exit_failure
-from rankpack.backend.protocol import RankObservation, RankPhase, SimPhase
+from rankpack.backend.protocol import RankObservation, RankPhase, RankResources, SimPhase
 from rankpack.core.failures import Failure
 
 C = builders.CONTAINER
@@ -91,7 +94,7 @@ def observe_rank(
         rank=i,
         phase=phase,
         desired=sim.desired[i],
-        allocated=status.allocated(pod, C) if pod else None,
+        allocated=rank_allocated(sim, i, pod) if pod else None,
         usage_ns=counters.usage_ns,
         nr_throttled=counters.nr_throttled,
         throttled_ns=counters.throttled_ns,
@@ -106,6 +109,22 @@ def observe_rank(
         wait_mode=shim.wait_mode,
         readings_ok=fresh,
     )
+
+
+def rank_allocated(sim: SimRecord, i: int, pod: Obj) -> RankResources | None:
+    """Rank ``i``'s part of what its group pod's container has (its status): the rank's
+    own request once the pod has the group's sum of them (a single rank's pod: exactly its
+    own), else its request scaled in the ratio of the two (a group resize under way)."""
+    have = status.allocated(pod, C)
+    if have is None:
+        return None
+    group = sim.group(i)
+    wanted = group_resources([sim.desired[r] for r in group.ranks])
+    mine = sim.desired[i]
+    if have == wanted:
+        return mine
+    scale = have.request_millis / max(wanted.request_millis, 1)
+    return replace(mine, request_millis=max(1, round(mine.request_millis * scale)))
 
 
 def outages(sim: SimRecord, missing: dict[str, str]) -> list[tuple[str, str]]:
