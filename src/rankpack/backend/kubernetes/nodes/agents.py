@@ -260,7 +260,7 @@ def agent_addresses(pods: Sequence[Obj], port: int) -> dict[str, str]:
     return {node: address for node, (_, address) in best.items()}
 
 
-def _parse_ranks(answer: bytes) -> dict[str, NodeRankReading]:
+def _parse_ranks(answer: bytes) -> dict[tuple[str, int], NodeRankReading]:
     try:
         data = json.loads(answer)
         ranks = data["ranks"]
