@@ -126,17 +126,7 @@ def daemonset(
             "periodSeconds": 5,
         },
         "resources": {"requests": {"cpu": "100m", "memory": "128Mi"}},  # ~95 MB RSS measured
-        "securityContext": {
-            # root: the records are the rank pods' user's, in the kubelet's 0750 root dirs
-            "runAsUser": 0,
-            "runAsNonRoot": False,
-            "allowPrivilegeEscalation": False,
-            "readOnlyRootFilesystem": True,
-            # DAC_OVERRIDE: open another user's record to write its wait-mode word;
-            # SYS_NICE: lower a group pod's rank's nice value (decision 0012)
-            "capabilities": {"drop": ["ALL"], "add": ["DAC_OVERRIDE", "SYS_NICE"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": security_context(),
         "volumeMounts": [
             # each rank pod's rankpack-live emptyDir is below it: read the shim's records,
             # write their wait-mode word (HostToContainer: volumes mounted later are seen)
@@ -178,6 +168,21 @@ def daemonset(
             "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
             "template": {"metadata": {"labels": dict(LABELS)}, "spec": pod},
         },
+    }
+
+
+def security_context() -> Obj:
+    """The agent container's: root with two capabilities, nothing else (the module says why)."""
+    return {
+        # root: the records are the rank pods' user's, in the kubelet's 0750 root dirs
+        "runAsUser": 0,
+        "runAsNonRoot": False,
+        "allowPrivilegeEscalation": False,
+        "readOnlyRootFilesystem": True,
+        # DAC_OVERRIDE: open another user's record to write its wait-mode word;
+        # SYS_NICE: lower a group pod's rank's nice value (decision 0012)
+        "capabilities": {"drop": ["ALL"], "add": ["DAC_OVERRIDE", "SYS_NICE"]},
+        "seccompProfile": {"type": "RuntimeDefault"},
     }
 
 
