@@ -1,9 +1,10 @@
 """`rankpack node-agent` as a process, against the HTTP apiserver fake (`tests.fakeapiserver`
 over `tests.fakeapi`, in this process) and fakes of a node's filesystems: the REST calls it
 makes (its node's rank pods, TokenReview, SubjectAccessReview), its answers, and - as root,
-under ``setpriv`` - the capability the DaemonSet gives it: with only DAC_OVERRIDE it writes
-the wait-mode word of a record that belongs to uid 1000 behind the kubelet's 0750 root
-directories; without it, it cannot."""
+under ``setpriv`` - the capability the DaemonSet gives it for the wait-mode word (its other,
+SYS_NICE, is for group pods' nice values): with only DAC_OVERRIDE it writes the wait-mode
+word of a record that belongs to uid 1000 behind the kubelet's 0750 root directories;
+without it, it cannot."""
 
 from __future__ import annotations
 

@@ -23,7 +23,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
             "through a watch on the API, reads their cgroups' CPU counters and pressure and "
             "the PMPI shim's live records in each pod's own volume (through the kubelet's "
             "pods directory), and serves them on the pod network: GET /v1/ranks?namespace=NS, PUT "
-            "/v1/namespaces/NS/simulations/SIM/wait-mode, GET /metrics, GET /healthz. "
+            "/v1/namespaces/NS/simulations/SIM/wait-mode, PUT /v1/namespaces/NS/pods/POD/nices "
+            "(a group pod's ranks' nice values), GET /metrics, GET /healthz. "
             "Requests carry a ServiceAccount token, checked by TokenReview and "
             "SubjectAccessReview (ranks.rankpack.dev: get, update)."
         ),
@@ -74,7 +75,8 @@ def handle_node_agent(args: argparse.Namespace) -> int:
     if not reader.available:
         log.warning("this node's pods are not visible here (%s/pods, %s/%s): readings will be "
                     "empty", args.kubelet_root, args.cgroup_root, pods_cgroup)  # fmt: skip
-    # this node's rank pods: listed once, then watched (issue 29), read from the cache
+    # this node's rankpack pods: listed once, then watched (issue 29), read from the cache;
+    # RankPods keeps the rank and group pods
     ranks = core("pods", labels=RANK_PODS_SELECTOR, fields=f"spec.nodeName={args.node}")
     cache = Cache(api)
 

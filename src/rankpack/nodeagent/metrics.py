@@ -1,8 +1,8 @@
 """The node agent's Prometheus metrics (the ``prometheus-client`` package).
 
-Per rank pod on this node, read at each scrape (labels ``namespace``, ``pod``, ``sim``,
-``rank``): ``rankpack_node_rank_cpu_usage_seconds_total``,
-``rankpack_node_rank_cpu_throttled_periods_total``,
+Per rank on this node (of a rank pod, or of a group pod: one series per rank), read at each
+scrape (labels ``namespace``, ``pod``, ``sim``, ``rank``):
+``rankpack_node_rank_cpu_usage_seconds_total``, ``rankpack_node_rank_cpu_throttled_periods_total``,
 ``rankpack_node_rank_cpu_throttled_seconds_total``,
 ``rankpack_node_rank_cpu_pressure_seconds_total`` (label ``kind``: some, full; cgroup v2
 only), ``rankpack_node_rank_duty_ratio`` (the shim's latest window) and
@@ -31,22 +31,22 @@ class _RankCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         usage = CounterMetricFamily(
             "rankpack_node_rank_cpu_usage_seconds",
-            "CPU time of a rank pod (its cgroup)",
+            "CPU time of a rank (its pod's cgroup; in a group pod, its process)",
             labels=LABELS,
         )
         periods = CounterMetricFamily(
             "rankpack_node_rank_cpu_throttled_periods",
-            "CFS periods in which a rank pod was throttled",
+            "CFS periods in which a rank's pod was throttled",
             labels=LABELS,
         )
         throttled = CounterMetricFamily(
             "rankpack_node_rank_cpu_throttled_seconds",
-            "time a rank pod was throttled",
+            "time a rank's pod was throttled",
             labels=LABELS,
         )
         pressure = CounterMetricFamily(
             "rankpack_node_rank_cpu_pressure_seconds",
-            "time tasks of a rank pod waited for a CPU (PSI)",
+            "time tasks of a rank's pod waited for a CPU (PSI)",
             labels=[*LABELS, "kind"],
         )
         duty = GaugeMetricFamily(

@@ -5,16 +5,22 @@ Routes (decision 0010):
 - ``GET /healthz``: 200 ``ok``, no authentication (the readiness probe);
 - ``GET /metrics``: Prometheus text of this node's rank pods (`metrics`);
 - ``GET /v1/ranks[?namespace=NS]``: JSON ``{"node", "time", "ranks": [...]}``, one entry per
-  running rank pod on this node (of NS, or of every namespace), as
-  `nodereader.reading_json` writes it;
+  rank of the running rank and group pods on this node (of NS, or of every namespace), as
+  `rankwire.reading_json` writes it;
 - ``PUT /v1/namespaces/NS/simulations/SIM/wait-mode`` with ``{"mode": "spin|polite|adaptive"}``:
   sets the wait mode of every rank of SIM on this node; 404 if it has none here, 409 if a
-  rank's record is not published yet (nothing is changed then), 400 for a bad body.
+  rank's record is not published yet (nothing is changed then), 400 for a bad body;
+- ``PUT /v1/namespaces/NS/pods/POD/nices`` with ``{"nices": {"0": 12, "1": 0}}`` (rank ->
+  nice value 0..19, at most ``quantities.MAX_RANKS``): sets those ranks' nice values in
+  their group pod (decision 0012); 200 ``{"node", "pod", "ranks"}``, 404 if POD is not a
+  running rank or group pod of NS here, 409 if a rank's process is not known yet (nothing
+  is changed then) or the pod does not hold a rank, 400 for a bad body.
 
-Every route but ``/healthz`` is authorized first (`auth`). The rank pods are those the API
-holds on this node (`RankPods`: ``spec.nodeName`` field selector, rankpack's labels, all
-namespaces), read at most once a second from a cache that lists them once and then watches
-(`rankpack node-agent` builds it on `backend.kubernetes.informer`).
+Every route but ``/healthz`` is authorized first (`auth`); both PUTs need ``update``. The
+rank and group pods are those the API holds on this node (`RankPods`: ``spec.nodeName``
+field selector, rankpack's label, all namespaces; a pod with a rank or group label), read
+at most once a second from a cache that lists them once and then watches (`rankpack
+node-agent` builds it on `backend.kubernetes.informer`).
 """
 
 from __future__ import annotations
@@ -36,23 +42,30 @@ from rankpack.backend.kubernetes.nodes.nodereader import (
     NodeReader,
     NotPublished,
     RankPod,
-    rank_pod,
-    reading_json,
+    holds_ranks,
 )
-from rankpack.backend.kubernetes.objects.builders import MANAGED_BY, MANAGER, RANK_LABEL, SIM_LABEL
+from rankpack.backend.kubernetes.nodes.rankwire import reading_json
+from rankpack.backend.kubernetes.objects.builders import MANAGED_BY, MANAGER, SIM_LABEL
+from rankpack.backend.ranknice import MAX_NICE
 from rankpack.core.actions import WAIT_MODES, UnknownWaitMode, parse_wait_mode
 from rankpack.errors import UserError
 from rankpack.nodeagent.auth import Access, Authorizer, Verdict
 from rankpack.nodeagent.metrics import AgentMetrics
+from rankpack.quantities import MAX_RANKS
 
 Obj = dict[str, Any]
 log = logging.getLogger("rankpack.nodeagent")
 
-RANK_PODS_SELECTOR = f"{MANAGED_BY}={MANAGER},{RANK_LABEL}"
-MAX_BODY = 4096
-"""The largest request body read (a wait-mode body is ~20 bytes): larger is 413."""
+RANK_PODS_SELECTOR = f"{MANAGED_BY}={MANAGER}"
+"""rankpack's pods (a label selector cannot say "this label or that one": `RankPods` keeps
+those with a rank or a group label)."""
+MAX_BODY = 1 << 16
+"""The largest request body read (a wait-mode body is ~20 bytes, a nices body ~12 per rank:
+`quantities.MAX_RANKS` of them fit): larger is 413."""
 _NAME = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")
 _WAIT_MODE = re.compile(r"^/v1/namespaces/([^/]+)/simulations/([^/]+)/wait-mode$")
+_NICES = re.compile(r"^/v1/namespaces/([^/]+)/pods/([^/]+)/nices$")
+_RANK_KEY = re.compile(r"0|[1-9][0-9]{0,5}")
 
 
 @dataclass(frozen=True)
@@ -72,8 +85,9 @@ class Response:
 
 @dataclass
 class RankPods:
-    """This node's running rank pods from the API, listed at most once per ``ttl_s``; while
-    the API does not answer, the last list is kept (None: never listed)."""
+    """This node's running rank and group pods from the API (of what ``list_pods`` gives,
+    those `holds_ranks`), listed at most once per ``ttl_s``; while the API does not answer,
+    the last list is kept (None: never listed)."""
 
     list_pods: Callable[[], list[Obj]]
     ttl_s: float = 1.0
@@ -92,7 +106,8 @@ class RankPods:
                     log.warning("cannot list this node's rank pods: %s", exc)
                     self._t = now  # not again before ttl_s: the apiserver may be struggling
                     return self._pods
-                self._pods = [p for p in pods if (p.get("status") or {}).get("phase") == "Running"]
+                self._pods = [p for p in pods if holds_ranks(p)
+                              and (p.get("status") or {}).get("phase") == "Running"]  # fmt: skip
                 self._t = now
             return self._pods
 
@@ -150,6 +165,14 @@ class NodeAgent:
                 refused = Response.error(404, "no such namespace or simulation name")
             refused = refused or self._auth(authorization, Access("update", namespace))
             return "wait-mode", refused or self._wait_mode(namespace, sim, body)
+        found = _NICES.match(path)
+        if found:
+            namespace, name = (urllib.parse.unquote(g) for g in found.groups())
+            refused = self._only(method, "PUT")
+            if refused is None and not (_NAME.match(namespace) and _NAME.match(name)):
+                refused = Response.error(404, "no such namespace or pod name")
+            refused = refused or self._auth(authorization, Access("update", namespace))
+            return "nices", refused or self._nices(namespace, name, body)
         return "other", Response.error(404, f"no route {path[:100]}")
 
     # -- routes -----------------------------------------------------------------------------
@@ -199,6 +222,27 @@ class NodeAgent:
         log.info("%s/%s: ranks %s wait %s", namespace, sim, ranks, mode)
         return Response.json(200, {"node": self.node, "mode": mode, "ranks": sorted(ranks)})
 
+    def _nices(self, namespace: str, name: str, body: bytes | None) -> Response:
+        nices = parse_nices(body)
+        if nices is None:
+            return Response.error(400, 'the body must be {"nices": {"<rank>": <nice 0..'
+                                  f'{MAX_NICE}>, ...}}, at most {MAX_RANKS} ranks')  # fmt: skip
+        pods = self.pods.get()
+        if pods is None:
+            return Response.error(503, "the rank pods of this node cannot be listed yet")
+        mine = [p for p in pods if _meta(p, "namespace") == namespace and _meta(p, "name") == name]
+        if not mine:
+            return Response.error(404, f"no running rank or group pod {namespace}/{name} on "
+                                  f"{self.node}")  # fmt: skip
+        try:
+            ranks = self.reader.set_nices(mine[0], nices)
+        except NotPublished as exc:
+            return Response.error(409, str(exc))
+        except (UserError, ValueError, OSError) as exc:
+            return Response.error(409, f"cannot set the nice values: {exc}")
+        log.info("%s/%s: ranks %s nice %s", namespace, name, ranks, [nices[r] for r in ranks])
+        return Response.json(200, {"node": self.node, "pod": name, "ranks": ranks})
+
     # -- helpers ----------------------------------------------------------------------------
 
     def readings(self, namespace: str = "") -> list[tuple[RankPod, NodeRankReading]] | None:
@@ -212,11 +256,9 @@ class NodeAgent:
             if namespace and _meta(pod, "namespace") != namespace:
                 continue
             try:
-                who = rank_pod(pod)
-            except ValueError as exc:  # not a rank pod's uid or rank: nothing is read
+                out.extend(self.reader.readings_of(pod))
+            except ValueError as exc:  # not a rank pod's uid, rank or ranks: nothing is read
                 log.warning("skipping pod %s: %s", _meta(pod, "name"), exc)
-                continue
-            out.append((who, self.reader.read(pod)))
         return sorted(out, key=lambda x: (x[0].namespace, x[0].sim, x[0].rank, x[0].name))
 
     def _auth(self, authorization: str | None, access: Access) -> Response | None:
@@ -233,6 +275,26 @@ class NodeAgent:
     @staticmethod
     def _only(method: str, allowed: str) -> Response | None:
         return None if method == allowed else Response.error(405, f"use {allowed}")
+
+
+def parse_nices(body: bytes | None) -> dict[int, int] | None:
+    """A nices body's rank -> nice value; None unless it is ``{"nices": {...}}`` with 1 to
+    `quantities.MAX_RANKS` entries, each a rank's digits and an integer 0..19."""
+    try:
+        data = json.loads(body or b"")
+    except ValueError:
+        return None
+    nices = data.get("nices") if isinstance(data, dict) else None
+    if not isinstance(nices, dict) or not 0 < len(nices) <= MAX_RANKS:
+        return None
+    out: dict[int, int] = {}
+    for key, value in nices.items():
+        if not _RANK_KEY.fullmatch(key) or isinstance(value, bool) or not isinstance(value, int):
+            return None
+        if not 0 <= value <= MAX_NICE:
+            return None
+        out[int(key)] = value
+    return out
 
 
 def _meta(pod: Obj, key: str) -> Any:

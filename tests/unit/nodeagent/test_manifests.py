@@ -36,7 +36,9 @@ def test_the_daemonset_mounts_exactly_the_two_host_paths() -> None:
     assert [v for v in pod["volumes"] if "hostPath" not in v] == [
         {"name": "tmp", "emptyDir": {"sizeLimit": "16Mi"}}
     ]
-    assert not pod.get("hostNetwork") and not pod.get("hostPID")
+    assert not pod.get("hostNetwork") and not pod.get("hostIPC")
+    # the node's pids: a group pod's ranks are found and reniced by them (decision 0012)
+    assert pod["hostPID"] is True
 
 
 def test_the_agent_runs_with_least_privilege() -> None:
@@ -44,7 +46,8 @@ def test_the_agent_runs_with_least_privilege() -> None:
     pod = ds["spec"]["template"]["spec"]
     (c,) = pod["containers"]
     sc = c["securityContext"]
-    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["DAC_OVERRIDE"]}
+    # DAC_OVERRIDE: the records' wait-mode word; SYS_NICE: lower a rank's nice (0012)
+    assert sc["capabilities"] == {"drop": ["ALL"], "add": ["DAC_OVERRIDE", "SYS_NICE"]}
     assert sc["allowPrivilegeEscalation"] is False and sc["readOnlyRootFilesystem"] is True
     assert sc["seccompProfile"] == {"type": "RuntimeDefault"} and not sc.get("privileged")
     assert c["image"] == "rankpack/rankpack:0.1.0"

@@ -20,7 +20,7 @@ from rankpack.backend.mpirun import ShimSample
 from rankpack.backend.protocol import BackendError
 from rankpack.nodeagent.auth import ApiReviewer, Authorizer
 from rankpack.nodeagent.server import AgentServer
-from rankpack.nodeagent.service import NodeAgent, RankPods, Response
+from rankpack.nodeagent.service import MAX_BODY, NodeAgent, RankPods, Response
 from rankpack.profile.records import read_record
 from tests.fakeapi import CREATOR, OPERATOR, SCRAPER, FakeKubeApi
 from tests.fakeclock import FakeClock
@@ -186,7 +186,7 @@ def test_wait_mode_refusals(node: Node, sim: str, body: bytes, status: int) -> N
 
 
 def test_bodies_are_bounded(node: Node) -> None:
-    big = b'{"mode": "polite", "pad": "' + b"x" * 5000 + b'"}'
+    big = b'{"mode": "polite", "pad": "' + b"x" * MAX_BODY + b'"}'
     assert put_mode(node, "s1", big) == 413
     conn = http.client.HTTPConnection("127.0.0.1", node.server.port, timeout=5)
     conn.putrequest("PUT", "/v1/namespaces/runs/simulations/s1/wait-mode")

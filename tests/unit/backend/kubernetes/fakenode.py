@@ -2,7 +2,8 @@
 directory: the kubelet's root (``pods/<uid>/volumes/kubernetes.io~empty-dir/rankpack-live/``
 holding the shim's records, written in `rankpack.profile.records`' layout) and a cgroupfs
 tree (v1: ``cpu``/``cpuacct`` hierarchies; v2: one hierarchy with ``cpu.pressure``).
-`rank_pod_object` is a rank pod as the API lists it.
+`rank_pod_object` is a rank pod as the API lists it, `group_pod_object` a group pod (decision
+0012); `FakeProc` a fake ``/proc`` of the processes a group pod's ranks are found among.
 """
 
 from __future__ import annotations
@@ -98,6 +99,27 @@ class FakeNodeFilesystems:
             f"nr_periods 9\nnr_throttled {nr_throttled}\nthrottled_time {throttled_ns}\n"
         )
 
+    def pod_cgroup(self, uid: str, qos: str = "Burstable") -> Path:
+        """The pod-level cgroup directory (v1: the ``cpuacct`` hierarchy's)."""
+        base = self.cgroup_root if self.v2 else self.cgroup_root / "cpuacct"
+        return base / self.pods_cgroup / QOS_DIR[qos] / f"pod{uid}"
+
+    def add_procs(
+        self, uid: str, pids: list[int], container: str = "rank", qos: str = "Burstable"
+    ) -> None:
+        """The pod's container ``container``'s processes (its ``cgroup.procs``)."""
+        d = self.pod_cgroup(uid, qos) / container
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "cgroup.procs").write_text("".join(f"{p}\n" for p in pids))
+
+    def write_pid(self, uid: str, rank: int, text: str) -> Path:
+        """Rank ``rank``'s pid file, as its launcher writes it."""
+        d = self.live_dir(uid)
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"rank-{rank}.pid"
+        path.write_text(text)
+        return path
+
     def write_record(self, uid: str, rank: int, data: bytes | None = None, **kw: Any) -> Path:
         """Rank ``rank``'s record in the pod's ``rankpack-live`` volume."""
         d = self.live_dir(uid)
@@ -135,3 +157,67 @@ def rank_pod_object(
         "spec": {"nodeName": node},
         "status": {"phase": phase, "qosClass": qos},
     }
+
+
+def group_pod_object(
+    uid: str,
+    sim: str = "s1",
+    ranks: str = "0-3",
+    *,
+    group: int = 0,
+    namespace: str = "runs",
+    node: str = "node-1",
+    qos: str = "Burstable",
+    phase: str = "Running",
+) -> Obj:
+    """A group pod (decision 0012) holding ``ranks`` (its annotation's text)."""
+    return {
+        "metadata": {
+            "name": f"rankpack-{sim}-g{group}",
+            "namespace": namespace,
+            "uid": uid,
+            "labels": {
+                "app.kubernetes.io/managed-by": "rankpack",
+                "rankpack.dev/sim": sim,
+                "rankpack.dev/group": str(group),
+            },
+            "annotations": {"rankpack.dev/ranks": ranks},
+        },
+        "spec": {"nodeName": node},
+        "status": {"phase": phase, "qosClass": qos},
+    }
+
+
+class FakeProc:
+    """A fake ``/proc`` under ``root``: per process its ``status`` (``NSpid``) and ``stat``
+    (CPU ticks, start time)."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        root.mkdir(parents=True, exist_ok=True)
+
+    def add(
+        self,
+        host_pid: int,
+        ns_pids: tuple[int, ...],
+        *,
+        starttime: int = 1000,
+        utime: int = 0,
+        stime: int = 0,
+        comm: str = "simple Foam) x",
+    ) -> None:
+        """Process ``host_pid`` whose ``NSpid`` line is ``host_pid`` then ``ns_pids``."""
+        d = self.root / str(host_pid)
+        d.mkdir(exist_ok=True)
+        nspid = "\t".join(str(p) for p in (host_pid, *ns_pids))
+        (d / "status").write_text(f"Name:\tx\nTgid:\t{host_pid}\nNSpid:\t{nspid}\n")
+        # fields 3.. of stat(5): state, ppid, ..., utime (14), stime (15), ..., starttime (22)
+        rest = ["S", "1", "1", "1", "0", "-1", "0", "0", "0", "0", "0", str(utime), str(stime),
+                "0", "0", "20", "0", "1", "0", str(starttime), "0", "0"]  # fmt: skip
+        (d / "stat").write_text(f"{host_pid} ({comm}) " + " ".join(rest) + "\n")
+
+    def remove(self, host_pid: int) -> None:
+        d = self.root / str(host_pid)
+        for f in d.iterdir():
+            f.unlink()
+        d.rmdir()

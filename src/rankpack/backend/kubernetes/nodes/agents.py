@@ -8,8 +8,10 @@ kube-proxy nor cluster DNS); the backend reads them from its cache (`cached_agen
 once, then watched). ``GET /v1/ranks?namespace=NS`` is fetched once per node per
 observation round (an answer is reused for ``cache_s``), with bounded timeouts, and the
 backend's own bearer token (`KubeApi.bearer_token`), which the agent checks with a
-TokenReview and a SubjectAccessReview (``ranks`` in ``rankpack.dev``: get, update). Wait
-modes are set with ``PUT /v1/namespaces/NS/simulations/SIM/wait-mode``.
+TokenReview and a SubjectAccessReview (``ranks`` in ``rankpack.dev``: get, update). Its
+answer has one entry per rank (several per group pod), kept by pod uid and rank. Wait
+modes are set with ``PUT /v1/namespaces/NS/simulations/SIM/wait-mode``, a group pod's
+ranks' nice values with ``PUT /v1/namespaces/NS/pods/POD/nices``.
 
 A node whose agent is not found, does not answer or answers an error raises
 `readings.ReadingsMissing` for its ranks (the failure is remembered for ``retry_s``, so an
@@ -24,12 +26,13 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from rankpack.backend.kubernetes.api.informer import Cache, core
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
-from rankpack.backend.kubernetes.nodes.nodereader import NodeRankReading, reading_from_json
+from rankpack.backend.kubernetes.nodes.nodereader import NodeRankReading, one_rank, rank_pods
+from rankpack.backend.kubernetes.nodes.rankwire import reading_from_json
 from rankpack.backend.kubernetes.nodes.readings import ReadingsMissing
 from rankpack.backend.protocol import BackendError
 
@@ -41,13 +44,13 @@ MAX_ANSWER = 8 << 20
 @dataclass
 class _Fetch:
     t: float
-    readings: dict[str, NodeRankReading] | None
-    """uid -> reading; None when the fetch failed (``error``)."""
+    readings: dict[tuple[str, int], NodeRankReading] | None
+    """(pod uid, rank) -> reading; None when the fetch failed (``error``)."""
     error: str = ""
 
 
 class AgentReadings:
-    """Readings of rank pods from the node agent of each pod's node."""
+    """Readings of ranks from the node agent of each pod's node."""
 
     name = "node-agent"
 
@@ -89,14 +92,18 @@ class AgentReadings:
         for node, namespace in sorted({self._where(p) for p in pods if self._where(p)[0]}):
             self._fetch(node, namespace)
 
-    def read(self, pod: Obj) -> NodeRankReading | None:
+    def read(self, pod: Obj, rank: int | None = None) -> NodeRankReading | None:
         node, namespace = self._where(pod)
         if not node:
+            return None
+        try:
+            who = one_rank(pod, rank)
+        except ValueError:  # not a rank or group pod holding that rank: nothing to read
             return None
         fetch = self._fetch(node, namespace)
         if fetch.readings is None:
             raise ReadingsMissing(node, fetch.error)
-        return fetch.readings.get(str(pod.get("metadata", {}).get("uid", "")))
+        return fetch.readings.get((who.uid, who.rank))
 
     def set_wait_mode(self, sim_id: str, pods: Sequence[Obj], mode: str) -> None:
         by_node: dict[tuple[str, str], list[Obj]] = {}
@@ -112,10 +119,16 @@ class AgentReadings:
             if fetch.readings is None:
                 raise BackendError(f"{sim_id}: node agent on {node} unreachable: {fetch.error}")
             for pod in on_node:
-                reading = fetch.readings.get(str(pod["metadata"].get("uid", "")))
-                if reading is None or reading.shim is None:
-                    raise BackendError(f"{sim_id}: the record of {pod['metadata'].get('name')} "
-                                       "is not published yet; try again")  # fmt: skip
+                try:
+                    ranks = rank_pods(pod)
+                except ValueError as exc:
+                    raise BackendError(f"{sim_id}: cannot set wait mode {mode}: {exc}") from exc
+                for who in ranks:
+                    reading = fetch.readings.get((who.uid, who.rank))
+                    if reading is None or reading.shim is None:
+                        raise BackendError(f"{sim_id}: the record of rank {who.rank} "
+                                           f"({who.name}) is not published yet; try "
+                                           "again")  # fmt: skip
         body = json.dumps({"mode": mode}).encode()
         for node, namespace in sorted(by_node):
             path = (f"/v1/namespaces/{urllib.parse.quote(namespace)}/simulations/"
@@ -126,6 +139,20 @@ class AgentReadings:
                 raise BackendError(
                     f"{sim_id}: cannot set wait mode {mode} on {node}: {exc}"
                 ) from exc
+
+    def set_nices(self, sim_id: str, pod: Obj, nices: Mapping[int, int]) -> None:
+        node, namespace = self._where(pod)
+        name = str((pod.get("metadata") or {}).get("name") or "")
+        if not node:
+            raise BackendError(f"{sim_id}: pod {name} is not on a node yet; try again")
+        body = json.dumps({"nices": {str(r): n for r, n in sorted(nices.items())}}).encode()
+        path = (f"/v1/namespaces/{urllib.parse.quote(namespace)}/pods/"
+                f"{urllib.parse.quote(name)}/nices")  # fmt: skip
+        try:
+            self._request(node, "PUT", path, body)
+        except _Failed as exc:
+            raise BackendError(f"{sim_id}: cannot set nice values of {name} on {node}: "
+                               f"{exc}") from exc  # fmt: skip
 
     # -- the agents -------------------------------------------------------------------------
 
@@ -233,15 +260,21 @@ def agent_addresses(pods: Sequence[Obj], port: int) -> dict[str, str]:
     return {node: address for node, (_, address) in best.items()}
 
 
-def _parse_ranks(answer: bytes) -> dict[str, NodeRankReading]:
+def _parse_ranks(answer: bytes) -> dict[tuple[str, int], NodeRankReading]:
     try:
         data = json.loads(answer)
         ranks = data["ranks"]
         if not isinstance(ranks, list):
             raise ValueError("ranks is not a list")
-        return {str(e["uid"]): reading_from_json(e) for e in ranks}
+        return {(str(e["uid"]), _rank(e["rank"])): reading_from_json(e) for e in ranks}
     except (ValueError, KeyError, TypeError) as exc:
         raise _Failed(f"an answer that is not /v1/ranks: {exc}") from exc
+
+
+def _rank(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise ValueError(f"rank {value!r} is not a rank")
+    return value
 
 
 def _error_text(exc: urllib.error.HTTPError) -> str:

@@ -27,6 +27,14 @@ out of the pod's directory), only a regular file is read (a FIFO cannot block th
 ``O_NONBLOCK``), reads are ``pread`` copies bounded in tries (never a mapping a truncation
 could fault, never a wait on a torn record), and pod uids and ranks that are not a UUID and
 a number are refused before any path is built.
+
+A pod holds one rank (``RANK_LABEL``, the pods of runs started before rank groups) or a
+rank group (decision 0012: ``GROUP_LABEL``, its ranks in ``RANKS_ANNOTATION``); `rank_pods`
+gives one `RankPod` per rank either way. A group pod's cgroup is its ranks' together, so a
+rank's CPU time is its own process's and its share is its nice value, which `NodeReader`
+sets: each rank's launcher writes its pid as the pod sees it into `PID_FILE` beside its
+record (read with the same discipline, at most `MAX_PID_FILE` bytes), and `rankprocs` finds
+the host process of the pod's cgroup that has that pid in its pod.
 """
 
 from __future__ import annotations
@@ -34,14 +42,18 @@ from __future__ import annotations
 import os
 import re
 import stat
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from rankpack.backend.cgroups import cpu_stat_v1, cpu_stat_v2
+from rankpack.backend.kubernetes.nodes.rankprocs import PROC_ROOT, RankProcess, RankProcesses
 from rankpack.backend.kubernetes.objects.builders import LIVE_VOLUME, RANK_LABEL, SIM_LABEL
+from rankpack.backend.kubernetes.objects.grouppods import GROUP_LABEL, RANKS_ANNOTATION
+from rankpack.backend.kubernetes.objects.groups import parse_ranks_annotation
 from rankpack.backend.mpirun import ShimSample
+from rankpack.backend.ranknice import MAX_NICE, set_nice
 from rankpack.errors import UserError
 from rankpack.profile.records import set_wait_mode_fd, snapshot_fd
 
@@ -56,6 +68,13 @@ _QOS_DIRS = {"Guaranteed": ("",), "Burstable": ("burstable",), "BestEffort": ("b
 _ANY_QOS = ("burstable", "", "besteffort")
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _RECORD_TRIES = 100
+PID_FILE = "rank-{rank}.pid"
+"""A rank's pid as its pod sees it, decimal and a newline, in the pod's ``rankpack-live``
+volume (the rank's launcher writes it with its ``$$``, then execs the solver)."""
+MAX_PID_FILE = 32
+"""The most of a pid file read (a larger one is not a pid file)."""
+_PID = re.compile(rb"[0-9]{1,7}\n?")
+_CLOCK_TICKS = os.sysconf("SC_CLK_TCK")
 
 
 class NotPublished(UserError):
@@ -86,19 +105,20 @@ class Pressure:
 
 @dataclass(frozen=True)
 class NodeRankReading:
-    """What the node says of one rank pod now."""
+    """What the node says of one rank now."""
 
     cpu: CpuCounters | None
-    """None: its cgroup is not there (not started yet, or gone)."""
+    """None: its pod's cgroup is not there (not started yet, or gone); for a rank of a group
+    pod, also while its process is not known (no pid file yet, or no such process)."""
     psi: Pressure | None = None
-    """None: cgroup v1, or a kernel without PSI."""
+    """The pod's; None: cgroup v1, or a kernel without PSI."""
     shim: ShimSample | None = None
     """None: no published record (no shim, or before MPI_Init)."""
 
 
 @dataclass(frozen=True)
 class RankPod:
-    """A rank pod's identity, checked (what paths are built from)."""
+    """A rank's identity in its pod, checked (what paths are built from)."""
 
     namespace: str
     name: str
@@ -107,28 +127,60 @@ class RankPod:
     rank: int
     qos: str
     node: str
+    group: bool = False
+    """Its pod is a group pod (its CPU time is its process's, not the pod's cgroup's)."""
 
 
-def rank_pod(pod: Obj) -> RankPod:
-    """The identity of a rank pod object; ValueError if its uid is not a UUID or its rank
-    label not a number (nothing is read for such a pod)."""
+def pid_file_name(rank: int) -> str:
+    """`PID_FILE` of ``rank``."""
+    return PID_FILE.format(rank=rank)
+
+
+def holds_ranks(pod: Obj) -> bool:
+    """The pod is a rank pod or a group pod (by its labels; a launcher pod is neither)."""
+    labels = (pod.get("metadata") or {}).get("labels") or {}
+    return RANK_LABEL in labels or GROUP_LABEL in labels
+
+
+def rank_pods(pod: Obj) -> list[RankPod]:
+    """The ranks a pod holds: a rank pod's one, a group pod's (its `RANKS_ANNOTATION`) in
+    order. ValueError if its uid is not a UUID, its rank label not a number, its annotation
+    not a run of ranks, or it has both labels or neither (nothing is read for such a pod)."""
     meta = pod.get("metadata") or {}
     labels = meta.get("labels") or {}
     uid = str(meta.get("uid") or "")
-    rank = str(labels.get(RANK_LABEL) or "")
     if not _UID.match(uid):
         raise ValueError(f"pod uid {uid[:64]!r} is not a UUID")
-    if not _RANK.match(rank):
-        raise ValueError(f"rank label {rank[:64]!r} is not a number")
-    return RankPod(
-        namespace=str(meta.get("namespace") or ""),
-        name=str(meta.get("name") or ""),
-        uid=uid,
-        sim=str(labels.get(SIM_LABEL) or ""),
-        rank=int(rank),
-        qos=str((pod.get("status") or {}).get("qosClass") or ""),
-        node=str((pod.get("spec") or {}).get("nodeName") or ""),
-    )
+    if (RANK_LABEL in labels) == (GROUP_LABEL in labels):
+        raise ValueError(f"pod has {'both' if RANK_LABEL in labels else 'neither'} of "
+                         f"{RANK_LABEL} and {GROUP_LABEL}")  # fmt: skip
+    if GROUP_LABEL in labels:
+        annotation = (meta.get("annotations") or {}).get(RANKS_ANNOTATION)
+        ranks = parse_ranks_annotation(str(annotation or ""))
+    else:
+        rank = str(labels.get(RANK_LABEL) or "")
+        if not _RANK.match(rank):
+            raise ValueError(f"rank label {rank[:64]!r} is not a number")
+        ranks = (int(rank),)
+    namespace, name = str(meta.get("namespace") or ""), str(meta.get("name") or "")
+    sim = str(labels.get(SIM_LABEL) or "")
+    qos = str((pod.get("status") or {}).get("qosClass") or "")
+    node = str((pod.get("spec") or {}).get("nodeName") or "")
+    group = GROUP_LABEL in labels
+    return [RankPod(namespace, name, uid, sim, r, qos, node, group) for r in ranks]
+
+
+def one_rank(pod: Obj, rank: int | None) -> RankPod:
+    """Rank ``rank`` of the pod (None: a one-rank pod's own); ValueError if the pod does not
+    hold it (or is not a rank or group pod: `rank_pods`)."""
+    ranks = rank_pods(pod)
+    if rank is None and len(ranks) == 1 and not ranks[0].group:
+        return ranks[0]
+    for who in ranks:
+        if who.rank == rank:
+            return who
+    raise ValueError(f"pod {ranks[0].name} holds ranks {ranks[0].rank}-{ranks[-1].rank}, "
+                     f"not {'a rank given' if rank is None else rank}")  # fmt: skip
 
 
 # -- cgroups --------------------------------------------------------------------------------
@@ -197,8 +249,14 @@ class NodeCgroups:
                 return d
         return None
 
+    def pod_dir(self, uid: str, qos: str = "") -> Path | None:
+        """The pod-level cgroup directory whose ``cgroup.procs`` (and its containers') list
+        the pod's processes (v1: the ``cpuacct`` hierarchy's); None: not there."""
+        base = self.root if self.v2 else (self.cpuacct or self.cpu)
+        return None if base is None else self._pod_dir(base, uid, qos)
+
     def read(self, uid: str, qos: str = "") -> tuple[CpuCounters | None, Pressure | None]:
-        """The pod's counters and pressure (``uid`` checked by the caller: `rank_pod`)."""
+        """The pod's counters and pressure (``uid`` checked by the caller: `rank_pods`)."""
         try:
             if self.v2:
                 d = self._pod_dir(self.root, uid, qos)
@@ -249,17 +307,19 @@ def _pressure(path: Path) -> Pressure | None:
 
 
 class NodeReader:
-    """Readings of this node's rank pods; the wait-mode control word of their ranks."""
+    """Readings of this node's rank and group pods; their ranks' wait modes and nice values."""
 
     def __init__(
         self,
         kubelet_root: Path = KUBELET_ROOT,
         cgroup_root: Path = CGROUP_ROOT,
         pods_cgroup: str = PODS_CGROUP,
+        proc_root: Path = PROC_ROOT,
     ) -> None:
         self.kubelet_root = kubelet_root
         self.pods_dir = kubelet_root / "pods"
         self.cgroups = NodeCgroups(cgroup_root, pods_cgroup)
+        self.processes = RankProcesses(proc_root)
 
     @property
     def available(self) -> bool:
@@ -267,17 +327,37 @@ class NodeReader:
         cgroup are here."""
         return self.pods_dir.is_dir() and self.cgroups.available
 
-    def read(self, pod: Obj) -> NodeRankReading:
-        """The rank pod's counters, pressure and shim sample; ValueError for a pod whose uid
-        or rank label is not what a rank pod has."""
-        who = rank_pod(pod)
-        cpu, psi = self.cgroups.read(who.uid, who.qos)
-        return NodeRankReading(cpu, psi, self.shim_sample(who))
+    def read(self, pod: Obj, rank: int | None = None) -> NodeRankReading:
+        """Rank ``rank`` of the pod (None: a one-rank pod's own): its counters, its pod's
+        pressure, its shim sample. ValueError for a pod that is not a rank or group pod
+        (`rank_pods`), or that does not hold ``rank``."""
+        return self._readings([one_rank(pod, rank)])[0][1]
+
+    def readings_of(self, pod: Obj) -> list[tuple[RankPod, NodeRankReading]]:
+        """Every rank of the pod and its reading, in rank order (its cgroup read once);
+        ValueError as `rank_pods`."""
+        return self._readings(rank_pods(pod))
+
+    def _readings(self, ranks: Sequence[RankPod]) -> list[tuple[RankPod, NodeRankReading]]:
+        """Readings of ranks of one pod: a rank pod's counters are its cgroup's; a group
+        pod's rank's are its process's CPU time and its pod's throttling (the quota, if
+        any, is the pod's)."""
+        first = ranks[0]
+        pod_cpu, psi = self.cgroups.read(first.uid, first.qos)
+        procs = self._processes(ranks) if first.group else {}
+        out = []
+        for who in ranks:
+            cpu = pod_cpu
+            if who.group:
+                proc = procs.get(who.rank)
+                cpu = None if proc is None else _process_counters(proc, pod_cpu)
+            out.append((who, NodeRankReading(cpu, psi, self.shim_sample(who))))
+        return out
 
     def shim_sample(self, who: RankPod) -> ShimSample | None:
         """The rank's latest record (None: none published, or not a readable record)."""
         try:
-            fd = self._open_record(who, os.O_RDONLY)
+            fd = self._open_live(who.uid, self._record_name(who).name, os.O_RDONLY)
         except OSError:
             return None
         if fd is None:
@@ -293,16 +373,17 @@ class NodeReader:
         return ShimSample(rec.compute_ns, rec.mpi_ns, rec.window_duty, rec.wait_mode)
 
     def set_wait_modes(self, pods: Sequence[Obj], mode: str) -> list[int]:
-        """Ask every rank of ``pods`` to wait in ``mode``; returns their ranks. Every record
-        is opened and checked before any is written, so when one is not published yet
-        (`NotPublished`) none changes. UserError for an unknown mode or a file that is not
-        a record; ValueError for a pod that is not a rank pod."""
-        who = [rank_pod(p) for p in pods]
+        """Ask every rank of ``pods`` (a group pod's: all of its ranks) to wait in ``mode``;
+        returns their ranks. Every record is opened and checked before any is written, so
+        when one is not published yet (`NotPublished`) none changes. UserError for an
+        unknown mode or a file that is not a record; ValueError for a pod that is not a rank
+        or group pod."""
+        who = [w for p in pods for w in rank_pods(p)]
         fds: list[tuple[RankPod, int]] = []
         try:
             for w in who:
                 try:
-                    fd = self._open_record(w, os.O_RDWR)
+                    fd = self._open_live(w.uid, self._record_name(w).name, os.O_RDWR)
                 except OSError as exc:
                     raise NotPublished(f"rank {w.rank} ({w.name}): no readable record: "
                                        f"{exc.strerror or exc}") from None  # fmt: skip
@@ -319,6 +400,60 @@ class NodeReader:
                 os.close(fd)
         return [w.rank for w in who]
 
+    def set_nices(self, pod: Obj, nices: Mapping[int, int]) -> list[int]:
+        """Give each rank of ``nices`` (rank -> nice value 0..19) of the pod that nice value
+        (every thread of its process); returns those ranks in order. UserError for a rank
+        the pod does not hold or a value out of range; `NotPublished` when a rank's process
+        is not known yet (no pid file, or no such process in the pod): then nothing is
+        changed. OSError if the kernel refuses (lowering a nice needs CAP_SYS_NICE)."""
+        ranks = {w.rank: w for w in rank_pods(pod)}
+        for rank, nice in nices.items():
+            if rank not in ranks:
+                raise UserError(f"pod {pod['metadata'].get('name')} does not hold rank {rank}")
+            if isinstance(nice, bool) or not isinstance(nice, int) or not 0 <= nice <= MAX_NICE:
+                raise UserError(f"rank {rank}: a nice value is 0..{MAX_NICE}, not {nice!r}")
+        wanted = [ranks[r] for r in sorted(nices)]
+        procs = self._processes(wanted)
+        for who in wanted:
+            if who.rank not in procs:
+                raise NotPublished(f"rank {who.rank} ({who.name}) has not started yet (no pid "
+                                   "file, or no process of its pod with that pid)")  # fmt: skip
+        for who in wanted:
+            try:
+                set_nice(procs[who.rank].host_pid, nices[who.rank])
+            except ProcessLookupError:
+                raise NotPublished(f"rank {who.rank} ({who.name})'s process ended") from None
+        return [w.rank for w in wanted]
+
+    def pod_pid(self, who: RankPod) -> int | None:
+        """The rank's pid as its pod sees it (its `PID_FILE`); None: no such file yet, or
+        not a regular file of at most `MAX_PID_FILE` bytes holding a pid."""
+        try:
+            fd = self._open_live(who.uid, pid_file_name(who.rank), os.O_RDONLY)
+        except OSError:
+            return None
+        if fd is None:
+            return None
+        try:
+            if os.fstat(fd).st_size > MAX_PID_FILE:
+                return None
+            data = os.pread(fd, MAX_PID_FILE + 1, 0)
+        except OSError:
+            return None
+        finally:
+            os.close(fd)
+        if len(data) > MAX_PID_FILE or not _PID.fullmatch(data):
+            return None
+        return int(data) or None
+
+    def _processes(self, ranks: Sequence[RankPod]) -> dict[int, RankProcess]:
+        """The host processes of ranks of one pod that are known (rank -> process)."""
+        pod_pids = {w.rank: pid for w in ranks if (pid := self.pod_pid(w)) is not None}
+        pod_dir = self.cgroups.pod_dir(ranks[0].uid, ranks[0].qos) if pod_pids else None
+        if pod_dir is None:
+            return {}
+        return self.processes.resolve(ranks[0].uid, pod_pids, pod_dir)
+
     def _record_name(self, who: RankPod) -> Path:
         return self.record_dir(who.uid) / f"rank-{who.rank}.rec"
 
@@ -326,20 +461,21 @@ class NodeReader:
         """Where the node sees the pod's ``rankpack-live`` volume."""
         return self.pods_dir / uid / "volumes" / "kubernetes.io~empty-dir" / LIVE_VOLUME
 
-    def _open_record(self, who: RankPod, flags: int) -> int | None:
-        """The rank's record, opened without following a link below the kubelet's pods
-        directory; None if it (or its directory) does not exist; OSError if a component is a
-        link or the record is not a regular file."""
+    def _open_live(self, uid: str, name: str, flags: int) -> int | None:
+        """File ``name`` of the pod's ``rankpack-live`` volume, opened without following a
+        link below the kubelet's pods directory and without blocking; None if it (or its
+        directory) does not exist; OSError if a component is a link or the file is not a
+        regular file."""
         try:
             d = os.open(self.pods_dir, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         except FileNotFoundError:
             return None
         try:
-            for part in (who.uid, "volumes", "kubernetes.io~empty-dir", LIVE_VOLUME):
+            for part in (uid, "volumes", "kubernetes.io~empty-dir", LIVE_VOLUME):
                 nxt = os.open(part, _DIR_FLAGS, dir_fd=d)
                 os.close(d)
                 d = nxt
-            fd = os.open(f"rank-{who.rank}.rec",
+            fd = os.open(name,
                          flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC,
                          dir_fd=d)  # fmt: skip
         except FileNotFoundError:
@@ -352,75 +488,11 @@ class NodeReader:
             regular = False
         if not regular:
             os.close(fd)
-            raise OSError(f"rank-{who.rank}.rec is not a regular file")
+            raise OSError(f"{name} is not a regular file")
         return fd
 
 
-# -- the wire form (``GET /v1/ranks``): the agent writes it, the backend's client reads it ---
-
-
-def reading_json(who: RankPod, reading: NodeRankReading) -> Obj:
-    """One rank pod's entry in ``/v1/ranks`` (counters null when its cgroup is not there)."""
-    cpu, psi, shim = reading.cpu, reading.psi, reading.shim
-    return {
-        "namespace": who.namespace,
-        "pod": who.name,
-        "uid": who.uid,
-        "sim": who.sim,
-        "rank": who.rank,
-        "usage_ns": cpu.usage_ns if cpu else None,
-        "nr_throttled": cpu.nr_throttled if cpu else None,
-        "throttled_ns": cpu.throttled_ns if cpu else None,
-        "psi": None if psi is None else {
-            "some_avg10": psi.some_avg10, "some_total_us": psi.some_total_us,
-            "full_avg10": psi.full_avg10, "full_total_us": psi.full_total_us,
-        },
-        "shim": None if shim is None else {
-            "compute_ns": shim.compute_ns, "mpi_ns": shim.mpi_ns,
-            "duty_window": shim.duty_window, "wait_mode": shim.wait_mode,
-        },
-    }  # fmt: skip
-
-
-def reading_from_json(entry: Obj) -> NodeRankReading:
-    """The reading of one ``/v1/ranks`` entry; ValueError if it does not have the shape
-    `reading_json` gives (the answer is checked, not trusted)."""
-    if not isinstance(entry, dict):
-        raise ValueError("a rank entry is not an object")
-    cpu = None
-    if entry.get("usage_ns") is not None:
-        cpu = CpuCounters(_int(entry["usage_ns"]), _int(entry.get("nr_throttled") or 0),
-                          _int(entry.get("throttled_ns") or 0))  # fmt: skip
-    psi = None
-    p = entry.get("psi")
-    if isinstance(p, dict):
-        psi = Pressure(
-            _float(p.get("some_avg10")),
-            _int(p.get("some_total_us")),
-            _opt(_float, p.get("full_avg10")),
-            _opt(_int, p.get("full_total_us")),
-        )
-    shim = None
-    sh = entry.get("shim")
-    if isinstance(sh, dict):
-        mode = sh.get("wait_mode")
-        shim = ShimSample(_opt(_int, sh.get("compute_ns")), _opt(_int, sh.get("mpi_ns")),
-                          _opt(_float, sh.get("duty_window")),
-                          str(mode) if mode is not None else None)  # fmt: skip
-    return NodeRankReading(cpu, psi, shim)
-
-
-def _int(value: Any) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-        raise ValueError(f"{value!r} is not a counter")
-    return value
-
-
-def _float(value: Any) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise ValueError(f"{value!r} is not a number")
-    return float(value)
-
-
-def _opt(kind: Any, value: Any) -> Any:
-    return None if value is None else kind(value)
+def _process_counters(proc: RankProcess, pod: CpuCounters | None) -> CpuCounters:
+    """A group pod's rank's counters: its process's CPU time, its pod's throttling."""
+    usage_ns = proc.stat.cpu_ticks * 1_000_000_000 // _CLOCK_TICKS
+    return CpuCounters(usage_ns, pod.nr_throttled if pod else 0, pod.throttled_ns if pod else 0)

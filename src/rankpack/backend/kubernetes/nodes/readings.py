@@ -1,9 +1,10 @@
 """Where the Kubernetes backend gets its ranks' readings: this node's files, or the agents.
 
-A reading (`nodereader.NodeRankReading`) is what a rank pod's node says of it: cgroup counters,
-CPU pressure and the shim's latest record. Only the node can say it (decision 0010), so the
-backend asks one of two `Readings`, chosen once by `choose` from
-``KubernetesConfig.readings``:
+A reading (`nodereader.NodeRankReading`) is what a rank's node says of it: CPU counters
+(its pod's cgroup; in a group pod, its process), its pod's CPU pressure and the shim's
+latest record; the node also sets a group pod's ranks' nice values (decision 0012). Only
+the node can say it (decision 0010), so the backend asks one of two `Readings`, chosen once
+by `choose` from ``KubernetesConfig.readings``:
 
 - `LocalReadings` (``node-local``): this process runs on the rank pods' node (the
   single-node dev cluster, ``rankpack run --backend kubernetes`` on the host) and reads the
@@ -20,17 +21,14 @@ counters as fresh, and the controller decides nothing for their simulation meanw
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from collections.abc import Mapping, Sequence
+from typing import Protocol
 
 from rankpack.backend.kubernetes.api.config import KubernetesConfig, NodeFiles
 from rankpack.backend.kubernetes.api.kubeapi import Obj
 from rankpack.backend.kubernetes.nodes.nodereader import NodeRankReading, NodeReader, NotPublished
 from rankpack.backend.protocol import BackendError
 from rankpack.errors import UserError
-
-if TYPE_CHECKING:
-    pass
 
 
 class ReadingsMissing(BackendError):
@@ -51,15 +49,22 @@ class Readings(Protocol):
         network source may take its timeout). Never raises."""
         ...
 
-    def read(self, pod: Obj) -> NodeRankReading | None:
-        """The rank pod's reading; None when the node has none for it (its cgroup is not
-        there yet). Raises `ReadingsMissing` when its node cannot be asked now."""
+    def read(self, pod: Obj, rank: int | None = None) -> NodeRankReading | None:
+        """Rank ``rank`` of the pod (None: a one-rank pod's own rank); None when the node
+        has no reading of it (not a rank or group pod holding ``rank``, or its node does not
+        list it yet). Raises `ReadingsMissing` when its node cannot be asked now."""
         ...
 
     def set_wait_mode(self, sim_id: str, pods: Sequence[Obj], mode: str) -> None:
-        """Ask every rank of ``pods`` (all of one simulation's) to wait in ``mode``.
-        BackendError when a rank's record is not published yet or its node cannot be
-        reached (the controller asks again)."""
+        """Ask every rank of ``pods`` (all of one simulation's; a group pod's: all its
+        ranks) to wait in ``mode``. BackendError when a rank's record is not published yet
+        or its node cannot be reached (the controller asks again)."""
+        ...
+
+    def set_nices(self, sim_id: str, pod: Obj, nices: Mapping[int, int]) -> None:
+        """Give ranks of the pod these nice values (rank -> 0..19). BackendError when it
+        cannot be done now: a rank's process not known yet (nothing is changed then), its
+        node unreachable, or refused (the controller asks again)."""
         ...
 
 
@@ -84,10 +89,10 @@ class LocalReadings:
     def prefetch(self, pods: Sequence[Obj]) -> None:
         return None
 
-    def read(self, pod: Obj) -> NodeRankReading | None:
+    def read(self, pod: Obj, rank: int | None = None) -> NodeRankReading | None:
         try:
-            return self._reader(pod).read(pod)
-        except ValueError:  # not a rank pod's uid or rank label: nothing to read
+            return self._reader(pod).read(pod, rank)
+        except ValueError:  # not a rank or group pod holding that rank: nothing to read
             return None
 
     def set_wait_mode(self, sim_id: str, pods: Sequence[Obj], mode: str) -> None:
@@ -102,6 +107,14 @@ class LocalReadings:
             raise BackendError(f"{sim_id}: {exc}; try again") from exc
         except (UserError, ValueError, OSError) as exc:
             raise BackendError(f"{sim_id}: cannot set wait mode {mode}: {exc}") from exc
+
+    def set_nices(self, sim_id: str, pod: Obj, nices: Mapping[int, int]) -> None:
+        try:
+            self._reader(pod).set_nices(pod, nices)
+        except NotPublished as exc:
+            raise BackendError(f"{sim_id}: {exc}; try again") from exc
+        except (UserError, ValueError, OSError) as exc:
+            raise BackendError(f"{sim_id}: cannot set nice values: {exc}") from exc
 
 
 def node_reader(files: NodeFiles) -> NodeReader:

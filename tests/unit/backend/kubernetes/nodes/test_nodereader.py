@@ -19,10 +19,9 @@ from rankpack.backend.kubernetes.nodes.nodereader import (
     Pressure,
     check_pods_cgroup,
     parse_pressure,
-    rank_pod,
-    reading_from_json,
-    reading_json,
+    rank_pods,
 )
+from rankpack.backend.kubernetes.nodes.rankwire import reading_from_json, reading_json
 from rankpack.backend.mpirun import ShimSample
 from rankpack.errors import UserError
 from rankpack.profile.records import read_record
@@ -176,7 +175,7 @@ def test_pods_without_a_uuid_or_a_numeric_rank_are_refused(uid: str | None, rank
     pod["metadata"]["uid"] = new_uid() if uid == "ok" else uid
     pod["metadata"]["labels"]["rankpack.dev/rank"] = rank
     with pytest.raises(ValueError):
-        rank_pod(pod)
+        rank_pods(pod)
 
 
 # -- the wait-mode word -----------------------------------------------------------------------
@@ -213,7 +212,7 @@ def test_no_rank_changes_while_one_has_not_published(tmp_path: Path) -> None:
 
 
 def test_a_reading_survives_the_wire(tmp_path: Path) -> None:
-    who = rank_pod(rank_pod_object(new_uid(), rank=2))
+    (who,) = rank_pods(rank_pod_object(new_uid(), rank=2))
     for reading in (
         NodeRankReading(CpuCounters(5, 1, 2), Pressure(1.5, 10, None, None),
                     ShimSample(1, 2, 0.25, "spin")),
