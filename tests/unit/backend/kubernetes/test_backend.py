@@ -172,10 +172,12 @@ def test_launch_creates_owner_then_service_then_pods(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.backend.launch(h.spec())
     assert h.api.actions == [
-        ("list", "resourcequotas"),  # checked against the namespace before any create (and
-        ("list", "nodes"),  # (the nodes' room: unplaced ranks share a pod if they fit one)
+        # unplaced: the nodes' room first (the ranks share one pod if they fit a node),
+        ("list", "resourcequotas"),
+        ("list", "nodes"),
         ("list", "pods", "*"),
-        ("list", "limitranges"),  # watched from then on: the cache's first Lists)
+        # then checked against the namespace before any create (watched from then on: the
+        ("list", "limitranges"),  # cache's first Lists, then a round of its watches)
         ("watch", "resourcequotas"),
         ("watch", "limitranges"),
         ("create", "configmaps", "rankpack-s1"),  # one request per object: created, not read

@@ -222,8 +222,9 @@ def test_launch_creates_the_launcher_pod_after_the_rank_pods(tmp_path: Path) -> 
     created = [a[2] for a in h.api.writes() if a[:2] == ("create", "pods")]
     assert created == [*PLACED_PODS, LAUNCHER]
     assert h.launcher()["spec"]["serviceAccountName"] == "rankpack-launcher"
-    for name in PLACED_PODS:  # the rank pods' own identity (deploy/ installs it): no rights,
-        pod = h.api.objects[("pods", name)]["spec"]  # no token
+    # the rank pods' own identity (deploy/ installs it): no rights, no token
+    for name in PLACED_PODS:
+        pod = h.api.objects[("pods", name)]["spec"]
         assert pod["serviceAccountName"] == rbac.RANK_SERVICE_ACCOUNT
         assert pod["automountServiceAccountToken"] is False
     ins = Instructions.parse((h.case / ".rankpack" / "launch.json").read_text())
