@@ -134,10 +134,14 @@ def test_run_takes_the_mpi_and_its_transport() -> None:
 
     parser = build_parser(["run"])
     args = parser.parse_args(["run", "pitzDaily", "--backend", "kubernetes", "--mpi", "mpich",
-                              "--mpi-transport", "auto"])  # fmt: skip
-    assert (args.mpi, args.mpi_transport) == ("mpich", "auto")
+                              "--mpi-transport", "tcp"])  # fmt: skip
+    assert (args.mpi, args.mpi_transport) == ("mpich", "tcp")
     defaults = parser.parse_args(["run", "pitzDaily"])
-    assert (defaults.mpi, defaults.mpi_transport) == ("openmpi", "tcp")
+    # shared memory within a rank group's pod, TCP between pods (decision 0012)
+    assert (defaults.mpi, defaults.mpi_transport) == ("openmpi", "auto")
+    operator = build_parser(["operator"])
+    assert operator.parse_args(["operator"]).mpi_transport == "auto"
+    assert operator.parse_args(["operator", "--mpi-transport", "tcp"]).mpi_transport == "tcp"
     with pytest.raises(SystemExit):
         parser.parse_args(["run", "pitzDaily", "--mpi", "intelmpi"])
 
@@ -150,7 +154,7 @@ def test_the_mpi_transport_is_parsed_once() -> None:
         parse_transport("shm")
     with pytest.raises(UserError, match="transport"):
         KubernetesConfig(mpi_transport="shm")  # type: ignore[arg-type]
-    assert KubernetesConfig().mpi_transport == "tcp"
+    assert KubernetesConfig().mpi_transport == "auto"
 
 
 def test_a_simulations_mpi_is_data_checked_once() -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+from collections.abc import Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import IO, Any
@@ -33,7 +34,12 @@ from tests.fakeapi import FakeKubeApi
 pytestmark = pytest.mark.timeout(20)
 
 SIM = "s1"
-PODS = [f"rankpack-{SIM}-{i}" for i in range(3)]
+POD = f"rankpack-{SIM}-g0"
+"""The one group pod of `Harness.spec`'s three ranks (they fit one node, or no node is known)."""
+PLACED = ("node-1", "node-1", "node-2")
+"""A placement of `Harness.spec`'s ranks on two nodes (`SimSpec.rank_nodes`)."""
+PLACED_PODS = [f"rankpack-{SIM}-g0", f"rankpack-{SIM}-g1"]
+"""The group pods of a spec placed by `PLACED`: ranks 0 and 1, then rank 2."""
 
 
 class FakeProc:
@@ -62,8 +68,9 @@ class FakeProc:
 
 
 class FakeReadings:
-    """The rank pods' nodes, as `readings.Readings`: usage by pod uid, nodes that cannot be
-    read, and the wait modes asked for."""
+    """The group pods' nodes, as `readings.Readings`: usage by pod uid (each rank of the pod
+    the same), nodes that cannot be read, the ranks read, the wait modes and the nice values
+    asked for (``nices_refused``: set_nices raises BackendError, as a node that cannot now)."""
 
     name = "fake"
 
@@ -73,11 +80,17 @@ class FakeReadings:
         self.down: dict[str, str] = {}
         """node -> why it cannot be read."""
         self.modes: list[tuple[str, list[str], str]] = []
+        self.reads: list[tuple[str, int]] = []
+        """(pod name, rank) of every read."""
+        self.nices: list[tuple[str, str, dict[int, int]]] = []
+        """(sim, pod name, nices by rank) of every set_nices that succeeded."""
+        self.nices_refused: str | None = None
 
     def prefetch(self, pods: Any) -> None:
         return None
 
-    def read(self, pod: dict[str, Any]) -> NodeRankReading | None:
+    def read(self, pod: dict[str, Any], rank: int) -> NodeRankReading | None:
+        self.reads.append((pod["metadata"]["name"], rank))
         node = pod["spec"].get("nodeName", "")
         if node in self.down:
             raise ReadingsMissing(node, self.down[node])
@@ -86,6 +99,11 @@ class FakeReadings:
 
     def set_wait_mode(self, sim_id: str, pods: Any, mode: str) -> None:
         self.modes.append((sim_id, [p["metadata"]["name"] for p in pods], mode))
+
+    def set_nices(self, sim_id: str, pod: dict[str, Any], nices: Mapping[int, int]) -> None:
+        if self.nices_refused is not None:
+            raise BackendError(self.nices_refused)
+        self.nices.append((sim_id, pod["metadata"]["name"], dict(nices)))
 
 
 class Harness:
@@ -125,33 +143,75 @@ class Harness:
         base.update(kw)
         return SimSpec(**base)
 
+    def group_pods(self) -> list[str]:
+        """The names of the simulation's group pods in the fake, in group order."""
+        prefix = f"rankpack-{SIM}-g"
+        names = [name for kind, name in self.api.objects if kind == "pods"]
+        return sorted(
+            (n for n in names if n.startswith(prefix)), key=lambda n: int(n[len(prefix) :])
+        )
+
     def run_all(self) -> None:
-        for i, name in enumerate(PODS):
-            self.api.run_pod(name, ip=f"10.201.0.{10 + i}")
+        """Every group pod runs, on its placed node (node-1 when unplaced)."""
+        for i, name in enumerate(self.group_pods()):
+            node = placed_node(self.api.objects[("pods", name)]) or "node-1"
+            self.api.run_pod(name, node=node, ip=f"10.201.0.{10 + i}")
         self.backend.poll_once()
+
+
+def placed_node(pod: Obj) -> str | None:
+    """The node a pod's required node affinity names (`builders.node_affinity`), if any."""
+    affinity = pod["spec"].get("affinity")
+    if affinity is None:
+        return None
+    required = affinity["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    return str(required["nodeSelectorTerms"][0]["matchExpressions"][0]["values"][0])
 
 
 def test_launch_creates_owner_then_service_then_pods(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.backend.launch(h.spec())
     assert h.api.actions == [
-        ("list", "resourcequotas"),  # checked against the namespace before any create (and
-        ("list", "limitranges"),  # watched from then on: the cache's first Lists)
+        # unplaced: the nodes' room first (the ranks share one pod if they fit a node),
+        ("list", "resourcequotas"),
+        ("list", "nodes"),
+        ("list", "pods", "*"),
+        # then checked against the namespace before any create (watched from then on: the
+        ("list", "limitranges"),  # cache's first Lists, then a round of its watches)
+        ("watch", "resourcequotas"),
+        ("watch", "limitranges"),
         ("create", "configmaps", "rankpack-s1"),  # one request per object: created, not read
         ("create", "services", "rankpack-s1"),
-        *[("create", "pods", p) for p in PODS],
+        ("create", "pods", POD),  # one pod for the three ranks
     ]
     owner_uid = h.api.objects[("configmaps", "rankpack-s1")]["metadata"]["uid"]
-    for p in PODS:
-        refs = h.api.objects[("pods", p)]["metadata"]["ownerReferences"]
-        assert refs[0]["uid"] == owner_uid
-    assert (h.case / ".rankpack" / "hostfile").read_text().splitlines() == [
-        f"{p} slots=1" for p in PODS
-    ]
+    assert h.api.objects[("pods", POD)]["metadata"]["ownerReferences"][0]["uid"] == owner_uid
+    assert (h.case / ".rankpack" / "hostfile").read_text().splitlines() == [f"{POD} slots=3"]
     assert (h.case / ".rankpack" / "rsh-agent").stat().st_mode & 0o111
     obs = h.backend.observe(SIM)
     assert obs.phase is SimPhase.PENDING
     assert {r.phase for r in obs.ranks} == {RankPhase.PENDING}
+
+
+def test_a_placed_launch_creates_a_pod_per_node_in_rank_order(tmp_path: Path) -> None:
+    h = Harness(tmp_path)
+    h.backend.launch(h.spec(rank_nodes=PLACED))
+    assert h.api.actions == [
+        ("list", "resourcequotas"),  # (placed: the nodes are not read)
+        ("list", "limitranges"),
+        ("create", "configmaps", "rankpack-s1"),
+        ("create", "services", "rankpack-s1"),
+        *[("create", "pods", p) for p in PLACED_PODS],
+    ]
+    owner_uid = h.api.objects[("configmaps", "rankpack-s1")]["metadata"]["uid"]
+    for p, node in zip(PLACED_PODS, ("node-1", "node-2"), strict=True):
+        pod = h.api.objects[("pods", p)]
+        assert pod["metadata"]["ownerReferences"][0]["uid"] == owner_uid
+        assert placed_node(pod) == node
+    assert (h.case / ".rankpack" / "hostfile").read_text().splitlines() == [
+        f"{PLACED_PODS[0]} slots=2",
+        f"{PLACED_PODS[1]} slots=1",
+    ]
 
 
 def test_mpich_on_this_host_runs_hydra_calling_back_on_the_route_to_the_pods(
@@ -166,17 +226,20 @@ def test_mpich_on_this_host_runs_hydra_calling_back_on_the_route_to_the_pods(
 
     monkeypatch.setattr(hostmpirun, "address_towards", address)
     h = Harness(tmp_path)
-    h.backend.launch(h.spec(mpi="mpich"))
+    h.backend.launch(h.spec(mpi="mpich", rank_nodes=PLACED))
     assert (h.case / ".rankpack" / "hostfile").read_text().splitlines() == [
-        f"{p}:1" for p in PODS
+        f"{PLACED_PODS[0]}:2",
+        f"{PLACED_PODS[1]}:1",
     ]  # hydra's format
     h.run_all()
     (proc,) = h.procs
     text = " ".join(proc.argv)
     assert "-launcher rsh -launcher-exec " + str(h.case / ".rankpack" / "rsh-agent") in text
     assert "-localhost 10.201.0.1" in text
-    assert towards == [["10.201.0.10", "10.201.0.11", "10.201.0.12"]]  # rank order
-    assert "-genv UCX_TLS self,tcp" in text and "--mca" not in proc.argv
+    assert towards == [["10.201.0.10", "10.201.0.11"]]  # group (so rank) order
+    # the default transport: shared memory within a pod, but UCX's cma (ptrace rights)
+    assert "-genv UCX_TLS ^cma" in text and "--mca" not in proc.argv
+    assert "MPIR_CVAR_NOLOCAL" not in text
     assert proc.env["RANKPACK_NAMESPACE"] == "rankpack"
     assert "OMPI_ALLOW_RUN_AS_ROOT" not in proc.env
     assert h.backend.observe(SIM).phase is SimPhase.RUNNING
@@ -213,14 +276,14 @@ def test_someone_elses_object_is_not_taken(tmp_path: Path) -> None:
 
 def test_mpirun_starts_only_when_every_rank_pod_runs(tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    h.backend.launch(h.spec())
-    h.api.run_pod(PODS[0])
-    h.api.run_pod(PODS[1])
+    h.backend.launch(h.spec(rank_nodes=PLACED))
+    h.api.run_pod(PLACED_PODS[0])
     h.backend.poll_once()
     assert h.procs == []
     obs = h.backend.observe(SIM)
     assert obs.phase is SimPhase.PENDING and "rank 2" in obs.reason
-    h.api.run_pod(PODS[2], ip="10.201.0.9")
+    assert "rank 0" not in obs.reason and "rank 1" not in obs.reason
+    h.api.run_pod(PLACED_PODS[1], node="node-2", ip="10.201.0.9")
     h.backend.poll_once()
     (proc,) = h.procs
     text = " ".join(proc.argv)
@@ -229,12 +292,12 @@ def test_mpirun_starts_only_when_every_rank_pod_runs(tmp_path: Path) -> None:
     assert proc.env["RANKPACK_NAMESPACE"] == "rankpack"
     assert proc.env["RANKPACK_KUBECONFIG"] == "/k"
     assert "LD_PRELOAD" not in proc.env
-    h.usage.by_uid = {h.api.objects[("pods", p)]["metadata"]["uid"]: 10**9 for p in PODS}
+    h.usage.by_uid = {h.api.objects[("pods", p)]["metadata"]["uid"]: 10**9 for p in PLACED_PODS}
     obs = h.backend.observe(SIM)
     assert obs.phase is SimPhase.RUNNING
     assert [r.phase for r in obs.ranks] == [RankPhase.RUNNING] * 3
-    assert [r.pod for r in obs.ranks] == PODS
-    assert obs.ranks[2].node == "node-1"
+    assert [r.pod for r in obs.ranks] == [PLACED_PODS[0], PLACED_PODS[0], PLACED_PODS[1]]
+    assert obs.ranks[2].node == "node-2" and obs.ranks[0].node == "node-1"
     assert obs.ranks[2].allocated == RankResources(1500)
     assert (obs.ranks[0].usage_ns, obs.ranks[0].nr_throttled) == (10**9, 3)
     assert obs.log_text == "Time = 1\n"
@@ -247,18 +310,19 @@ def test_mpirun_starts_only_when_every_rank_pod_runs(tmp_path: Path) -> None:
 
 def test_resize_pending_then_completed_from_status(tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    h.backend.launch(h.spec())
+    h.backend.launch(h.spec(rank_nodes=PLACED))  # rank 2 alone in its group pod
     h.run_all()
     h.api.actions.clear()
     st = h.backend.resize(SIM, 2, RankResources(750))
     assert st.state is ResizeState.PENDING and (st.from_millis, st.to_millis) == (1500, 750)
-    assert h.api.writes() == [("patch", "pods/resize", PODS[2])]
+    assert h.api.writes() == [("patch", "pods/resize", PLACED_PODS[1])]
+    assert h.usage.nices == []  # a group of one rank has no nice values to set
     h.backend.poll_once()
     assert h.backend.observe(SIM).ranks[2].resize.state is ResizeState.PENDING  # type: ignore[union-attr]
-    h.api.set_conditions(PODS[2], {"type": "PodResizeInProgress", "status": "True"})
+    h.api.set_conditions(PLACED_PODS[1], {"type": "PodResizeInProgress", "status": "True"})
     h.backend.poll_once()
     assert h.backend.observe(SIM).ranks[2].resize.state is ResizeState.IN_PROGRESS  # type: ignore[union-attr]
-    h.api.settle_resize(PODS[2])
+    h.api.settle_resize(PLACED_PODS[1])
     h.backend.poll_once()
     rank = h.backend.observe(SIM).ranks[2]
     assert rank.resize is not None and rank.resize.state is ResizeState.COMPLETED
@@ -271,13 +335,13 @@ def test_resize_deferred_then_infeasible_is_reported(tmp_path: Path) -> None:
     h.backend.launch(h.spec())
     h.run_all()
     h.backend.resize(SIM, 0, RankResources(900))
-    h.api.set_conditions(PODS[0], {"type": "PodResizePending", "status": "True",
-                                   "reason": "Deferred", "message": "busy"})  # fmt: skip
+    h.api.set_conditions(POD, {"type": "PodResizePending", "status": "True",
+                               "reason": "Deferred", "message": "busy"})  # fmt: skip
     h.backend.poll_once()
     r = h.backend.observe(SIM).ranks[0].resize
     assert r is not None and r.state is ResizeState.DEFERRED and r.reason == "busy"
-    h.api.set_conditions(PODS[0], {"type": "PodResizePending", "status": "True",
-                                   "reason": "Infeasible", "message": "too big"})  # fmt: skip
+    h.api.set_conditions(POD, {"type": "PodResizePending", "status": "True",
+                               "reason": "Infeasible", "message": "too big"})  # fmt: skip
     h.backend.poll_once()
     r = h.backend.observe(SIM).ranks[0].resize
     assert r is not None and r.state is ResizeState.INFEASIBLE and r.latency_s is not None
@@ -291,41 +355,45 @@ def test_resize_forbidden_by_the_apiserver_is_rejected_at_once(tmp_path: Path) -
     assert st.state is ResizeState.REJECTED
     assert "allocatable" in st.reason
     assert h.api.writes()[-2:] == [
-        ("patch", "pods/resize", PODS[1]),
-        ("create", "events", PODS[1], "ResizeRejected"),
+        ("patch", "pods/resize", POD),  # the group's sum: 250 + 5000 + 1500
+        ("create", "events", POD, "ResizeRejected"),
     ]
     (event,) = h.api.events
     assert event["type"] == "Warning" and "250m -> 5000m" in event["message"]
     obs = h.backend.observe(SIM)
     assert obs.ranks[1].desired == RankResources(250)  # the rank keeps its CPU
     assert obs.phase is SimPhase.RUNNING
+    assert h.usage.nices == []  # and its group its nice values
 
 
 def test_a_deleted_rank_pod_fails_the_simulation(tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    h.backend.launch(h.spec())
+    h.backend.launch(h.spec(rank_nodes=PLACED))
     h.run_all()
     (proc,) = h.procs
-    del h.api.objects[("pods", PODS[1])]
+    del h.api.objects[("pods", PLACED_PODS[1])]  # rank 2's; ranks 0 and 1's pod runs on
     h.backend.poll_once()
     obs = h.backend.observe(SIM)
     assert obs.phase is SimPhase.FAILED
-    assert obs.reason == f"rank pod {PODS[1]} was deleted"
+    assert obs.reason == f"rank pod {PLACED_PODS[1]} was deleted"
     assert obs.failure is FailureCode.POD_DELETED
-    assert obs.ranks[1].phase is RankPhase.FAILED
+    assert obs.ranks[2].phase is RankPhase.FAILED
     assert proc.signals  # mpirun was told to end
     h.api.actions.clear()
     h.backend.poll_once()  # the failure is acted on once
     assert h.api.writes() == []
     (event,) = h.api.events
-    assert (event["reason"], event["involvedObject"]["name"]) == ("SimulationFailed", PODS[1])
+    assert (event["reason"], event["involvedObject"]["name"]) == (
+        "SimulationFailed",
+        PLACED_PODS[1],
+    )
 
 
 def test_an_evicted_rank_pod_fails_the_simulation(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.backend.launch(h.spec())
     h.run_all()
-    h.api.evict(PODS[0])
+    h.api.evict(POD)
     h.backend.poll_once()
     obs = h.backend.observe(SIM)
     assert obs.phase is SimPhase.FAILED and "evicted" in obs.reason
@@ -334,13 +402,14 @@ def test_an_evicted_rank_pod_fails_the_simulation(tmp_path: Path) -> None:
 
 def test_stop_and_release_delete_everything_through_the_owner(tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    h.backend.launch(h.spec())
+    h.backend.launch(h.spec(rank_nodes=PLACED))
     h.run_all()
     h.api.actions.clear()
     h.backend.release(SIM)
     writes = h.api.writes()
-    assert writes[:3] == [("exec", p, "/bin/sh -c kill -9 -1 2>/dev/null; true") for p in PODS]
-    assert writes[3:] == [("delete", "configmaps", "rankpack-s1", "Foreground")]
+    kill = "/bin/sh -c kill -9 -1 2>/dev/null; true"
+    assert sorted(writes[:2]) == [("exec", p, kill) for p in PLACED_PODS]  # one per pod
+    assert writes[2:] == [("delete", "configmaps", "rankpack-s1", "Foreground")]
     assert h.api.objects == {}  # the garbage collector took the service and the pods
     assert h.procs[0].signals
     h.backend.release(SIM)  # idempotent
@@ -349,7 +418,7 @@ def test_stop_and_release_delete_everything_through_the_owner(tmp_path: Path) ->
 
 def test_list_and_adopt(tmp_path: Path) -> None:
     h = Harness(tmp_path)
-    h.backend.launch(h.spec())
+    h.backend.launch(h.spec(rank_nodes=PLACED))
     h.run_all()
     h.backend.resize(SIM, 2, RankResources(500))
     later = h.make()
@@ -357,11 +426,13 @@ def test_list_and_adopt(tmp_path: Path) -> None:
     assert ref.sim_id == SIM and ref.phase is SimPhase.RUNNING
     with pytest.raises(UnknownSimulation):
         later.adopt("nope", h.spec(sim_id="nope"))
-    later.adopt(SIM, h.spec())
+    later.adopt(SIM, h.spec(rank_nodes=PLACED))
     later.poll_once()
     obs = later.observe(SIM)
     assert obs.phase is SimPhase.RUNNING
-    assert obs.ranks[2].desired == RankResources(500)  # read back from the pod
+    assert obs.ranks[2].desired == RankResources(500)  # read back from its (own) group pod
+    assert [r.desired for r in obs.ranks[:2]] == [RankResources(250)] * 2
+    assert [r.pod for r in obs.ranks] == [PLACED_PODS[0], PLACED_PODS[0], PLACED_PODS[1]]
     (h.case / ".rankpack" / "mpirun.exit").write_text("0\n")
     later.poll_once()
     assert later.observe(SIM).phase is SimPhase.SUCCEEDED
@@ -480,7 +551,7 @@ def test_rank_pods_that_never_run_fail_the_simulation(tmp_path: Path) -> None:
     h = Harness(tmp_path)
     h.backend.config = dataclasses.replace(h.backend.config, start_timeout_s=0.0)
     h.backend.launch(h.spec())
-    pod = h.api.objects[("pods", PODS[0])]
+    pod = h.api.objects[("pods", POD)]
     unscheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}
     pod["status"]["conditions"] = [unscheduled]
     h.backend.poll_once()
@@ -512,21 +583,21 @@ def test_adopting_before_the_pods_exist_creates_them(tmp_path: Path) -> None:
     h.backend.adopt(SIM, h.spec())
     created = [a for a in h.api.actions if a[0] == "create"]
     assert ("create", "configmaps", "rankpack-s1") in created
-    assert [a[2] for a in created if a[1] == "pods"] == PODS
+    assert [a[2] for a in created if a[1] == "pods"] == [POD]
     h.run_all()
     assert len(h.procs) == 1
 
 
 def test_adopting_when_some_pods_exist_creates_the_missing_ones(tmp_path: Path) -> None:
-    """The earlier process died between creating rank 0's pod and rank 1's (seen in CI: the
-    adopter waited 300 s for a pod nobody would create)."""
+    """The earlier process died between creating group 0's pod and group 1's (seen in CI:
+    the adopter waited 300 s for a pod nobody would create)."""
     h = Harness(tmp_path)
-    h.backend.launch(h.spec())
-    del h.api.objects[("pods", PODS[1])]
+    h.backend.launch(h.spec(rank_nodes=PLACED))
+    del h.api.objects[("pods", PLACED_PODS[1])]
     h.api.actions.clear()
     later = h.make()
-    later.adopt(SIM, h.spec())
-    assert [a[2] for a in h.api.actions if a[:2] == ("create", "pods")] == [PODS[1]]
+    later.adopt(SIM, h.spec(rank_nodes=PLACED))
+    assert [a[2] for a in h.api.actions if a[:2] == ("create", "pods")] == [PLACED_PODS[1]]
     h.run_all()
     later.poll_once()
     assert len(h.procs) == 1 and later.observe(SIM).phase is SimPhase.RUNNING
@@ -606,7 +677,7 @@ def test_a_node_that_cannot_be_read_flags_its_ranks_and_warns_once_per_outage(
     h = Harness(tmp_path)
     h.backend.launch(h.spec())
     h.run_all()
-    h.usage.by_uid = {h.api.objects[("pods", p)]["metadata"]["uid"]: 10**9 for p in PODS}
+    h.usage.by_uid = {h.api.objects[("pods", POD)]["metadata"]["uid"]: 10**9}
     h.usage.shim = ShimSample(7, 3, 0.7, "spin")
     obs = h.backend.observe(SIM)
     assert all(r.readings_ok for r in obs.ranks)
@@ -620,7 +691,7 @@ def test_a_node_that_cannot_be_read_flags_its_ranks_and_warns_once_per_outage(
         # the last counters, flagged: never the fresh ones it could not read
         assert [r.usage_ns for r in obs.ranks] == [10**9] * 3
         assert obs.ranks[0].compute_ns == 7
-    assert h.api.writes() == [("create", "events", PODS[0], "NodeAgentUnreachable")]
+    assert h.api.writes() == [("create", "events", POD, "NodeAgentUnreachable")]
     assert "node agent on node-1 unreachable: timed out" in h.api.events[-1]["message"]
     h.usage.down = {}
     obs = h.backend.observe(SIM)
@@ -641,7 +712,7 @@ def test_wait_modes_are_set_on_the_ranks_nodes(
     with pytest.raises(BackendError, match="unknown wait mode"):
         h.backend.set_wait_mode(SIM, "nap")
     h.backend.set_wait_mode(SIM, "polite")
-    assert h.usage.modes == [(SIM, PODS, "polite")]
+    assert h.usage.modes == [(SIM, [POD], "polite")]  # the group pod, once
 
 
 def test_a_simulation_without_the_shim_has_no_wait_mode(tmp_path: Path) -> None:
@@ -707,12 +778,10 @@ def test_following_a_running_simulation_sends_no_request(tmp_path: Path) -> None
     assert {a[0] for a in api.actions[before:]} == {"watch"}
     before = len(api.actions)
     h.backend.resize(SIM, 2, RankResources(750))
-    h.api.settle_resize(PODS[2])
+    h.api.settle_resize(POD)
     h.backend.poll_once()
     assert h.backend.observe(SIM).ranks[2].resize.state is ResizeState.COMPLETED  # type: ignore[union-attr]
-    assert [a for a in api.actions[before:] if a[0] != "watch"] == [
-        ("patch", "pods/resize", PODS[2])
-    ]
+    assert [a for a in api.actions[before:] if a[0] != "watch"] == [("patch", "pods/resize", POD)]
 
 
 def test_a_watch_answered_gone_lists_again_once(tmp_path: Path) -> None:
@@ -722,6 +791,11 @@ def test_a_watch_answered_gone_lists_again_once(tmp_path: Path) -> None:
     path = "/api/v1/namespaces/rankpack/pods"
     h.api.gone.add(path)
     h.run_all()  # the next watch is answered 410: the pods are listed again
-    assert [a for a in h.api.actions if a[:2] == ("list", "pods")] == [("list", "pods")] * 2
+    # (the namespace's pods; the launch's look at the nodes' room listed every namespace's)
+    assert [a for a in h.api.actions if a[:2] == ("list", "pods")] == [
+        ("list", "pods", "*"),
+        ("list", "pods"),
+        ("list", "pods"),
+    ]
     assert len(h.procs) == 1  # and the round went on from the fresh List
     assert h.backend.cache.stats()[path]["gone"] == 1

@@ -23,7 +23,7 @@ from rankpack.backend.protocol import (
 from rankpack.backend.worker import _Stage
 from rankpack.core.failures import FailureCode
 from tests.fakeapi import FakeKubeApi
-from tests.unit.backend.kubernetes.test_backend import PODS, SIM, Harness
+from tests.unit.backend.kubernetes.test_backend import PLACED, PLACED_PODS, POD, SIM, Harness
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -62,12 +62,13 @@ def test_a_create_refused_for_quota_halfway_deletes_what_was_made(tmp_path: Path
     h = Harness(tmp_path, api)
     staged(h)
     with pytest.raises(LaunchRefused) as refused:
-        h.backend.launch(h.spec())  # 250m + 250m created, the 1500m rank refused
+        # group 0 (250m + 250m) created, group 1 (the 1500m rank) refused
+        h.backend.launch(h.spec(rank_nodes=PLACED))
     assert refused.value.code is FailureCode.QUOTA_EXCEEDED
     assert "exceeded quota: q" in str(refused.value)
     assert [a for a in api.writes() if a[1] == "pods"][:2] == [
-        ("create", "pods", PODS[0]),
-        ("create", "pods", PODS[1]),
+        ("create", "pods", PLACED_PODS[0]),
+        ("create", "pods", PLACED_PODS[1]),
     ]
     assert ("delete", "configmaps", "rankpack-s1", "Foreground") in api.writes()
     assert left(api) == []  # no partial gang
@@ -111,30 +112,51 @@ def test_limits_quota_without_limits_on_rank_pods_is_refused_for_good(tmp_path: 
 def test_limits_quota_counts_the_limit_ranges_default_limit(tmp_path: Path) -> None:
     api = FakeKubeApi()
     api.objects[("resourcequotas", "q")] = quota("4", "2", resource="limits.cpu")
-    api.objects[("limitranges", "lr")] = limit_range(default="2")  # 3 ranks x 2 > 2 free
+    api.objects[("limitranges", "lr")] = limit_range(default="2")  # 2 pods x 2 > 2 free
     h = Harness(tmp_path, api)
     ranks = (RankResources(250), RankResources(250), RankResources(1500))
     with pytest.raises(LaunchRefused, match=r"limits\.cpu free"):
-        h.backend.launch(h.spec(ranks=ranks))
+        h.backend.launch(h.spec(ranks=ranks, rank_nodes=PLACED))
 
 
 @pytest.mark.parametrize(
-    ("cpu", "why"),
+    ("cpu", "nodes", "why"),
     [
-        ({"min": "300m"}, "rank 0: request 250m below the minimum of LimitRange lr"),
-        ({"max": "1"}, "rank 2: request 1500m above the maximum of LimitRange lr"),
-        ({"default": "1"}, "rank 2: request 1500m above its CPU limit 1000m"),
-        ({"maxLimitRequestRatio": "2"}, "rank 0: no CPU limit, which LimitRange lr"),
+        pytest.param(
+            {"min": "300m"}, ("n1", "n2", "n2"),
+            "pod rankpack-s1-g0 (ranks 0): request 250m below the minimum of LimitRange lr",
+            id="min-a-rank-alone",
+        ),
+        pytest.param(
+            {"max": "1"}, PLACED,
+            "pod rankpack-s1-g1 (ranks 2): request 1500m above the maximum of LimitRange lr",
+            id="max",
+        ),
+        pytest.param(
+            {"max": "1800m"}, (),
+            "pod rankpack-s1-g0 (ranks 0-2): request 2000m above the maximum of LimitRange lr",
+            id="max-the-groups-sum",  # (every rank within it: their pod is not)
+        ),
+        pytest.param(
+            {"default": "1"}, PLACED,
+            "pod rankpack-s1-g1 (ranks 2): request 1500m above its CPU limit 1000m",
+            id="default-limit",
+        ),
+        pytest.param(
+            {"maxLimitRequestRatio": "2"}, (),
+            "pod rankpack-s1-g0 (ranks 0-2): no CPU limit, which LimitRange lr",
+            id="ratio",
+        ),
     ],
-)
+)  # fmt: skip
 def test_a_rank_outside_the_limit_range_is_refused_before_any_create(
-    tmp_path: Path, cpu: dict[str, str], why: str
+    tmp_path: Path, cpu: dict[str, str], nodes: tuple[str, ...], why: str
 ) -> None:
     api = FakeKubeApi()
     api.objects[("limitranges", "lr")] = limit_range(**cpu)
     h = Harness(tmp_path, api)
     with pytest.raises(LaunchFailed) as failed:
-        h.backend.launch(h.spec())
+        h.backend.launch(h.spec(rank_nodes=nodes))
     assert failed.value.code is FailureCode.OUTSIDE_LIMIT_RANGE
     assert why in str(failed.value)
     assert api.writes() == []
@@ -142,14 +164,14 @@ def test_a_rank_outside_the_limit_range_is_refused_before_any_create(
 
 def test_a_create_the_limit_ranger_refuses_is_outside_limit_range(tmp_path: Path) -> None:
     def limit_ranger(kind: str, body: dict[str, Any]) -> None:
-        if kind == "pods" and body["metadata"]["name"] == PODS[1]:
-            raise ApiError(403, "Forbidden", f'pods "{PODS[1]}" is forbidden: minimum cpu '
-                           "usage per Container is 300m, but request is 250m")  # fmt: skip
+        if kind == "pods" and body["metadata"]["name"] == PLACED_PODS[1]:
+            raise ApiError(403, "Forbidden", f'pods "{PLACED_PODS[1]}" is forbidden: minimum '
+                           "cpu usage per Container is 2, but request is 1500m")  # fmt: skip
 
     api = FakeKubeApi(admit=limit_ranger)
     h = Harness(tmp_path, api)
     with pytest.raises(LaunchFailed) as failed:
-        h.backend.launch(h.spec())
+        h.backend.launch(h.spec(rank_nodes=PLACED))  # the second pod refused
     assert failed.value.code is FailureCode.OUTSIDE_LIMIT_RANGE
     assert left(api) == []
 
@@ -188,9 +210,10 @@ def test_a_grow_the_quota_refuses_is_rejected_with_the_quota_code(tmp_path: Path
     h = Harness(tmp_path, api)
     h.backend.launch(h.spec())
     h.run_all()
-    st = h.backend.resize(SIM, 0, RankResources(500))  # +250m: past the 2100m quota
+    # +250m: the group pod's 2000m to 2250m, past the 2100m quota
+    st = h.backend.resize(SIM, 0, RankResources(500))
     assert st.state is ResizeState.REJECTED and st.code is FailureCode.QUOTA_EXCEEDED
-    assert ("create", "events", PODS[0], "QuotaExceeded") in api.actions
+    assert ("create", "events", POD, "QuotaExceeded") in api.actions
     assert h.backend.resize(SIM, 0, RankResources(300)).state is not ResizeState.REJECTED
 
 
@@ -207,17 +230,18 @@ def test_in_pod_mode_the_launcher_pod_counts_against_the_quota_and_limit_range(
     api.objects[("resourcequotas", "q")] = quota("1", "0")
     config = KubernetesConfig(kubeconfig=Path("/k"), namespace="rankpack", launcher="pod",
                               launcher_cpu_millis=50)  # fmt: skip
-    ranks = [RankResources(500), RankResources(500)]  # the quota's 1000m, and 50m more
-    check = ClusterCapacity(api, config, Cache(api, background=False)).launch_check(ranks)
+    # two group pods: the quota's 1000m, and 50m more
+    pods = [("pod a", RankResources(500)), ("pod b", RankResources(500))]
+    check = ClusterCapacity(api, config, Cache(api, background=False)).launch_check(pods)
     assert check.refusal is not None and check.refusal[0] is FailureCode.QUOTA_EXCEEDED
     assert "need 1050m" in check.refusal[1]
     # a LimitRange min above the launcher's request raises it (and counts it so)
     api.objects[("resourcequotas", "q")] = quota("2", "0")
     api.objects[("limitranges", "lr")] = limit_range(min="100m")
-    check = ClusterCapacity(api, config, Cache(api, background=False)).launch_check(ranks)
+    check = ClusterCapacity(api, config, Cache(api, background=False)).launch_check(pods)
     assert check.refusal is None and check.launcher_millis == 100
     h = Harness(tmp_path)
-    sim = SimRecord(spec=h.spec(), image="i", volume=None, desired=[], in_pod=True)  # type: ignore[arg-type]
+    sim = SimRecord(spec=h.spec(), image="i", volume=None, desired=[], groups=(), in_pod=True)  # type: ignore[arg-type]
     assert (opts := options_of(sim, config)) is not None and opts.cpu_millis == 50
     sim.launcher_millis = check.launcher_millis
     assert (opts := options_of(sim, config)) is not None and opts.cpu_millis == 100

@@ -22,7 +22,7 @@ from rankpack.backend.protocol import SimPhase
 from rankpack.core.failures import FailureCode
 from tests.unit.backend.kubernetes._helpers import node_object
 from tests.unit.backend.kubernetes.starting.test_podmode import LAUNCHER, PodHarness
-from tests.unit.backend.kubernetes.test_backend import PODS, SIM
+from tests.unit.backend.kubernetes.test_backend import PLACED, PLACED_PODS, SIM
 from tests.unit.backend.kubernetes.test_backend import Harness as HostHarness
 
 pytestmark = pytest.mark.timeout(20)
@@ -89,13 +89,25 @@ def _with_nodes(h: HostHarness, *names: str) -> None:
     h.api.leases = [lease(n, time.time()) for n in names]
 
 
+def _busy(node: str, cpu: str) -> dict[str, Any]:
+    """Another tenant's running pod on ``node`` asking for ``cpu``."""
+    containers = [{"resources": {"requests": {"cpu": cpu}}}]
+    return {"metadata": {"namespace": "elsewhere"},
+            "spec": {"nodeName": node, "containers": containers},
+            "status": {"phase": "Running"}}  # fmt: skip
+
+
 def test_a_rank_pod_on_a_lost_node_fails_its_simulation_node_lost(tmp_path: Path) -> None:
     h = HostHarness(tmp_path)
     _with_nodes(h, "node-1", "node-2")
+    # neither node has room for the 2000m of all three ranks: ranks 0 and 1 (500m) fill
+    # node-1's 1500m first, rank 2 (1500m) goes to node-2's 1300m (`groups.plan_unplaced`)
+    h.api.other_pods = [_busy("node-1", "2500m"), _busy("node-2", "2700m")]
     h.backend.launch(h.spec())
-    for i, name in enumerate(PODS):
-        h.api.run_pod(name, node="node-2" if i == 2 else "node-1", ip=f"10.201.0.{10 + i}")
-    h.backend.poll_once()
+    h.run_all()  # each group pod on the node its affinity names
+    assert [h.backend.sims[SIM].pods[r]["spec"]["nodeName"] for r in range(3)] == [
+        "node-1", "node-1", "node-2"
+    ]  # fmt: skip
     (proc,) = h.procs
     assert h.backend.observe(SIM).phase is SimPhase.RUNNING
     h.api.nodes[1] = node_object("node-2", "Unknown")  # the control plane no longer hears it
@@ -103,15 +115,18 @@ def test_a_rank_pod_on_a_lost_node_fails_its_simulation_node_lost(tmp_path: Path
     h.backend.poll_once()
     obs = h.backend.observe(SIM)
     assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.NODE_LOST
-    assert f"rank pod {PODS[2]} is on a lost node" in obs.reason and "node-2" in obs.reason
+    assert f"rank pod {PLACED_PODS[1]} is on a lost node" in obs.reason and "node-2" in obs.reason
     assert proc.signals  # mpirun was told to end
     (event,) = h.api.events
-    assert (event["reason"], event["involvedObject"]["name"]) == ("SimulationFailed", PODS[2])
+    assert (event["reason"], event["involvedObject"]["name"]) == (
+        "SimulationFailed",
+        PLACED_PODS[1],
+    )
     h.api.actions.clear()
     h.backend.release(SIM)
     # the lost node's pod at once (no kubelet will confirm its end), the others gracefully
     forced = [a for a in h.api.actions if a[:2] == ("delete", "pods") and len(a) == 5]
-    assert forced == [("delete", "pods", PODS[2], "Background", 0)]
+    assert forced == [("delete", "pods", PLACED_PODS[1], "Background", 0)]
 
 
 def test_simulations_wholly_on_other_nodes_go_on(tmp_path: Path) -> None:
@@ -148,8 +163,7 @@ def test_mpirun_ending_first_is_held_then_node_lost(tmp_path: Path) -> None:
     within seconds, long before the node is judged lost. The end waits for the verdict."""
     h = PodHarness(tmp_path)
     _with_nodes(h, "node-1", "node-2")
-    h.running()
-    h.api.run_pod(PODS[2], node="node-2", ip="10.201.1.12")
+    h.running(rank_nodes=PLACED)  # rank 2's group pod on node-2
     h.api.leases[1] = lease("node-2", time.time() - 40)  # its last renewal, before the crash
     h.end_launcher(1, reason="Error")
     h.api.leases[0] = lease("node-1", time.time() + 2)  # node-1 renews after the end

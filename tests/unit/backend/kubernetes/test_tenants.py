@@ -18,7 +18,14 @@ from rankpack.backend.kubernetes.tenants import NamespacedBackends, intersect
 from rankpack.backend.protocol import BackendError, RankBounds, RankResources, UnknownSimulation
 from rankpack.backend.worker import News
 from tests.fakeapi import FakeKubeApi
-from tests.unit.backend.kubernetes.test_backend import PODS, SIM, FakeReadings, Harness
+from tests.unit.backend.kubernetes.test_backend import (
+    PLACED,
+    PLACED_PODS,
+    POD,
+    SIM,
+    FakeReadings,
+    Harness,
+)
 from tests.unit.backend.kubernetes.test_backend_quota import limit_range, quota
 
 pytestmark = pytest.mark.timeout(20)
@@ -62,15 +69,15 @@ class TwoNamespaces:
 
 def test_a_simulation_lives_in_its_own_namespace_only(tmp_path: Path) -> None:
     t = TwoNamespaces(tmp_path)
-    t.backend.launch(t.h.spec(namespace=B))
-    assert t.pods(B) == PODS and t.pods(A) == []
+    t.backend.launch(t.h.spec(namespace=B, rank_nodes=PLACED))
+    assert t.pods(B) == PLACED_PODS and t.pods(A) == []
     assert t.apis[A].writes() == []
-    for i, name in enumerate(PODS):
+    for i, name in enumerate(PLACED_PODS):
         t.apis[B].run_pod(name, ip=f"10.201.0.{10 + i}")
     t.backend.backends[B].poll_once()
     assert t.backend.observe(SIM).sim_id == SIM
     t.backend.resize(SIM, 0, RankResources(300))
-    assert ("patch", "pods/resize", PODS[0]) in t.apis[B].actions
+    assert ("patch", "pods/resize", PLACED_PODS[0]) in t.apis[B].actions
     t.backend.stop(SIM)
     t.backend.release(SIM)
     assert t.pods(B) == [] and t.apis[A].writes() == []
@@ -93,7 +100,7 @@ def test_a_namespace_not_served_is_refused_and_a_simulation_never_moves(tmp_path
 def test_without_a_namespace_a_simulation_goes_to_the_first(tmp_path: Path) -> None:
     t = TwoNamespaces(tmp_path)
     t.backend.launch(t.h.spec())
-    assert t.pods(A) == PODS and t.pods(B) == []
+    assert t.pods(A) == [POD] and t.pods(B) == []
 
 
 def test_the_listing_is_every_namespaces_and_discard_finds_its_namespace(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import copy
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -223,3 +225,89 @@ def test_group_pod_names_must_be_hostnames(sim_id: str, n_groups: int, ok: bool)
     else:
         with pytest.raises(BackendError, match="group pod"):
             grouppods.check_group_pod_names(sim_id, planned)
+
+
+# -- reading groups back from the API's pods (untrusted: anyone who may edit a pod) ----------
+
+FIVE = tuple(RankResources(100 * (r + 1)) for r in range(5))
+
+
+def _listed(nodes: tuple[str, ...] = ("n0", "n0", "n0", "n1", "n1")) -> list[Any]:
+    """The group pods of a five-rank simulation as the API lists them (scheduled)."""
+    spec = sim_spec(ranks=FIVE, rank_nodes=nodes)
+    pods = []
+    for group in plan_groups(5, nodes):
+        pod = grouppods.group_pod(spec, group, OWNER, HostPathVolume(CASE), "img")
+        pod["spec"]["nodeName"] = group.node
+        pods.append(pod)
+    return pods
+
+
+def _edited(pod: Any, *, group: str | None = None, ranks: str | None = None) -> Any:
+    pod = copy.deepcopy(pod)
+    if group is not None:
+        pod["metadata"]["labels"][grouppods.GROUP_LABEL] = group
+    if ranks is not None:
+        pod["metadata"]["annotations"][grouppods.RANKS_ANNOTATION] = ranks
+    return pod
+
+
+def test_a_group_pods_ranks_come_back_from_its_annotation() -> None:
+    g0, g1 = _listed()
+    assert (grouppods.pod_ranks(g0), grouppods.pod_ranks(g1)) == ((0, 1, 2), (3, 4))
+    assert grouppods.groups_of_pods([g1, g0], 5) == plan_groups(5, ("n0",) * 3 + ("n1",) * 2)
+    unscheduled = copy.deepcopy(g0)
+    del unscheduled["spec"]["nodeName"]
+    one = grouppods.groups_of_pods([_edited(unscheduled, ranks="0-4")], 5)
+    assert one == (RankGroup(0, None, (0, 1, 2, 3, 4)),)
+
+
+@pytest.mark.parametrize(
+    "edit",
+    [
+        pytest.param({"ranks": "0-2; rm -rf /"}, id="forged-annotation"),
+        pytest.param({"ranks": "2-0"}, id="descending"),
+        pytest.param({"ranks": "0,1,2"}, id="a-list"),
+        pytest.param({"ranks": ""}, id="empty"),
+        pytest.param({"ranks": "0-4096"}, id="beyond-max-ranks"),
+    ],
+)
+def test_an_edited_annotation_holds_no_ranks(edit: dict[str, str]) -> None:
+    g0, g1 = _listed()
+    forged = _edited(g0, **edit)
+    assert grouppods.pod_ranks(forged) == ()
+    assert grouppods.groups_of_pods([forged, g1], 5) is None
+
+
+def test_a_pod_that_is_no_group_pod_holds_no_ranks() -> None:
+    g0, _ = _listed()
+    no_label = copy.deepcopy(g0)
+    del no_label["metadata"]["labels"][grouppods.GROUP_LABEL]
+    no_annotation = copy.deepcopy(g0)
+    del no_annotation["metadata"]["annotations"]
+    rank_pod = builders.rank_pod(sim_spec(), 0, OWNER, HostPathVolume(CASE), "img")
+    for pod in (no_label, no_annotation, rank_pod, {}):
+        assert grouppods.pod_ranks(pod) == ()
+
+
+@pytest.mark.parametrize(
+    "pods",
+    [
+        pytest.param(lambda g0, g1: [g0], id="a-pod-missing"),
+        pytest.param(lambda g0, g1: [g0, _edited(g1, ranks="4")], id="a-gap"),
+        pytest.param(lambda g0, g1: [g0, _edited(g1, ranks="2-4")], id="a-rank-twice"),
+        pytest.param(lambda g0, g1: [g0, _edited(g1, group="0")], id="a-group-twice"),
+        pytest.param(lambda g0, g1: [g0, _edited(g1, group="2")], id="an-index-skipped"),
+        pytest.param(lambda g0, g1: [g0, _edited(g1, group="x")], id="an-index-not-a-number"),
+        pytest.param(
+            lambda g0, g1: [_edited(g0, ranks="3-4"), _edited(g1, ranks="0-2")], id="out-of-order"
+        ),
+        pytest.param(lambda g0, g1: [g0, _edited(g1, ranks="3-5")], id="more-ranks"),
+        pytest.param(lambda g0, g1: [], id="none"),
+    ],
+)
+def test_pods_that_do_not_cover_the_ranks_once_in_order_are_no_groups(
+    pods: Callable[[Any, Any], list[Any]],
+) -> None:
+    g0, g1 = _listed()
+    assert grouppods.groups_of_pods(pods(g0, g1), 5) is None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import itertools
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rankpack.backend.kubernetes.objects import groups
@@ -165,3 +165,58 @@ def test_parsing_any_text_gives_a_run_or_value_error(text: str) -> None:
     assert ranks and ranks[-1] < MAX_RANKS
     assert list(ranks) == list(range(ranks[0], ranks[-1] + 1))
     assert groups.ranks_annotation(RankGroup(0, None, ranks)) == text
+
+
+UNPLACED_CASES = [
+    pytest.param(
+        [250, 250, 1500], {"n1": 2000, "n2": 500}, [(None, (0, 1, 2))], id="fits-the-roomiest"
+    ),
+    pytest.param([250, 250, 1500], {}, [(None, (0, 1, 2))], id="no-room-known"),
+    # (too big for any node: on the roomiest, to wait there for room like any pod)
+    pytest.param([100], {"n1": 0, "n2": 50}, [("n2", (0,))], id="one-rank-no-room"),
+    pytest.param(
+        [250, 250, 1500], {"b": 1300, "a": 1500}, [("a", (0, 1)), ("b", (2,))], id="roomiest-first"
+    ),
+    pytest.param(
+        [500] * 5,
+        {"n1": 1000, "n2": 1000, "n3": 1000},
+        [("n1", (0, 1)), ("n2", (2, 3)), ("n3", (4,))],
+        id="fills-in-order-ties-by-name",
+    ),
+    pytest.param(
+        [500] * 4, {"a": 600, "b": 500}, [("a", (0,)), ("b", (1, 2, 3))], id="last-takes-the-rest"
+    ),
+    pytest.param([500, 500], {"a": 100, "b": 50}, [("a", (0,)), ("b", (1,))], id="none-fits"),
+]
+
+
+@pytest.mark.parametrize(("requests", "room", "want"), UNPLACED_CASES)
+def test_plan_unplaced(
+    requests: list[int], room: dict[str, int], want: list[tuple[str | None, tuple[int, ...]]]
+) -> None:
+    planned = groups.plan_unplaced(requests, room)
+    assert [(g.node, g.ranks) for g in planned] == want
+    assert [g.index for g in planned] == list(range(len(want)))
+
+
+def test_plan_unplaced_refuses_no_ranks() -> None:
+    with pytest.raises(BackendError, match="at least one rank"):
+        groups.plan_unplaced([], {"n1": 1000})
+
+
+@settings(max_examples=60)
+@given(
+    st.lists(st.integers(1, 3000), min_size=1, max_size=12),
+    st.dictionaries(st.sampled_from(["n0", "n1", "n2", "n3"]), st.integers(0, 4000), max_size=4),
+)
+def test_an_unplaced_split_covers_every_rank_once_on_fewer_groups_than_nodes(
+    requests: list[int], room: dict[str, int]
+) -> None:
+    planned = groups.plan_unplaced(requests, room)
+    assert [r for g in planned for r in g.ranks] == list(range(len(requests)))
+    if not room or sum(requests) <= max(room.values()):
+        assert len(planned) == 1 and planned[0].node is None  # the scheduler places it
+        return
+    nodes = [g.node for g in planned]  # split: each node once, the roomiest first
+    assert len(set(nodes)) == len(nodes) and set(nodes) <= set(room)
+    assert [room[str(n)] for n in nodes] == sorted((room[str(n)] for n in nodes), reverse=True)

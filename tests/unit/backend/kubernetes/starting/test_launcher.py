@@ -20,7 +20,8 @@ from tests.fakeapi import FakeKubeApi
 from tests.fakeclock import FakeClock
 
 SIM = "s1"
-PODS = tuple(f"rankpack-{SIM}-{i}" for i in range(3))
+PODS = tuple(f"rankpack-{SIM}-g{i}" for i in range(3))
+"""The group pods of `instructions` (a rank each unless ``ranks`` says more)."""
 AGENT = Path("/opt/rankpack/bin/rankpack-exec")
 
 
@@ -48,8 +49,10 @@ def instructions(case: Path, **kw: Any) -> Instructions:
 
 
 def test_instructions_round_trip() -> None:
-    ins = instructions(Path("/runs/r1"), subnet="10.201.0.0/24")
+    ins = instructions(Path("/runs/r1"), subnet="10.201.0.0/24", ranks=3)
     assert Instructions.parse(ins.to_json()) == ins
+    grouped = instructions(Path("/runs/r1"), ranks=7)  # three group pods, seven ranks
+    assert Instructions.parse(grouped.to_json()) == grouped and grouped.n_ranks == 7
 
 
 def _data() -> dict[str, Any]:
@@ -86,6 +89,10 @@ BAD: list[tuple[str, Any]] = [
     ("mpi-unknown", {**_data(), "mpi": "intelmpi"}),
     ("mpi-not-string", {**_data(), "mpi": ["mpich"]}),
     ("transport-unknown", {**_data(), "transport": "shm"}),
+    ("fewer-ranks-than-pods", {**_data(), "ranks": 2}),
+    ("ranks-bool", {**_data(), "ranks": True}),
+    ("ranks-string", {**_data(), "ranks": "4"}),
+    ("ranks-too-many", {**_data(), "ranks": 1 << 20}),
 ]
 
 
@@ -97,11 +104,13 @@ def test_bad_instructions_are_refused(name: str, data: Any) -> None:
 
 
 def test_mpich_instructions_round_trip_and_older_ones_mean_open_mpi_over_tcp() -> None:
-    ins = instructions(Path("/runs/r1"), mpi="mpich", transport="auto")
+    ins = instructions(Path("/runs/r1"), mpi="mpich", transport="tcp", ranks=3)
     assert Instructions.parse(ins.to_json()) == ins
-    older = {k: v for k, v in _data().items() if k not in ("mpi", "transport")}
+    assert instructions(Path("/runs/r1")).transport == "auto"  # (the default now)
+    older = {k: v for k, v in _data().items() if k not in ("mpi", "transport", "ranks")}
     parsed = Instructions.parse(json.dumps(older))
-    assert (parsed.mpi, parsed.transport) == ("openmpi", "tcp")
+    # written before MPICH, shared memory and rank groups: Open MPI over TCP, a rank per pod
+    assert (parsed.mpi, parsed.transport, parsed.n_ranks) == ("openmpi", "tcp", len(PODS))
 
 
 def test_a_subnet_is_normalised() -> None:
@@ -305,10 +314,19 @@ def test_an_mpich_run_starts_hydra_calling_back_to_this_pod(tmp_path: Path) -> N
     assert argv[0] == "/usr/bin/mpiexec.hydra"
     assert f"-launcher rsh -launcher-exec {AGENT}" in text
     assert "-localhost 10.201.0.30" in text  # this pod's IP: pod names do not resolve
-    assert "-genv MPIR_CVAR_NOLOCAL 1" in text and "-genv UCX_TLS self,tcp" in text
+    # the default transport: the library's own (shared memory within a pod) but UCX's cma
+    assert "-genv UCX_TLS ^cma" in text and "MPIR_CVAR_NOLOCAL" not in text
     assert "-genv WM_PROJECT_DIR /usr/share/openfoam" in text
     assert "--mca" not in argv and "OMPI_ALLOW_RUN_AS_ROOT" not in env
     assert env["RANKPACK_NAMESPACE"] == "rankpack"
+
+
+def test_mpirun_starts_every_rank_of_the_group_pods(tmp_path: Path) -> None:
+    h = LauncherHarness(tmp_path)
+    h.launch.instructions = instructions(h.case, ranks=5)  # 3 group pods, 5 ranks
+    assert h.launch.run() == 0
+    ((argv, _cwd, _env, _fds),) = h.spawned
+    assert argv[argv.index("-np") + 1] == "5"
 
 
 def test_mpirun_killed_by_a_signal_exits_128_plus_n(tmp_path: Path) -> None:

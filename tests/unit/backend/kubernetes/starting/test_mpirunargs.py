@@ -40,7 +40,9 @@ def test_mpirun_argv(given: dict[str, Any], present: list[str]) -> None:
     assert argv[:3] == ["/usr/bin/mpirun", "-np", "4"]
     assert "--mca plm_rsh_agent /runs/r1/.rankpack/rsh-agent" in text
     assert "--mca plm_rsh_no_tree_spawn 1" in text
-    assert "--mca pml ob1 --mca btl self,tcp" in text
+    # the default transport: shared memory within a group pod, without CMA's single copy
+    assert "--mca pml ob1 --mca btl self,vader,tcp" in text
+    assert "--mca btl_vader_single_copy_mechanism none" in text
     assert "--hostfile /runs/r1/.rankpack/hostfile" in text
     assert "-x LD_PRELOAD=/runs/r1/.rankpack/lib/x.so -x WM_PROJECT_DIR=/usr/lib/openfoam" in text
     assert argv[-2:] == ["simpleFoam", "-parallel"]
@@ -73,6 +75,9 @@ def test_open_mpi_transport(transport: str, btl: str) -> None:
     argv = mpirunargs.mpirun_argv(_args(transport=transport))
     assert ["btl", btl] in _pairs(argv, "--mca", 2)
     assert ["pml", "ob1"] in _pairs(argv, "--mca", 2)
+    # (process_vm_readv between ranks needs ptrace rights a restricted pod's ranks lack)
+    no_cma = ["btl_vader_single_copy_mechanism", "none"] in _pairs(argv, "--mca", 2)
+    assert no_cma is (transport == "auto")
     assert "-genv" not in argv and "-localhost" not in argv
 
 
@@ -97,16 +102,19 @@ def test_mpich_hydra_argv(transport: str, address: str | None) -> None:
     assert _pairs(argv, "-localhost", 1) == ([[address]] if address else [])
     genv = {name: value for name, value in _pairs(argv, "-genv", 2)}
     tcp_only = {"MPIR_CVAR_NOLOCAL": "1", "UCX_TLS": "self,tcp"}
+    no_cma = {"UCX_TLS": "^cma"}  # shared memory, but not UCX's cma (ptrace rights)
     expected = {"LD_PRELOAD": "/runs/r1/.rankpack/lib/x.so", "A": "1 2"}
-    assert genv == ({**tcp_only, **expected} if transport == "tcp" else expected)
+    assert genv == {**(tcp_only if transport == "tcp" else no_cma), **expected}
     assert argv[-3:] == ["imbalance", "-n", "10"]
     # no Open MPI option leaks into hydra's command line (it would refuse it)
     assert not [a for a in argv if a.startswith("--")]
     assert "--allow-run-as-root" not in argv and "-x" not in argv
 
 
-def test_the_spec_env_wins_over_the_tcp_switches() -> None:
-    argv = mpirunargs.mpirun_argv(_args(flavour="mpich", env={"UCX_TLS": "tcp"}))
+@pytest.mark.parametrize("transport", ["tcp", "auto"])
+def test_the_spec_env_wins_over_the_tcp_switches(transport: str) -> None:
+    args = _args(flavour="mpich", transport=transport, env={"UCX_TLS": "tcp"})
+    argv = mpirunargs.mpirun_argv(args)
     assert dict((n, v) for n, v in _pairs(argv, "-genv", 2))["UCX_TLS"] == "tcp"
 
 

@@ -27,7 +27,7 @@ from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
 from tests.fakeapi import FakeKubeApi
 from tests.unit.backend.kubernetes._helpers import CASE, sim_spec
-from tests.unit.backend.kubernetes.test_backend import PODS, SIM, Harness
+from tests.unit.backend.kubernetes.test_backend import PLACED, PLACED_PODS, POD, SIM, Harness
 
 pytestmark = pytest.mark.timeout(20)
 
@@ -201,9 +201,9 @@ class PodHarness(Harness):
         terminated = {"exitCode": code, "reason": reason, "message": message}
         self.set_launcher("Succeeded" if code == 0 else "Failed", {"terminated": terminated})
 
-    def running(self) -> None:
-        """Launched; every rank pod and the launcher run."""
-        self.backend.launch(self.spec())
+    def running(self, **spec: Any) -> None:
+        """Launched (``spec``: its fields to change); every rank pod and the launcher run."""
+        self.backend.launch(self.spec(**spec))
         self.run_launcher()
         self.run_all()
 
@@ -218,24 +218,34 @@ class PodHarness(Harness):
 
 def test_launch_creates_the_launcher_pod_after_the_rank_pods(tmp_path: Path) -> None:
     h = PodHarness(tmp_path)
-    h.backend.launch(h.spec())
+    h.backend.launch(h.spec(rank_nodes=PLACED))
     created = [a[2] for a in h.api.writes() if a[:2] == ("create", "pods")]
-    assert created == [*PODS, LAUNCHER]
+    assert created == [*PLACED_PODS, LAUNCHER]
     assert h.launcher()["spec"]["serviceAccountName"] == "rankpack-launcher"
-    for name in PODS:  # the rank pods' own identity (deploy/ installs it): no rights, no token
+    # the rank pods' own identity (deploy/ installs it): no rights, no token
+    for name in PLACED_PODS:
         pod = h.api.objects[("pods", name)]["spec"]
         assert pod["serviceAccountName"] == rbac.RANK_SERVICE_ACCOUNT
         assert pod["automountServiceAccountToken"] is False
     ins = Instructions.parse((h.case / ".rankpack" / "launch.json").read_text())
-    assert ins.pods == tuple(PODS) and ins.namespace == "rankpack" and ins.container == "rank"
+    assert (
+        ins.pods == tuple(PLACED_PODS) and ins.namespace == "rankpack" and ins.container == "rank"
+    )
+    assert ins.ranks == ins.n_ranks == 3  # ranks, not pods: mpirun's -np
     assert ins.exit_path == h.exit_file and ins.log_path == h.case / "log.simpleFoam"
-    assert ins.command == ("simpleFoam", "-parallel") and ins.subnet is None
+    launcher = str(h.case / ".rankpack" / "rank-launcher")
+    assert ins.command == ("/bin/sh", launcher, "simpleFoam", "-parallel") and ins.subnet is None
+    # within its own group: 250m beside 250m, 1500m alone (all three together: 12,12,0)
+    assert ins.env["RANKPACK_RANK_NICE"] == "0,0,0"
     assert ins.start_timeout_s == h.backend.config.start_timeout_s
-    assert (h.case / ".rankpack" / "hostfile").read_text().splitlines()[0] == f"{PODS[0]} slots=1"
+    assert (h.case / ".rankpack" / "hostfile").read_text().splitlines() == [
+        f"{PLACED_PODS[0]} slots=2",
+        f"{PLACED_PODS[1]} slots=1",
+    ]
     assert h.backend.placement()["launcher"] == "launcher-pod"
     h.api.actions.clear()
     uids = {k: o["metadata"]["uid"] for k, o in h.api.objects.items()}
-    h.make().launch(h.spec())  # idempotent across processes: each create answered 409
+    h.make().launch(h.spec(rank_nodes=PLACED))  # idempotent across processes: 409s taken
     assert {k: o["metadata"]["uid"] for k, o in h.api.objects.items()} == uids
     assert [a for a in h.api.writes() if a[0] != "create"] == []
 
@@ -251,7 +261,7 @@ def test_the_simulation_starts_when_the_launcher_and_every_rank_pod_run(tmp_path
     obs = h.backend.observe(SIM)
     assert obs.phase is SimPhase.RUNNING
     assert [r.phase for r in obs.ranks] == [RankPhase.RUNNING] * 3  # the launcher is no rank
-    assert [r.pod for r in obs.ranks] == PODS
+    assert [r.pod for r in obs.ranks] == [POD] * 3
     h.no_exec()
 
 
@@ -343,7 +353,7 @@ def test_a_launcher_pod_that_never_runs_times_out(tmp_path: Path) -> None:
 def test_a_failed_rank_pod_takes_the_launcher_pod_down(tmp_path: Path) -> None:
     h = PodHarness(tmp_path)
     h.running()
-    h.api.evict(PODS[1])
+    h.api.evict(POD)
     h.backend.poll_once()
     obs = h.backend.observe(SIM)
     assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.EVICTED
@@ -475,4 +485,5 @@ def test_mpich_in_a_pod_gets_its_hostfile_and_instructions(tmp_path: Path) -> No
     h.backend.launch(h.spec(mpi="mpich"))
     ins = Instructions.parse((h.case / ".rankpack" / "launch.json").read_text())
     assert (ins.mpi, ins.transport) == ("mpich", "auto")
-    assert (h.case / ".rankpack" / "hostfile").read_text().splitlines()[0] == f"{PODS[0]}:1"
+    assert (h.case / ".rankpack" / "hostfile").read_text().splitlines() == [f"{POD}:3"]
+    assert (ins.pods, ins.n_ranks) == ((POD,), 3)
