@@ -36,6 +36,7 @@ from tests.k8s.conftest import DevCluster
 from tests.k8s.operators import Env, endless_pitzdaily
 from tests.k8s.pods import sleeper_pod, wait_running
 
+RANKS = "rankpack.dev/ranks"
 QUOTA = "rankpack-test-cpu"
 LIMIT_RANGE = "rankpack-test-cpu"
 
@@ -49,12 +50,15 @@ def _quota(core: Any, ns: str, hard: dict[str, str]) -> None:
 
 
 def _live_rank_pods(core: Any, ns: str) -> dict[str, int]:
-    """Rank pods not being deleted, per simulation id."""
+    """Ranks in group pods not being deleted, per simulation id (a group pod's
+    ``rankpack.dev/ranks`` annotation: ``0-1`` is two; a launcher pod has none)."""
     found: dict[str, int] = {}
     for pod in core.list_namespaced_pod(ns, label_selector=SIM_LABEL).items:
-        if pod.metadata.deletion_timestamp is None:
+        ranks = (pod.metadata.annotations or {}).get(RANKS)
+        if pod.metadata.deletion_timestamp is None and ranks is not None:
             sim = pod.metadata.labels[SIM_LABEL]
-            found[sim] = found.get(sim, 0) + 1
+            first, _, last = ranks.partition("-")
+            found[sim] = found.get(sim, 0) + int(last or first) - int(first) + 1
     return found
 
 
@@ -92,8 +96,8 @@ def test_two_simulations_under_a_quota_both_succeed_one_waiting_for_it(
                 phases.setdefault(name, set()).add(st.get("phase", "-"))
                 if st.get("phase") == "Queued" and st.get("reason") == "QuotaExceeded":
                     waits[name] = st.get("message", "")
-            # never a partial gang: rank pods appear one by one during a create, but a
-            # simulation holding 1 of its 2 pods for long would be one
+            # never a partial gang: pods appear one by one during a create, but a
+            # simulation holding 1 of its 2 ranks for long would be one
             now = time.monotonic()
             live = _live_rank_pods(core, ns)
             for sim, n in live.items():
@@ -198,7 +202,7 @@ def test_a_create_refused_halfway_leaves_no_partial_gang(
             except LaunchRefused:
                 assert time.monotonic() < deadline, "the quota never had room again"
                 time.sleep(1)
-        assert _live_rank_pods(core, ns) == {"qrace3": 1}  # both ranks in one group pod
+        assert _live_rank_pods(core, ns) == {"qrace3": 2}
         backend.release("qrace3")
         _gone(core, ns, "qrace3")
     finally:
