@@ -114,7 +114,7 @@ def test_the_agent_process_serves_its_nodes_ranks(tmp_path: Path, agent_node: An
     finally:
         assert agent.stop() == 0, agent.log.read_text()
     asked = [(s.method, s.path, s.query) for s in api.seen]
-    labels = "app.kubernetes.io/managed-by=rankpack,rankpack.dev/rank"
+    labels = "app.kubernetes.io/managed-by=rankpack"  # rank and group pods: kept by label
     selector = {"fieldSelector": "spec.nodeName=node-1", "labelSelector": labels}
     assert asked.count(("GET", "/api/v1/pods", selector)) >= 1
     assert ("POST", "/apis/authentication.k8s.io/v1/tokenreviews", {}) in asked

@@ -18,6 +18,9 @@ from rankpack.devcluster.lifecycle import restarts
 from tests.k8s.operators import Env, endless_pitzdaily
 from tests.k8s.pods import sleeper_pod, wait_running
 
+LONG = 2000
+"""Iterations of the two simulations of the pod-fault test."""
+
 
 def _submit(env: Env, *flags: str) -> list[str]:
     case = str(endless_pitzdaily(env.tmp))
@@ -136,7 +139,11 @@ def test_rank_pods_deleted_and_evicted_fail_only_their_simulations(
 
     core = client.CoreV1Api(env.k8s.admin_api())
     ns = env.k8s.namespace
-    names = _submit(env, "--iterations", "1500", "--count", "2", "--phases", "0:300,300")
+    # Polite waits: a simulation alone spins on its node (its ranks share one pod), and its
+    # spinning ranks' CPU counters fill the node, so the launch gate would hold the second
+    # until the first ends; the faults need the two side by side.
+    names = _submit(env, "--iterations", str(LONG), "--count", "2", "--phases", "0:300,300",
+                    "--wait", "polite")  # fmt: skip
     log = tmp_path / "op.log"
     op = env.operator("--until-idle", log=log)  # at most two at once
 
@@ -190,7 +197,7 @@ def test_rank_pods_deleted_and_evicted_fail_only_their_simulations(
         assert pod in st["message"], st
         assert Path(st["runDir"], "log.simpleFoam").stat().st_size > 0  # case and log survive
     st = env.status(spared)
-    assert st["phase"] == "Succeeded" and st["restarts"] == 0 and st["iterations"] == 1500, st
+    assert st["phase"] == "Succeeded" and st["restarts"] == 0 and st["iterations"] == LONG, st
     assert sorted(r[1] for r in env.runs()) == ["completed", "failed", "failed"]
     assert not env.rank_pods()  # every simulation's pods are gone
     # each says why with its failure code: the status's reason, its condition's, its Event's
