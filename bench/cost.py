@@ -28,7 +28,7 @@ and each is compared with ``plain`` of the same repetition, pair by pair:
   repetition (``vs_local``);
 - ``k8s-sim-w``: the same settings as a Simulation on the in-cluster operator
   (``rankpack dev-cluster up --operator`` first), its namespace PodSecurity ``restricted``
-  for the benchmark, the real rank image (`k8s_sim`); the operator's own ``wallSeconds``.
+  for the run, the real rank image (`k8s_sim`); the operator's own ``wallSeconds``.
 
 Every ``rankpack`` configuration also records its start-up: from the controller's launch
 decision (the ``launch`` event's ``decided_unix``) to the first ``Time =`` line of the
@@ -46,7 +46,6 @@ on a quiet machine.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -60,7 +59,7 @@ import time
 from datetime import date
 from pathlib import Path
 
-from k8s_sim import FirstLine, decided, restricted, run_simulation  # (bench/, beside this)
+from k8s_sim import FirstLine, decided, run_simulation  # (bench/, beside this)
 
 from rankpack.case.openfoam import (
     CaseSource,
@@ -270,11 +269,9 @@ def main() -> int:
     os.environ["RANKPACK_HOME"] = str(work / "home")
     os.environ["RANKPACK_DB"] = str(work / "cost.db")
     runs: list[dict[str, object]] = []
-    sims = restricted() if "k8s-sim-w" in configs else contextlib.nullcontext()
     try:
-        with sims:
-            for case in cases:
-                runs += run_case(work, case, configs, args.reps, args.ranks)
+        for case in cases:
+            runs += run_case(work, case, configs, args.reps, args.ranks)
     finally:
         shutil.rmtree(work, ignore_errors=True)
     result = {"command": " ".join(sys.argv), "ranks": args.ranks, "runs": runs,

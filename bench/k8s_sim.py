@@ -3,8 +3,9 @@
 The dev cluster must be up with its operator (``rankpack dev-cluster up --operator``): the
 operator and the node agent run as pods from the real images, the rank pods the operator
 creates run the real rank image. `restricted` labels the operator's namespace PodSecurity
-``enforce=restricted`` for the benchmark (``deploy/dev`` relaxes it; restored after), so
-every pod of the run is admitted as on a cluster. `run_simulation` copies the case into the
+``enforce=restricted`` for each run (``deploy/dev`` relaxes it for the dev image that
+``rankpack run --backend kubernetes`` uses; restored after), so every pod of the run is
+admitted as on a cluster. `run_simulation` copies the case into the
 operator's runs volume, creates the Simulation (weights 1:1:5:15, budget 2 cores, the
 iterations asked for), follows its status once a second (the admin's client, no kubectl
 process in the measured time) and returns the operator's own ``wallSeconds`` and the
@@ -122,6 +123,11 @@ def decided(db: Path, sim_id: str | None = None) -> float | None:
 
 
 def run_simulation(source: Path, ranks: int, iterations: int) -> dict[str, object]:
+    with restricted():  # (``rankpack run --backend kubernetes``'s dev image is not)
+        return _run_simulation(source, ranks, iterations)
+
+
+def _run_simulation(source: Path, ranks: int, iterations: int) -> dict[str, object]:
     custom, _ = _custom()
     name = f"cost-{uuid.uuid4().hex[:8]}"
     cases = deploy.runs_dir() / "cases"
