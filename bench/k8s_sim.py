@@ -46,9 +46,8 @@ def _custom() -> Any:
 
 
 @contextlib.contextmanager
-def restricted() -> Iterator[None]:
-    """The operator's namespace at PodSecurity ``restricted`` while the benchmark runs."""
-    _, core = _custom()
+def restricted(core: Any) -> Iterator[None]:
+    """The operator's namespace at PodSecurity ``restricted`` while a run runs."""
     patch = {"metadata": {"labels": {ENFORCE: "restricted"}}}
     old = (core.read_namespace(NAMESPACE).metadata.labels or {}).get(ENFORCE)
     core.patch_namespace(NAMESPACE, patch)
@@ -123,12 +122,12 @@ def decided(db: Path, sim_id: str | None = None) -> float | None:
 
 
 def run_simulation(source: Path, ranks: int, iterations: int) -> dict[str, object]:
-    with restricted():  # (``rankpack run --backend kubernetes``'s dev image is not)
-        return _run_simulation(source, ranks, iterations)
+    custom, core = _custom()
+    with restricted(core):  # (``rankpack run --backend kubernetes``'s dev image is not)
+        return _run_simulation(custom, source, ranks, iterations)
 
 
-def _run_simulation(source: Path, ranks: int, iterations: int) -> dict[str, object]:
-    custom, _ = _custom()
+def _run_simulation(custom: Any, source: Path, ranks: int, iterations: int) -> dict[str, object]:
     name = f"cost-{uuid.uuid4().hex[:8]}"
     cases = deploy.runs_dir() / "cases"
     cases.mkdir(exist_ok=True)

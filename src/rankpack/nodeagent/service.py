@@ -160,20 +160,25 @@ class NodeAgent:
         found = _WAIT_MODE.match(path)
         if found:
             namespace, sim = (urllib.parse.unquote(g) for g in found.groups())
-            refused = self._only(method, "PUT")
-            if refused is None and not (_NAME.match(namespace) and _NAME.match(sim)):
-                refused = Response.error(404, "no such namespace or simulation name")
-            refused = refused or self._auth(authorization, Access("update", namespace))
+            refused = self._put(method, authorization, namespace, sim, "simulation")
             return "wait-mode", refused or self._wait_mode(namespace, sim, body)
         found = _NICES.match(path)
         if found:
             namespace, name = (urllib.parse.unquote(g) for g in found.groups())
-            refused = self._only(method, "PUT")
-            if refused is None and not (_NAME.match(namespace) and _NAME.match(name)):
-                refused = Response.error(404, "no such namespace or pod name")
-            refused = refused or self._auth(authorization, Access("update", namespace))
+            refused = self._put(method, authorization, namespace, name, "pod")
             return "nices", refused or self._nices(namespace, name, body)
         return "other", Response.error(404, f"no route {path[:100]}")
+
+    def _put(
+        self, method: str, authorization: str | None, namespace: str, name: str, kind: str
+    ) -> Response | None:
+        """Why a ``PUT`` on ``namespace``'s ``name`` (a ``kind``) is refused: not a PUT
+        (405), names that are not names (404), not allowed to update in the namespace
+        (401/403); None: go on."""
+        refused = self._only(method, "PUT")
+        if refused is None and not (_NAME.match(namespace) and _NAME.match(name)):
+            refused = Response.error(404, f"no such namespace or {kind} name")
+        return refused or self._auth(authorization, Access("update", namespace))
 
     # -- routes -----------------------------------------------------------------------------
 

@@ -10,7 +10,6 @@ whether mpirun was ever started.
 from __future__ import annotations
 
 import json
-from dataclasses import replace
 from pathlib import Path
 
 from rankpack.backend.kubernetes import observe
@@ -18,7 +17,7 @@ from rankpack.backend.kubernetes.api.config import parse_volume
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
 from rankpack.backend.kubernetes.launch import create_failure, prepare
 from rankpack.backend.kubernetes.objects import builders, grouppods, reconcile, status
-from rankpack.backend.kubernetes.objects.groups import plan_groups
+from rankpack.backend.kubernetes.objects.groups import plan_groups, split_group
 from rankpack.backend.kubernetes.poller import check_adopted
 from rankpack.backend.kubernetes.record import Lifecycle, SimRecord, rank_dir
 from rankpack.backend.kubernetes.starting import exitwrapper, podmode
@@ -26,7 +25,6 @@ from rankpack.backend.kubernetes.state import BackendState
 from rankpack.backend.protocol import (
     LaunchFailed,
     LaunchRefused,
-    RankResources,
     SimPhase,
     SimRef,
     SimSpec,
@@ -160,17 +158,6 @@ def _take_pods(sim: SimRecord, pods: list[Obj]) -> Obj | None:
             sim.pods[rank] = pod
             sim.seen.add(rank)
     return launcher_pod
-
-
-def split_group(now: RankResources, ranks: list[RankResources]) -> list[RankResources]:
-    """The ranks' requests in a group pod that asks for ``now``: as launched (``ranks``)
-    when their sum is the pod's, else scaled to it in their ratio (the resizes since the
-    launch moved the sum; which rank's is not recorded in the pod), at least 1m each."""
-    total = sum(r.request_millis for r in ranks)
-    if total == now.request_millis or total <= 0:
-        return ranks
-    scale = now.request_millis / total
-    return [replace(r, request_millis=max(1, round(r.request_millis * scale))) for r in ranks]
 
 
 def _phase_from_exit(owner: Obj) -> SimPhase:

@@ -7,13 +7,11 @@ from its node, `readings`, flagged when the node could not be read).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from rankpack.backend.kubernetes.api.kubeapi import Obj
 from rankpack.backend.kubernetes.nodes.nodereader import CpuCounters
 from rankpack.backend.kubernetes.nodes.readings import Readings, ReadingsMissing
 from rankpack.backend.kubernetes.objects import builders, status
-from rankpack.backend.kubernetes.objects.groups import group_resources
+from rankpack.backend.kubernetes.objects.groups import split_group
 from rankpack.backend.kubernetes.record import SimRecord
 from rankpack.backend.kubernetes.starting import podmode
 from rankpack.backend.mpirun import ShimSample, exit_failure
@@ -119,12 +117,7 @@ def rank_allocated(sim: SimRecord, i: int, pod: Obj) -> RankResources | None:
     if have is None:
         return None
     group = sim.group(i)
-    wanted = group_resources([sim.desired[r] for r in group.ranks])
-    mine = sim.desired[i]
-    if have == wanted:
-        return mine
-    scale = have.request_millis / max(wanted.request_millis, 1)
-    return replace(mine, request_millis=max(1, round(mine.request_millis * scale)))
+    return split_group(have, [sim.desired[r] for r in group.ranks])[i - group.ranks[0]]
 
 
 def outages(sim: SimRecord, missing: dict[str, str]) -> list[tuple[str, str]]:

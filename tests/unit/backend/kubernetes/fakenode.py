@@ -133,6 +133,25 @@ def new_uid() -> str:
     return str(uuid.uuid4())
 
 
+def _pod_object(
+    name: str, uid: str, sim: str, own: dict[str, str], annotations: dict[str, str],
+    namespace: str, node: str, qos: str, phase: str,
+) -> Obj:  # fmt: skip
+    meta: Obj = {
+        "name": name,
+        "namespace": namespace,
+        "uid": uid,
+        "labels": {"app.kubernetes.io/managed-by": "rankpack", "rankpack.dev/sim": sim, **own},
+    }
+    if annotations:
+        meta["annotations"] = annotations
+    return {
+        "metadata": meta,
+        "spec": {"nodeName": node},
+        "status": {"phase": phase, "qosClass": qos},
+    }
+
+
 def rank_pod_object(
     uid: str,
     sim: str = "s1",
@@ -143,20 +162,8 @@ def rank_pod_object(
     qos: str = "Burstable",
     phase: str = "Running",
 ) -> Obj:
-    return {
-        "metadata": {
-            "name": f"rankpack-{sim}-{rank}",
-            "namespace": namespace,
-            "uid": uid,
-            "labels": {
-                "app.kubernetes.io/managed-by": "rankpack",
-                "rankpack.dev/sim": sim,
-                "rankpack.dev/rank": str(rank),
-            },
-        },
-        "spec": {"nodeName": node},
-        "status": {"phase": phase, "qosClass": qos},
-    }
+    return _pod_object(f"rankpack-{sim}-{rank}", uid, sim, {"rankpack.dev/rank": str(rank)}, {},
+                       namespace, node, qos, phase)  # fmt: skip
 
 
 def group_pod_object(
@@ -171,21 +178,8 @@ def group_pod_object(
     phase: str = "Running",
 ) -> Obj:
     """A group pod (decision 0012) holding ``ranks`` (its annotation's text)."""
-    return {
-        "metadata": {
-            "name": f"rankpack-{sim}-g{group}",
-            "namespace": namespace,
-            "uid": uid,
-            "labels": {
-                "app.kubernetes.io/managed-by": "rankpack",
-                "rankpack.dev/sim": sim,
-                "rankpack.dev/group": str(group),
-            },
-            "annotations": {"rankpack.dev/ranks": ranks},
-        },
-        "spec": {"nodeName": node},
-        "status": {"phase": phase, "qosClass": qos},
-    }
+    return _pod_object(f"rankpack-{sim}-g{group}", uid, sim, {"rankpack.dev/group": str(group)},
+                       {"rankpack.dev/ranks": ranks}, namespace, node, qos, phase)  # fmt: skip
 
 
 class FakeProc:

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rankpack.backend.kubernetes.adoption import split_group
 from rankpack.backend.kubernetes.objects import grouppods
+from rankpack.backend.kubernetes.objects.groups import split_group
 from rankpack.backend.protocol import RankResources, ResizeState
 from rankpack.backend.ranknice import nices
 from tests.unit.backend.kubernetes._helpers import node_object
@@ -197,7 +197,7 @@ def test_adopting_a_resized_group_pod_splits_its_sum_in_the_launched_ratio(
     assert desired == [RankResources(125), RankResources(125), RankResources(750)]
 
 
-# -- adoption.split_group (pure) -----------------------------------------------------------
+# -- groups.split_group (pure) -----------------------------------------------------------
 
 
 SPLIT_CASES = [

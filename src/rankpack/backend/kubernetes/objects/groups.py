@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from rankpack.backend.protocol import BackendError, RankResources
 from rankpack.backend.ranknice import nices
@@ -108,6 +108,18 @@ def group_nices(groups: Sequence[RankGroup], ranks: Sequence[RankResources]) -> 
         requests = [ranks[r].request_millis for r in group.ranks]
         out.update(zip(group.ranks, nices(requests), strict=True))
     return out
+
+
+def split_group(now: RankResources, ranks: Sequence[RankResources]) -> list[RankResources]:
+    """The ranks' requests in a group pod whose container has (or asks for) ``now``: their
+    own (``ranks``) when their sum is the pod's, else scaled to it in their ratio, at least
+    1m each (a resize under way; or, at adoption, the resizes since the launch moved the
+    sum and the pod does not record which rank's)."""
+    total = sum(r.request_millis for r in ranks)
+    if total == now.request_millis or total <= 0:
+        return list(ranks)
+    scale = now.request_millis / total
+    return [replace(r, request_millis=max(1, round(r.request_millis * scale))) for r in ranks]
 
 
 _DIGITS = f"(0|[1-9][0-9]{{0,{len(str(MAX_RANKS - 1)) - 1}}})"
