@@ -4,7 +4,8 @@ Data flows one way: case/profile -> plan -> backend -> controller -> report; the
 line ties the layers together. The packages, from the bottom up (`.importlinter`'s `flow`
 contract holds this order):
 
-- `errors`, `_proc`, `quantities`, `paths`: error types, process checks, the validation of
+- `errors`, `_proc`, `untrusted`, `quantities`, `paths`: error types, process checks,
+  reading files a less-trusted party wrote (no link followed, bounded), the validation of
   every quantity and path a user gives.
 - `core`: the typed values every layer passes on (actions, results, failures, accounting).
 - `case`, `profile`, `model`, `plan`: OpenFOAM cases and their decomposition; the PMPI

@@ -146,3 +146,29 @@ def test_an_allrun_that_runs_a_shell_is_refused(area: Path) -> None:
     assert result["refused"] == "CaseNotConfined"
     assert "Allrun runs 'sh'" in str(result["message"])
     _nothing_ran_or_leaked(area)
+
+
+def test_the_sandbox_program_stages_in_place_and_answers_in_bounds(area: Path) -> None:
+    """`rankpack-stage` as a staging pod runs it: the case staged into the (empty) run
+    directory itself, the answer a bounded JSON the operator parses; a case that is none
+    answers NotACase and leaves the directory empty."""
+    from rankpack.case import sandbox, stagewire
+    from rankpack.case.staging import StageSpec
+
+    run_dir = area / "run"
+    run_dir.mkdir()
+    answer = area / "answer"
+    spec = StageSpec("s1", "pitzDaily", 2, area, iterations=3, confined=True)
+    assert sandbox.main([stagewire.request_text(spec, run_dir)], answer_to=answer) == 0
+    staged = stagewire.parse_answer(answer.read_text(), run_dir, "pitzDaily", 2)
+    assert not isinstance(staged, stagewire.SandboxFailure), staged
+    assert sum(staged.cells_per_rank) == 12225 and staged.solver == "simpleFoam"
+    assert (run_dir / "processor1" / "constant" / "polyMesh").is_dir()
+    empty = area / "run2"
+    empty.mkdir()
+    none = StageSpec("s2", str(area / "nothing-here"), 2, area, confined=True)
+    assert sandbox.main([stagewire.request_text(none, empty)], answer_to=answer) == 2
+    failed = stagewire.parse_answer(answer.read_text(), empty, "x", 2)
+    assert isinstance(failed, stagewire.SandboxFailure) and failed.code.value == "NotACase"
+    assert list(empty.iterdir()) == []
+    assert sandbox.main(["{not json"], answer_to=answer) == 2

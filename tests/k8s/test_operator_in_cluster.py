@@ -34,19 +34,23 @@ from rankpack.devcluster.binaries import DEFAULT_VERSION, KubeVersion
 from rankpack.devcluster.layout import NAMESPACE, Layout
 from rankpack.errors import UserError
 from rankpack.operator import crd, manifests
+from tests.k8s import hostile
 from tests.k8s.conftest import DevCluster
 from tests.k8s.operators import endless_pitzdaily
 
 AGENT = "rankpack-node-agent"
 AGENT_PORT = 8475
 CREATOR = "simulation-creator"
-ITERATIONS = {"incluster-a": 4000, "incluster-b": 400}
-"""The first is long (about 4 minutes here): the operator that replaces a deleted one
+ITERATIONS = {"incluster-a": 10000, "incluster-b": 400}
+"""The first is long (about 4 minutes here; two ranks in one group pod spin through 4000
+iterations in 96 s): the operator that replaces a deleted one
 starts leading about 100 s later on this busy 2-core node (its Python starts beside two
 spinning ranks with a 100m request), and it must still measure duty cycles and make the
 phase change at 75 % after that. The second runs while an operator leads (beside the first
 or after it, as the launch gate decides)."""
 ENFORCE = "pod-security.kubernetes.io/enforce"
+STAGING_DEADLINE_S = 60
+SANDBOX_FLAGS = ("--case-scan", "off", "--staging-deadline", str(STAGING_DEADLINE_S))
 
 
 @dataclass
@@ -105,6 +109,11 @@ def incluster(dev_cluster: DevCluster) -> Iterator[InCluster]:
     # deploy/dev admits the dev image's /usr host mount in the namespace; the operator's
     # pods (rank and launcher pods of the real image) must pass `restricted` as on a cluster
     ic.kubectl("label", "namespace", NAMESPACE, f"{ENFORCE}=restricted", "--overwrite")
+    # the sandbox, not the scanner, is tested: scan off, and a deadline a test can wait for
+    ic.kubectl("patch", "deployment", manifests.NAME, "-n", NAMESPACE, "--type=json", "-p",
+               json.dumps([{"op": "add", "path": "/spec/template/spec/containers/0/command/-",
+                            "value": flag} for flag in SANDBOX_FLAGS]))  # fmt: skip
+    deploy.wait_rolled_out(layout, version, ["deployments"], 300)
     try:
         yield ic
     finally:
@@ -400,3 +409,106 @@ def test_no_resize_is_decided_while_the_agent_is_away(incluster: InCluster) -> N
         ic.kubectl("patch", *ds, "-p", back)
         ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
                    "--ignore-not-found")  # fmt: skip
+
+
+def _simulation(name: str, case: str, iterations: int) -> dict[str, Any]:
+    return {"apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name},
+            "spec": {"case": {"path": case}, "ranks": 2, "iterations": iterations}}  # fmt: skip
+
+
+def _since(stamp: str) -> float:
+    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
+
+
+def _condition_time(st: dict[str, Any], kind: str) -> float | None:
+    for c in st.get("conditions") or []:
+        if c.get("type") == kind and c.get("status") == "True":
+            return _since(c["lastTransitionTime"])
+    return None
+
+
+def _event_time(ic: InCluster, name: str, reason: str) -> float | None:
+    events = json.loads(ic.kubectl(
+        "get", "events", "-n", NAMESPACE, "-o", "json", "--field-selector",
+        f"involvedObject.kind=Simulation,involvedObject.name={name}"))["items"]  # fmt: skip
+    stamps = [e.get("eventTime") or e.get("firstTimestamp") or e.get("lastTimestamp")
+              for e in events if e.get("reason") == reason]  # fmt: skip
+    return min((_since(t) for t in stamps if t), default=None)
+
+
+def test_hostile_cases_run_only_in_their_own_staging_pods(incluster: InCluster) -> None:
+    """Issue 39: with the scanner off, a case whose staging runs a shell leaves its marker
+    only in its own run directory (written in its staging pod): none beside the operator's
+    store, in the run directories' parent, the case root, another Simulation's directory
+    or the operator's pod; no token copied, none in any status. A case whose staging never
+    ends fails StageFailed at the deadline, and a plain Simulation created meanwhile is
+    launched before that."""
+    ic = incluster
+    runs = ic.deployed.runs_dir
+    cases = runs / "cases"
+    cases.mkdir(exist_ok=True)
+    other = runs / "runs" / "another-simulation"
+    other.mkdir(parents=True, exist_ok=True)
+    in_pod = Path(manifests.RUNS_PATH)
+    targets = [str(in_pod), str(in_pod / "runs"), str(in_pod / "cases"),
+               str(in_pod / "runs" / other.name), "/tmp/.."]  # fmt: skip
+    made = [hostile.escaping_case(cases, targets), hostile.sleeping_case(cases)]
+    for case in made:
+        for path in [case, *case.rglob("*")]:
+            os.chown(path, manifests.RUN_AS, manifests.RUN_AS)
+    names = {"hostile-escape": (str(in_pod / "cases" / made[0].name), 20),
+             "hostile-sleeper": (str(in_pod / "cases" / made[1].name), 20),
+             "plain-meanwhile": ("pitzDaily", 20)}  # fmt: skip
+    for name in names:
+        ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
+                   "--ignore-not-found")  # fmt: skip
+    manifest = runs / "hostile.json"
+    first = [_simulation(n, *names[n]) for n in ("hostile-escape", "hostile-sleeper")]
+    manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": first}))
+    ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
+    try:
+        ic.wait("the sleeper's staging pod", lambda: any(
+            p["status"].get("phase") == "Running"
+            for p in ic.pods("rankpack.dev/role=staging")), 180)  # fmt: skip
+        manifest.write_text(json.dumps(_simulation("plain-meanwhile", *names["plain-meanwhile"])))
+        ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
+        ic.wait("the three to end",
+                lambda: all(ic.status(n).get("phase") in ("Succeeded", "Failed") for n in names),
+                300)  # fmt: skip
+        st = {n: ic.status(n) for n in names}
+        for n, s in st.items():
+            print(f"{n}: {json.dumps(s)[:1200]}")
+        # the escaping case's code ran, in its staging pod, and reached nothing else
+        esc = st["hostile-escape"]
+        assert esc["phase"] == "Succeeded", esc
+        own = runs / Path(esc["runDir"]).relative_to(manifests.RUNS_PATH)
+        assert (own / hostile.OWN_MARK).read_text().strip() == "ran"
+        escaped = [p for p in runs.rglob(hostile.MARK) if not p.is_relative_to(own)]
+        assert escaped == [], escaped
+        assert not (own / hostile.TOKEN_COPY).exists() or not (own / hostile.TOKEN_COPY).read_text()
+        listing = (own / hostile.LISTING).read_text()
+        assert "operator.db" not in listing and other.name not in listing, listing
+        (op,) = ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
+        seen = ic.kubectl("exec", "-n", NAMESPACE, op["metadata"]["name"], "--", "ls", "-a",
+                          "/tmp", manifests.RUNS_PATH)  # fmt: skip
+        assert hostile.MARK not in seen and hostile.OWN_MARK not in seen, seen
+        # the sleeper ran to its deadline and failed with a code; the plain one went ahead
+        slept = st["hostile-sleeper"]
+        assert slept["phase"] == "Failed", slept
+        assert slept["result"]["reason"] == "StageFailed", slept
+        assert "deadline" in slept["result"]["message"], slept
+        plain = st["plain-meanwhile"]
+        assert plain["phase"] == "Succeeded", plain
+        launched, failed = _event_time(ic, "plain-meanwhile", "Launched"), _condition_time(
+            slept, "Failed")  # fmt: skip
+        assert launched is not None and failed is not None and launched < failed, (plain, slept)
+        # no token anywhere a user reads; no staging pod left
+        text = json.dumps(st)
+        assert "eyJhbGci" not in text, text
+        assert ic.pods("rankpack.dev/role=staging") == []
+    finally:
+        print(ic.kubectl("logs", "-n", NAMESPACE, f"deployment/{manifests.NAME}", "--tail=30",
+                         "--timestamps"))  # fmt: skip
+        for name in names:
+            ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
+                       "--ignore-not-found")  # fmt: skip

@@ -4,7 +4,8 @@
 process waiter, a poller) calls `notify`; the control loop's `wait` returns at the first
 news since its last call, or at its timeout.
 
-`Stager` stages cases (`rankpack.case.staging`) in worker threads, one per simulation, as
+`Stager` stages cases in worker threads, one per simulation (`rankpack.case.staging` on this
+machine, or a staging pod of the Kubernetes backend: its ``run`` and ``check``), as
 protocol v2 asks: `stage` returns at once; the outcome is read by `observe` (STAGING, then
 STAGED with the staged case, or FAILED with the stage error); a stage cancelled by `stop`
 or `release` before its launch has its copy removed, since it holds no results yet (but a
@@ -18,7 +19,7 @@ from __future__ import annotations
 import shutil
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from rankpack.backend.protocol import BackendError, SimObservation, SimPhase
 from rankpack.case import staging
@@ -56,13 +57,31 @@ class _Stage:
     """The code of ``error`` (`NotACase` when the case is none)."""
     done: bool = False
     cancelled: bool = False
+    stop: threading.Event = field(default_factory=threading.Event)
+    """Set by `cancel` and `release`: a ``run`` that waits may end early (its pod deleted)."""
+
+
+def stage_here(spec: StageSpec, stop: threading.Event) -> StagedCase:
+    """Stage in this process (`staging.stage`), which runs to its end: ``stop`` unused."""
+    del stop
+    return staging.stage(spec)
 
 
 class Stager:
-    """The staging half of a backend: simulations staged but not launched yet."""
+    """The staging half of a backend: simulations staged but not launched yet.
 
-    def __init__(self, notify: Callable[[], None]) -> None:
+    ``run`` stages one spec in the worker thread (raising UserError with what is wrong);
+    ``check`` validates it before a thread or a directory exists (raising UserError)."""
+
+    def __init__(
+        self,
+        notify: Callable[[], None],
+        run: Callable[[StageSpec, threading.Event], StagedCase] = stage_here,
+        check: Callable[[StageSpec], object] = staging.check,
+    ) -> None:
         self._notify = notify
+        self._run_stage = run
+        self._check = check
         self._stages: dict[str, _Stage] = {}
 
     def __contains__(self, sim_id: str) -> bool:
@@ -76,7 +95,7 @@ class Stager:
         self._stages[spec.sim_id] = entry
         try:
             if spec.resume is None:  # (a case to resume was checked when it was staged)
-                staging.check(spec)  # bad input fails here, before a thread or a directory exists
+                self._check(spec)  # bad input fails here, before a thread or a directory exists
         except UserError as exc:
             entry.error, entry.done = str(exc), True
             entry.failure = failure_code(exc)
@@ -87,7 +106,7 @@ class Stager:
     def _run(self, spec: StageSpec) -> None:
         entry = self._stages[spec.sim_id]
         try:
-            entry.result = staging.stage(spec)
+            entry.result = self._run_stage(spec, entry.stop)
         except UserError as exc:
             entry.error, entry.failure = str(exc), failure_code(exc)
         except Exception as exc:  # a staging bug must not kill the loop: report it
@@ -129,6 +148,7 @@ class Stager:
         if entry is None:
             return False
         entry.cancelled = True
+        entry.stop.set()
         return True
 
     def release(self, sim_id: str) -> bool:
@@ -138,6 +158,7 @@ class Stager:
         if entry is None:
             return False
         entry.cancelled = True
+        entry.stop.set()
         if entry.thread.is_alive():
             entry.thread.join(timeout=60)
         if entry.result is not None and entry.spec.resume is None:  # (a resumed case holds

@@ -6,6 +6,8 @@ Modules:
   decompose it, edit its controlDict;
 - `staging`: a case copied into a fresh run directory, meshed and decomposed, ready to run;
 - `confine`: confined staging of a case from someone with fewer rights than the stager;
+- `sandbox`: the staging sandbox's program (``rankpack-stage``, what a staging pod runs);
+- `stagewire`: the sandbox's request and its bounded answer (pure);
 - `restart`: resuming a decomposed case from the last time it wrote (after a lost node);
 - `refine`: refined copies of a case (blockMesh cell counts multiplied);
 - `mesh`: polyMesh topology and geometry (cell centres, the cell adjacency graph);

@@ -12,6 +12,8 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rankpack import untrusted
+
 _TIME = re.compile(r"^Time = (\S+)\s*$")
 _EXEC = re.compile(r"^ExecutionTime = ([\d.eE+-]+) s\s+ClockTime = ([\d.eE+-]+) s")
 _RESID = re.compile(r"Solving for (\w+), Initial residual = ([\d.eE+-]+)")
@@ -94,8 +96,16 @@ class LogParser:
             self.feed_line(line)
 
 
+CHUNK_MAX = 8 << 20
+"""The most of a log one `LogFollower.poll` reads (the rest at the next)."""
+LINE_MAX = 64 << 10
+"""The longest line kept whole (a longer one is cut: a log written by a rank is untrusted)."""
+
+
 class LogFollower:
-    """Reads only what was appended to a log since the last call."""
+    """Reads only what was appended to a log since the last call: a regular file only, never
+    through a link (`rankpack.untrusted`), at most `CHUNK_MAX` a call, lines cut at
+    `LINE_MAX`."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
@@ -109,17 +119,15 @@ class LogFollower:
 
     def poll(self) -> LogState:
         try:
-            with open(self.path, "rb") as fh:
-                fh.seek(self._offset)
-                chunk = fh.read()
-        except FileNotFoundError:
+            chunk = untrusted.read_bytes(self.path, CHUNK_MAX, self._offset)
+        except OSError:  # not there yet, or not a regular file (a link put in its place)
             return self.parser.state
         self._offset += len(chunk)
         text = self._partial + chunk.decode("utf-8", errors="replace")
         lines = text.split("\n")
-        self._partial = lines.pop()
+        self._partial = lines.pop()[-LINE_MAX:]
         for line in lines:
-            self.parser.feed_line(line)
+            self.parser.feed_line(line[:LINE_MAX])
         return self.parser.state
 
     def finish(self) -> LogState:

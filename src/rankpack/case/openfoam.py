@@ -173,14 +173,15 @@ def find_tutorial(name: str) -> Path:
 
 
 def copy_case(source: CaseSource, dest: Path) -> None:
-    """Copy the case (not its processor*/ or results) and unpack gzipped files."""
+    """Copy the case (not its processor*/ or results) and unpack gzipped files; ``dest``
+    may exist if empty."""
 
     def ignore(directory: str, names: list[str]) -> list[str]:
         if Path(directory) == source.path:
             return [n for n in names if n.startswith(COPY_SKIPS)]
         return []
 
-    shutil.copytree(source.path, dest, ignore=ignore, symlinks=False)
+    shutil.copytree(source.path, dest, ignore=ignore, symlinks=False, dirs_exist_ok=True)
     for gz in dest.rglob("*.gz"):
         target = gz.with_suffix("")
         with gzip.open(gz, "rb") as src, open(target, "wb") as out:

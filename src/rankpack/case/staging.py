@@ -41,8 +41,22 @@ class StageSpec:
     workdir: Path | None = None
     """An exact run directory (must not exist or be empty) instead of one under runs_root."""
     confined: bool = False
-    """Stage a case of someone with fewer rights (the operator's Simulations): none of its
-    code runs, nothing outside it is read (`rankpack.case.confine`)."""
+    """Stage a case of someone with fewer rights (the operator's Simulations): a backend that
+    can stages it in a sandbox with that user's rights only (the Kubernetes backend: a
+    staging pod, `rankpack.case.sandbox`), and `scan` refuses case code before any tool runs."""
+    scan: bool = True
+    """With ``confined``: refuse what `rankpack.case.confine` finds (defence in depth; the
+    sandbox is the boundary). The admin may switch it off (``rankpack operator --case-scan
+    off``)."""
+    volume: str | None = None
+    """Where the run directory lives in the simulation's pods (``SimSpec.volume``): a
+    sandbox mounts its run directory from there."""
+    case_root: str | None = None
+    """The admin's case root the case path was admitted under (`rankpack.operator.admission`):
+    the one part of the user's files a sandbox mounts (read-only); None: a tutorial name."""
+    in_place: bool = False
+    """Build the case in ``workdir`` itself (an empty directory the stage may not replace: a
+    sandbox's mount), emptied again on failure, instead of in a sibling renamed into place."""
     namespace: str | None = None
     """Where the simulation will run, for a backend that places in several (the operator
     serving several Kubernetes namespaces); None: the backend's own. Staging ignores it."""
@@ -72,9 +86,19 @@ class StagedCase:
         return self.run_dir / f"log.{self.solver}"
 
 
+class StageRefused(UserError):
+    """A staging error whose code is known already (a sandbox's answer: `stagewire`)."""
+
+    def __init__(self, message: str, code: FailureCode) -> None:
+        super().__init__(message)
+        self.code = code
+
+
 def failure_code(error: UserError) -> FailureCode:
     """The code of a staging error: the case is none, it is refused by confinement, or
     staging it failed."""
+    if isinstance(error, StageRefused):
+        return error.code
     if isinstance(error, openfoam.NotACase):
         return FailureCode.NOT_A_CASE
     if isinstance(error, confine.CaseNotConfined):
@@ -84,14 +108,7 @@ def failure_code(error: UserError) -> FailureCode:
 
 def check(spec: StageSpec) -> openfoam.CaseSource:
     """Validation that reads no more than the source case: done before anything is created."""
-    if spec.iterations is not None and spec.iterations < 1:
-        raise UserError(f"the iteration count must be at least 1, got {spec.iterations}")
-    if spec.decompose not in DECOMPOSITIONS:
-        raise UserError(
-            f"unknown decomposition '{spec.decompose}'; use one of {', '.join(DECOMPOSITIONS)}"
-        )
-    if spec.n_ranks < 1:
-        raise UserError(f"a simulation needs at least one rank, got {spec.n_ranks}")
+    check_values(spec)
     source = openfoam.resolve_case(spec.case, on_link=confine.check_link if spec.confined else None)
     if openfoam.has_mesh(source.path):
         _check_cells(openfoam.n_cells(source.path), spec.n_ranks, source.name)
@@ -100,6 +117,19 @@ def check(spec: StageSpec) -> openfoam.CaseSource:
         if final.exists() and (not final.is_dir() or any(final.iterdir())):
             raise UserError(f"run directory {final} exists and is not empty; give a new one")
     return source
+
+
+def check_values(spec: StageSpec) -> None:
+    """Validation that reads no file: what a sandbox's caller checks (the case is the
+    sandbox's to read)."""
+    if spec.iterations is not None and spec.iterations < 1:
+        raise UserError(f"the iteration count must be at least 1, got {spec.iterations}")
+    if spec.decompose not in DECOMPOSITIONS:
+        raise UserError(
+            f"unknown decomposition '{spec.decompose}'; use one of {', '.join(DECOMPOSITIONS)}"
+        )
+    if spec.n_ranks < 1:
+        raise UserError(f"a simulation needs at least one rank, got {spec.n_ranks}")
 
 
 def resume(spec: StageSpec) -> StagedCase:
@@ -126,24 +156,32 @@ def stage(spec: StageSpec) -> StagedCase:
         final = spec.workdir.expanduser().resolve()
     else:
         final = _new_run_dir(spec.runs_root, source.name, spec.n_ranks)
-    staging = final.parent / f".staging-{uuid.uuid4().hex[:8]}-{final.name}"
+    if spec.in_place:
+        staging = final
+    else:
+        staging = final.parent / f".staging-{uuid.uuid4().hex[:8]}-{final.name}"
+    scan = spec.confined and spec.scan
     warnings: tuple[str, ...] = ()
     try:
         final.parent.mkdir(parents=True, exist_ok=True)
         openfoam.copy_case(source, staging)
-        if spec.confined:
+        if scan:
             confine.check_case(staging)  # before any OpenFOAM tool reads a dictionary
         solver = openfoam.read_application(staging)
-        openfoam.ensure_mesh(staging, confined=spec.confined)
+        openfoam.ensure_mesh(staging, confined=scan)
         _check_cells(openfoam.n_cells(staging), spec.n_ranks, source.name)
         if spec.iterations is not None:
             tc = openfoam.set_iterations(staging, spec.iterations)
         else:
             tc = openfoam.read_time_control(staging)
         cells, warnings = _decompose(staging, spec)
-        staging.rename(final)  # replaces the empty (reserved) directory atomically
+        if not spec.in_place:
+            staging.rename(final)  # replaces the empty (reserved) directory atomically
     except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
+        if spec.in_place:
+            empty(final)
+        else:
+            shutil.rmtree(staging, ignore_errors=True)
         if spec.workdir is None:
             with contextlib.suppress(OSError):
                 final.rmdir()  # the reservation, still empty
@@ -157,6 +195,24 @@ def stage(spec: StageSpec) -> StagedCase:
         expected_iterations=tc.steps,
         warnings=warnings,
     )
+
+
+def empty(directory: Path) -> None:
+    """Remove what ``directory`` holds, never following a link out of it (``rmtree`` walks
+    by file descriptor), and keep the directory."""
+    with contextlib.suppress(OSError):
+        for entry in list(directory.iterdir()):
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                with contextlib.suppress(OSError):
+                    entry.unlink()
+
+
+def new_run_dir(runs_root: Path, name: str, n_ranks: int) -> Path:
+    """A new, empty run directory below ``runs_root`` named after the case and its ranks,
+    reserved (created) so that a stage at the same moment takes another name."""
+    return _new_run_dir(runs_root, name, n_ranks)
 
 
 def _new_run_dir(runs_root: Path, name: str, n_ranks: int) -> Path:

@@ -180,6 +180,16 @@ def _add_admission_arguments(p: argparse.ArgumentParser) -> None:
         "only: CasePathNotAllowed)",
     )  # fmt: skip
     p.add_argument(
+        "--staging-deadline", type=parse_seconds, default=600.0, metavar="S",
+        help="the longest a case's staging pod may run (copy, mesh, decompose) before it is "
+        "ended and its Simulation fails (default 600 s)",
+    )  # fmt: skip
+    p.add_argument(
+        "--case-scan", choices=["on", "off"], default="on",
+        help="refuse case code the scanner finds (#codeStream, coded types, libs paths, ...) "
+        "before staging runs a tool: defence in depth behind the staging pod (default on)",
+    )  # fmt: skip
+    p.add_argument(
         "--solver", action="append", default=[], metavar="NAME",
         help="an application Simulations may run besides the OpenFOAM solvers installed in "
         "/usr/bin (repeat for several; others are refused: SolverNotAllowed)",
@@ -336,6 +346,10 @@ def handle_operator(args: argparse.Namespace) -> int:
         if image:
             config = replace(config, image=image)
     config = replace(config, launcher=resolve_launcher(args.launcher, config.image))
+    if not 1 <= args.staging_deadline <= 86400:
+        raise UserError(f"--staging-deadline must be 1 to 86400 s, got {args.staging_deadline:g}")
+    config = replace(config, staging=replace(config.staging,
+                                             deadline_s=int(args.staging_deadline)))  # fmt: skip
     opts = OperatorOptions(
         config=config,
         runs_root=Path(args.runs_root) if args.runs_root else data_dir() / "runs",
@@ -353,6 +367,7 @@ def handle_operator(args: argparse.Namespace) -> int:
         admission=admission,
         namespace_limits=NamespaceLimits(max_queued=args.max_queued_per_namespace,
                                          max_running=args.max_running_per_namespace),
+        case_scan=args.case_scan == "on",
     )  # fmt: skip
     logging.basicConfig(level=logging.WARNING)
     # an apiserver that is away is reported once by the operator, not per retried request

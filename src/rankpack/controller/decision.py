@@ -198,6 +198,12 @@ class QueuedSim:
     staged by this step, it is launched in the same step (`rankpack.controller.staged`)."""
     wait: WaitSetting = "spin"
     """How its ranks will wait (its own setting, else the session's)."""
+    ready: bool = True
+    """Its case may be launched: staged ahead (``ahead``) and done, or (without
+    ``launch_staged_only``) staged when the gate lets it pass. False: still staging ahead,
+    or not staged ahead yet."""
+    stage_failed: bool = False
+    """Its staging ahead failed: claimed at once to record why (``launch_staged_only``)."""
 
 
 @dataclass(frozen=True)
@@ -360,6 +366,12 @@ class ControllerSettings:
     headroom: float = 1.25
     """Sized request = measured compute CPU x headroom."""
     max_concurrent: int = 4
+    launch_staged_only: bool = False
+    """Launch only simulations whose case was staged ahead (the operator: a case is a less
+    trusted user's, and its staging may run to the admin's deadline): the loop stages up to
+    ``max_starting`` of the queue ahead at once, the gate passes over those still staging
+    (FIFO among the staged), and one whose staging failed is claimed at once to record why.
+    A staging then never holds a place among the running nor another's launch."""
     launch_must_fit: bool = False
     """Requests must fit the unrequested capacity even when nothing runs (Kubernetes: a pod
     that does not fit is never scheduled): a launch is held until the floors fit, and the

@@ -67,6 +67,9 @@ class Job:
     instead of the loop's ``volume`` (its namespace's own claim)."""
     resume: Resume | None = None
     """Its run was cut short by a lost node: it runs again from its last write."""
+    case_root: str | None = None
+    """The admin's case root its case path was admitted under (a staging sandbox mounts that
+    and nothing else of the user's files); None: a tutorial name, or no roots."""
 
 
 class JobSource(Protocol):

@@ -128,6 +128,9 @@ class Starter:
             center=sub.center,
             workdir=Path(sub.workdir) if sub.workdir else None,
             confined=self.ctx.settings.confine_staging,
+            scan=self.ctx.settings.case_scan,
+            volume=sub.volume or job.volume or self.ctx.settings.volume,
+            case_root=job.case_root,
             namespace=job.namespace,
             resume=job.resume.staged if job.resume is not None else None,
         )
@@ -169,15 +172,24 @@ class Starter:
         taken = {s.job.queue_id for s in ctx.sims.values()}
         taken |= {f.queue_id for f in ctx.tally.stage_failures}
         waiting = [j for j in pending if j.queue_id not in taken]
-        head = waiting[0].queue_id if waiting and ctx.sims and ctx.settings.prestage else None
-        for qid in [q for q in self.prestaged if q != head]:
+        only = ctx.settings.controller.launch_staged_only
+        # launching only what was staged ahead: a window of the queue, also with nothing
+        # running; else the head, while others run
+        n = ctx.settings.controller.max_starting if only else 1
+        active = ctx.settings.prestage and (only or bool(ctx.sims))
+        heads = [j for j in waiting[:n]] if active else []
+        keep = {j.queue_id for j in heads}
+        for qid in [q for q in self.prestaged if q not in keep]:
             with contextlib.suppress(BackendError):
                 ctx.backend.release(self.prestaged.pop(qid))
-        if head is None or head in self.prestaged:
-            return
-        sim_id = self._start_staging(waiting[0], failures_are_final=False)
-        if sim_id is not None:  # a refusal is met again, and recorded, at its launch
-            self.prestaged[head] = sim_id
+        for job in heads:
+            if job.queue_id in self.prestaged:
+                continue
+            sim_id = self._start_staging(job, failures_are_final=False)
+            if sim_id is not None:  # a refusal is met again, and recorded, at its launch
+                self.prestaged[job.queue_id] = sim_id
+            elif only and ctx.jobs.claim(job):  # never launched otherwise: record it now
+                self._start_staging(job)
 
     # -- launching -----------------------------------------------------------------------
 

@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import NamedTuple, Protocol
 
 from rankpack.backend.protocol import (
+    BackendError,
     Inventory,
     NodeCapacity,
     Quota,
@@ -283,6 +284,18 @@ class Observer:
         obs = self._observations([], prune=False)
         return replace(obs, sims=tuple(s for s in obs.sims if s.sim_id != sim_id))
 
+    def _staged_ahead(self, sim_id: str) -> tuple[bool, bool]:
+        """(ready, failed) of a job staged ahead as ``sim_id`` (`QueuedSim.ready`); without
+        ``launch_staged_only`` every job is ready (the gate stages it when it passes)."""
+        if not self.ctx.settings.controller.launch_staged_only:
+            return True, False
+        if not sim_id:
+            return False, False
+        try:
+            return _phase_ready(self.ctx.backend.observe(sim_id).phase)
+        except BackendError:
+            return False, True
+
     def _observations(
         self, pending: list[Job], *, prune: bool, ahead: Mapping[int, str] = {}
     ) -> Observations:
@@ -301,10 +314,12 @@ class Observer:
             initial = found.request_millis if found else self._initial_millis(j.submission)
             refused = self.ctx.requeued.get(j.queue_id)
             sim_id, wait = _ahead(j, ahead.get(j.queue_id, ""), self.ctx.settings.wait_mode)
+            is_ready, failed = self._staged_ahead(sim_id)
             queued.append(QueuedSim(
                 j.queue_id, j.submission.n_ranks, initial, found.duty if found else (),
                 retry_at_s=refused.retry_at_s if refused else None,
                 retry_reason=refused.reason if refused else "", ahead=sim_id, wait=wait,
+                ready=is_ready, stage_failed=failed,
             ))  # fmt: skip
             key = self.key(j.submission)
             if key in self._initial:
@@ -498,6 +513,10 @@ def _staged(sim: Tracked, capacity_millis: int) -> StagedSim:
         capacity_millis=capacity_millis,
         mpi_yields=sim.mpi_yields,
     )
+
+
+def _phase_ready(phase: SimPhase) -> tuple[bool, bool]:
+    return phase is SimPhase.STAGED, phase is SimPhase.FAILED
 
 
 def _ahead(job: Job, sim_id: str, session_wait: str) -> tuple[str, WaitSetting]:

@@ -117,8 +117,16 @@ _EPS = 1e-6
 def decide(obs: Observations, state: ControllerState, settings: ControllerSettings) -> Decision:
     """One controller step: the actions to apply now and the memory for the next step."""
     started, obs = staged.launches(obs, settings)
+    failed: list[StageJob] = []
+    if settings.launch_staged_only:
+        # what is still staging ahead waits without holding others; a failed staging is
+        # claimed now to record its failure (`ControllerSettings.launch_staged_only`)
+        failed = [StageJob(queue_id=q.queue_id, reason="its case could not be staged")
+                  for q in obs.queue if q.stage_failed]  # fmt: skip
+        obs = replace(obs, queue=tuple(q for q in obs.queue if q.ready and not q.stage_failed))
     step = Step(obs=obs, settings=within_bounds(settings, obs))
     step.actions.extend(started)
+    step.actions.extend(failed)
     pacer = Pacer.of(state, obs.now_s, settings)
     step.resize_room = lambda per_node: pacer.allows(
         _plus(per_node, pacing.per_node(_resizes(step), step))

@@ -58,6 +58,9 @@ class LoopSettings:
     """Stage cases as the operator must, for users with fewer rights: none of a case's code
     runs and nothing outside it is read (`rankpack.case.confine`); off for `run` and
     `multiplex`, where users stage their own cases."""
+    case_scan: bool = True
+    """With ``confine_staging``: refuse case code the scanner finds (`rankpack.case.confine`)
+    before staging runs a tool; defence in depth behind the staging sandbox."""
     prestage: bool = True
     """While simulations run, stage the head of the queue ahead of its launch (copy, mesh,
     decompose), so that when it is launched - at once, or after the running ones end - it

@@ -100,6 +100,12 @@ def _under(path: str, roots: Iterable[str]) -> str | None:
     return None
 
 
+def case_root_of(path: str, policy: AdmissionPolicy) -> str | None:
+    """The admin's case root an admitted case path lies under (None: a tutorial name)."""
+    text = _lexical(path) if "/" in path else None
+    return _under(text, policy.case_roots) if text is not None else None
+
+
 def check_host_volume(volume: str | None, policy: AdmissionPolicy) -> None:
     if not volume or not volume.startswith("host:"):
         return

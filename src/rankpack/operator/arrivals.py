@@ -19,7 +19,13 @@ from dataclasses import replace
 from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
 from rankpack.operator import crd, transitions
-from rankpack.operator.admission import AdmissionPolicy, NamespaceLimits, Refused, admit
+from rankpack.operator.admission import (
+    AdmissionPolicy,
+    NamespaceLimits,
+    Refused,
+    admit,
+    case_root_of,
+)
 from rankpack.operator.listing import Listed, Listing
 from rankpack.operator.outbox import StatusOutbox
 from rankpack.operator.tenancy import Tenancy
@@ -80,6 +86,12 @@ class Arrivals:
     def _fail(self, key: str, code: FailureCode, message: str) -> str:
         self.outbox.patch(key, *transitions.failed(code, message))
         return "Failed"
+
+    def case_root(self, namespace: str, case: str) -> str | None:
+        """The case root ``case`` was admitted under in ``namespace`` (None: none)."""
+        if self.admission is None:
+            return None
+        return case_root_of(case, self._policy_of(namespace))
 
     def _policy_of(self, namespace: str) -> AdmissionPolicy:
         """The admin's policy for a Simulation of ``namespace`` (its own case roots)."""

@@ -38,6 +38,13 @@ PHASES = ("Queued", "Running", "Succeeded", "Failed")
 Obj = dict[str, Any]
 
 
+MAX_MILLIS = 1_000_000
+"""The most CPU one rank may ask for (1000 cores), millicores."""
+MAX_ITERATIONS = 100_000_000
+"""The most iterations a Simulation may ask for (a staging sandbox's answer holds no more)."""
+MAX_WEIGHT = 1e9
+
+
 def _int(minimum: int, maximum: int | None = None) -> Obj:
     out: Obj = {"type": "integer", "minimum": minimum}
     if maximum is not None:
@@ -46,7 +53,7 @@ def _int(minimum: int, maximum: int | None = None) -> Obj:
 
 
 def _spec_schema() -> Obj:
-    millis_list = {"type": "array", "items": _int(1), "maxItems": MAX_RANKS}
+    millis_list = {"type": "array", "items": _int(1, MAX_MILLIS), "maxItems": MAX_RANKS}
     return {
         "type": "object",
         "required": ["case"],
@@ -69,11 +76,11 @@ def _spec_schema() -> Obj:
                 },
             },
             "ranks": _int(1, MAX_RANKS),
-            "weights": {"type": "array", "items": {"type": "number", "minimum": 0},
-                        "maxItems": MAX_RANKS},
-            "budgetMillis": _int(1),
-            "floorMillis": _int(0),
-            "iterations": _int(1),
+            "weights": {"type": "array", "maxItems": MAX_RANKS,
+                        "items": {"type": "number", "minimum": 0, "maximum": MAX_WEIGHT}},
+            "budgetMillis": _int(1, MAX_RANKS * MAX_MILLIS),
+            "floorMillis": _int(0, MAX_MILLIS),
+            "iterations": _int(1, MAX_ITERATIONS),
             "decomposition": {"type": "string", "enum": list(DECOMPOSITIONS)},
             "sizing": {"type": "string", "enum": ["duty", "fixed"]},
             "solver": {"type": "string", "pattern": SOLVER_PATTERN,
@@ -313,6 +320,9 @@ def _submission(spec: Obj) -> Submission:
     if len(weights) != ranks:
         raise UserError(f"spec.weights has {len(weights)} entries for {ranks} ranks")
     iterations = spec.get("iterations")
+    if iterations is not None and not 1 <= int(iterations) <= MAX_ITERATIONS:
+        raise UserError(f"spec.iterations must be at least 1 and at most {MAX_ITERATIONS}, "
+                        f"got {iterations}")  # fmt: skip
     phases = [
         Phase(float(p["startFraction"]), tuple(int(m) for m in p["requestMillis"]))
         for p in spec.get("phases") or ()

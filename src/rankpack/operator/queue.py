@@ -158,10 +158,11 @@ class SimulationQueue:
         """The loop's job: in its namespace, with that namespace's run directories and
         volume (`Tenancy`)."""
         t = self.tenancy
+        root = self.arrivals.case_root(namespace, sub.case)
         if t is None:
-            return Job(queue_id, sub)
+            return Job(queue_id, sub, case_root=root)
         return Job(queue_id, sub, namespace=namespace, runs_root=t.runs_root_of(namespace),
-                   volume=t.volume_of(namespace))  # fmt: skip
+                   volume=t.volume_of(namespace), case_root=root)  # fmt: skip
 
     # -- JobSource -----------------------------------------------------------------------------
 

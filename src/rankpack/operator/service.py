@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rankpack.backend.kubernetes.api.client import ClientKubeApi
-from rankpack.backend.kubernetes.api.config import KubernetesConfig
+from rankpack.backend.kubernetes.api.config import DEV_IMAGE, KubernetesConfig
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
 from rankpack.backend.kubernetes.connect import connect_namespaces
 from rankpack.backend.kubernetes.tenants import NamespacedBackends
@@ -96,6 +96,9 @@ class OperatorOptions:
     """What the admin allows Simulations to ask for (host paths, case roots, solvers)."""
     namespace_limits: NamespaceLimits = field(default_factory=NamespaceLimits)
     """How many Simulations one namespace may have queued and running."""
+    case_scan: bool = True
+    """Refuse case code the scanner finds before staging (defence in depth behind the
+    staging pod; ``--case-scan off``)."""
 
 
 def _cluster_millis(backend: NamespacedBackends, every_s: float = 30.0) -> Callable[[], int | None]:
@@ -176,6 +179,11 @@ def run_operator(
     tenancy = Tenancy(opts.namespaces or (opts.config.namespace,), str(opts.runs_root),
                       opts.volume)  # fmt: skip
     tenancy.check(opts.admission)
+    if opts.config.image == DEV_IMAGE:
+        say(
+            f"warning: the image {DEV_IMAGE} holds no rankpack: cases are staged in this "
+            "process (scanned), not in staging pods; give --image for a sandbox"
+        )
     backend = connect_namespaces(opts.config, tenancy.namespaces)
     ctx = _start(opts, backend, tenancy, stop, say)
     result = OperatorResult("stopped", 0, 0, [])
@@ -351,14 +359,16 @@ def _start_session(ctx: _Ctx) -> None:
 def _settings(ctx: _Ctx) -> LoopSettings:
     opts = ctx.opts
     return LoopSettings(
-        runs_root=opts.runs_root, controller=replace(opts.controller, launch_must_fit=True),
+        runs_root=opts.runs_root,
+        controller=replace(opts.controller, launch_must_fit=True, launch_staged_only=True),
         wait_mode=opts.wait_mode,
         capacity_millis=ctx.capacity_millis, multiplex_id=ctx.multiplex_id,
         label=f"operator-{ctx.multiplex_id}",
         extra={"multiplex_id": ctx.multiplex_id, "operator": opts.identity},
         # each job carries its namespace's run directories and volume (`Tenancy`)
         image=opts.config.image, volume=None, leave_running=True,
-        solvers=opts.admission.solvers, confine_staging=True, sim_labels=dict(OPERATOR_LABEL),
+        solvers=opts.admission.solvers, confine_staging=True, case_scan=opts.case_scan,
+        sim_labels=dict(OPERATOR_LABEL),
     )  # fmt: skip
 
 

@@ -24,6 +24,7 @@ Modules:
 - `lostnodes`: `NodeWatch`, a lost node's simulations (`NodeLost`) from the cached nodes
   and Leases;
 - `poller`: the follower thread that acts on each change of the rank pods;
+- `podstaging`: staging a confined case in a staging pod and reading its answer;
 - `record`: what the backend knows of one simulation (`SimRecord`, `Lifecycle`);
 - `observe`: what `observe` reports of one simulation, read from its record.
 """

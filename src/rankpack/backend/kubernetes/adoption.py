@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from rankpack import untrusted
 from rankpack.backend.kubernetes import observe
 from rankpack.backend.kubernetes.api.config import parse_volume
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
@@ -163,7 +164,7 @@ def _take_pods(sim: SimRecord, pods: list[Obj]) -> Obj | None:
 def _phase_from_exit(owner: Obj) -> SimPhase:
     try:
         case_dir = Path(json.loads(owner.get("data", {}).get("spec.json", "{}"))["case_dir"])
-        text = (rank_dir(case_dir) / "mpirun.exit").read_text().strip()
+        text = untrusted.read_text(rank_dir(case_dir) / "mpirun.exit", 64).strip()
     except (OSError, KeyError, ValueError):
         return SimPhase.RUNNING
     return SimPhase.SUCCEEDED if text == "0" else SimPhase.FAILED

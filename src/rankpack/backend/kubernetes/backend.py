@@ -20,17 +20,19 @@ See ``docs/decisions/0008-kubernetes-launcher.md`` and ``0010-node-agent.md``.
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 
 from rankpack.backend.kubernetes import adoption, lostnodes, resizing
 from rankpack.backend.kubernetes import observe as report
 from rankpack.backend.kubernetes.api import informer
-from rankpack.backend.kubernetes.api.config import KubernetesConfig
+from rankpack.backend.kubernetes.api.config import DEV_IMAGE, KubernetesConfig
 from rankpack.backend.kubernetes.api.kubeapi import KubeApi
 from rankpack.backend.kubernetes.launch import launch_sim
 from rankpack.backend.kubernetes.nodes import readings, sources
 from rankpack.backend.kubernetes.nodes.capacity import ClusterCapacity
 from rankpack.backend.kubernetes.objects import builders, limits, reconcile, status
+from rankpack.backend.kubernetes.podstaging import PodStaging
 from rankpack.backend.kubernetes.poller import Poller
 from rankpack.backend.kubernetes.record import SimRecord
 from rankpack.backend.kubernetes.starting import podmode
@@ -51,7 +53,9 @@ from rankpack.backend.protocol import (
     StageSpec,
     UnknownSimulation,
 )
-from rankpack.backend.worker import News, Stager
+from rankpack.backend.worker import News, Stager, stage_here
+from rankpack.case import staging
+from rankpack.case.staging import StagedCase
 from rankpack.core.actions import UnknownWaitMode, WaitMode, parse_wait_mode
 from rankpack.core.failures import FailureCode
 
@@ -86,7 +90,8 @@ class KubernetesBackend:
             source if source is not None else sources.choose(api, config, cache=self.cache)
         )
         """Where the ranks' counters and shim records come from (`sources.choose`)."""
-        self._stager = Stager(self.notify)
+        self._pod_staging = PodStaging(self._state)
+        self._stager = Stager(self.notify, run=self._stage_run, check=self._stage_check)
         self.host = MpirunHost(api, config, mpirun=mpirun, starter=starter, lock=self.lock,
                                notify=self.notify)  # fmt: skip
         self.nodes = lostnodes.NodeWatch(self.cache)
@@ -150,7 +155,24 @@ class KubernetesBackend:
     def wait(self, timeout_s: float) -> None:
         self._state.news.wait(timeout_s)
 
-    # -- staging (on the shared volume, in a worker thread, like the local backend) --------
+    # -- staging (a confined case in a staging pod, `podstaging`; else in a worker thread) --
+
+    def in_pod(self, spec: StageSpec) -> bool:
+        """Whether ``spec`` is staged in a staging pod: a case of a user with fewer rights
+        (``confined``), unless the image is the dev cluster's host-``/usr`` one (no rankpack
+        in it to stage with; the operator says so when it starts)."""
+        return spec.confined and self.config.image != DEV_IMAGE
+
+    def _stage_run(self, spec: StageSpec, stop: threading.Event) -> StagedCase:
+        if self.in_pod(spec):
+            return self._pod_staging.run(spec, stop)
+        return stage_here(spec, stop)
+
+    def _stage_check(self, spec: StageSpec) -> None:
+        if self.in_pod(spec):
+            self._pod_staging.check(spec)
+        else:
+            staging.check(spec)
 
     def stage(self, spec: StageSpec) -> None:
         if spec.sim_id in self.sims:

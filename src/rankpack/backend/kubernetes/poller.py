@@ -24,6 +24,7 @@ import signal
 import threading
 from typing import Any
 
+from rankpack import untrusted
 from rankpack.backend.kubernetes import lostnodes, observe
 from rankpack.backend.kubernetes.api.informer import Informer, selected
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
@@ -252,7 +253,7 @@ class Poller:
 def check_adopted(sim: SimRecord) -> bool:
     """An adopted simulation's mpirun (not our child) has ended when its exit file exists."""
     try:
-        text = sim.exit_file.read_text().strip()
+        text = untrusted.read_text(sim.exit_file, 64).strip()
     except OSError:
         return False
     with contextlib.suppress(ValueError):

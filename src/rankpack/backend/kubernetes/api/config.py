@@ -74,6 +74,22 @@ class NodeFiles:
 
 
 @dataclass(frozen=True)
+class StagingBounds:
+    """What the admin lets one staging take (``rankpack operator --staging-*``)."""
+
+    deadline_s: int = 600
+    """The pod's ``activeDeadlineSeconds``: a staging still running then is ended."""
+    cpu_request_millis: int = 200
+    cpu_limit_millis: int = 1000
+    memory: str = "2Gi"
+    """Its memory request and limit."""
+    ephemeral: str = "1Gi"
+    """Its ephemeral-storage request and limit (its ``/tmp`` and logs; the run directory is
+    on the volume)."""
+    tmp_size: str = "512Mi"
+
+
+@dataclass(frozen=True)
 class KubernetesConfig:
     """How to reach the cluster and what to run there."""
 
@@ -127,6 +143,9 @@ class KubernetesConfig:
     only, every shared-memory transport off (Open MPI ``--mca btl self,tcp``; MPICH
     ``MPIR_CVAR_NOLOCAL=1`` and ``UCX_TLS=self,tcp``), a rank's traffic the same whether
     its peer is in its pod or not (for measurements; docs/kubernetes-backend.md)."""
+    staging: StagingBounds = field(default_factory=StagingBounds)
+    """What one staging pod may take (a confined case is staged in one: `podstaging`; but
+    with the dev cluster's host-``/usr`` image, which holds no rankpack, in this process)."""
     readings: ReadingsMode = "auto"
     """Where the ranks' counters and shim records come from (decision 0010): ``node``, this
     process runs on the rank pods' node and reads its files (the single-node dev cluster);

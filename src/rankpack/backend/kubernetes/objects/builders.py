@@ -219,6 +219,16 @@ def volume_entry(volume: VolumeSource) -> Obj:
     return {"name": "case", "persistentVolumeClaim": {"claimName": volume.claim}}
 
 
+def case_mount(volume: VolumeSource, case_dir: Path) -> Obj:
+    """The simulation's own run directory at its path, and nothing else of the volume (a
+    ``subPath``): a rank or launcher pod runs the user's code and may not reach another
+    simulation's directory, the case roots or what else the volume holds."""
+    root = mount_path(volume)
+    if case_dir == root or not case_dir.is_relative_to(root):
+        return {"name": "case", "mountPath": str(root)}
+    return {"name": "case", "mountPath": str(case_dir), "subPath": str(case_dir.relative_to(root))}
+
+
 @dataclass(frozen=True)
 class IdlePodShape:
     """What tells apart pods that idle until mpirun starts ranks in them (a rank pod, a
@@ -270,7 +280,7 @@ def idle_pod(
     in the Service's subdomain, owned by ``owner``; ``service_account`` its identity (None:
     the namespace's default), never with a token mounted."""
     mounts: list[Obj] = [
-        {"name": "case", "mountPath": str(mount_path(volume))},
+        case_mount(volume, spec.case_dir),
         {"name": LIVE_VOLUME, "mountPath": str(LIVE_DIR)},
     ]
     # on the node's disk, not medium Memory: a tmpfs would be a mount made after the agent
@@ -462,7 +472,7 @@ def launcher_pod(
     security context (plus ``runAsNonRoot`` with a real image), a small CPU request and no
     limit; it runs once (``restartPolicy: Never``)."""
     name = launcher_pod_name(spec.sim_id)
-    mounts: list[Obj] = [{"name": "case", "mountPath": str(mount_path(volume))}]
+    mounts: list[Obj] = [case_mount(volume, spec.case_dir)]
     volumes: list[Obj] = [volume_entry(volume)]
     if image == DEV_IMAGE:
         mounts.append({"name": "host-usr", "mountPath": "/usr", "readOnly": True})

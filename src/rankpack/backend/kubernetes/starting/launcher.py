@@ -44,6 +44,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
+from rankpack import untrusted
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.objects import builders, status
 from rankpack.backend.kubernetes.starting import exitwrapper, mpirunargs, rsh
@@ -286,7 +287,7 @@ class LauncherRun:
                 f"{state}): not starting a second one"
             )
         try:
-            with open(ins.log_path, "ab") as log:
+            with os.fdopen(untrusted.open_append(ins.log_path), "ab") as log:
                 if self.signum is not None:
                     raise Stopped(self.signum)
                 self.child = self.spawn(argv, ins.case_dir, mpirun_env(self.environ, ins), log,

@@ -88,7 +88,7 @@ POD_CASES = [
             "resources": {"requests": {"cpu": "1250m"}, "limits": {"cpu": "1500m"}},
             "pull": None,
             "volumes": [{"name": "case", "persistentVolumeClaim": {"claimName": "runs"}}, LIVE],
-            "mounts": ["/runs", "/var/run/rankpack"],
+            "mounts": ["/runs/r1", "/var/run/rankpack"],
         },
         id="real-image-pvc-with-limit",
     ),

@@ -87,7 +87,10 @@ def test_launcher_pod_builder(
     assert "args" not in c
     assert c["resources"] == {"requests": {"cpu": "50m"}}
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
-    assert mounts["case"] == mount == rank["spec"]["containers"][0]["volumeMounts"][0]["mountPath"]
+    # its own run directory only (a subPath of the volume), as in the rank pods
+    assert mounts["case"] == str(CASE) == rank["spec"]["containers"][0]["volumeMounts"][0][
+        "mountPath"]  # fmt: skip
+    assert str(CASE).startswith(mount)
     # the rank pods' volumes but their own rankpack-live (the shim's records: ranks only)
     rank_volumes = [v for v in rank["spec"]["volumes"] if v["name"] != builders.LIVE_VOLUME]
     assert ps["volumes"] == rank_volumes

@@ -1,0 +1,172 @@
+"""Staging a case of a user with fewer rights in a staging pod (`objects.stagepods`).
+
+The Kubernetes backend's `worker.Stager` runs `PodStaging.run` for a confined `StageSpec`
+(the operator's Simulations): this process reserves the run directory (an empty directory
+it makes: nothing of the case is read), creates the staging pod in the Simulation's
+namespace and waits for it through the shared cache (`informer`; no request is sent to
+look). The pod's termination message is its answer (`rankpack.case.stagewire`, parsed
+strictly, at most 4096 bytes): the staged case, or what is wrong with it and its code.
+The pod is deleted once read, also when the stage is cancelled or its time is up; a
+failed stage's run directory is emptied and removed (by file descriptor: no link in it is
+followed). Nothing of the case is opened here, ever.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from rankpack.backend.kubernetes.api.config import StagingBounds, parse_volume
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
+from rankpack.backend.kubernetes.objects import stagepods
+from rankpack.backend.kubernetes.objects.rbac import RANK_SERVICE_ACCOUNT
+from rankpack.backend.kubernetes.state import BackendState
+from rankpack.backend.protocol import BackendError
+from rankpack.case import stagewire, staging
+from rankpack.case.staging import StagedCase, StageRefused, StageSpec
+from rankpack.core.failures import FailureCode
+from rankpack.errors import UserError
+
+POD_UID = 1000
+"""The uid the rank image runs as (its user ``rankpack``): a run directory this process
+makes as root is handed to it."""
+START_GRACE_S = 180.0
+"""Beyond the pod's own deadline, how long it may take to start (scheduling, the image)."""
+
+
+@dataclass(frozen=True)
+class PodStaging:
+    """Stages in pods of ``state``'s namespace (`run`), checks without reading (`check`)."""
+
+    state: BackendState
+
+    @property
+    def bounds(self) -> StagingBounds:
+        return self.state.config.staging
+
+    def check(self, spec: StageSpec) -> None:
+        staging.check_values(spec)
+        if spec.n_ranks > stagewire.MAX_RANKS:
+            raise UserError(f"a staging pod reports at most {stagewire.MAX_RANKS} ranks, "
+                            f"not {spec.n_ranks}; use fewer ranks")  # fmt: skip
+        parse_volume(spec.volume, spec.runs_root / "run")  # (a volume out of shape: said now)
+
+    def run(self, spec: StageSpec, stop: threading.Event) -> StagedCase:
+        made = spec.resume is None and spec.workdir is None
+        run_dir = self._run_dir(spec)
+        try:
+            return self._stage(spec, run_dir, stop)
+        except BaseException:
+            if spec.resume is None:
+                staging.empty(run_dir)
+                if made:
+                    with contextlib.suppress(OSError):
+                        run_dir.rmdir()
+            raise
+
+    def _run_dir(self, spec: StageSpec) -> Path:
+        if spec.resume is not None:
+            return spec.resume.run_dir
+        if spec.workdir is not None:
+            run_dir = spec.workdir
+            run_dir.mkdir(parents=True, exist_ok=True)
+            if any(run_dir.iterdir()):
+                raise UserError(f"run directory {run_dir} exists and is not empty; give a new one")
+        else:  # named after the case as given (its text, not its files)
+            name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(spec.case).name)[:60] or "case"
+            run_dir = staging.new_run_dir(spec.runs_root, name, spec.n_ranks)
+        if os.geteuid() == 0:  # (the pod runs as the image's user)
+            os.chown(run_dir, POD_UID, POD_UID)
+        return run_dir
+
+    def _stage(self, spec: StageSpec, run_dir: Path, stop: threading.Event) -> StagedCase:
+        b = self.state
+        volume = parse_volume(spec.volume, run_dir)
+        pod = stagepods.staging_pod(
+            spec.sim_id, stagewire.request_text(spec, run_dir), image=b.config.image,
+            volume=volume, run_dir=run_dir,
+            case_root=Path(spec.case_root) if spec.case_root and "/" in spec.case else None,
+            bounds=self.bounds,
+            service_account=RANK_SERVICE_ACCOUNT if b.config.launcher == "pod" else None,
+        )  # fmt: skip
+        name = pod["metadata"]["name"]
+        try:
+            b.api.create("pods", pod)
+        except ApiError as exc:
+            raise UserError(f"cannot create the staging pod {name}: {exc}") from None
+        try:
+            return self._answer(spec, run_dir, name, stop)
+        finally:
+            with contextlib.suppress(ApiError, BackendError):
+                b.api.delete("pods", name, grace_s=0)
+
+    def _answer(
+        self, spec: StageSpec, run_dir: Path, name: str, stop: threading.Event
+    ) -> StagedCase:
+        b = self.state
+        informer = b.cache.informer(b.pods_collection)
+        give_up = time.monotonic() + self.bounds.deadline_s + START_GRACE_S
+        while True:
+            seen = informer.version
+            pod = informer.get(name, b.api.namespace)
+            if pod is not None:
+                text = outcome(pod, self.bounds)
+                if text is not None:
+                    return _read(text, spec, run_dir)
+            if stop.is_set():
+                raise UserError("staging was cancelled")
+            if time.monotonic() > give_up:
+                raise StageRefused(
+                    f"the staging pod {name} did not end within "
+                    f"{self.bounds.deadline_s + START_GRACE_S:.0f} s", FailureCode.STAGE_FAILED,
+                )  # fmt: skip
+            informer.wait(seen, 1.0)
+
+
+def outcome(pod: Obj, bounds: StagingBounds) -> str | StageRefused | None:
+    """A staging pod's answer: its termination message once its container ended, or why it
+    ended without one; None while it runs."""
+    status = pod.get("status") or {}
+    phase = status.get("phase")
+    if status.get("reason") == "DeadlineExceeded":
+        why = f"staging did not end within its deadline of {bounds.deadline_s} s"
+        return StageRefused(f"{why} (the admin's --staging-deadline)", FailureCode.STAGE_FAILED)
+    for cs in status.get("containerStatuses") or []:
+        if cs.get("name") != stagepods.STAGE_CONTAINER:
+            continue
+        ended = (cs.get("state") or {}).get("terminated")
+        if not ended:
+            continue
+        if ended.get("reason") == "OOMKilled":
+            return StageRefused(f"staging ran out of its memory limit ({bounds.memory})",
+                                FailureCode.STAGE_FAILED)  # fmt: skip
+        message = ended.get("message")
+        if isinstance(message, str) and message.strip():
+            return message
+        return StageRefused(
+            f"the staging pod ended (exit {ended.get('exitCode')}, "
+            f"{str(ended.get('reason') or '')[:40]}) without an answer", FailureCode.STAGE_FAILED,
+        )  # fmt: skip
+    if phase in ("Failed", "Succeeded"):
+        why = str(status.get("message") or status.get("reason") or phase)[:200]
+        return StageRefused(f"the staging pod ended without an answer: {why}",
+                            FailureCode.STAGE_FAILED)  # fmt: skip
+    return None
+
+
+def _read(found: str | StageRefused, spec: StageSpec, run_dir: Path) -> StagedCase:
+    if isinstance(found, StageRefused):
+        raise found
+    try:
+        answer = stagewire.parse_answer(found, run_dir, spec.case, spec.n_ranks)
+    except stagewire.BadAnswer as exc:
+        raise StageRefused(f"the staging pod's answer is not one: {exc}",
+                           FailureCode.STAGE_FAILED) from None  # fmt: skip
+    if isinstance(answer, stagewire.SandboxFailure):
+        raise StageRefused(answer.error, answer.code)
+    return answer

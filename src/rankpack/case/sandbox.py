@@ -1,0 +1,65 @@
+"""The staging sandbox: what a staging pod runs (``rankpack-stage REQUEST``).
+
+A Simulation's case is the input of a user with fewer rights than the operator, and
+staging it reads it and runs OpenFOAM's tools on it (a dictionary can load a library or
+run a command). So it is staged here, in a pod of the Simulation's own namespace with
+that user's rights only (`rankpack.backend.kubernetes.objects.stagepods`): no token, a
+read-only root, the namespace's case root read-only and the run directory read-write,
+bounded CPU, memory, disk and time. This program resolves the case path *inside* that pod
+(a link swapped in after admission reaches nothing outside what is mounted), copies,
+scans (`rankpack.case.confine`, defence in depth), meshes and decomposes into the run
+directory (`staging.stage`, in place), and answers in the container's termination message
+(`stagewire`): the one thing the operator reads of it.
+
+Exit codes: 0 staged, 2 refused or failed (the answer says why), 1 a bug (the answer too).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from rankpack.case import stagewire, staging
+from rankpack.core.failures import FailureCode
+from rankpack.errors import UserError
+
+TERMINATION_LOG = Path("/dev/termination-log")
+"""Where the container's answer goes (the kubelet reads it into the pod's status)."""
+
+
+def run(request: str) -> tuple[int, str]:
+    """Stage what ``request`` asks; the exit code and the answer."""
+    try:
+        spec = stagewire.parse_request(request)
+    except (ValueError, TypeError, KeyError, IndexError) as exc:
+        return 2, stagewire.failure_text(f"a staging request out of shape: {exc}",
+                                         FailureCode.STAGE_FAILED)  # fmt: skip
+    try:
+        staged = staging.stage(spec)
+        return 0, stagewire.answer_text(staged)
+    except UserError as exc:
+        return 2, stagewire.failure_text(str(exc), staging.failure_code(exc))
+    except Exception as exc:  # a bug or a tool's crash: said, not hidden
+        return 1, stagewire.failure_text(f"staging failed: {exc!r}", FailureCode.STAGE_FAILED)
+
+
+def main(argv: Sequence[str] | None = None, answer_to: Path = TERMINATION_LOG) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) != 1:
+        print("usage: rankpack-stage REQUEST (the JSON a staging pod is given)", file=sys.stderr)
+        return 2
+    os.umask(0o022)
+    code, answer = run(args[0])
+    print(answer, flush=True)  # (the pod's log, for people)
+    try:
+        answer_to.write_text(answer)
+    except OSError as exc:
+        print(f"cannot write the answer to {answer_to}: {exc}", file=sys.stderr)
+        return 1
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,41 @@
+"""What a staging pod's status says (`podstaging.outcome`): its answer, or why it has none."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rankpack.backend.kubernetes import podstaging
+from rankpack.backend.kubernetes.api.config import StagingBounds
+from rankpack.case.staging import StageRefused
+
+BOUNDS = StagingBounds(deadline_s=60, memory="2Gi")
+
+
+def _pod(phase: str, terminated: dict[str, Any] | None = None, **status: Any) -> dict[str, Any]:
+    state = {"terminated": terminated} if terminated else {"running": {}}
+    return {"status": {"phase": phase, **status,
+                       "containerStatuses": [{"name": "stage", "state": state}]}}  # fmt: skip
+
+
+def test_a_running_pod_has_no_answer_yet() -> None:
+    assert podstaging.outcome(_pod("Running"), BOUNDS) is None
+    assert podstaging.outcome({"status": {"phase": "Pending"}}, BOUNDS) is None
+
+
+def test_the_termination_message_is_the_answer() -> None:
+    assert podstaging.outcome(_pod("Succeeded", {"exitCode": 0, "message": '{"ok":1}'}),
+                              BOUNDS) == '{"ok":1}'  # fmt: skip
+
+
+def test_a_pod_past_its_deadline_says_so() -> None:
+    got = podstaging.outcome(_pod("Failed", reason="DeadlineExceeded"), BOUNDS)
+    assert isinstance(got, StageRefused) and "deadline of 60 s" in str(got)
+
+
+def test_out_of_memory_and_a_silent_end_are_refusals() -> None:
+    oom = podstaging.outcome(_pod("Failed", {"exitCode": 137, "reason": "OOMKilled"}), BOUNDS)
+    assert isinstance(oom, StageRefused) and "memory limit (2Gi)" in str(oom)
+    silent = podstaging.outcome(_pod("Failed", {"exitCode": 1, "reason": "Error"}), BOUNDS)
+    assert isinstance(silent, StageRefused) and "without an answer" in str(silent)
+    gone = podstaging.outcome({"status": {"phase": "Failed", "message": "evicted"}}, BOUNDS)
+    assert isinstance(gone, StageRefused) and "evicted" in str(gone)

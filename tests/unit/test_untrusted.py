@@ -1,0 +1,57 @@
+"""Files a less-trusted party wrote (`rankpack.untrusted`): no link followed, no FIFO
+waited on, no more read than asked."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from rankpack import untrusted
+from rankpack.case.foamlog import LINE_MAX, LogFollower
+
+
+def test_a_regular_file_is_read_up_to_the_cap(tmp_path: Path) -> None:
+    f = tmp_path / "log"
+    f.write_bytes(b"0123456789")
+    assert untrusted.read_bytes(f, 4) == b"0123"
+    assert untrusted.read_bytes(f, 100, offset=8) == b"89"
+
+
+def test_a_link_a_fifo_and_a_directory_are_not_read(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("token")
+    (tmp_path / "link").symlink_to(secret)
+    os.mkfifo(tmp_path / "fifo")
+    for name in ("link", "fifo", "."):
+        with pytest.raises(untrusted.NotARegularFile):
+            untrusted.read_bytes(tmp_path / name, 100)
+    with pytest.raises(FileNotFoundError):
+        untrusted.read_bytes(tmp_path / "none", 100)
+
+
+def test_appending_never_goes_through_a_link(tmp_path: Path) -> None:
+    store = tmp_path / "operator.db"
+    store.write_text("db")
+    (tmp_path / "log.simpleFoam").symlink_to(store)
+    with pytest.raises(untrusted.NotARegularFile):
+        untrusted.open_append(tmp_path / "log.simpleFoam")
+    assert store.read_text() == "db"
+    fd = untrusted.open_append(tmp_path / "log.other")
+    os.write(fd, b"x")
+    os.close(fd)
+    assert (tmp_path / "log.other").read_text() == "x"
+
+
+def test_the_log_follower_reads_no_link_and_cuts_endless_lines(tmp_path: Path) -> None:
+    secret = tmp_path / "secret"
+    secret.write_text("--> FOAM FATAL ERROR:\ntoken-do-not-leak\n")
+    log = tmp_path / "log.simpleFoam"
+    log.symlink_to(secret)
+    assert LogFollower(log).finish().fatal is None
+    log.unlink()
+    log.write_text("x" * (3 * LINE_MAX) + "\nTime = 1\n")
+    follower = LogFollower(log)
+    follower.poll()
+    assert len(follower._partial) <= LINE_MAX
