@@ -5,6 +5,7 @@ more than asked for, never blocking on a FIFO.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 from pathlib import Path
@@ -46,6 +47,31 @@ def open_append(path: Path) -> int:
         raise NotARegularFile(f"{path} is not a regular file: not written")
     os.set_blocking(fd, True)
     return fd
+
+
+def own_dir(path: Path) -> Path:
+    """``path`` as a directory of this process's own making when something else stood there
+    (a link, a file: removed, never followed); an existing real directory is kept."""
+    if path.is_symlink() or (path.exists() and not path.is_dir()):
+        path.unlink()
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def write_file(path: Path, data: bytes, mode: int = 0o644) -> None:
+    """``data`` as the file ``path``, whatever stood there (a link is replaced, never
+    followed): written to a new name beside it, then renamed over it."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, mode)
+    try:
+        with os.fdopen(fd, "wb") as out:
+            out.write(data)
+        os.chmod(tmp, mode)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            tmp.unlink()
+        raise
 
 
 def read_text(path: Path, max_bytes: int) -> str:

@@ -55,3 +55,18 @@ def test_the_log_follower_reads_no_link_and_cuts_endless_lines(tmp_path: Path) -
     follower = LogFollower(log)
     follower.poll()
     assert len(follower._partial) <= LINE_MAX
+
+
+def test_writing_replaces_a_link_and_never_writes_through_it(tmp_path: Path) -> None:
+    store = tmp_path / "operator.db"
+    store.write_text("db")
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / ".rankpack").symlink_to(tmp_path)  # the case's own ".rankpack", a link out
+    own = untrusted.own_dir(run / ".rankpack")
+    assert own.is_dir() and not own.is_symlink()
+    (own / "launch.json").symlink_to(store)
+    untrusted.write_file(own / "launch.json", b"{}")
+    assert store.read_text() == "db" and (own / "launch.json").read_text() == "{}"
+    assert not (own / "launch.json").is_symlink()
+    assert sorted(p.name for p in own.iterdir()) == ["launch.json"]

@@ -172,24 +172,73 @@ def find_tutorial(name: str) -> Path:
     )
 
 
-def copy_case(source: CaseSource, dest: Path) -> None:
-    """Copy the case (not its processor*/ or results) and unpack gzipped files; ``dest``
-    may exist if empty."""
+MAX_CASE_FILES = 100_000
+"""The most files a case may hold (its copy is refused above, with what to do)."""
+MAX_CASE_BYTES = 8 << 30
+"""The most bytes a case may hold, and its gzipped files unpack to, together."""
 
+
+def _ignore(source: CaseSource) -> Callable[[str, list[str]], list[str]]:
     def ignore(directory: str, names: list[str]) -> list[str]:
         if Path(directory) == source.path:
             return [n for n in names if n.startswith(COPY_SKIPS)]
         return []
 
-    shutil.copytree(source.path, dest, ignore=ignore, symlinks=False, dirs_exist_ok=True)
+    return ignore
+
+
+def check_case_size(source: CaseSource) -> int:
+    """The bytes of what `copy_case` copies; UserError when the case holds more files or
+    bytes than `MAX_CASE_FILES` or `MAX_CASE_BYTES` (read by walking it once)."""
+    files, size = 0, 0
+    for top, dirs, names in os.walk(source.path):
+        if Path(top) == source.path:
+            dirs[:] = [d for d in dirs if not d.startswith(COPY_SKIPS)]
+            names = [n for n in names if not n.startswith(COPY_SKIPS)]
+        files += len(names)
+        for n in names:
+            with contextlib.suppress(OSError):
+                size += os.stat(os.path.join(top, n)).st_size
+        if files > MAX_CASE_FILES or size > MAX_CASE_BYTES:
+            raise UserError(
+                f"{source.name} holds more than {MAX_CASE_FILES} files or {MAX_CASE_BYTES >> 30} "
+                "GiB; give the case without its results (time directories, processor*)"
+            )
+    return size
+
+
+def copy_case(source: CaseSource, dest: Path) -> None:
+    """Copy the case (not its processor*/ or results) and unpack gzipped files; ``dest``
+    may exist if empty. Bounded: `check_case_size` first, and what gzipped files unpack to
+    counts towards `MAX_CASE_BYTES` (a small ``.gz`` may unpack to gigabytes)."""
+    budget = MAX_CASE_BYTES - check_case_size(source)
+    shutil.copytree(source.path, dest, ignore=_ignore(source), symlinks=False,
+                    dirs_exist_ok=True)  # fmt: skip
     for gz in dest.rglob("*.gz"):
-        target = gz.with_suffix("")
-        with gzip.open(gz, "rb") as src, open(target, "wb") as out:
-            shutil.copyfileobj(src, out)
+        budget = _gunzip(gz, gz.with_suffix(""), budget, dest)
         gz.unlink()
     orig = dest / "0.orig"
     if orig.is_dir() and not (dest / "0").exists():
         shutil.copytree(orig, dest / "0")
+
+
+def _gunzip(gz: Path, target: Path, budget: int, case: Path) -> int:
+    """Unpack ``gz`` into ``target`` within ``budget`` bytes; what is left of it."""
+    try:
+        with gzip.open(gz, "rb") as src, open(target, "wb") as out:
+            while chunk := src.read(1 << 20):
+                budget -= len(chunk)
+                if budget < 0:
+                    raise UserError(
+                        f"{gz.relative_to(case)} unpacks to more than the case may hold "
+                        f"({MAX_CASE_BYTES >> 30} GiB in all); give it unpacked or smaller"
+                    )
+                out.write(chunk)
+    except (OSError, EOFError) as exc:
+        raise UserError(
+            f"{gz.relative_to(case)} cannot be unpacked ({exc}); fix or remove it"
+        ) from None
+    return budget
 
 
 _PR_SET_PDEATHSIG = 1

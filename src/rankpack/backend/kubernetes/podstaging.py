@@ -25,6 +25,7 @@ from rankpack.backend.kubernetes.api.config import StagingBounds, parse_volume
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
 from rankpack.backend.kubernetes.objects import stagepods
 from rankpack.backend.kubernetes.objects.rbac import RANK_SERVICE_ACCOUNT
+from rankpack.backend.kubernetes.record import rank_dir
 from rankpack.backend.kubernetes.state import BackendState
 from rankpack.backend.protocol import BackendError
 from rankpack.case import stagewire, staging
@@ -100,10 +101,17 @@ class PodStaging:
         except ApiError as exc:
             raise UserError(f"cannot create the staging pod {name}: {exc}") from None
         try:
-            return self._answer(spec, run_dir, name, stop)
+            staged = self._answer(spec, run_dir, name, stop)
         finally:
             with contextlib.suppress(ApiError, BackendError):
                 b.api.delete("pods", name, grace_s=0)
+        own = rank_dir(run_dir)
+        if spec.resume is None and (own.exists() or own.is_symlink()):
+            # rankpack writes its launch files there next: what the case put in its place
+            # (a link above all) would be followed
+            raise StageRefused(f"the case made {own.name} in its run directory, which is "
+                               "rankpack's own; rename it", FailureCode.STAGE_FAILED)  # fmt: skip
+        return staged
 
     def _answer(
         self, spec: StageSpec, run_dir: Path, name: str, stop: threading.Event

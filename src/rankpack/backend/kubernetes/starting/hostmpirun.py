@@ -11,7 +11,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import os
-import shutil
 import socket
 import sys
 import threading
@@ -76,20 +75,20 @@ def prepare_files(sim: SimRecord) -> None:
     records and the ranks' pid files are not there but in each group pod's own volume."""
     d = rank_dir(sim.spec.case_dir)
     try:
-        d.mkdir(parents=True, exist_ok=True)
-        (d / "hostfile").write_text(group_hostfile(sim.spec.sim_id, sim.groups, sim.spec.mpi))
+        # the run directory is the user's (its case, its ranks' files): what stands at these
+        # names is replaced, never followed (`untrusted`)
+        untrusted.own_dir(d)
+        hostfile = group_hostfile(sim.spec.sim_id, sim.groups, sim.spec.mpi)
+        untrusted.write_file(d / "hostfile", hostfile.encode())
         source = resources.files("rankpack.backend") / "rank_launcher.sh"
-        (d / RANK_LAUNCHER).write_bytes(source.read_bytes())
-        agent = d / "rsh-agent"
-        agent.write_text(rsh.agent_script(sys.executable))
-        agent.chmod(0o755)
+        untrusted.write_file(d / RANK_LAUNCHER, source.read_bytes())
+        untrusted.write_file(d / "rsh-agent", rsh.agent_script(sys.executable).encode(), 0o755)
         sim.exit_file.unlink(missing_ok=True)
         if sim.spec.shim is not None:
             env = shim_env(builders.LIVE_DIR, sim.spec.shim.wait_mode,
                            flavour=sim.spec.shim.flavour)  # fmt: skip
             lib = Path(env["LD_PRELOAD"].split(":")[0])
-            (d / "lib").mkdir(exist_ok=True)
-            shutil.copy2(lib, d / "lib" / lib.name)
+            untrusted.write_file(untrusted.own_dir(d / "lib") / lib.name, lib.read_bytes(), 0o755)
     except OSError as exc:
         raise LaunchFailed(f"cannot write to the case volume {d}: {exc}") from exc
 

@@ -15,10 +15,10 @@ Nothing here uses ``pods/exec``: this process never enters a pod in pod mode.
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
+from rankpack import untrusted
 from rankpack.backend.kubernetes.api.config import KubernetesConfig
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.objects import builders, rbac, status
@@ -87,10 +87,8 @@ def prepare(sim: SimRecord, config: KubernetesConfig, namespace: str) -> None:
         raise LaunchFailed(str(exc)) from exc
     path = launch_file(sim.spec.case_dir)
     text = instructions(sim, config, namespace).to_json()
-    tmp = path.with_name(path.name + ".tmp")
     try:
-        tmp.write_text(text)
-        os.replace(tmp, path)
+        untrusted.write_file(path, text.encode())
     except OSError as exc:
         raise LaunchFailed(f"cannot write the launcher's instructions {path}: {exc}") from exc
 
