@@ -72,7 +72,7 @@ def launch_sim(
     try:
         sim.created_rv = reconcile.reconcile(
             state.api, spec, groups, image, volume, launcher=podmode.options_of(sim, config),
-            create_first=True,
+            create_first=True, bounds=config.pod_bounds,
         )  # fmt: skip
     except ApiError as exc:
         if not exc.transient:

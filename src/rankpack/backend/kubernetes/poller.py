@@ -133,7 +133,8 @@ class Poller:
         launcher = podmode.options_of(sim, self.state.config)
         try:
             sim.created_rv = reconcile.reconcile(self.state.api, sim.spec, sim.groups, sim.image,
-                                                 sim.volume, launcher=launcher)  # fmt: skip
+                                                 sim.volume, launcher=launcher,
+                                                 bounds=self.state.config.pod_bounds)  # fmt: skip
         except ApiError as exc:
             sim.reconcile_error = str(exc)
             if not exc.transient:

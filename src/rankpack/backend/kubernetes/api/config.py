@@ -90,6 +90,33 @@ class StagingBounds:
 
 
 @dataclass(frozen=True)
+class PodBounds:
+    """Memory and ephemeral storage of the pods that run a user's code (a rank runs the
+    case's ``libs``; a launcher the user's mpirun): requests and limits, per rank (a group
+    pod: times its ranks) and per launcher pod, MiB. Never a CPU limit: CPU is the
+    controller's to share (decision 0002)."""
+
+    rank_memory_mib: tuple[int, int] = (256, 4096)
+    rank_ephemeral_mib: tuple[int, int] = (64, 4096)
+    launcher_memory_mib: tuple[int, int] = (128, 1024)
+    launcher_ephemeral_mib: tuple[int, int] = (64, 1024)
+
+
+def bounded(
+    resources: dict[str, object],
+    memory_mib: tuple[int, int],
+    ephemeral_mib: tuple[int, int],
+    n: int = 1,
+) -> dict[str, object]:
+    """``resources`` (a container's) with ``n`` times the memory and ephemeral storage."""
+    requests = dict(resources.get("requests") or {})  # type: ignore[call-overload]
+    limits = dict(resources.get("limits") or {})  # type: ignore[call-overload]
+    for key, (req, lim) in (("memory", memory_mib), ("ephemeral-storage", ephemeral_mib)):
+        requests[key], limits[key] = f"{req * n}Mi", f"{lim * n}Mi"
+    return {**resources, "requests": requests, "limits": limits}
+
+
+@dataclass(frozen=True)
 class KubernetesConfig:
     """How to reach the cluster and what to run there."""
 
@@ -143,6 +170,8 @@ class KubernetesConfig:
     only, every shared-memory transport off (Open MPI ``--mca btl self,tcp``; MPICH
     ``MPIR_CVAR_NOLOCAL=1`` and ``UCX_TLS=self,tcp``), a rank's traffic the same whether
     its peer is in its pod or not (for measurements; docs/kubernetes-backend.md)."""
+    pod_bounds: PodBounds = field(default_factory=PodBounds)
+    """Memory and ephemeral storage of every rank, group and launcher pod."""
     staging: StagingBounds = field(default_factory=StagingBounds)
     """What one staging pod may take (a confined case is staged in one: `podstaging`; but
     with the dev cluster's host-``/usr`` image, which holds no rankpack, in this process)."""

@@ -32,7 +32,9 @@ from rankpack.backend.kubernetes.api.config import (
     DEV_IMAGE,
     DEV_IMAGE_PREFIX,
     HostPathVolume,
+    PodBounds,
     VolumeSource,
+    bounded,
     mount_path,
 )
 from rankpack.backend.protocol import BackendError, RankResources, SimSpec
@@ -219,6 +221,12 @@ def volume_entry(volume: VolumeSource) -> Obj:
     return {"name": "case", "persistentVolumeClaim": {"claimName": volume.claim}}
 
 
+def _bounded_rank(res: Obj, bounds: PodBounds | None, n: int) -> Obj:
+    if bounds is None:
+        return res
+    return bounded(res, bounds.rank_memory_mib, bounds.rank_ephemeral_mib, n)
+
+
 def case_mount(volume: VolumeSource, case_dir: Path) -> Obj:
     """The simulation's own run directory at its path, and nothing else of the volume (a
     ``subPath``): a rank or launcher pod runs the user's code and may not reach another
@@ -244,6 +252,9 @@ class IdlePodShape:
     annotations: Mapping[str, str] = field(default_factory=dict)
     volumes: tuple[tuple[Obj, Obj], ...] = ()
     """Volumes of its own beside the case and live ones, each with its container mount."""
+    bounds: PodBounds | None = None
+    """Its memory and ephemeral storage per rank (None: none asked)."""
+    n_ranks: int = 1
 
 
 def rank_pod(
@@ -298,7 +309,7 @@ def idle_pod(
         "image": image,
         "command": list(IDLE_COMMAND),
         "workingDir": str(spec.case_dir),
-        "resources": resources(shape.resources),
+        "resources": _bounded_rank(resources(shape.resources), shape.bounds, shape.n_ranks),
         "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"}],
         "volumeMounts": mounts,
         "securityContext": security_context(image),
@@ -459,6 +470,14 @@ class LauncherOptions:
     """Its CPU request (no limit)."""
     rank_service_account: str | None = None
     """The rank pods' identity beside it (no rights; `rbac.RANK_SERVICE_ACCOUNT`)."""
+    bounds: PodBounds | None = None
+    """Its memory and ephemeral storage (None: none asked)."""
+
+
+def _launcher_resources(options: LauncherOptions) -> Obj:
+    res: Obj = {"requests": {"cpu": cpu_quantity(options.cpu_millis)}}
+    b = options.bounds
+    return res if b is None else bounded(res, b.launcher_memory_mib, b.launcher_ephemeral_mib)
 
 
 def launcher_pod(
@@ -487,7 +506,7 @@ def launcher_pod(
             {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
             *({"name": k, "value": v} for k, v in options.env if k != POD_IP_ENV),
         ],
-        "resources": {"requests": {"cpu": cpu_quantity(options.cpu_millis)}},
+        "resources": _launcher_resources(options),
         "volumeMounts": mounts,
         "securityContext": security,
         "terminationMessagePath": TERMINATION_LOG,

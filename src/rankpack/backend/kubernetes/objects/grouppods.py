@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from pathlib import Path
 
-from rankpack.backend.kubernetes.api.config import VolumeSource
+from rankpack.backend.kubernetes.api.config import PodBounds, VolumeSource
 from rankpack.backend.kubernetes.objects.builders import (
     RANK_LABEL,
     IdlePodShape,
@@ -64,6 +64,7 @@ def group_pod(
     volume: VolumeSource,
     image: str,
     service_account: str | None = None,
+    bounds: PodBounds | None = None,
 ) -> Obj:
     """The pod of ``group``: named (and hostnamed) `RankGroup.pod_name`, the simulation's
     labels plus `GROUP_LABEL`, its ranks in `RANKS_ANNOTATION`, one container whose CPU is
@@ -85,6 +86,8 @@ def group_pod(
         node=group.node,
         annotations={RANKS_ANNOTATION: ranks_annotation(group)},
         volumes=(shm_volume(len(group.ranks)),),
+        bounds=bounds,
+        n_ranks=len(group.ranks),
     )
     return idle_pod(spec, shape, owner, volume, image, service_account)
 

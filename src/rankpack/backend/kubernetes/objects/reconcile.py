@@ -15,7 +15,7 @@ import contextlib
 import time
 from collections.abc import Callable, Sequence
 
-from rankpack.backend.kubernetes.api.config import KubernetesConfig, VolumeSource
+from rankpack.backend.kubernetes.api.config import KubernetesConfig, PodBounds, VolumeSource
 from rankpack.backend.kubernetes.api.informer import newer, version_of
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.objects import builders, grouppods
@@ -36,6 +36,7 @@ def reconcile(
     *,
     launcher: builders.LauncherOptions | None = None,
     create_first: bool = False,
+    bounds: PodBounds | None = None,
 ) -> str:
     """Create the owner, the Service and the pod of every rank group, and with ``launcher``
     (pod mode) the launcher pod after them, taking those that exist (idempotent: objects that belong
@@ -55,7 +56,7 @@ def reconcile(
     made.append(take(api, "services", builders.headless_service(spec, owner), spec))
     account = launcher.rank_service_account if launcher is not None else None
     for group in groups:
-        pod = grouppods.group_pod(spec, group, owner, volume, image, account)
+        pod = grouppods.group_pod(spec, group, owner, volume, image, account, bounds)
         made.append(take(api, "pods", pod, spec))
     if launcher is not None:
         made.append(take(api, "pods", builders.launcher_pod(spec, owner, volume, image, launcher),

@@ -44,6 +44,7 @@ def options(config: KubernetesConfig, spec: SimSpec) -> builders.LauncherOptions
         config.launcher_cpu_millis,
         # its rank pods' identity: deploy/ installs it beside the launcher's (no rights)
         rank_service_account=rbac.RANK_SERVICE_ACCOUNT,
+        bounds=config.pod_bounds,
     )
 
 

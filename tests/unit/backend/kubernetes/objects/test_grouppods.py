@@ -311,3 +311,17 @@ def test_pods_that_do_not_cover_the_ranks_once_in_order_are_no_groups(
 ) -> None:
     g0, g1 = _listed()
     assert grouppods.groups_of_pods(pods(g0, g1), 5) is None
+
+
+def test_a_group_pod_bounds_memory_and_disk_by_its_ranks_never_cpu() -> None:
+    from rankpack.backend.kubernetes.api.config import PodBounds
+    from rankpack.backend.kubernetes.objects.grouppods import group_pod
+    from rankpack.backend.kubernetes.objects.groups import RankGroup
+
+    bounds = PodBounds(rank_memory_mib=(100, 1000), rank_ephemeral_mib=(10, 200))
+    spec = sim_spec(ranks=(RankResources(250), RankResources(500)))
+    pod = group_pod(spec, RankGroup(0, None, (0, 1)), OWNER,
+                    PvcVolume("runs", Path("/runs")), "img", bounds=bounds)  # fmt: skip
+    (c,) = pod["spec"]["containers"]
+    assert c["resources"]["requests"]["memory"] == "200Mi"
+    assert c["resources"]["limits"] == {"memory": "2000Mi", "ephemeral-storage": "400Mi"}

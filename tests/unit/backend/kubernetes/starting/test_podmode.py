@@ -113,7 +113,11 @@ def test_launcher_env_and_request_are_configured() -> None:
         "spec"
     ]["containers"]
     assert {"name": "KUBERNETES_SERVICE_HOST", "value": "10.200.0.1"} in c["env"]
-    assert c["resources"] == {"requests": {"cpu": "20m"}}
+    # no CPU limit; memory and ephemeral storage bounded (the user's mpirun runs there)
+    assert c["resources"] == {
+        "requests": {"cpu": "20m", "memory": "128Mi", "ephemeral-storage": "64Mi"},
+        "limits": {"memory": "1024Mi", "ephemeral-storage": "1024Mi"},
+    }
 
 
 @pytest.mark.parametrize(("sim_id", "ok"), [("s1", True), ("x" * 45, True), ("x" * 46, False)])
