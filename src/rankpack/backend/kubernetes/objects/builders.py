@@ -37,6 +37,7 @@ from rankpack.backend.kubernetes.api.config import (
     bounded,
     mount_path,
 )
+from rankpack.backend.kubernetes.objects import keyed
 from rankpack.backend.protocol import BackendError, RankResources, SimSpec
 
 Obj = dict[str, Any]
@@ -148,7 +149,13 @@ def spec_json(spec: SimSpec, image: str) -> str:
     return json.dumps(data, sort_keys=True)
 
 
-def owner_configmap(spec: SimSpec, image: str) -> Obj:
+def owner_configmap(spec: SimSpec, image: str, key: str | None = None) -> Obj:
+    """The owner: the hostfile, the spec and, for a launcher-pod simulation, the key that
+    enters its rank pods (`keyed`)."""
+    data = {"hostfile": hostfile(spec.sim_id, len(spec.ranks), spec.mpi),
+            "spec.json": spec_json(spec, image)}  # fmt: skip
+    if key is not None:
+        data["key"] = key
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -156,10 +163,7 @@ def owner_configmap(spec: SimSpec, image: str) -> Obj:
             "name": owner_name(spec.sim_id),
             "labels": labels(spec, **{ROLE_LABEL: "owner"}),
         },
-        "data": {
-            "hostfile": hostfile(spec.sim_id, len(spec.ranks), spec.mpi),
-            "spec.json": spec_json(spec, image),
-        },
+        "data": data,
     }
 
 
@@ -255,6 +259,9 @@ class IdlePodShape:
     bounds: PodBounds | None = None
     """Its memory and ephemeral storage per rank (None: none asked)."""
     n_ranks: int = 1
+    command: tuple[str, ...] = IDLE_COMMAND
+    """Its container's process: idle (mpirun's ranks are started through ``pods/exec``), or
+    ``rankpack-rankd`` (entered by the simulation's key: `keyed`)."""
 
 
 def rank_pod(
@@ -307,7 +314,7 @@ def idle_pod(
     container: Obj = {
         "name": CONTAINER,
         "image": image,
-        "command": list(IDLE_COMMAND),
+        "command": list(shape.command),
         "workingDir": str(spec.case_dir),
         "resources": _bounded_rank(resources(shape.resources), shape.bounds, shape.n_ranks),
         "resizePolicy": [{"resourceName": "cpu", "restartPolicy": "NotRequired"}],
@@ -491,8 +498,9 @@ def launcher_pod(
     security context (plus ``runAsNonRoot`` with a real image), a small CPU request and no
     limit; it runs once (``restartPolicy: Never``)."""
     name = launcher_pod_name(spec.sim_id)
-    mounts: list[Obj] = [case_mount(volume, spec.case_dir)]
-    volumes: list[Obj] = [volume_entry(volume)]
+    key, key_mount = keyed.key_volume(owner.name)  # it enters the rank pods with the key
+    mounts: list[Obj] = [case_mount(volume, spec.case_dir), key_mount]
+    volumes: list[Obj] = [volume_entry(volume), key]
     if image == DEV_IMAGE:
         mounts.append({"name": "host-usr", "mountPath": "/usr", "readOnly": True})
         volumes.append({"name": "host-usr", "hostPath": {"path": "/usr", "type": "Directory"}})
@@ -504,6 +512,7 @@ def launcher_pod(
         "workingDir": str(spec.case_dir),
         "env": [
             {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": keyed.KEY_ENV, "value": str(keyed.KEY_DIR / keyed.KEY_ITEM)},
             *({"name": k, "value": v} for k, v in options.env if k != POD_IP_ENV),
         ],
         "resources": _launcher_resources(options),

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from rankpack.backend.kubernetes.api.config import PodBounds, VolumeSource
 from rankpack.backend.kubernetes.objects.builders import (
+    IDLE_COMMAND,
     RANK_LABEL,
     IdlePodShape,
     Obj,
@@ -31,6 +32,7 @@ from rankpack.backend.kubernetes.objects.groups import (
     parse_ranks_annotation,
     ranks_annotation,
 )
+from rankpack.backend.kubernetes.objects.keyed import RANKD_COMMAND, key_volume
 from rankpack.backend.protocol import BackendError, SimSpec
 
 GROUP_LABEL = "rankpack.dev/group"
@@ -65,13 +67,15 @@ def group_pod(
     image: str,
     service_account: str | None = None,
     bounds: PodBounds | None = None,
+    keyed: bool = False,
 ) -> Obj:
-    """The pod of ``group``: named (and hostnamed) `RankGroup.pod_name`, the simulation's
-    labels plus `GROUP_LABEL`, its ranks in `RANKS_ANNOTATION`, one container whose CPU is
-    its ranks' together (`groups.group_resources`), a required affinity to the group's node
-    when it has one, its own `SHM_VOLUME` at ``/dev/shm``; the rest as a rank pod's
-    (`builders.idle_pod`). BackendError if the spec has no such ranks, or some of the
-    group's ranks have limits and others not."""
+    """The pod of ``group`` (``keyed``: entered by the simulation's key, `keyed`): named
+    (and hostnamed) `RankGroup.pod_name`, the simulation's labels plus `GROUP_LABEL`, its
+    ranks in `RANKS_ANNOTATION`, one container whose CPU is its ranks' together
+    (`groups.group_resources`), a required affinity to the group's node when it has one,
+    its own `SHM_VOLUME` at ``/dev/shm``; the rest as a rank pod's (`builders.idle_pod`).
+    BackendError if the spec has no such ranks, or some of the group's ranks have limits
+    and others not."""
     if group.ranks[-1] >= len(spec.ranks):
         raise BackendError(
             f"rank group {group.index} holds rank {group.ranks[-1]}; the simulation has "
@@ -85,9 +89,13 @@ def group_pod(
         resources=group_resources([spec.ranks[r] for r in group.ranks]),
         node=group.node,
         annotations={RANKS_ANNOTATION: ranks_annotation(group)},
-        volumes=(shm_volume(len(group.ranks)),),
+        volumes=(
+            shm_volume(len(group.ranks)),
+            *((key_volume(owner.name),) if keyed else ()),
+        ),
         bounds=bounds,
         n_ranks=len(group.ranks),
+        command=RANKD_COMMAND if keyed else IDLE_COMMAND,
     )
     return idle_pod(spec, shape, owner, volume, image, service_account)
 

@@ -174,16 +174,13 @@ LAUNCHER_SERVICE_ACCOUNT = "rankpack-launcher"
 LAUNCHER_ROLE = "rankpack-launcher"
 
 LAUNCHER_RULES: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
-    # wait until the rank pods run and learn their addresses
+    # wait until the rank pods run and learn their addresses; rankpack-exec (mpirun's rsh
+    # agent) then enters each with the simulation's key (`keyed`, decision 0013): no
+    # pods/exec, which would reach every pod of the namespace
     ("", ("pods",), ("get", "list", "watch")),
-    # rankpack-exec (mpirun's rsh agent) starts orted in each rank pod through pods/exec. The
-    # client opens it as a websocket, an HTTP GET, which RBAC authorizes as `get`; since 1.35
-    # the apiserver also checks `create` on it (AuthorizePodWebsocketUpgradeCreatePermission,
-    # on by default), the verb kubectl's SPDY POST always needed. Both, nothing else.
-    ("", ("pods/exec",), ("create", "get")),
 )
-"""What a launcher pod may do in its namespace: read pods, exec into them. Nothing it may
-create, change or delete (`tests/unit/backend/kubernetes/starting/test_podmode.py` pins this)."""
+"""What a launcher pod may do in its namespace: read pods. Nothing it may create, change,
+delete or enter (`tests/unit/backend/kubernetes/starting/test_podmode.py` pins this)."""
 
 
 def launcher_rbac(namespace: str | None = None) -> list[dict[str, Any]]:

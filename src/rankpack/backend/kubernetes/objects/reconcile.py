@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from rankpack.backend.kubernetes.api.config import KubernetesConfig, PodBounds, VolumeSource
 from rankpack.backend.kubernetes.api.informer import newer, version_of
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
-from rankpack.backend.kubernetes.objects import builders, grouppods
+from rankpack.backend.kubernetes.objects import builders, grouppods, keyed
 from rankpack.backend.kubernetes.objects.groups import RankGroup
 from rankpack.backend.protocol import BackendError, LaunchFailed, SimSpec
 
@@ -50,13 +50,15 @@ def reconcile(
     conflict does)."""
     take = _create_or_take if create_first else _get_or_create
     made: list[Obj] = []
-    owner_obj = take(api, "configmaps", builders.owner_configmap(spec, image), spec)
+    key = keyed.new_key() if launcher is not None else None  # (an existing owner's stays)
+    owner_obj = take(api, "configmaps", builders.owner_configmap(spec, image, key), spec)
     made.append(owner_obj)
     owner = builders.OwnerRef(builders.owner_name(spec.sim_id), str(owner_obj["metadata"]["uid"]))
     made.append(take(api, "services", builders.headless_service(spec, owner), spec))
     account = launcher.rank_service_account if launcher is not None else None
     for group in groups:
-        pod = grouppods.group_pod(spec, group, owner, volume, image, account, bounds)
+        pod = grouppods.group_pod(spec, group, owner, volume, image, account, bounds,
+                                  keyed=launcher is not None)  # fmt: skip
         made.append(take(api, "pods", pod, spec))
     if launcher is not None:
         made.append(take(api, "pods", builders.launcher_pod(spec, owner, volume, image, launcher),

@@ -33,11 +33,13 @@ launcher's failure; else the container's exit code is mpirun's.
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -96,13 +98,27 @@ def choose_subnet(
     return subnet_of([*pods, {"status": {"podIP": own_ip}}])
 
 
-def mpirun_env(environ: Mapping[str, str], instructions: Instructions) -> dict[str, str]:
-    """mpirun's own environment: this pod's (the in-cluster API address), no preload, the
-    rsh agent's connection (in-cluster: no kubeconfig) and Open MPI's root switches."""
+def mpirun_env(
+    environ: Mapping[str, str], instructions: Instructions, hosts: Path | None = None
+) -> dict[str, str]:
+    """mpirun's own environment: this pod's (the in-cluster API address; the key file the
+    rsh agent enters the rank pods with), no preload, the rsh agent's connection (in-cluster:
+    no kubeconfig; ``hosts``: each rank pod's IP) and Open MPI's root switches."""
     env = {k: v for k, v in environ.items() if k != "LD_PRELOAD"}
     env.update(rsh.agent_env(None, None, instructions.namespace, instructions.container))
+    if hosts is not None:
+        env[rsh.ENV_HOSTS] = str(hosts)
     env.update(root_env(instructions.mpi))
     return env
+
+
+def write_hosts(pods: Sequence[Obj], directory: Path) -> Path:
+    """Each rank pod's IP by its name, as the rsh agent reads it (`rsh.ENV_HOSTS`)."""
+    hosts = {str(p["metadata"]["name"]): str(p["status"]["podIP"]) for p in pods}
+    fd, name = tempfile.mkstemp(prefix="rankpack-hosts-", suffix=".json", dir=directory)
+    with os.fdopen(fd, "w") as out:
+        json.dump(hosts, out)
+    return Path(name)
 
 
 def find_agent(executable: str = sys.executable) -> Path:
@@ -256,6 +272,10 @@ class LauncherRun:
             return exit_status(earlier)
         pods = wait_for_ranks(self.api, ins, clock=self.clock, sleep=self.sleep,
                               stopping=lambda: self.signum)  # fmt: skip
+        try:
+            hosts = write_hosts(pods, Path(tempfile.gettempdir()))
+        except OSError as exc:
+            raise LaunchError(f"cannot write the rank pods' addresses: {exc}") from exc
         own_ip = self.environ.get(builders.POD_IP_ENV)
         try:
             args = mpirunargs.MpirunArgs(
@@ -290,8 +310,8 @@ class LauncherRun:
             with os.fdopen(untrusted.open_append(ins.log_path), "ab") as log:
                 if self.signum is not None:
                     raise Stopped(self.signum)
-                self.child = self.spawn(argv, ins.case_dir, mpirun_env(self.environ, ins), log,
-                                        (fd,))  # fmt: skip
+                env = mpirun_env(self.environ, ins, hosts)
+                self.child = self.spawn(argv, ins.case_dir, env, log, (fd,))
                 with contextlib.suppress(OSError):
                     exitwrapper.launched(fd, self.child.pid)
                 if self.signum is not None:  # it arrived while mpirun was being started

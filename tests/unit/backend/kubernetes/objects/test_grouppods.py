@@ -325,3 +325,27 @@ def test_a_group_pod_bounds_memory_and_disk_by_its_ranks_never_cpu() -> None:
     (c,) = pod["spec"]["containers"]
     assert c["resources"]["requests"]["memory"] == "200Mi"
     assert c["resources"]["limits"] == {"memory": "2000Mi", "ephemeral-storage": "400Mi"}
+
+
+def test_a_keyed_group_pod_runs_rankd_with_its_key_and_an_unkeyed_one_idles() -> None:
+    from rankpack.backend.kubernetes.objects import keyed
+
+    group = RankGroup(0, None, (0,))
+    volume = PvcVolume("runs", Path("/runs"))
+    pod = grouppods.group_pod(sim_spec(), group, OWNER, volume, "img", keyed=True)
+    (c,) = pod["spec"]["containers"]
+    assert c["command"] == ["rankpack-rankd"]
+    (key,) = [v for v in pod["spec"]["volumes"] if v["name"] == keyed.KEY_VOLUME]
+    assert key["configMap"] == {"name": OWNER.name, "items": [{"key": "key", "path": "key"}],
+                                "defaultMode": 0o444}  # fmt: skip
+    assert {"name": keyed.KEY_VOLUME, "mountPath": "/etc/rankpack/sim", "readOnly": True} in c[
+        "volumeMounts"]  # fmt: skip
+    plain = grouppods.group_pod(sim_spec(), group, OWNER, volume, "img")
+    (c,) = plain["spec"]["containers"]
+    assert c["command"] == list(builders.IDLE_COMMAND)
+    assert all(v["name"] != keyed.KEY_VOLUME for v in plain["spec"]["volumes"])
+
+
+def test_only_a_launcher_pod_simulations_owner_holds_a_key() -> None:
+    assert "key" not in builders.owner_configmap(sim_spec(), "img")["data"]
+    assert builders.owner_configmap(sim_spec(), "img", "k1")["data"]["key"] == "k1"

@@ -19,7 +19,7 @@ from rankpack.backend.kubernetes.api.config import (
     VolumeSource,
 )
 from rankpack.backend.kubernetes.backend import KubernetesBackend
-from rankpack.backend.kubernetes.objects import builders, rbac
+from rankpack.backend.kubernetes.objects import builders, keyed, rbac
 from rankpack.backend.kubernetes.starting import exitwrapper, podmode
 from rankpack.backend.kubernetes.starting.instructions import Instructions
 from rankpack.backend.protocol import BackendError, RankPhase, SimPhase
@@ -93,7 +93,12 @@ def test_launcher_pod_builder(
     assert str(CASE).startswith(mount)
     # the rank pods' volumes but their own rankpack-live (the shim's records: ranks only)
     rank_volumes = [v for v in rank["spec"]["volumes"] if v["name"] != builders.LIVE_VOLUME]
-    assert ps["volumes"] == rank_volumes
+    assert [v for v in ps["volumes"] if v["name"] != keyed.KEY_VOLUME] == rank_volumes
+    # and the simulation's key alone, read-only: it enters its rank pods with it (no exec)
+    (key,) = [v for v in ps["volumes"] if v["name"] == keyed.KEY_VOLUME]
+    assert key["configMap"]["name"] == OWNER.name
+    assert key["configMap"]["items"] == [{"key": "key", "path": "key"}]
+    assert {"name": keyed.KEY_ENV, "value": "/etc/rankpack/sim/key"} in c["env"]
     security = c["securityContext"]
     assert {k: v for k, v in security.items() if k != "runAsNonRoot"} == builders.CONTAINER_SECURITY
     assert security.get("runAsNonRoot", False) is non_root
@@ -137,11 +142,11 @@ def test_the_launcher_mode_is_checked() -> None:
 # -- RBAC ------------------------------------------------------------------------------------------
 
 
-def test_the_launchers_rights_are_reading_pods_and_exec() -> None:
+def test_the_launchers_rights_are_reading_pods_only() -> None:
     grants = {(res, verb) for _, resources, verbs in rbac.LAUNCHER_RULES
               for res in resources for verb in verbs}  # fmt: skip
-    assert grants == {("pods", "get"), ("pods", "list"), ("pods", "watch"),
-                      ("pods/exec", "create"), ("pods/exec", "get")}  # fmt: skip
+    # no pods/exec: it enters its own rank pods with its simulation's key (decision 0013)
+    assert grants == {("pods", "get"), ("pods", "list"), ("pods", "watch")}
     sa, role, binding = rbac.launcher_rbac("sims")
     assert (sa["kind"], sa["metadata"]["name"], sa["metadata"]["namespace"]) == (
         "ServiceAccount", "rankpack-launcher", "sims"
@@ -149,7 +154,6 @@ def test_the_launchers_rights_are_reading_pods_and_exec() -> None:
     assert role["kind"] == "Role" and role["metadata"]["namespace"] == "sims"
     assert role["rules"] == [
         {"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list", "watch"]},
-        {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
     ]
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": "rankpack-launcher"}  # fmt: skip
