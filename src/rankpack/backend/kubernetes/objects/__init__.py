@@ -5,6 +5,8 @@ created and deleted.
 - `groups`: rank groups, a simulation's ranks on one node (pure: plan, resources, nice
   values, the ranks annotation);
 - `grouppods`: pure builders of a rank group's pod and the groups' hostfile;
+- `keyed`: a launcher-pod simulation's key, its volume and the rank pods' ``rankpack-rankd``
+  (pure);
 - `stagepods`: the pure builder of a staging pod (a case staged with its user's rights);
 - `status`: pure readings of a pod's JSON (phase, allocation, resize state);
 - `limits`: what the namespace's ResourceQuotas and LimitRanges allow (pure);
