@@ -427,6 +427,14 @@ def _condition_time(st: dict[str, Any], kind: str) -> float | None:
     return None
 
 
+def _can_i(ic: InCluster, verb: str, resource: str, who: str) -> str:
+    try:
+        return ic.kubectl("auth", "can-i", verb, resource, "-n", NAMESPACE, who).strip()
+    except UserError as exc:  # kubectl exits 1 for "no", saying it on stdout only
+        text = str(exc)
+        return "no" if text.endswith("(no message)") or text.endswith(" no") else text
+
+
 def _event_time(ic: InCluster, name: str, reason: str) -> float | None:
     events = json.loads(ic.kubectl(
         "get", "events", "-n", NAMESPACE, "-o", "json", "--field-selector",
@@ -502,6 +510,12 @@ def test_hostile_cases_run_only_in_their_own_staging_pods(incluster: InCluster) 
         launched, failed = _event_time(ic, "plain-meanwhile", "Launched"), _condition_time(
             slept, "Failed")  # fmt: skip
         assert launched is not None and failed is not None and launched < failed, (plain, slept)
+        # the launcher enters its own rank pods by their key: it may exec into no pod (the
+        # operator's among them), decision 0013
+        who = f"--as=system:serviceaccount:{NAMESPACE}:rankpack-launcher"
+        for verb in ("create", "get"):
+            answer = _can_i(ic, verb, "pods/exec", who)
+            assert answer == "no", f"the launcher may {verb} pods/exec: {answer}"
         # no token anywhere a user reads; no staging pod left
         text = json.dumps(st)
         assert "eyJhbGci" not in text, text
