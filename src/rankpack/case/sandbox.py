@@ -38,7 +38,12 @@ def run(request: str) -> tuple[int, str]:
                                          FailureCode.STAGE_FAILED)  # fmt: skip
     try:
         staged = staging.stage(spec)
-        return 0, stagewire.answer_text(staged)
+        cells = staged.run_dir / stagewire.CELLS_FILE
+
+        def write_cells(text: str) -> None:
+            cells.write_text(text)
+
+        return 0, stagewire.answer_text(staged, write_cells=write_cells)
     except UserError as exc:
         return 2, stagewire.failure_text(str(exc), staging.failure_code(exc))
     except Exception as exc:  # a bug or a tool's crash: said, not hidden

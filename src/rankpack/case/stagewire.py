@@ -12,6 +12,7 @@ error, never a guess.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -21,15 +22,19 @@ from rankpack.core.failures import FailureCode
 
 MESSAGE_MAX = 4096
 """The kubelet keeps at most this much of a termination message."""
-MAX_RANKS = 256
-"""The most ranks an answer lists cells for (a rank's count is at most 10 digits, so 256
-fit in `MESSAGE_MAX` with the rest); a larger simulation is refused by the sandbox."""
+MAX_RANKS = 4096
+"""The most ranks a staging reports cells for (as many as a Simulation may have)."""
+CELLS_FILE = "rankpack-cells.json"
+"""Where the cells per rank go when they do not fit the answer (about 300 ranks and more):
+a file of the run directory, named in the answer, read as untrusted (a regular file, never
+through a link, at most `CELLS_FILE_MAX` bytes) and parsed as strictly."""
+CELLS_FILE_MAX = 64 << 10
 TEXT_MAX = 400
 """The longest text field an answer may hold (an error, a name, a solver)."""
 MAX_ITERATIONS = 100_000_000
 _FIELDS = frozenset(
     {"ok", "error", "code", "caseName", "caseSource", "solver", "cellsPerRank",
-     "expectedIterations", "warnings", "resumedFrom", "startIterations"}
+     "expectedIterations", "warnings", "resumedFrom", "startIterations", "cellsFile"}
 )  # fmt: skip
 
 
@@ -117,8 +122,9 @@ def _staged_of(d: Any, run_dir: Path) -> StagedCase:
 # -- the answer ----------------------------------------------------------------------------
 
 
-def answer_text(staged: StagedCase) -> str:
-    """A staged case as the sandbox's answer (ValueError if it does not fit)."""
+def answer_text(staged: StagedCase, write_cells: Callable[[str], None] | None = None) -> str:
+    """A staged case as the sandbox's answer; cells that do not fit go to `CELLS_FILE`
+    through ``write_cells`` (ValueError if it still does not fit)."""
     data = {"ok": True, **_staged_json(staged), "warnings": list(staged.warnings)}
     if staged.resumed_from is not None:
         data["resumedFrom"] = staged.resumed_from
@@ -128,6 +134,10 @@ def answer_text(staged: StagedCase) -> str:
     if len(text.encode()) > MESSAGE_MAX:
         # warnings are the one part of no consequence: drop them before failing
         data["warnings"] = []
+        text = json.dumps(data, separators=(",", ":"))
+    if len(text.encode()) > MESSAGE_MAX and write_cells is not None:
+        write_cells(json.dumps(data.pop("cellsPerRank"), separators=(",", ":")))
+        data["cellsFile"] = CELLS_FILE
         text = json.dumps(data, separators=(",", ":"))
     if len(text.encode()) > MESSAGE_MAX:
         raise ValueError(f"the staged case's summary is over {MESSAGE_MAX} bytes")
@@ -141,11 +151,16 @@ def failure_text(error: str, code: FailureCode) -> str:
 
 
 def parse_answer(
-    text: str, run_dir: Path, source_hint: str, n_ranks: int
+    text: str,
+    run_dir: Path,
+    source_hint: str,
+    n_ranks: int,
+    read_cells: Callable[[str], str] | None = None,
 ) -> StagedCase | SandboxFailure:
     """A termination message read back: the staged case of ``n_ranks`` ranks in ``run_dir``
     or the failure it reports; `BadAnswer` if it is neither. ``source_hint`` (the path asked
-    for) stands in for a source the answer gives out of shape."""
+    for) stands in for a source the answer gives out of shape; ``read_cells`` reads the
+    `CELLS_FILE` an answer may name (None: none may)."""
     if len(text.encode(errors="replace")) > MESSAGE_MAX:
         raise BadAnswer(f"an answer over {MESSAGE_MAX} bytes")
     try:
@@ -163,6 +178,10 @@ def parse_answer(
             return SandboxFailure(_text(d, "error"), code)
         source = d.get("caseSource")
         warnings = _list(d, "warnings")
+        if "cellsFile" in d:
+            if d["cellsFile"] != CELLS_FILE or "cellsPerRank" in d or read_cells is None:
+                raise ValueError("cellsFile is not rankpack's")
+            d["cellsPerRank"] = json.loads(read_cells(CELLS_FILE))
         if len(_cells(d)) != n_ranks:
             raise ValueError(f"cellsPerRank does not list {n_ranks} ranks")
         return StagedCase(

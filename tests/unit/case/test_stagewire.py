@@ -113,12 +113,30 @@ def test_an_answer_out_of_shape_is_refused(answer: str) -> None:
         stagewire.parse_answer(answer, RUN, "/cases/x", 2)
 
 
-def test_the_largest_simulation_fits_the_kubelets_cap() -> None:
-    text = stagewire.answer_text(_staged(tuple([9_999_999_999] * stagewire.MAX_RANKS)))
-    assert len(text.encode()) <= stagewire.MESSAGE_MAX
+def test_a_few_hundred_ranks_fit_the_answer_itself_and_more_need_the_file() -> None:
+    text = stagewire.answer_text(_staged(tuple([9_999_999_999] * 256)))
+    assert len(text.encode()) <= stagewire.MESSAGE_MAX and "cellsPerRank" in text
+    with pytest.raises(ValueError, match="over 4096 bytes"):
+        stagewire.answer_text(_staged(tuple([9_999_999_999] * stagewire.MAX_RANKS)))
 
 
 @given(st.text(max_size=6000))
 def test_any_text_is_an_answer_or_refused_never_a_crash(text: str) -> None:
     with contextlib.suppress(stagewire.BadAnswer):
         stagewire.parse_answer(text, RUN, "/cases/x", 2)
+
+
+def test_cells_of_many_ranks_go_to_a_file_the_answer_names(tmp_path: Path) -> None:
+    cells = tuple(range(40_000, 40_000 + 4096))
+    written: dict[str, str] = {}
+    text = stagewire.answer_text(_staged(cells), write_cells=lambda t: written.update(f=t))
+    assert len(text.encode()) <= stagewire.MESSAGE_MAX and "cellsPerRank" not in text
+    got = stagewire.parse_answer(text, RUN, "/cases/x", 4096, read_cells=lambda _: written["f"])
+    assert not isinstance(got, stagewire.SandboxFailure) and got.cells_per_rank == cells
+    with pytest.raises(stagewire.BadAnswer):  # a file the operator was not told it may read
+        stagewire.parse_answer(text, RUN, "/cases/x", 4096)
+    with pytest.raises(stagewire.BadAnswer):  # a file that says other counts
+        stagewire.parse_answer(text, RUN, "/cases/x", 4096, read_cells=lambda _: "[1, 2]")
+    forged = text.replace(stagewire.CELLS_FILE, "../../operator.db")
+    with pytest.raises(stagewire.BadAnswer):
+        stagewire.parse_answer(forged, RUN, "/cases/x", 4096, read_cells=lambda _: written["f"])

@@ -21,6 +21,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from rankpack import untrusted
 from rankpack.backend.kubernetes.api.config import StagingBounds, parse_volume
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
 from rankpack.backend.kubernetes.objects import stagepods
@@ -167,11 +168,21 @@ def outcome(pod: Obj, bounds: StagingBounds) -> str | StageRefused | None:
     return None
 
 
+def _read_cells(path: Path) -> str:
+    """The cells file a staging pod named (the user's: a regular file, no link, bounded)."""
+    try:
+        return untrusted.read_text(path, stagewire.CELLS_FILE_MAX)
+    except OSError as exc:
+        raise ValueError(f"its cells file cannot be read: {exc}") from None
+
+
 def _read(found: str | StageRefused, spec: StageSpec, run_dir: Path) -> StagedCase:
     if isinstance(found, StageRefused):
         raise found
     try:
-        answer = stagewire.parse_answer(found, run_dir, spec.case, spec.n_ranks)
+        answer = stagewire.parse_answer(
+            found, run_dir, spec.case, spec.n_ranks, read_cells=lambda n: _read_cells(run_dir / n)
+        )
     except stagewire.BadAnswer as exc:
         raise StageRefused(f"the staging pod's answer is not one: {exc}",
                            FailureCode.STAGE_FAILED) from None  # fmt: skip
