@@ -9,8 +9,7 @@ path as its one argument. Here, in the pod, under its ServiceAccount (`rbac.LAUN
    handed to a shell, and mpirun's argv is built here (`mpirunargs.mpirun_argv`), with this
    image's mpirun and ``rankpack-exec``;
 2. wait, bounded by ``start_timeout_s``, until every rank pod runs with an IP (one list of
-   the simulation's pods every `FAST_POLL_S` for `FAST_FOR_S`, then every ``poll_s``); a
-   rank pod that failed ends the wait at once;
+   the simulation's pods every ``poll_s``); a rank pod that failed ends the wait at once;
 3. take the launch marker (`exitwrapper.begin`, on the case volume): a second launcher never
    starts a second mpirun;
 4. run mpirun with ``rankpack-exec`` as its rsh agent (this image's absolute path, which
@@ -57,11 +56,6 @@ from rankpack.backend.mpirun import find_mpirun, root_env
 from rankpack.backend.protocol import BackendError
 from rankpack.errors import UserError
 
-FAST_POLL_S = 0.25
-FAST_FOR_S = 15.0
-"""The rank pods are listed every `FAST_POLL_S` for the first `FAST_FOR_S` (they are
-usually running within a few seconds: each second waited is a second of start-up), then
-every ``poll_s`` (a pod that cannot be scheduled costs the apiserver little)."""
 LAUNCH_ERROR_EXIT = 2
 """The launcher's exit code when it failed before mpirun ran (with a termination message)."""
 AGENT = "rankpack-exec"
@@ -149,8 +143,7 @@ def wait_for_ranks(
     one failed, when they do not all run within ``start_timeout_s``, or when the API
     refuses (a missing Role); `Stopped` when a signal arrived meanwhile. An API that does
     not answer is asked again until the deadline."""
-    started = clock()
-    deadline = started + instructions.start_timeout_s
+    deadline = clock() + instructions.start_timeout_s
     c = instructions.container
     while True:
         signum = stopping()
@@ -186,8 +179,7 @@ def wait_for_ranks(
                 f"rank pods not running after {instructions.start_timeout_s:.0f} s: "
                 + "; ".join(waiting)
             )
-        fast = clock() - started < FAST_FOR_S
-        sleep(min(min(FAST_POLL_S, instructions.poll_s) if fast else instructions.poll_s, left))
+        sleep(min(instructions.poll_s, left))
 
 
 def write_exit(path: Path, returncode: int) -> None:
