@@ -6,6 +6,7 @@ more than asked for, never blocking on a FIFO.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 import stat
 from pathlib import Path
@@ -15,18 +16,26 @@ class NotARegularFile(OSError):
     """The path is a link, a directory, a FIFO or a device: not read."""
 
 
+def _open_regular(path: Path, flags: int, what: str, mode: int = 0o644) -> int:
+    """``path`` opened with ``flags`` (never through a link, never blocking on a FIFO);
+    `NotARegularFile` if the last part is a link or not a regular file."""
+    try:
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # the last part is a symbolic link
+            raise NotARegularFile(f"{path} is a symbolic link: not {what}") from None
+        raise
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
+        os.close(fd)
+        raise NotARegularFile(f"{path} is not a regular file: not {what}")
+    return fd
+
+
 def read_bytes(path: Path, max_bytes: int, offset: int = 0) -> bytes:
     """At most ``max_bytes`` of ``path`` from ``offset``. `FileNotFoundError` if it is
     not there, `NotARegularFile` (an OSError) if it is not a regular file or is a link."""
+    fd = _open_regular(path, os.O_RDONLY, "read")
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        if exc.errno == 40:  # ELOOP: the last part is a symbolic link
-            raise NotARegularFile(f"{path} is a symbolic link: not read") from None
-        raise
-    try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotARegularFile(f"{path} is not a regular file: not read")
         return os.pread(fd, max(0, max_bytes), offset)
     finally:
         os.close(fd)
@@ -35,16 +44,7 @@ def read_bytes(path: Path, max_bytes: int, offset: int = 0) -> bytes:
 def open_append(path: Path) -> int:
     """A file descriptor appending to ``path`` (created if missing), never through a link
     put in its place (`NotARegularFile`)."""
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
-                     | os.O_CLOEXEC, 0o644)  # fmt: skip
-    except OSError as exc:
-        if exc.errno == 40:
-            raise NotARegularFile(f"{path} is a symbolic link: not written") from None
-        raise
-    if not stat.S_ISREG(os.fstat(fd).st_mode):
-        os.close(fd)
-        raise NotARegularFile(f"{path} is not a regular file: not written")
+    fd = _open_regular(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, "written")
     os.set_blocking(fd, True)
     return fd
 
