@@ -177,7 +177,7 @@ class Starter:
         # running; else the head, while others run
         n = ctx.settings.controller.max_starting if only else 1
         active = ctx.settings.prestage and (only or bool(ctx.sims))
-        heads = [j for j in waiting[:n]] if active else []
+        heads = waiting[:n] if active else []
         keep = {j.queue_id for j in heads}
         for qid in [q for q in self.prestaged if q not in keep]:
             with contextlib.suppress(BackendError):

@@ -292,9 +292,10 @@ class Observer:
         if not sim_id:
             return False, False
         try:
-            return _phase_ready(self.ctx.backend.observe(sim_id).phase)
+            phase = self.ctx.backend.observe(sim_id).phase
         except BackendError:
             return False, True
+        return phase is SimPhase.STAGED, phase is SimPhase.FAILED
 
     def _observations(
         self, pending: list[Job], *, prune: bool, ahead: Mapping[int, str] = {}
@@ -513,10 +514,6 @@ def _staged(sim: Tracked, capacity_millis: int) -> StagedSim:
         capacity_millis=capacity_millis,
         mpi_yields=sim.mpi_yields,
     )
-
-
-def _phase_ready(phase: SimPhase) -> tuple[bool, bool]:
-    return phase is SimPhase.STAGED, phase is SimPhase.FAILED
 
 
 def _ahead(job: Job, sim_id: str, session_wait: str) -> tuple[str, WaitSetting]:

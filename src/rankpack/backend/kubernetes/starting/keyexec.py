@@ -113,9 +113,8 @@ def session(conn: socket.socket, key: bytes, log: Callable[[str], None] = print)
                     pass
             _stop_group(proc)
 
-        pumps = [threading.Thread(target=pump, args=(proc.stdout, k), daemon=True)
-                 for k in (b"o",)] + [threading.Thread(target=pump, args=(proc.stderr, b"e"),
-                                                       daemon=True)]  # fmt: skip
+        pumps = [threading.Thread(target=pump, args=(stream, kind), daemon=True)
+                 for stream, kind in ((proc.stdout, b"o"), (proc.stderr, b"e"))]  # fmt: skip
         for t in pumps:
             t.start()
         threading.Thread(target=watch, daemon=True).start()
