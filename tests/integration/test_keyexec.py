@@ -59,7 +59,7 @@ def test_a_caller_that_goes_away_takes_the_command_down(
     server: tuple[str, int], tmp_path: Path
 ) -> None:
     pid_file = tmp_path / "pid"
-    conn = socket.create_connection(server)
+    conn = _connect(server)
     conn.sendall(b'{"key": "' + KEY + f'", "command": "echo $$ > {pid_file}; sleep 60"}}\n'
                  .encode())  # fmt: skip
     deadline = time.monotonic() + 10
@@ -72,6 +72,17 @@ def test_a_caller_that_goes_away_takes_the_command_down(
     while _alive(pid):
         assert time.monotonic() < deadline, "the command outlived its caller"
         time.sleep(0.05)
+
+
+def _connect(address: tuple[str, int]) -> socket.socket:
+    """A connection once the server listens (its thread may not have bound yet)."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return socket.create_connection(address)
+        except ConnectionRefusedError:
+            assert time.monotonic() < deadline, "the server never listened"
+            time.sleep(0.05)
 
 
 def _alive(pid: int) -> bool:
