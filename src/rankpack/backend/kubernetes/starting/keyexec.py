@@ -103,7 +103,7 @@ def session(conn: socket.socket, key: bytes, log: Callable[[str], None] = print)
 
         def pump(stream: BinaryIO | None, kind: bytes) -> None:
             assert stream is not None
-            with contextlib.suppress(OSError):
+            with stream, contextlib.suppress(OSError):  # (the pipe closed once drained)
                 while data := os.read(stream.fileno(), 65536):
                     _send(conn, lock, kind, data)
 
