@@ -83,6 +83,20 @@ class InCluster:
             time.sleep(1)
         raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
 
+    def delete_simulations(self, *names: str) -> None:
+        for name in names:
+            self.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
+                         "--ignore-not-found")  # fmt: skip
+
+    def simulation_events(self, name: str) -> list[Any]:
+        return list(json.loads(self.kubectl(
+            "get", "events", "-n", NAMESPACE, "-o", "json", "--field-selector",
+            f"involvedObject.kind=Simulation,involvedObject.name={name}"))["items"])  # fmt: skip
+
+    def print_operator_log(self, tail: int) -> None:
+        print(self.kubectl("logs", "-n", NAMESPACE, f"deployment/{manifests.NAME}",
+                           f"--tail={tail}", "--timestamps"))  # fmt: skip
+
     def token(self, service_account: str) -> str:
         return self.kubectl("create", "token", service_account, "-n", NAMESPACE,
                             "--duration=1h").strip()  # fmt: skip
@@ -207,9 +221,7 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
         os.chown(path, manifests.RUN_AS, manifests.RUN_AS)
     in_pod = Path(manifests.RUNS_PATH) / "cases" / case.name
     names = sorted(ITERATIONS)
-    for name in names:
-        ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
-                   "--ignore-not-found")  # fmt: skip
+    ic.delete_simulations(*names)
     manifest = runs / "simulations.json"
     items = [_phased_simulation(n, str(in_pod)) for n in names]
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
@@ -272,17 +284,11 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
             # the shim's live records lived in the rank pods' own volumes, not on the case's
             assert not list(run_dir.rglob("rank-*.rec")), list(run_dir.rglob("rank-*.rec"))
             # run exactly once: one launch, one end
-            events = json.loads(ic.kubectl(
-                "get", "events", "-n", NAMESPACE, "-o", "json", "--field-selector",
-                f"involvedObject.kind=Simulation,involvedObject.name={name}"))["items"]  # fmt: skip
-            reasons = [e["reason"] for e in events]
+            reasons = [e["reason"] for e in ic.simulation_events(name)]
             assert reasons.count("Launched") == 1 and reasons.count("Succeeded") == 1, reasons
     finally:
-        print(ic.kubectl("logs", "-n", NAMESPACE, f"deployment/{manifests.NAME}", "--tail=40",
-                         "--timestamps"))  # fmt: skip
-        for name in names:
-            ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
-                       "--ignore-not-found")  # fmt: skip
+        ic.print_operator_log(40)
+        ic.delete_simulations(*names)
 
 
 def test_a_deleted_launcher_pod_fails_its_simulation_with_a_code(incluster: InCluster) -> None:
@@ -290,7 +296,7 @@ def test_a_deleted_launcher_pod_fails_its_simulation_with_a_code(incluster: InCl
     never a hang (its rank pods cannot go on without their mpirun)."""
     ic = incluster
     name = "incluster-launcher"
-    ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE, "--ignore-not-found")
+    ic.delete_simulations(name)
     manifest = ic.deployed.runs_dir / "launcher-lost.json"
     # a run that lasts (the tutorial's 285 iterations may end on a quiet machine before the
     # status, coalesced to one patch per 10 s, shows it running)
@@ -317,8 +323,7 @@ def test_a_deleted_launcher_pod_fails_its_simulation_with_a_code(incluster: InCl
         assert f"rankpack-{sim_id}-launcher" in st["message"], st
         ic.wait("its rank pods to go", lambda: not ic.pods(f"rankpack.dev/sim={sim_id}"), 120)
     finally:
-        ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
-                   "--ignore-not-found")  # fmt: skip
+        ic.delete_simulations(name)
 
 
 def test_no_resize_is_decided_while_the_agent_is_away(incluster: InCluster) -> None:
@@ -332,7 +337,7 @@ def test_no_resize_is_decided_while_the_agent_is_away(incluster: InCluster) -> N
     # quiet machine too (~100 iterations a second there; the status's iterations lag by up to
     # its 10 s coalescing)
     name, total = "incluster-away", 10000
-    ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE, "--ignore-not-found")
+    ic.delete_simulations(name)
     body = _phased_simulation(
         "incluster-a", str(Path(manifests.RUNS_PATH) / "cases" / "pitzDailyLong")
     )
@@ -408,8 +413,7 @@ def test_no_resize_is_decided_while_the_agent_is_away(incluster: InCluster) -> N
         )
     finally:
         ic.kubectl("patch", *ds, "-p", back)
-        ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
-                   "--ignore-not-found")  # fmt: skip
+        ic.delete_simulations(name)
 
 
 def _simulation(name: str, case: str, iterations: int) -> dict[str, Any]:
@@ -441,11 +445,8 @@ def _can_i(ic: InCluster, verb: str, account: str) -> str:
 
 
 def _event_time(ic: InCluster, name: str, reason: str) -> float | None:
-    events = json.loads(ic.kubectl(
-        "get", "events", "-n", NAMESPACE, "-o", "json", "--field-selector",
-        f"involvedObject.kind=Simulation,involvedObject.name={name}"))["items"]  # fmt: skip
     stamps = [e.get("eventTime") or e.get("firstTimestamp") or e.get("lastTimestamp")
-              for e in events if e.get("reason") == reason]  # fmt: skip
+              for e in ic.simulation_events(name) if e.get("reason") == reason]  # fmt: skip
     return min((_since(t) for t in stamps if t), default=None)
 
 
@@ -472,9 +473,7 @@ def test_hostile_cases_run_only_in_their_own_staging_pods(incluster: InCluster) 
     names = {"hostile-escape": (str(in_pod / "cases" / made[0].name), 20),
              "hostile-sleeper": (str(in_pod / "cases" / made[1].name), 20),
              "plain-meanwhile": ("pitzDaily", 20)}  # fmt: skip
-    for name in names:
-        ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
-                   "--ignore-not-found")  # fmt: skip
+    ic.delete_simulations(*names)
     manifest = runs / "hostile.json"
     first = [_simulation(n, *names[n]) for n in ("hostile-escape", "hostile-sleeper")]
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": first}))
@@ -526,8 +525,5 @@ def test_hostile_cases_run_only_in_their_own_staging_pods(incluster: InCluster) 
         assert "eyJhbGci" not in text, text
         assert ic.pods("rankpack.dev/role=staging") == []
     finally:
-        print(ic.kubectl("logs", "-n", NAMESPACE, f"deployment/{manifests.NAME}", "--tail=30",
-                         "--timestamps"))  # fmt: skip
-        for name in names:
-            ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
-                       "--ignore-not-found")  # fmt: skip
+        ic.print_operator_log(30)
+        ic.delete_simulations(*names)
