@@ -113,10 +113,14 @@ def check(spec: StageSpec) -> openfoam.CaseSource:
     if openfoam.has_mesh(source.path):
         _check_cells(openfoam.n_cells(source.path), spec.n_ranks, source.name)
     if spec.workdir is not None:
-        final = spec.workdir.expanduser().resolve()
-        if final.exists() and (not final.is_dir() or any(final.iterdir())):
-            raise UserError(f"run directory {final} exists and is not empty; give a new one")
+        check_workdir(spec.workdir.expanduser().resolve())
     return source
+
+
+def check_workdir(final: Path) -> None:
+    """A run directory asked for by path must be new or empty."""
+    if final.exists() and (not final.is_dir() or any(final.iterdir())):
+        raise UserError(f"run directory {final} exists and is not empty; give a new one")
 
 
 def check_values(spec: StageSpec) -> None:
@@ -155,7 +159,7 @@ def stage(spec: StageSpec) -> StagedCase:
     if spec.workdir is not None:
         final = spec.workdir.expanduser().resolve()
     else:
-        final = _new_run_dir(spec.runs_root, source.name, spec.n_ranks)
+        final = new_run_dir(spec.runs_root, source.name, spec.n_ranks)
     if spec.in_place:
         staging = final
     else:
@@ -212,10 +216,6 @@ def empty(directory: Path) -> None:
 def new_run_dir(runs_root: Path, name: str, n_ranks: int) -> Path:
     """A new, empty run directory below ``runs_root`` named after the case and its ranks,
     reserved (created) so that a stage at the same moment takes another name."""
-    return _new_run_dir(runs_root, name, n_ranks)
-
-
-def _new_run_dir(runs_root: Path, name: str, n_ranks: int) -> Path:
     stamp = datetime.now().strftime("%Y%m%d-%H%M%S")
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", name)
     base = runs_root / f"{stamp}-{safe}-{n_ranks}r"

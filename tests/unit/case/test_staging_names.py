@@ -15,7 +15,7 @@ def test_stages_in_the_same_second_get_distinct_directories(tmp_path: Path) -> N
 
     def pick() -> None:
         start.wait()
-        d = staging._new_run_dir(tmp_path / "runs", "pitzDaily", 2)
+        d = staging.new_run_dir(tmp_path / "runs", "pitzDaily", 2)
         with lock:
             got.append(d)
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import threading
 import time
 from dataclasses import dataclass
@@ -76,11 +75,10 @@ class PodStaging:
             return spec.resume.run_dir
         if spec.workdir is not None:
             run_dir = spec.workdir
+            staging.check_workdir(run_dir)
             run_dir.mkdir(parents=True, exist_ok=True)
-            if any(run_dir.iterdir()):
-                raise UserError(f"run directory {run_dir} exists and is not empty; give a new one")
         else:  # named after the case as given (its text, not its files)
-            name = re.sub(r"[^A-Za-z0-9_.-]", "_", Path(spec.case).name)[:60] or "case"
+            name = Path(spec.case).name[:60] or "case"
             run_dir = staging.new_run_dir(spec.runs_root, name, spec.n_ranks)
         if os.geteuid() == 0:  # (the pod runs as the image's user)
             os.chown(run_dir, POD_UID, POD_UID)
