@@ -25,6 +25,7 @@ from rankpack.backend.kubernetes.api.config import StagingBounds, parse_volume
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
 from rankpack.backend.kubernetes.objects import stagepods
 from rankpack.backend.kubernetes.objects.rbac import RANK_SERVICE_ACCOUNT
+from rankpack.backend.kubernetes.objects.status import container_status
 from rankpack.backend.kubernetes.record import rank_dir
 from rankpack.backend.kubernetes.state import BackendState
 from rankpack.backend.protocol import BackendError
@@ -143,12 +144,9 @@ def outcome(pod: Obj, bounds: StagingBounds) -> str | StageRefused | None:
     if status.get("reason") == "DeadlineExceeded":
         why = f"staging did not end within its deadline of {bounds.deadline_s} s"
         return StageRefused(f"{why} (the admin's --staging-deadline)", FailureCode.STAGE_FAILED)
-    for cs in status.get("containerStatuses") or []:
-        if cs.get("name") != stagepods.STAGE_CONTAINER:
-            continue
-        ended = (cs.get("state") or {}).get("terminated")
-        if not ended:
-            continue
+    cs = container_status(pod, stagepods.STAGE_CONTAINER)
+    ended = ((cs or {}).get("state") or {}).get("terminated")
+    if ended:
         if ended.get("reason") == "OOMKilled":
             return StageRefused(f"staging ran out of its memory limit ({bounds.memory})",
                                 FailureCode.STAGE_FAILED)  # fmt: skip
