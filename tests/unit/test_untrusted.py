@@ -70,3 +70,16 @@ def test_writing_replaces_a_link_and_never_writes_through_it(tmp_path: Path) -> 
     assert store.read_text() == "db" and (own / "launch.json").read_text() == "{}"
     assert not (own / "launch.json").is_symlink()
     assert sorted(p.name for p in own.iterdir()) == ["launch.json"]
+
+
+def test_an_exit_file_is_never_written_or_read_through_a_rank_made_link(tmp_path: Path) -> None:
+    from rankpack.backend.kubernetes.starting import exitwrapper
+
+    host_file = tmp_path / "passwd"
+    host_file.write_text("root:x:0:0\n")
+    exit_file = tmp_path / "mpirun.exit"
+    exit_file.symlink_to(host_file)
+    assert exitwrapper.read_exit(exit_file) is None  # (the link is not followed)
+    exitwrapper.write_exit(exit_file, 3)
+    assert host_file.read_text() == "root:x:0:0\n" and not exit_file.is_symlink()
+    assert exitwrapper.read_exit(exit_file) == 3

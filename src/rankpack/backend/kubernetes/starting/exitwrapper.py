@@ -28,6 +28,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from rankpack import untrusted
+
 MARKER = "mpirun.launch"
 EXIT = "mpirun.exit"
 
@@ -95,10 +97,24 @@ def main(argv: list[str]) -> int:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, forward)
     code = child.wait()
-    tmp = exit_file.with_name(exit_file.name + ".tmp")
-    tmp.write_text(f"{code}\n")
-    os.replace(tmp, exit_file)
+    write_exit(exit_file, code)
     return code if code >= 0 else 128 - code
+
+
+def write_exit(path: Path, returncode: int) -> None:
+    """mpirun's return code (as `subprocess` gives it) into its exit file, atomically (a
+    reader sees no file or the whole code), replacing whatever a rank put at that name and
+    never writing through it (`untrusted.write_file`): the run directory is the user's."""
+    untrusted.write_file(path, f"{returncode}\n".encode())
+
+
+def read_exit(path: Path) -> int | None:
+    """The code in an exit file; None if there is none, it does not parse, or it is not a
+    regular file (a link a rank put there is not followed: `untrusted.read_text`)."""
+    try:
+        return int(untrusted.read_text(path, 64).strip())
+    except (OSError, ValueError):
+        return None
 
 
 if __name__ == "__main__":

@@ -201,7 +201,7 @@ class MpirunHost:
         code = sim.process.wait()
         if not sim.exit_file.exists():  # the detached exit wrapper wrote mpirun's own code
             with contextlib.suppress(OSError):
-                sim.exit_file.write_text(f"{code}\n")
+                exitwrapper.write_exit(sim.exit_file, code)
         with self.lock:
             sim.life.exit_code = code
             sim.life.end()

@@ -182,22 +182,6 @@ def wait_for_ranks(
         sleep(min(instructions.poll_s, left))
 
 
-def write_exit(path: Path, returncode: int) -> None:
-    """mpirun's return code (as `subprocess` gives it, as the host launcher writes it),
-    atomically: a reader sees no file or the whole code."""
-    tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(f"{returncode}\n")
-    os.replace(tmp, path)
-
-
-def read_exit(path: Path) -> int | None:
-    """The code in an exit file; None if there is none (or it does not parse)."""
-    try:
-        return int(path.read_text().strip())
-    except (OSError, ValueError):
-        return None
-
-
 # -- one run -----------------------------------------------------------------------------------
 
 
@@ -267,7 +251,7 @@ class LauncherRun:
     def run(self) -> int:
         """mpirun's exit status (`exit_status`); `LaunchError` if it was never started."""
         ins = self.instructions
-        earlier = read_exit(ins.exit_path)
+        earlier = exitwrapper.read_exit(ins.exit_path)
         if earlier is not None:  # it ran to its end already: never run it twice
             return exit_status(earlier)
         pods = wait_for_ranks(self.api, ins, clock=self.clock, sleep=self.sleep,
@@ -322,7 +306,7 @@ class LauncherRun:
         finally:
             os.close(fd)
         with contextlib.suppress(OSError):  # the container's exit code carries it too
-            write_exit(ins.exit_path, code)
+            exitwrapper.write_exit(ins.exit_path, code)
         return exit_status(code)
 
 

@@ -24,9 +24,9 @@ from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.objects import builders, rbac, status
 from rankpack.backend.kubernetes.record import SimRecord, launch_file, rank_dir
 from rankpack.backend.kubernetes.starting import mpirunargs
+from rankpack.backend.kubernetes.starting.exitwrapper import read_exit, write_exit
 from rankpack.backend.kubernetes.starting.hostmpirun import rank_command, rank_env
 from rankpack.backend.kubernetes.starting.instructions import Instructions
-from rankpack.backend.kubernetes.starting.launcher import read_exit, write_exit
 from rankpack.backend.protocol import BackendError, LaunchFailed, SimSpec
 from rankpack.core.failures import Failure, FailureCode
 
