@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from rankpack.errors import UserError
 
@@ -103,14 +103,14 @@ class PodBounds:
 
 
 def bounded(
-    resources: dict[str, object],
+    resources: dict[str, Any],
     memory_mib: tuple[int, int],
     ephemeral_mib: tuple[int, int],
     n: int = 1,
-) -> dict[str, object]:
+) -> dict[str, Any]:
     """``resources`` (a container's) with ``n`` times the memory and ephemeral storage."""
-    requests = dict(resources.get("requests") or {})  # type: ignore[call-overload]
-    limits = dict(resources.get("limits") or {})  # type: ignore[call-overload]
+    requests = dict(resources.get("requests") or {})
+    limits = dict(resources.get("limits") or {})
     for key, (req, lim) in (("memory", memory_mib), ("ephemeral-storage", ephemeral_mib)):
         requests[key], limits[key] = f"{req * n}Mi", f"{lim * n}Mi"
     return {**resources, "requests": requests, "limits": limits}
