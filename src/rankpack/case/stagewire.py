@@ -17,12 +17,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rankpack import quantities
 from rankpack.case.staging import DECOMPOSITIONS, StagedCase, StageSpec
 from rankpack.core.failures import FailureCode
 
 MESSAGE_MAX = 4096
 """The kubelet keeps at most this much of a termination message."""
-MAX_RANKS = 4096
+MAX_RANKS = quantities.MAX_RANKS
 """The most ranks a staging reports cells for (as many as a Simulation may have)."""
 CELLS_FILE = "rankpack-cells.json"
 """Where the cells per rank go when they do not fit the answer (about 300 ranks and more):
@@ -32,6 +33,7 @@ CELLS_FILE_MAX = 64 << 10
 TEXT_MAX = 400
 """The longest text field an answer may hold (an error, a name, a solver)."""
 MAX_ITERATIONS = 100_000_000
+"""The most iterations a staging is asked for (and a Simulation may ask: `operator.crd`)."""
 _FIELDS = frozenset(
     {"ok", "error", "code", "caseName", "caseSource", "solver", "cellsPerRank",
      "expectedIterations", "warnings", "resumedFrom", "startIterations", "cellsFile"}

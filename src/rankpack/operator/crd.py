@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from rankpack.case import stagewire
 from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.errors import UserError
 from rankpack.plan import submission
@@ -40,7 +41,7 @@ Obj = dict[str, Any]
 
 MAX_MILLIS = 1_000_000
 """The most CPU one rank may ask for (1000 cores), millicores."""
-MAX_ITERATIONS = 100_000_000
+MAX_ITERATIONS = stagewire.MAX_ITERATIONS
 """The most iterations a Simulation may ask for (a staging sandbox's answer holds no more)."""
 MAX_WEIGHT = 1e9
 
