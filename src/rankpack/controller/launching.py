@@ -129,7 +129,7 @@ class Starter:
             workdir=Path(sub.workdir) if sub.workdir else None,
             confined=self.ctx.settings.confine_staging,
             scan=self.ctx.settings.case_scan,
-            volume=sub.volume or job.volume or self.ctx.settings.volume,
+            volume=self._volume(job),
             case_root=job.case_root,
             namespace=job.namespace,
             resume=job.resume.staged if job.resume is not None else None,
@@ -142,6 +142,11 @@ class Starter:
                 self._stage_failed(job, str(exc), code or FailureCode.STAGE_FAILED)
             return None
         return sim_id
+
+    def _volume(self, job: Job) -> str | None:
+        """Where ``job``'s run directory lives in its pods: its own spec's, its namespace's,
+        else the loop's."""
+        return job.submission.volume or job.volume or self.ctx.settings.volume
 
     def _stage_failed(self, job: Job, reason: str, code: FailureCode) -> None:
         ctx = self.ctx
@@ -303,7 +308,7 @@ class Starter:
             mpi=mpi,
             shim=(ShimSpec(sim.wait_mode or "spin", mpi) if s.shim else None),
             image=s.image,
-            volume=sim.job.submission.volume or sim.job.volume or s.volume,
+            volume=self._volume(sim.job),
             namespace=sim.job.namespace,
             labels={**self.ctx.settings.sim_labels, "rankpack.dev/run-id": str(sim.run_id)},
             rank_nodes=sim.nodes,
