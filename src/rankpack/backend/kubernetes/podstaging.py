@@ -91,7 +91,7 @@ class PodStaging:
         pod = stagepods.staging_pod(
             spec.sim_id, stagewire.request_text(spec, run_dir), image=b.config.image,
             volume=volume, run_dir=run_dir,
-            case_root=Path(spec.case_root) if spec.case_root and "/" in spec.case else None,
+            case_root=Path(spec.case_root) if spec.case_root else None,  # (None: a tutorial)
             bounds=self.bounds,
             service_account=RANK_SERVICE_ACCOUNT if b.config.launcher == "pod" else None,
         )  # fmt: skip
