@@ -30,7 +30,7 @@ from rankpack.cli.common import (
     print_listing,
 )
 from rankpack.cli.run_cmd import stop_on_signals
-from rankpack.controller.decision import ControllerSettings
+from rankpack.controller.decision import DEFAULT_COLOCATION_EFFICIENCY, ControllerSettings
 from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.errors import UserError
 from rankpack.operator.admission import AdmissionPolicy, NamespaceLimits, openfoam_applications
@@ -163,6 +163,12 @@ def _add_limit_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--profile-s", type=parse_seconds, default=5.0, help="profiling window (default 5 s)"
     )
+    p.add_argument(
+        "--gate", choices=["limit", "duty", "off"], default="limit",
+        help="launch gate: limit (the default): the physical limit of co-location times "
+        f"{DEFAULT_COLOCATION_EFFICIENCY}; duty: the duty-cycle overlap model; off: launch "
+        "whenever --max-concurrent allows and every rank fits",
+    )  # fmt: skip
 
 
 def _add_admission_arguments(p: argparse.ArgumentParser) -> None:
@@ -359,7 +365,7 @@ def handle_operator(args: argparse.Namespace) -> int:
         lease_name=args.lease,
         metrics_port=args.metrics_port,
         controller=ControllerSettings(max_concurrent=args.max_concurrent,
-                                      profile_s=args.profile_s),
+                                      profile_s=args.profile_s, gate=args.gate),
         until_idle=args.until_idle,
         wait_mode=args.wait,
         plot=args.plot,
