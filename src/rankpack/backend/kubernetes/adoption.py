@@ -126,7 +126,8 @@ def _create_missing(state: BackendState, sim: SimRecord) -> None:
     try:
         sim.created_rv = reconcile.reconcile(
             state.api, sim.spec, sim.groups, sim.image, sim.volume,
-            launcher=podmode.options_of(sim, state.config), bounds=state.config.pod_bounds,
+            launcher=podmode.options_of(sim, state.config, state.api.namespace),
+            bounds=state.config.pod_bounds,
         )  # fmt: skip
     except ApiError as exc:
         if not exc.transient:

@@ -71,8 +71,8 @@ def launch_sim(
     prepare(state, sim)
     try:
         sim.created_rv = reconcile.reconcile(
-            state.api, spec, groups, image, volume, launcher=podmode.options_of(sim, config),
-            create_first=True, bounds=config.pod_bounds,
+            state.api, spec, groups, image, volume, create_first=True, bounds=config.pod_bounds,
+            launcher=podmode.options_of(sim, config, state.api.namespace),
         )  # fmt: skip
     except ApiError as exc:
         if not exc.transient:
@@ -109,7 +109,7 @@ def prepare(state: BackendState, sim: SimRecord) -> None:
     instructions)."""
     prepare_files(sim)
     if sim.in_pod:
-        podmode.prepare(sim, state.config, state.api.namespace)
+        podmode.prepare(sim, state.config)
 
 
 def create_failure(exc: ApiError) -> FailureCode:

@@ -130,7 +130,7 @@ class Poller:
         return True
 
     def _retry_reconcile(self, sim: SimRecord) -> None:
-        launcher = podmode.options_of(sim, self.state.config)
+        launcher = podmode.options_of(sim, self.state.config, self.state.api.namespace)
         try:
             sim.created_rv = reconcile.reconcile(self.state.api, sim.spec, sim.groups, sim.image,
                                                  sim.volume, launcher=launcher,

@@ -32,11 +32,6 @@ def rank_dir(case_dir: Path) -> Path:
     return case_dir / ".rankpack"
 
 
-def launch_file(case_dir: Path) -> Path:
-    """The launcher pod's instructions (pod mode: `instructions.Instructions`)."""
-    return rank_dir(case_dir) / "launch.json"
-
-
 class Stage(enum.Enum):
     PENDING = "pending"
     """Its objects exist (or are being created); mpirun has not started."""

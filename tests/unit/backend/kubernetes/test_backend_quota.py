@@ -242,6 +242,6 @@ def test_in_pod_mode_the_launcher_pod_counts_against_the_quota_and_limit_range(
     assert check.refusal is None and check.launcher_millis == 100
     h = Harness(tmp_path)
     sim = SimRecord(spec=h.spec(), image="i", volume=None, desired=[], groups=(), in_pod=True)  # type: ignore[arg-type]
-    assert (opts := options_of(sim, config)) is not None and opts.cpu_millis == 50
+    assert (opts := options_of(sim, config, "rankpack")) is not None and opts.cpu_millis == 50
     sim.launcher_millis = check.launcher_millis
-    assert (opts := options_of(sim, config)) is not None and opts.cpu_millis == 100
+    assert (opts := options_of(sim, config, "rankpack")) is not None and opts.cpu_millis == 100

@@ -7,7 +7,8 @@ table-tested (``tests/unit/backend/kubernetes/objects/test_builders.py``).
 
 One simulation is:
 
-- an owner ConfigMap ``rankpack-<sim>`` holding the hostfile and the spec; every other
+- an owner ConfigMap ``rankpack-<sim>`` holding the spec (in pod mode also the launcher's
+  key, instructions and hostfile, `keyed`); every other
   object names it in ``ownerReferences``, so deleting it garbage-collects the rest;
 - a headless Service ``rankpack-<sim>`` (the rank pods' subdomain);
 - one Pod ``rankpack-<sim>-<rank>`` per rank: a CPU request (no limit unless asked),
@@ -122,13 +123,6 @@ class OwnerRef:
         }
 
 
-def hostfile(sim_id: str, n_ranks: int, flavour: str = "openmpi") -> str:
-    """One line per rank pod in rank order (deterministic: sorted by rank, not by name), in
-    the MPI's own format: Open MPI's ``POD slots=1``, MPICH hydra's ``POD:1``."""
-    line = "{} slots=1\n" if flavour == "openmpi" else "{}:1\n"
-    return "".join(line.format(pod_name(sim_id, i)) for i in range(n_ranks))
-
-
 def spec_json(spec: SimSpec, image: str) -> str:
     """What the owner records of the simulation (for `list`/`adopt` and for people)."""
     data = {
@@ -149,13 +143,16 @@ def spec_json(spec: SimSpec, image: str) -> str:
     return json.dumps(data, sort_keys=True)
 
 
-def owner_configmap(spec: SimSpec, image: str, key: str | None = None) -> Obj:
-    """The owner: the hostfile, the spec and, for a launcher-pod simulation, the key that
-    enters its rank pods (`keyed`)."""
-    data = {"hostfile": hostfile(spec.sim_id, len(spec.ranks), spec.mpi),
-            "spec.json": spec_json(spec, image)}  # fmt: skip
+def owner_configmap(
+    spec: SimSpec, image: str, key: str | None = None, files: Mapping[str, str] | None = None
+) -> Obj:
+    """The owner: the spec and, for a launcher-pod simulation, the key that enters its rank
+    pods (`keyed`) and ``files``, its launcher's instructions and hostfile (`keyed.
+    launcher_volume`)."""
+    data = {"spec.json": spec_json(spec, image)}
     if key is not None:
-        data["key"] = key
+        data[keyed.KEY_ITEM] = key
+    data.update(files or {})
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
@@ -466,8 +463,11 @@ def check_launcher_name(sim_id: str) -> None:
 class LauncherOptions:
     """What a launcher pod needs besides the simulation's spec."""
 
-    instructions: Path
-    """The instructions file on the case volume (`instructions.Instructions`)."""
+    instructions: str
+    """Its instructions (`instructions.Instructions`, JSON), kept in the owner ConfigMap and
+    read by the launcher at `keyed.KEY_DIR`."""
+    hostfile: str
+    """mpirun's hostfile, kept beside them."""
     service_account: str
     """Its identity: may read pods and exec into them (`rbac.LAUNCHER_RULES`)."""
     env: tuple[tuple[str, str], ...] = ()
@@ -498,7 +498,8 @@ def launcher_pod(
     security context (plus ``runAsNonRoot`` with a real image), a small CPU request and no
     limit; it runs once (``restartPolicy: Never``)."""
     name = launcher_pod_name(spec.sim_id)
-    key, key_mount = keyed.key_volume(owner.name)  # it enters the rank pods with the key
+    # the key it enters the rank pods with, its instructions, the hostfile: the owner's
+    key, key_mount = keyed.launcher_volume(owner.name)
     mounts: list[Obj] = [case_mount(volume, spec.case_dir), key_mount]
     volumes: list[Obj] = [volume_entry(volume), key]
     if image == DEV_IMAGE:
@@ -508,7 +509,7 @@ def launcher_pod(
     container: Obj = {
         "name": LAUNCHER_CONTAINER,
         "image": image,
-        "command": [*LAUNCHER_COMMAND, str(options.instructions)],
+        "command": [*LAUNCHER_COMMAND, str(keyed.KEY_DIR / keyed.LAUNCH_ITEM)],
         "workingDir": str(spec.case_dir),
         "env": [
             {"name": POD_IP_ENV, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},

@@ -28,6 +28,23 @@ def new_key() -> str:
     return os.urandom(32).hex()
 
 
+LAUNCH_ITEM = "launch.json"
+"""The launcher's instructions in the owner ConfigMap and in `KEY_DIR` (launcher pod only)."""
+HOSTFILE_ITEM = "hostfile"
+"""mpirun's hostfile (a line per group pod) in the owner ConfigMap and in `KEY_DIR`."""
+LAUNCHER_ITEMS = (KEY_ITEM, LAUNCH_ITEM, HOSTFILE_ITEM)
+
+
+def launcher_volume(owner: str) -> tuple[Obj, Obj]:
+    """The launcher pod's view of the owner ConfigMap ``owner``, read-only at `KEY_DIR`: the
+    key, its instructions and the hostfile, which no rank can change (the run directory,
+    which every rank pod mounts read-write, holds none of them): (volume, mount)."""
+    volume = {"name": KEY_VOLUME, "configMap": {
+        "name": owner, "items": [{"key": i, "path": i} for i in LAUNCHER_ITEMS],
+        "defaultMode": 0o444}}  # fmt: skip
+    return volume, {"name": KEY_VOLUME, "mountPath": str(KEY_DIR), "readOnly": True}
+
+
 def key_volume(owner: str) -> tuple[Obj, Obj]:
     """The key alone of the owner ConfigMap ``owner``, read-only at `KEY_DIR`: (volume,
     mount)."""

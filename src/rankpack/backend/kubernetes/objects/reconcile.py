@@ -51,17 +51,20 @@ def reconcile(
     take = _create_or_take if create_first else _get_or_create
     made: list[Obj] = []
     key = keyed.new_key() if launcher is not None else None  # (an existing owner's stays)
-    owner_obj = take(api, "configmaps", builders.owner_configmap(spec, image, key), spec)
+    files = None if launcher is None else {keyed.LAUNCH_ITEM: launcher.instructions,
+                                            keyed.HOSTFILE_ITEM: launcher.hostfile}  # fmt: skip
+    owner = builders.owner_configmap(spec, image, key, files)
+    owner_obj = take(api, "configmaps", owner, spec)
     made.append(owner_obj)
-    owner = builders.OwnerRef(builders.owner_name(spec.sim_id), str(owner_obj["metadata"]["uid"]))
-    made.append(take(api, "services", builders.headless_service(spec, owner), spec))
+    ref = builders.OwnerRef(builders.owner_name(spec.sim_id), str(owner_obj["metadata"]["uid"]))
+    made.append(take(api, "services", builders.headless_service(spec, ref), spec))
     account = launcher.rank_service_account if launcher is not None else None
     for group in groups:
-        pod = grouppods.group_pod(spec, group, owner, volume, image, account, bounds,
+        pod = grouppods.group_pod(spec, group, ref, volume, image, account, bounds,
                                   keyed=launcher is not None)  # fmt: skip
         made.append(take(api, "pods", pod, spec))
     if launcher is not None:
-        made.append(take(api, "pods", builders.launcher_pod(spec, owner, volume, image, launcher),
+        made.append(take(api, "pods", builders.launcher_pod(spec, ref, volume, image, launcher),
                          spec))  # fmt: skip
     newest = ""
     for obj in made:

@@ -1,9 +1,9 @@
 """The launcher pod's instructions: `Instructions`, written by the backend, read in the pod.
 
-The backend's pod mode (`podmode.prepare`) writes them to ``<case>/.rankpack/launch.json``
-on the case volume; the launcher pod's program (`launcher`) reads them back and checks
-every field (`Instructions.parse`: `InstructionsError` names what is wrong), as
-nothing in the file is trusted.
+The backend's pod mode (`podmode.options`) puts them in the simulation's owner ConfigMap,
+which the launcher pod alone mounts (`keyed.launcher_volume`); the launcher pod's program
+(`launcher`) reads them there and checks every field (`Instructions.parse`:
+`InstructionsError` names what is wrong), as nothing in the file is trusted.
 """
 
 from __future__ import annotations

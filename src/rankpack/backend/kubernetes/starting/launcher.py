@@ -1,7 +1,8 @@
 """``rankpack-launcher INSTRUCTIONS``: a simulation's mpirun, inside its launcher pod.
 
-Pod mode (`KubernetesConfig.launcher` ``pod``, decision 0008): the backend writes the
-`instructions.Instructions` to ``<case>/.rankpack/launch.json`` on the case volume and creates the
+Pod mode (`KubernetesConfig.launcher` ``pod``, decision 0008): the backend puts the
+`instructions.Instructions` and the hostfile in the simulation's owner ConfigMap, mounted
+read-only at `keyed.KEY_DIR` in this pod alone (no rank can change them), and creates the
 launcher pod (`builders.launcher_pod`), whose only command is this, with the instructions'
 path as its one argument. Here, in the pod, under its ServiceAccount (`rbac.LAUNCHER_RULES`):
 

@@ -1,15 +1,17 @@
 """The backend's pod mode: each simulation's mpirun runs in its launcher pod (decision 0008).
 
 `KubernetesBackend` uses this when `KubernetesConfig.launcher` is ``pod``. At launch (and
-at an adoption that finds mpirun never started) `prepare` writes the launcher's
-instructions (`instructions.Instructions`) onto the case volume and `options` tells
-`reconcile.reconcile` how to build the launcher pod. The poller hands `follow` the launcher
-pod of every listing: running, with every rank pod running → the simulation is started;
-its container terminated → ended with mpirun's code (`reading`: the exit file, else the
-container's code), or failed with the launcher's own reason (its termination message);
-deleted, evicted or lost with its node → failed, `FailureCode.LAUNCHER_LOST`, naming the
-pod. `stop` deletes the launcher pod (SIGTERM reaches mpirun, which takes its ranks down).
-Nothing here uses ``pods/exec``: this process never enters a pod in pod mode.
+at an adoption that finds mpirun never started) `options` tells `reconcile.reconcile` how
+to build the launcher pod and gives the owner ConfigMap the launcher's instructions
+(`instructions.Instructions`) and hostfile, which the launcher pod alone mounts: the run
+directory, which the ranks may write, holds none of what the launcher runs or is told.
+The poller hands `follow` the launcher pod of every listing: running, with every rank pod
+running → the simulation is started; its container terminated → ended with mpirun's code
+(`reading`: the exit file, else the container's code), or failed with the launcher's own
+reason (its termination message); deleted, evicted or lost with its node → failed,
+`FailureCode.LAUNCHER_LOST`, naming the pod. `stop` deletes the launcher pod (SIGTERM
+reaches mpirun, which takes its ranks down). Nothing here uses ``pods/exec``: this
+process never enters a pod in pod mode.
 """
 
 from __future__ import annotations
@@ -18,16 +20,16 @@ import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
-from rankpack import untrusted
 from rankpack.backend.kubernetes.api.config import KubernetesConfig
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
-from rankpack.backend.kubernetes.objects import builders, rbac, status
-from rankpack.backend.kubernetes.record import SimRecord, launch_file, rank_dir
+from rankpack.backend.kubernetes.objects import builders, keyed, rbac, status
+from rankpack.backend.kubernetes.objects.grouppods import group_hostfile
+from rankpack.backend.kubernetes.record import SimRecord
 from rankpack.backend.kubernetes.starting import mpirunargs
 from rankpack.backend.kubernetes.starting.exitwrapper import read_exit, write_exit
 from rankpack.backend.kubernetes.starting.hostmpirun import rank_command, rank_env
 from rankpack.backend.kubernetes.starting.instructions import Instructions
-from rankpack.backend.protocol import BackendError, LaunchFailed, SimSpec
+from rankpack.backend.protocol import BackendError, LaunchFailed
 from rankpack.core.failures import Failure, FailureCode
 
 LC = builders.LAUNCHER_CONTAINER
@@ -35,10 +37,13 @@ POLL_S = 1.0
 """How often the launcher lists the rank pods while it waits for them."""
 
 
-def options(config: KubernetesConfig, spec: SimSpec) -> builders.LauncherOptions:
-    """How `reconcile.reconcile` builds this simulation's launcher pod."""
+def options(sim: SimRecord, config: KubernetesConfig, namespace: str) -> builders.LauncherOptions:
+    """How `reconcile.reconcile` builds this simulation's launcher pod and what its owner
+    ConfigMap gives it (instructions and hostfile: nothing a rank can change)."""
+    spec = sim.spec
     return builders.LauncherOptions(
-        launch_file(spec.case_dir),
+        instructions(sim, config, namespace).to_json(),
+        group_hostfile(spec.sim_id, sim.groups, spec.mpi),
         rbac.LAUNCHER_SERVICE_ACCOUNT,
         config.launcher_env,
         config.launcher_cpu_millis,
@@ -48,12 +53,14 @@ def options(config: KubernetesConfig, spec: SimSpec) -> builders.LauncherOptions
     )
 
 
-def options_of(sim: SimRecord, config: KubernetesConfig) -> builders.LauncherOptions | None:
+def options_of(
+    sim: SimRecord, config: KubernetesConfig, namespace: str
+) -> builders.LauncherOptions | None:
     """`options` for a pod-mode simulation (its launcher's CPU within the namespace's
     LimitRange, `SimRecord.launcher_millis`), None for one whose mpirun runs on this host."""
     if not sim.in_pod:
         return None
-    found = options(config, sim.spec)
+    found = options(sim, config, namespace)
     return found if sim.launcher_millis is None else replace(found, cpu_millis=sim.launcher_millis)
 
 
@@ -64,7 +71,7 @@ def instructions(sim: SimRecord, config: KubernetesConfig, namespace: str) -> In
         namespace=namespace,
         container=builders.CONTAINER,
         pods=tuple(g.pod_name(spec.sim_id) for g in sim.groups),
-        hostfile=rank_dir(spec.case_dir) / "hostfile",
+        hostfile=keyed.KEY_DIR / keyed.HOSTFILE_ITEM,
         case_dir=spec.case_dir,
         command=rank_command(sim),
         env=rank_env(sim),
@@ -79,19 +86,14 @@ def instructions(sim: SimRecord, config: KubernetesConfig, namespace: str) -> In
     )
 
 
-def prepare(sim: SimRecord, config: KubernetesConfig, namespace: str) -> None:
-    """Write the launcher's instructions (after `hostmpirun.prepare_files`: the hostfile and
-    the shim's copy are there). `LaunchFailed` if they cannot be written or mean nothing."""
+def prepare(sim: SimRecord, config: KubernetesConfig) -> None:
+    """`LaunchFailed` unless the launcher can run this simulation's MPI (its instructions go
+    in the owner ConfigMap, `options`; the rank launcher and the shim's copy are on the case
+    volume, `hostmpirun.prepare_files`)."""
     try:
         mpirunargs.check_mpi(sim.spec.mpi, config.mpi_transport)
     except BackendError as exc:
         raise LaunchFailed(str(exc)) from exc
-    path = launch_file(sim.spec.case_dir)
-    text = instructions(sim, config, namespace).to_json()
-    try:
-        untrusted.write_file(path, text.encode())
-    except OSError as exc:
-        raise LaunchFailed(f"cannot write the launcher's instructions {path}: {exc}") from exc
 
 
 # -- reading the launcher pod ------------------------------------------------------------------

@@ -15,15 +15,6 @@ from tests.unit.backend.kubernetes._helpers import CASE, sim_spec
 OWNER = builders.OwnerRef("rankpack-s1", "uid-1")
 
 
-def test_names_and_hostfile_in_rank_order() -> None:
-    # rank 10 after rank 9 (sorted by rank, not by name)
-    text = builders.hostfile("s1", 11)
-    lines = text.splitlines()
-    assert lines[0] == "rankpack-s1-0 slots=1"
-    assert lines[9:] == ["rankpack-s1-9 slots=1", "rankpack-s1-10 slots=1"]
-    assert builders.hostfile("s1", 11) == text
-
-
 @pytest.mark.parametrize(
     ("sim_id", "ok"),
     [("s1a2b3", True), ("S1", False), ("s_1", False), ("x" * 50, True), ("x" * 60, False)],
@@ -37,7 +28,7 @@ def test_sim_ids_must_name_pods(sim_id: str, ok: bool) -> None:
             builders.check_sim_id(sim_id, 4)
 
 
-def test_owner_configmap_holds_hostfile_and_spec() -> None:
+def test_owner_configmap_holds_the_spec_and_a_launchers_files() -> None:
     cm = builders.owner_configmap(sim_spec(), DEV_IMAGE)
     assert cm["metadata"]["name"] == "rankpack-s1"
     assert cm["metadata"]["labels"] == {
@@ -46,9 +37,12 @@ def test_owner_configmap_holds_hostfile_and_spec() -> None:
         "rankpack.dev/sim": "s1",
         "rankpack.dev/role": "owner",
     }
-    assert cm["data"]["hostfile"] == "rankpack-s1-0 slots=1\nrankpack-s1-1 slots=1\n"
+    assert sorted(cm["data"]) == ["spec.json"]  # a host-mode simulation: nothing more
     assert '"case_dir": "/runs/r1"' in cm["data"]["spec.json"]
     assert "ownerReferences" not in cm["metadata"]
+    files = {"launch.json": "{}", "hostfile": "rankpack-s1-g0 slots=2\n"}
+    keyed_cm = builders.owner_configmap(sim_spec(), DEV_IMAGE, "k3y", files)
+    assert keyed_cm["data"] == {**files, "key": "k3y", "spec.json": cm["data"]["spec.json"]}
 
 
 def test_service_is_headless_and_owned() -> None:
@@ -177,12 +171,3 @@ def test_resize_patch(res: RankResources, want: dict[str, Any]) -> None:
     assert builders.resize_patch(res) == {
         "spec": {"containers": [{"name": "rank", "resources": want}]}
     }
-
-
-@pytest.mark.parametrize(
-    ("flavour", "first"), [("openmpi", "rankpack-s1-0 slots=1"), ("mpich", "rankpack-s1-0:1")]
-)
-def test_hostfile_in_each_mpis_format(flavour: str, first: str) -> None:
-    lines = builders.hostfile("s1", 3, flavour).splitlines()
-    assert lines[0] == first and len(lines) == 3
-    assert lines[2].startswith("rankpack-s1-2")

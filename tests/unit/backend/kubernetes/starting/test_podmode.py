@@ -20,6 +20,8 @@ from rankpack.backend.kubernetes.api.config import (
 )
 from rankpack.backend.kubernetes.backend import KubernetesBackend
 from rankpack.backend.kubernetes.objects import builders, keyed, rbac
+from rankpack.backend.kubernetes.objects.groups import RankGroup
+from rankpack.backend.kubernetes.record import SimRecord
 from rankpack.backend.kubernetes.starting import exitwrapper, podmode
 from rankpack.backend.kubernetes.starting.instructions import Instructions
 from rankpack.backend.protocol import BackendError, RankPhase, SimPhase
@@ -39,7 +41,7 @@ IMAGE = "rankpack.local/rank:dev"
 
 LABELS = {"rankpack.dev/run-id": "7", "rankpack.dev/rank": "0"}
 OWNER = builders.OwnerRef("rankpack-s1", "uid-1")
-OPTIONS = builders.LauncherOptions(CASE / ".rankpack" / "launch.json", "rankpack-launcher")
+OPTIONS = builders.LauncherOptions("{}", "rankpack-s1-g0 slots=1\n", "rankpack-launcher")
 
 
 BUILDS: list[tuple[str, str, VolumeSource, dict[str, str], bool, str]] = [
@@ -82,8 +84,9 @@ def test_launcher_pod_builder(
     assert ps["terminationGracePeriodSeconds"] == builders.LAUNCHER_GRACE_S
     assert ps.get("nodeSelector") == (placement or None)
     assert c["image"] == image and c["workingDir"] == str(CASE)
-    # no shell: the entry point and the instructions' path, nothing else
-    assert c["command"] == ["rankpack-launcher", str(CASE / ".rankpack" / "launch.json")]
+    # no shell: the entry point and the instructions' path (the owner's, not the run
+    # directory's: no rank can change them), nothing else
+    assert c["command"] == ["rankpack-launcher", "/etc/rankpack/sim/launch.json"]
     assert "args" not in c
     assert c["resources"] == {"requests": {"cpu": "50m"}}
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
@@ -94,10 +97,14 @@ def test_launcher_pod_builder(
     # the rank pods' volumes but their own rankpack-live (the shim's records: ranks only)
     rank_volumes = [v for v in rank["spec"]["volumes"] if v["name"] != builders.LIVE_VOLUME]
     assert [v for v in ps["volumes"] if v["name"] != keyed.KEY_VOLUME] == rank_volumes
-    # and the simulation's key alone, read-only: it enters its rank pods with it (no exec)
+    # and from the owner, read-only, the simulation's key (it enters its rank pods with it,
+    # no exec), its instructions and the hostfile
     (key,) = [v for v in ps["volumes"] if v["name"] == keyed.KEY_VOLUME]
     assert key["configMap"]["name"] == OWNER.name
-    assert key["configMap"]["items"] == [{"key": "key", "path": "key"}]
+    assert [i["key"] for i in key["configMap"]["items"]] == ["key", "launch.json", "hostfile"]
+    (key_mount,) = [m for m in c["volumeMounts"] if m["name"] == keyed.KEY_VOLUME]
+    assert key_mount == {"name": keyed.KEY_VOLUME, "mountPath": "/etc/rankpack/sim",
+                         "readOnly": True}  # fmt: skip
     assert {"name": keyed.KEY_ENV, "value": "/etc/rankpack/sim/key"} in c["env"]
     security = c["securityContext"]
     assert {k: v for k, v in security.items() if k != "runAsNonRoot"} == builders.CONTAINER_SECURITY
@@ -112,8 +119,13 @@ def test_launcher_pod_builder(
 def test_launcher_env_and_request_are_configured() -> None:
     env = (("KUBERNETES_SERVICE_HOST", "10.200.0.1"),)
     config = KubernetesConfig(launcher="pod", launcher_cpu_millis=20, launcher_env=env)
-    opts = podmode.options(config, sim_spec(labels=LABELS))
-    assert opts.instructions == CASE / ".rankpack" / "launch.json"
+    spec = sim_spec(labels=LABELS)
+    group = RankGroup(0, None, tuple(range(len(spec.ranks))))
+    sim = SimRecord(spec=spec, image=IMAGE, volume=HostPathVolume(CASE),
+                    desired=list(spec.ranks), groups=(group,), in_pod=True)  # fmt: skip
+    opts = podmode.options(sim, config, "rankpack")
+    assert Instructions.parse(opts.instructions).pods == ("rankpack-s1-g0",)
+    assert opts.hostfile == f"rankpack-s1-g0 slots={len(spec.ranks)}\n"
     (c,) = builders.launcher_pod(sim_spec(labels=LABELS), OWNER, HostPathVolume(CASE), IMAGE, opts)[
         "spec"
     ]["containers"]
@@ -194,6 +206,11 @@ class PodHarness(Harness):
     def launcher(self) -> dict[str, Any]:
         return self.api.objects[("pods", LAUNCHER)]
 
+    def owner_file(self, item: str) -> str:
+        """What the owner ConfigMap gives the launcher pod (`keyed.launcher_volume`)."""
+        data: dict[str, str] = self.api.objects[("configmaps", f"rankpack-{SIM}")]["data"]
+        return data[item]
+
     def set_launcher(self, phase: str, state: dict[str, Any], **status: Any) -> None:
         pod = self.launcher()
         pod["spec"]["nodeName"] = "node-1"
@@ -238,7 +255,10 @@ def test_launch_creates_the_launcher_pod_after_the_rank_pods(tmp_path: Path) -> 
         pod = h.api.objects[("pods", name)]["spec"]
         assert pod["serviceAccountName"] == rbac.RANK_SERVICE_ACCOUNT
         assert pod["automountServiceAccountToken"] is False
-    ins = Instructions.parse((h.case / ".rankpack" / "launch.json").read_text())
+    ins = Instructions.parse(h.owner_file("launch.json"))
+    # nothing the launcher reads or runs is on the run directory, which the ranks may write
+    assert not (h.case / ".rankpack" / "launch.json").exists()
+    assert str(ins.hostfile) == "/etc/rankpack/sim/hostfile"
     assert (
         ins.pods == tuple(PLACED_PODS) and ins.namespace == "rankpack" and ins.container == "rank"
     )
@@ -456,12 +476,12 @@ def test_adopting_a_simulation_that_ended_reads_its_exit_file(tmp_path: Path) ->
 def test_adopting_before_the_launcher_pod_exists_creates_it(tmp_path: Path) -> None:
     h = PodHarness(tmp_path)
     h.backend.launch(h.spec())
-    del h.api.objects[("pods", LAUNCHER)]  # the earlier process died before creating it
-    (h.case / ".rankpack" / "launch.json").unlink()
+    # the earlier process died after creating the owner, before the launcher pod
+    del h.api.objects[("pods", LAUNCHER)]
     later = h.make()
     later.adopt(SIM, h.spec())
     assert ("pods", LAUNCHER) in h.api.objects
-    assert json.loads((h.case / ".rankpack" / "launch.json").read_text())["sim_id"] == SIM
+    assert json.loads(h.owner_file("launch.json"))["sim_id"] == SIM
     h.run_launcher()
     h.run_all()
     later.poll_once()
@@ -494,7 +514,7 @@ def test_mpich_in_a_pod_gets_its_hostfile_and_instructions(tmp_path: Path) -> No
     h = PodHarness(tmp_path)
     h.backend.config = dataclasses.replace(h.backend.config, mpi_transport="auto")
     h.backend.launch(h.spec(mpi="mpich"))
-    ins = Instructions.parse((h.case / ".rankpack" / "launch.json").read_text())
+    ins = Instructions.parse(h.owner_file("launch.json"))
     assert (ins.mpi, ins.transport) == ("mpich", "auto")
-    assert (h.case / ".rankpack" / "hostfile").read_text().splitlines() == [f"{POD}:3"]
+    assert h.owner_file("hostfile").splitlines() == [f"{POD}:3"]
     assert (ins.pods, ins.n_ranks) == ((POD,), 3)
