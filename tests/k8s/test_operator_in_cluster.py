@@ -49,8 +49,6 @@ spinning ranks with a 100m request), and it must still measure duty cycles and m
 phase change at 75 % after that: the faults come while it runs. The second runs while an
 operator leads (before it, beside it or after it, as the launch gate decides)."""
 ENFORCE = "pod-security.kubernetes.io/enforce"
-STAGING_DEADLINE_S = 60
-SANDBOX_FLAGS = ("--case-scan", "off", "--staging-deadline", str(STAGING_DEADLINE_S))
 
 
 @dataclass
@@ -126,7 +124,7 @@ def incluster(dev_cluster: DevCluster) -> Iterator[InCluster]:
     # the sandbox, not the scanner, is tested: scan off, and a deadline a test can wait for
     ic.kubectl("patch", "deployment", manifests.NAME, "-n", NAMESPACE, "--type=json", "-p",
                json.dumps([{"op": "add", "path": "/spec/template/spec/containers/0/command/-",
-                            "value": flag} for flag in SANDBOX_FLAGS]))  # fmt: skip
+                            "value": flag} for flag in hostile.SANDBOX_FLAGS]))  # fmt: skip
     deploy.wait_rolled_out(layout, version, ["deployments"], 300)
     try:
         yield ic
@@ -421,17 +419,6 @@ def _simulation(name: str, case: str, iterations: int) -> dict[str, Any]:
             "spec": {"case": {"path": case}, "ranks": 2, "iterations": iterations}}  # fmt: skip
 
 
-def _since(stamp: str) -> float:
-    return datetime.fromisoformat(stamp.replace("Z", "+00:00")).timestamp()
-
-
-def _condition_time(st: dict[str, Any], kind: str) -> float | None:
-    for c in st.get("conditions") or []:
-        if c.get("type") == kind and c.get("status") == "True":
-            return _since(c["lastTransitionTime"])
-    return None
-
-
 def _can_i(ic: InCluster, verb: str, account: str) -> str:
     """Whether ``account`` of the namespace may ``verb`` pods/exec (``pods/exec`` as one
     word would ask about a pod named exec)."""
@@ -444,19 +431,15 @@ def _can_i(ic: InCluster, verb: str, account: str) -> str:
         return "no" if text.endswith("(no message)") or text.endswith(" no") else text
 
 
-def _event_time(ic: InCluster, name: str, reason: str) -> float | None:
-    stamps = [e.get("eventTime") or e.get("firstTimestamp") or e.get("lastTimestamp")
-              for e in ic.simulation_events(name) if e.get("reason") == reason]  # fmt: skip
-    return min((_since(t) for t in stamps if t), default=None)
-
-
 def test_hostile_cases_run_only_in_their_own_staging_pods(incluster: InCluster) -> None:
     """Issue 39: with the scanner off, a case whose staging runs a shell leaves its marker
     only in its own run directory (written in its staging pod): none beside the operator's
     store, in the run directories' parent, the case root, another Simulation's directory
-    or the operator's pod; no token copied, none in any status. A case whose staging never
-    ends fails StageFailed at the deadline, and a plain Simulation created meanwhile is
-    launched before that."""
+    or the operator's pod; no token copied, none in any status. A case whose controlDict
+    loads its own library runs it in its staging pod and its rank pods only, and the link
+    its ranks put in place of the solver's log (to the operator's store) is never followed.
+    A case whose staging never ends fails StageFailed at the deadline, and a plain
+    Simulation created meanwhile is launched before that."""
     ic = incluster
     runs = ic.deployed.runs_dir
     cases = runs / "cases"
@@ -466,16 +449,20 @@ def test_hostile_cases_run_only_in_their_own_staging_pods(incluster: InCluster) 
     in_pod = Path(manifests.RUNS_PATH)
     targets = [str(in_pod), str(in_pod / "runs"), str(in_pod / "cases"),
                str(in_pod / "runs" / other.name), "/tmp/.."]  # fmt: skip
-    made = [hostile.escaping_case(cases, targets), hostile.sleeping_case(cases)]
+    store = str(in_pod / "operator.db")  # (where the operator's pod has it)
+    made = [hostile.escaping_case(cases, targets), hostile.sleeping_case(cases),
+            hostile.library_case(cases, targets, store)]  # fmt: skip
     for case in made:
-        for path in [case, *case.rglob("*")]:
-            os.chown(path, manifests.RUN_AS, manifests.RUN_AS)
+        hostile.give_to_pods(case, manifests.RUN_AS)
+    link = hostile.linked_case(cases, other, in_pod / "runs" / other.name)
     names = {"hostile-escape": (str(in_pod / "cases" / made[0].name), 20),
              "hostile-sleeper": (str(in_pod / "cases" / made[1].name), 20),
+             "hostile-library": (str(in_pod / "cases" / made[2].name), 20),
+             "hostile-link": (str(in_pod / "cases" / link.name), 20),
              "plain-meanwhile": ("pitzDaily", 20)}  # fmt: skip
     ic.delete_simulations(*names)
     manifest = runs / "hostile.json"
-    first = [_simulation(n, *names[n]) for n in ("hostile-escape", "hostile-sleeper")]
+    first = [_simulation(n, *names[n]) for n in names if n != "plain-meanwhile"]
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": first}))
     ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
     try:
@@ -484,7 +471,7 @@ def test_hostile_cases_run_only_in_their_own_staging_pods(incluster: InCluster) 
             for p in ic.pods("rankpack.dev/role=staging")), 180)  # fmt: skip
         manifest.write_text(json.dumps(_simulation("plain-meanwhile", *names["plain-meanwhile"])))
         ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
-        ic.wait("the three to end",
+        ic.wait("the five to end",
                 lambda: all(ic.status(n).get("phase") in ("Succeeded", "Failed") for n in names),
                 300)  # fmt: skip
         st = {n: ic.status(n) for n in names}
@@ -495,8 +482,25 @@ def test_hostile_cases_run_only_in_their_own_staging_pods(incluster: InCluster) 
         assert esc["phase"] == "Succeeded", esc
         own = runs / Path(esc["runDir"]).relative_to(manifests.RUNS_PATH)
         assert (own / hostile.OWN_MARK).read_text().strip() == "ran"
-        escaped = [p for p in runs.rglob(hostile.MARK) if not p.is_relative_to(own)]
+        # the case's own library (controlDict's libs) ran where its programs ran: meshing in
+        # its staging pod, the solver in its rank pods; it reached nothing else either
+        lib = st["hostile-library"]
+        lib_own = runs / Path(lib["runDir"]).relative_to(manifests.RUNS_PATH)
+        ran = {p.name.removeprefix(hostile.LIB_MARK) for p in lib_own.glob(hostile.LIB_MARK + "*")}
+        assert {"blockMesh", "simpleFoam"} <= ran, ran
+        # its ranks made the solver's log a link to the operator's store: never followed
+        assert (lib_own / "log.simpleFoam").is_symlink()
+        assert "SQLite" not in json.dumps(lib) + json.dumps(ic.simulation_events("hostile-library"))
+        escaped = [p for p in runs.rglob(hostile.MARK)
+                   if not p.is_relative_to(own) and not p.is_relative_to(lib_own)]  # fmt: skip
         assert escaped == [], escaped
+        # a case that is a link to another Simulation's directory (made after admission
+        # could look): resolved in its staging pod, where that directory is not
+        linked = st["hostile-link"]
+        assert linked["phase"] == "Failed" and linked["result"]["reason"] in (
+            "NotACase", "CaseNotConfined", "StageFailed"), linked  # fmt: skip
+        copies = [p for p in runs.rglob(hostile.SECRET) if not p.is_relative_to(other)]
+        assert copies == [] and hostile.SECRET not in json.dumps(st), copies
         assert not (own / hostile.TOKEN_COPY).exists() or not (own / hostile.TOKEN_COPY).read_text()
         listing = (own / hostile.LISTING).read_text()
         assert "operator.db" not in listing and other.name not in listing, listing
@@ -511,8 +515,8 @@ def test_hostile_cases_run_only_in_their_own_staging_pods(incluster: InCluster) 
         assert "deadline" in slept["result"]["message"], slept
         plain = st["plain-meanwhile"]
         assert plain["phase"] == "Succeeded", plain
-        launched, failed = _event_time(ic, "plain-meanwhile", "Launched"), _condition_time(
-            slept, "Failed")  # fmt: skip
+        launched = hostile.event_time(ic.simulation_events("plain-meanwhile"), "Launched")
+        failed = hostile.condition_time(slept, "Failed")
         assert launched is not None and failed is not None and launched < failed, (plain, slept)
         # the launcher enters its own rank pods by their key: it may exec into no pod (the
         # operator's among them), decision 0013

@@ -9,6 +9,9 @@ Forbidden the other's Simulations (get, list, create, delete) and pods; a case p
 the other namespace's case root is refused at create; each Simulation's rank pods (and its
 launcher pod) ran in its own namespace, as ``rankpack-rank``, on its namespace's claim; each
 run directory lies in its namespace's part of the volume, and its Events in its namespace.
+Meanwhile a hostile case of ``team-a`` stages without end (the scanner off: its own staging
+pod is what holds it): both plain Simulations are launched before it fails at its deadline
+(issue 39: of the same namespace and of another).
 
 The fixture removes the tenants, their volumes and the operator's Deployment and DaemonSet
 afterwards (the next in-cluster test deploys ``deploy/dev`` again).
@@ -33,6 +36,7 @@ from rankpack.devcluster.binaries import DEFAULT_VERSION, KubeVersion, bin_dir
 from rankpack.devcluster.layout import NAMESPACE, Layout
 from rankpack.errors import UserError
 from rankpack.operator import crd, manifests, tenant_manifests
+from tests.k8s import hostile
 from tests.k8s.conftest import DevCluster
 
 A, B = tenant_manifests.EXAMPLE
@@ -113,6 +117,10 @@ def tenants(dev_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -
     t.kubectl("delete", "pv", *(f"rankpack-dev-runs-{ns}" for ns in (A, B)), "--ignore-not-found")
     done = deploy.deploy(layout, version, 300, overlay="dev-tenants")
     print(f"deploy/dev-tenants applied and rolled out in {done.elapsed_s:.0f} s")
+    t.kubectl("patch", "deployment", manifests.NAME, "-n", NAMESPACE, "--type=json", "-p",
+              json.dumps([{"op": "add", "path": "/spec/template/spec/containers/0/command/-",
+                           "value": flag} for flag in hostile.SANDBOX_FLAGS]))  # fmt: skip
+    deploy.wait_rolled_out(layout, version, ["deployments"], 300)
     try:
         tmp = tmp_path_factory.mktemp("tenants")
         t.users = {ns: _user(t, ns, tmp) for ns in (A, B)}
@@ -147,8 +155,27 @@ def _forbidden(done: subprocess.CompletedProcess[str]) -> bool:
     return done.returncode != 0 and "forbidden" in done.stderr.lower()
 
 
+def _sleeper(t: Tenants) -> str:
+    """A Simulation of team-a whose staging never ends, its staging pod running."""
+    cases = Path(manifests.DEV_RUNS_DIR) / "namespaces" / A / "cases"
+    cases.mkdir(parents=True, exist_ok=True)
+    case = hostile.sleeping_case(cases)
+    hostile.give_to_pods(case, manifests.RUN_AS)
+    path = f"{manifests.RUNS_PATH}/namespaces/{A}/cases/{case.name}"
+    done = _create(t, A, A, _simulation_json("sleeper", path))
+    assert done.returncode == 0, done.stderr
+
+    def staging() -> bool:
+        pods = t.get("pods", "-n", A, "-l", "rankpack.dev/role=staging")["items"]
+        return any(p["status"].get("phase") == "Running" for p in pods)
+
+    t.wait("the sleeper's staging pod to run", staging, 180)
+    return "sleeper"
+
+
 def test_two_namespaces_two_users_each_sees_and_reaches_only_its_own(tenants: Tenants) -> None:
     t = tenants
+    sleeper = _sleeper(t)
     started = time.monotonic()
     name = "pitz"  # the same name in both namespaces
     for ns in (A, B):
@@ -226,3 +253,15 @@ def test_two_namespaces_two_users_each_sees_and_reaches_only_its_own(tenants: Te
     assert accounts == {RANK_SERVICE_ACCOUNT}, accounts
     assert claims <= {(A, manifests.RUNS_CLAIM), (B, manifests.RUNS_CLAIM)}, claims
     assert statuses[A]["runDir"] != statuses[B]["runDir"]
+    # the hostile staging held nothing of either namespace: both were launched before it
+    # failed at its deadline, with its code
+    t.wait("the sleeper to fail", lambda: t.status(A, sleeper).get("phase") == "Failed",
+           hostile.STAGING_DEADLINE_S + 240)  # fmt: skip
+    slept = t.status(A, sleeper)
+    assert slept["result"]["reason"] == "StageFailed" and "deadline" in slept["result"]["message"]
+    failed = hostile.condition_time(slept, "Failed")
+    for ns in (A, B):
+        about = f"involvedObject.kind={crd.KIND},involvedObject.name={name}"
+        events = t.get("events", "-n", ns, "--field-selector", about)["items"]
+        launched = hostile.event_time(events, "Launched")
+        assert launched is not None and failed is not None and launched < failed, (ns, slept)
