@@ -34,7 +34,7 @@ from rankpack.controller.decision import DEFAULT_COLOCATION_EFFICIENCY, Controll
 from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.errors import UserError
 from rankpack.operator.admission import AdmissionPolicy, NamespaceLimits, openfoam_applications
-from rankpack.operator.crd import check_solver
+from rankpack.operator.crd import CLAIMED, PHASES, check_solver
 from rankpack.operator.tenancy import parse_namespaces
 from rankpack.plan.allocation import budget_to_millis
 from rankpack.plan.submission import Submission
@@ -439,7 +439,7 @@ def _row(o: dict[str, Any]) -> dict[str, Any]:
 
 
 def handle_queue_kubernetes(args: argparse.Namespace) -> int:
-    phases = ("Queued", "Running", "Succeeded", "Failed") if args.all else ("Queued", "Running")
+    phases = PHASES if args.all else ("Queued", *CLAIMED)
     rows = [r for r in map(_row, list_simulations(args)) if r["phase"] in phases]
     return print_listing(
         args.json,

@@ -325,6 +325,7 @@ class ControlLoop:
                     queue_id=sim.job.queue_id,
                     resizes=sum(1 for r in sim.resizes if r.status == "completed"),
                     wait=sim.waits[-1] if sim.waits else None,
+                    running=sim.last is not None and sim.last.phase is SimPhase.RUNNING,
                 )
             )
         return views

@@ -56,6 +56,9 @@ class SimView:
     """Resizes completed so far."""
     wait: WaitRecord | None = None
     """The wait mode its ranks have now and why (None: not launched yet)."""
+    running: bool = False
+    """Every rank of its launch runs (the backend's last observation says so; false while
+    its pods are created, scheduled and started)."""
 
 
 class Display(Protocol):

@@ -45,7 +45,7 @@ def running(queue: SimulationQueue) -> list[Adopted] | None:
     out = []
     for item in listing.items:
         st = item.status
-        if item.phase != "Running" or not st.get("simId") or not st.get("staged"):
+        if item.phase not in crd.CLAIMED or not st.get("simId") or not st.get("staged"):
             continue
         queue.outbox.seed(item.key, st.get("conditions") or [])
         try:
@@ -65,12 +65,12 @@ def running(queue: SimulationQueue) -> list[Adopted] | None:
 
 
 def claimed_not_launched(queue: SimulationQueue) -> list[str] | None:
-    """Running Simulations with no sim id: an operator died between claim and launch
+    """Claimed Simulations with no sim id: an operator died between claim and launch
     (None if the apiserver did not answer)."""
     listing = queue.listing()
     if listing is None:
         return None
-    return [i.key for i in listing.items if i.phase == "Running" and not i.status.get("simId")]
+    return [i.key for i in listing.items if i.phase in crd.CLAIMED and not i.status.get("simId")]
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,11 @@ EVENT_SEQUENCE = f"{GROUP}/sequence"
 """Annotation on the operator's Events: the store event's id, which orders Events posted in
 the same second (their timestamps have whole seconds)."""
 
-PHASES = ("Queued", "Running", "Succeeded", "Failed")
+PHASES = ("Queued", "Starting", "Running", "Succeeded", "Failed")
+"""A Simulation's life: ``Starting`` from its claim (staging, its pods created and started)
+until every rank runs, ``Running`` only then (issue 40)."""
+CLAIMED = ("Starting", "Running")
+"""The phases of a Simulation an operator has claimed and not ended."""
 
 Obj = dict[str, Any]
 
@@ -156,7 +160,12 @@ def _status_schema() -> Obj:
         "type": "object",
         "x-kubernetes-preserve-unknown-fields": True,
         "properties": {
-            "phase": {"type": "string", "enum": list(PHASES)},
+            "phase": {
+                "type": "string",
+                "enum": list(PHASES),
+                "description": "Queued; Starting (claimed: staged, its pods started) until "
+                "every rank runs; Running; Succeeded or Failed",
+            },
             "reason": {
                 "type": "string",
                 "description": "why it failed, or why it waits while Queued, as a code "

@@ -61,11 +61,11 @@ class Listing:
         return sorted(self.items, key=lambda i: (
             i.obj["metadata"].get("creationTimestamp", ""), i.obj["metadata"]["name"]))  # fmt: skip
 
-    def counts(self, phase: str) -> dict[str, int]:
-        """Per namespace: the Simulations in ``phase``."""
+    def counts(self, *phases: str) -> dict[str, int]:
+        """Per namespace: the Simulations in one of ``phases``."""
         counts: dict[str, int] = {}
         for item in self.items:
-            if item.phase == phase:
+            if item.phase in phases:
                 counts[item.namespace] = counts.get(item.namespace, 0) + 1
         return counts
 

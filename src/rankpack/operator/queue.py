@@ -120,7 +120,7 @@ class SimulationQueue:
         listing = self.listing()
         if listing is None:
             return False
-        return not any(i.phase in (None, "Queued", "Running") for i in listing.items)
+        return not any(i.phase in (None, "Queued", *crd.CLAIMED) for i in listing.items)
 
     def pending(self) -> list[Job]:
         """The Simulations waiting to be launched, oldest first; one whose namespace runs as
@@ -131,7 +131,7 @@ class SimulationQueue:
         listing = self.listing()
         if listing is None:
             return jobs  # no new work while the apiserver does not answer
-        running = listing.counts("Running")
+        running = listing.counts(*crd.CLAIMED)  # a starting one counts as running
         for item in listing.oldest_first():
             if item.phase != "Queued":
                 continue
@@ -180,7 +180,7 @@ class SimulationQueue:
         status.pop("reason", None)  # why it waited: over once it is claimed
         status.pop("message", None)
         self.holds.pop(key, None)
-        status.update(phase="Running", operator=self.identity, conditions=conditions)
+        status.update(phase="Starting", operator=self.identity, conditions=conditions)
         obj["status"] = status
         uid = str((obj.get("metadata") or {}).get("uid") or "")
         self.outbox.superseded(key)  # the claim writes the whole status: a "Queued" is stale
@@ -292,7 +292,7 @@ class SimulationQueue:
 
     def flush(self) -> bool:
         """Write the status patches that wait (`StatusOutbox.flush`); False if the apiserver
-        did not answer. A claim whose answer was lost and that did take effect (Running,
+        did not answer. A claim whose answer was lost and that did take effect (Starting,
         ours, never launched) goes back to the queue first."""
         for key in sorted(self.uncertain):
             try:
@@ -302,7 +302,7 @@ class SimulationQueue:
             except ApiError:
                 return False
             self.uncertain.discard(key)
-            ours = st.get("phase") == "Running" and st.get("operator") == self.identity
+            ours = st.get("phase") in crd.CLAIMED and st.get("operator") == self.identity
             if ours and not st.get("simId"):
                 self.requeue(key, "its claim's answer was lost; back to the queue")
         return self.outbox.flush()

@@ -18,6 +18,7 @@ from typing import Any
 from rankpack.controller.views import SimView
 from rankpack.core.failures import FailureCode
 from rankpack.core.results import progress_text
+from rankpack.operator import transitions
 from rankpack.operator.queue import SimulationQueue
 from rankpack.operator.transitions import condition
 
@@ -27,10 +28,12 @@ Obj = dict[str, Any]
 class StatusWriter:
     """A `Display` that copies the loop's view of each Simulation into its status.
 
-    Progress goes through the queue's outbox (`StatusOutbox.patch`: merged with what
-    waits, written once due, kept while the apiserver does not answer). A rank
-    whose resize the node deferred shows it (``ranks[].resize``) and sets the condition
-    ``ResizeDeferred``; ``resizes`` counts completed resizes only.
+    A Simulation claimed is ``Starting``; the first view in which every rank of its launch
+    runs makes it ``Running`` (written at once). Progress goes through the queue's outbox
+    (`StatusOutbox.patch`: merged with what waits, written once due, kept while the
+    apiserver does not answer). A rank whose resize the node deferred shows it
+    (``ranks[].resize``) and sets the condition ``ResizeDeferred``; ``resizes`` counts
+    completed resizes only.
     """
 
     def __init__(self, queue: SimulationQueue, interval_s: float = 2.0) -> None:
@@ -42,13 +45,18 @@ class StatusWriter:
         self.quota_held: dict[str, str] = {}
         """Simulation name -> the ResizeHeld (QuotaExceeded) message last written."""
         self.listeners: list[Callable[[float, Sequence[SimView]], None]] = []
+        self.running: set[str] = set()
+        """The sim ids whose ``Running`` (every rank runs) was written."""
 
     def update(self, now_s: float, sims: Sequence[SimView]) -> None:
         for listener in self.listeners:
             listener(now_s, sims)
         self.queue.flush()
         t = time.monotonic()
+        self.running &= {v.sim_id for v in sims}
         for view in sims:
+            if view.running and view.sim_id not in self.running:
+                self._ranks_run(view)
             if view.run_id is None or t - self.last.get(view.queue_id, -1e9) < self.interval_s:
                 continue
             name = self.queue.index.key(view.queue_id)
@@ -69,6 +77,16 @@ class StatusWriter:
                 )
             self.queue.outbox.patch(name, self._status(view), conditions)
             self.deferred[name] = deferred
+
+    def _ranks_run(self, view: SimView) -> None:
+        """``Starting`` -> ``Running``: every rank of its launch runs (a phase: written at
+        once, `StatusOutbox.patch`)."""
+        name = self.queue.index.key(view.queue_id)
+        if name is None:
+            return
+        self.running.add(view.sim_id)
+        change = transitions.running(view.sim_id)
+        self.queue.outbox.patch(name, change.fields, change.conditions)
 
     def resize_held(self, name: str, message: str | None, reason: str = "") -> None:
         """A grow of Simulation ``name`` held within the namespace's quota (``message``:

@@ -69,10 +69,11 @@ def held(why: str, message: str) -> Change:
 
 
 def claimed(identity: str) -> tuple[Obj, ...]:
-    """The conditions of a claim (its status is replaced whole: `SimulationQueue.claim`)."""
+    """The conditions of a claim (its status is replaced whole: `SimulationQueue.claim`): it
+    is ``Starting``, not yet ``Running``."""
     return (
         condition("Queued", False, "Claimed", f"claimed by {identity}"),
-        condition("Running", True, "Claimed", f"claimed by {identity}"),
+        condition("Running", False, "Starting", f"claimed by {identity}: staging"),
     )
 
 
@@ -93,7 +94,14 @@ def launched(
         "progress": progress_text(0, staged.expected_iterations),
         "staged": staged_to_json(staged),
         **_resumed(job, staged),
-    }, (condition("Running", True, "Launched", f"simulation {sim_id}"),))  # fmt: skip
+    }, (condition("Running", False, "Launched",
+                  f"simulation {sim_id}: its ranks are starting"),))  # fmt: skip
+
+
+def running(sim_id: str) -> Change:
+    """Every rank of its launch runs: ``Running`` only now (issue 40)."""
+    ran = condition("Running", True, "RanksRunning", f"simulation {sim_id}")
+    return Change({"phase": "Running"}, (ran,))
 
 
 def _resumed(job: Job, staged: StagedCase) -> Obj:

@@ -53,7 +53,7 @@ def test_a_launch_refused_for_quota_goes_back_to_queued_with_its_reason(tmp_path
     (again,) = q.pending()
     assert again.queue_id == job.queue_id and q.claim(again)
     st = sims.objs["a"]["status"]
-    assert st["phase"] == "Running" and "reason" not in st and "message" not in st
+    assert st["phase"] == "Starting" and "reason" not in st and "message" not in st
 
 
 def test_a_hold_says_why_in_the_status_and_is_written_once(tmp_path: Path) -> None:

@@ -73,7 +73,7 @@ def test_an_unwritten_queued_status_keeps_its_place_and_a_claim_supersedes_it(
     assert "a" not in q.outbox.waiting()  # the claim wrote the whole status
     sims.patch_status = real_patch  # type: ignore[method-assign]
     assert q.flush()
-    assert sims.objs["a"]["status"]["phase"] == "Running"  # not undone by a stale Queued
+    assert sims.objs["a"]["status"]["phase"] == "Starting"  # not undone by a stale Queued
     assert [q.index.names[j.queue_id] for j in q.pending()] == ["b", "c"]
 
 

@@ -102,7 +102,7 @@ def test_the_same_name_in_two_namespaces_is_two_simulations(tmp_path: Path) -> N
         "pvc:rankpack-runs:/var/lib/rankpack/namespaces/team-b",
     )  # fmt: skip
     assert q.claim(jb)
-    assert status(rest, B, "pitz")["phase"] == "Running"
+    assert status(rest, B, "pitz")["phase"] == "Starting"
     assert status(rest, A, "pitz")["phase"] == "Queued"
     q.finished(jb, "failed", "it broke", FailureCode.STAGE_FAILED)
     assert status(rest, B, "pitz")["phase"] == "Failed"
