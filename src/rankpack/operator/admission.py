@@ -70,6 +70,11 @@ class AdmissionPolicy:
     cluster_millis: int | None = None
     """What all schedulable nodes, Ready or not, can allocate together (None: not known, no
     fit check)."""
+    resolve_links: bool = True
+    """Resolve a case path's symbolic links on this process's disk: only where this process
+    stages cases itself. False where each case is staged in a pod of its own namespace,
+    which resolves the path in its own view (the operator looks at no file of a case; a
+    link swapped in after admission reaches nothing outside the namespace's part)."""
 
 
 def openfoam_applications(bin_dir: Path = OPENFOAM_BIN) -> frozenset[str]:
@@ -189,11 +194,12 @@ def admit(
     sub: Submission, policy: AdmissionPolicy, resolve: Callable[[str], str] = os.path.realpath
 ) -> None:
     """Raise `Refused` if the admin's policy does not allow ``sub``; cheap checks first, and
-    the case path (the only one that may look at the disk, inside a root) last."""
+    the case path (the only one that may look at the disk, inside a root, and only with
+    ``policy.resolve_links``) last."""
     check_host_volume(sub.volume, policy)
     check_solver_allowed(sub.solver, policy)
     check_fit(sub, policy)
-    check_case_path(sub.case, policy, resolve)
+    check_case_path(sub.case, policy, resolve if policy.resolve_links else str)
 
 
 MAX_RUNNING_REASON = "MaxRunningPerNamespace"

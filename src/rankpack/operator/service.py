@@ -184,6 +184,8 @@ def run_operator(
             f"warning: the image {DEV_IMAGE} holds no rankpack: cases are staged in this "
             "process (scanned), not in staging pods; give --image for a sandbox"
         )
+    else:  # each case is staged in its own pod, which resolves its path: no look here
+        opts = replace(opts, admission=replace(opts.admission, resolve_links=False))
     backend = connect_namespaces(opts.config, tenancy.namespaces)
     ctx = _start(opts, backend, tenancy, stop, say)
     result = OperatorResult("stopped", 0, 0, [])

@@ -93,6 +93,25 @@ def test_a_path_outside_every_root_is_never_looked_at() -> None:
     assert looked == []
 
 
+def test_with_staging_pods_the_operator_looks_at_no_file_of_a_case(tmp_path: Path) -> None:
+    """Issue 39: a link in the case root is not followed by the operator (its staging pod
+    resolves the path where only the namespace's part is); the text is still checked."""
+    looked: list[str] = []
+
+    def resolve(p: str) -> str:
+        looked.append(p)
+        return os.path.realpath(p)
+
+    root = tmp_path / "cases"
+    root.mkdir()
+    (root / "escape").symlink_to(tmp_path)
+    policy = replace(POLICY, case_roots=(str(root),), resolve_links=False)
+    admit(replace(SUB, case=str(root / "escape")), policy, resolve)  # admitted as text
+    assert looked == []
+    with pytest.raises(Refused):  # the text out of the root: refused all the same
+        admit(replace(SUB, case=f"{root}/escape/../../x"), policy, resolve)
+
+
 @pytest.mark.parametrize(
     ("solver", "want"),
     [(None, None), ("simpleFoam", None), ("sh", "SolverNotAllowed"), ("bash", "SolverNotAllowed")],
