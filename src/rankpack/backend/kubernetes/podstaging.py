@@ -25,7 +25,7 @@ from rankpack.backend.kubernetes.api.config import StagingBounds, parse_volume
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
 from rankpack.backend.kubernetes.objects import stagepods
 from rankpack.backend.kubernetes.objects.rbac import RANK_SERVICE_ACCOUNT
-from rankpack.backend.kubernetes.objects.status import container_status
+from rankpack.backend.kubernetes.objects.status import CANNOT_START_REASONS, container_status
 from rankpack.backend.kubernetes.record import rank_dir
 from rankpack.backend.kubernetes.state import BackendState
 from rankpack.backend.protocol import BackendError
@@ -38,7 +38,8 @@ POD_UID = 1000
 """The uid the rank image runs as (its user ``rankpack``): a run directory this process
 makes as root is handed to it."""
 START_GRACE_S = 180.0
-"""Beyond the pod's own deadline, how long it may take to start (scheduling, the image)."""
+"""Beyond the pod's own deadline, how long it may take to be scheduled (a pod that cannot
+start on its node, or is deleted, fails at once: `outcome`)."""
 
 
 @dataclass(frozen=True)
@@ -119,13 +120,18 @@ class PodStaging:
         b = self.state
         informer = b.cache.informer(b.pods_collection)
         give_up = time.monotonic() + self.bounds.deadline_s + START_GRACE_S
+        existed = False
         while True:
             seen = informer.version
             pod = informer.get(name, b.api.namespace)
             if pod is not None:
+                existed = True
                 text = outcome(pod, self.bounds)
                 if text is not None:
                     return _read(text, spec, run_dir)
+            elif existed:
+                raise StageRefused(f"the staging pod {name} was deleted before it answered",
+                                   FailureCode.STAGE_FAILED)  # fmt: skip
             if stop.is_set():
                 raise UserError("staging was cancelled")
             if time.monotonic() > give_up:
@@ -161,6 +167,13 @@ def outcome(pod: Obj, bounds: StagingBounds) -> str | StageRefused | None:
         why = str(status.get("message") or status.get("reason") or phase)[:200]
         return StageRefused(f"the staging pod ended without an answer: {why}",
                             FailureCode.STAGE_FAILED)  # fmt: skip
+    if (pod.get("metadata") or {}).get("deletionTimestamp"):
+        return StageRefused("the staging pod was deleted before it answered",
+                            FailureCode.STAGE_FAILED)  # fmt: skip
+    waiting = ((cs or {}).get("state") or {}).get("waiting") or {}
+    if waiting.get("reason") in CANNOT_START_REASONS:  # the image, or its config: for good
+        why = f"{waiting['reason']}: {str(waiting.get('message') or '')[:200]}".rstrip(": ")
+        return StageRefused(f"the staging pod cannot start ({why})", FailureCode.STAGE_FAILED)
     return None
 
 

@@ -39,3 +39,19 @@ def test_out_of_memory_and_a_silent_end_are_refusals() -> None:
     assert isinstance(silent, StageRefused) and "without an answer" in str(silent)
     gone = podstaging.outcome({"status": {"phase": "Failed", "message": "evicted"}}, BOUNDS)
     assert isinstance(gone, StageRefused) and "evicted" in str(gone)
+
+
+def test_a_pod_that_cannot_start_or_is_deleted_fails_now_not_at_its_deadline() -> None:
+    waiting = {"waiting": {"reason": "ErrImageNeverPull", "message": "image not present"}}
+    pod = {"status": {"phase": "Pending", "containerStatuses": [{"name": "stage",
+                                                                 "state": waiting}]}}  # fmt: skip
+    got = podstaging.outcome(pod, BOUNDS)
+    assert isinstance(got, StageRefused) and "cannot start (ErrImageNeverPull: image not" in str(
+        got
+    )
+    # still being pulled, or still scheduled: it may yet start
+    pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}
+    assert podstaging.outcome(pod, BOUNDS) is None
+    deleted = {"metadata": {"deletionTimestamp": "2026-11-29T00:00:00Z"}, **_pod("Running")}
+    got = podstaging.outcome(deleted, BOUNDS)
+    assert isinstance(got, StageRefused) and "deleted before it answered" in str(got)
