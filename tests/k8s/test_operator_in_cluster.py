@@ -49,6 +49,8 @@ spinning ranks with a 100m request), and it must still measure duty cycles and m
 phase change at 75 % after that: the faults come while it runs. The second runs while an
 operator leads (before it, beside it or after it, as the launch gate decides)."""
 ENFORCE = "pod-security.kubernetes.io/enforce"
+ADMISSION_KINDS = "validatingadmissionpolicy,validatingadmissionpolicybinding"
+MANAGED = "app.kubernetes.io/managed-by=rankpack"
 
 
 @dataclass
@@ -104,6 +106,8 @@ def _remove_operator(ic: InCluster) -> None:
     for kind, name in (("deployment", manifests.NAME), ("daemonset", AGENT)):
         ic.kubectl("delete", kind, name, "-n", NAMESPACE, "--ignore-not-found", "--wait=true",
                    timeout_s=120)  # fmt: skip
+    # its admission policy too: a later test's Simulation of a case in /tmp is no user's
+    ic.kubectl("delete", ADMISSION_KINDS, "-l", MANAGED, "--ignore-not-found")
     ic.wait(
         "the operator's and agent's pods to go",
         lambda: not ic.pods(f"app.kubernetes.io/name in ({manifests.NAME},{AGENT})"),

@@ -84,6 +84,9 @@ def _remove_tenants(t: Tenants) -> None:
     t.kubectl("delete", "namespace", A, B, "--ignore-not-found", "--wait=true", timeout_s=300)
     t.kubectl("delete", "pv", *(f"rankpack-dev-runs-{ns}" for ns in (A, B)),
               "--ignore-not-found")  # fmt: skip
+    # its admission policy too: a later test's Simulation of a case in /tmp is no user's
+    t.kubectl("delete", "validatingadmissionpolicy,validatingadmissionpolicybinding", "-l",
+              "app.kubernetes.io/managed-by=rankpack", "--ignore-not-found")  # fmt: skip
 
 
 def _user(t: Tenants, ns: str, tmp: Path) -> Path:

@@ -241,7 +241,10 @@ def _api_error(exc: ApiError, what: str) -> UserError:
         hint = "; is the CRD installed (kubectl apply -f deploy/base/crd.yaml)?"
     elif status == 403:
         hint = "; this identity may not (see deploy/base/backend.yaml)"
-    return UserError(f"{what}: {status or ''} {reason}{hint}".replace("  ", " "))
+    # the apiserver's own words (an admission policy's code and reason), on one line
+    said = " ".join(str(exc.message or "").split())[:300]
+    said = f": {said}" if said else ""
+    return UserError(f"{what}: {status or ''} {reason}{said}{hint}".replace("  ", " "))
 
 
 def create_simulations(

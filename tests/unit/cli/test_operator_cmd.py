@@ -82,3 +82,19 @@ def test_run_directories_shared_by_namespaces_are_refused_before_any_connection(
     err = capfd.readouterr().err
     assert "serving 2 namespaces, --runs-root" in err and "{namespace}" in err, err
     assert len(err.strip().splitlines()) == 1
+
+
+def test_an_apiserver_refusal_says_its_own_words_on_one_line() -> None:
+    from rankpack.backend.kubernetes.api.kubeapi import ApiError
+    from rankpack.cli.operator_cmd import _api_error
+
+    words = (
+        'simulations.rankpack.dev "x" is invalid:\n'
+        "ValidatingAdmissionPolicy denied: CasePathNotAllowed: spec.case.path /tmp/c"
+    )
+    exc = ApiError(422, "Invalid", words)
+    said = str(_api_error(exc, "cannot create Simulation x"))
+    assert said.startswith("cannot create Simulation x: 422 Invalid: simulations.rankpack.dev")
+    assert "CasePathNotAllowed: spec.case.path /tmp/c" in said and "\n" not in said
+    assert str(_api_error(ApiError(404, "Not Found"), "cannot list")).endswith(
+        "404 Not Found; is the CRD installed (kubectl apply -f deploy/base/crd.yaml)?")  # fmt: skip
