@@ -4,16 +4,16 @@
 the users apart (issue 39): ``rankpack-system`` holds rankpack's own components, the
 operator (``operator.yaml``) and the node agents (the one component with host mounts), and
 the operator's claim (``runs-pvc.yaml``: its store, and every served namespace's files below
-``namespaces/<ns>``); ``rankpack`` is the namespace users' Simulations run in
-(``deploy/base/rankpack.yaml``, `tenant_manifests.namespace_objects`: PodSecurity
-``restricted``, the operator's Role there, the launcher and rank identities, and the
-namespace's own claim on its part of the storage only). Also the Simulation CRD, the
-API-level admission policy (each namespace's case root) and the backend's identity for
-out-of-cluster use (``backend.yaml``). Every object names its namespace (the base sets none:
-it spans several). ``deploy/dev`` is the dev cluster's overlay: the images (the locally
-built ones), the volumes (host-directory PersistentVolumes the claims bind to), and — the
-one exception, for the dev image whose rank pods mount this host's ``/usr`` — the
-``rankpack`` namespace's PodSecurity level (``enforce: privileged``, ``warn: restricted``).
+``namespaces/<ns>``); ``rankpack`` is the namespace users' Simulations run in (its own file
+in ``deploy/base``, `tenant_manifests.namespace_objects`: PodSecurity ``restricted``, the
+operator's Role there, the launcher and rank identities, and the namespace's own claim on
+its part of the storage only). Also the Simulation CRD, the API-level admission policy (each
+namespace's case root) and the backend's identity for out-of-cluster use (``backend.yaml``).
+Every object names its namespace (the base sets none: it spans several). ``deploy/dev`` is
+the dev cluster's overlay: the images (the locally built ones), the volumes (host-directory
+PersistentVolumes the claims bind to), and — the one exception, for the dev image whose rank
+pods mount this host's ``/usr`` — the ``rankpack`` namespace's PodSecurity level (``enforce:
+privileged``, ``warn: restricted``).
 ``python -m rankpack.operator.deploy_files [DIR]`` writes every file; a unit test checks that
 the files are what the builders return, so the YAML is never edited by hand.
 
