@@ -2,7 +2,7 @@
 
 The dev cluster must be up with its operator (``rankpack dev-cluster up --operator``): the
 operator and the node agent run as pods from the real images, the rank pods the operator
-creates run the real rank image. `restricted` labels the operator's namespace PodSecurity
+creates run the real rank image. `restricted` labels the users' namespace PodSecurity
 ``enforce=restricted`` for each run (``deploy/dev`` relaxes it for the dev image that
 ``rankpack run --backend kubernetes`` uses; restored after), so every pod of the run is
 admitted as on a cluster. `run_simulation` copies the case into the
@@ -47,7 +47,7 @@ def _custom() -> Any:
 
 @contextlib.contextmanager
 def restricted(core: Any) -> Iterator[None]:
-    """The operator's namespace at PodSecurity ``restricted`` while a run runs."""
+    """The users' namespace at PodSecurity ``restricted`` while a run runs."""
     patch = {"metadata": {"labels": {ENFORCE: "restricted"}}}
     old = (core.read_namespace(NAMESPACE).metadata.labels or {}).get(ENFORCE)
     core.patch_namespace(NAMESPACE, patch)
@@ -129,19 +129,20 @@ def run_simulation(source: Path, ranks: int, iterations: int) -> dict[str, objec
 
 def _run_simulation(custom: Any, source: Path, ranks: int, iterations: int) -> dict[str, object]:
     name = f"cost-{uuid.uuid4().hex[:8]}"
-    cases = deploy.runs_dir() / "cases"
+    cases = deploy.runs_dir() / "namespaces" / NAMESPACE / "cases"  # the users' part
     cases.mkdir(exist_ok=True)
     os.chown(cases, manifests.RUN_AS, manifests.RUN_AS)
     case = cases / name
     shutil.copytree(source, case, symlinks=True)
     _chown(case)
+    path = manifests.tenant_path(NAMESPACE, f"cases/{name}")
     body = {
         "apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name},
-        "spec": {"case": {"path": f"{manifests.CASES_PATH}/{name}"}, "ranks": ranks,
+        "spec": {"case": {"path": path}, "ranks": ranks,
                  "weights": [1, 1, 5, 15][:ranks], "budgetMillis": 2000,
                  "iterations": iterations},
     }  # fmt: skip
-    watch = FirstLine(new_run_log(Path(manifests.DEV_RUNS_DIR)))
+    watch = FirstLine(new_run_log(Path(manifests.DEV_RUNS_DIR) / "namespaces" / NAMESPACE))
     watch.start()
     custom.create_namespaced_custom_object(crd.GROUP, crd.VERSION, NAMESPACE, crd.PLURAL, body)
     deadline = time.monotonic() + TIMEOUT_S

@@ -108,17 +108,17 @@ def _nodes_of(ic: InCluster) -> dict[str, set[str]]:
 def test_a_lost_node_requeues_its_simulations_which_resume(two_nodes: InCluster) -> None:
     ic = two_nodes
     runs = ic.deployed.runs_dir
-    cases = runs / "cases"
+    cases = ic.tenant / "cases"
     cases.mkdir(exist_ok=True)
     os.chown(cases, manifests.RUN_AS, manifests.RUN_AS)
     case = endless_pitzdaily(cases)
     for path in [case, *case.rglob("*")]:
         os.chown(path, manifests.RUN_AS, manifests.RUN_AS)
-    in_pod = str(Path(manifests.RUNS_PATH) / "cases" / case.name)
+    in_pod = str(Path(manifests.tenant_path(NAMESPACE, "cases")) / case.name)
     manifest = runs / "lost-node.json"
     items = [_fixed_simulation(n, in_pod) for n in NAMES]
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
-    (op,) = ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
+    (op,) = ic.operator_pods()
     nodes = sorted(n["metadata"]["name"] for n in ic.get("nodes")["items"])
     (victim,) = [n for n in nodes if n != op["spec"]["nodeName"]]  # never the operator's
     ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
@@ -224,8 +224,7 @@ def test_a_lost_node_requeues_its_simulations_which_resume(two_nodes: InCluster)
     finally:
         if stopped:
             start_node(ic.layout.root, victim)
-        print(ic.kubectl("logs", "-n", NAMESPACE, f"deployment/{manifests.NAME}", "--tail=60",
-                         "--timestamps"))  # fmt: skip
+        ic.print_operator_log(60)
         for name in NAMES:
             ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
                        "--ignore-not-found")  # fmt: skip

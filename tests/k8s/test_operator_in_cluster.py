@@ -49,6 +49,8 @@ spinning ranks with a 100m request), and it must still measure duty cycles and m
 phase change at 75 % after that: the faults come while it runs. The second runs while an
 operator leads (before it, beside it or after it, as the launch gate decides)."""
 ENFORCE = "pod-security.kubernetes.io/enforce"
+IN_POD = Path(manifests.tenant_path(NAMESPACE))
+"""The users' namespace's part of the storage, as its pods (and the operator) name it."""
 ADMISSION_KINDS = "validatingadmissionpolicy,validatingadmissionpolicybinding"
 MANAGED = "app.kubernetes.io/managed-by=rankpack"
 
@@ -72,6 +74,15 @@ class InCluster:
     def agents(self) -> list[Any]:
         return self.pods(f"app.kubernetes.io/name={AGENT}", manifests.SYSTEM_NAMESPACE)
 
+    def operator_pods(self) -> list[Any]:
+        """The operator's pods, in its own namespace (rankpack's, not the users')."""
+        return self.pods(f"app.kubernetes.io/name={manifests.NAME}", manifests.SYSTEM_NAMESPACE)
+
+    @property
+    def tenant(self) -> Path:
+        """The users' namespace's part of the storage on this host (`IN_POD` in its pods)."""
+        return self.deployed.runs_dir / "namespaces" / NAMESPACE
+
     def status(self, name: str) -> dict[str, Any]:
         return dict(self.get(f"simulations.{crd.GROUP}", name).get("status") or {})
 
@@ -94,23 +105,28 @@ class InCluster:
             f"involvedObject.kind=Simulation,involvedObject.name={name}"))["items"])  # fmt: skip
 
     def print_operator_log(self, tail: int) -> None:
-        print(self.kubectl("logs", "-n", NAMESPACE, f"deployment/{manifests.NAME}",
-                           f"--tail={tail}", "--timestamps"))  # fmt: skip
+        print(self.kubectl("logs", "-n", manifests.SYSTEM_NAMESPACE,
+                           f"deployment/{manifests.NAME}", f"--tail={tail}",
+                           "--timestamps"))  # fmt: skip
 
-    def token(self, service_account: str) -> str:
-        return self.kubectl("create", "token", service_account, "-n", NAMESPACE,
+    def token(self, service_account: str, namespace: str = NAMESPACE) -> str:
+        return self.kubectl("create", "token", service_account, "-n", namespace,
                             "--duration=1h").strip()  # fmt: skip
 
 
 def _remove_operator(ic: InCluster) -> None:
     for kind, name in (("deployment", manifests.NAME), ("daemonset", AGENT)):
-        ic.kubectl("delete", kind, name, "-n", NAMESPACE, "--ignore-not-found", "--wait=true",
-                   timeout_s=120)  # fmt: skip
+        ic.kubectl("delete", kind, name, "-n", manifests.SYSTEM_NAMESPACE, "--ignore-not-found",
+                   "--wait=true", timeout_s=120)  # fmt: skip
     # its admission policy too: a later test's Simulation of a case in /tmp is no user's
     ic.kubectl("delete", ADMISSION_KINDS, "-l", MANAGED, "--ignore-not-found")
     ic.wait(
         "the operator's and agent's pods to go",
-        lambda: not ic.pods(f"app.kubernetes.io/name in ({manifests.NAME},{AGENT})"),
+        lambda: (
+            not ic.pods(
+                f"app.kubernetes.io/name in ({manifests.NAME},{AGENT})", manifests.SYSTEM_NAMESPACE
+            )
+        ),
         120,
     )
 
@@ -126,7 +142,8 @@ def incluster(dev_cluster: DevCluster) -> Iterator[InCluster]:
     # pods (rank and launcher pods of the real image) must pass `restricted` as on a cluster
     ic.kubectl("label", "namespace", NAMESPACE, f"{ENFORCE}=restricted", "--overwrite")
     # the sandbox, not the scanner, is tested: scan off, and a deadline a test can wait for
-    ic.kubectl("patch", "deployment", manifests.NAME, "-n", NAMESPACE, "--type=json", "-p",
+    ic.kubectl("patch", "deployment", manifests.NAME, "-n", manifests.SYSTEM_NAMESPACE,
+               "--type=json", "-p",
                json.dumps([{"op": "add", "path": "/spec/template/spec/containers/0/command/-",
                             "value": flag} for flag in hostile.SANDBOX_FLAGS]))  # fmt: skip
     deploy.wait_rolled_out(layout, version, ["deployments"], 300)
@@ -139,7 +156,8 @@ def incluster(dev_cluster: DevCluster) -> Iterator[InCluster]:
 
 def test_the_operator_and_the_agent_run_from_deploy(incluster: InCluster) -> None:
     ic = incluster
-    (op,) = ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
+    (op,) = ic.operator_pods()  # in its own namespace, none of the users'
+    assert not ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
     spec = op["spec"]
     assert all("hostPath" not in v for v in spec["volumes"]), spec["volumes"]
     assert spec["securityContext"]["runAsNonRoot"] is True
@@ -178,7 +196,7 @@ def test_the_agent_answers_401_403_200(incluster: InCluster) -> None:
         assert _agent_get(ip, None) == 401
         assert _agent_get(ip, "not-a-token") == 401
         assert _agent_get(ip, ic.token(CREATOR)) == 403
-        assert _agent_get(ip, ic.token(manifests.NAME)) == 200
+        assert _agent_get(ip, ic.token(manifests.NAME, manifests.SYSTEM_NAMESPACE)) == 200
     finally:
         for kind in ("rolebinding", "role", "serviceaccount"):
             ic.kubectl("delete", kind, CREATOR, "-n", NAMESPACE, "--ignore-not-found")
@@ -215,13 +233,13 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
 ) -> None:
     ic = incluster
     runs = ic.deployed.runs_dir
-    cases = runs / "cases"
+    cases = ic.tenant / "cases"
     cases.mkdir(exist_ok=True)
     os.chown(cases, manifests.RUN_AS, manifests.RUN_AS)
     case = endless_pitzdaily(cases)
     for path in [case, *case.rglob("*")]:
         os.chown(path, manifests.RUN_AS, manifests.RUN_AS)
-    in_pod = Path(manifests.RUNS_PATH) / "cases" / case.name
+    in_pod = IN_POD / "cases" / case.name
     names = sorted(ITERATIONS)
     ic.delete_simulations(*names)
     manifest = runs / "simulations.json"
@@ -256,17 +274,18 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
 
         ic.wait("a new agent serving the node", agent_back, 300)
         # then the operator: the next one adopts what runs
-        (op,) = ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
-        ic.kubectl("delete", "pod", op["metadata"]["name"], "-n", NAMESPACE, "--force",
-                   "--grace-period=0")  # fmt: skip
+        (op,) = ic.operator_pods()
+        ic.kubectl("delete", "pod", op["metadata"]["name"], "-n", manifests.SYSTEM_NAMESPACE,
+                   "--force", "--grace-period=0")  # fmt: skip
 
         def adopted() -> bool:
-            pods = ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
+            pods = ic.operator_pods()
             new = [p["metadata"]["name"] for p in pods
                    if p["metadata"]["name"] != op["metadata"]["name"]
                    and p["status"].get("phase") == "Running"]  # fmt: skip
             try:
-                return bool(new) and "adopted " in ic.kubectl("logs", "-n", NAMESPACE, new[0])
+                return bool(new) and "adopted " in ic.kubectl(
+                    "logs", "-n", manifests.SYSTEM_NAMESPACE, new[0])  # fmt: skip
             except UserError:  # its container is still starting
                 return False
 
@@ -302,13 +321,11 @@ def test_a_deleted_launcher_pod_fails_its_simulation_with_a_code(incluster: InCl
     manifest = ic.deployed.runs_dir / "launcher-lost.json"
     # a run that lasts (the tutorial's 285 iterations may end on a quiet machine before the
     # status, coalesced to one patch per 10 s, shows it running)
-    body = _phased_simulation(
-        "incluster-a", str(Path(manifests.RUNS_PATH) / "cases" / "pitzDailyLong")
-    )
+    body = _phased_simulation("incluster-a", str(IN_POD / "cases" / "pitzDailyLong"))
     body["metadata"]["name"] = name
     body["spec"]["iterations"] = 3000
     manifest.write_text(json.dumps(body))
-    endless_pitzdaily(ic.deployed.runs_dir / "cases")  # (made by an earlier test, or now)
+    endless_pitzdaily(ic.tenant / "cases")  # (made by an earlier test, or now)
     ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
     try:
         ic.wait("it running", lambda: int(ic.status(name).get("iterations") or 0) > 5, 300)
@@ -340,15 +357,13 @@ def test_no_resize_is_decided_while_the_agent_is_away(incluster: InCluster) -> N
     # its 10 s coalescing)
     name, total = "incluster-away", 10000
     ic.delete_simulations(name)
-    body = _phased_simulation(
-        "incluster-a", str(Path(manifests.RUNS_PATH) / "cases" / "pitzDailyLong")
-    )
+    body = _phased_simulation("incluster-a", str(IN_POD / "cases" / "pitzDailyLong"))
     body["metadata"]["name"] = name
     body["spec"]["iterations"] = total
     body["spec"]["phases"][1]["startFraction"] = 0.3  # due while the agent is away
     manifest = ic.deployed.runs_dir / "agent-away.json"
     manifest.write_text(json.dumps(body))
-    endless_pitzdaily(ic.deployed.runs_dir / "cases")  # (made by an earlier test, or now)
+    endless_pitzdaily(ic.tenant / "cases")  # (made by an earlier test, or now)
     ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
     ds = ["daemonset", AGENT, "-n", manifests.SYSTEM_NAMESPACE]
     away = '{"spec":{"template":{"spec":{"nodeSelector":{"rankpack.dev/no-such-node":"x"}}}}}'
@@ -445,15 +460,17 @@ def test_hostile_cases_run_only_in_their_own_staging_pods(incluster: InCluster) 
     A case whose staging never ends fails StageFailed at the deadline, and a plain
     Simulation created meanwhile is launched before that."""
     ic = incluster
-    runs = ic.deployed.runs_dir
-    cases = runs / "cases"
+    runs = ic.deployed.runs_dir  # the operator's claim: its store, every namespace's part
+    cases = ic.tenant / "cases"
     cases.mkdir(exist_ok=True)
-    other = runs / "runs" / "another-simulation"
+    other = ic.tenant / "runs" / "another-simulation"
     other.mkdir(parents=True, exist_ok=True)
-    in_pod = Path(manifests.RUNS_PATH)
-    targets = [str(in_pod), str(in_pod / "runs"), str(in_pod / "cases"),
+    in_pod = IN_POD
+    # the operator's store directory, the users' part, its run directories, its case root,
+    # another Simulation's, the root filesystem (read-only), as a user's pod names them
+    targets = [manifests.RUNS_PATH, str(in_pod), str(in_pod / "runs"), str(in_pod / "cases"),
                str(in_pod / "runs" / other.name), "/tmp/.."]  # fmt: skip
-    store = str(in_pod / "operator.db")  # (where the operator's pod has it)
+    store = manifests.STORE  # (where the operator's pod has it)
     made = [hostile.escaping_case(cases, targets), hostile.sleeping_case(cases),
             hostile.library_case(cases, targets, store)]  # fmt: skip
     for case in made:
@@ -508,9 +525,9 @@ def test_hostile_cases_run_only_in_their_own_staging_pods(incluster: InCluster) 
         assert not (own / hostile.TOKEN_COPY).exists() or not (own / hostile.TOKEN_COPY).read_text()
         listing = (own / hostile.LISTING).read_text()
         assert "operator.db" not in listing and other.name not in listing, listing
-        (op,) = ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
-        seen = ic.kubectl("exec", "-n", NAMESPACE, op["metadata"]["name"], "--", "ls", "-a",
-                          "/tmp", manifests.RUNS_PATH)  # fmt: skip
+        (op,) = ic.operator_pods()
+        seen = ic.kubectl("exec", "-n", manifests.SYSTEM_NAMESPACE, op["metadata"]["name"],
+                          "--", "ls", "-a", "/tmp", manifests.RUNS_PATH)  # fmt: skip
         assert hostile.MARK not in seen and hostile.OWN_MARK not in seen, seen
         # the sleeper ran to its deadline and failed with a code; the plain one went ahead
         slept = st["hostile-sleeper"]

@@ -79,8 +79,8 @@ class Tenants:
 
 def _remove_tenants(t: Tenants) -> None:
     for kind, name in (("deployment", manifests.NAME), ("daemonset", "rankpack-node-agent")):
-        t.kubectl("delete", kind, name, "-n", NAMESPACE, "--ignore-not-found", "--wait=true",
-                  timeout_s=120)  # fmt: skip
+        t.kubectl("delete", kind, name, "-n", manifests.SYSTEM_NAMESPACE, "--ignore-not-found",
+                  "--wait=true", timeout_s=120)  # fmt: skip
     t.kubectl("delete", "namespace", A, B, "--ignore-not-found", "--wait=true", timeout_s=300)
     t.kubectl("delete", "pv", *(f"rankpack-dev-runs-{ns}" for ns in (A, B)),
               "--ignore-not-found")  # fmt: skip
@@ -120,7 +120,8 @@ def tenants(dev_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -
     t.kubectl("delete", "pv", *(f"rankpack-dev-runs-{ns}" for ns in (A, B)), "--ignore-not-found")
     done = deploy.deploy(layout, version, 300, overlay="dev-tenants")
     print(f"deploy/dev-tenants applied and rolled out in {done.elapsed_s:.0f} s")
-    t.kubectl("patch", "deployment", manifests.NAME, "-n", NAMESPACE, "--type=json", "-p",
+    t.kubectl("patch", "deployment", manifests.NAME, "-n", manifests.SYSTEM_NAMESPACE,
+              "--type=json", "-p",
               json.dumps([{"op": "add", "path": "/spec/template/spec/containers/0/command/-",
                            "value": flag} for flag in hostile.SANDBOX_FLAGS]))  # fmt: skip
     deploy.wait_rolled_out(layout, version, ["deployments"], 300)
@@ -130,8 +131,9 @@ def tenants(dev_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -
         yield t
     finally:
         try:
-            print(t.kubectl("logs", "-n", NAMESPACE, f"deployment/{manifests.NAME}",
-                            "--tail=30", "--timestamps"))  # fmt: skip
+            print(t.kubectl("logs", "-n", manifests.SYSTEM_NAMESPACE,
+                            f"deployment/{manifests.NAME}", "--tail=30",
+                            "--timestamps"))  # fmt: skip
         except UserError as exc:
             print(f"no operator log: {exc}")
         _remove_tenants(t)

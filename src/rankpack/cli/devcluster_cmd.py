@@ -229,8 +229,14 @@ def run_up(args: argparse.Namespace) -> int:
     print(f"  backend kubeconfig (RBAC): {result.service_account_kubeconfig}")
     print(f"  try: KUBECONFIG={result.kubeconfig} kubectl get nodes")
     if operator is not None:
-        print(f"  operator and node agent running in namespace {NAMESPACE} (deploy/dev, "
-              f"{operator['elapsed_s']} s); run directories in {operator['runs_dir']}")  # fmt: skip
+        from rankpack.operator import manifests
+
+        print(f"  operator and node agents running in namespace {manifests.SYSTEM_NAMESPACE} "
+              f"(deploy/dev, {operator['elapsed_s']} s), its store and every namespace's "
+              f"files in {operator['runs_dir']}")  # fmt: skip
+        cases = manifests.tenant_path(NAMESPACE, "cases")
+        print(f"  Simulations in namespace {NAMESPACE}: cases under {cases} (on this host "
+              f"{operator['runs_dir']}/namespaces/{NAMESPACE}/cases)")  # fmt: skip
     return 0
 
 

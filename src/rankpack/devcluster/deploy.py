@@ -103,11 +103,14 @@ def wait_rolled_out(
 
 
 def runs_dir() -> Path:
-    """The host directory behind ``deploy/dev``'s volume, owned by the images' user."""
+    """The host directory behind ``deploy/dev``'s volumes (the operator's, and below it the
+    ``rankpack`` namespace's), owned by the images' user."""
     path = Path(manifests.DEV_RUNS_DIR)
-    path.mkdir(parents=True, exist_ok=True)
-    os.chown(path, manifests.RUN_AS, manifests.RUN_AS)
-    path.chmod(0o755)
+    tenant = path / "namespaces" / NAMESPACE
+    tenant.mkdir(parents=True, exist_ok=True)
+    for made in (path, path / "namespaces", tenant):
+        os.chown(made, manifests.RUN_AS, manifests.RUN_AS)
+        made.chmod(0o755)
     return path
 
 
@@ -131,8 +134,9 @@ def deploy(
     kubectl(layout, version, ["apply", "-k", str(root / "deploy" / overlay)], 120)
     if rebuilt:
         # the tags stay `dev`: pods made from an earlier build restart on the new one
-        for kind, ns in (("deployment", NAMESPACE), ("daemonset", manifests.SYSTEM_NAMESPACE)):
-            kubectl(layout, version, ["rollout", "restart", kind, "-n", ns, "-l",
+        for kind in ("deployment", "daemonset"):
+            kubectl(layout, version, ["rollout", "restart", kind, "-n",
+                                      manifests.SYSTEM_NAMESPACE, "-l",
                                       "app.kubernetes.io/managed-by=rankpack"], 60)  # fmt: skip
     wait_rolled_out(layout, version, ["deployments", "daemonsets"], timeout_s)
     return Deployed(images, runs, time.monotonic() - started)

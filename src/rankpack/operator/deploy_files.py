@@ -16,8 +16,6 @@ from rankpack.backend.kubernetes.objects.rbac import (
     DEPLOY_NAMESPACE,
     backend_nodes_rbac,
     backend_rbac,
-    launcher_rbac,
-    rank_service_account,
 )
 from rankpack.nodeagent import manifests as agent_manifests
 from rankpack.operator import tenant_manifests
@@ -26,13 +24,14 @@ from rankpack.operator.manifests import (
     DEV_HEADER,
     GENERATED,
     KUSTOMIZE_HEADER,
-    LAUNCHER_HEADER,
     SYSTEM_NAMESPACE,
+    TENANT_HEADER,
     admission_yaml,
     crd_yaml,
     dev_kustomization,
     dev_namespace_patch,
     dev_runs_volume,
+    dev_tenant_volume,
     docs,
     kustomization,
     namespaces,
@@ -45,7 +44,8 @@ from rankpack.operator.tenancy import parse_namespaces
 
 def files() -> dict[str, str]:
     """Every generated file of ``deploy/``, by its path below it."""
-    pvc_header = "# The run directories: shared by the operator and every rank pod.\n" + GENERATED
+    pvc_header = ("# The operator's claim: its store and every served namespace's files.\n"
+                  + GENERATED)  # fmt: skip
     top = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
            "resources": ["base"]}  # fmt: skip
     return {
@@ -60,9 +60,8 @@ def files() -> dict[str, str]:
             BACKEND_HEADER,
             [*backend_rbac(DEPLOY_NAMESPACE), *backend_nodes_rbac(DEPLOY_NAMESPACE)],
         ),
-        "base/launcher.yaml": docs(
-            LAUNCHER_HEADER,
-            [*launcher_rbac(DEPLOY_NAMESPACE), rank_service_account(DEPLOY_NAMESPACE)],
+        f"base/{DEPLOY_NAMESPACE}.yaml": docs(
+            TENANT_HEADER, tenant_manifests.namespace_objects(DEPLOY_NAMESPACE)
         ),
         "base/node-agent.yaml": docs(
             agent_manifests.HEADER, agent_manifests.agent_objects(SYSTEM_NAMESPACE)
@@ -70,7 +69,9 @@ def files() -> dict[str, str]:
         "base/runs-pvc.yaml": docs(pvc_header, [runs_claim()]),
         "base/operator.yaml": operator_yaml(),
         "dev/kustomization.yaml": docs(DEV_HEADER, [dev_kustomization()]),
-        "dev/runs-pv.yaml": docs(GENERATED, [dev_runs_volume()]),
+        "dev/runs-pv.yaml": docs(
+            GENERATED, [dev_runs_volume(), dev_tenant_volume(DEPLOY_NAMESPACE)]
+        ),
         "dev/namespace-patch.yaml": docs(GENERATED, [dev_namespace_patch()]),
         # serving several namespaces: deploy/tenants (and deploy/dev-tenants) list them
         **tenant_manifests.files(),

@@ -1,38 +1,41 @@
 """The cluster's manifests as pure builders; ``deploy/`` is generated from them.
 
-``deploy/`` is a kustomize base (``kubectl apply -k deploy/``): the namespaces (``rankpack``
-under PodSecurity ``restricted``; ``rankpack-system`` for the node agent, the one component
-with host mounts), the Simulation CRD, the API-level admission policy, the backend's identity
-for out-of-cluster use (``backend.yaml``), the in-cluster operator (``operator.yaml``), and the
-run directories' claim (``runs-pvc.yaml``). Every object names its namespace (the base sets
-none: it spans two). ``deploy/dev`` is the dev cluster's overlay: the images (the locally
-built ones), the volume (a host-directory PersistentVolume the claim binds to), and — the one
-exception, for the dev image whose rank pods mount this host's ``/usr`` — the ``rankpack``
-namespace's PodSecurity level (``enforce: privileged``, ``warn: restricted``).
+``deploy/`` is a kustomize base (``kubectl apply -k deploy/``) that keeps the operator and
+the users apart (issue 39): ``rankpack-system`` holds rankpack's own components, the
+operator (``operator.yaml``) and the node agents (the one component with host mounts), and
+the operator's claim (``runs-pvc.yaml``: its store, and every served namespace's files below
+``namespaces/<ns>``); ``rankpack`` is the namespace users' Simulations run in (its own file
+in ``deploy/base``, `tenant_manifests.namespace_objects`: PodSecurity ``restricted``, the
+operator's Role there, the launcher and rank identities, and the namespace's own claim on
+its part of the storage only). Also the Simulation CRD, the API-level admission policy (each
+namespace's case root) and the backend's identity for out-of-cluster use (``backend.yaml``).
+Every object names its namespace (the base sets none: it spans several). ``deploy/dev`` is
+the dev cluster's overlay: the images (the locally built ones), the volumes (host-directory
+PersistentVolumes the claims bind to), and — the one exception, for the dev image whose rank
+pods mount this host's ``/usr`` — the ``rankpack`` namespace's PodSecurity level (``enforce:
+privileged``, ``warn: restricted``).
 ``python -m rankpack.operator.deploy_files [DIR]`` writes every file; a unit test checks that
 the files are what the builders return, so the YAML is never edited by hand.
 
-The operator runs from the rank image (it stages cases, so it needs OpenFOAM), as a non-root
-user with the restricted security context, with no host mount: run directories are on the
-claim, mounted at the same path in the operator and every rank pod. Its rights: a Role in
-its namespace (`rankpack.backend.kubernetes.objects.rbac.role_rules`) and a read-only
-ClusterRole for nodes (their allocatable CPU); never secrets, never a cluster-wide write.
+The operator runs from the rank image, as a non-root user with the restricted security
+context, with no host mount. Its rights: in its own namespace its Lease and reading pods
+(`rbac.HOME_RULES`), in each served namespace the Role of `tenant_manifests`, a read-only
+ClusterRole for nodes (their allocatable CPU) and the nodes' Leases; never secrets, never a
+cluster-wide write.
 """
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 import yaml  # type: ignore[import-untyped]  # (PyYAML, a dependency of kubernetes)
 
-from rankpack.backend.kubernetes.objects.rbac import (
-    DEPLOY_NAMESPACE,
-    agent_caller_rules,
-    operator_role_rules,
-)
+from rankpack.backend.kubernetes.objects.rbac import DEPLOY_NAMESPACE, HOME_RULES, rules_of
 from rankpack.nodeagent import manifests as agent_manifests
 from rankpack.operator import crd
 from rankpack.operator.policy_manifest import admission_objects
+from rankpack.operator.tenancy import FIELD
 
 Obj = dict[str, Any]
 
@@ -51,6 +54,22 @@ RUNS_PATH = "/var/lib/rankpack"
 DEV_RUNS_DIR = "/var/lib/rankpack/dev-cluster-runs"
 """The dev cluster's run directories on this host (the PersistentVolume behind the claim);
 kept by `down`, like results anywhere."""
+TENANT_ROOT = f"{RUNS_PATH}/namespaces/{FIELD}"
+"""Where a served namespace's files live, in the operator (its claim holds every
+namespace's) and in that namespace's pods (its own claim holds only its own)."""
+RUNS_OF = "rankpack.dev/runs-of"
+"""The label of the PersistentVolume a namespace's claim binds: the namespace's name."""
+STORE = f"{RUNS_PATH}/operator.db"
+"""The operator's SQLite store, on its own claim, above every namespace's part."""
+
+
+def tenant_path(namespace: str, below: str = "") -> str:
+    """A served namespace's directory (or ``below`` it), as the operator and that
+    namespace's pods name it."""
+    root = TENANT_ROOT.replace(FIELD, namespace)
+    return f"{root}/{below}" if below else root
+
+
 METRICS_PORT = 9464
 RUN_AS = 1000
 """The images' non-root user and group (``rankpack``)."""
@@ -82,10 +101,11 @@ GENERATED = """\
 
 OPERATOR_HEADER = (
     f"""\
-# rankpack operator in the cluster: its ServiceAccount, a Role in its namespace (the
-# backend's rules), a read-only ClusterRole for nodes, the bindings and a Deployment (one
-# replica; a second would only wait on the Lease) running the rank image as a non-root user,
-# with the run directories on the claim "{RUNS_CLAIM}" at {RUNS_PATH} (runs-pvc.yaml).
+# rankpack operator in the cluster, in its own namespace: its ServiceAccount, a Role there
+# (its Lease, reading pods), a read-only ClusterRole for nodes, the bindings and a Deployment
+# (one replica; a second would only wait on the Lease) running the rank image as a non-root
+# user, with its store and the served namespaces' files on its claim "{RUNS_CLAIM}" at
+# {RUNS_PATH} (runs-pvc.yaml). Its rights in a served namespace: that namespace's file.
 """
     + GENERATED
 )
@@ -103,32 +123,34 @@ def crd_yaml() -> str:
 
 
 SYSTEM_NAMESPACE = "rankpack-system"
-"""The node agent's namespace: its pods mount host paths, which PodSecurity ``restricted``
-(and ``baseline``) forbid, so it is kept apart from the namespace where Simulations run."""
+"""rankpack's own namespace: the operator and its claim, and the node agents, whose pods
+mount host paths (which PodSecurity ``restricted`` and ``baseline`` forbid). No Simulation
+runs there and no user's pod mounts anything of it."""
+OPERATOR_NAMESPACE = SYSTEM_NAMESPACE
 RESTRICTED = {f"pod-security.kubernetes.io/{mode}": "restricted"
               for mode in ("enforce", "warn", "audit")}  # fmt: skip
 PRIVILEGED = {"pod-security.kubernetes.io/enforce": "privileged"}
 
 
 def operator_objects(
-    namespace: str | None = DEPLOY_NAMESPACE,
+    namespace: str = OPERATOR_NAMESPACE,
     *,
     image: str = RANK_IMAGE,
     metrics_port: int = METRICS_PORT,
+    serves: tuple[str, ...] = (DEPLOY_NAMESPACE,),
 ) -> list[Obj]:
-    """ServiceAccount, Role, RoleBinding, the nodes ClusterRole and its binding, the Roles
-    to find the node agents and to read the nodes' Leases, and the Deployment of the
-    in-cluster operator."""
-    subject = {"kind": "ServiceAccount", "name": NAME, "namespace": namespace or DEPLOY_NAMESPACE}
+    """ServiceAccount, its Role at home (its Lease and reading pods: the node agents' among
+    them), RoleBinding, the nodes ClusterRole and its binding, the Role to read the nodes'
+    Leases, and the Deployment of the in-cluster operator serving ``serves`` (their Roles
+    are `tenant_manifests.namespace_objects`)."""
+    subject = {"kind": "ServiceAccount", "name": NAME, "namespace": namespace}
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(NAME, namespace)},
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "Role",
             "metadata": _meta(NAME, namespace),
-            # the backend's rules but pods/exec (mpirun runs in launcher pods), and being
-            # answered by the node agents (they ask a SubjectAccessReview for `ranks`)
-            "rules": [*operator_role_rules(), *agent_caller_rules()],
+            "rules": rules_of(HOME_RULES),
         },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
@@ -157,32 +179,9 @@ def operator_objects(
             },
             "subjects": [subject],
         },
-        *_agent_finder(subject),
         *_lease_reader(subject),
-        _deployment(_meta(NAME, namespace), image, metrics_port),
+        _deployment(_meta(NAME, namespace), image, operator_command(serves, metrics_port)),
     ]
-
-
-def _agent_finder(subject: Obj) -> list[Obj]:
-    """A Role in the agents' namespace: the operator finds each node's agent (its pod IP)
-    by listing the agents' pods; nothing else there."""
-    name = f"{NAME}-agents"
-    return [
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "Role",
-            "metadata": _meta(name, SYSTEM_NAMESPACE),
-            "rules": [{"apiGroups": [""], "resources": ["pods"],
-                       "verbs": ["get", "list", "watch"]}],
-        },
-        {
-            "apiVersion": "rbac.authorization.k8s.io/v1",
-            "kind": "RoleBinding",
-            "metadata": _meta(name, SYSTEM_NAMESPACE),
-            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
-            "subjects": [subject],
-        },
-    ]  # fmt: skip
 
 
 NODE_LEASE_NAMESPACE = "kube-node-lease"
@@ -211,25 +210,33 @@ def _lease_reader(subject: Obj) -> list[Obj]:
     ]  # fmt: skip
 
 
-CASES_PATH = f"{RUNS_PATH}/cases"
-"""Where users put their own cases on the shared volume: the operator's one case root (a
-Simulation's spec.case.path is a tutorial name or lies below it; run directories, other
-users' included, are elsewhere on the volume and never a case root)."""
+CASES_PATH = f"{TENANT_ROOT}/cases"
+"""Where users put their own cases: each served namespace's case root on its part of the
+storage (a Simulation's spec.case.path is a tutorial name or lies below its namespace's;
+run directories, other users' included, are elsewhere and never a case root)."""
 
 
-def operator_command(metrics_port: int = METRICS_PORT) -> list[str]:
+def operator_command(
+    namespaces: Sequence[str] = (DEPLOY_NAMESPACE,), metrics_port: int = METRICS_PORT
+) -> list[str]:
+    """The operator serving ``namespaces``, each with its own claim (its part of the
+    storage), run directories and case root."""
     return [
         "rankpack", "operator", "--identity", "$(POD_NAME)", "--metrics-port", str(metrics_port),
-        "--volume", f"pvc:{RUNS_CLAIM}:{RUNS_PATH}", "--case-root", CASES_PATH,
+        "--namespace", ",".join(namespaces),
+        "--volume", f"pvc:{RUNS_CLAIM}:{TENANT_ROOT}",
+        "--runs-root", f"{TENANT_ROOT}/runs",
+        "--case-root", CASES_PATH,
     ]  # fmt: skip
 
 
-def _deployment(meta: Obj, image: str, metrics_port: int) -> Obj:
+def _deployment(meta: Obj, image: str, command: list[str]) -> Obj:
+    metrics_port = int(command[command.index("--metrics-port") + 1])
     env: list[Obj] = [
         {"name": "POD_NAME", "valueFrom": {"fieldRef": {"fieldPath": "metadata.name"}}},
         {"name": "POD_NAMESPACE", "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}}},
         {"name": "RANKPACK_HOME", "value": RUNS_PATH},
-        {"name": "RANKPACK_DB", "value": f"{RUNS_PATH}/operator.db"},
+        {"name": "RANKPACK_DB", "value": STORE},
         {"name": "MPLCONFIGDIR", "value": "/tmp"},
         {"name": "HOME", "value": "/tmp"},
     ]
@@ -237,7 +244,7 @@ def _deployment(meta: Obj, image: str, metrics_port: int) -> Obj:
         "name": "operator",
         "image": image,
         "imagePullPolicy": "IfNotPresent",
-        "command": operator_command(metrics_port),
+        "command": command,
         "env": env,
         "ports": [{"name": "metrics", "containerPort": metrics_port}],
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}},
@@ -272,22 +279,29 @@ def _deployment(meta: Obj, image: str, metrics_port: int) -> Obj:
     }
 
 
-def runs_claim(namespace: str | None = DEPLOY_NAMESPACE) -> Obj:
-    """The run directories' claim: ReadWriteMany (the operator and every rank pod, on any
-    node, mount it at the same path). An admin points it at real shared storage (a storage
-    class, or a PersistentVolume); ``deploy/dev`` binds it to a host directory."""
+def runs_claim(namespace: str = OPERATOR_NAMESPACE) -> Obj:
+    """The operator's claim: its store and, below ``namespaces/<ns>``, every served
+    namespace's files; ReadWriteMany (a standby on another node opens it once it leads).
+    An admin binds it to a PersistentVolume on the shared storage (no storage class: the
+    namespaces' claims must be parts of the same storage, `tenant_manifests`);
+    ``deploy/dev`` binds it to a host directory."""
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolumeClaim",
         "metadata": _meta(RUNS_CLAIM, namespace, MANAGED),
-        "spec": {"accessModes": ["ReadWriteMany"], "resources": {"requests": {"storage": "10Gi"}}},
+        "spec": {
+            "accessModes": ["ReadWriteMany"],
+            "storageClassName": "",
+            "resources": {"requests": {"storage": "10Gi"}},
+        },
     }
 
 
 def dev_runs_volume() -> Obj:
-    """``deploy/dev``'s volume: a PersistentVolume on a directory of this host, bound to the
-    claim (every node of the dev cluster is this machine, so every pod sees one directory).
-    A PersistentVolume, not a host path in any pod spec: the pods name only the claim."""
+    """``deploy/dev``'s volume of the operator's claim: a PersistentVolume on a directory of
+    this host (every node of the dev cluster is this machine, so every pod sees one
+    directory). A PersistentVolume, not a host path in any pod spec: the pods name only
+    their claim."""
     return {
         "apiVersion": "v1",
         "kind": "PersistentVolume",
@@ -297,10 +311,23 @@ def dev_runs_volume() -> Obj:
             "accessModes": ["ReadWriteMany"],
             "persistentVolumeReclaimPolicy": "Retain",
             "storageClassName": "",
-            "claimRef": {"namespace": DEPLOY_NAMESPACE, "name": RUNS_CLAIM},
+            "claimRef": {"namespace": OPERATOR_NAMESPACE, "name": RUNS_CLAIM},
             "hostPath": {"path": DEV_RUNS_DIR, "type": "Directory"},
         },
     }
+
+
+def dev_tenant_volume(namespace: str) -> Obj:
+    """The dev cluster's volume of one served namespace: its directory below the
+    operator's (`devcluster.deploy.runs_dir` makes ``deploy/dev``'s; the operator makes a
+    namespace's when it first stages there)."""
+    pv = dev_runs_volume()
+    pv["metadata"] = {"name": f"rankpack-dev-runs-{namespace}",
+                      "labels": {**MANAGED, RUNS_OF: namespace}}  # fmt: skip
+    pv["spec"]["claimRef"] = {"namespace": namespace, "name": RUNS_CLAIM}
+    pv["spec"]["hostPath"] = {"path": f"{DEV_RUNS_DIR}/namespaces/{namespace}",
+                              "type": "Directory"}  # fmt: skip
+    return pv
 
 
 PRIORITY_CLASS = "rankpack-control"
@@ -331,12 +358,9 @@ def namespace_object(namespace: str, pod_security: dict[str, str]) -> Obj:
 
 
 def namespaces() -> list[Obj]:
-    """Simulations, the operator and every rank and launcher pod under PodSecurity
-    ``restricted``; the node agent apart, ``privileged`` (docs/security.md)."""
-    return [
-        namespace_object(DEPLOY_NAMESPACE, RESTRICTED),
-        namespace_object(SYSTEM_NAMESPACE, PRIVILEGED),
-    ]
+    """rankpack's own namespace (the node agents need ``privileged``; the operator's pod is
+    restricted all the same); the users' namespaces are `tenant_manifests`' (docs/security.md)."""
+    return [namespace_object(SYSTEM_NAMESPACE, PRIVILEGED)]
 
 
 def operator_yaml() -> str:
@@ -356,7 +380,7 @@ ADMISSION_HEADER = """\
 
 
 def admission_yaml() -> str:
-    return docs(ADMISSION_HEADER, admission_objects(DEPLOY_NAMESPACE, case_roots=[CASES_PATH]))
+    return docs(ADMISSION_HEADER, admission_objects(OPERATOR_NAMESPACE, case_roots=[CASES_PATH]))
 
 
 def docs(header: str, objects: list[Obj]) -> str:
@@ -368,7 +392,7 @@ BASE_RESOURCES = (
     "crd.yaml",
     "admission.yaml",
     "backend.yaml",
-    "launcher.yaml",
+    f"{DEPLOY_NAMESPACE}.yaml",
     "node-agent.yaml",
     "runs-pvc.yaml",
     "operator.yaml",
@@ -429,12 +453,14 @@ BACKEND_HEADER = (
     + GENERATED
 )
 
-LAUNCHER_HEADER = (
-    """\
-# The launcher pods' identity (one launcher pod per simulation runs its mpirun): reading the
-# rank pods and starting each rank in its pod (pods/exec), in this namespace only; and the
-# rank pods' (no Role, no token mounted). Installed by the admin in every namespace
-# Simulations run in (deploy/tenants for more namespaces): the operator never creates Roles.
+TENANT_HEADER = (
+    f"""\
+# The namespace users' Simulations run in ({DEPLOY_NAMESPACE}; deploy/tenants for others):
+# PodSecurity restricted, the operator's Role there (bound to its ServiceAccount in
+# {SYSTEM_NAMESPACE}), the launcher pods' identity (reading its rank pods, which it enters
+# with its simulation's key), the rank pods' (no Role, no token mounted), and the claim
+# "{RUNS_CLAIM}" its pods mount: bind it to a PersistentVolume labelled
+# {RUNS_OF}={DEPLOY_NAMESPACE} on {tenant_path(DEPLOY_NAMESPACE)} of the operator's storage.
 """
     + GENERATED
 )

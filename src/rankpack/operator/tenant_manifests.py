@@ -1,7 +1,8 @@
-"""The admin's manifests for an operator serving several namespaces (issue 26, item 7).
+"""The admin's manifests for the namespaces the operator serves (issue 26, item 7; issue 39).
 
-``deploy/tenants/`` is a kustomize overlay of ``deploy/base`` that lists the namespaces the
-operator serves (one file per namespace, generated from `namespace_objects`) and patches the
+``deploy/base`` serves one, ``rankpack`` (its file generated from `namespace_objects`, the
+operator apart in ``rankpack-system``). ``deploy/tenants/`` is a kustomize overlay of
+``deploy/base`` that lists other namespaces (one file per namespace) and patches the
 operator to serve exactly those, each with its own run directories; ``deploy/dev-tenants/``
 is the same over ``deploy/dev``, with the dev cluster's volumes. The operator never creates
 a Role or a RoleBinding itself: the admin applies these. Each served namespace gets
@@ -19,7 +20,7 @@ a Role or a RoleBinding itself: the admin applies these. Each served namespace g
   what the operator's own claim holds), so that no pod of one namespace mounts another's
   run directories or cases.
 
-In its own namespace the operator then keeps only its Lease and reading pods (`HOME_RULES`).
+In its own namespace the operator keeps only its Lease and reading pods (`HOME_RULES`).
 Another list of namespaces: ``python -m rankpack.operator.deploy_files tenants DIR NS...``
 writes such an overlay into DIR (docs/deploy.md).
 """
@@ -30,46 +31,26 @@ from collections.abc import Sequence
 from typing import Any
 
 from rankpack.backend.kubernetes.objects.rbac import (
-    DEPLOY_NAMESPACE,
-    HOME_RULES,
     launcher_rbac,
     rank_service_account,
-    rules_of,
     tenant_operator_rules,
 )
 from rankpack.operator import manifests as m
-from rankpack.operator.policy_manifest import PARAMS
-from rankpack.operator.tenancy import FIELD
 
 Obj = dict[str, Any]
 
 EXAMPLE = ("team-a", "team-b")
 """The namespaces ``deploy/tenants`` and ``deploy/dev-tenants`` serve (an example: write
 your own list with ``python -m rankpack.operator.deploy_files tenants``)."""
-TENANT_ROOT = f"{m.RUNS_PATH}/namespaces/{FIELD}"
-"""Where a served namespace's files live, in the operator (its claim holds every
-namespace's) and in that namespace's pods (its own claim holds only its own)."""
-RUNS_OF = "rankpack.dev/runs-of"
-"""The label of the PersistentVolume a namespace's claim binds: the namespace's name."""
+TENANT_ROOT = m.TENANT_ROOT
+RUNS_OF = m.RUNS_OF
 
 
-def operator_command(namespaces: Sequence[str]) -> list[str]:
-    """The operator serving ``namespaces``, each with its own claim, run directories and
-    case root."""
-    return [
-        "rankpack", "operator", "--identity", "$(POD_NAME)", "--metrics-port", str(m.METRICS_PORT),
-        "--namespace", ",".join(namespaces),
-        "--volume", f"pvc:{m.RUNS_CLAIM}:{TENANT_ROOT}",
-        "--runs-root", f"{TENANT_ROOT}/runs",
-        "--case-root", f"{TENANT_ROOT}/cases",
-    ]  # fmt: skip
-
-
-def namespace_objects(namespace: str, operator_namespace: str = DEPLOY_NAMESPACE) -> list[Obj]:
+def namespace_objects(namespace: str, operator_namespace: str = m.OPERATOR_NAMESPACE) -> list[Obj]:
     """Everything one served namespace needs (see the module doc)."""
     meta = {"name": m.NAME, "namespace": namespace, "labels": dict(m.LABELS)}
     claim = m.runs_claim(namespace)
-    claim["spec"].update(storageClassName="", selector={"matchLabels": {RUNS_OF: namespace}})
+    claim["spec"].update(selector={"matchLabels": {RUNS_OF: namespace}})
     return [
         m.namespace_object(namespace, m.RESTRICTED),
         {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "Role", "metadata": meta,
@@ -90,43 +71,14 @@ def operator_patch(namespaces: Sequence[str]) -> Obj:
     return {
         "apiVersion": "apps/v1",
         "kind": "Deployment",
-        "metadata": {"name": m.NAME, "namespace": DEPLOY_NAMESPACE},
+        "metadata": {"name": m.NAME, "namespace": m.OPERATOR_NAMESPACE},
         "spec": {"template": {"spec": {"containers": [
-            {"name": "operator", "command": operator_command(namespaces)},
+            {"name": "operator", "command": m.operator_command(namespaces)},
         ]}}},
     }  # fmt: skip
 
 
-def home_role_patch() -> Obj:
-    """The operator's Role in its own namespace, which it no longer serves: its Lease and
-    reading pods, nothing else."""
-    return {
-        "apiVersion": "rbac.authorization.k8s.io/v1",
-        "kind": "Role",
-        "metadata": {"name": m.NAME, "namespace": DEPLOY_NAMESPACE},
-        "rules": rules_of(HOME_RULES),
-    }
-
-
-def admission_patch() -> Obj:
-    """The API-level admission's case roots: each namespace's own."""
-    return {
-        "apiVersion": "v1",
-        "kind": "ConfigMap",
-        "metadata": {"name": PARAMS, "namespace": DEPLOY_NAMESPACE},
-        "data": {"caseRoots": f"{TENANT_ROOT}/cases"},
-    }
-
-
-def dev_volume(namespace: str) -> Obj:
-    """The dev cluster's volume of one namespace: its directory below the operator's."""
-    pv = m.dev_runs_volume()
-    pv["metadata"] = {"name": f"rankpack-dev-runs-{namespace}",
-                      "labels": {**m.MANAGED, RUNS_OF: namespace}}  # fmt: skip
-    pv["spec"]["claimRef"] = {"namespace": namespace, "name": m.RUNS_CLAIM}
-    pv["spec"]["hostPath"] = {"path": f"{m.DEV_RUNS_DIR}/namespaces/{namespace}",
-                              "type": "Directory"}  # fmt: skip
-    return pv
+dev_volume = m.dev_tenant_volume
 
 
 HEADER = """\
@@ -157,16 +109,13 @@ def overlay(
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
         "resources": resources,
-        "patches": [{"path": "operator-patch.yaml"}, {"path": "home-role-patch.yaml"},
-                    {"path": "admission-patch.yaml"}],
-    }  # fmt: skip
+        "patches": [{"path": "operator-patch.yaml"}],
+    }
     header = HEADER.format(where=where or "DIR", claim=m.RUNS_CLAIM, label=RUNS_OF) + GENERATED
     out = {
         "kustomization.yaml": m.docs(header, [kustomization]),
         **{name: m.docs(GENERATED, objs) for name, objs in per_ns.items()},
         "operator-patch.yaml": m.docs(GENERATED, [operator_patch(namespaces)]),
-        "home-role-patch.yaml": m.docs(GENERATED, [home_role_patch()]),
-        "admission-patch.yaml": m.docs(GENERATED, [admission_patch()]),
     }
     if dev:
         out["runs-pvs.yaml"] = m.docs(GENERATED, [dev_volume(ns) for ns in namespaces])

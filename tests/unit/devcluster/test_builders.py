@@ -214,7 +214,7 @@ def test_deploy_manifests_match_the_rbac_builder() -> None:
 
 
 def test_every_deployed_object_names_its_namespace() -> None:
-    """The base spans two namespaces (the agent's apart, for PodSecurity), so it sets none:
+    """The base spans several namespaces (rankpack's own, the users'), so it sets none:
     every namespaced object names its own."""
     from rankpack.operator import deploy_files, manifests
 
@@ -226,7 +226,10 @@ def test_every_deployed_object_names_its_namespace() -> None:
             if doc["kind"] not in cluster_scoped:
                 assert doc["metadata"].get("namespace"), (name, doc["kind"])
     ns = {d["metadata"]["name"]: d["metadata"]["labels"] for d in manifests.namespaces()}
-    assert ns["rankpack"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert ns["rankpack-system"]["pod-security.kubernetes.io/enforce"] == "privileged"  # agents
+    (users,) = [d for d in yaml.safe_load_all(deploy_files.files()["base/rankpack.yaml"])
+                if d["kind"] == "Namespace"]  # fmt: skip
+    assert users["metadata"]["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
 
 
 def test_rbac_is_least_privilege() -> None:
@@ -302,26 +305,24 @@ def test_the_dev_overlay_changes_only_images_and_the_volume() -> None:
     assert dev["resources"] == ["../base", "runs-pv.yaml"]
     assert {i["name"] for i in dev["images"]} == {"rankpack/rank", "rankpack/rankpack"}
     assert all(i["newName"].startswith("rankpack.local/") for i in dev["images"])
-    (pv,) = yaml.safe_load_all(deploy_files.files()["dev/runs-pv.yaml"])
-    assert pv["kind"] == "PersistentVolume"
-    assert pv["spec"]["claimRef"] == {"namespace": "rankpack", "name": manifests.RUNS_CLAIM}
+    pvs = list(yaml.safe_load_all(deploy_files.files()["dev/runs-pv.yaml"]))
+    assert [pv["kind"] for pv in pvs] == ["PersistentVolume"] * 2
+    assert [pv["spec"]["claimRef"] for pv in pvs] == [
+        {"namespace": "rankpack-system", "name": manifests.RUNS_CLAIM},  # the operator's
+        {"namespace": "rankpack", "name": manifests.RUNS_CLAIM},  # the users' namespace's
+    ]
 
 
 def test_in_cluster_operator_is_least_privilege() -> None:
     from rankpack.operator import manifests
 
-    (sa, role, binding, nodes, nodes_binding, finder, finder_binding, leases, leases_binding,
+    (sa, role, binding, nodes, nodes_binding, leases, leases_binding,
      deployment) = manifests.operator_objects("ns")  # fmt: skip
     assert [o["kind"] for o in (sa, role, binding)] == ["ServiceAccount", "Role", "RoleBinding"]
-    assert role["rules"] == [  # the backend's, no more, and being answered by the agents
-        *backend_rbac_rules.operator_role_rules(),
-        *backend_rbac_rules.agent_caller_rules(),
-    ]
-    # where the agents run: finding them (their pods), nothing else
-    assert finder["metadata"]["namespace"] == manifests.SYSTEM_NAMESPACE
-    assert finder["rules"] == [{"apiGroups": [""], "resources": ["pods"],
-                                "verbs": ["get", "list", "watch"]}]  # fmt: skip
-    assert finder_binding["subjects"] == binding["subjects"]
+    # at home (where the agents run too): its Lease and reading pods, nothing else; what it
+    # does in a served namespace is that namespace's Role (`tenant_manifests`)
+    assert role["metadata"]["namespace"] == "ns"
+    assert role["rules"] == backend_rbac_rules.rules_of(backend_rbac_rules.HOME_RULES)
     # the nodes' Leases (a lost node): reading them, in their namespace only
     assert leases["kind"] == "Role" and leases["metadata"]["namespace"] == "kube-node-lease"
     assert leases["rules"] == [{"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
@@ -329,7 +330,7 @@ def test_in_cluster_operator_is_least_privilege() -> None:
     assert leases_binding["subjects"] == binding["subjects"]
     assert leases_binding["roleRef"]["name"] == leases["metadata"]["name"]
     granted = {r for rule in role["rules"] for r in rule["resources"]}
-    assert "pods/exec" not in granted  # mpirun runs in launcher pods
+    assert granted == {"leases", "pods"}
     assert binding["roleRef"] == {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role",
                                   "name": manifests.NAME}  # fmt: skip
     # cluster-wide: reading nodes, nothing else

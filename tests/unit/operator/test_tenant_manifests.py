@@ -1,8 +1,9 @@
-"""deploy/tenants and deploy/dev-tenants (issue 26, item 7): the admin's overlay serving
-several namespaces. Each served namespace gets the operator's Role and RoleBinding (bound to
-the operator's ServiceAccount in its own namespace), the launcher pods' and the rank pods'
-identities, and a claim that binds only that namespace's volume; the operator is patched to
-serve exactly those namespaces with a layout its own check accepts; nothing is cluster-wide."""
+"""deploy/base's rankpack namespace, deploy/tenants and deploy/dev-tenants (issue 26, item
+7; issue 39): the operator in its own namespace, serving others. Each served namespace gets
+the operator's Role and RoleBinding (bound to the operator's ServiceAccount in its own
+namespace), the launcher pods' and the rank pods' identities, and a claim that binds only
+that namespace's volume; the operator is patched to serve exactly those namespaces with a
+layout its own check accepts; nothing is cluster-wide."""
 
 from __future__ import annotations
 
@@ -25,8 +26,9 @@ def _docs(name: str) -> list[dict[str, Any]]:
 
 
 def test_each_served_namespace_gets_its_identities_and_its_own_claim() -> None:
-    for ns in EXAMPLE:
-        docs = _docs(f"tenants/{ns}.yaml")
+    for ns, name in [*((ns, f"tenants/{ns}.yaml") for ns in EXAMPLE),
+                     (rbac.DEPLOY_NAMESPACE, f"base/{rbac.DEPLOY_NAMESPACE}.yaml")]:  # fmt: skip
+        docs = _docs(name)
         kinds = sorted((d["kind"], d["metadata"]["name"]) for d in docs)
         assert kinds == sorted([
             ("Namespace", ns), ("Role", "rankpack-operator"), ("RoleBinding", "rankpack-operator"),
@@ -46,36 +48,53 @@ def test_each_served_namespace_gets_its_identities_and_its_own_claim() -> None:
         assert not {r for r, _ in granted} & {"leases", "pods/exec", "secrets"}
         binding = by[("RoleBinding", "rankpack-operator")]
         assert binding["subjects"] == [{"kind": "ServiceAccount", "name": manifests.NAME,
-                                        "namespace": rbac.DEPLOY_NAMESPACE}]  # fmt: skip
+                                        "namespace": manifests.SYSTEM_NAMESPACE}]  # fmt: skip
         assert by[("ServiceAccount", "rankpack-rank")]["automountServiceAccountToken"] is False
         claim = by[("PersistentVolumeClaim", manifests.RUNS_CLAIM)]["spec"]
         assert claim["storageClassName"] == ""  # never a fresh, empty provisioned volume
         assert claim["selector"] == {"matchLabels": {tenant_manifests.RUNS_OF: ns}}
 
 
-def test_the_operator_is_patched_to_serve_exactly_them_with_its_checked_layout() -> None:
+def test_the_operator_serves_exactly_them_with_its_checked_layout() -> None:
     (patch,) = _docs("tenants/operator-patch.yaml")
-    (container,) = patch["spec"]["template"]["spec"]["containers"]
-    command = container["command"]
-    assert command[:2] == ["rankpack", "operator"]
-    args = build_parser().parse_args(command[1:])
-    served = parse_namespaces(args.namespace)
-    assert served == EXAMPLE
-    policy = AdmissionPolicy(case_roots=tuple(args.case_root))
-    Tenancy(served, args.runs_root, args.volume).check(policy)  # what the operator checks
-    # everything of a namespace lies below its own part of the operator's volume
-    for ns in served:
-        root = f"{manifests.RUNS_PATH}/namespaces/{ns}"
-        assert Tenancy(served, args.runs_root, args.volume).volume_of(ns) == (
-            f"pvc:{manifests.RUNS_CLAIM}:{root}")  # fmt: skip
-        assert policy.case_roots[0].replace("{namespace}", ns) == f"{root}/cases"
-    (params,) = _docs("tenants/admission-patch.yaml")  # the API's own check, per namespace
-    assert params["data"] == {"caseRoots": policy.case_roots[0]}
+    (base,) = [d for d in _docs("base/operator.yaml") if d["kind"] == "Deployment"]
+    for doc, want in ((patch, EXAMPLE), (base, (rbac.DEPLOY_NAMESPACE,))):
+        assert doc["metadata"]["namespace"] == manifests.SYSTEM_NAMESPACE
+        (container,) = doc["spec"]["template"]["spec"]["containers"]
+        command = container["command"]
+        assert command[:2] == ["rankpack", "operator"]
+        args = build_parser().parse_args(command[1:])
+        served = parse_namespaces(args.namespace)
+        assert served == want
+        policy = AdmissionPolicy(case_roots=tuple(args.case_root))
+        Tenancy(served, args.runs_root, args.volume).check(policy)  # what the operator checks
+        # everything of a namespace lies below its own part of the operator's volume
+        for ns in served:
+            root = f"{manifests.RUNS_PATH}/namespaces/{ns}"
+            assert Tenancy(served, args.runs_root, args.volume).volume_of(ns) == (
+                f"pvc:{manifests.RUNS_CLAIM}:{root}")  # fmt: skip
+            assert policy.case_roots[0].replace("{namespace}", ns) == f"{root}/cases"
+        # the API's own check, per namespace, the same
+        params = [d for d in _docs("base/admission.yaml") if d["kind"] == "ConfigMap"]
+        assert params[0]["data"]["caseRoots"] == policy.case_roots[0]
 
 
 def test_in_its_own_namespace_the_operator_keeps_its_lease_and_reading_pods() -> None:
-    (role,) = _docs("tenants/home-role-patch.yaml")
-    assert role["metadata"] == {"name": manifests.NAME, "namespace": rbac.DEPLOY_NAMESPACE}
+    docs = _docs("base/operator.yaml")
+    (role,) = [d for d in docs if d["kind"] == "Role" and d["metadata"]["name"] == manifests.NAME]
+    assert role["metadata"]["namespace"] == manifests.SYSTEM_NAMESPACE
+    # its store on its own claim there, which no user's pod mounts (theirs are their own)
+    (deployment,) = [d for d in docs if d["kind"] == "Deployment"]
+    pod = deployment["spec"]["template"]["spec"]
+    claims = [v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"]
+              if "persistentVolumeClaim" in v]  # fmt: skip
+    assert claims == [manifests.RUNS_CLAIM]
+    (claim,) = _docs("base/runs-pvc.yaml")
+    assert claim["metadata"]["namespace"] == manifests.SYSTEM_NAMESPACE
+    assert claim["spec"]["accessModes"] == ["ReadWriteMany"]  # a standby on another node
+    env = {e["name"]: e.get("value") for e in pod["containers"][0]["env"]}
+    assert env["RANKPACK_DB"] == f"{manifests.RUNS_PATH}/operator.db"
+    assert not env["RANKPACK_DB"].startswith(manifests.tenant_path(""))
     assert role["rules"] == [
         {"apiGroups": ["coordination.k8s.io"], "resources": ["leases"],
          "verbs": ["get", "create", "update"]},
@@ -97,10 +116,15 @@ def test_the_overlays_list_their_files_and_nothing_cluster_wide() -> None:
 
 
 def test_the_dev_volumes_are_each_namespaces_directory_below_the_operators() -> None:
-    pvs = _docs("dev-tenants/runs-pvs.yaml")
+    operators, *base = _docs("dev/runs-pv.yaml")
+    assert operators["spec"]["claimRef"] == {"namespace": manifests.SYSTEM_NAMESPACE,
+                                             "name": manifests.RUNS_CLAIM}  # fmt: skip
+    assert operators["spec"]["hostPath"]["path"] == manifests.DEV_RUNS_DIR
+    pvs = [*base, *_docs("dev-tenants/runs-pvs.yaml")]
+    served = (rbac.DEPLOY_NAMESPACE, *EXAMPLE)
     assert [pv["spec"]["claimRef"] for pv in pvs] == [
-        {"namespace": ns, "name": manifests.RUNS_CLAIM} for ns in EXAMPLE]  # fmt: skip
-    for ns, pv in zip(EXAMPLE, pvs, strict=True):
+        {"namespace": ns, "name": manifests.RUNS_CLAIM} for ns in served]  # fmt: skip
+    for ns, pv in zip(served, pvs, strict=True):
         assert pv["metadata"]["labels"][tenant_manifests.RUNS_OF] == ns
         assert pv["spec"]["hostPath"] == {
             "path": f"{manifests.DEV_RUNS_DIR}/namespaces/{ns}", "type": "Directory"}  # fmt: skip
