@@ -53,7 +53,9 @@ def test_sigkilled_operator_is_restarted_and_adopts_its_simulations(
     env.wait("a simulation making progress", progressing, 300)
     first.send_signal(signal.SIGKILL)
     first.wait()
-    running = [o for o in env.simulations() if o["status"].get("phase") == "Running"]
+    # claimed by the killed operator: Starting (staged or launched, its ranks not all
+    # running yet) or Running
+    running = [o for o in env.simulations() if o["status"].get("phase") in ("Starting", "Running")]
     assert running, env.phases()
     launched = {o["metadata"]["name"]: o["status"].get("simId") for o in running}
     second = env.operator("--until-idle", log=tmp_path / "second.log")
