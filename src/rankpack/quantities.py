@@ -127,6 +127,22 @@ def count(value: int | str, name: str, *, lo: int = 1, hi: int) -> int:
     return n
 
 
+MAX_MIB = 1 << 20
+"""The most memory or ephemeral storage a pod bound names, MiB (1 TiB)."""
+
+
+def mib_pair(value: str, name: str) -> tuple[int, int]:
+    """``REQUEST,LIMIT`` in MiB, each 1..`MAX_MIB`, the request at most the limit."""
+    parts = str(value).split(",")
+    if len(parts) != 2:
+        raise InvalidQuantity(f"{{{name}}} must be REQUEST,LIMIT in MiB (e.g. 256,4096), "
+                              f"got {str(value)[:40]!r}")  # fmt: skip
+    req, lim = (count(p.strip(), name, hi=MAX_MIB) for p in parts)
+    if req > lim:
+        raise InvalidQuantity(f"{{{name}}}: the request {req} MiB is above the limit {lim} MiB")
+    return req, lim
+
+
 def ranks(value: int | str, name: str = "ranks") -> int:
     """MPI ranks of one simulation: 1..MAX_RANKS (the case's cells are checked later)."""
     return count(value, name, lo=1, hi=MAX_RANKS)

@@ -82,6 +82,52 @@ def _hog(env: Env, millis: int) -> Any:
     return core
 
 
+def test_a_launch_the_scheduler_cannot_place_is_rolled_back_and_runs_later(
+    env: Env, tmp_path: Path
+) -> None:
+    """Issue 40: another tenant's pod (which the operator cannot see) leaves no room for
+    the Simulation's pod: within a minute its launch is rolled back (no pod left) and it
+    waits Queued, reason Unschedulable with the scheduler's words; it is Starting, never
+    Running, while its pod is pending; once the room is back it runs to the end."""
+    from tests.k8s.pods import delete_and_wait
+
+    core = _hog(env, 1500)
+    try:
+        # 2 x 500m in one pod: 1000m, with the hog's 1500m more than the node's 2000m
+        (name,) = _submit(env, "--iterations", "200", "--phases", "0:500,500")
+        log = tmp_path / "op.log"
+        op = env.operator("--until-idle", log=log)
+        phases: list[str] = []
+        pending_since: float | None = None
+
+        def rolled_back() -> bool:
+            nonlocal pending_since
+            st = env.status(name)
+            phases.append(str(st.get("phase")))
+            if env.rank_pods() and pending_since is None:
+                pending_since = time.monotonic()
+            return st.get("phase") == "Queued" and st.get("reason") == "Unschedulable"
+
+        env.wait("the launch rolled back", rolled_back, 300)
+        took = time.monotonic() - (pending_since or time.monotonic())
+        st = env.status(name)
+        print(f"\nrolled back {took:.0f} s after its pod was made: {st.get('message')}")
+        assert took < 60, took
+        assert "Insufficient cpu" in st["message"] and "rolled back" in st["message"], st
+        assert "Running" not in phases and "Starting" in phases, phases  # never Running
+        env.wait("its pods gone", lambda: not env.rank_pods(), 60)
+        delete_and_wait(core, "rankpack-test-hog", "default")
+        assert op.wait(timeout=600) == 0, log.read_text()[-4000:]
+    finally:
+        delete_and_wait(core, "rankpack-test-hog", "default")
+    st = env.status(name)
+    assert st["phase"] == "Succeeded" and st["iterations"] == 200, st
+    runs = env.runs()
+    assert [r[1] for r in runs] == ["requeued", "completed"], runs
+    reasons = [e.reason for e in env.events(name)]
+    assert reasons.count("Launched") == 2 and reasons.count("Succeeded") == 1, reasons
+
+
 def test_a_deferred_resize_is_followed_not_counted_and_applied_later(
     env: Env, tmp_path: Path
 ) -> None:

@@ -58,6 +58,8 @@ parse_refine = _argparse_type(lambda t: quantities.count(t, "x", hi=8), "refine"
 parse_nodes = _argparse_type(lambda t: quantities.count(t, "x", hi=quantities.MAX_NODES), "nodes")
 parse_limit = _argparse_type(lambda t: quantities.count(t, "x", hi=1_000_000), "limit")
 parse_id = _argparse_type(lambda t: quantities.record_id(t, "x"), "id")
+parse_mib_pair = _argparse_type(lambda t: quantities.mib_pair(t, "x"), "MiB pair")
+"""``REQUEST,LIMIT`` in MiB: '256,4096' -> (256, 4096)."""
 
 # CPU: Kubernetes quantities ('2', '1.5', '500m') everywhere
 parse_millis = _argparse_type(lambda t: quantities.cpu_millis(t, "x"), "millicores")

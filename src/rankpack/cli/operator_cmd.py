@@ -16,7 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 
-from rankpack.backend.kubernetes.api.config import LAUNCHER_CHOICES, resolve_launcher
+from rankpack.backend.kubernetes.api.config import (
+    LAUNCHER_CHOICES,
+    PodBounds,
+    resolve_launcher,
+)
 from rankpack.backend.protocol import BackendError
 from rankpack.cli.common import (
     data_dir,
@@ -24,6 +28,7 @@ from rankpack.cli.common import (
     parse_concurrent,
     parse_cores,
     parse_limit,
+    parse_mib_pair,
     parse_output_file,
     parse_seconds,
     print_json,
@@ -190,6 +195,17 @@ def _add_admission_arguments(p: argparse.ArgumentParser) -> None:
         help="the longest a case's staging pod may run (copy, mesh, decompose) before it is "
         "ended and its Simulation fails (default 600 s)",
     )  # fmt: skip
+    b = PodBounds()
+    for flag, (req, lim), what in (
+        ("--rank-memory", b.rank_memory_mib, "memory per rank (a group pod: times its ranks)"),
+        ("--rank-ephemeral-storage", b.rank_ephemeral_mib, "ephemeral storage per rank"),
+        ("--launcher-memory", b.launcher_memory_mib, "a launcher pod's memory"),
+    ):
+        p.add_argument(
+            flag, type=parse_mib_pair, default=(req, lim), metavar="REQUEST,LIMIT",
+            help=f"{what}, MiB: the request and the limit of the pods that run a user's code "
+            f"(never a CPU limit; default {req},{lim})",
+        )  # fmt: skip
     p.add_argument(
         "--case-scan", choices=["on", "off"], default="on",
         help="refuse case code the scanner finds (#codeStream, coded types, libs paths, ...) "
@@ -359,6 +375,10 @@ def handle_operator(args: argparse.Namespace) -> int:
         raise UserError(f"--staging-deadline must be 1 to 86400 s, got {args.staging_deadline:g}")
     config = replace(config, staging=replace(config.staging,
                                              deadline_s=int(args.staging_deadline)))  # fmt: skip
+    config = replace(config, pod_bounds=replace(
+        config.pod_bounds, rank_memory_mib=args.rank_memory,
+        rank_ephemeral_mib=args.rank_ephemeral_storage, launcher_memory_mib=args.launcher_memory,
+    ))  # fmt: skip
     opts = OperatorOptions(
         config=config,
         runs_root=Path(args.runs_root) if args.runs_root else data_dir() / "runs",

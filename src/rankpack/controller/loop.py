@@ -285,8 +285,10 @@ class ControlLoop:
         assert sim.run_id is not None
         ctx.store.finish_run(result)
         self.observer.forget(sim.job.submission)
-        if ending.stopped is None and self.starter.requeue.lost(sim, result):
-            return  # a lost node cut it short: back in the queue, to resume (not failed)
+        back = self.starter.requeue
+        if ending.stopped is None and (back.lost(sim, result) or
+                                       back.unschedulable(sim, result)):  # fmt: skip
+            return  # a lost node cut it short, or no node took it: back in the queue
         ctx.tally.results.append(result)
         ctx.sims.pop(sim.sim_id, None)
         ctx.jobs.finished(sim.job, result.status, result=result)

@@ -48,6 +48,30 @@ class Requeue:
                   code=exc.code.value, attempt=attempt + 1, delay_s=delay,
                   reason=message)  # fmt: skip
 
+    def unschedulable(self, sim: Tracked, result: RunResult) -> bool:
+        """A launch the scheduler could not place (``Unschedulable``: a rank pod found no
+        node, the backend deleted its pods; recorded already): its run row marked
+        ``requeued`` and its job handed back to its source with the scheduler's reason,
+        launched again after a back-off (`policy.requeue_delay_s`). False (nothing done)
+        for any other end."""
+        if result.failure != FailureCode.UNSCHEDULABLE.value:
+            return False
+        ctx, job = self.ctx, sim.job
+        before = ctx.requeued.get(job.queue_id)
+        attempt = before.attempts if before else 0
+        delay = requeue_delay_s(attempt)
+        message = (f"{result.message}; the launch was rolled back, back in the queue, tried "
+                   f"again in {delay:g} s at the earliest")  # fmt: skip
+        ctx.requeued[job.queue_id] = Requeued(attempt + 1, ctx.now() + delay, message)
+        assert sim.run_id is not None
+        ctx.store.requeue_run(sim.run_id, message, FailureCode.UNSCHEDULABLE.value)
+        ctx.sims.pop(sim.sim_id, None)
+        ctx.jobs.requeued(job, Failure(FailureCode.UNSCHEDULABLE, message))
+        ctx.event(sim.run_id, "launch-requeued", queue_id=job.queue_id, sim=sim.sim_id,
+                  code=FailureCode.UNSCHEDULABLE.value, attempt=attempt + 1, delay_s=delay,
+                  reason=message)  # fmt: skip
+        return True
+
     def lost(self, sim: Tracked, result: RunResult) -> bool:
         """A run a lost node cut short (``NodeLost``; recorded already): its run row marked
         ``requeued``, its job handed back to its source with what to resume from (its case,

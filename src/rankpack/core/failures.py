@@ -52,6 +52,11 @@ class FailureCode(enum.StrEnum):
     """A rank pod cannot start (image pull, volume, configuration error)."""
     NOT_RUNNING = "NotRunning"
     """The rank pods were not all running within the launch timeout."""
+    UNSCHEDULABLE = "Unschedulable"
+    """Not a failure: the scheduler found no node for a rank pod (what the controller
+    counted missed a pod it cannot see). The launch is rolled back, its pods deleted, and
+    the simulation goes back to its queue with the scheduler's reason; nothing ends with
+    this code."""
     QUOTA_EXCEEDED = "QuotaExceeded"
     """Not a failure: a launch (or a grow) the namespace's ResourceQuota does not allow
     now. The simulation waits (held, or handed back to its queue) and runs once the quota

@@ -64,6 +64,26 @@ def test_by_default_it_serves_its_own_namespace(
     assert opts.runs_root == tmp_path / "home" / "runs"
 
 
+def test_the_admin_bounds_the_memory_of_the_pods_that_run_user_code(
+    ran: tuple[Path, list[Any]], capfd: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 39: the admin's default for every Simulation's rank and launcher pods."""
+    path, seen = ran
+    argv = ["operator", "--kubeconfig", str(path), "--until-idle", "--rank-memory", "512,2048",
+            "--rank-ephemeral-storage", "100,1000", "--launcher-memory", "64, 256"]  # fmt: skip
+    assert main(argv) == 0
+    bounds = seen[0].config.pod_bounds
+    assert (bounds.rank_memory_mib, bounds.rank_ephemeral_mib) == ((512, 2048), (100, 1000))
+    assert bounds.launcher_memory_mib == (64, 256)
+    capfd.readouterr()
+    for bad, said in (("4096,256", "above the limit"), ("256", "REQUEST,LIMIT"),
+                      ("0,10", "at least 1"), ("1,99999999", "at most 1048576")):  # fmt: skip
+        assert main(["operator", "--kubeconfig", str(path), "--rank-memory", bad]) == 2
+        err = capfd.readouterr().err
+        assert said in err and len(err.strip().splitlines()) == 1, err
+    assert len(seen) == 1
+
+
 def test_a_bad_namespace_name_is_a_one_line_error(
     ran: tuple[Path, list[Any]], capfd: pytest.CaptureFixture[str]
 ) -> None:

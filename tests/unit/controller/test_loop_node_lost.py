@@ -146,3 +146,41 @@ def test_iterations_lost_are_those_after_the_write_resumed_from() -> None:
     late = resumed_facts(resume, at_140)
     assert late["iterations_at_loss"] == 140 and late["iterations_lost"] == 0
     assert resume.done_at_loss(at_130) == 137
+
+
+class NoNodeFirst(SimulatedBackend):
+    """The first launch's pods find no node (the backend says ``Unschedulable``, as the
+    Kubernetes backend does once the scheduler has said so for a while); later ones run."""
+
+    def __init__(self) -> None:
+        super().__init__(SimulatedCluster(nodes=(SimNode("n", 4000),), cases=(CASE,)))
+        self.first: str | None = None
+
+    def observe(self, sim_id: str) -> SimObservation:
+        obs = super().observe(sim_id)
+        if self.first is None and obs.phase in (SimPhase.PENDING, SimPhase.RUNNING):
+            self.first = sim_id
+        if sim_id == self.first:
+            why = "pod s-g0 cannot be scheduled: 0/1 nodes are available: 1 Insufficient cpu."
+            return replace(obs, phase=SimPhase.FAILED, failure=FailureCode.UNSCHEDULABLE,
+                           reason=why)  # fmt: skip
+        return obs
+
+
+def test_a_launch_no_node_takes_is_rolled_back_into_the_queue_not_failed(tmp_path: Path) -> None:
+    """Issue 40: ``Unschedulable`` is the scheduler's answer, not the run's: the run is
+    recorded ``requeued`` with the scheduler's reason and the job launched again after a
+    back-off (``launch-requeued``), once."""
+    backend, jobs = NoNodeFirst(), Recorded(SUB)
+    store = Store(tmp_path / "r.db")
+    result = run_jobs(backend, store, jobs, quick_loop_settings(tmp_path))
+    assert [r.status for r in result.results] == ["completed"]
+    assert jobs.statuses == ["completed"]  # ended once, never failed
+    ((_, why),) = jobs.requeues
+    assert why.code is FailureCode.UNSCHEDULABLE and "Insufficient cpu" in why.message
+    assert "rolled back" in why.message
+    runs = sorted(store.list_runs(10), key=lambda r: r.id)
+    assert [r.status for r in runs] == ["requeued", "completed"]
+    assert runs[0].failure == "Unschedulable"
+    (again,) = [e for e in store.events() if e.kind == "launch-requeued"]
+    assert again.detail["code"] == "Unschedulable" and again.detail["delay_s"] > 0

@@ -190,6 +190,8 @@ class Poller:
         )
         if sim.in_pod:  # mpirun runs in the launcher pod: follow it
             news |= podmode.follow(sim, launcher, ranks_running, caught_up=caught_up)
+        if not life.started and life.failure is None:
+            self._check_unschedulable(sim)
         if (
             not life.started
             and life.failure is None
@@ -207,6 +209,26 @@ class Poller:
         if life.adopted and not life.ended:
             news |= check_adopted(sim)
         return news
+
+    def _check_unschedulable(self, sim: SimRecord) -> None:
+        """A pod of a launch the scheduler cannot place for `unschedulable_s`: the launch
+        fails ``Unschedulable`` with the scheduler's reason (the controller rolls it back
+        into the queue, `Requeue.unschedulable`), not ``NotRunning`` minutes later."""
+        b = self.state
+        pods = [*((sim.pod_name(r), p) for r, p in sorted(sim.pods.items())),
+                *(((str(sim.launcher["metadata"]["name"]), sim.launcher),)
+                  if sim.launcher is not None else ())]  # fmt: skip
+        found = next(((name, why) for name, p in pods
+                      if (why := status.unschedulable(p)) is not None), None)  # fmt: skip
+        if found is None:
+            sim.unschedulable_t = None
+            return
+        if sim.unschedulable_t is None:
+            sim.unschedulable_t = b.clock()
+        elif b.clock() - sim.unschedulable_t >= b.config.unschedulable_s:
+            name, why = found
+            sim.life.fail(Failure(FailureCode.UNSCHEDULABLE,
+                                  f"pod {name} cannot be scheduled: {why}"))  # fmt: skip
 
     def _lost(self, sim: SimRecord, lost: dict[str, str]) -> bool:
         """A simulation with a pod on a lost node cannot go on: ``NodeLost`` (also when its

@@ -154,6 +154,8 @@ class SimRecord:
     """Nodes whose readings were missing at the last observation (an outage under way:
     its Warning Event was recorded)."""
     created_t: float = field(default_factory=time.monotonic)
+    unschedulable_t: float | None = None
+    """When a pod of it was first seen unschedulable (None: none is now)."""
     launch_fd: int | None = None
     """The launch marker's locked descriptor while this process holds it (`exitwrapper`)."""
     reconcile_error: str | None = None

@@ -561,6 +561,41 @@ def test_rank_pods_that_never_run_fail_the_simulation(tmp_path: Path) -> None:
     assert h.procs == []
 
 
+def test_a_pod_the_scheduler_cannot_place_fails_its_launch_unschedulable(tmp_path: Path) -> None:
+    """Issue 40: not NotRunning after the start timeout, but Unschedulable with the
+    scheduler's reason once it has said so for ``unschedulable_s``; a pod that gets a
+    node meanwhile starts the count again."""
+    import dataclasses
+
+    h = Harness(tmp_path)
+    h.backend.config = dataclasses.replace(h.backend.config, unschedulable_s=0.0)
+    h.backend.launch(h.spec())
+    pod = h.api.objects[("pods", POD)]
+    said = "0/2 nodes are available: 2 Insufficient cpu."
+    unscheduled = {"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                   "message": said}  # fmt: skip
+
+    pod["spec"].pop("nodeName", None)  # (the fake places pods; this one found no node)
+
+    def scheduled_as(condition: dict[str, str]) -> None:
+        pod["status"]["conditions"] = [condition]
+        pod["metadata"]["resourceVersion"] = str(int(pod["metadata"]["resourceVersion"]) + 1)
+
+    scheduled_as(unscheduled)
+    h.backend.poll_once()  # first seen: counted from now
+    assert h.backend.observe(SIM).phase is not SimPhase.FAILED
+    scheduled_as({"type": "PodScheduled", "status": "False", "reason": "SchedulerError"})
+    h.backend.poll_once()  # no longer unschedulable: the count is over
+    scheduled_as(unscheduled)
+    h.backend.poll_once()
+    assert h.backend.observe(SIM).phase is not SimPhase.FAILED
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.UNSCHEDULABLE
+    assert f"pod {POD} cannot be scheduled: {said}" in obs.reason
+    assert h.procs == []
+
+
 # -- adoption after a crash mid-launch (the launch marker) ----------------------------------
 
 

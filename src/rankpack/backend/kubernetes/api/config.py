@@ -139,7 +139,11 @@ class KubernetesConfig:
     timeouts, the creates to retry, the orphans to delete and an adopted mpirun's exit file.
     It reads the backend's cache: no request is sent to look (issue 29)."""
     start_timeout_s: float = 300.0
-    """A simulation whose rank pods do not all run within this fails (e.g. unschedulable)."""
+    """A simulation whose rank pods do not all run within this fails (``NotRunning``)."""
+    unschedulable_s: float = 20.0
+    """A rank or launcher pod the scheduler has reported unschedulable this long rolls its
+    launch back (``Unschedulable``: its pods deleted, the simulation back in its queue):
+    long enough for a pod being deleted to free its room, short of a minute in all."""
     release_timeout_s: float = 60.0
     """How long `release` waits for the garbage collector to remove the rank pods."""
     detach: bool = False

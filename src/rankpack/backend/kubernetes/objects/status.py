@@ -164,6 +164,18 @@ def _terminated_code(terminated: Obj) -> FailureCode:
     return FailureCode.CONTAINER_EXITED
 
 
+def unschedulable(pod: Obj | None) -> str | None:
+    """The scheduler's reason a pod has no node (its ``PodScheduled`` condition False for
+    ``Unschedulable``), None while it has one or may yet get one."""
+    if pod is None or (pod.get("spec") or {}).get("nodeName"):
+        return None
+    for cond in (pod.get("status") or {}).get("conditions") or []:
+        if (cond.get("type"), cond.get("status"), cond.get("reason")) == (
+            "PodScheduled", "False", "Unschedulable"):  # fmt: skip
+            return str(cond.get("message") or "Unschedulable")[:300]
+    return None
+
+
 def pending_reason(pod: Obj | None) -> str:
     """Why a pod is not running yet, for `SimObservation.reason` (e.g. Unschedulable)."""
     if pod is None:
