@@ -86,7 +86,16 @@ def handle_node_agent(args: argparse.Namespace) -> int:
             raise ApiError(403, "Forbidden", "this node's pods may not be listed")
         return found.items()
 
-    pods = RankPods(listed)
+    # every pod bound to this node (whoever's): what its requests add up to, for placement
+    on_node = core("pods", fields=f"spec.nodeName={args.node}")
+
+    def node_listed() -> list[dict[str, object]]:
+        found = cache.informer(on_node)
+        if found.forbidden:
+            raise ApiError(403, "Forbidden", "this node's pods may not be listed")
+        return found.items()
+
+    pods = RankPods(listed, node_listed)
     agent = NodeAgent(args.node, reader, pods, Authorizer(ApiReviewer(api)))
     try:
         server = AgentServer((args.address, args.port), agent)

@@ -4,9 +4,11 @@ Routes (decision 0010):
 
 - ``GET /healthz``: 200 ``ok``, no authentication (the readiness probe);
 - ``GET /metrics``: Prometheus text of this node's rank pods (`metrics`);
-- ``GET /v1/ranks[?namespace=NS]``: JSON ``{"node", "time", "ranks": [...]}``, one entry per
-  rank of the running rank and group pods on this node (of NS, or of every namespace), as
-  `rankwire.reading_json` writes it;
+- ``GET /v1/ranks[?namespace=NS]``: JSON ``{"node", "time", "ranks": [...],
+  "requestedMillis"}``, one entry per rank of the running rank and group pods on this node
+  (of NS, or of every namespace), as `rankwire.reading_json` writes it, and the CPU every
+  live pod on this node requests (any namespace's: what the operator's placement counts,
+  issue 40; a sum, nothing of any pod);
 - ``PUT /v1/namespaces/NS/simulations/SIM/wait-mode`` with ``{"mode": "spin|polite|adaptive"}``:
   sets the wait mode of every rank of SIM on this node; 404 if it has none here, 409 if a
   rank's record is not published yet (nothing is changed then), 400 for a bad body;
@@ -46,6 +48,7 @@ from rankpack.backend.kubernetes.nodes.nodereader import (
 )
 from rankpack.backend.kubernetes.nodes.rankwire import reading_json
 from rankpack.backend.kubernetes.objects.builders import MANAGED_BY, MANAGER, SIM_LABEL
+from rankpack.backend.kubernetes.objects.status import pod_request_millis
 from rankpack.backend.ranknice import MAX_NICE
 from rankpack.core.actions import WAIT_MODES, UnknownWaitMode, parse_wait_mode
 from rankpack.errors import UserError
@@ -55,6 +58,8 @@ from rankpack.quantities import MAX_RANKS
 
 Obj = dict[str, Any]
 log = logging.getLogger("rankpack.nodeagent")
+FINISHED = ("Succeeded", "Failed")
+"""Pod phases that hold no CPU request any more."""
 
 RANK_PODS_SELECTOR = f"{MANAGED_BY}={MANAGER}"
 """rankpack's pods (a label selector cannot say "this label or that one": `RankPods` keeps
@@ -90,11 +95,26 @@ class RankPods:
     the last list is kept (None: never listed)."""
 
     list_pods: Callable[[], list[Obj]]
+    list_node: Callable[[], list[Obj]] | None = None
+    """Every pod bound to this node, whoever's (None: not known here)."""
     ttl_s: float = 1.0
     clock: Callable[[], float] = time.monotonic
     _pods: list[Obj] | None = None
     _t: float | None = None
     _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def requested_millis(self) -> int | None:
+        """What every live pod on this node requests (the scheduler's sum: other tenants'
+        and system pods too, which the operator cannot see); None when not known."""
+        if self.list_node is None:
+            return None
+        try:
+            pods = self.list_node()
+        except ApiError as exc:
+            log.warning("cannot list this node's pods: %s", exc)
+            return None
+        live = [p for p in pods if (p.get("status") or {}).get("phase") not in FINISHED]
+        return sum(pod_request_millis(p) for p in live)
 
     def get(self) -> list[Obj] | None:
         with self._lock:
@@ -197,11 +217,15 @@ class NodeAgent:
         if readings is None:
             return Response.error(503, "the rank pods of this node cannot be listed yet")
         stamp = datetime.fromtimestamp(self.wall(), UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-        return Response.json(200, {
+        body: Obj = {
             "node": self.node,
             "time": stamp,
             "ranks": [reading_json(who, reading) for who, reading in readings],
-        })  # fmt: skip
+        }
+        requested = self.pods.requested_millis()
+        if requested is not None:  # the node's whole CPU request: placement counts it
+            body["requestedMillis"] = requested
+        return Response.json(200, body)
 
     def _wait_mode(self, namespace: str, sim: str, body: bytes | None) -> Response:
         try:

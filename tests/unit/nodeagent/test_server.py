@@ -256,6 +256,27 @@ def test_the_client_reads_each_node_once_per_round(node: Node) -> None:
     assert len(node.handled) == 2
 
 
+def test_the_nodes_whole_cpu_request_is_answered_and_read_by_the_client(node: Node) -> None:
+    """Issue 40: what every live pod of the node requests (another tenant's too), a sum;
+    the client keeps it for `requests_s` and leaves out a node that does not say."""
+    readings, clock, _ = client(node)
+    assert readings.node_requests(["node-1"]) == {}  # this agent cannot see its node's pods
+
+    def pod(cpu: str, phase: str = "Running") -> Obj:
+        return {"spec": {"containers": [{"resources": {"requests": {"cpu": cpu}}}]},
+                "status": {"phase": phase}}  # fmt: skip
+
+    node.agent.pods.list_node = lambda: [pod("1500m"), pod("250m"), pod("2", "Succeeded")]
+    status, body = node.request("GET", "/v1/ranks?namespace=runs")
+    assert status == 200 and json.loads(body)["requestedMillis"] == 1750
+    clock.t += 10.0
+    assert readings.node_requests(["node-1", "no-agent-there"]) == {"node-1": 1750}
+    asked = len(node.handled)
+    clock.t += 1.0
+    assert readings.node_requests(["node-1"]) == {"node-1": 1750}
+    assert len(node.handled) == asked  # not asked again within requests_s
+
+
 def test_the_client_sets_wait_modes(node: Node) -> None:
     readings, _, _ = client(node)
     readings.set_wait_mode("s1", node.pods[:2], "adaptive")

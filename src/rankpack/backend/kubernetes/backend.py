@@ -30,6 +30,7 @@ from rankpack.backend.kubernetes.api.config import DEV_IMAGE, KubernetesConfig
 from rankpack.backend.kubernetes.api.kubeapi import KubeApi
 from rankpack.backend.kubernetes.launch import launch_sim
 from rankpack.backend.kubernetes.nodes import readings, sources
+from rankpack.backend.kubernetes.nodes.agents import AgentReadings
 from rankpack.backend.kubernetes.nodes.capacity import ClusterCapacity
 from rankpack.backend.kubernetes.objects import builders, limits, reconcile, status
 from rankpack.backend.kubernetes.podstaging import PodStaging
@@ -97,7 +98,10 @@ class KubernetesBackend:
         self.nodes = lostnodes.NodeWatch(self.cache)
         """Which nodes are lost (`lostnodes`: the cached nodes and their Leases)."""
         self._poller = Poller(self._state, self.host, self.nodes, background=background)
-        self._capacity = ClusterCapacity(api, config, self.cache)
+        agents = self.readings if isinstance(self.readings, AgentReadings) else None
+        self._capacity = ClusterCapacity(
+            api, config, self.cache, node_requests=agents.node_requests if agents else None
+        )
 
     # -- capacity and facts ------------------------------------------------------------------
 

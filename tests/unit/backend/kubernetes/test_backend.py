@@ -785,6 +785,22 @@ def test_inventory_without_cluster_pods_counts_the_agents_and_room_for_a_launche
     assert inv.launch_overhead_millis == 50
     h.backend.config = replace(h.backend.config, launcher="host")
     assert h.backend.inventory().launch_overhead_millis == 0
+    # issue 40: the node agents count every pod of their node, the unseen tenant's too;
+    # the larger of that and what this identity sees is the node's use
+    from rankpack.backend.kubernetes.nodes.capacity import ClusterCapacity
+
+    asked: list[list[str]] = []
+
+    def agents_say(nodes: list[str]) -> dict[str, int]:
+        asked.append(list(nodes))
+        return {"n1": 750, "gone": 5}
+
+    counted = ClusterCapacity(api, h.backend.config, h.backend.cache, node_requests=agents_say)
+    assert [(n.name, n.requested_millis) for n in counted.inventory().nodes] == [("n1", 750)]
+    assert asked == [["n1"]]
+    lagging = ClusterCapacity(api, h.backend.config, h.backend.cache,
+                              node_requests=lambda nodes: {"n1": 10})  # fmt: skip
+    assert [n.requested_millis for n in lagging.inventory().nodes] == [50]
 
 
 # -- what it costs the apiserver (issue 29) --------------------------------------------------

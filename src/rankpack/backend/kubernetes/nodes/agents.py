@@ -37,6 +37,8 @@ from rankpack.backend.kubernetes.nodes.readings import ReadingsMissing
 from rankpack.backend.protocol import BackendError
 
 AGENT_LABEL = "app.kubernetes.io/name=rankpack-node-agent"
+MAX_NODE_MILLIS = 1 << 40
+"""The most CPU one node's pods may request together, millicores (a bound on an answer)."""
 MAX_ANSWER = 8 << 20
 """The most of an agent's answer read (a node's rank pods are a few hundred bytes each)."""
 
@@ -47,6 +49,8 @@ class _Fetch:
     readings: dict[tuple[str, int], NodeRankReading] | None
     """(pod uid, rank) -> reading; None when the fetch failed (``error``)."""
     error: str = ""
+    requested_millis: int | None = None
+    """What every live pod on the node requests, as its agent counts them (None: not said)."""
 
 
 class AgentReadings:
@@ -84,6 +88,8 @@ class AgentReadings:
         self._agents_t: float | None = None
         self._fetched: dict[tuple[str, str], _Fetch] = {}
         """(node, namespace) -> the latest fetch."""
+        self.requests_s = 5.0
+        """How old a node's requested CPU (`node_requests`) may be."""
         self._lock = threading.Lock()
 
     # -- Readings ---------------------------------------------------------------------------
@@ -154,6 +160,21 @@ class AgentReadings:
             raise BackendError(f"{sim_id}: cannot set nice values of {name} on {node}: "
                                f"{exc}") from exc  # fmt: skip
 
+    def node_requests(self, nodes: Sequence[str]) -> dict[str, int]:
+        """What every live pod of each node requests, whoever's (other tenants' and system
+        pods the backend cannot see), as that node's agent counts them: its last answer, at
+        most `requests_s` old. A node whose agent does not answer is left out (counted from
+        what the backend sees alone)."""
+        namespace, found = self.api.namespace, {}
+        for node in nodes:
+            with self._lock:
+                last = self._fetched.get((node, namespace))
+            if last is None or self.clock() - last.t >= self.requests_s:
+                last = self._fetch(node, namespace)
+            if last.requested_millis is not None:
+                found[node] = last.requested_millis
+        return found
+
     # -- the agents -------------------------------------------------------------------------
 
     def _where(self, pod: Obj) -> tuple[str, str]:
@@ -172,7 +193,7 @@ class AgentReadings:
         try:
             answer = self._request(node, "GET", "/v1/ranks?" + urllib.parse.urlencode(
                 {"namespace": namespace}))  # fmt: skip
-            fetch = _Fetch(self.clock(), _parse_ranks(answer))
+            fetch = _Fetch(self.clock(), *_parse_ranks(answer))
         except _Failed as exc:
             fetch = _Fetch(self.clock(), None, str(exc))
         with self._lock:
@@ -260,14 +281,22 @@ def agent_addresses(pods: Sequence[Obj], port: int) -> dict[str, str]:
     return {node: address for node, (_, address) in best.items()}
 
 
-def _parse_ranks(answer: bytes) -> dict[tuple[str, int], NodeRankReading]:
+def _parse_ranks(
+    answer: bytes,
+) -> tuple[dict[tuple[str, int], NodeRankReading], str, int | None]:
+    """The readings of an agent's answer, and what its node's pods request (if it says)."""
     try:
         data = json.loads(answer)
         ranks = data["ranks"]
         if not isinstance(ranks, list):
             raise ValueError("ranks is not a list")
-        return {(str(e["uid"]), _rank(e["rank"])): reading_from_json(e) for e in ranks}
-    except (ValueError, KeyError, TypeError) as exc:
+        readings = {(str(e["uid"]), _rank(e["rank"])): reading_from_json(e) for e in ranks}
+        requested = data.get("requestedMillis")
+        if requested is not None and (isinstance(requested, bool) or not isinstance(
+                requested, int) or not 0 <= requested <= MAX_NODE_MILLIS):  # fmt: skip
+            raise ValueError(f"requestedMillis {str(requested)[:40]!r} is not millicores")
+        return readings, "", requested
+    except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise _Failed(f"an answer that is not /v1/ranks: {exc}") from exc
 
 

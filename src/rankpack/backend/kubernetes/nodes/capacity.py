@@ -14,7 +14,7 @@ before it was ever listed, the last inventory read).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
 from typing import NamedTuple
 
@@ -39,8 +39,17 @@ class ClusterCapacity:
     """Pods that hold their CPU request (a field selector: a pod that ends leaves the watch
     as DELETED)."""
 
-    def __init__(self, api: KubeApi, config: KubernetesConfig, cache: Cache) -> None:
+    def __init__(
+        self,
+        api: KubeApi,
+        config: KubernetesConfig,
+        cache: Cache,
+        node_requests: Callable[[Sequence[str]], Mapping[str, int]] | None = None,
+    ) -> None:
         self.api, self.config, self.cache = api, config, cache
+        self.node_requests = node_requests
+        """What every pod of each node requests, as the node agents count them (None: no
+        agents): a node's use is the larger of that and what this identity sees."""
         self._nodes_forbidden = False
         self._agents_forbidden = False
         self._forbidden: set[str] = set()
@@ -186,6 +195,9 @@ class ClusterCapacity:
                 used[node] = used.get(node, 0) + status.pod_request_millis(p)
                 ranks[node] = ranks.get(node, 0) + len(pod_ranks(p))
         names = [str(n["metadata"]["name"]) for n in nodes]
+        if self.node_requests is not None:  # pods this identity cannot see count too
+            for name, millis in self.node_requests(names).items():
+                used[name] = max(used.get(name, 0), millis)
         return Inventory(
             tuple(
                 NodeCapacity(
