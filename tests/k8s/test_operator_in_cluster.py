@@ -553,3 +553,45 @@ def test_hostile_cases_run_only_in_their_own_staging_pods(incluster: InCluster) 
     finally:
         ic.print_operator_log(30)
         ic.delete_simulations(*names)
+
+
+def test_another_tenants_pod_it_cannot_read_is_counted_through_the_agent(
+    incluster: InCluster,
+) -> None:
+    """Issue 40: a pod of a namespace the operator may not read holds most of the node;
+    the node's agent counts it (``requestedMillis``), so the operator holds the Simulation
+    ``NoRoom`` and creates no pod the scheduler could not place; once the room is back it
+    runs to the end."""
+    from kubernetes import client
+
+    from tests.k8s.pods import delete_and_wait, sleeper_pod, wait_running
+
+    ic = incluster
+    core = client.CoreV1Api(ic.k8s.admin_api())
+    name = "incluster-crowded"
+    ic.delete_simulations(name)
+    core.create_namespaced_pod("default", sleeper_pod("rankpack-test-tenant", 1500))
+    try:
+        wait_running(core, "rankpack-test-tenant", "default")
+        body = _simulation(name, "pitzDaily", 100)
+        body["spec"]["phases"] = [{"startFraction": 0.0, "requestMillis": [500, 500]}]
+        manifest = ic.deployed.runs_dir / "crowded.json"
+        manifest.write_text(json.dumps(body))
+        ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
+        ic.wait("it held for room", lambda: ic.status(name).get("reason") == "NoRoom", 120)
+        time.sleep(10)  # held, not launched: no pod of it for the scheduler to refuse
+        st = ic.status(name)
+        assert st["phase"] == "Queued" and st["reason"] == "NoRoom", st
+        made = [p["metadata"]["name"] for p in ic.pods("rankpack.dev/group")]
+        assert made == [], made  # (its case may be staged ahead: a staging pod is no rank)
+        print(f"\nheld: {st.get('message')}")
+        delete_and_wait(core, "rankpack-test-tenant", "default")
+        ic.wait("it to end", lambda: ic.status(name).get("phase") in ("Succeeded", "Failed"),
+                300)  # fmt: skip
+        st = ic.status(name)
+        assert st["phase"] == "Succeeded", st
+        reasons = [e["reason"] for e in ic.simulation_events(name)]
+        assert reasons.count("Launched") == 1, reasons  # launched once, never rolled back
+    finally:
+        delete_and_wait(core, "rankpack-test-tenant", "default")
+        ic.delete_simulations(name)
