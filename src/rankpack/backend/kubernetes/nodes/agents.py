@@ -165,12 +165,9 @@ class AgentReadings:
         pods the backend cannot see), as that node's agent counts them: its last answer, at
         most `requests_s` old. A node whose agent does not answer is left out (counted from
         what the backend sees alone)."""
-        namespace, found = self.api.namespace, {}
+        found = {}
         for node in nodes:
-            with self._lock:
-                last = self._fetched.get((node, namespace))
-            if last is None or self.clock() - last.t >= self.requests_s:
-                last = self._fetch(node, namespace)
+            last = self._fetch(node, self.api.namespace, max_age_s=self.requests_s)
             if last.requested_millis is not None:
                 found[node] = last.requested_millis
         return found
@@ -182,18 +179,25 @@ class AgentReadings:
         spec, meta = pod.get("spec") or {}, pod.get("metadata") or {}
         return str(spec.get("nodeName") or ""), str(meta.get("namespace") or self.api.namespace)
 
-    def _fetch(self, node: str, namespace: str, *, fresh: bool = False) -> _Fetch:
+    def _fetch(
+        self, node: str, namespace: str, *, fresh: bool = False, max_age_s: float | None = None
+    ) -> _Fetch:
+        """The node's latest answer: reused for `cache_s` (a failure for `retry_s`), or for
+        ``max_age_s`` either way when given; asked again when ``fresh``."""
         now = self.clock()
         with self._lock:
             last = self._fetched.get((node, namespace))
         if last is not None and not fresh:
             age = now - last.t
-            if age < (self.cache_s if last.readings is not None else self.retry_s):
+            if max_age_s is None:
+                max_age_s = self.cache_s if last.readings is not None else self.retry_s
+            if age < max_age_s:
                 return last
         try:
             answer = self._request(node, "GET", "/v1/ranks?" + urllib.parse.urlencode(
                 {"namespace": namespace}))  # fmt: skip
-            fetch = _Fetch(self.clock(), *_parse_ranks(answer))
+            readings, requested = _parse_ranks(answer)
+            fetch = _Fetch(self.clock(), readings, requested_millis=requested)
         except _Failed as exc:
             fetch = _Fetch(self.clock(), None, str(exc))
         with self._lock:
@@ -281,9 +285,7 @@ def agent_addresses(pods: Sequence[Obj], port: int) -> dict[str, str]:
     return {node: address for node, (_, address) in best.items()}
 
 
-def _parse_ranks(
-    answer: bytes,
-) -> tuple[dict[tuple[str, int], NodeRankReading], str, int | None]:
+def _parse_ranks(answer: bytes) -> tuple[dict[tuple[str, int], NodeRankReading], int | None]:
     """The readings of an agent's answer, and what its node's pods request (if it says)."""
     try:
         data = json.loads(answer)
@@ -295,7 +297,7 @@ def _parse_ranks(
         if requested is not None and (isinstance(requested, bool) or not isinstance(
                 requested, int) or not 0 <= requested <= MAX_NODE_MILLIS):  # fmt: skip
             raise ValueError(f"requestedMillis {str(requested)[:40]!r} is not millicores")
-        return readings, "", requested
+        return readings, requested
     except (ValueError, KeyError, TypeError, AttributeError) as exc:
         raise _Failed(f"an answer that is not /v1/ranks: {exc}") from exc
 

@@ -39,16 +39,19 @@ def launcher_volume(owner: str) -> tuple[Obj, Obj]:
     """The launcher pod's view of the owner ConfigMap ``owner``, read-only at `KEY_DIR`: the
     key, its instructions and the hostfile, which no rank can change (the run directory,
     which every rank pod mounts read-write, holds none of them): (volume, mount)."""
-    volume = {"name": KEY_VOLUME, "configMap": {
-        "name": owner, "items": [{"key": i, "path": i} for i in LAUNCHER_ITEMS],
-        "defaultMode": 0o444}}  # fmt: skip
-    return volume, {"name": KEY_VOLUME, "mountPath": str(KEY_DIR), "readOnly": True}
+    return _owner_items(owner, LAUNCHER_ITEMS)
 
 
 def key_volume(owner: str) -> tuple[Obj, Obj]:
     """The key alone of the owner ConfigMap ``owner``, read-only at `KEY_DIR`: (volume,
     mount)."""
+    return _owner_items(owner, (KEY_ITEM,))
+
+
+def _owner_items(owner: str, items: tuple[str, ...]) -> tuple[Obj, Obj]:
+    """``items`` of the owner ConfigMap ``owner``, each a file of its name, read-only at
+    `KEY_DIR`: (volume, mount)."""
     volume = {"name": KEY_VOLUME, "configMap": {
-        "name": owner, "items": [{"key": KEY_ITEM, "path": KEY_ITEM}],
+        "name": owner, "items": [{"key": i, "path": i} for i in items],
         "defaultMode": 0o444}}  # fmt: skip
     return volume, {"name": KEY_VOLUME, "mountPath": str(KEY_DIR), "readOnly": True}
