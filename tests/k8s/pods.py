@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -86,3 +88,20 @@ def cpu_patch(container: str, cpu: str) -> dict[str, Any]:
 def shares_for(millis: int) -> int:
     """The cgroup v1 ``cpu.shares`` the kubelet writes for a request of ``millis``."""
     return max(2, millis * 1024 // 1000)
+
+
+@contextmanager
+def tenant_pod(core: Any, name: str, millis: int) -> Iterator[Callable[[], None]]:
+    """Another tenant's pod requesting ``millis`` in ``default`` (a namespace the operator's
+    identity cannot read), running; yields what deletes it (and waits until it is gone),
+    which the exit does again if the test did not."""
+    core.create_namespaced_pod("default", sleeper_pod(name, millis))
+
+    def gone() -> None:
+        delete_and_wait(core, name, "default")
+
+    try:
+        wait_running(core, name, "default")
+        yield gone
+    finally:
+        gone()

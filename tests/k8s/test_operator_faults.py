@@ -16,7 +16,7 @@ from typing import Any
 
 from rankpack.devcluster.lifecycle import restarts
 from tests.k8s.operators import Env, endless_pitzdaily
-from tests.k8s.pods import sleeper_pod, wait_running
+from tests.k8s.pods import tenant_pod
 
 LONG = 2000
 """Iterations of the two simulations of the pod-fault test."""
@@ -72,14 +72,11 @@ def test_apiserver_stopped_and_restarted_mid_run(env: Env, tmp_path: Path) -> No
 
 
 def _hog(env: Env, millis: int) -> Any:
-    """Another tenant's pod, in a namespace the operator's identity cannot see."""
+    """Another tenant's pod, in a namespace the operator's identity cannot see (a context:
+    it yields what deletes it)."""
     from kubernetes import client
 
-    core = client.CoreV1Api(env.k8s.admin_api())
-    body = sleeper_pod("rankpack-test-hog", millis)
-    core.create_namespaced_pod("default", body)
-    wait_running(core, "rankpack-test-hog", "default")
-    return core
+    return tenant_pod(client.CoreV1Api(env.k8s.admin_api()), "rankpack-test-hog", millis)
 
 
 def test_a_launch_the_scheduler_cannot_place_is_rolled_back_and_runs_later(
@@ -89,10 +86,7 @@ def test_a_launch_the_scheduler_cannot_place_is_rolled_back_and_runs_later(
     the Simulation's pod: within a minute its launch is rolled back (no pod left) and it
     waits Queued, reason Unschedulable with the scheduler's words; it is Starting, never
     Running, while its pod is pending; once the room is back it runs to the end."""
-    from tests.k8s.pods import delete_and_wait
-
-    core = _hog(env, 1500)
-    try:
+    with _hog(env, 1500) as free:
         # 2 x 500m in one pod: 1000m, with the hog's 1500m more than the node's 2000m
         (name,) = _submit(env, "--iterations", "200", "--phases", "0:500,500")
         log = tmp_path / "op.log"
@@ -116,10 +110,8 @@ def test_a_launch_the_scheduler_cannot_place_is_rolled_back_and_runs_later(
         assert "Insufficient cpu" in st["message"] and "rolled back" in st["message"], st
         assert "Running" not in phases and "Starting" in phases, phases  # never Running
         env.wait("its pods gone", lambda: not env.rank_pods(), 60)
-        delete_and_wait(core, "rankpack-test-hog", "default")
+        free()
         assert op.wait(timeout=600) == 0, log.read_text()[-4000:]
-    finally:
-        delete_and_wait(core, "rankpack-test-hog", "default")
     st = env.status(name)
     assert st["phase"] == "Succeeded" and st["iterations"] == 200, st
     runs = env.runs()
@@ -131,10 +123,7 @@ def test_a_launch_the_scheduler_cannot_place_is_rolled_back_and_runs_later(
 def test_a_deferred_resize_is_followed_not_counted_and_applied_later(
     env: Env, tmp_path: Path
 ) -> None:
-    from tests.k8s.pods import delete_and_wait
-
-    core = _hog(env, 900)
-    try:
+    with _hog(env, 900) as free:
         # 2 x 500m + 900m fit the node's 2000m; the phase at 10 % asks 2 x 1000m: the node
         # has 100m free (the operator cannot see the hog), so the kubelet defers both. The
         # run must outlast the deferral's way into the status (coalesced to a patch per
@@ -161,10 +150,8 @@ def test_a_deferred_resize_is_followed_not_counted_and_applied_later(
         time.sleep(5)  # still deferred a while later: the node keeps it, nothing counted
         assert env.status(name)["resizes"] == 0
         print(f"\nhog deleted at iteration {env.status(name).get('iterations')} of 4000")
-        delete_and_wait(core, "rankpack-test-hog", "default")
+        free()
         assert op.wait(timeout=900) == 0, log.read_text()[-4000:]
-    finally:
-        delete_and_wait(core, "rankpack-test-hog", "default")
     st = env.status(name)
     assert st["phase"] == "Succeeded" and st["restarts"] == 0, st
     assert st["resizes"] == 2, st  # both applied once the CPU was free, each counted once

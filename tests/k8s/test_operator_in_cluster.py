@@ -564,35 +564,33 @@ def test_another_tenants_pod_it_cannot_read_is_counted_through_the_agent(
     rolled back ``Unschedulable``, and the Simulation runs to the end, launched once."""
     from kubernetes import client
 
-    from tests.k8s.pods import delete_and_wait, sleeper_pod, wait_running
+    from tests.k8s.pods import tenant_pod
 
     ic = incluster
     core = client.CoreV1Api(ic.k8s.admin_api())
     name = "incluster-crowded"
     ic.delete_simulations(name)
-    core.create_namespaced_pod("default", sleeper_pod("rankpack-test-tenant", 1500))
     try:
-        wait_running(core, "rankpack-test-tenant", "default")
-        body = _simulation(name, "pitzDaily", 100)
-        body["spec"]["phases"] = [{"startFraction": 0.0, "requestMillis": [500, 500]}]
-        manifest = ic.deployed.runs_dir / "crowded.json"
-        manifest.write_text(json.dumps(body))
-        ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
-        ic.wait("it to end", lambda: ic.status(name).get("phase") in ("Succeeded", "Failed"),
-                300)  # fmt: skip
-        st = ic.status(name)
-        events = ic.simulation_events(name)
-        said = {e["reason"]: e.get("message", "") for e in events}
-        print(f"\nfitted: {said.get('LaunchFitted')}; launched: {said.get('Launched')}")
-        assert st["phase"] == "Succeeded", st
-        reasons = [e["reason"] for e in events]
-        assert reasons.count("Launched") == 1, reasons  # launched once, never rolled back
-        # the node's 2000m less the tenant's 1500m and rankpack's own 200m: 300m left
-        fitted = said.get("LaunchFitted", "")
-        assert "unrequested" in fitted, said
-        left = int(fitted.split(" to the ")[1].split("m")[0])
-        assert left <= 300, fitted
-        assert "Unschedulable" not in json.dumps(events), reasons
+        with tenant_pod(core, "rankpack-test-tenant", 1500):
+            body = _simulation(name, "pitzDaily", 100)
+            body["spec"]["phases"] = [{"startFraction": 0.0, "requestMillis": [500, 500]}]
+            manifest = ic.deployed.runs_dir / "crowded.json"
+            manifest.write_text(json.dumps(body))
+            ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
+            ic.wait("it to end", lambda: ic.status(name).get("phase") in ("Succeeded", "Failed"),
+                    300)  # fmt: skip
+            st = ic.status(name)
+            events = ic.simulation_events(name)
+            said = {e["reason"]: e.get("message", "") for e in events}
+            print(f"\nfitted: {said.get('LaunchFitted')}; launched: {said.get('Launched')}")
+            assert st["phase"] == "Succeeded", st
+            reasons = [e["reason"] for e in events]
+            assert reasons.count("Launched") == 1, reasons  # launched once, never rolled back
+            # the node's 2000m less the tenant's 1500m and rankpack's own 200m: 300m left
+            fitted = said.get("LaunchFitted", "")
+            assert "unrequested" in fitted, said
+            left = int(fitted.split(" to the ")[1].split("m")[0])
+            assert left <= 300, fitted
+            assert "Unschedulable" not in json.dumps(events), reasons
     finally:
-        delete_and_wait(core, "rankpack-test-tenant", "default")
         ic.delete_simulations(name)
