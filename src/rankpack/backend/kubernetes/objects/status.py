@@ -119,6 +119,11 @@ CANNOT_START_REASONS = _CANNOT_START
 
 _NODE_GONE = ("DeletionByPodGC",)
 """The DisruptionTarget reason of a pod PodGC deletes because its node no longer exists."""
+NODE_GONE_REASONS = _NODE_GONE
+"""The same, for readers of other pods than rank pods (the launcher pod, `podmode`)."""
+CONTAINER_LOST = "ContainerStatusUnknown"
+"""The terminated reason a kubelet gives a container it cannot find when it starts again:
+the node stopped (crashed, powered off) with it running, and came back."""
 
 
 def failure(pod: Obj, container: str) -> Failure | None:
@@ -161,6 +166,8 @@ def failure(pod: Obj, container: str) -> Failure | None:
 def _terminated_code(terminated: Obj) -> FailureCode:
     if terminated.get("reason") == "OOMKilled":
         return FailureCode.OOM_KILLED
+    if terminated.get("reason") == CONTAINER_LOST:
+        return FailureCode.NODE_LOST  # its node stopped under it (seen once it came back)
     return FailureCode.CONTAINER_EXITED
 
 

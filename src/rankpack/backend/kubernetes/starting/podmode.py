@@ -127,6 +127,9 @@ def reading(name: str, pod: Obj | None, exit_code: Callable[[], int | None]) -> 
         code = exit_code()
         if code is not None:
             return Reading("ended", exit_code=code)
+        if terminated.get("reason") == status.CONTAINER_LOST:  # its node stopped, came back
+            why = f"launcher pod {name} was lost with its node ({terminated.get('message', '')})"
+            return Reading("failed", failure=Failure(FailureCode.NODE_LOST, why))
         message = str(terminated.get("message") or "").strip()
         if message:  # the launcher failed before mpirun ran (`launcher.fail`)
             why = f"launcher pod {name}: {message}"
@@ -149,6 +152,7 @@ def reading(name: str, pod: Obj | None, exit_code: Callable[[], int | None]) -> 
 def _lost(name: str, pod: Obj | None) -> Failure | None:
     """Why the launcher pod is gone or going without having run to its end (None if not)."""
     code = FailureCode.LAUNCHER_LOST
+    lost_node = FailureCode.NODE_LOST  # (not the launcher's own fault: its node's)
     if pod is None:
         return Failure(code, f"launcher pod {name} was deleted (mpirun with it)")
     for cond in pod.get("status", {}).get("conditions") or []:
@@ -156,14 +160,17 @@ def _lost(name: str, pod: Obj | None) -> Failure | None:
             why = str(cond.get("reason") or "DisruptionTarget")
             message = str(cond.get("message") or "")
             detail = f"{why}: {message}" if message else why
-            return Failure(code, f"launcher pod {name} was evicted ({detail})")
+            node_gone = why in status.NODE_GONE_REASONS
+            return Failure(lost_node if node_gone else code,
+                           f"launcher pod {name} was evicted ({detail})")  # fmt: skip
     if pod.get("metadata", {}).get("deletionTimestamp"):
         return Failure(code, f"launcher pod {name} was deleted (mpirun with it)")
     st = pod.get("status", {})
     if st.get("phase") == "Failed" and st.get("reason"):  # Evicted, NodeLost, Shutdown, ...
         message = st.get("message") or ""
-        return Failure(code, f"launcher pod {name} {str(st['reason']).lower()}"
-                             + (f": {message}" if message else ""))  # fmt: skip
+        text = f"launcher pod {name} {str(st['reason']).lower()}"
+        text += f": {message}" if message else ""
+        return Failure(lost_node if st["reason"] == "NodeLost" else code, text)
     return None
 
 

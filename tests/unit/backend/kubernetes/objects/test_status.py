@@ -119,6 +119,12 @@ PHASE_CASES = [
     pytest.param(pod(state={"terminated": {"reason": "Error", "exitCode": 1}}),
                  RankPhase.FAILED, "Error, exit code 1", FailureCode.CONTAINER_EXITED,
                  id="container-exited"),
+    # its node stopped with it running and came back: the kubelet cannot find the container
+    pytest.param(pod(phase="Failed", state={"terminated": {
+                     "reason": "ContainerStatusUnknown", "exitCode": 137,
+                     "message": "The container could not be located when the pod was terminated"}}),
+                 RankPhase.FAILED, "rank pod p failed", FailureCode.NODE_LOST,
+                 id="lost-with-its-node"),
     pytest.param(pod(phase="Failed", state={"terminated": {"reason": "OOMKilled",
                                                            "exitCode": 137}}),
                  RankPhase.FAILED, "rank pod p failed", FailureCode.OOM_KILLED,

@@ -330,8 +330,15 @@ def test_a_launcher_that_failed_before_mpirun_says_why(tmp_path: Path) -> None:
     assert ("pods", LAUNCHER) in h.api.objects  # left to read until release
 
 
-@pytest.mark.parametrize("how", ["deleted", "deleting", "evicted", "node-gone", "failed-evicted"])
+HOW_LOST = ("deleted", "deleting", "evicted", "failed-evicted", "node-gone", "node-lost",
+            "node-came-back")  # fmt: skip
+CONTAINER_GONE = "The container could not be located when the pod was terminated"
+
+
+@pytest.mark.parametrize("how", HOW_LOST)
 def test_a_lost_launcher_pod_fails_the_simulation(tmp_path: Path, how: str) -> None:
+    """Lost by someone's hand: ``LauncherLost``; lost with its node (gone, lost, or back
+    without its container): ``NodeLost``, which the loop requeues to resume."""
     h = PodHarness(tmp_path)
     h.running()
     pod = h.launcher()
@@ -344,12 +351,19 @@ def test_a_lost_launcher_pod_fails_the_simulation(tmp_path: Path, how: str) -> N
         pod["status"]["conditions"] = [
             {"type": "DisruptionTarget", "status": "True", "reason": reason}
         ]
+    elif how == "node-lost":
+        pod["status"].update(phase="Failed", reason="NodeLost", message="node went away")
+    elif how == "node-came-back":
+        h.end_launcher(137, CONTAINER_GONE, reason="ContainerStatusUnknown")
+        pod = h.launcher()
     else:
         pod["status"].update(phase="Failed", reason="Evicted", message="low on memory")
     pod["metadata"]["resourceVersion"] = "99"
     h.backend.poll_once()
     obs = h.backend.observe(SIM)
-    assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.LAUNCHER_LOST
+    node = how in ("node-gone", "node-lost", "node-came-back")
+    want = FailureCode.NODE_LOST if node else FailureCode.LAUNCHER_LOST
+    assert obs.phase is SimPhase.FAILED and obs.failure is want
     assert obs.reason.startswith(f"launcher pod {LAUNCHER} ")
     assert ("pods", LAUNCHER) not in h.api.objects or how != "deleted"
     h.backend.poll_once()  # acted on once, nothing hangs
@@ -471,6 +485,22 @@ def test_adopting_a_simulation_that_ended_reads_its_exit_file(tmp_path: Path) ->
     obs = later.observe(SIM)
     assert obs.phase is SimPhase.FAILED and obs.exit_code == 3
     assert obs.failure is FailureCode.SOLVER_FAILED
+
+
+def test_adopting_a_launcher_its_stopped_node_lost_is_node_lost(tmp_path: Path) -> None:
+    """The operator went down with the launcher's node; the node came back without the
+    container, and the next operator adopts the run: lost with its node, not a failed
+    launch (the loop requeues it to resume)."""
+    h = PodHarness(tmp_path)
+    h.running()
+    h.backend.forget_all()
+    h.end_launcher(137, CONTAINER_GONE, reason="ContainerStatusUnknown")
+    later = h.make()
+    later.adopt(SIM, h.spec())
+    later.poll_once()
+    obs = later.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.NODE_LOST
+    assert "lost with its node" in obs.reason
 
 
 def test_adopting_before_the_launcher_pod_exists_creates_it(tmp_path: Path) -> None:
