@@ -78,6 +78,25 @@ class InCluster:
         """The operator's pods, in its own namespace (rankpack's, not the users')."""
         return self.pods(f"app.kubernetes.io/name={manifests.NAME}", manifests.SYSTEM_NAMESPACE)
 
+    def leader(self, timeout_s: float = 120) -> Any:
+        """The operator's pod that holds the Lease (its identity is its pod's name), once
+        one does."""
+        found: list[Any] = []
+
+        def holder() -> bool:
+            lease = self.get("lease", manifests.NAME, namespace=manifests.SYSTEM_NAMESPACE)
+            name = (lease.get("spec") or {}).get("holderIdentity")
+            found[:] = [p for p in self.operator_pods() if p["metadata"]["name"] == name]
+            return bool(found)
+
+        self.wait("an operator to lead", holder, timeout_s)
+        return found[0]
+
+    def open_files(self, pod: Any) -> str:
+        """What the operator's process (pid 1 of its container) holds open."""
+        return self.kubectl("exec", "-n", manifests.SYSTEM_NAMESPACE, pod["metadata"]["name"],
+                            "--", "ls", "-l", "/proc/1/fd")  # fmt: skip
+
     @property
     def tenant(self) -> Path:
         """The users' namespace's part of the storage on this host (`IN_POD` in its pods)."""
@@ -105,9 +124,9 @@ class InCluster:
             f"involvedObject.kind=Simulation,involvedObject.name={name}"))["items"])  # fmt: skip
 
     def print_operator_log(self, tail: int) -> None:
-        print(self.kubectl("logs", "-n", manifests.SYSTEM_NAMESPACE,
-                           f"deployment/{manifests.NAME}", f"--tail={tail}",
-                           "--timestamps"))  # fmt: skip
+        print(self.kubectl("logs", "-n", manifests.SYSTEM_NAMESPACE, "-l",
+                           f"app.kubernetes.io/name={manifests.NAME}", "--prefix",
+                           f"--tail={tail}", "--timestamps"))  # fmt: skip
 
     def token(self, service_account: str, namespace: str = NAMESPACE) -> str:
         return self.kubectl("create", "token", service_account, "-n", namespace,
@@ -156,13 +175,21 @@ def incluster(dev_cluster: DevCluster) -> Iterator[InCluster]:
 
 def test_the_operator_and_the_agent_run_from_deploy(incluster: InCluster) -> None:
     ic = incluster
-    (op,) = ic.operator_pods()  # in its own namespace, none of the users'
+    ops = ic.operator_pods()  # in its own namespace, none of the users'
+    assert len(ops) == manifests.REPLICAS == 2, [p["metadata"]["name"] for p in ops]
     assert not ic.pods(f"app.kubernetes.io/name={manifests.NAME}")
-    spec = op["spec"]
-    assert all("hostPath" not in v for v in spec["volumes"]), spec["volumes"]
-    assert spec["securityContext"]["runAsNonRoot"] is True
-    (container,) = spec["containers"]
-    assert container["image"] == manifests.DEV_IMAGES[manifests.RANK_IMAGE]
+    for op in ops:
+        spec = op["spec"]
+        assert all("hostPath" not in v for v in spec["volumes"]), spec["volumes"]
+        assert spec["securityContext"]["runAsNonRoot"] is True
+        (container,) = spec["containers"]
+        assert container["image"] == manifests.DEV_IMAGES[manifests.RANK_IMAGE]
+    # one leads and has the store open; the standby has not opened it (the leader writes it)
+    leader = ic.leader()
+    (standby,) = [p for p in ops if p["metadata"]["name"] != leader["metadata"]["name"]]
+    store = Path(manifests.STORE).name
+    ic.wait("the leader to open its store", lambda: store in ic.open_files(leader), 60)
+    assert store not in ic.open_files(standby)
     agents = ic.agents()
     nodes = ic.get("nodes")["items"]
     assert len(agents) == len(nodes)
@@ -273,8 +300,8 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
                 for a in ic.agents())  # fmt: skip
 
         ic.wait("a new agent serving the node", agent_back, 300)
-        # then the operator: the next one adopts what runs
-        (op,) = ic.operator_pods()
+        # then the leading operator: the standby (or a replacement) adopts what runs
+        op = ic.leader()
         ic.kubectl("delete", "pod", op["metadata"]["name"], "-n", manifests.SYSTEM_NAMESPACE,
                    "--force", "--grace-period=0")  # fmt: skip
 
@@ -283,11 +310,13 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
             new = [p["metadata"]["name"] for p in pods
                    if p["metadata"]["name"] != op["metadata"]["name"]
                    and p["status"].get("phase") == "Running"]  # fmt: skip
-            try:
-                return bool(new) and "adopted " in ic.kubectl(
-                    "logs", "-n", manifests.SYSTEM_NAMESPACE, new[0])  # fmt: skip
-            except UserError:  # its container is still starting
-                return False
+            for name in new:
+                try:
+                    if "adopted " in ic.kubectl("logs", "-n", manifests.SYSTEM_NAMESPACE, name):
+                        return True
+                except UserError:  # its container is still starting
+                    continue
+            return False
 
         ic.wait("the next operator to adopt the running Simulation", adopted, 420)
         ic.wait("both Simulations to end",
@@ -526,10 +555,10 @@ def test_hostile_cases_run_only_in_their_own_staging_pods(incluster: InCluster) 
         assert not (own / hostile.TOKEN_COPY).exists() or not (own / hostile.TOKEN_COPY).read_text()
         listing = (own / hostile.LISTING).read_text()
         assert "operator.db" not in listing and other.name not in listing, listing
-        (op,) = ic.operator_pods()
-        seen = ic.kubectl("exec", "-n", manifests.SYSTEM_NAMESPACE, op["metadata"]["name"],
-                          "--", "ls", "-a", "/tmp", manifests.RUNS_PATH)  # fmt: skip
-        assert hostile.MARK not in seen and hostile.OWN_MARK not in seen, seen
+        for op in ic.operator_pods():  # the leader and the standby
+            seen = ic.kubectl("exec", "-n", manifests.SYSTEM_NAMESPACE, op["metadata"]["name"],
+                              "--", "ls", "-a", "/tmp", manifests.RUNS_PATH)  # fmt: skip
+            assert hostile.MARK not in seen and hostile.OWN_MARK not in seen, seen
         # the sleeper ran to its deadline and failed with a code; the plain one went ahead
         slept = st["hostile-sleeper"]
         assert slept["phase"] == "Failed", slept

@@ -20,9 +20,11 @@ class OperatorDisplay(StatusWriter):
     """Status, metrics and Events from the loop's view and the store's new events."""
 
     def __init__(self, queue: SimulationQueue, interval_s: float, metrics: OperatorMetrics,
-                 store: Store, events: SimulationEvents) -> None:  # fmt: skip
+                 events: SimulationEvents) -> None:  # fmt: skip
         super().__init__(queue, interval_s)
-        self.metrics, self.store, self.events = metrics, store, events
+        self.metrics, self.events = metrics, events
+        self.store: Store | None = None
+        """The leader's store (`rankpack.operator.service` sets it while it leads)."""
         self.multiplex_id: int | None = None
         self.last_event = 0
 
@@ -34,7 +36,7 @@ class OperatorDisplay(StatusWriter):
     def drain(self) -> None:
         """The store's events since the last drain: counted, posted as Events, and a grow
         held for quota shown in the status."""
-        if self.multiplex_id is None:
+        if self.multiplex_id is None or self.store is None:
             return
         new = self.store.events(multiplex_id=self.multiplex_id, after_id=self.last_event)
         if new:

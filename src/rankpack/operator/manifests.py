@@ -230,6 +230,19 @@ def operator_command(
     ]  # fmt: skip
 
 
+REPLICAS = 2
+"""The operator's pods: one leads, one stands by (issue 40)."""
+ONE_AT_A_TIME = {"type": "RollingUpdate", "rollingUpdate": {"maxSurge": 0, "maxUnavailable": 1}}
+
+
+def _apart() -> Obj:
+    """Preferred (not required) on different nodes: a one-node cluster still runs both."""
+    term = {"labelSelector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
+            "topologyKey": "kubernetes.io/hostname"}  # fmt: skip
+    return {"podAntiAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [
+        {"weight": 100, "podAffinityTerm": term}]}}  # fmt: skip
+
+
 def _deployment(meta: Obj, image: str, command: list[str]) -> Obj:
     metrics_port = int(command[command.index("--metrics-port") + 1])
     env: list[Obj] = [
@@ -257,6 +270,7 @@ def _deployment(meta: Obj, image: str, command: list[str]) -> Obj:
     pod: Obj = {
         "serviceAccountName": NAME,
         "priorityClassName": PRIORITY_CLASS,
+        "affinity": _apart(),
         "terminationGracePeriodSeconds": 30,
         "enableServiceLinks": False,
         "securityContext": POD_SECURITY,
@@ -271,8 +285,11 @@ def _deployment(meta: Obj, image: str, command: list[str]) -> Obj:
         "kind": "Deployment",
         "metadata": meta,
         "spec": {
-            "replicas": 1,
-            "strategy": {"type": "Recreate"},
+            # a leader and a standby (the Lease picks; the standby opens no store): a node
+            # that stops with the leader leaves the standby, which leads within the Lease's
+            # term; replaced one at a time, so one is always there
+            "replicas": REPLICAS,
+            "strategy": ONE_AT_A_TIME,
             "selector": {"matchLabels": {"app.kubernetes.io/name": NAME}},
             "template": {"metadata": {"labels": dict(LABELS)}, "spec": pod},
         },

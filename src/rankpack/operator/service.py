@@ -1,22 +1,23 @@
 """`rankpack operator`: the one control loop, on the Simulations of the served namespaces.
 
-Start-up: take the Lease (leader election: only the holder acts), then adopt every Running
-Simulation an earlier operator launched (its mpirun outlives the operator: the backend is
-configured with ``detach``), requeue the ones it claimed but never launched (`adoption`),
-and run the control loop on the queue of Simulations (`queue`), its view shown by
-`display.OperatorDisplay`. The Simulations are read from a cache (`simcache`:
-listed once, then watched from their resourceVersion; the watch resumes after the apiserver
-went away), whose changes wake the loop. Each served namespace has its own backend and Role
-(`rankpack.operator.tenancy`); the Lease is in the operator's own namespace
-(``config.namespace``).
+Start-up: take the Lease (leader election: only the holder acts), open the store (a standby
+that follows never opens it: the leader may be writing it, from another node of a shared
+volume), then adopt every Running Simulation an earlier operator launched (its mpirun
+outlives the operator: the backend is configured with ``detach``), requeue the ones it
+claimed but never launched (`adoption`), and run the control loop on the queue of
+Simulations (`queue`), its view shown by `display.OperatorDisplay`. The Simulations are read
+from a cache (`simcache`: listed once, then watched from their resourceVersion; the watch
+resumes after the apiserver went away), whose changes wake the loop. Each served namespace
+has its own backend and Role (`rankpack.operator.tenancy`); the Lease is in the operator's
+own namespace (``config.namespace``).
 
 A *term* is one stretch of leadership. The apiserver going away is not fatal: for a few
 seconds the loop carries on with what it knows (status patches and Events wait, resizes
 that fail are retried with back-off, nothing new is launched); once the Lease cannot be
-renewed (``renew_s``) the term ends — the simulations keep running, nothing is stopped —
-and the operator follows again: when it (or another operator) takes the Lease, that leader
-adopts them from the cluster's state, exactly as after a crash. SIGTERM/Ctrl-C end the
-operator and leave the simulations running for the next leader.
+renewed (``renew_s``) the term ends — the simulations keep running, nothing is stopped, the
+store is closed — and the operator follows again: when it (or another operator) takes the
+Lease, that leader adopts them from the cluster's state, exactly as after a crash.
+SIGTERM/Ctrl-C end the operator and leave the simulations running for the next leader.
 """
 
 from __future__ import annotations
@@ -149,14 +150,14 @@ class _Ctx:
     backend: NamespacedBackends
     api: ClientKubeApi
     """The one client for the Simulations and the Lease (its request counter)."""
-    store: Store
     queue: SimulationQueue
     events: SimulationEvents
     display: OperatorDisplay
-    adoption: Adoption
     stop: threading.Event
     say: Callable[[str], None]
     t0: float
+    store: Store | None = None
+    """Open while this operator leads (`_open_store`), closed when a term is lost."""
     multiplex_id: int = 0
     capacity_millis: int = 0
     finished: list[str] = field(default_factory=list)
@@ -204,7 +205,8 @@ def _start(
     say: Callable[[str], None],
 ) -> _Ctx:
     """What the operator holds across terms: its Simulations (from the cache), metrics,
-    store, queue, Events and display (the backend is closed if one cannot be had)."""
+    queue, Events and display (the backend is closed if one cannot be had); not the
+    store, which only a leader opens."""
     api = backend.primary.api  # one client for the Simulations and the Lease (its counter)
     if not isinstance(api, ClientKubeApi):  # (connect_namespaces makes client APIs)
         raise BackendError("the operator needs the Kubernetes client")
@@ -220,7 +222,6 @@ def _start(
                 "choose another --metrics-port"
             ) from exc
         say(f"metrics on :{opts.metrics_port}/metrics")
-    store = Store(opts.db_path)
     queue = SimulationQueue(
         sims, opts.identity, admission=opts.admission,
         cluster_millis=_cluster_millis(backend), placement=backend.placement,
@@ -233,10 +234,8 @@ def _start(
     )  # fmt: skip
     events.start()
     # every tick's view goes to the queue, which writes it at most every status_interval_s
-    display = OperatorDisplay(queue, 0.0, metrics, store, events)
-    adoption = Adoption(queue, store, backend, say)
-    return _Ctx(opts, backend, api, store, queue, events, display, adoption, stop, say,
-                backend.clock())  # fmt: skip
+    display = OperatorDisplay(queue, 0.0, metrics, events)
+    return _Ctx(opts, backend, api, queue, events, display, stop, say, backend.clock())
 
 
 def _simulations(
@@ -274,10 +273,11 @@ def _lead(ctx: _Ctx, result: OperatorResult) -> None:
             continue
         result.terms += 1
         ctx.say(f"{identity}: leading" + (f" (term {result.terms})" if result.terms > 1 else ""))
+        store = _open_store(ctx)
         if not ctx.multiplex_id:
-            _start_session(ctx)
+            _start_session(ctx, store)
             result.multiplex_id = ctx.multiplex_id
-        status, adopted, requeued = _term(ctx, lease)
+        status, adopted, requeued = _term(ctx, lease, store)
         result.adopted += adopted
         result.requeued += requeued
         ctx.queue.end_term()
@@ -285,7 +285,9 @@ def _lead(ctx: _Ctx, result: OperatorResult) -> None:
         if status in ("idle", "stopped"):
             result.status = status
             lease.release()
-            break
+            break  # (the store stays open for `_close`: this operator still led)
+        ctx.display.drain()
+        _close_store(ctx)
         why = f" ({lease_error})" if (lease_error := _lease_error(lease)) else ""
         ctx.say(f"{identity}: lost the lease{why}; {len(left)} simulation(s) left running; "
                 "following again")  # fmt: skip
@@ -297,14 +299,28 @@ def _close(ctx: _Ctx, result: OperatorResult) -> None:
     ctx.display.drain()
     ctx.events.stop()
     result.finished = list(ctx.finished)
-    if ctx.multiplex_id:
+    if ctx.multiplex_id and ctx.store is not None:  # (a standby's session: the leader's now)
         ctx.store.finish_multiplex(ctx.multiplex_id, result.status, {
             "adopted": result.adopted, "requeued": result.requeued,
             "finished": result.finished, "terms": result.terms,
         })  # fmt: skip
         if ctx.opts.plot is not None:
-            result.plot = _plot(ctx, ctx.opts.plot)
+            result.plot = _plot(ctx, ctx.store, ctx.opts.plot)
+    _close_store(ctx)
     ctx.backend.close()
+
+
+def _open_store(ctx: _Ctx) -> Store:
+    """The store, opened now that this operator leads (never by a standby)."""
+    store = Store(ctx.opts.db_path)
+    ctx.store = ctx.display.store = store
+    return store
+
+
+def _close_store(ctx: _Ctx) -> None:
+    if ctx.store is not None:
+        ctx.store.close()
+    ctx.store = ctx.display.store = None
 
 
 def _post_event(backend: NamespacedBackends) -> Callable[[Obj], object]:
@@ -340,7 +356,7 @@ def _follow(lease: Lease, ctx: _Ctx) -> str:
     return "leading"
 
 
-def _start_session(ctx: _Ctx) -> None:
+def _start_session(ctx: _Ctx, store: Store) -> None:
     """The store's record of this operator's session, once it first leads."""
     opts = ctx.opts
     capacity = opts.capacity_millis
@@ -351,7 +367,7 @@ def _start_session(ctx: _Ctx) -> None:
             ctx.say(f"cannot read the capacity yet: {exc}")
             ctx.stop.wait(2.0)
     ctx.capacity_millis = capacity or 0
-    ctx.multiplex_id = ctx.store.start_multiplex(
+    ctx.multiplex_id = store.start_multiplex(
         ctx.capacity_millis, opts.controller.max_concurrent, opts.wait_mode,
         "kubernetes-operator",
     )  # fmt: skip
@@ -374,7 +390,7 @@ def _settings(ctx: _Ctx) -> LoopSettings:
     )  # fmt: skip
 
 
-def _term(ctx: _Ctx, lease: Lease) -> tuple[str, int, int]:
+def _term(ctx: _Ctx, lease: Lease, store: Store) -> tuple[str, int, int]:
     """Lead until the Lease is lost, the operator is stopped or (until_idle) nothing is
     left. Returns (idle | stopped | lost-lease, adopted, requeued)."""
     term_stop = threading.Event()
@@ -388,15 +404,16 @@ def _term(ctx: _Ctx, lease: Lease) -> tuple[str, int, int]:
     threading.Thread(target=watch_lease, daemon=True, name="term").start()
     adopted = requeued = 0
     status = "lost-lease"
+    adoption = Adoption(ctx.queue, store, ctx.backend, ctx.say)
     try:
         while not term_stop.is_set():
-            loop = ControlLoop(ctx.backend, ctx.store, ctx.queue, _settings(ctx),
+            loop = ControlLoop(ctx.backend, store, ctx.queue, _settings(ctx),
                                display=ctx.display, stop=term_stop, t0=ctx.t0)  # fmt: skip
-            n = ctx.adoption.adopt_all(loop, term_stop)
+            n = adoption.adopt_all(loop, term_stop)
             if n is None:
                 break
             adopted += n
-            requeued += ctx.adoption.requeue_unlaunched(term_stop)
+            requeued += adoption.requeue_unlaunched(term_stop)
             try:
                 while not term_stop.is_set():
                     result = loop.run()
@@ -409,7 +426,7 @@ def _term(ctx: _Ctx, lease: Lease) -> tuple[str, int, int]:
                         status = "idle"
                         return status, adopted, requeued
                     ctx.backend.wait(5.0)  # a watch event wakes it at once
-                    loop = ControlLoop(ctx.backend, ctx.store, ctx.queue, _settings(ctx),
+                    loop = ControlLoop(ctx.backend, store, ctx.queue, _settings(ctx),
                                        display=ctx.display, stop=term_stop, t0=ctx.t0)  # fmt: skip
             except BackendError as exc:
                 # Something the loop could not ride out: it left the launched simulations
@@ -424,12 +441,12 @@ def _term(ctx: _Ctx, lease: Lease) -> tuple[str, int, int]:
     return status, adopted, requeued
 
 
-def _plot(ctx: _Ctx, path: Path) -> str | None:
+def _plot(ctx: _Ctx, store: Store, path: Path) -> str | None:
     from rankpack.operator.plot import plot_session
 
     try:
         title = f"rankpack operator {ctx.opts.identity}: session {ctx.multiplex_id}"
-        n = plot_session(ctx.store, ctx.multiplex_id, path, title, ctx.queue.index.run_keys())
+        n = plot_session(store, ctx.multiplex_id, path, title, ctx.queue.index.run_keys())
     except (OSError, ValueError) as exc:
         ctx.say(f"cannot write the timeline {path}: {exc}")
         return None

@@ -102,6 +102,23 @@ def test_in_its_own_namespace_the_operator_keeps_its_lease_and_reading_pods() ->
     ]  # fmt: skip
 
 
+def test_a_leader_and_a_standby_kept_apart_where_there_are_nodes() -> None:
+    (deployment,) = [d for d in _docs("base/operator.yaml") if d["kind"] == "Deployment"]
+    spec = deployment["spec"]
+    assert spec["replicas"] == 2
+    # replaced one at a time: never both gone at once (Recreate would stop both)
+    assert spec["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    anti = spec["template"]["spec"]["affinity"]["podAntiAffinity"]
+    assert "requiredDuringSchedulingIgnoredDuringExecution" not in anti  # one node runs both
+    (term,) = anti["preferredDuringSchedulingIgnoredDuringExecution"]
+    assert term["podAffinityTerm"]["topologyKey"] == "kubernetes.io/hostname"
+    labels = spec["template"]["metadata"]["labels"]
+    assert term["podAffinityTerm"]["labelSelector"]["matchLabels"].items() <= labels.items()
+    # each its own identity in the Lease: the pod's name
+    command = spec["template"]["spec"]["containers"][0]["command"]
+    assert command[command.index("--identity") + 1] == "$(POD_NAME)"
+
+
 def test_the_overlays_list_their_files_and_nothing_cluster_wide() -> None:
     files = deploy_files.files()
     for overlay, base in (("tenants", "../base"), ("dev-tenants", "../dev")):
