@@ -5,6 +5,9 @@
  *   between calls; publishes a live record (rankpack_record.h) in a memory-mapped file per
  *   rank, at most every RANKPACK_SHIM_INTERVAL_US, under a sequence lock.
  * - Optionally keeps per-call trace events, written to a per-rank CSV at MPI_Finalize.
+ * - Optionally writes a small final record per rank (JSON: duty, MPI time, CPU-seconds) at
+ *   MPI_Finalize, or at exit if MPI_Finalize never ran, into RANKPACK_SHIM_FINAL_DIR: it
+ *   outlives the live record (which may sit in a volume that vanishes with the rank's pod).
  * - Optionally makes MPI's busy-polling waits release the core (polite/adaptive), so
  *   co-located simulations can use idle time, without changing what the program sees
  *   (docs/decisions/0005-shim-transparency.md): blocking collectives always stay the
@@ -33,6 +36,7 @@
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -71,6 +75,7 @@ struct rp_config {
     char dir[512];
     char trace_dir[512];
     uint64_t trace_max;
+    char final_dir[512];   /* RANKPACK_SHIM_FINAL_DIR: where rank-<r>.final.json goes ("": none) */
 };
 
 static struct rp_config rp_cfg;
@@ -108,6 +113,7 @@ struct rp_state {
     /* adaptive mode: decayed histogram of wait durations in log2(ns) buckets */
     double wait_hist[40];
     uint64_t waits_since_tune;
+    int final_written;      /* the final record was written (or given up on): never again */
 };
 
 static struct rp_state rp;
@@ -167,6 +173,9 @@ static void rp_read_config(void) {
     const char *trace = getenv("RANKPACK_SHIM_TRACE");
     if (trace && *trace) snprintf(rp_cfg.trace_dir, sizeof rp_cfg.trace_dir, "%s", trace);
     rp_cfg.trace_max = rp_env_u64("RANKPACK_SHIM_TRACE_MAX", 1000000);
+    const char *final_dir = getenv("RANKPACK_SHIM_FINAL_DIR");
+    if (final_dir && *final_dir)
+        snprintf(rp_cfg.final_dir, sizeof rp_cfg.final_dir, "%s", final_dir);
 }
 
 static int rp_mkdirs(const char *path) {
@@ -521,6 +530,87 @@ static void rp_hook_register(void) {
 #include "mpi_functions.def"
 #undef RP_FN
 
+/* ---- the final record ------------------------------------------------------------------- */
+
+/* The host name as the JSON carries it: [A-Za-z0-9._-] kept, anything else '_' (so it
+ * needs no escaping, and a reader can check it). */
+static void rp_safe_host(char *out, size_t n, const char *host) {
+    size_t i = 0;
+    for (; i + 1 < n && host[i]; i++) {
+        char c = host[i];
+        int ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+                 c == '.' || c == '_' || c == '-';
+        out[i] = ok ? c : '_';
+    }
+    out[i] = 0;
+}
+
+/*
+ * The rank's totals as JSON in RANKPACK_SHIM_FINAL_DIR/rank-<r>.final.json, once per
+ * process: at MPI_Finalize (finalized = 1) or at exit (0) if MPI_Finalize never ran. The
+ * live record may sit in a volume that goes with the rank (a pod's emptyDir); this file
+ * goes where the run's results are kept. Written under a temporary name in the same
+ * directory and renamed into place, so a reader sees a whole file or none. At exit the time
+ * since the rank's last MPI call still counts (as MPI time if it exits inside a call). A
+ * process forked from the rank (another pid) writes nothing. Not on the hot path.
+ */
+static void rp_write_final(int finalized) {
+    struct rp_record *l = &rp.local;
+    if (rp.final_written || !rp_cfg.final_dir[0] || getpid() != (pid_t)l->pid) return;
+    rp.final_written = 1; /* whatever happens below: once */
+    uint64_t now = rp_now();
+    uint64_t compute_ns = l->compute_ns, mpi_ns = l->mpi_ns;
+    if (!l->finalized) {
+        if (l->in_func)
+            mpi_ns += now - l->t_last_change_ns;
+        else
+            compute_ns += now - rp.last_exit_ns;
+    }
+    struct rusage ru;
+    uint64_t cpu_ns = 0;
+    if (getrusage(RUSAGE_SELF, &ru) == 0) /* every thread of the rank, MPI's own included */
+        cpu_ns = ((uint64_t)ru.ru_utime.tv_sec + (uint64_t)ru.ru_stime.tv_sec) * 1000000000ull +
+                 ((uint64_t)ru.ru_utime.tv_usec + (uint64_t)ru.ru_stime.tv_usec) * 1000ull;
+    char host[RP_HOST_LEN];
+    rp_safe_host(host, sizeof host, l->host);
+    char json[1024];
+    int len = snprintf(
+        json, sizeof json,
+        "{\"version\": 1, \"rank\": %d, \"world_size\": %d, \"pid\": %d, \"host\": \"%s\", "
+        "\"compute_ns\": %llu, \"mpi_ns\": %llu, \"cpu_ns\": %llu, \"wall_ns\": %llu, "
+        "\"finalized\": %d, \"wait_mode\": %u, \"wait_switches\": %u, \"sleeps\": %llu}\n",
+        l->rank, l->world_size, l->pid, host, (unsigned long long)compute_ns,
+        (unsigned long long)mpi_ns, (unsigned long long)cpu_ns,
+        (unsigned long long)(now - l->t_start_ns), finalized ? 1 : 0, l->wait_mode,
+        l->wait_switches, (unsigned long long)l->sleeps);
+    char path[600], tmp[640];
+    snprintf(path, sizeof path, "%s/rank-%d.final.json", rp_cfg.final_dir, l->rank);
+    snprintf(tmp, sizeof tmp, "%s/.rank-%d.final.json.%d", rp_cfg.final_dir, l->rank, l->pid);
+    int fd = -1, ok = len > 0 && (size_t)len < sizeof json && rp_mkdirs(rp_cfg.final_dir) == 0;
+    if (ok) {
+        unlink(tmp); /* left by an earlier process of this pid; never followed if a link */
+        fd = open(tmp, O_WRONLY | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0644);
+        ok = fd >= 0;
+    }
+    for (ssize_t off = 0, n; ok && off < len; off += n) {
+        n = write(fd, json + off, (size_t)(len - off));
+        if (n < 0 && errno == EINTR) n = 0;
+        else if (n <= 0) ok = 0;
+    }
+    if (ok) ok = fchmod(fd, 0644) == 0; /* whatever the umask */
+    if (fd >= 0 && close(fd) != 0) ok = 0;
+    if (ok) ok = rename(tmp, path) == 0;
+    if (!ok) {
+        fprintf(stderr, "rankpack shim: rank %d: cannot write final record %s: %s\n", l->rank,
+                path, strerror(errno));
+        if (fd >= 0) unlink(tmp);
+    }
+}
+
+static void rp_final_at_exit(void) {
+    rp_write_final(0);
+}
+
 /* ---- set-up and tear-down ---------------------------------------------------------------- */
 
 static void rp_setup(void) {
@@ -595,6 +685,9 @@ static void rp_setup(void) {
     rp_hook_register();
     rp_publish(now);
     rp_owner = 1;
+    static int at_exit_registered;
+    if (rp_cfg.final_dir[0] && !at_exit_registered) /* a rank that never reaches MPI_Finalize */
+        at_exit_registered = atexit(rp_final_at_exit) == 0;
 }
 
 static void rp_write_trace(void) {
@@ -660,6 +753,7 @@ int MPI_Finalize(void) {
         rp_owner = 0;
         rp_write_trace();
     }
+    rp_write_final(1);
     rp_hooked = 0;
     return PMPI_Finalize();
 }

@@ -4,11 +4,12 @@
  * Every iteration each rank "computes" and then joins an MPI_Allreduce. Rank 0 computes
  * k times longer than the others. Compute is a busy loop until a wall-clock deadline
  * (default), so the designed times hold even when ranks time-share cores; --mode work does
- * a fixed amount of arithmetic instead, --mode sleep sleeps.
+ * a fixed amount of arithmetic instead, --mode sleep sleeps. -x ends with exit() and no
+ * MPI_Finalize (as a crashing solver might: the shim's final record is then written at exit).
  *
  * Designed duty cycles (compute / (compute + MPI)): rank 0 ~ 1, others ~ 1/k.
  *
- *   imbalance [-k K] [-n ITERATIONS] [-c COMPUTE_US] [-m wall|work|sleep]
+ *   imbalance [-k K] [-n ITERATIONS] [-c COMPUTE_US] [-m wall|work|sleep] [-x]
  */
 #define _GNU_SOURCE
 #include <mpi.h>
@@ -48,15 +49,16 @@ int main(int argc, char **argv) {
     double k = 3, compute_us = 1000;
     long iterations = 200;
     const char *mode = "wall";
-    int opt;
-    while ((opt = getopt(argc, argv, "k:n:c:m:")) != -1) {
+    int opt, no_finalize = 0;
+    while ((opt = getopt(argc, argv, "k:n:c:m:x")) != -1) {
         switch (opt) {
         case 'k': k = atof(optarg); break;
         case 'n': iterations = atol(optarg); break;
         case 'c': compute_us = atof(optarg); break;
         case 'm': mode = optarg; break;
+        case 'x': no_finalize = 1; break;
         default:
-            fprintf(stderr, "usage: %s [-k K] [-n ITERATIONS] [-c COMPUTE_US] [-m wall|work|sleep]\n",
+            fprintf(stderr, "usage: %s [-k K] [-n ITERATIONS] [-c COMPUTE_US] [-m wall|work|sleep] [-x]\n",
                     argv[0]);
             return 2;
         }
@@ -77,6 +79,8 @@ int main(int argc, char **argv) {
     double wall = now_s() - t0;
     printf("rank %d compute_s %.6f wall_s %.6f measured_duty %.4f\n", rank, busy, wall,
            wall > 0 ? busy / wall : 0.0);
+    fflush(stdout);
+    if (no_finalize) exit(0);
     MPI_Finalize();
     return 0;
 }

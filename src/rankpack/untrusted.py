@@ -16,11 +16,15 @@ class NotARegularFile(OSError):
     """The path is a link, a directory, a FIFO or a device: not read."""
 
 
-def _open_regular(path: Path, flags: int, what: str, mode: int = 0o644) -> int:
+def _open_regular(
+    path: Path, flags: int, what: str, mode: int = 0o644, dir_fd: int | None = None
+) -> int:
     """``path`` opened with ``flags`` (never through a link, never blocking on a FIFO);
-    `NotARegularFile` if the last part is a link or not a regular file."""
+    `NotARegularFile` if the last part is a link or not a regular file. A relative ``path``
+    is taken in the directory ``dir_fd`` (`open_dir`) when given."""
     try:
-        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode)
+        fd = os.open(path, flags | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, mode,
+                     dir_fd=dir_fd)  # fmt: skip
     except OSError as exc:
         if exc.errno == errno.ELOOP:  # the last part is a symbolic link
             raise NotARegularFile(f"{path} is a symbolic link: not {what}") from None
@@ -31,14 +35,23 @@ def _open_regular(path: Path, flags: int, what: str, mode: int = 0o644) -> int:
     return fd
 
 
-def read_bytes(path: Path, max_bytes: int, offset: int = 0) -> bytes:
+def read_bytes(path: Path, max_bytes: int, offset: int = 0, *, dir_fd: int | None = None) -> bytes:
     """At most ``max_bytes`` of ``path`` from ``offset``. `FileNotFoundError` if it is
-    not there, `NotARegularFile` (an OSError) if it is not a regular file or is a link."""
-    fd = _open_regular(path, os.O_RDONLY, "read")
+    not there, `NotARegularFile` (an OSError) if it is not a regular file or is a link.
+    ``dir_fd``: a relative ``path`` is in that directory (`open_dir`)."""
+    fd = _open_regular(path, os.O_RDONLY, "read", dir_fd=dir_fd)
     try:
         return os.pread(fd, max(0, max_bytes), offset)
     finally:
         os.close(fd)
+
+
+def open_dir(path: Path) -> int:
+    """A descriptor of the directory ``path``, to read files in it by name (`read_bytes`'s
+    ``dir_fd``) so that a link put in place of the directory later is never followed
+    either; a link there now is refused (`NotADirectoryError`, as a file there is). The
+    caller closes it."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
 
 def open_append(path: Path) -> int:

@@ -23,6 +23,7 @@ from rankpack.controller.tracked import LoopSettings
 from rankpack.controller.views import LoopResult, SimView
 from rankpack.plan.allocation import QoS
 from rankpack.plan.submission import Submission
+from rankpack.profile.finals import read_finals
 from rankpack.store import Store
 from tests.cli_runner import rankpack
 from tests.integration.helpers import (
@@ -64,6 +65,24 @@ def test_pitzdaily_four_ranks_completes_and_is_recorded() -> None:
     listed = json.loads(rankpack("runs", "list", "--json").stdout)
     assert listed[0]["id"] == data["id"]
     assert not run_cgroups(os.getpid())
+
+
+def test_every_rank_leaves_a_final_record_that_agrees_with_the_result(
+    isolated_home: Path,
+) -> None:
+    """The shim's final records (what a controller adopting the run after its end would
+    report) say what the run's result, from live observation, said: each rank's duty and
+    CPU-seconds within 20 %."""
+    data = run_json("run", "pitzDaily", "--ranks", "2", "--iterations", "80")
+    assert data["status"] == "completed", data
+    finals = read_finals(Path(data["run_dir"]) / ".rankpack" / "final", 2)
+    assert sorted(finals) == [0, 1]
+    for rank in data["ranks"]:
+        final = finals[rank["rank"]]
+        assert final.finalized
+        assert rank["duty"] is not None and final.duty is not None
+        assert final.duty == pytest.approx(rank["duty"], rel=0.2), (final, rank)
+        assert final.cpu_s == pytest.approx(rank["cpu_s"], rel=0.2), (final, rank)
 
 
 def test_source_tutorial_is_never_modified() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from rankpack.profile.finals import read_finals
 from rankpack.profile.records import (
     RankRecord,
     RecordReader,
@@ -156,6 +157,47 @@ def test_trace_csv_written_and_never_overwritten(built: Path, tmp_path: Path, fl
     assert len(lines) == 1 + 20
     rank, func, enter, leave = lines[1].split(",")
     assert (rank, func) == ("0", "MPI_Allreduce") and float(leave) >= float(enter)
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+@pytest.mark.parametrize("finalize", [True, False])
+def test_final_records_are_written_at_finalize_or_at_exit(
+    built: Path, tmp_path: Path, flavour: str, finalize: bool
+) -> None:
+    """Each rank writes its final record once, whole, mode 0644, into a directory it
+    creates: at MPI_Finalize, or at exit when the program never calls it (``-x``). Its duty
+    is the program's own clock's, its wall time the program's, its CPU time what a rank that
+    sleeps (rank 0) or spins in the Allreduce (rank 1) can have used. Without MPI_Finalize
+    one rank alone: the launcher kills a job's other ranks once one exits so, and a rank
+    killed between its output and its exit writes nothing (as a rank killed by a signal)."""
+    final = tmp_path / "final" / "below"
+    n_ranks = 2 if finalize else 1
+    env = {
+        "LD_PRELOAD": str(BUILD / f"librankpack_pmpi.{flavour}.so"),
+        "RANKPACK_SHIM_DIR": str(tmp_path / "live"),
+        "RANKPACK_SHIM_FINAL_DIR": str(final),
+    }
+    argv = [str(built / flavour / "imbalance"), "-k", "4", "-n", "50", "-c", "2000", "-m", "sleep",
+            *([] if finalize else ["-x"])]  # fmt: skip
+    out = subprocess.run(mpirun(flavour, n_ranks, env, argv), env={**os.environ, **env},
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0 or not finalize, out.stderr  # (Open MPI's mpirun: 1 without)
+    line = re.compile(r"rank (\d+) .*wall_s ([\d.]+) measured_duty ([\d.]+)")
+    own = {int(m[1]): (float(m[2]), float(m[3])) for m in line.finditer(out.stdout)}
+    assert sorted(own) == list(range(n_ranks))
+    names = sorted(p.name for p in final.iterdir())
+    assert names == [f"rank-{r}.final.json" for r in range(n_ranks)]  # no temporary left
+    assert all(p.stat().st_mode & 0o777 == 0o644 for p in final.iterdir())
+    finals = read_finals(final, n_ranks)
+    assert sorted(finals) == list(range(n_ranks))
+    for rank, rec in finals.items():
+        wall, duty = own[rank]
+        assert rec.finalized is finalize and rec.wait_mode == "spin"
+        assert rec.duty == pytest.approx(duty, abs=0.03)
+        assert wall <= rec.wall_s < wall + 0.5
+        assert 0 < rec.cpu_s < 1.5 * rec.wall_s + 0.5
+    if finalize:  # rank 1 spins in the Allreduce three quarters of the time; rank 0 sleeps
+        assert finals[1].cpu_s > 2 * finals[0].cpu_s
 
 
 @pytest.mark.parametrize("wait", ["polite", "adaptive"])

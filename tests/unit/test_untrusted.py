@@ -83,3 +83,28 @@ def test_an_exit_file_is_never_written_or_read_through_a_rank_made_link(tmp_path
     exitwrapper.write_exit(exit_file, 3)
     assert host_file.read_text() == "root:x:0:0\n" and not exit_file.is_symlink()
     assert exitwrapper.read_exit(exit_file) == 3
+
+
+def test_files_read_through_a_directory_descriptor_never_follow_a_link_put_in_its_place(
+    tmp_path: Path,
+) -> None:
+    """A directory opened once (`open_dir`) is read by name; a link in place of it when it
+    is opened is refused, and one put there afterwards changes nothing for the reader."""
+    own, other = tmp_path / "final", tmp_path / "other"
+    own.mkdir()
+    other.mkdir()
+    (own / "rank-0").write_text("mine")
+    (other / "rank-0").write_text("theirs")
+    (tmp_path / "link").symlink_to(other)
+    with pytest.raises(NotADirectoryError):
+        untrusted.open_dir(tmp_path / "link")
+    fd = untrusted.open_dir(own)
+    try:
+        own.rename(tmp_path / "moved")
+        own.symlink_to(other)
+        assert untrusted.read_bytes(Path("rank-0"), 100, dir_fd=fd) == b"mine"
+        (tmp_path / "moved" / "link").symlink_to(other / "rank-0")
+        with pytest.raises(untrusted.NotARegularFile):
+            untrusted.read_bytes(Path("link"), 100, dir_fd=fd)
+    finally:
+        os.close(fd)

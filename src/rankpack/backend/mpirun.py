@@ -9,6 +9,8 @@ and this module is that common part:
 - `MpirunProcess`, `Proc`, `stop_group`, `terminate_with_parent`: mpirun in a session of its
   own, ended with the rankpack process that started it, stopped by its process group;
 - `shim_dir`, `ShimRecords`: the PMPI shim's live records of a run (counters, wait mode);
+- `final_dir`, `prepare_final_dir`, `read_final_records`: the ranks' final records, which
+  outlive them (read once a run has ended);
 - `LogTail`: the solver log, delivered in whole lines as it grows;
 - `exit_failure`: what an ended mpirun's exit status means, as a `Failure` (code, message).
 
@@ -28,10 +30,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Protocol
 
+from rankpack import untrusted
 from rankpack.backend.protocol import BackendError, SimSpec
 from rankpack.core.actions import WaitMode
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.errors import UserError
+from rankpack.profile.finals import FinalRecord, final_name, read_finals
 from rankpack.profile.records import RecordReader, record_path, set_wait_modes
 
 # -- which mpirun --------------------------------------------------------------------------
@@ -286,3 +290,34 @@ class ShimRecords:
         for reader in self.readers:
             with contextlib.suppress(OSError, UserError):
                 reader.close()
+
+
+# -- the shim's final records ----------------------------------------------------------------
+
+
+def final_dir(case_dir: Path) -> Path:
+    """Where each rank's shim writes its final record when it ends
+    (``<case>/.rankpack/final``, `rankpack.profile.finals`): in the run directory, which
+    outlives the ranks (on Kubernetes the case volume, which the operator mounts too; the
+    live records are in the rank pods' own volumes and go with them)."""
+    return case_dir / ".rankpack" / "final"
+
+
+def prepare_final_dir(case_dir: Path, n_ranks: int) -> Path:
+    """`final_dir`, made this process's own if something else stood there
+    (`untrusted.own_dir`), without the final records an earlier run in this directory left
+    for ranks ``0..n_ranks-1`` (they are not this run's); returns it. OSError if it cannot
+    be made."""
+    directory = untrusted.own_dir(final_dir(case_dir))
+    for rank in range(n_ranks):
+        (directory / final_name(rank)).unlink(missing_ok=True)
+    return directory
+
+
+def read_final_records(spec: SimSpec) -> dict[int, FinalRecord]:
+    """The final records of a simulation's ranks, by rank (none without the shim, and none
+    for a rank that wrote none or an invalid one): read by a backend once it sees the
+    simulation end, then kept (the files do not change after)."""
+    if spec.shim is None:
+        return {}
+    return read_finals(final_dir(spec.case_dir), len(spec.ranks))

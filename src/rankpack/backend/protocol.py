@@ -25,6 +25,7 @@ from typing import Protocol
 from rankpack.case.staging import StagedCase, StageSpec
 from rankpack.core.actions import WaitMode
 from rankpack.core.failures import FailureCode
+from rankpack.profile.finals import FinalRecord
 
 __all__ = ["StageSpec", "StagedCase"]
 
@@ -169,6 +170,11 @@ class RankObservation:
     """False: the rank's node could not be read for this observation (Kubernetes: its node
     agent is unreachable); the counters and shim values are the last ones read, not fresh,
     and the controller decides nothing for the simulation until they are."""
+    final: FinalRecord | None = None
+    """The rank's totals as its shim wrote them when it ended (`rankpack.profile.finals`):
+    set once the simulation has ended, if the rank wrote a valid one. They outlive the
+    rank (its live record may not), so a controller that adopts a run which ended while it
+    was away still has the rank's duty cycle and CPU-seconds."""
 
     @property
     def request_millis(self) -> int:

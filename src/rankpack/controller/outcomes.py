@@ -3,8 +3,11 @@
 `new_run` writes the run row (and a row per rank) when a simulation is launched or adopted:
 the one place a run's options and placement are put together. `run_result` assembles the
 `RunResult` when it ends: status and message, the failure's code (`rankpack.core.failures`),
-per-rank CPU seconds, duty cycles, resizes and wait modes. `outcome` is its row in a
-session's summary. Called by the control loop.
+per-rank CPU seconds, duty cycles, resizes and wait modes. A rank's CPU seconds and duty
+come from what the loop observed live (usage samples, duty marks); a rank it never saw live
+(a run adopted after it ended) gets them from the final record its shim wrote
+(`RankObservation.final`). `outcome` is its row in a session's summary. Called by the
+control loop.
 """
 
 from __future__ import annotations
@@ -94,20 +97,25 @@ def run_result(ctx: LoopContext, sim: Tracked, ending: Ending) -> RunResult:
     ranks = []
     series = [sim.usages[r.rank] if r.rank < len(sim.usages) else [] for r in plan.ranks]
     cpu_s = trapezoid_cpu_s_ranks(sim.times, series) if sim.usages else [0.0] * len(series)
-    for r, integrated in zip(plan.ranks, cpu_s, strict=True):
+    for r, integrated, samples in zip(plan.ranks, cpu_s, series, strict=True):
         o = last.ranks[r.rank] if last and r.rank < len(last.ranks) else None
+        # what the rank's shim wrote when it ended, for a rank not seen live: no duty
+        # marks, or fewer than two usage samples (a run adopted after its end has one, its
+        # counters then, 0 once its pods are gone: nothing to integrate)
+        final = o.final if o else None
+        duty = steady_duty(sim.duty_marks.get(r.rank, []), staged.expected_iterations)
         ranks.append(
             RankResult(
                 rank=r.rank,
                 weight=r.weight,
                 cpu_millis=o.request_millis if o else r.cpu_millis,
                 limit_millis=o.limit_millis if o else r.limit_millis,
-                cpu_s=integrated,
+                cpu_s=integrated if len(samples) >= 2 or final is None else final.cpu_s,
                 cpu_s_counter=(o.usage_ns / 1e9) if o else 0.0,
                 nr_throttled=o.nr_throttled if o else 0,
                 throttled_s=(o.throttled_ns / 1e9) if o else 0.0,
                 cells=staged.cells_per_rank[r.rank],
-                duty=steady_duty(sim.duty_marks.get(r.rank, []), staged.expected_iterations),
+                duty=duty if duty is not None or final is None else final.duty,
                 pod=o.pod if o else None,
                 node=o.node if o else None,
                 restarts=o.restarts if o else 0,

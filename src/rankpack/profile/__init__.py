@@ -4,8 +4,10 @@ publishes, and the duty-cycle arithmetic of seed 001 §3.
 Data flow: the shim (C, in every rank) -> `records` (consistent snapshots of the per-rank
 memory-mapped records) -> `duty` (pure maths) -> `sampling` (sample a live run, summarise)
 -> the CLI (`rankpack profile`); the backends read the records for the control loop and
-`tracker` follows duty cycles during a run (`rankpack profile CASE`). Also: `shim` (where
-the built shim is and the environment that loads it), `plot` (the duty-cycle bar chart).
+`tracker` follows duty cycles during a run (`rankpack profile CASE`). Also: `finals` (each
+rank's totals, written by the shim when the rank ends, read bounded and schema-checked by
+the backends once a run has ended), `shim` (where the built shim is and the environment
+that loads it), `plot` (the duty-cycle bar chart).
 """
 
 from rankpack.profile.duty import (

@@ -49,10 +49,13 @@ def shim_env(
     *,
     interval_us: int | None = None,
     window_ms: int | None = None,
+    final_dir: Path | None = None,
 ) -> dict[str, str]:
     """Environment for every rank: LD_PRELOAD of the shim plus its RANKPACK_SHIM_* settings.
 
-    An LD_PRELOAD already in this process's environment is kept after the shim.
+    An LD_PRELOAD already in this process's environment is kept after the shim. With
+    ``final_dir`` each rank writes its final record there when it ends
+    (`rankpack.profile.finals`).
     """
     parse_wait_mode(wait_mode)
     preload = str(shim_library(flavour))
@@ -82,4 +85,6 @@ def shim_env(
         env["RANKPACK_SHIM_INTERVAL_US"] = str(interval_us)
     if window_ms is not None:
         env["RANKPACK_SHIM_WINDOW_MS"] = str(window_ms)
+    if final_dir is not None:
+        env["RANKPACK_SHIM_FINAL_DIR"] = str(final_dir)
     return env

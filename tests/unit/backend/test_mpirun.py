@@ -2,11 +2,21 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
 
-from rankpack.backend.mpirun import LogTail, ShimRecords, ShimSample, find_mpirun, shim_dir
+from rankpack.backend.mpirun import (
+    LogTail,
+    ShimRecords,
+    ShimSample,
+    final_dir,
+    find_mpirun,
+    prepare_final_dir,
+    read_final_records,
+    shim_dir,
+)
 from rankpack.backend.protocol import BackendError, RankResources, ShimSpec, SimSpec
 from rankpack.errors import UserError
 
@@ -56,3 +66,24 @@ def test_shim_records_before_any_record_sample_empty(tmp_path: Path) -> None:
     with pytest.raises(BackendError):
         records.set_wait_mode("polite")  # no rank has published its record yet
     records.close()
+
+
+def test_final_records_are_read_from_the_run_directory_and_an_earlier_runs_are_cleared(
+    tmp_path: Path,
+) -> None:
+    spec = _mpirun_spec(tmp_path, ShimSpec())
+    assert read_final_records(spec) == {}  # no directory yet
+    directory = final_dir(tmp_path)
+    directory.mkdir(parents=True)
+    record = {
+        "version": 1, "rank": 1, "world_size": 2, "pid": 7, "host": "h", "compute_ns": 1,
+        "mpi_ns": 3, "cpu_ns": 4, "wall_ns": 4, "finalized": 0, "wait_mode": 2,
+        "wait_switches": 1, "sleeps": 0,
+    }  # fmt: skip
+    (directory / "rank-1.final.json").write_text(json.dumps(record))
+    (finals,) = read_final_records(spec).values()
+    assert (finals.rank, finals.duty, finals.wait_mode) == (1, 0.25, "adaptive")
+    assert read_final_records(_mpirun_spec(tmp_path, None)) == {}  # no shim: none asked for
+    (directory / "rank-5.final.json").write_text("{}")  # beyond this run's ranks: left
+    assert prepare_final_dir(tmp_path, 2) == directory
+    assert sorted(p.name for p in directory.iterdir()) == ["rank-5.final.json"]

@@ -94,8 +94,9 @@ def test_shim_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         "RANKPACK_SHIM_TRACE": str(tmp_path / "tr"),
     }
     monkeypatch.setenv("RANKPACK_SHIM_YIELD_US", "200")  # the user's setting wins
-    again = shim.shim_env(tmp_path, "polite", flavour="mpich")
+    again = shim.shim_env(tmp_path, "polite", flavour="mpich", final_dir=tmp_path / "final")
     assert again["RANKPACK_SHIM_YIELD_US"] == "200"
+    assert again["RANKPACK_SHIM_FINAL_DIR"] == str(tmp_path / "final")  # only when given
     with pytest.raises(UserError, match="unknown wait mode"):
         shim.shim_env(tmp_path, "nap")
 

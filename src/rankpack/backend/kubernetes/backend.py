@@ -259,6 +259,8 @@ class KubernetesBackend:
             phase, reason = self.phase(sim) if held is None else (SimPhase.RUNNING, held)
             over = report.ended_failure(sim) if phase is SimPhase.FAILED else None
             failure = over.code if over is not None else None
+        if phase.ended:
+            ranks = report.with_finals(sim, ranks)
         for node, why in outages:  # once per outage, on rank 0's pod
             self._state.record_event(sim, 0, "NodeAgentUnreachable",
                               f"node agent on {node} unreachable: {why}; no resize or wait-mode "

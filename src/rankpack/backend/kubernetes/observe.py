@@ -2,10 +2,13 @@
 
 Readings of a `SimRecord` (called under the backend's lock): its phase and why, the
 failure (code and message), each rank's observation (pod, counters and the shim's sample
-from its node, `readings`, flagged when the node could not be read).
+from its node, `readings`, flagged when the node could not be read). Once it has ended,
+`with_finals` adds each rank's final record from the case volume (outside the lock).
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 from rankpack.backend.kubernetes.api.kubeapi import Obj
 from rankpack.backend.kubernetes.nodes.nodereader import CpuCounters
@@ -14,7 +17,7 @@ from rankpack.backend.kubernetes.objects import builders, status
 from rankpack.backend.kubernetes.objects.groups import split_group
 from rankpack.backend.kubernetes.record import SimRecord
 from rankpack.backend.kubernetes.starting import podmode
-from rankpack.backend.mpirun import ShimSample, exit_failure
+from rankpack.backend.mpirun import ShimSample, exit_failure, read_final_records
 from rankpack.backend.protocol import RankObservation, RankPhase, RankResources, SimPhase
 from rankpack.core.failures import Failure
 
@@ -107,6 +110,20 @@ def observe_rank(
         wait_mode=shim.wait_mode,
         readings_ok=fresh,
     )
+
+
+def with_finals(sim: SimRecord, ranks: tuple[RankObservation, ...]) -> tuple[RankObservation, ...]:
+    """``ranks`` of a simulation whose observation says it has ended, each with its final
+    record (`rankpack.backend.mpirun.read_final_records`): read the first time, kept after.
+    The records are on the case volume, not in the rank pods, so a run adopted after its
+    pods were gone has them too. Not under the lock: the files may be on a network volume,
+    and only the control loop's thread touches ``sim.finals``."""
+    if sim.finals is None:
+        sim.finals = read_final_records(sim.spec)
+    finals = sim.finals
+    if not finals:
+        return ranks
+    return tuple(replace(r, final=finals.get(r.rank)) for r in ranks)
 
 
 def rank_allocated(sim: SimRecord, i: int, pod: Obj) -> RankResources | None:

@@ -25,6 +25,7 @@ from rankpack.backend.kubernetes.objects.groups import RankGroup, group_of
 from rankpack.backend.mpirun import LogTail, Proc, ShimSample
 from rankpack.backend.protocol import RankResources, ResizeStatus, SimSpec
 from rankpack.core.failures import Failure
+from rankpack.profile.finals import FinalRecord
 
 
 def rank_dir(case_dir: Path) -> Path:
@@ -150,6 +151,9 @@ class SimRecord:
     shim: dict[int, ShimSample] = field(default_factory=dict)
     """Each rank's latest shim sample (the records are in the rank pods' own volumes and
     read through their nodes, `readings`)."""
+    finals: dict[int, FinalRecord] | None = None
+    """The ranks' final records (on the case volume), read at the first observation of its
+    end and kept (None: not read yet). Only the control loop's thread (`observe`) uses it."""
     unreadable: set[str] = field(default_factory=set)
     """Nodes whose readings were missing at the last observation (an outage under way:
     its Warning Event was recorded)."""

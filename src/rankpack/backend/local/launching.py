@@ -18,7 +18,13 @@ from importlib import resources
 from pathlib import Path
 from typing import IO
 
-from rankpack.backend.mpirun import MpirunProcess, root_env, shim_dir
+from rankpack.backend.mpirun import (
+    MpirunProcess,
+    final_dir,
+    prepare_final_dir,
+    root_env,
+    shim_dir,
+)
 from rankpack.backend.protocol import LaunchFailed, SimSpec
 from rankpack.profile.shim import shim_env
 
@@ -61,14 +67,16 @@ def pid_dir(case_dir: Path) -> Path:
 
 
 def prepare_dirs(spec: SimSpec) -> Path:
-    """Create the pid directory (without stale pid files) and the shim's record directory;
-    returns the pid directory."""
+    """Create the pid directory (without stale pid files) and the shim's directories, for
+    its live records and for the ranks' final records (without an earlier run's); returns
+    the pid directory."""
     pids = pid_dir(spec.case_dir)
     pids.mkdir(parents=True, exist_ok=True)
     for stale in pids.glob("rank-*.pid"):
         stale.unlink()
     if spec.shim is not None:
         shim_dir(spec.case_dir).mkdir(parents=True, exist_ok=True)
+        prepare_final_dir(spec.case_dir, len(spec.ranks))
     return pids
 
 
@@ -80,7 +88,8 @@ def environment(spec: SimSpec, pids: Path) -> dict[str, str]:
     env.update(spec.env)
     if spec.shim is not None:
         live = shim_dir(spec.case_dir)
-        env.update(shim_env(live, spec.shim.wait_mode, flavour=spec.shim.flavour))
+        env.update(shim_env(live, spec.shim.wait_mode, flavour=spec.shim.flavour,
+                            final_dir=final_dir(spec.case_dir)))  # fmt: skip
     env["RANKPACK_PID_DIR"] = str(pids)
     for name in CGROUP_VARIABLES:
         env.pop(name, None)

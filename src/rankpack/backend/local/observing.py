@@ -1,6 +1,6 @@
 """One local run and what it looks like now: the state `LocalBackend` keeps per simulation,
 and its observation (phase, ranks, counters, the shim's records, the solver log, why it
-failed).
+failed; once it has ended, the ranks' final records, read once).
 
 A rank's counters come from its own cgroup (``cpu.stat``) when it has one (a run with hard
 limits), else from ``/proc/<pid>/stat`` of the pid the launcher recorded (a rank group's
@@ -20,7 +20,13 @@ from typing import IO
 from rankpack.backend import ranknice
 from rankpack.backend.local.launching import LAUNCHER_NO_CGROUP, LAUNCHER_NO_RANK
 from rankpack.backend.local.rankcgroups import RunCgroups
-from rankpack.backend.mpirun import LogTail, MpirunProcess, ShimRecords, exit_failure
+from rankpack.backend.mpirun import (
+    LogTail,
+    MpirunProcess,
+    ShimRecords,
+    exit_failure,
+    read_final_records,
+)
 from rankpack.backend.protocol import (
     RankObservation,
     RankPhase,
@@ -31,6 +37,7 @@ from rankpack.backend.protocol import (
     SimSpec,
 )
 from rankpack.core.failures import Failure, FailureCode
+from rankpack.profile.finals import FinalRecord
 
 CLK_TCK = os.sysconf("SC_CLK_TCK")
 
@@ -77,6 +84,8 @@ class LocalRun:
     resizes: dict[int, ResizeStatus] = field(default_factory=dict)
     last_usage_ns: dict[int, int] = field(default_factory=dict)
     """Uncontained runs: the highest /proc usage seen (a rank's usage never goes back)."""
+    finals: dict[int, FinalRecord] | None = None
+    """The ranks' final records, read at the first observation of its end (None: not yet)."""
 
     def observe(self, now: float) -> SimObservation:
         """The run at ``now`` (also delivers the log's new lines)."""
@@ -84,6 +93,8 @@ class LocalRun:
             self.exit_code = self.process.poll()
             self.ended = self.exit_code is not None
         ended = self.ended
+        if ended and self.finals is None:  # its ranks have exited: their files are complete
+            self.finals = read_final_records(self.spec)
         ranks = tuple(self._observe_rank(i, ended) for i in range(len(self.desired)))
         log_text = self.log.read(ended=ended)
         failure = None
@@ -158,6 +169,7 @@ class LocalRun:
             mpi_ns=shim.mpi_ns,
             duty_window=shim.duty_window,
             wait_mode=shim.wait_mode,
+            final=self.finals.get(i) if self.finals else None,
         )
 
 

@@ -27,7 +27,14 @@ from rankpack.backend.kubernetes.objects.grouppods import group_hostfile
 from rankpack.backend.kubernetes.objects.groups import group_nices
 from rankpack.backend.kubernetes.record import SimRecord, rank_dir
 from rankpack.backend.kubernetes.starting import exitwrapper, mpirunargs, rsh
-from rankpack.backend.mpirun import MpirunProcess, Proc, find_mpirun, root_env
+from rankpack.backend.mpirun import (
+    MpirunProcess,
+    Proc,
+    final_dir,
+    find_mpirun,
+    prepare_final_dir,
+    root_env,
+)
 from rankpack.backend.protocol import BackendError, LaunchFailed
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.errors import UserError
@@ -71,8 +78,9 @@ def _popen(exit_file: Path | None, lock_fd: int | None) -> Starter:
 
 def prepare_files(sim: SimRecord) -> None:
     """Hostfile (a line per group pod, as many slots as it has ranks), rsh agent, rank
-    launcher and shim library on the case volume (paths the pods share); the shim's live
-    records and the ranks' pid files are not there but in each group pod's own volume."""
+    launcher, shim library and the directory of the ranks' final records (which outlive
+    their pods) on the case volume (paths the pods share); the shim's live records and the
+    ranks' pid files are not there but in each group pod's own volume."""
     d = rank_dir(sim.spec.case_dir)
     try:
         # the run directory is the user's (its case, its ranks' files): what stands at these
@@ -89,6 +97,7 @@ def prepare_files(sim: SimRecord) -> None:
                            flavour=sim.spec.shim.flavour)  # fmt: skip
             lib = Path(env["LD_PRELOAD"].split(":")[0])
             untrusted.write_file(untrusted.own_dir(d / "lib") / lib.name, lib.read_bytes(), 0o755)
+            prepare_final_dir(sim.spec.case_dir, sim.n)
     except OSError as exc:
         raise LaunchFailed(f"cannot write to the case volume {d}: {exc}") from exc
 
@@ -107,8 +116,10 @@ def _rank_env(sim: SimRecord) -> dict[str, str]:
     env["RANKPACK_RANK_NICE"] = ",".join(str(nices[r]) for r in range(sim.n))
     shim = sim.spec.shim
     if shim is not None:
-        # each rank pod's own volume (`builders.LIVE_VOLUME`), not the case volume
-        env.update(shim_env(builders.LIVE_DIR, shim.wait_mode, flavour=shim.flavour))
+        # the live records in each rank pod's own volume (`builders.LIVE_VOLUME`), not the
+        # case volume; the final records on the case volume, which the operator mounts too
+        env.update(shim_env(builders.LIVE_DIR, shim.wait_mode, flavour=shim.flavour,
+                            final_dir=final_dir(sim.spec.case_dir)))  # fmt: skip
         lib = Path(env["LD_PRELOAD"].split(":")[0]).name
         env["LD_PRELOAD"] = str(rank_dir(sim.spec.case_dir) / "lib" / lib)
     return env
