@@ -260,17 +260,11 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
 ) -> None:
     ic = incluster
     runs = ic.deployed.runs_dir
-    cases = ic.tenant / "cases"
-    cases.mkdir(exist_ok=True)
-    os.chown(cases, manifests.RUN_AS, manifests.RUN_AS)
-    case = endless_pitzdaily(cases)
-    for path in [case, *case.rglob("*")]:
-        os.chown(path, manifests.RUN_AS, manifests.RUN_AS)
-    in_pod = IN_POD / "cases" / case.name
+    in_pod = _endless_case(ic)
     names = sorted(ITERATIONS)
     ic.delete_simulations(*names)
     manifest = runs / "simulations.json"
-    items = [_phased_simulation(n, str(in_pod)) for n in names]
+    items = [_phased_simulation(n, in_pod) for n in names]
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
     ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
     try:
@@ -623,3 +617,78 @@ def test_another_tenants_pod_it_cannot_read_is_counted_through_the_agent(
             assert "Unschedulable" not in json.dumps(events), reasons
     finally:
         ic.delete_simulations(name)
+
+
+def _endless_case(ic: InCluster) -> str:
+    """The long pitzDaily in the users' cases, owned by the pods' user; its path in a pod."""
+    cases = ic.tenant / "cases"
+    cases.mkdir(exist_ok=True)
+    os.chown(cases, manifests.RUN_AS, manifests.RUN_AS)
+    case = endless_pitzdaily(cases)
+    for path in [case, *case.rglob("*")]:
+        os.chown(path, manifests.RUN_AS, manifests.RUN_AS)
+    return str(IN_POD / "cases" / case.name)
+
+
+def _ended(ic: InCluster, name: str) -> bool:
+    return ic.status(name).get("phase") in ("Succeeded", "Failed")
+
+
+def _scale_operator(ic: InCluster, replicas: int) -> None:
+    ic.kubectl("scale", "deployment", manifests.NAME, "-n", manifests.SYSTEM_NAMESPACE,
+               f"--replicas={replicas}")  # fmt: skip
+
+
+def test_a_run_that_ends_while_no_operator_runs_keeps_its_per_rank_results(
+    incluster: InCluster,
+) -> None:
+    """Issue 40: a Simulation that ends while no operator runs (both replicas scaled to 0)
+    is adopted ended by the next leader with a duty cycle for every rank (its ranks' final
+    records on the case volume, written at MPI_Finalize) and CPU-seconds within 20 % of
+    the same case's run that an operator watched to its end."""
+    from rankpack.backend.kubernetes.objects import builders
+
+    ic = incluster
+    case = _endless_case(ic)
+    watched, away = "incluster-watched", "incluster-away"
+    ic.delete_simulations(watched, away)
+    bodies = []
+    for name in (watched, away):
+        body = _simulation(name, case, 1500)
+        body["spec"].update(wait="polite", sizing="fixed")  # no live switch, no resize
+        bodies.append(body)
+    manifest = ic.deployed.runs_dir / "adopted-ended.json"
+    try:
+        manifest.write_text(json.dumps(bodies[0]))
+        ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
+        ic.wait("the watched run to end", lambda: _ended(ic, watched), 420)
+        seen = ic.status(watched)
+        assert seen["phase"] == "Succeeded", seen
+        manifest.write_text(json.dumps(bodies[1]))
+        ic.kubectl("create", "-n", NAMESPACE, "-f", str(manifest))
+        ic.wait("the other running", lambda: ic.status(away).get("phase") == "Running", 300)
+        _scale_operator(ic, 0)
+        ic.wait("no operator left", lambda: not ic.operator_pods(), 120)
+        sim_id = ic.status(away)["simId"]
+        launcher = f"{builders.ROLE_LABEL}={builders.LAUNCHER_ROLE},{builders.SIM_LABEL}={sim_id}"
+        (pod,) = ic.pods(launcher)
+        assert pod["status"]["phase"] == "Running", pod["status"]  # it ends while none runs
+        ic.wait("its launcher to end", lambda: ic.pods(launcher)[0]["status"]["phase"] in (
+            "Succeeded", "Failed"), 420)  # fmt: skip
+        assert ic.status(away)["phase"] == "Running"  # nobody wrote its end
+        _scale_operator(ic, manifests.REPLICAS)
+        ic.wait("the next leader to write its end", lambda: _ended(ic, away), 300)
+        st = ic.status(away)
+        print(f"\nwatched: {json.dumps(seen)[:1200]}\nadopted ended: {json.dumps(st)[:1200]}")
+        assert st["phase"] == "Succeeded" and st["iterations"] == 1500, st
+        assert len(st["ranks"]) == 2 and all(r.get("duty") is not None for r in st["ranks"]), st
+        watched_cpu, adopted_cpu = seen["result"]["cpuSeconds"], st["result"]["cpuSeconds"]
+        print(f"CPU-seconds: watched {watched_cpu}, adopted after its end {adopted_cpu}")
+        assert watched_cpu > 0 and abs(adopted_cpu - watched_cpu) <= 0.2 * watched_cpu, (
+            watched_cpu, adopted_cpu)  # fmt: skip
+        reasons = [e["reason"] for e in ic.simulation_events(away)]
+        assert reasons.count("Launched") == 1 and reasons.count("Succeeded") == 1, reasons
+    finally:
+        _scale_operator(ic, manifests.REPLICAS)
+        ic.print_operator_log(30)
+        ic.delete_simulations(watched, away)
