@@ -97,11 +97,13 @@ def run_result(ctx: LoopContext, sim: Tracked, ending: Ending) -> RunResult:
     ranks = []
     series = [sim.usages[r.rank] if r.rank < len(sim.usages) else [] for r in plan.ranks]
     cpu_s = trapezoid_cpu_s_ranks(sim.times, series) if sim.usages else [0.0] * len(series)
-    for r, integrated, samples in zip(plan.ranks, cpu_s, series, strict=True):
+    for r, integrated in zip(plan.ranks, cpu_s, strict=True):
         o = last.ranks[r.rank] if last and r.rank < len(last.ranks) else None
-        # what the rank's shim wrote when it ended, for a rank not seen live: no duty
-        # marks, or fewer than two usage samples (a run adopted after its end has one, its
-        # counters then, 0 once its pods are gone: nothing to integrate)
+        # what the rank's shim wrote when it ended, for what was not seen live: no duty
+        # marks (a run adopted after its end), and CPU the samples missed (adopted mid-run
+        # or after its end: what ran before the first sample, or the flat counters of pods
+        # that had ended). Its own process's CPU (no MPI daemon, no rank launcher) is at
+        # most what its pod's cgroup counted, so the larger of the two is the better.
         final = o.final if o else None
         duty = steady_duty(sim.duty_marks.get(r.rank, []), staged.expected_iterations)
         ranks.append(
@@ -110,7 +112,7 @@ def run_result(ctx: LoopContext, sim: Tracked, ending: Ending) -> RunResult:
                 weight=r.weight,
                 cpu_millis=o.request_millis if o else r.cpu_millis,
                 limit_millis=o.limit_millis if o else r.limit_millis,
-                cpu_s=integrated if len(samples) >= 2 or final is None else final.cpu_s,
+                cpu_s=integrated if final is None else max(integrated, final.cpu_s),
                 cpu_s_counter=(o.usage_ns / 1e9) if o else 0.0,
                 nr_throttled=o.nr_throttled if o else 0,
                 throttled_s=(o.throttled_ns / 1e9) if o else 0.0,

@@ -15,7 +15,7 @@ from typing import Any, NamedTuple
 from rankpack.case.staging import StagedCase
 from rankpack.controller.jobs import Job
 from rankpack.core.failures import Failure, FailureCode
-from rankpack.core.results import RunResult, progress_text
+from rankpack.core.results import RankResult, RunResult, progress_text
 from rankpack.operator.codec import resume_to_json, staged_to_json
 
 Obj = dict[str, Any]
@@ -175,6 +175,7 @@ def ended(
             message=message,
             restarts=result.restarts,
             resizes=sum(1 for r in result.resizes if r.status == "completed"),
+            ranks=[_rank_result(r) for r in result.ranks],
         )
         fields.update(iterations=result.iterations, resizes=res["resizes"],
                       restarts=result.restarts, progress=result.progress)  # fmt: skip
@@ -191,6 +192,17 @@ def ended(
         condition("Running", False, end["reason"], "ended"),
         condition("ResizeDeferred", False, "Ended", "the run ended"), end,
     ))  # fmt: skip
+
+
+def _rank_result(r: RankResult) -> Obj:
+    """A rank's figures over its whole run (watched, or from its final record when the run
+    ended while no operator ran): its duty cycle (when known) and CPU-seconds."""
+    out: Obj = {"rank": r.rank, "cpuSeconds": round(r.cpu_s or 0.0, 3)}
+    if r.duty is not None:
+        out["duty"] = round(r.duty, 4)
+    if r.node:
+        out["node"] = r.node
+    return out
 
 
 def failure_code(result: RunResult) -> FailureCode:

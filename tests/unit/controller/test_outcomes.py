@@ -81,6 +81,18 @@ def test_a_run_adopted_after_its_end_takes_duty_and_cpu_from_the_final_records(
     assert result.cpu_s == 7.5
 
 
+def test_samples_of_ended_pods_do_not_hide_the_final_records(tmp_path: Path) -> None:
+    """Adopted after its end while its pods still stood: several samples of flat counters
+    (nothing to integrate), no duty mark: the final records' duty and CPU."""
+    ctx, recorder, sim = _loop(tmp_path)
+    for t in (40.0, 41.0, 42.0):
+        ranks = tuple(_rank(i, 30.0, final=_final(i, 6.0, 2.0, 7.5)) for i in range(2))
+        recorder.record(sim, SimObservation("s1", t, SimPhase.RUNNING, ranks))
+    recorder.record(sim, SimObservation("s1", 43.0, SimPhase.SUCCEEDED, ranks, exit_code=0))
+    result = run_result(ctx, sim, Ending())
+    assert [(r.duty, r.cpu_s) for r in result.ranks] == [(0.75, 7.5), (0.75, 7.5)]
+
+
 def test_a_watched_run_keeps_its_live_numbers_beside_the_final_records(tmp_path: Path) -> None:
     """Launched here (a sample of 0 at launch), observed running and at its end: the live
     CPU integral and duty marks win over final records that say otherwise."""

@@ -176,7 +176,7 @@ def test_a_node_lost_simulation_is_queued_again_with_what_to_resume_from(
 def test_an_end_carries_the_runs_result_into_the_status(sims: FakeSims, tmp_path: Path) -> None:
     """`finished` is handed the run's result (`JobSource.finished`): its figures and its
     code are written without the store being read."""
-    from rankpack.core.results import ResizeRecord, RunResult
+    from rankpack.core.results import RankResult, ResizeRecord, RunResult
 
     sims.add("a")
     q = new_queue(sims)
@@ -186,7 +186,10 @@ def test_an_end_carries_the_runs_result_into_the_status(sims: FakeSims, tmp_path
     result = RunResult(
         id=3, status="failed", case="pitzDaily", solver="simpleFoam", run_dir="/runs/r",
         n_ranks=2, qos="burstable", total_millis=2000, iterations=42, expected_iterations=100,
-        wall_s=12.3456, cpu_s=20.0, exit_code=137, message="rank pod p was deleted", ranks=(),
+        wall_s=12.3456, cpu_s=20.0, exit_code=137, message="rank pod p was deleted",
+        ranks=(RankResult(0, 1.0, 1000, None, 12.34567, 12.3, 0, 0.0, cells=10, duty=0.61234,
+                          node="n1"),
+               RankResult(1, 1.0, 1000, None, 7.66, 7.7, 0, 0.0, cells=10)),
         failure="PodDeleted", resizes=(resized, ResizeRecord(1, 2.0, 1000, 1400, "deferred", None)),
         restarts=1,
     )  # fmt: skip
@@ -195,5 +198,8 @@ def test_an_end_carries_the_runs_result_into_the_status(sims: FakeSims, tmp_path
     assert (st["phase"], st["reason"], st["message"]) == ("Failed", "PodDeleted", result.message)
     assert st["result"] == {"status": "failed", "message": result.message, "iterations": 42,
                             "wallSeconds": 12.346, "cpuSeconds": 20.0, "restarts": 1,
-                            "resizes": 1, "reason": "PodDeleted"}  # fmt: skip
+                            "resizes": 1, "reason": "PodDeleted",
+                            # each rank over its whole run (its duty when known)
+                            "ranks": [{"rank": 0, "cpuSeconds": 12.346, "duty": 0.6123,
+                                       "node": "n1"}, {"rank": 1, "cpuSeconds": 7.66}]}  # fmt: skip
     assert (st["iterations"], st["resizes"], st["restarts"], st["progress"]) == (42, 1, 1, "42/100")
