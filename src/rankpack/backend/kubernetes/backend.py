@@ -91,12 +91,12 @@ class KubernetesBackend:
             source if source is not None else sources.choose(api, config, cache=self.cache)
         )
         """Where the ranks' counters and shim records come from (`sources.choose`)."""
-        self._pod_staging = PodStaging(self._state)
+        self.nodes = lostnodes.NodeWatch(self.cache)
+        """Which nodes are lost (`lostnodes`: the cached nodes and their Leases)."""
+        self._pod_staging = PodStaging(self._state, lost=self.nodes.lost)
         self._stager = Stager(self.notify, run=self._stage_run, check=self._stage_check)
         self.host = MpirunHost(api, config, mpirun=mpirun, starter=starter, lock=self.lock,
                                notify=self.notify)  # fmt: skip
-        self.nodes = lostnodes.NodeWatch(self.cache)
-        """Which nodes are lost (`lostnodes`: the cached nodes and their Leases)."""
         self._poller = Poller(self._state, self.host, self.nodes, background=background)
         agents = self.readings if isinstance(self.readings, AgentReadings) else None
         self._capacity = ClusterCapacity(

@@ -17,6 +17,7 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -42,11 +43,19 @@ START_GRACE_S = 180.0
 start on its node, or is deleted, fails at once: `outcome`)."""
 
 
+MOVES = 3
+"""How many times a staging pod bound to a node that was lost before it started is made
+again (the scheduler no longer places on that node)."""
+
+
 @dataclass(frozen=True)
 class PodStaging:
     """Stages in pods of ``state``'s namespace (`run`), checks without reading (`check`)."""
 
     state: BackendState
+    lost: Callable[[], Mapping[str, str]] = dict
+    """The lost nodes (`lostnodes.NodeWatch.lost`): a staging pod stranded on one is made
+    again elsewhere (`stranded`)."""
 
     @property
     def bounds(self) -> StagingBounds:
@@ -97,12 +106,9 @@ class PodStaging:
             service_account=RANK_SERVICE_ACCOUNT if b.config.launcher == "pod" else None,
         )  # fmt: skip
         name = pod["metadata"]["name"]
+        self._create(pod)
         try:
-            b.api.create("pods", pod)
-        except ApiError as exc:
-            raise UserError(f"cannot create the staging pod {name}: {exc}") from None
-        try:
-            staged = self._answer(spec, run_dir, name, stop)
+            staged = self._answer(spec, run_dir, pod, stop)
         finally:
             with contextlib.suppress(ApiError, BackendError):
                 b.api.delete("pods", name, grace_s=0)
@@ -114,13 +120,26 @@ class PodStaging:
                                "rankpack's own; rename it", FailureCode.STAGE_FAILED)  # fmt: skip
         return staged
 
+    def _create(self, pod: Obj, attempts: int = 10) -> None:
+        name = pod["metadata"]["name"]
+        for attempt in range(attempts):
+            try:
+                self.state.api.create("pods", pod)
+                return
+            except ApiError as exc:
+                # (a pod force-deleted a moment ago may still hold its name)
+                if exc.status != 409 or attempt == attempts - 1:
+                    raise UserError(f"cannot create the staging pod {name}: {exc}") from None
+                time.sleep(1.0)
+
     def _answer(
-        self, spec: StageSpec, run_dir: Path, name: str, stop: threading.Event
+        self, spec: StageSpec, run_dir: Path, body: Obj, stop: threading.Event
     ) -> StagedCase:
         b = self.state
+        name = body["metadata"]["name"]
         informer = b.cache.informer(b.pods_collection)
         give_up = time.monotonic() + self.bounds.deadline_s + START_GRACE_S
-        existed = False
+        existed, moves = False, 0
         while True:
             seen = informer.version
             pod = informer.get(name, b.api.namespace)
@@ -129,6 +148,14 @@ class PodStaging:
                 text = outcome(pod, self.bounds)
                 if text is not None:
                     return _read(text, spec, run_dir)
+                why = stranded(pod, self.lost())
+                if why is not None and moves < MOVES:  # its node went before it started
+                    moves, existed = moves + 1, False
+                    with contextlib.suppress(ApiError):
+                        b.api.delete("pods", name, grace_s=0)
+                    self._create(body)
+                    give_up = time.monotonic() + self.bounds.deadline_s + START_GRACE_S
+                    continue
             elif existed:
                 raise StageRefused(f"the staging pod {name} was deleted before it answered",
                                    FailureCode.STAGE_FAILED)  # fmt: skip
@@ -140,6 +167,15 @@ class PodStaging:
                     f"{self.bounds.deadline_s + START_GRACE_S:.0f} s", FailureCode.STAGE_FAILED,
                 )  # fmt: skip
             informer.wait(seen, 1.0)
+
+
+def stranded(pod: Obj, lost: Mapping[str, str]) -> str | None:
+    """Why a staging pod that has not started will not (its node is lost: no kubelet there
+    will start it, or end it at its deadline), None otherwise."""
+    node = (pod.get("spec") or {}).get("nodeName")
+    if not node or node not in lost or (pod.get("status") or {}).get("phase") != "Pending":
+        return None
+    return f"its node {node} was lost ({lost[node]}) before it started"
 
 
 def outcome(pod: Obj, bounds: StagingBounds) -> str | StageRefused | None:

@@ -55,3 +55,17 @@ def test_a_pod_that_cannot_start_or_is_deleted_fails_now_not_at_its_deadline() -
     deleted = {"metadata": {"deletionTimestamp": "2026-11-29T00:00:00Z"}, **_pod("Running")}
     got = podstaging.outcome(deleted, BOUNDS)
     assert isinstance(got, StageRefused) and "deleted before it answered" in str(got)
+
+
+def test_a_pod_bound_to_a_lost_node_before_it_started_is_stranded() -> None:
+    """No kubelet will start it, or end it at its deadline: it is made again elsewhere."""
+    pending = _pod("Pending") | {"spec": {"nodeName": "n1"}}
+    lost = {"n1": "Ready=Unknown"}
+    assert (
+        podstaging.stranded(pending, lost)
+        == "its node n1 was lost (Ready=Unknown) before it started"
+    )
+    assert podstaging.stranded(pending, {}) is None  # its node is there: it will start
+    running = _pod("Running") | {"spec": {"nodeName": "n1"}}
+    assert podstaging.stranded(running, lost) is None  # started: its end says what happened
+    assert podstaging.stranded(_pod("Pending"), lost) is None  # not scheduled yet
