@@ -1,9 +1,10 @@
 """Admission on the dev cluster (issue 26), as a user who may only create, read and delete
-Simulations: a host-root volume, a case path of /etc or /root, a shell as solver and a
-Simulation too big for the cluster are each refused with a reason code in their status,
-nothing is staged or created for them; a case whose blockMeshDict would run a command is
-refused at staging (CaseNotConfined), and a valid Simulation submitted after them runs.
-A budget that leaves a rank without CPU is refused by the API itself (the CRD's CEL rule).
+Simulations: a host-root volume, a case path of /etc or /root, a shell as solver, an image
+the admin did not allow and a Simulation too big for the cluster are each refused with a
+reason code in their status, nothing is staged or created for them; a case whose
+blockMeshDict would run a command is refused at staging (CaseNotConfined), and a valid
+Simulation submitted after them runs. A budget that leaves a rank without CPU is refused by
+the API itself (the CRD's CEL rule).
 """
 
 from __future__ import annotations
@@ -96,6 +97,7 @@ def test_refused_specs_end_failed_with_a_reason_and_a_valid_one_runs(
             f"home-{tag}": ("CasePathNotAllowed", {"case": {"path": "/root"}}),
             f"up-{tag}": ("CasePathNotAllowed", {"case": {"path": "../../../etc"}}),
             f"shell-{tag}": ("SolverNotAllowed", {"solver": "sh"}),
+            f"image-{tag}": ("ImageNotAllowed", {"image": "evil.example/miner:1"}),
             f"huge-{tag}": ("DoesNotFit", {"ranks": 4096, "budgetMillis": 4096000,
                                            "weights": [1] * 4096}),
         }  # fmt: skip
@@ -162,12 +164,16 @@ def test_the_admission_policy_refuses_host_volumes_and_case_paths_at_create(env:
     ns = env.k8s.namespace
     admin = env.k8s.admin_api()
     core, reg = client.CoreV1Api(admin), client.AdmissionregistrationV1Api(admin)
-    params, policy, binding = admission_objects(ns, ("/srv/rankpack",), ("/srv/cases",))
+    params, policy, binding = admission_objects(
+        ns, ("/srv/rankpack",), ("/srv/cases",), ("registry.example/cfd", "other.example/")
+    )
     small = Submission(case="pitzDaily", weights=(1.0, 1.0), budget_millis=1000)
 
-    def create(name: str, **case: str) -> ApiException | None:
+    def create(name: str, image: str | None = None, **case: str) -> ApiException | None:
         body = crd.simulation(name, small)
         body["spec"]["case"].update(case)
+        if image is not None:
+            body["spec"]["image"] = image
         try:
             user.create_namespaced_custom_object(crd.GROUP, crd.VERSION, ns, crd.PLURAL, body)
         except ApiException as exc:
@@ -198,9 +204,19 @@ def test_the_admission_policy_refuses_host_volumes_and_case_paths_at_create(env:
             assert exc is not None and exc.status == 422, (name, exc)
             code = "HostVolumeNotAllowed" if "volume" in case else "CasePathNotAllowed"
             assert code in exc.body, (name, exc.body)
+        for name, image in {"image-sibling": "registry.example/cfd-evil/foam:1",
+                            "image-other": "evil.example/miner:1",
+                            "image-suffix": "registry.example.evil/cfd:1"}.items():  # fmt: skip
+            exc = create(name, image=image)
+            assert exc is not None and exc.status == 422 and "ImageNotAllowed" in exc.body, (
+                name, exc)  # fmt: skip
         for name, case in {"tutorial": {}, "allowed-host": dict(volume="host:/srv/rankpack/r"),
                            "allowed-case": dict(path="/srv/cases/mine")}.items():  # fmt: skip
             assert create(name, **case) is None, name
+        for name, image in {"image-repo": "registry.example/cfd/foam:12",
+                            "image-tag": "registry.example/cfd:12",
+                            "image-registry": "other.example/any/thing:1"}.items():  # fmt: skip
+            assert create(name, image=image) is None, name
     finally:
         reg.delete_validating_admission_policy_binding(binding["metadata"]["name"])
         reg.delete_validating_admission_policy(policy["metadata"]["name"])

@@ -110,6 +110,8 @@ class SimSpec:
     mpi: str = "openmpi"
     shim: ShimSpec | None = None
     image: str | None = None
+    pull_secrets: tuple[str, ...] = ()
+    """Secrets of its namespace that pull ``image``, by name (Kubernetes)."""
     volume: str | None = None
     namespace: str | None = None
     """Where it runs, for a backend that places in several (the operator serving several

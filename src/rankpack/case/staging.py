@@ -63,6 +63,10 @@ class StageSpec:
     resume: StagedCase | None = None
     """A case staged before whose run was cut short (a lost node): nothing is copied; it is
     made to start again from its last complete write (`resume`)."""
+    image: str | None = None
+    """A backend with images: what the sandbox runs (``SimSpec.image``; None: its own)."""
+    pull_secrets: tuple[str, ...] = ()
+    """A backend with images: Secrets that pull ``image``, by name."""
 
 
 @dataclass(frozen=True)

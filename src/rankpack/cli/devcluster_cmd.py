@@ -41,7 +41,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     )
     actions = p.add_subparsers(dest="action", metavar="ACTION", parser_class=type(p))
     actions.required = True
-    for add in (_add_up, _add_down, _add_status, _add_stop_node, _add_start_node, _add_images):
+    for add in (_add_up, _add_down, _add_status, _add_stop_node, _add_start_node, _add_images,
+                _add_load_image):  # fmt: skip
         add(actions)
 
 
@@ -175,6 +176,22 @@ def _add_images(actions: argparse._SubParsersAction) -> None:  # type: ignore[ty
     )
     images.add_argument("--json", action="store_true", help="print the result as JSON")
     images.set_defaults(handler=run_images)
+
+
+def _add_load_image(actions: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    load = actions.add_parser(
+        "load-image",
+        help="put an image archive into every node (there is no registry), as kind load does",
+        description=(
+            "Import an image archive (docker save, podman save, ctr images export, or an OCI "
+            "layout in a tar) into the containerd of every running node, under the names it "
+            "carries, and keep it for nodes start-node brings back. A Simulation then names "
+            "it in spec.image (allowed by the operator's --allow-image)."
+        ),
+    )
+    load.add_argument("archive", type=Path, metavar="ARCHIVE", help="the image archive (a tar)")
+    load.add_argument("--json", action="store_true", help="print the result as JSON")
+    load.set_defaults(handler=run_load_image)
 
 
 def _state_dir(args: argparse.Namespace) -> Path:
@@ -323,6 +340,19 @@ def run_start_node(args: argparse.Namespace) -> int:
         print(f"rankpack: node {args.name} is already running")
     else:
         print(f"rankpack: node {args.name} is back and Ready in {took:.1f} s")
+    return 0
+
+
+def run_load_image(args: argparse.Namespace) -> int:
+    from rankpack.devcluster.lifecycle import loadimage
+
+    done = loadimage.load(_state_dir(args), args.archive)
+    if args.json:
+        print_json({"images": list(done.refs), "nodes": list(done.nodes),
+                    "elapsed_s": round(done.seconds, 2)})  # fmt: skip
+    else:
+        print(f"rankpack: {', '.join(done.refs)} loaded into {len(done.nodes)} node(s) "
+              f"({', '.join(done.nodes)}) in {done.seconds:.1f} s")  # fmt: skip
     return 0
 
 

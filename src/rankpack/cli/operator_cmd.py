@@ -8,6 +8,7 @@ import argparse
 import faulthandler
 import logging
 import os
+import re
 import signal
 import uuid
 from dataclasses import replace
@@ -191,6 +192,12 @@ def _add_admission_arguments(p: argparse.ArgumentParser) -> None:
         "only: CasePathNotAllowed)",
     )  # fmt: skip
     p.add_argument(
+        "--allow-image", action="append", default=[], metavar="PREFIX",
+        help="an image prefix a Simulation's spec.image may lie under: a registry, a "
+        "repository or one image (repeat for several; default: none, only the operator's "
+        "own rank image: ImageNotAllowed)",
+    )  # fmt: skip
+    p.add_argument(
         "--staging-deadline", type=parse_seconds, default=600.0, metavar="S",
         help="the longest a case's staging pod may run (copy, mesh, decompose) before it is "
         "ended and its Simulation fails (default 600 s)",
@@ -326,9 +333,14 @@ def _admission(args: argparse.Namespace) -> AdmissionPolicy:
             if not d.startswith("/") or ".." in d.split("/"):
                 raise UserError(f"{flag} {d!r} must be an absolute directory without '..'")
     solvers = {check_solver(s, "--solver") for s in args.solver}
+    for prefix in args.allow_image:
+        if not re.fullmatch(r"[a-z0-9][a-z0-9._:/@-]{0,511}", prefix):
+            raise UserError(f"--allow-image {prefix[:120]!r} must be an image reference or a "
+                            "prefix of one, such as registry.example.com/cfd/")  # fmt: skip
     return AdmissionPolicy(
         host_prefixes=tuple(args.allow_host_path),
         case_roots=tuple(args.case_root),
+        images=tuple(args.allow_image),
         solvers=frozenset(openfoam_applications() | {s for s in solvers if s}),
     )
 
@@ -371,6 +383,8 @@ def handle_operator(args: argparse.Namespace) -> int:
         if image:
             config = replace(config, image=image)
     config = replace(config, launcher=resolve_launcher(args.launcher, config.image))
+    # its own rank image is always allowed (what a Simulation without spec.image runs)
+    admission = replace(admission, images=(config.image, *admission.images))
     if not 1 <= args.staging_deadline <= 86400:
         raise UserError(f"--staging-deadline must be 1 to 86400 s, got {args.staging_deadline:g}")
     config = replace(config, staging=replace(config.staging,

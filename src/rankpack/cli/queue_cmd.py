@@ -81,6 +81,14 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     add_cluster_arguments(p)
     p.add_argument("--volume", help="kubernetes: where the case lives in the pods "
                    "(pvc:CLAIM[:MOUNT_PATH] or host:DIR)")  # fmt: skip
+    p.add_argument(
+        "--image", help="kubernetes: the image its staging, launcher and ranks run (spec.image; "
+        "default: the operator's rank image; the cluster admin's --allow-image bounds it)",
+    )  # fmt: skip
+    p.add_argument(
+        "--pull-secret", action="append", default=[], metavar="NAME",
+        help="kubernetes: a Secret of the namespace that pulls --image (repeat for several)",
+    )  # fmt: skip
     p.add_argument("--json", action="store_true")
     p.set_defaults(handler=handle_submit)
 
@@ -124,7 +132,12 @@ def submission_from_args(args: argparse.Namespace) -> Submission:
         phases=phases_from_text(args.phases, len(weights)) if args.phases else (),
         solver=args.solver or None,
         wait=args.wait,
+        image=getattr(args, "image", None) or None,
+        pull_secrets=tuple(getattr(args, "pull_secret", ())),
     )
+    if (sub.image or sub.pull_secrets) and args.backend != "kubernetes":
+        raise UserError("--image and --pull-secret are for --backend kubernetes (a local run "
+                        "uses this machine's OpenFOAM)")  # fmt: skip
     validate(sub)
     if args.count < 1:
         raise UserError(f"--count must be at least 1, got {args.count}")

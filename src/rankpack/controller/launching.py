@@ -133,6 +133,8 @@ class Starter:
             case_root=job.case_root,
             namespace=job.namespace,
             resume=job.resume.staged if job.resume is not None else None,
+            image=sub.image or self.ctx.settings.image,
+            pull_secrets=sub.pull_secrets,
         )
         try:
             self.ctx.backend.stage(spec)
@@ -307,7 +309,8 @@ class Starter:
             env={**rank_env(), **waits.mpi_idle_env(sim.idle_yield)},
             mpi=mpi,
             shim=(ShimSpec(sim.wait_mode or "spin", mpi) if s.shim else None),
-            image=s.image,
+            image=sim.job.submission.image or s.image,
+            pull_secrets=sim.job.submission.pull_secrets,
             volume=self._volume(sim.job),
             namespace=sim.job.namespace,
             labels={**self.ctx.settings.sim_labels, "rankpack.dev/run-id": str(sim.run_id)},

@@ -29,6 +29,8 @@ class FailureCode(enum.StrEnum):
     SOLVER_NOT_ALLOWED = "SolverNotAllowed"
     """The case's application is not in the operator's solver allowlist."""
     HOST_VOLUME_NOT_ALLOWED = "HostVolumeNotAllowed"
+    IMAGE_NOT_ALLOWED = "ImageNotAllowed"
+    """``spec.image`` is under none of the image prefixes the cluster admin allows."""
     CASE_PATH_NOT_ALLOWED = "CasePathNotAllowed"
     CASE_NOT_CONFINED = "CaseNotConfined"
     """The case tries to run code or read files outside itself while it is staged

@@ -138,6 +138,14 @@ def import_image(archive: Path, ref: str, socket: Path, log: Path, timeout_s: fl
     run_step(argv, log, timeout_s=timeout_s)
 
 
+def import_named(archive: Path, socket: Path, log: Path, timeout_s: float = 600) -> None:
+    """A user's archive (`rankpack.devcluster.lifecycle.loadimage`), under the names it
+    carries (no ``--base-name``: ``docker save`` names are normalized by containerd)."""
+    argv = [tool("ctr"), "--address", str(socket), "--namespace", "k8s.io", "images", "import",
+            str(archive)]  # fmt: skip
+    run_step(argv, log, timeout_s=timeout_s)
+
+
 def archives(layout: Layout) -> dict[str, Path]:
     """The image archives every node gets: reference -> OCI archive."""
     try:
@@ -182,10 +190,37 @@ def add_to_every_node(
 
 
 def import_all(layout: Layout, node: NodeLayout) -> None:
-    """Import every registered archive into `node`'s containerd."""
+    """Import every registered archive into `node`'s containerd, then every archive a user
+    loaded (`dev-cluster load-image`), under its own names."""
     log = layout.logs / "images.log"
     for ref, archive in archives(layout).items():
         import_image(archive, ref, node.containerd_socket, log, timeout_s=IMPORT_TIMEOUT_S)
+    for kept in map(Path, loaded_archives(layout)):
+        if kept.is_file():
+            import_named(kept, node.containerd_socket, log)
+
+
+LOADED = "loaded.json"
+"""Below `Layout.image_archives`: the archives `dev-cluster load-image` kept, each with the
+names it carries (imported under those names, never renamed)."""
+
+
+def loaded_archives(layout: Layout) -> dict[str, list[str]]:
+    """The archives loaded so far: path -> the names each carries."""
+    try:
+        doc = json.loads((layout.image_archives / LOADED).read_text())
+    except (OSError, ValueError):
+        return {}
+    if not isinstance(doc, dict):
+        return {}
+    return {str(k): [str(r) for r in v] for k, v in doc.items() if isinstance(v, list)}
+
+
+def record_loaded(layout: Layout, archive: Path, refs: tuple[str, ...]) -> None:
+    index = {**loaded_archives(layout), str(archive): list(refs)}
+    tmp = layout.image_archives / (LOADED + ".tmp")
+    tmp.write_text(json.dumps(index, indent=2, sort_keys=True) + "\n")
+    tmp.replace(layout.image_archives / LOADED)
 
 
 def build(layout: Layout) -> None:

@@ -18,6 +18,11 @@ what the cluster admin configured, never by the Simulation itself:
 * ``spec.solver`` must be one of the applications the admin allows (default: the OpenFOAM
   applications the image ships, `openfoam_applications`), ``SolverNotAllowed`` otherwise.
   The same list bounds the case's own ``application`` at launch (`LoopSettings.solvers`).
+* ``spec.image`` (what its staging, launcher and ranks run) must be the operator's own rank
+  image or lie under an image prefix the admin allowed (``--allow-image``): a prefix
+  matches itself, or an image that continues it after ``/``, ``:`` or ``@`` (so
+  ``registry.example.com/cfd`` allows ``registry.example.com/cfd/foam:12`` but not
+  ``registry.example.com/cfd-other``), ``ImageNotAllowed`` otherwise.
 * A Simulation whose ranks cannot fit the cluster even at the minimum request of 1m each
   is refused (``DoesNotFit``) instead of heading the queue forever.
 
@@ -70,6 +75,9 @@ class AdmissionPolicy:
     cluster_millis: int | None = None
     """What all schedulable nodes, Ready or not, can allocate together (None: not known, no
     fit check)."""
+    images: tuple[str, ...] = ()
+    """Image prefixes a Simulation's ``spec.image`` may lie under (the operator adds its
+    own rank image; empty: only that one)."""
     resolve_links: bool = True
     """Resolve a case path's symbolic links on this process's disk: only where this process
     stages cases itself. False where each case is staged in a pod of its own namespace,
@@ -177,6 +185,28 @@ def solver_refusal(solver: str, allowed: frozenset[str]) -> str:
     )
 
 
+def image_allowed(image: str, prefixes: Iterable[str]) -> bool:
+    """``image`` is one of ``prefixes`` or continues one after ``/``, ``:`` or ``@`` (a
+    prefix that ends with one of them matches what follows it)."""
+    for p in prefixes:
+        if p and (image == p or (image.startswith(p) and (
+                p[-1] in "/:@" or image[len(p)] in "/:@"))):  # fmt: skip
+            return True
+    return False
+
+
+def check_image(image: str | None, policy: AdmissionPolicy) -> None:
+    if image is None or image_allowed(image, policy.images):
+        return
+    allowed = ", ".join(policy.images) or "none"
+    raise Refused(
+        FailureCode.IMAGE_NOT_ALLOWED,
+        f"spec.image {image[:200]!r} is not an image the cluster admin allows (allowed "
+        f"prefixes: {allowed}); leave spec.image out for rankpack's own image, or ask the "
+        "admin to allow its registry or repository (rankpack operator --allow-image)",
+    )
+
+
 def check_fit(sub: Submission, policy: AdmissionPolicy) -> None:
     if policy.cluster_millis is None:
         return
@@ -197,6 +227,7 @@ def admit(
     the case path (the only one that may look at the disk, inside a root, and only with
     ``policy.resolve_links``) last."""
     check_host_volume(sub.volume, policy)
+    check_image(sub.image, policy)
     check_solver_allowed(sub.solver, policy)
     check_fit(sub, policy)
     check_case_path(sub.case, policy, resolve if policy.resolve_links else str)

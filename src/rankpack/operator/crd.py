@@ -95,6 +95,15 @@ def _spec_schema() -> Obj:
             "mpi": {"type": "string", "enum": list(submission.MPIS),
                     "description": "the MPI library the solver was built with: openmpi "
                     "(mpirun) or mpich (hydra) (default: the operator's)"},
+            "image": {"type": "string", "maxLength": submission.MAX_IMAGE,
+                      "pattern": submission.IMAGE_PATTERN,
+                      "description": "the image staging, the launcher and the ranks run "
+                      "(default: the operator's rank image); one the cluster admin allows"},
+            "imagePullSecrets": {"type": "array", "maxItems": submission.MAX_PULL_SECRETS,
+                                 "items": {"type": "string", "maxLength": 253,
+                                           "pattern": submission.SECRET_PATTERN},
+                                 "description": "Secrets of the namespace that pull the "
+                                 "image, by name"},
             "phases": {
                 "type": "array",
                 "maxItems": 64,
@@ -294,6 +303,10 @@ def spec_of(sub: Submission, volume: str | None = None) -> Obj:
         spec["wait"] = sub.wait
     if sub.mpi:
         spec["mpi"] = sub.mpi
+    if sub.image:
+        spec["image"] = sub.image
+    if sub.pull_secrets:
+        spec["imagePullSecrets"] = list(sub.pull_secrets)
     return spec
 
 
@@ -352,6 +365,8 @@ def _submission(spec: Obj) -> Submission:
         wait=str(wait) if wait is not None else None,
         volume=volume_of({"spec": spec}),
         mpi=str(spec["mpi"]) if spec.get("mpi") is not None else None,
+        image=str(spec["image"]) if spec.get("image") else None,
+        pull_secrets=tuple(str(s) for s in spec.get("imagePullSecrets") or ()),
     )
     if sizing not in submission.SIZINGS:
         raise UserError(f"spec.sizing must be one of {', '.join(submission.SIZINGS)}")

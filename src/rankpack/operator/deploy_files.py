@@ -28,6 +28,7 @@ from rankpack.operator.manifests import (
     TENANT_HEADER,
     admission_yaml,
     crd_yaml,
+    dev_admission_patch,
     dev_kustomization,
     dev_namespace_patch,
     dev_runs_volume,
@@ -73,6 +74,7 @@ def files() -> dict[str, str]:
             GENERATED, [dev_runs_volume(), dev_tenant_volume(DEPLOY_NAMESPACE)]
         ),
         "dev/namespace-patch.yaml": docs(GENERATED, [dev_namespace_patch()]),
+        "dev/admission-patch.yaml": docs(GENERATED, [dev_admission_patch()]),
         # serving several namespaces: deploy/tenants (and deploy/dev-tenants) list them
         **tenant_manifests.files(),
     }

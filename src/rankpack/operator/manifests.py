@@ -34,7 +34,7 @@ import yaml  # type: ignore[import-untyped]  # (PyYAML, a dependency of kubernet
 from rankpack.backend.kubernetes.objects.rbac import DEPLOY_NAMESPACE, HOME_RULES, rules_of
 from rankpack.nodeagent import manifests as agent_manifests
 from rankpack.operator import crd
-from rankpack.operator.policy_manifest import admission_objects
+from rankpack.operator.policy_manifest import admission_objects, params_map
 from rankpack.operator.tenancy import FIELD
 
 Obj = dict[str, Any]
@@ -397,7 +397,17 @@ ADMISSION_HEADER = """\
 
 
 def admission_yaml() -> str:
-    return docs(ADMISSION_HEADER, admission_objects(OPERATOR_NAMESPACE, case_roots=[CASES_PATH]))
+    return docs(
+        ADMISSION_HEADER,
+        admission_objects(
+            OPERATOR_NAMESPACE, case_roots=[CASES_PATH], image_prefixes=[_repository(RANK_IMAGE)]
+        ),
+    )
+
+
+def _repository(image: str) -> str:
+    """An image without its tag: the prefix that allows each of its tags."""
+    return image.rpartition(":")[0]
 
 
 def docs(header: str, objects: list[Obj]) -> str:
@@ -438,8 +448,16 @@ def dev_kustomization() -> Obj:
         "kind": "Kustomization",
         "resources": ["../base", "runs-pv.yaml"],
         "images": images,
-        "patches": [{"path": "namespace-patch.yaml"}],
+        "patches": [{"path": "namespace-patch.yaml"}, {"path": "admission-patch.yaml"}],
     }
+
+
+def dev_admission_patch() -> Obj:
+    """The dev images renamed (``images`` does not reach a ConfigMap's text): the API's
+    image allowlist names the dev rank image's repository, as the base names the release's."""
+    patch = params_map(OPERATOR_NAMESPACE, {"imagePrefixes": _repository(DEV_IMAGES[RANK_IMAGE])})
+    patch["metadata"].pop("labels")
+    return patch
 
 
 def dev_namespace_patch() -> Obj:

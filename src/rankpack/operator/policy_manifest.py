@@ -10,7 +10,10 @@ checks symbolic links on disk and the solver allowlist):
 
 * ``spec.case.volume: host:DIR``: DIR absolute, no ``..``, under one of the ConfigMap's
   ``hostPathPrefixes`` (comma-separated; empty: none);
-* ``spec.case.path``: a tutorial name, or absolute, no ``..``, under one of ``caseRoots``.
+* ``spec.case.path``: a tutorial name, or absolute, no ``..``, under one of ``caseRoots``;
+* ``spec.image``: one of ``imagePrefixes`` or continuing one after ``/``, ``:`` or ``@``
+  (`rankpack.operator.admission.image_allowed`); none given: only Simulations without an
+  image pass.
 
 ``{namespace}`` in either list is the Simulation's namespace (``request.namespace``), so
 that each served namespace has its own roots (``deploy/tenants``).
@@ -63,6 +66,23 @@ _VALIDATIONS = [
 ]
 
 
+_IMAGE = "object.spec.image"
+_VALIDATIONS.append({
+    "expression": (
+        f"!has({_IMAGE}) || variables.imagePrefixes.exists(p, {_IMAGE} == p || "
+        f"({_IMAGE}.startsWith(p) && (p.endsWith('/') || p.endsWith(':') || p.endsWith('@') "
+        f"|| {_IMAGE}.substring(size(p), size(p) + 1) in ['/', ':', '@'])))"
+    ),
+    "messageExpression": (
+        f"'ImageNotAllowed: spec.image ' + {_IMAGE} + ' is not an image the cluster admin "
+        "allows (allowed prefixes: ' + (size(variables.imagePrefixes) == 0 ? 'none' : "
+        "variables.imagePrefixes.join(', ')) + '); leave spec.image out for the default "
+        "image'"
+    ),
+    "reason": "Invalid",
+})  # fmt: skip
+
+
 def _list_param(key: str) -> str:
     """A comma-separated ConfigMap entry as a list of prefixes without a trailing '/', each
     ``{namespace}`` in them replaced by the Simulation's namespace (an operator serving
@@ -75,16 +95,34 @@ def _list_param(key: str) -> str:
     )
 
 
-def admission_objects(
-    namespace: str, host_prefixes: Sequence[str] = (), case_roots: Sequence[str] = ()
-) -> list[Obj]:
-    """The parameter ConfigMap (in ``namespace``), the policy and its binding."""
-    params = {
+def _image_param() -> str:
+    """The ConfigMap's ``imagePrefixes``, as written (a prefix keeps its trailing ``/``)."""
+    return (
+        "has(params.data) && 'imagePrefixes' in params.data ? "
+        "params.data['imagePrefixes'].split(',').map(p, p.trim()).filter(p, p != '') : []"
+    )
+
+
+def params_map(namespace: str, data: dict[str, str]) -> Obj:
+    return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": {"name": PARAMS, "namespace": namespace, "labels": dict(crd.MANAGED_BY)},
-        "data": {"hostPathPrefixes": ",".join(host_prefixes), "caseRoots": ",".join(case_roots)},
+        "data": data,
     }
+
+
+def admission_objects(
+    namespace: str,
+    host_prefixes: Sequence[str] = (),
+    case_roots: Sequence[str] = (),
+    image_prefixes: Sequence[str] = (),
+) -> list[Obj]:
+    """The parameter ConfigMap (in ``namespace``), the policy and its binding."""
+    params = params_map(namespace, {
+        "hostPathPrefixes": ",".join(host_prefixes), "caseRoots": ",".join(case_roots),
+        "imagePrefixes": ",".join(image_prefixes),
+    })  # fmt: skip
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
@@ -110,6 +148,7 @@ def admission_objects(
                 {"name": "path", "expression": "object.spec.case.path"},
                 {"name": "hostPrefixes", "expression": _list_param("hostPathPrefixes")},
                 {"name": "caseRoots", "expression": _list_param("caseRoots")},
+                {"name": "imagePrefixes", "expression": _image_param()},
             ],
             "validations": _VALIDATIONS,
         },

@@ -31,6 +31,16 @@ MPIS = ("openmpi", "mpich")
 SOLVER_PATTERN = r"^[A-Za-z][A-Za-z0-9_.+-]{0,63}$"
 """A command name (found on the rank image's PATH), never a path or a shell string."""
 
+IMAGE_PATTERN = (
+    r"^[a-z0-9]+([._-][a-z0-9]+)*(:[0-9]{1,5})?(/[a-z0-9]+([._-]{1,2}[a-z0-9]+)*)*"
+    r"(:[A-Za-z0-9_][A-Za-z0-9_.-]{0,127})?(@sha256:[a-f0-9]{64})?$"
+)
+"""A container image reference (``[registry[:port]/]path[:tag][@sha256:digest]``)."""
+MAX_IMAGE = 512
+SECRET_PATTERN = r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$"
+"""A Secret's name (a DNS subdomain)."""
+MAX_PULL_SECRETS = 8
+
 SPEC_FIELDS = {
     "case": "spec.case.path",
     "ranks": "spec.ranks",
@@ -46,6 +56,8 @@ SPEC_FIELDS = {
     "wait": "spec.wait",
     "mpi": "spec.mpi",
     "qos": "spec.qos",
+    "image": "spec.image",
+    "pull_secrets": "spec.imagePullSecrets",
 }
 """How a Simulation's spec names the fields `validate` checks."""
 
@@ -91,6 +103,11 @@ class Submission:
     """Kubernetes: where the run directory lives in the rank pods (default: the session's)."""
     mpi: str | None = None
     """The MPI library the solver was built with (`MPIS`; default: the session's)."""
+    image: str | None = None
+    """Kubernetes: the image its staging, launcher and ranks run (default: the session's,
+    rankpack's rank image); admitted against the cluster admin's image prefixes."""
+    pull_secrets: tuple[str, ...] = ()
+    """Kubernetes: Secrets of its namespace that pull ``image`` (by name)."""
 
     @property
     def n_ranks(self) -> int:
@@ -135,6 +152,8 @@ class Submission:
             "wait": self.wait,
             "volume": self.volume,
             "mpi": self.mpi,
+            "image": self.image,
+            "pull_secrets": list(self.pull_secrets),
         }
 
     @staticmethod
@@ -161,6 +180,8 @@ class Submission:
             wait=d.get("wait"),
             volume=d.get("volume"),
             mpi=d.get("mpi"),
+            image=d.get("image"),
+            pull_secrets=tuple(str(s) for s in d.get("pull_secrets") or ()),
         )
 
 
@@ -205,7 +226,24 @@ def validate(sub: Submission) -> Submission:
         raise InvalidSpec(f"{{wait}} must be one of {', '.join(WAIT_SETTINGS)}")
     if sub.mpi is not None and sub.mpi not in MPIS:
         raise InvalidSpec(f"{{mpi}} must be one of {', '.join(MPIS)}")
+    _check_image(sub.image, sub.pull_secrets)
     return sub
+
+
+def _check_image(image: str | None, secrets: tuple[str, ...]) -> None:
+    if image is not None and (len(image) > MAX_IMAGE or not re.fullmatch(IMAGE_PATTERN, image)):
+        raise InvalidSpec(
+            "{image} must be an image reference such as registry.example.com/cfd/openfoam:12 "
+            f"(lowercase path, optional :tag and @sha256:digest), got {literal(image, 120)}"
+        )
+    if len(secrets) > MAX_PULL_SECRETS:
+        raise InvalidSpec(f"{{pull_secrets}} names at most {MAX_PULL_SECRETS} Secrets")
+    for name in secrets:
+        if len(name) > 253 or not re.fullmatch(SECRET_PATTERN, name):
+            raise InvalidSpec(
+                f"{{pull_secrets}}: {literal(name, 80)} is not a Secret's name (lowercase "
+                "letters, digits, '-' and '.')"
+            )
 
 
 def _check_phases(phases: tuple[Phase, ...], n: int) -> None:

@@ -297,11 +297,16 @@ def test_the_dev_overlay_changes_only_images_and_the_volume() -> None:
 
     dev = yaml.safe_load(deploy_files.files()["dev/kustomization.yaml"])
     assert set(dev) == {"apiVersion", "kind", "resources", "images", "patches"}
-    # the one patch: the dev image's /usr host mount admitted in the rankpack namespace
-    assert dev["patches"] == [{"path": "namespace-patch.yaml"}]
+    # two patches: the dev image's /usr host mount admitted in the rankpack namespace, and
+    # the API's image allowlist naming the dev rank image (`images` renames only pod specs)
+    assert dev["patches"] == [{"path": "namespace-patch.yaml"}, {"path": "admission-patch.yaml"}]
     patch = yaml.safe_load(deploy_files.files()["dev/namespace-patch.yaml"])
     relaxed = {"pod-security.kubernetes.io/enforce": "privileged"}
     assert patch["metadata"] == {"name": "rankpack", "labels": relaxed}
+    admission = yaml.safe_load(deploy_files.files()["dev/admission-patch.yaml"])
+    assert admission["metadata"] == {"name": "rankpack-admission", "namespace": "rankpack-system"}
+    rank = manifests.DEV_IMAGES[manifests.RANK_IMAGE]
+    assert admission["data"] == {"imagePrefixes": rank.rpartition(":")[0]}
     assert dev["resources"] == ["../base", "runs-pv.yaml"]
     assert {i["name"] for i in dev["images"]} == {"rankpack/rank", "rankpack/rankpack"}
     assert all(i["newName"].startswith("rankpack.local/") for i in dev["images"])

@@ -49,6 +49,28 @@ def test_host_volumes_need_a_prefix_the_admin_allowed(
 
 
 @pytest.mark.parametrize(
+    ("image", "prefixes", "want"),
+    [
+        (None, (), None),
+        ("rankpack/rank:0.1.0", ("rankpack/rank:0.1.0",), None),
+        ("rankpack/rank:0.2.0", ("rankpack/rank:0.1.0",), "ImageNotAllowed"),
+        ("evil.example/miner:1", ("rankpack/rank:0.1.0",), "ImageNotAllowed"),
+        ("registry.example/cfd/foam:12", ("registry.example/cfd",), None),
+        ("registry.example/cfd:12", ("registry.example/cfd",), None),
+        ("registry.example/cfd@sha256:" + "a" * 64, ("registry.example/cfd",), None),
+        ("registry.example/cfd-other/foam:1", ("registry.example/cfd",), "ImageNotAllowed"),
+        ("registry.example/cfd/foam:1", ("registry.example/",), None),
+        ("registry.example.evil/foam:1", ("registry.example",), "ImageNotAllowed"),
+        ("registry.example/cfd/foam:1", (), "ImageNotAllowed"),
+    ],
+)
+def test_an_image_must_lie_under_a_prefix_the_admin_allowed(
+    image: str | None, prefixes: tuple[str, ...], want: str | None
+) -> None:
+    assert code(replace(SUB, image=image), replace(POLICY, images=prefixes)) == want
+
+
+@pytest.mark.parametrize(
     ("path", "want"),
     [
         ("pitzDaily", None),

@@ -20,6 +20,9 @@ from rankpack.plan.submission import Phase, Submission
                    phases=(Phase(0.0, (500, 1000)), Phase(0.5, (1000, 500)))),
         Submission(case="pitzDaily", weights=(1, 1), budget_millis=1000, solver="simpleFoam",
                    wait="polite"),
+        Submission(case="pitzDaily", weights=(1, 1), budget_millis=1000,
+                   image="registry.example.com:5000/cfd/openfoam:12",
+                   pull_secrets=("cfd-registry", "backup.registry")),
     ],
 )  # fmt: skip
 def test_spec_round_trips(sub: Submission) -> None:
@@ -51,6 +54,18 @@ def test_spec_round_trips(sub: Submission) -> None:
         ({"case": {"path": "p"}, "ranks": 2, "solver": "/bin/sh -c x"}, "spec.solver must be"),
         ({"case": {"path": "p"}, "ranks": 2, "solver": "a;b"}, "spec.solver must be"),
         ({"case": {"path": "p"}, "ranks": 2, "wait": "busy"}, "spec.wait must be one of"),
+        ({"case": {"path": "p"}, "ranks": 2, "image": "Registry/CFD"}, "spec.image must be"),
+        ({"case": {"path": "p"}, "ranks": 2, "image": "a b"}, "spec.image must be"),
+        ({"case": {"path": "p"}, "ranks": 2, "image": "x:1$(id)"}, "spec.image must be"),
+        ({"case": {"path": "p"}, "ranks": 2, "image": "r/" + "a" * 600}, "spec.image must be"),
+        (
+            {"case": {"path": "p"}, "ranks": 2, "imagePullSecrets": ["Bad_Name"]},
+            "spec.imagePullSecrets",
+        ),
+        (
+            {"case": {"path": "p"}, "ranks": 2, "imagePullSecrets": ["s"] * 9},
+            "spec.imagePullSecrets names at most 8",
+        ),
     ],
 )
 def test_a_bad_spec_is_one_clear_error(spec: dict[str, object], message: str) -> None:

@@ -99,7 +99,8 @@ class PodStaging:
         b = self.state
         volume = parse_volume(spec.volume, run_dir)
         pod = stagepods.staging_pod(
-            spec.sim_id, stagewire.request_text(spec, run_dir), image=b.config.image,
+            spec.sim_id, stagewire.request_text(spec, run_dir),
+            image=spec.image or b.config.image, pull_secrets=spec.pull_secrets,
             volume=volume, run_dir=run_dir,
             case_root=Path(spec.case_root) if spec.case_root else None,  # (None: a tutorial)
             bounds=self.bounds,

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -281,6 +281,12 @@ def rank_pod(
     return idle_pod(spec, shape, owner, volume, image, service_account)
 
 
+def pull_secrets(names: Sequence[str]) -> list[Obj]:
+    """A pod's ``imagePullSecrets``: the Simulation's Secrets by name (the kubelet reads
+    them; nothing of rankpack does, and the operator holds no right on Secrets)."""
+    return [{"name": n} for n in names]
+
+
 def idle_pod(
     spec: SimSpec,
     shape: IdlePodShape,
@@ -332,6 +338,8 @@ def idle_pod(
     }
     if service_account:
         pod_spec["serviceAccountName"] = service_account
+    if spec.pull_secrets:
+        pod_spec["imagePullSecrets"] = pull_secrets(spec.pull_secrets)
     if spec.placement:
         pod_spec["nodeSelector"] = dict(spec.placement)
     if shape.node is not None:
@@ -533,6 +541,8 @@ def launcher_pod(
         "containers": [container],
         "volumes": volumes,
     }
+    if spec.pull_secrets:
+        pod_spec["imagePullSecrets"] = pull_secrets(spec.pull_secrets)
     if spec.placement:
         # where the rank pods may go is where the case volume and the image are
         pod_spec["nodeSelector"] = dict(spec.placement)

@@ -20,7 +20,7 @@ Its answer is its termination message (`rankpack.case.stagewire`).
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from rankpack.backend.kubernetes.api.config import (
@@ -39,6 +39,9 @@ from rankpack.backend.kubernetes.objects.builders import (
     Obj,
     is_dev_image,
     volume_entry,
+)
+from rankpack.backend.kubernetes.objects.builders import (
+    pull_secrets as secret_refs,
 )
 from rankpack.backend.protocol import BackendError
 
@@ -67,6 +70,7 @@ def staging_pod(
     service_account: str | None = None,
     labels: Mapping[str, str] | None = None,
     placement: Mapping[str, str] | None = None,
+    pull_secrets: Sequence[str] = (),
 ) -> Obj:
     """The staging pod of ``sim_id``: ``request`` (`stagewire.request_text`) staged into
     ``run_dir`` from a case below ``case_root`` (None: a tutorial of the image)."""
@@ -114,6 +118,8 @@ def staging_pod(
     }
     if service_account:
         pod_spec["serviceAccountName"] = service_account
+    if pull_secrets:
+        pod_spec["imagePullSecrets"] = secret_refs(pull_secrets)
     if placement:
         pod_spec["nodeSelector"] = dict(placement)
     own = {**(labels or {}), MANAGED_BY: MANAGER, SIM_LABEL: sim_id, ROLE_LABEL: STAGING_ROLE}

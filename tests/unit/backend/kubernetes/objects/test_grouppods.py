@@ -349,3 +349,35 @@ def test_a_keyed_group_pod_runs_rankd_with_its_key_and_an_unkeyed_one_idles() ->
 def test_only_a_launcher_pod_simulations_owner_holds_a_key() -> None:
     assert "key" not in builders.owner_configmap(sim_spec(), "img")["data"]
     assert builders.owner_configmap(sim_spec(), "img", "k1")["data"]["key"] == "k1"
+
+
+def test_every_pod_of_a_simulation_runs_its_image_pulled_with_its_secrets() -> None:
+    """spec.image and spec.imagePullSecrets reach the group pods, the launcher pod and the
+    staging pod (the kubelet reads the Secrets; rankpack reads none)."""
+    from rankpack.backend.kubernetes.api.config import StagingBounds
+    from rankpack.backend.kubernetes.objects import stagepods
+
+    image, secrets = "registry.example/cfd/foam:12", ("cfd-registry", "mirror")
+    spec = sim_spec(ranks=FOUR, image=image, pull_secrets=secrets)
+    volume = PvcVolume("runs", Path("/runs"))
+    options = builders.LauncherOptions("{}", "h slots=4\n", "rankpack-launcher")
+    pods = [
+        grouppods.group_pod(spec, RankGroup(0, None, (0, 1, 2, 3)), OWNER, volume, image),
+        builders.launcher_pod(spec, OWNER, volume, image, options),
+        stagepods.staging_pod(
+            "s1",
+            "{}",
+            image=image,
+            volume=volume,
+            run_dir=CASE,
+            case_root=None,
+            bounds=StagingBounds(deadline_s=60),
+            pull_secrets=secrets,
+        ),
+    ]
+    for pod in pods:
+        assert pod["spec"]["imagePullSecrets"] == [{"name": "cfd-registry"}, {"name": "mirror"}]
+        assert [c["image"] for c in pod["spec"]["containers"]] == [image]
+    plain = grouppods.group_pod(sim_spec(ranks=FOUR), RankGroup(0, None, (0, 1, 2, 3)), OWNER,
+                                volume, image)  # fmt: skip
+    assert "imagePullSecrets" not in plain["spec"]
