@@ -1,5 +1,5 @@
-"""The dev cluster's life: `rankpack dev-cluster up|down|status|stop-node|start-node`, and a
-control-plane component restarted (fault tests).
+"""The dev cluster's life: `rankpack dev-cluster up|down|status|stop-node|start-node|
+load-image`, and a control-plane component restarted (fault tests).
 
 Called by `rankpack.cli.devcluster_cmd` and by the `k8s` test tier's fixtures
 (`tests/k8s/conftest.py`). Built on the pieces of `rankpack.devcluster` (its layout,
@@ -15,5 +15,7 @@ Modules:
   `stop_node`, `start_node`;
 - `bringup`: `up` (`UpOptions`, `UpResult`);
 - `teardown`: `down` (`DownReport`) and `leftovers`;
-- `restarts`: `stop_component`, `start_component`.
+- `restarts`: `stop_component`, `start_component`;
+- `loadimage`: `load-image` (a user's image archive into every node, its names read
+  bounded).
 """
