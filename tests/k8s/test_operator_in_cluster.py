@@ -690,8 +690,12 @@ def test_a_run_that_ends_while_no_operator_runs_keeps_its_per_rank_results(
         print(f"CPU-seconds: watched {watched_cpu}, adopted after its end {adopted_cpu}")
         assert watched_cpu > 0 and abs(adopted_cpu - watched_cpu) <= 0.2 * watched_cpu, (
             watched_cpu, adopted_cpu)  # fmt: skip
-        reasons = [e["reason"] for e in ic.simulation_events(away)]
-        assert reasons.count("Launched") == 1 and reasons.count("Succeeded") == 1, reasons
+        events = sorted(ic.simulation_events(away), key=lambda e: str(e.get("firstTimestamp")))
+        said = [(e.get("firstTimestamp"), e["reason"], e.get("count"), e.get("message", "")[:200],
+                 (e.get("source") or {}).get("component") or e.get("reportingInstance"))
+                for e in events]  # fmt: skip
+        reasons = [e["reason"] for e in events]
+        assert reasons.count("Launched") == 1 and reasons.count("Succeeded") == 1, said
     finally:
         _scale_operator(ic, manifests.REPLICAS)
         ic.print_operator_log(30)
