@@ -192,10 +192,11 @@ def _add_admission_arguments(p: argparse.ArgumentParser) -> None:
         "only: CasePathNotAllowed)",
     )  # fmt: skip
     p.add_argument(
-        "--allow-image", action="append", default=[], metavar="PREFIX",
+        "--allow-image", action="append", default=[], metavar="PREFIX[=SOLVER,...]",
         help="an image prefix a Simulation's spec.image may lie under: a registry, a "
         "repository or one image (repeat for several; default: none, only the operator's "
-        "own rank image: ImageNotAllowed)",
+        "own rank image: ImageNotAllowed); =SOLVER,... names the only solvers its images "
+        "may run (default: the OpenFOAM applications and --solver names)",
     )  # fmt: skip
     p.add_argument(
         "--staging-deadline", type=parse_seconds, default=600.0, metavar="S",
@@ -333,14 +334,24 @@ def _admission(args: argparse.Namespace) -> AdmissionPolicy:
             if not d.startswith("/") or ".." in d.split("/"):
                 raise UserError(f"{flag} {d!r} must be an absolute directory without '..'")
     solvers = {check_solver(s, "--solver") for s in args.solver}
-    for prefix in args.allow_image:
+    images, image_solvers = [], []
+    for given in args.allow_image:
+        prefix, has_list, names = given.partition("=")
         if not re.fullmatch(r"[a-z0-9][a-z0-9._:/@-]{0,511}", prefix):
             raise UserError(f"--allow-image {prefix[:120]!r} must be an image reference or a "
                             "prefix of one, such as registry.example.com/cfd/")  # fmt: skip
+        images.append(prefix)
+        if has_list:
+            named = {check_solver(n.strip(), "--allow-image's solvers") for n in names.split(",")}
+            if None in named:
+                raise UserError(f"--allow-image {given[:120]!r}: name its solvers after '=', "
+                                "e.g. registry.example/cfd=simpleFoam,mySolver")  # fmt: skip
+            image_solvers.append((prefix, frozenset(n for n in named if n)))
     return AdmissionPolicy(
         host_prefixes=tuple(args.allow_host_path),
         case_roots=tuple(args.case_root),
-        images=tuple(args.allow_image),
+        images=tuple(images),
+        image_solvers=tuple(image_solvers),
         solvers=frozenset(openfoam_applications() | {s for s in solvers if s}),
     )
 

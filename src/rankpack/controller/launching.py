@@ -52,6 +52,7 @@ from rankpack.core.actions import Launch, WaitChoice
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.core.results import WaitRecord
 from rankpack.errors import UserError
+from rankpack.plan.images import solvers_for
 
 
 class Starter:
@@ -236,7 +237,9 @@ class Starter:
         spec = self._spec(sim)
         sim.t0 = ctx.backend.clock()
         sim.started_s = ctx.now()
-        allowed = ctx.settings.solvers
+        s = ctx.settings
+        allowed = None if s.solvers is None else solvers_for(sub.image, s.solvers,
+                                                              s.image_solvers)  # fmt: skip
         if allowed is not None and staged.solver not in allowed:
             sim.end_t = sim.t0
             self.end(sim, Failure(FailureCode.SOLVER_NOT_ALLOWED, (

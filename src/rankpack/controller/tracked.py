@@ -22,6 +22,7 @@ from rankpack.controller.views import LoopResult, SimOutcome, StageFailure
 from rankpack.core.actions import WaitMode, WaitSetting
 from rankpack.core.results import ResizeRecord, RunResult, WaitRecord
 from rankpack.plan.allocation import Plan
+from rankpack.plan.images import ImageSolvers
 from rankpack.store import SampleRow, Store
 
 
@@ -54,6 +55,9 @@ class LoopSettings:
     solvers: frozenset[str] | None = None
     """Applications a simulation may run (the operator's allowlist): a case whose
     application is not one of them fails at launch, before any rank pod exists (None: any)."""
+    image_solvers: ImageSolvers = ()
+    """With ``solvers``: image prefixes whose images run only the solvers named instead
+    (`rankpack.plan.images.solvers_for`)."""
     confine_staging: bool = False
     """Stage cases as the operator must, for users with fewer rights: none of a case's code
     runs and nothing outside it is read (`rankpack.case.confine`); off for `run` and

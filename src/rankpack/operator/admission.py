@@ -16,7 +16,8 @@ what the cluster admin configured, never by the Simulation itself:
   (``CasePathNotAllowed``). Nothing outside the roots is read: the path is checked as text
   first, and only a path already under a root is resolved on disk.
 * ``spec.solver`` must be one of the applications the admin allows (default: the OpenFOAM
-  applications the image ships, `openfoam_applications`), ``SolverNotAllowed`` otherwise.
+  applications the image ships, `openfoam_applications`; for an image under a prefix the
+  admin named solvers for, those: `rankpack.plan.images`), ``SolverNotAllowed`` otherwise.
   The same list bounds the case's own ``application`` at launch (`LoopSettings.solvers`).
 * ``spec.image`` (what its staging, launcher and ranks run) must be the operator's own rank
   image or lie under an image prefix the admin allowed (``--allow-image``): a prefix
@@ -42,6 +43,7 @@ from pathlib import Path
 
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.errors import UserError
+from rankpack.plan.images import ImageSolvers, image_allowed, solvers_for
 from rankpack.plan.submission import Submission
 
 TUTORIAL_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+-]{0,127}$")
@@ -78,6 +80,8 @@ class AdmissionPolicy:
     images: tuple[str, ...] = ()
     """Image prefixes a Simulation's ``spec.image`` may lie under (the operator adds its
     own rank image; empty: only that one)."""
+    image_solvers: ImageSolvers = ()
+    """Image prefixes whose images run only the solvers named (`rankpack.plan.images`)."""
     resolve_links: bool = True
     """Resolve a case path's symbolic links on this process's disk: only where this process
     stages cases itself. False where each case is staged in a pod of its own namespace,
@@ -172,9 +176,12 @@ def check_case_path(
         )
 
 
-def check_solver_allowed(solver: str | None, policy: AdmissionPolicy) -> None:
-    if solver is not None and solver not in policy.solvers:
-        raise Refused(FailureCode.SOLVER_NOT_ALLOWED, solver_refusal(solver, policy.solvers))
+def check_solver_allowed(
+    solver: str | None, policy: AdmissionPolicy, image: str | None = None
+) -> None:
+    allowed = solvers_for(image, policy.solvers, policy.image_solvers)
+    if solver is not None and solver not in allowed:
+        raise Refused(FailureCode.SOLVER_NOT_ALLOWED, solver_refusal(solver, allowed))
 
 
 def solver_refusal(solver: str, allowed: frozenset[str]) -> str:
@@ -183,16 +190,6 @@ def solver_refusal(solver: str, allowed: frozenset[str]) -> str:
         f"{solver[:80]!r} is not an allowed solver (allowed: {shown or 'none'}); name one of "
         "the image's OpenFOAM solvers, or ask the admin to allow it (rankpack operator --solver)"
     )
-
-
-def image_allowed(image: str, prefixes: Iterable[str]) -> bool:
-    """``image`` is one of ``prefixes`` or continues one after ``/``, ``:`` or ``@`` (a
-    prefix that ends with one of them matches what follows it)."""
-    for p in prefixes:
-        if p and (image == p or (image.startswith(p) and (
-                p[-1] in "/:@" or image[len(p)] in "/:@"))):  # fmt: skip
-            return True
-    return False
 
 
 def check_image(image: str | None, policy: AdmissionPolicy) -> None:
@@ -228,7 +225,7 @@ def admit(
     ``policy.resolve_links``) last."""
     check_host_volume(sub.volume, policy)
     check_image(sub.image, policy)
-    check_solver_allowed(sub.solver, policy)
+    check_solver_allowed(sub.solver, policy, sub.image)
     check_fit(sub, policy)
     check_case_path(sub.case, policy, resolve if policy.resolve_links else str)
 

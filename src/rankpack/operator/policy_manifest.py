@@ -12,7 +12,7 @@ checks symbolic links on disk and the solver allowlist):
   ``hostPathPrefixes`` (comma-separated; empty: none);
 * ``spec.case.path``: a tutorial name, or absolute, no ``..``, under one of ``caseRoots``;
 * ``spec.image``: one of ``imagePrefixes`` or continuing one after ``/``, ``:`` or ``@``
-  (`rankpack.operator.admission.image_allowed`); none given: only Simulations without an
+  (`rankpack.plan.images.image_allowed`); none given: only Simulations without an
   image pass.
 
 ``{namespace}`` in either list is the Simulation's namespace (``request.namespace``), so

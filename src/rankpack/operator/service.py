@@ -385,7 +385,8 @@ def _settings(ctx: _Ctx) -> LoopSettings:
         extra={"multiplex_id": ctx.multiplex_id, "operator": opts.identity},
         # each job carries its namespace's run directories and volume (`Tenancy`)
         image=opts.config.image, volume=None, leave_running=True,
-        solvers=opts.admission.solvers, confine_staging=True, case_scan=opts.case_scan,
+        solvers=opts.admission.solvers, image_solvers=opts.admission.image_solvers,
+        confine_staging=True, case_scan=opts.case_scan,
         sim_labels=dict(OPERATOR_LABEL),
     )  # fmt: skip
 

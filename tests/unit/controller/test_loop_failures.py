@@ -8,6 +8,8 @@ from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
 
+import pytest
+
 from rankpack.backend.protocol import LaunchFailed, SimObservation, SimPhase, SimSpec, StageSpec
 from rankpack.backend.worker import Stager
 from rankpack.case.openfoam import NotACase
@@ -126,6 +128,27 @@ def test_a_solver_not_allowed_has_its_own_code(tmp_path: Path) -> None:
     backend = SimulatedBackend(_small_cluster())
     (run,) = run_jobs(backend, Store(tmp_path / "r.db"), OneJob(SUB), settings).results
     assert run.status == "failed" and run.failure == "SolverNotAllowed"
+
+
+@pytest.mark.parametrize(
+    ("image", "status"),
+    [(None, "completed"), ("team.example/cfd/foam:1", "failed"),
+     ("team.example/other/foam:1", "completed")],
+)  # fmt: skip
+def test_an_image_the_admin_named_solvers_for_runs_only_those(
+    tmp_path: Path, image: str | None, status: str
+) -> None:
+    """The case's application (simpleFoam) is in the default list; images under
+    ``team.example/cfd`` may run only ``mySolver``."""
+    only = (("team.example/cfd", frozenset({"mySolver"})),)
+    settings = LoopSettings(runs_root=tmp_path / "runs", solvers=frozenset({"simpleFoam"}),
+                            image_solvers=only)  # fmt: skip
+    backend = SimulatedBackend(_small_cluster())
+    job = OneJob(replace(SUB, image=image))
+    (run,) = run_jobs(backend, Store(tmp_path / "r.db"), job, settings).results
+    assert run.status == status, run.message
+    if status == "failed":
+        assert run.failure == "SolverNotAllowed"
 
 
 def test_a_case_that_cannot_be_staged_is_stage_failed(tmp_path: Path) -> None:

@@ -71,6 +71,26 @@ def test_an_image_must_lie_under_a_prefix_the_admin_allowed(
 
 
 @pytest.mark.parametrize(
+    ("image", "solver", "want"),
+    [
+        (None, "simpleFoam", None),  # the operator's own image: the default list
+        ("registry.example/cfd/foam:12", "simpleFoam", "SolverNotAllowed"),
+        ("registry.example/cfd/foam:12", "mySolver", None),
+        ("registry.example/cfd/special/foam:1", "mySolver", "SolverNotAllowed"),  # longest wins
+        ("registry.example/cfd/special/foam:1", "specialFoam", None),
+        ("registry.example/other/foam:1", "simpleFoam", None),  # no list named: the default
+    ],
+)
+def test_an_image_prefix_may_name_the_only_solvers_its_images_run(
+    image: str | None, solver: str, want: str | None
+) -> None:
+    policy = replace(POLICY, images=("registry.example/",), image_solvers=(
+        ("registry.example/cfd", frozenset({"mySolver"})),
+        ("registry.example/cfd/special", frozenset({"specialFoam"}))))  # fmt: skip
+    assert code(replace(SUB, image=image, solver=solver), policy) == want
+
+
+@pytest.mark.parametrize(
     ("path", "want"),
     [
         ("pitzDaily", None),
@@ -195,6 +215,9 @@ def test_a_budget_that_leaves_a_rank_without_cpu_is_invalid() -> None:
         ("--case-root", "relative/cases", "--case-root 'relative/cases' must be an absolute"),
         ("--allow-host-path", "/srv/../etc", "--allow-host-path '/srv/../etc' must be"),
         ("--solver", "sh -c id", "--solver must be a command name"),
+        ("--allow-image", "Registry/CFD", "--allow-image 'Registry/CFD' must be an image"),
+        ("--allow-image", "registry.example/cfd=", "name its solvers after '='"),
+        ("--allow-image", "registry.example/cfd=sh -c id", "must be a command name"),
     ],
 )
 def test_bad_admission_flags_are_one_line_errors(
