@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import collections
 import datetime as dt
+import hashlib
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
@@ -109,7 +110,17 @@ def event_body(
         involved["uid"] = uid
     return builders.core_event(involved, etype, reason, message_of(e), crd.MANAGED_BY,
                                COMPONENT, _now(), (f"{crd.GROUP}/operator", instance),
-                               {crd.EVENT_SEQUENCE: str(e.id)})  # fmt: skip
+                               {crd.EVENT_SEQUENCE: str(e.id)},
+                               event_name(name, e, uid, instance))  # fmt: skip
+
+
+def event_name(simulation: str, e: EventRow, uid: str | None, instance: str) -> str:
+    """The Event's own name: the Simulation's, then the store event it tells (a retried POST
+    whose first answer was lost gets 409 instead of posting it twice). The Simulation's uid,
+    the operator's identity and the event's time keep apart what two stores, each numbering
+    from 1, would otherwise name alike."""
+    digest = hashlib.sha256(f"{uid}|{instance}|{e.multiplex_id}|{e.at}".encode()).hexdigest()
+    return f"{simulation[:200].rstrip('.-')}.{digest[:10]}-{e.id}"
 
 
 class SimulationEvents:
@@ -168,7 +179,11 @@ class SimulationEvents:
                 body = self.queue[0]
                 try:
                     self.post(body)
-                except ApiError:  # the apiserver is away: keep it, try again later
+                except ApiError as exc:
+                    if exc.status == 409:  # posted already: its first answer was lost
+                        self.queue.popleft()
+                        continue
+                    # the apiserver is away: keep it, try again later
                     self.failed += 1
                     self.stopped.wait(delay)
                     delay = min(delay * 2, 10.0)

@@ -97,3 +97,45 @@ def test_events_wait_while_the_apiserver_is_down_and_go_out_in_order() -> None:
         time.sleep(0.05)
     ev.stop()
     assert posted == ["Launched", "Resized", "Succeeded"]
+
+
+def test_a_post_whose_answer_was_lost_is_not_posted_twice() -> None:
+    """Each Event has its own name (the Simulation's, then the store event's id): the retry
+    of a POST the apiserver took but whose answer was lost gets 409 and counts as posted."""
+    import threading
+
+    from rankpack.backend.kubernetes.api.kubeapi import ApiError
+
+    created: dict[str, str] = {}
+    lost_once = {"launch": True}
+    done = threading.Event()
+
+    def post(body: Obj) -> None:
+        name = body["metadata"]["name"]
+        if name in created:
+            raise ApiError(409, "AlreadyExists", f"events {name} already exists")
+        created[name] = body["reason"]
+        if lost_once.pop("launch", False):  # it was created; the answer never came
+            raise ApiError(0, "timed out")
+        if len(created) == 2:
+            done.set()
+
+    ev = events.SimulationEvents(post, "ns", "op-1", name_of=lambda e: "sim-a",
+                                 uid_of=lambda n: None)  # fmt: skip
+    ev.start()
+    from dataclasses import replace
+
+    ev.add([replace(event_row("launch"), id=11),
+            replace(event_row("finished", status="completed"), id=12)])  # fmt: skip
+    assert done.wait(15), created
+    ev.stop()
+    assert sorted(created.values()) == ["Launched", "Succeeded"] and not ev.queue
+    names = list(created)
+    assert all(n.startswith("sim-a.") for n in names) and len(set(names)) == 2
+    # another operator's store numbers its events from 1 too: its names differ, as do a
+    # recreated Simulation's (another uid)
+    row = event_row("launch")
+    name = events.event_name("sim-a", row, "uid-1", "op-1")
+    assert name != events.event_name("sim-a", row, "uid-1", "op-2")
+    assert name != events.event_name("sim-a", row, "uid-2", "op-1")
+    assert name == events.event_name("sim-a", row, "uid-1", "op-1")  # a retry: the same

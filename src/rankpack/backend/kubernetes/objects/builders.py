@@ -385,10 +385,17 @@ def core_event(
     now_iso: str,
     reporting: tuple[str, str] | None = None,
     annotations: Mapping[str, str] | None = None,
+    name: str | None = None,
 ) -> Obj:
     """A core/v1 Event on ``involved`` (an object reference): the one shape both the
-    backend's Warnings on rank pods and the operator's Events on Simulations take."""
-    meta: Obj = {"generateName": f"{involved['name']}.", "labels": dict(labels)}
+    backend's Warnings on rank pods and the operator's Events on Simulations take. ``name``:
+    its own (a POST retried after an answer was lost then gets 409, not a copy); else one
+    the apiserver generates."""
+    meta: Obj = {"labels": dict(labels)}
+    if name:
+        meta["name"] = name
+    else:
+        meta["generateName"] = f"{involved['name']}."
     if involved.get("namespace"):
         meta["namespace"] = involved["namespace"]
     if annotations:
