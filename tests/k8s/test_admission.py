@@ -164,9 +164,11 @@ def test_the_admission_policy_refuses_host_volumes_and_case_paths_at_create(env:
     ns = env.k8s.namespace
     admin = env.k8s.admin_api()
     core, reg = client.CoreV1Api(admin), client.AdmissionregistrationV1Api(admin)
+    # a policy of its own name: the apiserver's view of this one, once deleted, must not
+    # shadow deploy/'s (the in-cluster module's), a different object of the usual name
     params, policy, binding = admission_objects(
-        ns, ("/srv/rankpack",), ("/srv/cases",), ("registry.example/cfd", "other.example/")
-    )
+        ns, ("/srv/rankpack",), ("/srv/cases",), ("registry.example/cfd", "other.example/"),
+        name="rankpack-simulations-test")  # fmt: skip
     small = Submission(case="pitzDaily", weights=(1.0, 1.0), budget_millis=1000)
 
     def create(name: str, image: str | None = None, **case: str) -> ApiException | None:

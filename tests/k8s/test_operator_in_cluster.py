@@ -177,14 +177,14 @@ def incluster(dev_cluster: DevCluster) -> Iterator[InCluster]:
                "--type=json", "-p",
                json.dumps([{"op": "add", "path": "/spec/template/spec/containers/0/command/-",
                             "value": flag} for flag in hostile.SANDBOX_FLAGS]))  # fmt: skip
-    deploy.wait_rolled_out(layout, version, ["deployments"], 300)
-    # the apiserver takes a policy's binding and parameters up asynchronously (an earlier
-    # module's policy of the same name makes it slower): until it has, a create is refused
-    # "no params found"; a server-side dry run goes through admission and creates nothing
-    probe = ic.deployed.runs_dir / "admission-probe.json"
-    probe.write_text(json.dumps(_simulation("admission-probe", "pitzDaily", 10)))
-    ic.wait("the admission policy to see its parameters", lambda: _admits(ic, probe), 120)
     try:
+        deploy.wait_rolled_out(layout, version, ["deployments"], 300)
+        # the apiserver takes a policy's binding and parameters up asynchronously: until it
+        # has, a create is refused "no params found"; a server-side dry run goes through
+        # admission and creates nothing
+        probe = ic.deployed.runs_dir / "admission-probe.json"
+        probe.write_text(json.dumps(_simulation("admission-probe", "pitzDaily", 10)))
+        ic.wait("the admission policy to see its parameters", lambda: _admits(ic, probe), 120)
         yield ic
     finally:
         ic.kubectl("label", "namespace", NAMESPACE, f"{ENFORCE}=privileged", "--overwrite")

@@ -117,8 +117,10 @@ def admission_objects(
     host_prefixes: Sequence[str] = (),
     case_roots: Sequence[str] = (),
     image_prefixes: Sequence[str] = (),
+    name: str = POLICY,
 ) -> list[Obj]:
-    """The parameter ConfigMap (in ``namespace``), the policy and its binding."""
+    """The parameter ConfigMap (in ``namespace``), the policy and its binding (``name``:
+    the policy's and the binding's; a test's own keeps clear of an installed one's)."""
     params = params_map(namespace, {
         "hostPathPrefixes": ",".join(host_prefixes), "caseRoots": ",".join(case_roots),
         "imagePrefixes": ",".join(image_prefixes),
@@ -126,7 +128,7 @@ def admission_objects(
     policy = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicy",
-        "metadata": {"name": POLICY, "labels": dict(crd.MANAGED_BY)},
+        "metadata": {"name": name, "labels": dict(crd.MANAGED_BY)},
         "spec": {
             "failurePolicy": "Fail",
             "paramKind": {"apiVersion": "v1", "kind": "ConfigMap"},
@@ -156,9 +158,9 @@ def admission_objects(
     binding = {
         "apiVersion": "admissionregistration.k8s.io/v1",
         "kind": "ValidatingAdmissionPolicyBinding",
-        "metadata": {"name": POLICY, "labels": dict(crd.MANAGED_BY)},
+        "metadata": {"name": name, "labels": dict(crd.MANAGED_BY)},
         "spec": {
-            "policyName": POLICY,
+            "policyName": name,
             "validationActions": ["Deny"],
             "paramRef": {
                 "name": PARAMS,
