@@ -135,16 +135,6 @@ class InCluster:
                             "--duration=1h").strip()  # fmt: skip
 
 
-def _admits(ic: InCluster, manifest: Path) -> bool:
-    try:
-        ic.kubectl("create", "--dry-run=server", "-n", NAMESPACE, "-f", str(manifest))
-    except UserError as exc:
-        if "no params found" in str(exc):
-            return False
-        raise
-    return True
-
-
 def _remove_operator(ic: InCluster) -> None:
     for kind, name in (("deployment", manifests.NAME), ("daemonset", AGENT)):
         ic.kubectl("delete", kind, name, "-n", manifests.SYSTEM_NAMESPACE, "--ignore-not-found",
@@ -179,12 +169,6 @@ def incluster(dev_cluster: DevCluster) -> Iterator[InCluster]:
                             "value": flag} for flag in hostile.SANDBOX_FLAGS]))  # fmt: skip
     try:
         deploy.wait_rolled_out(layout, version, ["deployments"], 300)
-        # the apiserver takes a policy's binding and parameters up asynchronously: until it
-        # has, a create is refused "no params found"; a server-side dry run goes through
-        # admission and creates nothing
-        probe = ic.deployed.runs_dir / "admission-probe.json"
-        probe.write_text(json.dumps(_simulation("admission-probe", "pitzDaily", 10)))
-        ic.wait("the admission policy to see its parameters", lambda: _admits(ic, probe), 120)
         yield ic
     finally:
         ic.kubectl("label", "namespace", NAMESPACE, f"{ENFORCE}=privileged", "--overwrite")
