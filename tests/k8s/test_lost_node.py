@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import re
 import time
 from collections.abc import Iterator
@@ -35,8 +34,7 @@ from rankpack.devcluster.lifecycle import bringup, clusterstate, teardown
 from rankpack.devcluster.lifecycle.nodes import start_node, stop_node
 from rankpack.operator import crd, manifests
 from tests.k8s.conftest import DevCluster
-from tests.k8s.operators import endless_pitzdaily
-from tests.k8s.test_operator_in_cluster import InCluster
+from tests.k8s.test_operator_in_cluster import InCluster, _endless_case
 
 NAMES = ("lost-a", "lost-b", "lost-c")
 ITERATIONS = 1200
@@ -117,13 +115,7 @@ def _nodes_of(ic: InCluster) -> dict[str, set[str]]:
 
 
 def _create(ic: InCluster) -> None:
-    cases = ic.tenant / "cases"
-    cases.mkdir(exist_ok=True)
-    os.chown(cases, manifests.RUN_AS, manifests.RUN_AS)
-    case = endless_pitzdaily(cases)
-    for path in [case, *case.rglob("*")]:
-        os.chown(path, manifests.RUN_AS, manifests.RUN_AS)
-    in_pod = str(Path(manifests.tenant_path(NAMESPACE, "cases")) / case.name)
+    in_pod = _endless_case(ic)
     manifest = ic.deployed.runs_dir / "lost-node.json"
     items = [_fixed_simulation(n, in_pod) for n in NAMES]
     manifest.write_text(json.dumps({"apiVersion": "v1", "kind": "List", "items": items}))
