@@ -95,13 +95,7 @@ def _fixed_simulation(name: str, case: str) -> dict[str, Any]:
 
 
 def _events(ic: InCluster, name: str) -> list[str]:
-    """The Events of the Simulation ``name`` now (by its uid: an earlier test's Simulation
-    of that name has Events too)."""
-    uid = ic.get(f"simulations.{crd.GROUP}", name)["metadata"]["uid"]
-    found = json.loads(ic.kubectl(
-        "get", "events", "-n", NAMESPACE, "-o", "json", "--field-selector",
-        f"involvedObject.kind=Simulation,involvedObject.uid={uid}"))["items"]  # fmt: skip
-    return [str(e["reason"]) for e in found]
+    return [str(e["reason"]) for e in ic.simulation_events(name)]
 
 
 def _nodes_of(ic: InCluster) -> dict[str, set[str]]:

@@ -121,9 +121,12 @@ class InCluster:
                          "--ignore-not-found")  # fmt: skip
 
     def simulation_events(self, name: str) -> list[Any]:
+        """The Events of the Simulation ``name`` now, by its uid: an earlier test's
+        Simulation of that name has Events too (kept for an hour)."""
+        uid = self.get(f"simulations.{crd.GROUP}", name)["metadata"]["uid"]
         return list(json.loads(self.kubectl(
             "get", "events", "-n", NAMESPACE, "-o", "json", "--field-selector",
-            f"involvedObject.kind=Simulation,involvedObject.name={name}"))["items"])  # fmt: skip
+            f"involvedObject.kind=Simulation,involvedObject.uid={uid}"))["items"])  # fmt: skip
 
     def print_operator_log(self, tail: int) -> None:
         print(self.kubectl("logs", "-n", manifests.SYSTEM_NAMESPACE, "-l",
