@@ -23,6 +23,10 @@
  * I/O. Only the thread that called MPI_Init is measured (and owns the global state below);
  * calls from other threads pass straight through.
  *
+ * Linked against no MPI library (shim/Makefile): compiled with one ABI family's mpi.h, it
+ * binds to the MPI of that family that the solver itself loaded (see "binding to the
+ * solver's MPI" below), and loads harmlessly into processes that have none.
+ *
  * Configuration: RANKPACK_SHIM_* environment variables, documented in docs/shim.md.
  */
 #define _GNU_SOURCE
@@ -42,6 +46,104 @@
 #include <unistd.h>
 
 #include "rankpack_record.h"
+
+/* ---- binding to the solver's MPI ------------------------------------------------------------
+ *
+ * The shim has no DT_NEEDED on an MPI library: every MPI function it calls is found in the
+ * process it is loaded into, so one build per ABI family serves any installation of that family
+ * (a user's own MPI at its own path). LD_PRELOAD is inherited by every process around the
+ * solver (the rank launcher's /bin/sh, mpirun and its daemons), most of which load no MPI, so
+ * loading the shim must need nothing of MPI:
+ *   - every PMPI_ function it calls is declared weak: with no MPI in the process the reference
+ *     stays unbound and is never called, also under LD_BIND_NOW (a weak reference that finds
+ *     nothing is 0, not an error); with MPI it binds, at its first call, to the solver's.
+ *   - it holds no reference to MPI's data: Open MPI's predefined handles are addresses of
+ *     objects in libmpi (MPI_COMM_WORLD is &ompi_mpi_comm_world), which would be load-time
+ *     relocations; the one handle it needs is looked up at MPI_Init (rp_world).
+ * A PMPI_ function called here but not declared below would be a strong reference, and the
+ * shim would no longer load into a process without MPI under LD_BIND_NOW; so would any MPI
+ * data: tests/unit/profile/test_shim_libraries.py (the ELF file) and
+ * tests/integration/test_shim_abi.py (preloaded for real) catch either.
+ */
+#define RP_WEAK(name) extern __typeof__(name) name __attribute__((weak));
+#define RP_FN(kind, name, params, args, nb) RP_WEAK(PMPI_##name)
+#include "mpi_functions.def"
+#undef RP_FN
+RP_WEAK(PMPI_Init)
+RP_WEAK(PMPI_Init_thread)
+RP_WEAK(PMPI_Finalize)
+RP_WEAK(PMPI_Comm_rank)
+RP_WEAK(PMPI_Comm_size)
+RP_WEAK(PMPI_Isend)
+RP_WEAK(PMPI_Issend)
+RP_WEAK(PMPI_Irsend)
+RP_WEAK(PMPI_Irecv)
+RP_WEAK(PMPI_Iprobe)
+RP_WEAK(PMPI_Cancel)
+RP_WEAK(PMPI_Request_free)
+
+/* This build's ABI family, and whether the MPI in the process is of it: Open MPI's libmpi
+ * defines its handles' objects (ompi_mpi_comm_world); the MPICH ABI (MPICH, Intel MPI,
+ * MVAPICH) has integer handles and no such object. */
+#ifdef OPEN_MPI
+#define RP_FAMILY "openmpi"
+#define RP_FAMILY_MATCHES(ompi_world) ((ompi_world) != NULL)
+#else
+#define RP_FAMILY "mpich"
+#define RP_FAMILY_MATCHES(ompi_world) ((ompi_world) == NULL)
+#endif
+
+/*
+ * Makes the solver's MPI visible to the shim, when a rank calls MPI_Init (`caller`: the code
+ * that called it), and checks that it is of this build's family. Usually it is visible
+ * already: the solver, or a library it links, needs libmpi, so libmpi is in the global scope
+ * from start-up and the shim's lazy references find it at their first call. A program that
+ * loads its MPI with dlopen and RTLD_LOCAL (a Python extension such as mpi4py's MPI module)
+ * hides it from the shim; then the library that defines PMPI_Init for the caller is reopened
+ * RTLD_GLOBAL (RTLD_NOLOAD: nothing new is loaded; it and its dependencies join the global
+ * scope, as mpi4py itself does for Open MPI's plugins). Returns NULL if the shim can call the
+ * MPI now, else why not. Not on the hot path: once per MPI_Init.
+ */
+static const char *rp_bind_mpi(const void *caller) {
+    if (!dlsym(RTLD_DEFAULT, "PMPI_Init")) {
+        Dl_info info;
+        void *h = NULL, *init = NULL;
+        if (dladdr(caller, &info) && info.dli_fname && info.dli_fname[0])
+            h = dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD);
+        if (h) {
+            init = dlsym(h, "PMPI_Init");
+            dlclose(h);
+        }
+        /* Kept open: the promotion lasts as long as the process. */
+        if (init && dladdr(init, &info) && info.dli_fname)
+            dlopen(info.dli_fname, RTLD_LAZY | RTLD_NOLOAD | RTLD_GLOBAL);
+        if (!dlsym(RTLD_DEFAULT, "PMPI_Init"))
+            return "found no MPI library (PMPI_Init) in this process";
+    }
+    if (!RP_FAMILY_MATCHES(dlsym(RTLD_DEFAULT, "ompi_mpi_comm_world")))
+        return "the MPI loaded in this process is not of the " RP_FAMILY " ABI family";
+    return NULL;
+}
+
+/* MPI_Init refused: the shim cannot measure this process, and calling an MPI of another ABI
+ * with this build's handles would crash somewhere less clear. */
+static int rp_refuse(const char *why) {
+    fprintf(stderr,
+            "rankpack shim (" RP_FAMILY "): %s; preload the shim built for the solver's MPI "
+            "(docs/shim.md, \"ABI families\")\n",
+            why);
+    return MPI_ERR_OTHER;
+}
+
+/* MPI_COMM_WORLD, once rp_bind_mpi found the MPI. Under Open MPI it is the address of a
+ * libmpi object, looked up here rather than relocated at load time (see above). */
+static MPI_Comm rp_world(void) {
+#ifdef OPEN_MPI
+    return (MPI_Comm)dlsym(RTLD_DEFAULT, "ompi_mpi_comm_world");
+#else /* the MPICH ABI: handles are integer constants */
+    return MPI_COMM_WORLD;
+#endif
+}
 
 /* ---- function ids and names, generated from the table ------------------------------- */
 
@@ -622,8 +724,9 @@ static void rp_setup(void) {
     l->record_size = sizeof(struct rp_record);
     l->n_funcs = RP_N_FUNCS;
     int rank = 0, size = 1;
-    PMPI_Comm_rank(MPI_COMM_WORLD, &rank);
-    PMPI_Comm_size(MPI_COMM_WORLD, &size);
+    MPI_Comm world = rp_world();
+    PMPI_Comm_rank(world, &rank);
+    PMPI_Comm_size(world, &size);
     l->rank = rank;
     l->world_size = size;
     l->pid = (int32_t)getpid();
@@ -732,12 +835,16 @@ static void rp_write_trace(void) {
 }
 
 int MPI_Init(int *argc, char ***argv) {
+    const char *why = rp_bind_mpi(__builtin_return_address(0));
+    if (why) return rp_refuse(why);
     int rc = PMPI_Init(argc, argv);
     if (rc == MPI_SUCCESS) rp_setup();
     return rc;
 }
 
 int MPI_Init_thread(int *argc, char ***argv, int required, int *provided) {
+    const char *why = rp_bind_mpi(__builtin_return_address(0));
+    if (why) return rp_refuse(why);
     int rc = PMPI_Init_thread(argc, argv, required, provided);
     if (rc == MPI_SUCCESS) rp_setup();
     return rc;
