@@ -37,10 +37,10 @@ pytestmark = pytest.mark.integration
 
 
 def test_pitzdaily_four_ranks_completes_and_is_recorded() -> None:
-    data = run_json("run", "pitzDaily", "--ranks", "4", "--iterations", "40")
+    data = run_json("run", "pitzDaily", "--ranks", "4", "--iterations", "120")
     assert data["_returncode"] == 0, data
     assert data["status"] == "completed"
-    assert data["iterations"] == 40
+    assert data["iterations"] == 120
     assert data["backend"] == "local"
     assert data["placement"]["cgroups"] == cgroups.detect().version
     assert len(data["ranks"]) == 4
@@ -48,7 +48,8 @@ def test_pitzdaily_four_ranks_completes_and_is_recorded() -> None:
     assert [r["cpu_millis"] for r in data["ranks"]] == [1000] * 4
     counter = sum(r["cpu_s_counter"] for r in data["ranks"])
     assert counter > 0.5
-    # trapezoid over ~1 Hz samples agrees with the cgroup's own counter
+    # trapezoid over ~1 Hz samples agrees with the cgroup's own counter (a run long enough
+    # that its first and last intervals do not dominate: 40 iterations were 32 % off once)
     assert abs(data["cpu_s"] - counter) / counter < 0.2
     assert all(r["nr_throttled"] == 0 for r in data["ranks"])
     # 4 ranks on this machine's cores, all in the run's one cgroup, Open MPI: they spin from
@@ -60,7 +61,7 @@ def test_pitzdaily_four_ranks_completes_and_is_recorded() -> None:
     run_dir = Path(data["run_dir"])
     assert (run_dir / "log.simpleFoam").is_file() and (run_dir / "processor3").is_dir()
     shown = run_json("runs", "show", str(data["id"]))
-    assert shown["status"] == "completed" and shown["iterations"] == 40
+    assert shown["status"] == "completed" and shown["iterations"] == 120
     assert [r["cpu_millis"] for r in shown["ranks"]] == [1000] * 4
     listed = json.loads(rankpack("runs", "list", "--json").stdout)
     assert listed[0]["id"] == data["id"]
@@ -156,7 +157,10 @@ def test_rank_group_weighs_requests_by_nice_and_resizes_in_place(tmp_path: Path)
         if len(list(pid_dir.glob("*.pid"))) == 4:
             pids = {int((pid_dir / f"rank-{i}.pid").read_text()) for i in range(4)}
             # the rank group: every rank in the run's own cgroup, none below it
-            in_run_cgroup.append(pids <= set(driver.pids(run_rel)))
+            members = set(driver.pids(run_rel))
+            # a rank that ended is in no cgroup: only one alive after the look counts
+            strays = {p for p in pids - members if Path(f"/proc/{p}").exists()}
+            in_run_cgroup.append(not strays)
             assert not driver.children(run_rel)
         if not resized and len(list(pid_dir.glob("*.pid"))) == 4 and view.log.iterations > 0:
             pids_before.update({i: (pid_dir / f"rank-{i}.pid").read_text() for i in range(4)})
