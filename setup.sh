@@ -92,6 +92,8 @@ case "$mode" in
     # (about 10 minutes on 2 cores; cached by version under /var/cache/rankpack, fetching a
     # Go toolchain from the proxy too if this machine has none new enough).
     .venv/bin/python -m rankpack.devcluster.binaries
+    # rankpack-tools (tools/, Go, static): what runs inside a Simulation's own image.
+    .venv/bin/python -m rankpack.devcluster.toolsbuild
     # rankpack's container images (rankpack, rank) for the in-cluster tests: each Debian
     # base once per package list (a few minutes; cached under /var/cache/rankpack/images),
     # rankpack's code layer once per source change (seconds).

@@ -10,6 +10,8 @@ Modules, in the order `up` uses them:
   subnet, CPUs, cgroup root), image names (pure values);
 - `packages`: the Debian packages it needs and which are missing;
 - `binaries`: Kubernetes built from the Go module proxy, cached by version;
+- `toolsbuild`: ``rankpack-tools`` (``tools/``, static Go) built with that Go into the
+  package, for the images' code layer and launcher-pod simulations;
 - `configs`: pure builders of argv lists, config files and kubeconfigs;
 - `pki`: certificates, keys and static tokens;
 - `images`: the pause and host-/usr images, built with umoci, imported with ctr;

@@ -24,6 +24,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from rankpack.devcluster import toolsbuild
 from rankpack.devcluster.imagerecipe import (
     SUITE,
     ImageConfig,
@@ -207,9 +208,11 @@ def code_layer(stage: Path, out: Path) -> int:
 
 
 def build_code(source_root: Path, python: str, work: Path, log: Path) -> tuple[Path, int]:
-    """The shim (``make -C shim install``) and install-code.py's tree, as a layer tar in
-    ``work``; returns it and the bytes of its files."""
+    """The shim (``make -C shim install``), ``rankpack-tools`` (`toolsbuild`) and
+    install-code.py's tree, as a layer tar in ``work``; returns it and the bytes of its
+    files."""
     run_step([tool("make"), "-s", "-C", str(source_root / "shim"), "install"], log, timeout_s=300)
+    toolsbuild.build(source_root)
     libs = source_root / "src" / "rankpack" / "_lib"
     for flavour in ("openmpi", "mpich"):
         if not (libs / f"librankpack_pmpi.{flavour}.so").is_file():

@@ -144,7 +144,7 @@ def _skipped(rel: Path) -> bool:
         "__pycache__" in parts
         or rel.suffix == ".pyc"
         or any(p.endswith(".egg-info") for p in parts)
-        or parts[:3] == ("src", "rankpack", "_lib")  # built from shim/ (which counts)
+        or parts[:3] == ("src", "rankpack", "_lib")  # built from shim/, tools/ (which count)
         or parts[:2] == ("shim", "build")
     )
 
@@ -152,7 +152,7 @@ def _skipped(rel: Path) -> bool:
 def code_files(source_root: Path) -> list[Path]:
     """The files the code layer is made from, relative to the checkout, sorted."""
     found = [Path("pyproject.toml"), Path("images/install-code.py")]
-    for top in ("src", "shim"):
+    for top in ("src", "shim", "tools"):
         for path in sorted((source_root / top).rglob("*")):
             rel = path.relative_to(source_root)
             if path.is_file() and not _skipped(rel):

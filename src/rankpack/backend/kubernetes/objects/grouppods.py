@@ -32,7 +32,7 @@ from rankpack.backend.kubernetes.objects.groups import (
     parse_ranks_annotation,
     ranks_annotation,
 )
-from rankpack.backend.kubernetes.objects.keyed import RANKD_COMMAND, key_volume
+from rankpack.backend.kubernetes.objects.keyed import key_volume, rankd_command
 from rankpack.backend.protocol import BackendError, SimSpec
 
 GROUP_LABEL = "rankpack.dev/group"
@@ -95,7 +95,7 @@ def group_pod(
         ),
         bounds=bounds,
         n_ranks=len(group.ranks),
-        command=RANKD_COMMAND if keyed else IDLE_COMMAND,
+        command=rankd_command(spec.case_dir) if keyed else IDLE_COMMAND,
     )
     return idle_pod(spec, shape, owner, volume, image, service_account)
 

@@ -1,6 +1,7 @@
 """What enters a launcher-pod simulation's rank pods by its key (decision 0013; the server
-and client are `starting.keyexec`): the key's place in the owner ConfigMap, the volume that
-mounts it in that simulation's rank and launcher pods only, the rank container's command.
+and client are ``rankpack-rankd`` and ``rankpack-exec`` of ``tools/keyexec``): the key's
+place in the owner ConfigMap, the volume that mounts it in that simulation's rank and
+launcher pods only, where the tools are on the case volume, the rank container's command.
 Pure."""
 
 from __future__ import annotations
@@ -17,10 +18,32 @@ KEY_DIR = Path("/etc/rankpack/sim")
 KEY_ITEM = "key"
 """The key's name in the owner ConfigMap and its file in `KEY_DIR`."""
 KEY_VOLUME = "rankpack-key"
-RANKD_COMMAND = ("rankpack-rankd",)
-"""The rank container's process in a launcher-pod simulation (`keyexec.main`)."""
+TOOLS_DIR = Path(".rankpack/bin")
+"""Where, relative to the case directory, the operator puts ``rankpack-tools`` and its names
+(`starting.tools.install`): a path that exists in the launcher pod and every rank pod,
+whatever the Simulation's image (the tools are static: no libc, no Python)."""
+RANKD = "rankpack-rankd"
+AGENT = "rankpack-exec"
+LAUNCH = "rankpack-launch"
+TOOL_NAMES = (RANKD, AGENT, LAUNCH)
+
+
+def tool(case_dir: Path, name: str) -> Path:
+    """The tool ``name`` (`TOOL_NAMES`) of a simulation whose case is at ``case_dir``."""
+    return case_dir / TOOLS_DIR / name
+
+
+def rankd_command(case_dir: Path) -> tuple[str, ...]:
+    """The rank container's process in a launcher-pod simulation (tools/keyexec)."""
+    return (str(tool(case_dir, RANKD)),)
+
+
 KEY_ENV = "RANKPACK_RANKD_KEY"
-"""The launcher's environment: the key file (`rsh` enters the rank pods with it)."""
+"""mpirun's environment in the launcher pod: the key file ``rankpack-exec`` enters the rank
+pods with."""
+HOSTS_ENV = "RANKPACK_RANKD_HOSTS"
+"""mpirun's environment in the launcher pod: a JSON file naming each rank pod's IP (the
+launcher's init container writes it from the pods it waited for)."""
 
 
 def new_key() -> str:

@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from rankpack.backend.kubernetes.api.config import KubernetesConfig, PodBounds, VolumeSource
 from rankpack.backend.kubernetes.api.informer import newer, version_of
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
-from rankpack.backend.kubernetes.objects import builders, grouppods, keyed
+from rankpack.backend.kubernetes.objects import builders, grouppods, keyed, launcherpods
 from rankpack.backend.kubernetes.objects.groups import RankGroup
 from rankpack.backend.protocol import BackendError, LaunchFailed, SimSpec
 
@@ -34,7 +34,7 @@ def reconcile(
     image: str,
     volume: VolumeSource,
     *,
-    launcher: builders.LauncherOptions | None = None,
+    launcher: launcherpods.LauncherOptions | None = None,
     create_first: bool = False,
     bounds: PodBounds | None = None,
 ) -> str:
@@ -64,7 +64,7 @@ def reconcile(
                                   keyed=launcher is not None)  # fmt: skip
         made.append(take(api, "pods", pod, spec))
     if launcher is not None:
-        made.append(take(api, "pods", builders.launcher_pod(spec, ref, volume, image, launcher),
+        made.append(take(api, "pods", launcherpods.launcher_pod(spec, ref, volume, image, launcher),
                          spec))  # fmt: skip
     newest = ""
     for obj in made:

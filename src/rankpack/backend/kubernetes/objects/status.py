@@ -39,8 +39,10 @@ def cpu_millis(quantity: str | int | float | None) -> int | None:
     return int(value.to_integral_value(rounding="ROUND_CEILING"))
 
 
-def container_status(pod: Obj, container: str) -> Obj | None:
-    for cs in pod.get("status", {}).get("containerStatuses") or []:
+def container_status(pod: Obj, container: str, *, init: bool = False) -> Obj | None:
+    """The status of ``container`` (``init``: of the init container of that name)."""
+    key = "initContainerStatuses" if init else "containerStatuses"
+    for cs in pod.get("status", {}).get(key) or []:
         if cs.get("name") == container:
             return dict(cs)
     return None

@@ -1,34 +1,34 @@
-"""``rankpack-launcher INSTRUCTIONS``: a simulation's mpirun, inside its launcher pod.
+"""``rankpack-launcher INSTRUCTIONS OUT``: the launcher pod's init container.
 
 Pod mode (`KubernetesConfig.launcher` ``pod``, decision 0008): the backend puts the
 `instructions.Instructions` and the hostfile in the simulation's owner ConfigMap, mounted
-read-only at `keyed.KEY_DIR` in this pod alone (no rank can change them), and creates the
-launcher pod (`builders.launcher_pod`), whose only command is this, with the instructions'
-path as its one argument. Here, in the pod, under its ServiceAccount (`rbac.LAUNCHER_RULES`):
+read-only at `keyed.KEY_DIR` in the launcher pod alone (no rank can change them), and creates
+the launcher pod (`launcherpods.launcher_pod`): this init container, in rankpack's own image
+under the launcher's ServiceAccount (`rbac.LAUNCHER_RULES`, its token mounted here alone),
+then the launcher container, in the Simulation's image with no token, whose process is
+``rankpack-launch`` (``tools/launch``, from the case volume: `tools`). Here:
 
 1. read and check the instructions: anything unexpected is refused, nothing in them is
-   handed to a shell, and mpirun's argv is built here (`mpirunargs.mpirun_argv`), with this
-   image's mpirun and ``rankpack-exec``;
-2. wait, bounded by ``start_timeout_s``, until every rank pod runs with an IP (one list of
-   the simulation's pods every ``poll_s``); a rank pod that failed ends the wait at once;
-3. take the launch marker (`exitwrapper.begin`, on the case volume): a second launcher never
-   starts a second mpirun;
-4. run mpirun with ``rankpack-exec`` as its rsh agent (this image's absolute path, which
-   exists in the rank pods too: they run the same image, and Open MPI's orted segfaults
-   where the agent's path does not exist), the pod subnet as Open MPI's TCP interfaces
-   (MPICH: hydra's ``mpiexec`` with the same agent, its proxies calling back to this pod's
-   IP: the instructions' ``mpi``), TCP only unless the instructions' ``transport`` says
-   ``auto``,
-   the solver output appended to the log; SIGTERM, SIGINT and SIGHUP go on to mpirun, which
-   takes its ranks down;
-5. write mpirun's exit code to the exit file (atomically) and exit with it (a signal death
-   as 128+N).
+   handed to a shell, and mpirun's argv is built here (`mpirunargs.mpirun_argv`) with
+   ``rankpack-exec`` of the case volume as its rsh agent (a path the rank pods have too:
+   Open MPI's orted segfaults where the agent's path does not exist), the pod subnet as Open
+   MPI's TCP interfaces (MPICH: hydra's ``mpiexec`` with the same agent, its proxies calling
+   back to this pod's IP), TCP only unless the instructions' ``transport`` says ``auto``;
+2. unless mpirun already ran to its end (an exit file), wait, bounded by
+   ``start_timeout_s``, until every rank pod runs with an IP (one list of the simulation's
+   pods every ``poll_s``); a rank pod that failed ends the wait at once;
+3. write each rank pod's IP (``hosts.json``, what ``rankpack-exec`` reads) and what
+   ``rankpack-launch`` runs (``launch.json``: the mpirun names to look for on the image's
+   PATH, its arguments, its environment, the log and exit file) into ``OUT``, a volume of
+   this pod alone, and exit 0.
 
-A failure before mpirun ran (bad instructions, rank pods that never ran, no mpirun) is
-written to the container's termination message (`builders.TERMINATION_LOG`) and the
-launcher exits with `LAUNCH_ERROR_EXIT`, writing no exit file. The backend tells the cases
-apart (`podmode`): an exit file is mpirun's code; else a termination message is the
-launcher's failure; else the container's exit code is mpirun's.
+``rankpack-launch`` then takes the launch marker (a second launcher never starts a second
+mpirun), runs mpirun with SIGTERM, SIGINT and SIGHUP passed on, and writes its exit code to
+the exit file. A failure before mpirun ran (bad instructions, rank pods that never ran, no
+mpirun in the image) is written to the failing container's termination message
+(`builders.TERMINATION_LOG`) and it exits with `LAUNCH_ERROR_EXIT`, writing no exit file.
+The backend tells the cases apart (`podmode`): an exit file is mpirun's code; else a
+termination message is the launcher's failure; else the container's exit code is mpirun's.
 """
 
 from __future__ import annotations
@@ -36,31 +36,31 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-import shutil
 import signal
-import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import IO, Protocol
 
-from rankpack import untrusted
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
-from rankpack.backend.kubernetes.objects import builders, status
-from rankpack.backend.kubernetes.starting import exitwrapper, mpirunargs, rsh
+from rankpack.backend.kubernetes.objects import builders, keyed, launcherpods, status
+from rankpack.backend.kubernetes.starting import exitwrapper, mpirunargs
 from rankpack.backend.kubernetes.starting.hostmpirun import subnet_of
 from rankpack.backend.kubernetes.starting.instructions import Instructions, InstructionsError
-from rankpack.backend.mpirun import find_mpirun, root_env
 from rankpack.backend.protocol import BackendError
 from rankpack.errors import UserError
 
 LAUNCH_ERROR_EXIT = 2
 """The launcher's exit code when it failed before mpirun ran (with a termination message)."""
-AGENT = "rankpack-exec"
-MARKER_TRIES = 3
+LAUNCH_VERSION = 1
+"""``launch.json``'s version, the one ``tools/launch`` reads."""
+MPIRUN_NAMES = {
+    "openmpi": ("mpirun.openmpi", "mpirun"),
+    "mpich": ("mpirun.mpich", "mpiexec.hydra", "mpiexec", "mpirun"),
+}
+"""What ``rankpack-launch`` looks for on the image's PATH, first found first (Debian's
+alternatives' names, then an MPI's own)."""
 
 
 class LaunchError(Exception):
@@ -78,14 +78,6 @@ class Stopped(LaunchError):
 # -- the pure parts --------------------------------------------------------------------------
 
 
-def exit_status(returncode: int) -> int:
-    """The launcher's exit code for mpirun's return code as `subprocess` gives it: the code
-    itself, a death by signal N (negative) as 128+N, as a shell would."""
-    if returncode < 0:
-        return min(128 - returncode, 255)
-    return min(returncode, 255)
-
-
 def choose_subnet(
     instructions: Instructions, pods: Sequence[Obj], own_ip: str | None
 ) -> str | None:
@@ -99,37 +91,25 @@ def choose_subnet(
     return subnet_of([*pods, {"status": {"podIP": own_ip}}])
 
 
-def mpirun_env(
-    environ: Mapping[str, str], instructions: Instructions, hosts: Path | None = None
-) -> dict[str, str]:
-    """mpirun's own environment: this pod's (the in-cluster API address; the key file the
-    rsh agent enters the rank pods with), no preload, the rsh agent's connection (in-cluster:
-    no kubeconfig; ``hosts``: each rank pod's IP) and Open MPI's root switches."""
-    env = {k: v for k, v in environ.items() if k != "LD_PRELOAD"}
-    env.update(rsh.agent_env(None, None, instructions.namespace, instructions.container))
-    if hosts is not None:
-        env[rsh.ENV_HOSTS] = str(hosts)
-    env.update(root_env(instructions.mpi))
-    return env
+def mpirun_env(instructions: Instructions, hosts: Path) -> dict[str, str]:
+    """What ``rankpack-launch`` adds to mpirun's environment (it drops ``LD_PRELOAD``): the
+    key file and the rank pods' addresses ``rankpack-exec`` enters them with. (No root
+    switches: the launcher container runs as no root, ``runAsNonRoot``.)"""
+    return {keyed.KEY_ENV: str(keyed.KEY_DIR / keyed.KEY_ITEM), keyed.HOSTS_ENV: str(hosts)}
+
+
+def write_json(path: Path, data: object) -> None:
+    """``data`` as JSON at ``path``, atomically (a reader sees none or all of it)."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    tmp.replace(path)
 
 
 def write_hosts(pods: Sequence[Obj], directory: Path) -> Path:
-    """Each rank pod's IP by its name, as the rsh agent reads it (`rsh.ENV_HOSTS`)."""
-    hosts = {str(p["metadata"]["name"]): str(p["status"]["podIP"]) for p in pods}
-    fd, name = tempfile.mkstemp(prefix="rankpack-hosts-", suffix=".json", dir=directory)
-    with os.fdopen(fd, "w") as out:
-        json.dump(hosts, out)
-    return Path(name)
-
-
-def find_agent(executable: str = sys.executable) -> Path:
-    """``rankpack-exec`` of this installation: beside this Python (``/opt/rankpack/bin`` in
-    the image), else on PATH; an absolute path without whitespace."""
-    beside = Path(executable).parent / AGENT
-    found = str(beside) if beside.is_file() else shutil.which(AGENT)
-    if not found:
-        raise LaunchError(f"no {AGENT} beside {executable} or on PATH")
-    return Path(found).absolute()
+    """Each rank pod's IP by its name, as ``rankpack-exec`` reads it (`keyed.HOSTS_ENV`)."""
+    path = directory / launcherpods.HOSTS_FILE
+    write_json(path, {str(p["metadata"]["name"]): str(p["status"]["podIP"]) for p in pods})
+    return path
 
 
 def wait_for_ranks(
@@ -183,132 +163,76 @@ def wait_for_ranks(
         sleep(min(instructions.poll_s, left))
 
 
-# -- one run -----------------------------------------------------------------------------------
-
-
-class Child(Protocol):
-    """mpirun as started (a `subprocess.Popen`, or a test's fake)."""
-
-    @property
-    def pid(self) -> int: ...
-
-    def wait(self) -> int: ...
-    def send_signal(self, sig: int) -> None: ...
-
-
-Spawn = Callable[[list[str], Path, dict[str, str], IO[bytes], tuple[int, ...]], Child]
-
-
-def _popen(
-    argv: list[str], cwd: Path, env: dict[str, str], log: IO[bytes], fds: tuple[int, ...]
-) -> Child:
-    return subprocess.Popen(argv, cwd=cwd, env=env, stdin=subprocess.DEVNULL, stdout=log,
-                            stderr=subprocess.STDOUT, pass_fds=fds)  # fmt: skip
+# -- the init container's run ------------------------------------------------------------------
 
 
 @dataclass
-class LauncherRun:
-    """One run of the launcher: wait for the rank pods, start mpirun once, follow it. Its
-    surroundings are given (the API, time, how a process is started, this pod's
-    environment), so tests drive it without a cluster or processes."""
+class Preparation:
+    """One run of the init container: wait for the rank pods, write what ``rankpack-launch``
+    runs. Its surroundings are given (the API, time, this pod's environment), so tests drive
+    it without a cluster."""
 
     instructions: Instructions
     api: KubeApi
-    spawn: Spawn = _popen
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
-    mpirun: str | None = None
-    """mpirun's path; None: this image's (`find_mpirun`)."""
-    agent: Path | None = None
-    """The rsh agent's path; None: this image's ``rankpack-exec`` (`find_agent`)."""
-    as_root: bool = field(default_factory=lambda: os.geteuid() == 0)
     signum: int | None = None
     """The first stop signal received."""
-    child: Child | None = None
 
     def on_signal(self, signum: int, _frame: object = None) -> None:
-        """A signal handler: passed on to mpirun, or remembered until it is started."""
+        """A signal handler: the wait ends at its next look."""
         if self.signum is None:
             self.signum = signum
-        if self.child is not None:
-            with contextlib.suppress(ProcessLookupError):
-                self.child.send_signal(signum)
 
-    def _take_marker(self, marker: Path) -> tuple[str, int | None]:
-        """The marker's state and, if mpirun never started, its locked descriptor. A
-        process that only looks (`exitwrapper.state`, an adopting backend) holds the lock for
-        an instant: asked again a few times before it counts as taken."""
-        for _ in range(MARKER_TRIES):
-            state = exitwrapper.state(marker)
-            if state != "never":
-                return state, None
-            fd = exitwrapper.begin(marker)
-            if fd is not None:
-                return state, fd
-            self.sleep(0.1)
-        return "running", None
-
-    def run(self) -> int:
-        """mpirun's exit status (`exit_status`); `LaunchError` if it was never started."""
+    def run(self, out: Path) -> dict[str, object]:
+        """Write ``hosts.json`` and ``launch.json`` into ``out``; the launch spec written.
+        `LaunchError` when the rank pods never ran, `Stopped` at a signal."""
         ins = self.instructions
-        earlier = exitwrapper.read_exit(ins.exit_path)
-        if earlier is not None:  # it ran to its end already: never run it twice
-            return exit_status(earlier)
-        pods = wait_for_ranks(self.api, ins, clock=self.clock, sleep=self.sleep,
-                              stopping=lambda: self.signum)  # fmt: skip
-        try:
-            hosts = write_hosts(pods, Path(tempfile.gettempdir()))
-        except OSError as exc:
-            raise LaunchError(f"cannot write the rank pods' addresses: {exc}") from exc
+        ended = exitwrapper.read_exit(ins.exit_path) is not None
+        # it ran to its end already: rankpack-launch says how, never runs it twice
+        pods = (
+            []
+            if ended
+            else wait_for_ranks(
+                self.api, ins, clock=self.clock, sleep=self.sleep, stopping=lambda: self.signum
+            )
+        )
         own_ip = self.environ.get(builders.POD_IP_ENV)
+        names = MPIRUN_NAMES[ins.mpi]
         try:
-            args = mpirunargs.MpirunArgs(
-                mpirun=self.mpirun or find_mpirun(ins.mpi),
+            hosts = write_hosts(pods, out)
+            argv = mpirunargs.mpirun_argv(mpirunargs.MpirunArgs(
+                mpirun=names[0],
                 n_ranks=ins.n_ranks,
                 hostfile=ins.hostfile,
-                agent=self.agent or find_agent(),
+                agent=keyed.tool(ins.case_dir, keyed.AGENT),
                 case_dir=ins.case_dir,
                 command=ins.command,
                 env=ins.env,
                 subnet=choose_subnet(ins, pods, own_ip),
-                as_root=self.as_root,
+                as_root=False,  # (the launcher container runs as no root: runAsNonRoot)
                 flavour=ins.mpi,
                 transport=ins.transport,
                 # hydra's proxies connect back here (pod names do not resolve: no DNS)
                 local_address=own_ip or None,
-            )
-            argv = mpirunargs.mpirun_argv(args)
+            ))  # fmt: skip
+            spec: dict[str, object] = {
+                "version": LAUNCH_VERSION,
+                "mpirun": list(names),
+                "args": argv[1:],
+                "cwd": str(ins.case_dir),
+                "env": mpirun_env(ins, hosts),
+                "log": str(ins.log_path),
+                "exit": str(ins.exit_path),
+                "termination_log": builders.TERMINATION_LOG,
+            }
+            write_json(out / launcherpods.LAUNCH_FILE, spec)
         except (UserError, BackendError) as exc:
             raise LaunchError(str(exc)) from exc
-        marker = ins.exit_path.parent
-        try:
-            state, fd = self._take_marker(marker)
         except OSError as exc:
-            raise LaunchError(f"cannot take the launch marker in {marker}: {exc}") from exc
-        if fd is None:
-            raise LaunchError(
-                f"mpirun of {ins.sim_id} was launched already (the marker in {marker} says "
-                f"{state}): not starting a second one"
-            )
-        try:
-            with os.fdopen(untrusted.open_append(ins.log_path), "ab") as log:
-                if self.signum is not None:
-                    raise Stopped(self.signum)
-                env = mpirun_env(self.environ, ins, hosts)
-                self.child = self.spawn(argv, ins.case_dir, env, log, (fd,))
-                with contextlib.suppress(OSError):
-                    exitwrapper.launched(fd, self.child.pid)
-                if self.signum is not None:  # it arrived while mpirun was being started
-                    self.child.send_signal(self.signum)
-                code = self.child.wait()
-        except OSError as exc:
-            raise LaunchError(f"cannot start mpirun: {exc}") from exc
-        finally:
-            os.close(fd)
-        with contextlib.suppress(OSError):  # the container's exit code carries it too
-            exitwrapper.write_exit(ins.exit_path, code)
-        return exit_status(code)
+            raise LaunchError(f"cannot write the launch files into {out}: {exc}") from exc
+        return spec
 
 
 def fail(message: str, code: int = LAUNCH_ERROR_EXIT, log: str = builders.TERMINATION_LOG) -> int:
@@ -320,16 +244,16 @@ def fail(message: str, code: int = LAUNCH_ERROR_EXIT, log: str = builders.TERMIN
 
 
 def main(argv: Sequence[str] | None = None, termination_log: str = builders.TERMINATION_LOG) -> int:
-    """The ``rankpack-launcher`` console script (the launcher pod's command)."""
+    """The ``rankpack-launcher`` console script (the launcher pod's init container)."""
 
     def fail_(message: str, code: int = LAUNCH_ERROR_EXIT) -> int:
         return fail(message, code, termination_log)
 
     args = list(sys.argv[1:] if argv is None else argv)
-    if len(args) != 1:
-        print("usage: rankpack-launcher INSTRUCTIONS.json", file=sys.stderr)
+    if len(args) != 2:
+        print("usage: rankpack-launcher INSTRUCTIONS.json OUT_DIR", file=sys.stderr)
         return LAUNCH_ERROR_EXIT
-    path = Path(args[0])
+    path, out = Path(args[0]), Path(args[1])
     try:
         instructions = Instructions.parse(path.read_text())
     except (OSError, UnicodeDecodeError, InstructionsError) as exc:
@@ -337,19 +261,20 @@ def main(argv: Sequence[str] | None = None, termination_log: str = builders.TERM
     from rankpack.backend.kubernetes.api.client import ClientKubeApi
     from rankpack.backend.kubernetes.api.config import KubernetesConfig
 
-    try:  # in-cluster: the pod's ServiceAccount
+    try:  # in-cluster: the pod's ServiceAccount (its token mounted in this container alone)
         api = ClientKubeApi(KubernetesConfig(kubeconfig=None, namespace=instructions.namespace))
     except BackendError as exc:
         return fail_(f"cannot reach the Kubernetes API from the launcher pod: {exc}")
-    launch = LauncherRun(instructions, api)
+    prep = Preparation(instructions, api)
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, launch.on_signal)
+        signal.signal(sig, prep.on_signal)
     try:
-        return launch.run()
+        prep.run(out)
     except Stopped as exc:
         return fail_(str(exc), 128 + exc.signum)
     except LaunchError as exc:
         return fail_(str(exc))
+    return 0
 
 
 if __name__ == "__main__":

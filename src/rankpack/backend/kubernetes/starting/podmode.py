@@ -22,10 +22,10 @@ from dataclasses import dataclass, replace
 
 from rankpack.backend.kubernetes.api.config import KubernetesConfig
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
-from rankpack.backend.kubernetes.objects import builders, keyed, rbac, status
+from rankpack.backend.kubernetes.objects import builders, keyed, launcherpods, rbac, status
 from rankpack.backend.kubernetes.objects.grouppods import group_hostfile
 from rankpack.backend.kubernetes.record import SimRecord
-from rankpack.backend.kubernetes.starting import mpirunargs
+from rankpack.backend.kubernetes.starting import mpirunargs, tools
 from rankpack.backend.kubernetes.starting.exitwrapper import read_exit, write_exit
 from rankpack.backend.kubernetes.starting.hostmpirun import rank_command, rank_env
 from rankpack.backend.kubernetes.starting.instructions import Instructions
@@ -37,11 +37,13 @@ POLL_S = 1.0
 """How often the launcher lists the rank pods while it waits for them."""
 
 
-def options(sim: SimRecord, config: KubernetesConfig, namespace: str) -> builders.LauncherOptions:
+def options(
+    sim: SimRecord, config: KubernetesConfig, namespace: str
+) -> launcherpods.LauncherOptions:
     """How `reconcile.reconcile` builds this simulation's launcher pod and what its owner
     ConfigMap gives it (instructions and hostfile: nothing a rank can change)."""
     spec = sim.spec
-    return builders.LauncherOptions(
+    return launcherpods.LauncherOptions(
         instructions(sim, config, namespace).to_json(),
         group_hostfile(spec.sim_id, sim.groups, spec.mpi),
         rbac.LAUNCHER_SERVICE_ACCOUNT,
@@ -50,12 +52,13 @@ def options(sim: SimRecord, config: KubernetesConfig, namespace: str) -> builder
         # its rank pods' identity: deploy/ installs it beside the launcher's (no rights)
         rank_service_account=rbac.RANK_SERVICE_ACCOUNT,
         bounds=config.pod_bounds,
+        tools_image=config.image,
     )
 
 
 def options_of(
     sim: SimRecord, config: KubernetesConfig, namespace: str
-) -> builders.LauncherOptions | None:
+) -> launcherpods.LauncherOptions | None:
     """`options` for a pod-mode simulation (its launcher's CPU within the namespace's
     LimitRange, `SimRecord.launcher_millis`), None for one whose mpirun runs on this host."""
     if not sim.in_pod:
@@ -87,13 +90,18 @@ def instructions(sim: SimRecord, config: KubernetesConfig, namespace: str) -> In
 
 
 def prepare(sim: SimRecord, config: KubernetesConfig) -> None:
-    """`LaunchFailed` unless the launcher can run this simulation's MPI (its instructions go
-    in the owner ConfigMap, `options`; the rank launcher and the shim's copy are on the case
-    volume, `hostmpirun.prepare_files`)."""
+    """`LaunchFailed` unless the launcher can run this simulation's MPI; ``rankpack-tools``
+    on the case volume (`tools.install`: the rank pods' process, the launcher's last step and
+    its rsh agent). Its instructions go in the owner ConfigMap (`options`); the rank launcher
+    and the shim's copy are on the case volume too (`hostmpirun.prepare_files`)."""
     try:
         mpirunargs.check_mpi(sim.spec.mpi, config.mpi_transport)
     except BackendError as exc:
         raise LaunchFailed(str(exc)) from exc
+    try:
+        tools.install(sim.spec.case_dir)
+    except OSError as exc:
+        raise LaunchFailed(f"cannot write rankpack-tools to the case volume: {exc}") from exc
 
 
 # -- reading the launcher pod ------------------------------------------------------------------
@@ -120,33 +128,59 @@ def reading(name: str, pod: Obj | None, exit_code: Callable[[], int | None]) -> 
             return Reading("ended", exit_code=code)  # it ended, then went
         return Reading("failed", failure=lost)
     assert pod is not None
+    init = status.container_status(pod, launcherpods.LAUNCHER_INIT_CONTAINER, init=True) or {}
+    init_state = init.get("state") or {}
+    init_ended = init_state.get("terminated")
+    if init_ended is not None and init_ended.get("exitCode") != 0:  # it waited for the ranks
+        return _terminated(name, init_ended, exit_code, "its init container")
+    cannot = _cannot_start(name, init_state)
+    if cannot is not None:
+        return cannot
     cs = status.container_status(pod, LC) or {}
     state = cs.get("state") or {}
     terminated = state.get("terminated")
     if terminated is not None:
-        code = exit_code()
-        if code is not None:
-            return Reading("ended", exit_code=code)
-        if terminated.get("reason") == status.CONTAINER_LOST:  # its node stopped, came back
-            why = f"launcher pod {name} was lost with its node ({terminated.get('message', '')})"
-            return Reading("failed", failure=Failure(FailureCode.NODE_LOST, why))
-        message = str(terminated.get("message") or "").strip()
-        if message:  # the launcher failed before mpirun ran (`launcher.fail`)
-            why = f"launcher pod {name}: {message}"
-            return Reading("failed", failure=Failure(FailureCode.LAUNCH_FAILED, why))
-        if terminated.get("reason") == "OOMKilled":
-            why = f"launcher pod {name} was OOM-killed (mpirun with it)"
-            return Reading("failed", failure=Failure(FailureCode.OOM_KILLED, why))
-        container_code = terminated.get("exitCode")
-        return Reading("ended", exit_code=int(container_code) if container_code is not None
-                       else None)  # fmt: skip
+        return _terminated(name, terminated, exit_code, "mpirun")
+    cannot = _cannot_start(name, state)
+    if cannot is not None:
+        return cannot
+    if status.running(pod, LC):
+        return Reading("running")
+    return Reading("pending", reason=status.pending_reason(pod))
+
+
+def _terminated(
+    name: str, terminated: Obj, exit_code: Callable[[], int | None], what: str
+) -> Reading:
+    """A terminated container of the launcher pod ``name`` (its init container, or the one
+    that ran ``rankpack-launch``): ended with mpirun's code, or failed."""
+    code = exit_code()
+    if code is not None:
+        return Reading("ended", exit_code=code)
+    if terminated.get("reason") == status.CONTAINER_LOST:  # its node stopped, came back
+        why = f"launcher pod {name} was lost with its node ({terminated.get('message', '')})"
+        return Reading("failed", failure=Failure(FailureCode.NODE_LOST, why))
+    message = str(terminated.get("message") or "").strip()
+    if message:  # it failed before mpirun ran (`launcher.fail`, tools/launch)
+        why = f"launcher pod {name}: {message}"
+        return Reading("failed", failure=Failure(FailureCode.LAUNCH_FAILED, why))
+    if terminated.get("reason") == "OOMKilled":
+        why = f"launcher pod {name} was OOM-killed ({what} with it)"
+        return Reading("failed", failure=Failure(FailureCode.OOM_KILLED, why))
+    container_code = terminated.get("exitCode")
+    if what != "mpirun":
+        why = f"launcher pod {name}: {what} exited {container_code} before mpirun ran"
+        return Reading("failed", failure=Failure(FailureCode.LAUNCH_FAILED, why))
+    return Reading("ended", exit_code=int(container_code) if container_code is not None
+                   else None)  # fmt: skip
+
+
+def _cannot_start(name: str, state: Obj) -> Reading | None:
     waiting = state.get("waiting") or {}
     if waiting.get("reason") in status.CANNOT_START_REASONS:
         why = f"launcher pod {name} cannot start: {waiting['reason']}: {waiting.get('message', '')}"
         return Reading("failed", failure=Failure(FailureCode.CANNOT_START, why.strip()))
-    if status.running(pod, LC):
-        return Reading("running")
-    return Reading("pending", reason=status.pending_reason(pod))
+    return None
 
 
 def _lost(name: str, pod: Obj | None) -> Failure | None:
@@ -242,7 +276,7 @@ def lost_on_adoption(sim: SimRecord) -> Failure:
 
 
 def stop(api: KubeApi, sim: SimRecord) -> None:
-    """Delete the launcher pod (its grace period, `builders.LAUNCHER_GRACE_S`: SIGTERM
+    """Delete the launcher pod (its grace period, `launcherpods.LAUNCHER_GRACE_S`: SIGTERM
     reaches mpirun, which takes its ranks down); best effort: the owner's deletion at
     release removes it anyway."""
     with contextlib.suppress(ApiError):

@@ -1,4 +1,6 @@
-"""The rsh agent Open MPI's mpirun uses to start its daemons inside the rank pods.
+"""The rsh agent a host-mode mpirun uses to start its daemons inside the rank pods (a
+launcher pod's mpirun uses ``rankpack-exec`` of ``tools/``, by the simulation's key:
+`tools`).
 
 ``mpirun --mca plm_rsh_agent <agent>`` runs ``<agent> <host> <orted command…>`` once per
 host (``plm_rsh_no_tree_spawn``: all from mpirun). The agent runs the command inside the
@@ -24,17 +26,10 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from rankpack.backend.kubernetes.objects import keyed
-
 ENV_KUBECONFIG = "RANKPACK_KUBECONFIG"
 ENV_CONTEXT = "RANKPACK_KUBE_CONTEXT"
 ENV_NAMESPACE = "RANKPACK_NAMESPACE"
 ENV_CONTAINER = "RANKPACK_CONTAINER"
-ENV_KEY = keyed.KEY_ENV
-"""The simulation's key file: set, the agent enters the rank pods by their ``rankpack-rankd``
-(`keyexec`, the launcher pod) instead of ``pods/exec`` (``mpirun`` on the host)."""
-ENV_HOSTS = "RANKPACK_RANKD_HOSTS"
-"""A JSON file naming each rank pod's IP (the launcher writes it from the pods it waited for)."""
 
 CONNECT_RETRY_S = 180.0
 """How long an exec that could not start (the apiserver restarting, overloaded) is tried
@@ -70,25 +65,6 @@ def agent_script(python: str) -> str:
     )
 
 
-def by_key(host: str, command: str, env: Mapping[str, str]) -> int:
-    """Run ``command`` in the rank pod ``host`` through its ``rankpack-rankd`` (`keyexec`)."""
-    import json
-
-    from rankpack.backend.kubernetes.starting import keyexec
-
-    try:
-        key = keyexec.read_key(Path(env[ENV_KEY]))
-        hosts = json.loads(Path(env[ENV_HOSTS]).read_text())
-        ip = str(hosts[host])
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        print(f"rankpack-exec: {host}: no address or key for it: {exc!r}", file=sys.stderr)
-        return 255
-    parent = os.getppid()
-    return keyexec.run_remote((ip, keyed.PORT), key, command, sys.stdout.buffer,
-                              sys.stderr.buffer, CONNECT_RETRY_S,
-                              abandoned=lambda: os.getppid() != parent)  # fmt: skip
-
-
 def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = None) -> int:
 
     # kill -USR1: where it waits, on its stderr (mpirun's log): an agent that does not exit
@@ -96,8 +72,6 @@ def main(argv: Sequence[str] | None = None, environ: Mapping[str, str] | None = 
     faulthandler.register(signal.SIGUSR1, all_threads=True)
     env = os.environ if environ is None else environ
     host, command = split_args(sys.argv[1:] if argv is None else argv)
-    if env.get(ENV_KEY):
-        return by_key(host, command, env)
     # (the API client only here: its import is most of the agent's start-up)
     from rankpack.backend.kubernetes.api.client import ClientKubeApi
     from rankpack.backend.kubernetes.api.config import KubernetesConfig

@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from rankpack.backend.kubernetes.api.config import DEV_IMAGE, HostPathVolume, PvcVolume
-from rankpack.backend.kubernetes.objects import builders, grouppods
+from rankpack.backend.kubernetes.objects import builders, grouppods, launcherpods
 from rankpack.backend.kubernetes.objects.groups import RankGroup, plan_groups
 from rankpack.backend.protocol import BackendError, RankResources
 from tests.unit.backend.kubernetes._helpers import CASE, sim_spec
@@ -334,7 +334,7 @@ def test_a_keyed_group_pod_runs_rankd_with_its_key_and_an_unkeyed_one_idles() ->
     volume = PvcVolume("runs", Path("/runs"))
     pod = grouppods.group_pod(sim_spec(), group, OWNER, volume, "img", keyed=True)
     (c,) = pod["spec"]["containers"]
-    assert c["command"] == ["rankpack-rankd"]
+    assert c["command"] == ["/runs/r1/.rankpack/bin/rankpack-rankd"]  # (the case volume's tools)
     (key,) = [v for v in pod["spec"]["volumes"] if v["name"] == keyed.KEY_VOLUME]
     assert key["configMap"] == {"name": OWNER.name, "items": [{"key": "key", "path": "key"}],
                                 "defaultMode": 0o444}  # fmt: skip
@@ -360,10 +360,10 @@ def test_every_pod_of_a_simulation_runs_its_image_pulled_with_its_secrets() -> N
     image, secrets = "registry.example/cfd/foam:12", ("cfd-registry", "mirror")
     spec = sim_spec(ranks=FOUR, image=image, pull_secrets=secrets)
     volume = PvcVolume("runs", Path("/runs"))
-    options = builders.LauncherOptions("{}", "h slots=4\n", "rankpack-launcher")
+    options = launcherpods.LauncherOptions("{}", "h slots=4\n", "rankpack-launcher")
     pods = [
         grouppods.group_pod(spec, RankGroup(0, None, (0, 1, 2, 3)), OWNER, volume, image),
-        builders.launcher_pod(spec, OWNER, volume, image, options),
+        launcherpods.launcher_pod(spec, OWNER, volume, image, options),
         stagepods.staging_pod(
             "s1",
             "{}",

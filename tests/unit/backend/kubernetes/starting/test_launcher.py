@@ -1,11 +1,11 @@
-"""The launcher pod's process (`launcher`) without a cluster or processes: its
-instructions (bad input refused), the subnet, the exit code, waiting for the rank pods on
-a fake API and virtual time, and one run with a fake mpirun."""
+"""The launcher pod's init container (`launcher`) without a cluster or processes: its
+instructions (bad input refused), the subnet, waiting for the rank pods on a fake API and
+virtual time, and what it writes for ``rankpack-launch`` (whose own run, with a real mpirun
+stand-in, is ``tools/launch``'s Go test and tests/integration/test_tools.py)."""
 
 from __future__ import annotations
 
 import json
-import os
 import signal
 from pathlib import Path
 from typing import Any
@@ -15,14 +15,13 @@ import pytest
 from rankpack.backend.kubernetes.api.kubeapi import ApiError
 from rankpack.backend.kubernetes.starting import exitwrapper, launcher
 from rankpack.backend.kubernetes.starting.instructions import Instructions, InstructionsError
-from rankpack.backend.kubernetes.starting.launcher import LaunchError, LauncherRun, Stopped
+from rankpack.backend.kubernetes.starting.launcher import LaunchError, Preparation, Stopped
 from tests.fakeapi import FakeKubeApi
 from tests.fakeclock import FakeClock
 
 SIM = "s1"
 PODS = tuple(f"rankpack-{SIM}-g{i}" for i in range(3))
 """The group pods of `instructions` (a rank each unless ``ranks`` says more)."""
-AGENT = Path("/opt/rankpack/bin/rankpack-exec")
 
 
 def instructions(case: Path, **kw: Any) -> Instructions:
@@ -121,15 +120,6 @@ def test_a_subnet_is_normalised() -> None:
 # -- the pure parts --------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    ("returncode", "status"),
-    [(0, 0), (1, 1), (139, 139), (255, 255), (-15, 143), (-9, 137)],
-    ids=["ok", "solver-error", "rank-signal", "max", "mpirun-sigterm", "mpirun-sigkill"],
-)
-def test_exit_status(returncode: int, status: int) -> None:
-    assert launcher.exit_status(returncode) == status
-
-
 def _pod_at(name: str, ip: str | None) -> dict[str, Any]:
     return {"metadata": {"name": name}, "status": {"podIP": ip}}
 
@@ -150,24 +140,10 @@ def test_choose_subnet(given: str | None, own_ip: str | None, subnet: str | None
     assert launcher.choose_subnet(ins, pods, own_ip) == subnet
 
 
-def test_mpirun_env_is_in_cluster_without_preload() -> None:
-    env = launcher.mpirun_env(
-        {
-            "PATH": "/opt/rankpack/bin:/usr/bin",
-            "LD_PRELOAD": "/x.so",
-            "KUBERNETES_SERVICE_HOST": "h",
-        },
-        instructions(Path("/runs/r1")),
-    )
-    assert "LD_PRELOAD" not in env
-    assert env["KUBERNETES_SERVICE_HOST"] == "h"
-    assert env["RANKPACK_KUBECONFIG"] == ""  # in-cluster: the pod's ServiceAccount
-    assert (env["RANKPACK_NAMESPACE"], env["RANKPACK_CONTAINER"]) == ("rankpack", "rank")
-
-
-def test_the_agent_is_found_beside_python(tmp_path: Path) -> None:
-    (tmp_path / "rankpack-exec").write_text("#!/bin/sh\n")
-    assert launcher.find_agent(str(tmp_path / "python")) == tmp_path / "rankpack-exec"
+def test_mpirun_env_names_the_key_and_the_hosts_and_no_preload(tmp_path: Path) -> None:
+    env = launcher.mpirun_env(instructions(Path("/runs/r1")), tmp_path / "hosts.json")
+    assert env == {"RANKPACK_RANKD_KEY": "/etc/rankpack/sim/key",
+                   "RANKPACK_RANKD_HOSTS": str(tmp_path / "hosts.json")}  # fmt: skip
 
 
 # -- waiting for the rank pods (fake API, virtual time) ----------------------------------------
@@ -239,145 +215,93 @@ def test_a_refusal_says_which_rights_are_missing(tmp_path: Path) -> None:
         launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=clock.sleep)
 
 
-# -- one run, with a fake mpirun -----------------------------------------------------------------
+# -- what the init container writes for rankpack-launch -------------------------------------------
 
 
-class FakeChild:
-    def __init__(self, code: int, on_wait: Any = None) -> None:
-        self.pid = 4321
-        self.code = code
-        self.signals: list[int] = []
-        self.on_wait = on_wait
-
-    def wait(self) -> int:
-        if self.on_wait is not None:
-            self.on_wait()
-        return self.code
-
-    def send_signal(self, sig: int) -> None:
-        self.signals.append(sig)
-
-
-class LauncherHarness:
-    def __init__(self, tmp_path: Path, code: int = 0) -> None:
+class PrepHarness:
+    def __init__(self, tmp_path: Path, **kw: Any) -> None:
         self.case = tmp_path / "run"
         (self.case / ".rankpack").mkdir(parents=True)
-        self.ins = instructions(self.case)
+        self.out = tmp_path / "launch"
+        self.out.mkdir()
+        self.ins = instructions(self.case, **kw)
         self.api = _rank_pods()
         _run_all(self.api)
         self.clock = FakeClock()
-        self.spawned: list[tuple[list[str], Path, dict[str, str], tuple[int, ...]]] = []
-        self.child = FakeChild(code)
-        self.launch = LauncherRun(
-            self.ins, self.api, spawn=self.spawn, clock=self.clock, sleep=self.clock.sleep,
+        self.prep = Preparation(
+            self.ins, self.api, clock=self.clock, sleep=self.clock.sleep,
             environ={"RANKPACK_POD_IP": "10.201.0.30", "LD_PRELOAD": "/x.so"},
-            mpirun="/usr/bin/mpirun", agent=AGENT, as_root=False,
         )  # fmt: skip
 
-    def spawn(
-        self, argv: list[str], cwd: Path, env: dict[str, str], log: Any, fds: tuple[int, ...]
-    ) -> FakeChild:
-        self.spawned.append((argv, cwd, env, fds))
-        log.write(b"Time = 1\n")
-        # while mpirun runs, the launch marker is held: nobody else starts it
-        assert exitwrapper.state(self.case / ".rankpack") == "running"
-        return self.child
+    def spec(self) -> dict[str, Any]:
+        self.prep.run(self.out)
+        data: dict[str, Any] = json.loads((self.out / "launch.json").read_text())
+        return data
 
 
-def test_a_run_starts_mpirun_once_and_records_its_exit(tmp_path: Path) -> None:
-    h = LauncherHarness(tmp_path)
-    assert h.launch.run() == 0
-    ((argv, cwd, env, _fds),) = h.spawned
-    text = " ".join(argv)
-    assert argv[0] == "/usr/bin/mpirun" and cwd == h.case
-    assert f"--mca plm_rsh_agent {AGENT}" in text
+def test_the_launch_spec_runs_the_images_mpirun_with_the_case_volumes_agent(
+    tmp_path: Path,
+) -> None:
+    h = PrepHarness(tmp_path)
+    spec = h.spec()
+    agent = h.case / ".rankpack" / "bin" / "rankpack-exec"
+    text = " ".join(spec["args"])
+    assert spec["version"] == 1 and spec["mpirun"] == ["mpirun.openmpi", "mpirun"]
+    assert spec["cwd"] == str(h.case)
+    assert (spec["log"], spec["exit"]) == (str(h.case / "log.simpleFoam"),
+                                           str(h.case / ".rankpack" / "mpirun.exit"))  # fmt: skip
+    assert f"--mca plm_rsh_agent {agent}" in text
     assert "--hostfile " + str(h.case / ".rankpack" / "hostfile") in text
     assert "--mca btl_tcp_if_include 10.201.0.0/24" in text
     assert "-x WM_PROJECT_DIR=/usr/share/openfoam" in text
-    assert argv[-2:] == ["simpleFoam", "-parallel"]
-    assert "--allow-run-as-root" not in argv
-    assert "LD_PRELOAD" not in env and env["RANKPACK_KUBECONFIG"] == ""
-    assert (h.case / ".rankpack" / "mpirun.exit").read_text() == "0\n"
-    assert (h.case / "log.simpleFoam").read_bytes() == b"Time = 1\n"
-    assert exitwrapper.state(h.case / ".rankpack") == "ended"
-    # a second launcher (or this one again) never starts it twice
-    assert h.launch.run() == 0 and len(h.spawned) == 1
+    assert spec["args"][-2:] == ["simpleFoam", "-parallel"]
+    assert "--allow-run-as-root" not in spec["args"]
+    assert spec["env"]["RANKPACK_RANKD_HOSTS"] == str(h.out / "hosts.json")
+    hosts = json.loads((h.out / "hosts.json").read_text())
+    assert hosts == {p: f"10.201.0.{10 + i}" for i, p in enumerate(PODS)}
+    # nothing ran: rankpack-launch takes the marker and starts mpirun
+    assert exitwrapper.state(h.case / ".rankpack") == "never"
 
 
-def test_an_mpich_run_starts_hydra_calling_back_to_this_pod(tmp_path: Path) -> None:
-    h = LauncherHarness(tmp_path)
-    h.launch.instructions = instructions(h.case, mpi="mpich")
-    h.launch.mpirun = "/usr/bin/mpiexec.hydra"
-    assert h.launch.run() == 0
-    ((argv, _cwd, env, _fds),) = h.spawned
-    text = " ".join(argv)
-    assert argv[0] == "/usr/bin/mpiexec.hydra"
-    assert f"-launcher rsh -launcher-exec {AGENT}" in text
+def test_an_mpich_spec_starts_hydra_calling_back_to_this_pod(tmp_path: Path) -> None:
+    h = PrepHarness(tmp_path, mpi="mpich")
+    spec = h.spec()
+    text = " ".join(spec["args"])
+    assert spec["mpirun"] == ["mpirun.mpich", "mpiexec.hydra", "mpiexec", "mpirun"]
+    assert f"-launcher rsh -launcher-exec {h.case}/.rankpack/bin/rankpack-exec" in text
     assert "-localhost 10.201.0.30" in text  # this pod's IP: pod names do not resolve
     # the default transport: the library's own (shared memory within a pod) but UCX's cma
     assert "-genv UCX_TLS ^cma" in text and "MPIR_CVAR_NOLOCAL" not in text
     assert "-genv WM_PROJECT_DIR /usr/share/openfoam" in text
-    assert "--mca" not in argv and "OMPI_ALLOW_RUN_AS_ROOT" not in env
-    assert env["RANKPACK_NAMESPACE"] == "rankpack"
+    assert "--mca" not in spec["args"] and "OMPI_ALLOW_RUN_AS_ROOT" not in spec["env"]
 
 
 def test_mpirun_starts_every_rank_of_the_group_pods(tmp_path: Path) -> None:
-    h = LauncherHarness(tmp_path)
-    h.launch.instructions = instructions(h.case, ranks=5)  # 3 group pods, 5 ranks
-    assert h.launch.run() == 0
-    ((argv, _cwd, _env, _fds),) = h.spawned
-    assert argv[argv.index("-np") + 1] == "5"
+    spec = PrepHarness(tmp_path, ranks=5).spec()  # 3 group pods, 5 ranks
+    assert spec["args"][spec["args"].index("-np") + 1] == "5"
 
 
-def test_mpirun_killed_by_a_signal_exits_128_plus_n(tmp_path: Path) -> None:
-    h = LauncherHarness(tmp_path, code=-15)
-    assert h.launch.run() == 143
-    assert (h.case / ".rankpack" / "mpirun.exit").read_text() == "-15\n"
+def test_a_run_that_ended_already_is_not_waited_for(tmp_path: Path) -> None:
+    h = PrepHarness(tmp_path)
+    h.api = _rank_pods()  # (its rank pods are gone or never run again)
+    h.prep.api = h.api
+    exitwrapper.write_exit(h.case / ".rankpack" / "mpirun.exit", 0)
+    spec = h.spec()  # rankpack-launch reads the exit file and says how it ended
+    assert spec["exit"] == str(h.case / ".rankpack" / "mpirun.exit") and h.clock.t == 0
 
 
-def test_sigterm_is_passed_on_to_mpirun(tmp_path: Path) -> None:
-    h = LauncherHarness(tmp_path, code=-15)
-    h.child.on_wait = lambda: h.launch.on_signal(signal.SIGTERM)
-    assert h.launch.run() == 143
-    assert h.child.signals == [signal.SIGTERM]
-
-
-def test_a_signal_before_mpirun_starts_it_never(tmp_path: Path) -> None:
-    h = LauncherHarness(tmp_path)
-    h.launch.on_signal(signal.SIGTERM)
+def test_a_signal_while_waiting_ends_it_writing_nothing(tmp_path: Path) -> None:
+    h = PrepHarness(tmp_path)
+    h.prep.on_signal(signal.SIGTERM)
     with pytest.raises(Stopped) as err:
-        h.launch.run()
-    assert err.value.signum == signal.SIGTERM and h.spawned == []
-    assert exitwrapper.state(h.case / ".rankpack") == "never"
-
-
-def test_a_held_launch_marker_is_never_launched_twice(tmp_path: Path) -> None:
-    h = LauncherHarness(tmp_path)
-    fd = exitwrapper.begin(h.case / ".rankpack")  # another launcher runs it
-    assert fd is not None
-    try:
-        with pytest.raises(LaunchError, match="launched already"):
-            h.launch.run()
-    finally:
-        os.close(fd)
-    assert h.spawned == []
-
-
-def test_a_marker_left_by_a_dead_launcher_is_not_started_again(tmp_path: Path) -> None:
-    h = LauncherHarness(tmp_path)
-    fd = exitwrapper.begin(h.case / ".rankpack")
-    assert fd is not None
-    exitwrapper.launched(fd, 99)
-    os.close(fd)
-    with pytest.raises(LaunchError, match="says died"):
-        h.launch.run()
-    assert h.spawned == []
+        h.prep.run(h.out)
+    assert err.value.signum == signal.SIGTERM and not (h.out / "launch.json").exists()
 
 
 def test_main_refuses_bad_instructions_in_its_termination_message(tmp_path: Path) -> None:
     path, log = tmp_path / "launch.json", tmp_path / "termination-log"
     path.write_text('{"version": 1}')
-    assert launcher.main([str(path)], termination_log=str(log)) == launcher.LAUNCH_ERROR_EXIT
+    assert launcher.main([str(path), str(tmp_path)], termination_log=str(log)) == 2
     assert log.read_text().startswith(f"cannot read the instructions {path}: missing keys")
 
 
@@ -387,5 +311,5 @@ def test_main_without_a_service_account_says_so(
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     path, log = tmp_path / "launch.json", tmp_path / "termination-log"
     path.write_text(instructions(tmp_path).to_json())
-    assert launcher.main([str(path)], termination_log=str(log)) == launcher.LAUNCH_ERROR_EXIT
+    assert launcher.main([str(path), str(tmp_path)], termination_log=str(log)) == 2
     assert "cannot reach the Kubernetes API from the launcher pod" in log.read_text()

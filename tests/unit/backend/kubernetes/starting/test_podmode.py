@@ -19,7 +19,7 @@ from rankpack.backend.kubernetes.api.config import (
     VolumeSource,
 )
 from rankpack.backend.kubernetes.backend import KubernetesBackend
-from rankpack.backend.kubernetes.objects import builders, keyed, rbac
+from rankpack.backend.kubernetes.objects import builders, keyed, launcherpods, rbac
 from rankpack.backend.kubernetes.objects.groups import RankGroup
 from rankpack.backend.kubernetes.record import SimRecord
 from rankpack.backend.kubernetes.starting import exitwrapper, podmode
@@ -41,7 +41,7 @@ IMAGE = "rankpack.local/rank:dev"
 
 LABELS = {"rankpack.dev/run-id": "7", "rankpack.dev/rank": "0"}
 OWNER = builders.OwnerRef("rankpack-s1", "uid-1")
-OPTIONS = builders.LauncherOptions("{}", "rankpack-s1-g0 slots=1\n", "rankpack-launcher")
+OPTIONS = launcherpods.LauncherOptions("{}", "rankpack-s1-g0 slots=1\n", "rankpack-launcher")
 
 
 BUILDS: list[tuple[str, str, VolumeSource, dict[str, str], bool, str]] = [
@@ -65,9 +65,10 @@ def test_launcher_pod_builder(
     mount: str,
 ) -> None:
     s = sim_spec(labels=LABELS, placement=placement)
-    pod = builders.launcher_pod(s, OWNER, volume, image, OPTIONS)
+    pod = launcherpods.launcher_pod(s, OWNER, volume, image, OPTIONS)
     rank = builders.rank_pod(s, 0, OWNER, volume, image)
     meta, ps = pod["metadata"], pod["spec"]
+    (init,) = ps["initContainers"]
     (c,) = ps["containers"]
     assert meta["name"] == "rankpack-s1-launcher"
     assert meta["labels"] == {
@@ -78,42 +79,72 @@ def test_launcher_pod_builder(
     }  # never a rank label: no rank listing takes it for a rank
     assert meta["ownerReferences"] == [OWNER.reference()]
     assert ps["serviceAccountName"] == "rankpack-launcher"
-    assert ps["automountServiceAccountToken"] is True
-    assert rank["spec"]["automountServiceAccountToken"] is False  # the ranks hold no token
+    # its token is mounted in the init container alone (rankpack's code, which reads pods);
+    # the launcher container runs the image's mpirun with none, like the ranks
+    assert ps["automountServiceAccountToken"] is False
+    assert rank["spec"]["automountServiceAccountToken"] is False
+    (token,) = [v for v in ps["volumes"] if v["name"] == launcherpods.TOKEN_VOLUME]
+    sources = token["projected"]["sources"]
+    assert sources[0]["serviceAccountToken"]["path"] == "token"
+    assert {"name": launcherpods.TOKEN_VOLUME, "mountPath": launcherpods.TOKEN_DIR,
+            "readOnly": True} in init["volumeMounts"]  # fmt: skip
+    assert launcherpods.TOKEN_VOLUME not in {m["name"] for m in c["volumeMounts"]}
     assert ps["restartPolicy"] == "Never"
-    assert ps["terminationGracePeriodSeconds"] == builders.LAUNCHER_GRACE_S
+    assert ps["terminationGracePeriodSeconds"] == launcherpods.LAUNCHER_GRACE_S
     assert ps.get("nodeSelector") == (placement or None)
-    assert c["image"] == image and c["workingDir"] == str(CASE)
-    # no shell: the entry point and the instructions' path (the owner's, not the run
+    assert init["image"] == c["image"] == image  # (no tools_image: the simulation's)
+    assert c["workingDir"] == init["workingDir"] == str(CASE)
+    # no shell: the entry points and the instructions' path (the owner's, not the run
     # directory's: no rank can change them), nothing else
-    assert c["command"] == ["rankpack-launcher", "/etc/rankpack/sim/launch.json"]
-    assert "args" not in c
-    assert c["resources"] == {"requests": {"cpu": "50m"}}
+    assert init["command"] == ["rankpack-launcher", "/etc/rankpack/sim/launch.json",
+                               "/rankpack/launch"]  # fmt: skip
+    assert c["command"] == [f"{CASE}/.rankpack/bin/rankpack-launch",
+                            "/rankpack/launch/launch.json"]  # fmt: skip
+    assert "args" not in c and "args" not in init
+    assert c["resources"] == init["resources"] == {"requests": {"cpu": "50m"}}
     mounts = {m["name"]: m["mountPath"] for m in c["volumeMounts"]}
     # its own run directory only (a subPath of the volume), as in the rank pods
     assert mounts["case"] == str(CASE) == rank["spec"]["containers"][0]["volumeMounts"][0][
         "mountPath"]  # fmt: skip
     assert str(CASE).startswith(mount)
-    # the rank pods' volumes but their own rankpack-live (the shim's records: ranks only)
+    # the rank pods' volumes but their own rankpack-live (the shim's records: ranks only),
+    # the owner's key, this pod's launch directory and the token
     rank_volumes = [v for v in rank["spec"]["volumes"] if v["name"] != builders.LIVE_VOLUME]
-    assert [v for v in ps["volumes"] if v["name"] != keyed.KEY_VOLUME] == rank_volumes
+    own = (keyed.KEY_VOLUME, launcherpods.LAUNCH_VOLUME, launcherpods.TOKEN_VOLUME)
+    assert [v for v in ps["volumes"] if v["name"] not in own] == rank_volumes
+    assert {"name": launcherpods.LAUNCH_VOLUME, "emptyDir": {}} in ps["volumes"]
+    assert {"name": launcherpods.LAUNCH_VOLUME, "mountPath": "/rankpack/launch"} in init[
+        "volumeMounts"]  # fmt: skip
+    assert {"name": launcherpods.LAUNCH_VOLUME, "mountPath": "/rankpack/launch",
+            "readOnly": True} in c["volumeMounts"]  # fmt: skip
     # and from the owner, read-only, the simulation's key (it enters its rank pods with it,
     # no exec), its instructions and the hostfile
     (key,) = [v for v in ps["volumes"] if v["name"] == keyed.KEY_VOLUME]
     assert key["configMap"]["name"] == OWNER.name
     assert [i["key"] for i in key["configMap"]["items"]] == ["key", "launch.json", "hostfile"]
-    (key_mount,) = [m for m in c["volumeMounts"] if m["name"] == keyed.KEY_VOLUME]
-    assert key_mount == {"name": keyed.KEY_VOLUME, "mountPath": "/etc/rankpack/sim",
-                         "readOnly": True}  # fmt: skip
-    assert {"name": keyed.KEY_ENV, "value": "/etc/rankpack/sim/key"} in c["env"]
-    security = c["securityContext"]
-    assert {k: v for k, v in security.items() if k != "runAsNonRoot"} == builders.CONTAINER_SECURITY
-    assert security.get("runAsNonRoot", False) is non_root
-    assert c["terminationMessagePath"] == builders.TERMINATION_LOG
-    assert c["env"][0] == {
-        "name": "RANKPACK_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}
-    }  # fmt: skip
-    assert (c.get("imagePullPolicy") == "Never") is image.startswith("rankpack.local/")
+    for container in (init, c):
+        (key_mount,) = [m for m in container["volumeMounts"] if m["name"] == keyed.KEY_VOLUME]
+        assert key_mount == {"name": keyed.KEY_VOLUME, "mountPath": "/etc/rankpack/sim",
+                             "readOnly": True}  # fmt: skip
+        security = container["securityContext"]
+        assert {k: v for k, v in security.items() if k != "runAsNonRoot"} == (
+            builders.CONTAINER_SECURITY)  # fmt: skip
+        assert security.get("runAsNonRoot", False) is non_root
+        assert container["terminationMessagePath"] == builders.TERMINATION_LOG
+        assert container["env"][0] == {
+            "name": "RANKPACK_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}
+        }  # fmt: skip
+        assert (container.get("imagePullPolicy") == "Never") is image.startswith("rankpack.local/")
+
+
+def test_the_init_container_runs_rankpacks_image_and_the_launcher_the_simulations() -> None:
+    tools = "registry.example/rankpack/rank:1"
+    opts = launcherpods.LauncherOptions("{}", "", "rankpack-launcher", tools_image=tools)
+    s = sim_spec()
+    pod = launcherpods.launcher_pod(s, OWNER, HostPathVolume(CASE), "registry.example/cfd/foam:12",
+                                    opts)  # fmt: skip
+    (init,), (c,) = pod["spec"]["initContainers"], pod["spec"]["containers"]
+    assert (init["image"], c["image"]) == (tools, "registry.example/cfd/foam:12")
 
 
 def test_launcher_env_and_request_are_configured() -> None:
@@ -126,9 +157,9 @@ def test_launcher_env_and_request_are_configured() -> None:
     opts = podmode.options(sim, config, "rankpack")
     assert Instructions.parse(opts.instructions).pods == ("rankpack-s1-g0",)
     assert opts.hostfile == f"rankpack-s1-g0 slots={len(spec.ranks)}\n"
-    (c,) = builders.launcher_pod(sim_spec(labels=LABELS), OWNER, HostPathVolume(CASE), IMAGE, opts)[
-        "spec"
-    ]["containers"]
+    (c,) = launcherpods.launcher_pod(
+        sim_spec(labels=LABELS), OWNER, HostPathVolume(CASE), IMAGE, opts
+    )["spec"]["containers"]
     assert {"name": "KUBERNETES_SERVICE_HOST", "value": "10.200.0.1"} in c["env"]
     # no CPU limit; memory and ephemeral storage bounded (the user's mpirun runs there)
     assert c["resources"] == {
@@ -369,6 +400,69 @@ def test_a_lost_launcher_pod_fails_the_simulation(tmp_path: Path, how: str) -> N
     h.backend.poll_once()  # acted on once, nothing hangs
     assert h.backend.observe(SIM).phase is SimPhase.FAILED
     h.no_exec()
+
+
+def _init_state(h: PodHarness, state: dict[str, Any], phase: str = "Pending") -> None:
+    """The launcher pod while (or after) its init container runs: the launcher container
+    waits (PodInitializing)."""
+    h.set_launcher(phase, {"waiting": {"reason": "PodInitializing"}},
+                   initContainerStatuses=[{"name": "prepare", "restartCount": 0,
+                                           "state": state}])  # fmt: skip
+
+
+INIT_ENDS = [
+    # name, its terminated state, code, reason starts
+    ("said-why", {"exitCode": 2, "reason": "Error",
+                  "message": "rank pods not running after 300 s: g0: Pending"},
+     FailureCode.LAUNCH_FAILED, "rank pods not running after 300 s"),
+    ("silent", {"exitCode": 1, "reason": "Error"}, FailureCode.LAUNCH_FAILED,
+     "its init container exited 1 before mpirun ran"),
+    ("node-came-back", {"exitCode": 137, "reason": "ContainerStatusUnknown",
+                        "message": CONTAINER_GONE},
+     FailureCode.NODE_LOST, "was lost with its node"),
+    ("oom", {"exitCode": 137, "reason": "OOMKilled"}, FailureCode.OOM_KILLED, "was OOM-killed"),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("name", "terminated", "code", "says"), INIT_ENDS,
+                         ids=[e[0] for e in INIT_ENDS])  # fmt: skip
+def test_an_init_container_that_failed_fails_the_simulation_saying_why(
+    tmp_path: Path, name: str, terminated: dict[str, Any], code: FailureCode, says: str
+) -> None:
+    h = PodHarness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    _init_state(h, {"running": {"startedAt": "now"}})
+    h.backend.poll_once()
+    assert h.backend.observe(SIM).phase is SimPhase.PENDING  # it waits for the ranks
+    _init_state(h, {"terminated": terminated}, phase="Failed")
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and obs.failure is code, obs
+    assert obs.reason.startswith(f"launcher pod {LAUNCHER}") and says in obs.reason, obs.reason
+
+
+def test_an_init_container_that_ended_well_is_followed_by_the_launcher(tmp_path: Path) -> None:
+    h = PodHarness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    _init_state(h, {"terminated": {"exitCode": 0, "reason": "Completed"}})
+    h.backend.poll_once()
+    assert h.backend.observe(SIM).phase is SimPhase.PENDING
+    h.run_launcher()
+    h.backend.poll_once()
+    assert h.backend.observe(SIM).phase is SimPhase.RUNNING
+
+
+def test_an_init_image_that_cannot_be_pulled_fails_the_simulation(tmp_path: Path) -> None:
+    h = PodHarness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    _init_state(h, {"waiting": {"reason": "ErrImagePull", "message": "not found"}})
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and obs.failure is FailureCode.CANNOT_START
+    assert "cannot start: ErrImagePull: not found" in obs.reason
 
 
 def test_a_launcher_that_cannot_start_fails_the_simulation(tmp_path: Path) -> None:

@@ -1,0 +1,3 @@
+module rankpack.dev/tools
+
+go 1.22
