@@ -2,7 +2,7 @@
 families"): binutils sees no libmpi in it, it loads harmlessly into processes without MPI
 (LD_PRELOAD reaches the shells and launchers around a solver), it binds to an MPI that the
 program loaded out of its sight (dlopen RTLD_LOCAL, as Python loads mpi4py), it refuses an
-MPI of the other family in one line, and `rankpack.profile.mpiabi` reads the family of this
+MPI of the other family in one line, and `rankpack.case.mpiabi` reads the family of this
 machine's programs. The MPI programs themselves run in test_shim.py."""
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from rankpack.case import mpiabi
+from rankpack.case.mpiabi import family_of, listing_of
 from rankpack.errors import UserError
-from rankpack.profile import mpiabi
-from rankpack.profile.mpiabi import family_of, listing_of
 from rankpack.profile.records import read_records
 
 pytestmark = pytest.mark.integration
@@ -167,3 +167,14 @@ def test_a_loader_that_hangs_is_stopped_at_the_timeout(
     with pytest.raises(UserError, match="did not finish in 1 s"):
         listing_of(Path("/bin/sh"), loader=loader)
     assert time.monotonic() - start < 10
+
+
+def test_staging_tells_the_mpi_of_a_solver_from_its_libraries() -> None:
+    """What staging records of a case's solver (`staging.detect_mpi`, on OpenFOAM's PATH):
+    Debian's simpleFoam links Open MPI; a program linking no MPI is `NO_MPI`; a solver that
+    is not there is not told (None), and the launch checks nothing."""
+    from rankpack.case import staging
+
+    assert staging.detect_mpi("simpleFoam") == "openmpi"
+    assert staging.detect_mpi("true") == staging.NO_MPI
+    assert staging.detect_mpi("noSuchFoam") is None

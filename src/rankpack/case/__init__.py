@@ -4,7 +4,10 @@ Modules:
 
 - `openfoam`: resolve a tutorial or directory, copy it into a run directory, mesh it,
   decompose it, edit its controlDict;
-- `staging`: a case copied into a fresh run directory, meshed and decomposed, ready to run;
+- `staging`: a case copied into a fresh run directory, meshed and decomposed, ready to run,
+  with the MPI ABI family its solver links;
+- `mpiabi`: which MPI ABI family (and so which build of the shim) a program links, from the
+  dynamic loader's listing of it;
 - `confine`: confined staging of a case from someone with fewer rights than the stager;
 - `sandbox`: the staging sandbox's program (``rankpack-stage``, what a staging pod runs);
 - `stagewire`: the sandbox's request and its bounded answer (pure);

@@ -36,7 +36,7 @@ MAX_ITERATIONS = 100_000_000
 """The most iterations a staging is asked for (and a Simulation may ask: `operator.crd`)."""
 _FIELDS = frozenset(
     {"ok", "error", "code", "caseName", "caseSource", "solver", "cellsPerRank",
-     "expectedIterations", "warnings", "resumedFrom", "startIterations", "cellsFile"}
+     "expectedIterations", "warnings", "resumedFrom", "startIterations", "cellsFile", "mpi"}
 )  # fmt: skip
 
 
@@ -132,6 +132,8 @@ def answer_text(staged: StagedCase, write_cells: Callable[[str], None] | None = 
         data["resumedFrom"] = staged.resumed_from
     if staged.start_iterations:
         data["startIterations"] = staged.start_iterations
+    if staged.mpi is not None:
+        data["mpi"] = staged.mpi
     text = json.dumps(data, separators=(",", ":"))
     if len(text.encode()) > MESSAGE_MAX:
         # warnings are the one part of no consequence: drop them before failing
@@ -198,6 +200,7 @@ def parse_answer(
             resumed_from=None if d.get("resumedFrom") is None else _text(d, "resumedFrom"),
             start_iterations=int(_int(d, "startIterations", 0, MAX_ITERATIONS)
                                  if "startIterations" in d else 0),
+            mpi=_mpi(d),
         )  # fmt: skip
     except (KeyError, TypeError, ValueError) as exc:
         raise BadAnswer(f"an answer out of shape ({exc})") from None
@@ -229,6 +232,19 @@ def _solver(d: dict[str, Any]) -> str:
     if not solver.replace("_", "").isalnum():
         raise ValueError("solver is not a program name")
     return solver
+
+
+MPI_VALUES = frozenset({"openmpi", "mpich", "none"})
+"""What an answer's ``mpi`` may say (`staging.detect_mpi`; absent: not told)."""
+
+
+def _mpi(d: dict[str, Any]) -> str | None:
+    value = d.get("mpi")
+    if value is None:
+        return None
+    if not isinstance(value, str) or value not in MPI_VALUES:
+        raise ValueError(f"mpi is not one of {', '.join(sorted(MPI_VALUES))}")
+    return str(value)
 
 
 def _cells(d: dict[str, Any]) -> tuple[int, ...]:

@@ -17,7 +17,7 @@ from dataclasses import dataclass, replace
 from datetime import datetime
 from pathlib import Path
 
-from rankpack.case import confine, openfoam
+from rankpack.case import confine, mpiabi, openfoam
 from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
 
@@ -84,6 +84,9 @@ class StagedCase:
     """The time it starts again from (its last complete write; `resume`), None: the start."""
     start_iterations: int = 0
     """Time steps done before that time (its log counts on from there)."""
+    mpi: str | None = None
+    """The MPI ABI family its solver links (`detect_mpi`): ``openmpi``, ``mpich``, `NO_MPI`
+    (neither), or None (not told: the solver not found where staging ran)."""
 
     @property
     def log_path(self) -> Path:
@@ -155,6 +158,25 @@ def resume(spec: StageSpec) -> StagedCase:
     return replace(staged, warnings=(), resumed_from=point.time, start_iterations=point.steps)
 
 
+NO_MPI = "none"
+"""`StagedCase.mpi` of a solver that links no MPI library rankpack knows."""
+
+
+def detect_mpi(solver: str) -> str | None:
+    """The MPI ABI family ``solver`` links, found on OpenFOAM's PATH where staging runs (on a
+    cluster: the Simulation's image) and listed by the dynamic loader (`mpiabi`, bounded);
+    `NO_MPI` if it links neither family, None if it cannot be told (no such program, no
+    loader, a listing that fails)."""
+    program = shutil.which(solver, path=openfoam.foam_env().get("PATH"))
+    if program is None:
+        return None
+    try:
+        listing = mpiabi.listing_of(Path(program))
+    except UserError:
+        return None
+    return mpiabi.family_of(listing) or NO_MPI
+
+
 def stage(spec: StageSpec) -> StagedCase:
     """Copy, mesh and decompose; the run directory appears only when all of it worked."""
     if spec.resume is not None:
@@ -202,6 +224,7 @@ def stage(spec: StageSpec) -> StagedCase:
         cells_per_rank=tuple(cells),
         expected_iterations=tc.steps,
         warnings=warnings,
+        mpi=detect_mpi(solver),
     )
 
 

@@ -52,7 +52,8 @@ from rankpack.core.actions import Launch, WaitChoice
 from rankpack.core.failures import Failure, FailureCode
 from rankpack.core.results import WaitRecord
 from rankpack.errors import UserError
-from rankpack.plan.images import solvers_for
+from rankpack.plan.images import mpi_refusal, solvers_for
+from rankpack.plan.submission import MPIS
 
 
 class Starter:
@@ -210,7 +211,10 @@ class Starter:
             ctx.event(None, "solver", sim=sim.sim_id, queue_id=sim.job.queue_id,
                       reason=f"{sub.solver} as submitted instead of the case's application "
                       f"{staged.solver}")  # fmt: skip
-            staged = replace(staged, solver=sub.solver)
+            # (staging listed the case's application's libraries, not this one's)
+            staged = replace(staged, solver=sub.solver, mpi=None)
+        if sub.mpi is None and staged.mpi in MPIS:  # not said: the MPI its solver links
+            sim.mpi = staged.mpi
         sim.staged = staged
         for warning in staged.warnings:
             ctx.event(None, "warning", sim=sim.sim_id, reason=warning)
@@ -246,6 +250,11 @@ class Starter:
                 f"launch failed: {staged.solver!r} (the case's application) is not an allowed "
                 "solver; ask the admin to allow it (rankpack operator --solver)"
             )))  # fmt: skip
+            return
+        refusal = mpi_refusal(sim.mpi, staged.mpi, staged.solver)
+        if refusal is not None:
+            sim.end_t = sim.t0
+            self.end(sim, Failure(refusal.code, f"launch failed: {refusal.message}"))
             return
         decided_unix = time.time()
         try:

@@ -31,6 +31,11 @@ class FailureCode(enum.StrEnum):
     HOST_VOLUME_NOT_ALLOWED = "HostVolumeNotAllowed"
     IMAGE_NOT_ALLOWED = "ImageNotAllowed"
     """``spec.image`` is under none of the image prefixes the cluster admin allows."""
+    MPI_MISMATCH = "MPIMismatch"
+    """The case's solver links one MPI ABI family and ``spec.mpi`` names the other."""
+    UNSUPPORTED_MPI = "UnsupportedMPI"
+    """The case's solver links no MPI library rankpack can profile (neither Open MPI's
+    ``libmpi.so.40`` nor MPICH's ``libmpich.so.12``/``libmpi.so.12``)."""
     CASE_PATH_NOT_ALLOWED = "CasePathNotAllowed"
     CASE_NOT_CONFINED = "CaseNotConfined"
     """The case tries to run code or read files outside itself while it is staged

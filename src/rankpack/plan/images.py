@@ -10,11 +10,16 @@ with one of them matches whatever follows it. The admin may name the solvers an 
 prefix may run (``--allow-image PREFIX=SOLVER,...``): an image under it runs only those
 (the longest matching prefix decides); an image under no such prefix runs the default list
 (the operator's own image's OpenFOAM applications and ``--solver`` names).
+
+And which MPI the image's solver links (`mpi_refusal`): what staging found in the image
+(`rankpack.case.staging.detect_mpi`) against what the Simulation says (``spec.mpi``).
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+
+from rankpack.core.failures import Failure, FailureCode
 
 ImageSolvers = tuple[tuple[str, frozenset[str]], ...]
 """Image prefix -> the solvers images under it may run (the admin's ``PREFIX=SOLVER,...``)."""
@@ -39,3 +44,31 @@ def solvers_for(
         return default
     named = [(p, s) for p, s in image_solvers if _matches(image, p)]
     return max(named, key=lambda ps: len(ps[0]))[1] if named else default
+
+
+NO_MPI = "none"
+"""A staged case's ``mpi`` when its solver links neither family (`rankpack.case.staging.NO_MPI`)."""
+FAMILY_NAMES = {
+    "openmpi": "Open MPI (libmpi.so.40)",
+    "mpich": "MPICH (libmpich.so.12 or libmpi.so.12)",
+}
+
+
+def mpi_refusal(declared: str, linked: str | None, solver: str) -> Failure | None:
+    """Why a case whose solver links ``linked`` (its staged ``mpi``: a family, `NO_MPI`, or
+    None when staging could not tell) cannot run as a Simulation that says ``declared``;
+    None if it can. `FailureCode.UNSUPPORTED_MPI`: no MPI rankpack can profile;
+    `FailureCode.MPI_MISMATCH`: the other family (its launcher would not start it)."""
+    if linked is None or linked == declared:
+        return None
+    if linked == NO_MPI:
+        return Failure(FailureCode.UNSUPPORTED_MPI, (
+            f"{solver!r} (the case's application) links no MPI library rankpack can run and "
+            "profile: neither Open MPI (libmpi.so.40) nor MPICH (libmpich.so.12, libmpi.so.12); "
+            "use a solver built with one of them"
+        ))  # fmt: skip
+    return Failure(FailureCode.MPI_MISMATCH, (
+        f"{solver!r} (the case's application) links {FAMILY_NAMES.get(linked, linked)}, but the "
+        f"Simulation says mpi: {declared}; set spec.mpi to {linked} (rankpack submit --mpi "
+        f"{linked})"
+    ))  # fmt: skip

@@ -7,8 +7,8 @@ memory-mapped records) -> `duty` (pure maths) -> `sampling` (sample a live run, 
 `tracker` follows duty cycles during a run (`rankpack profile CASE`). Also: `finals` (each
 rank's totals, written by the shim when the rank ends, read bounded and schema-checked by
 the backends once a run has ended), `shim` (where the built shim is and the environment
-that loads it), `mpiabi` (which MPI ABI family, and so which build of the shim, a program
-links, from the dynamic loader's listing of it), `plot` (the duty-cycle bar chart).
+that loads it), `plot` (the duty-cycle bar chart). Which build of the shim a solver needs
+(its MPI ABI family) is the case's: `rankpack.case.mpiabi`.
 """
 
 from rankpack.profile.duty import (

@@ -478,6 +478,7 @@ def _finish_staging(sim: SimRun, create_run_dirs: bool) -> None:
         solver=case.solver,
         cells_per_rank=split_cells(case.cells, weights),
         expected_iterations=spec.iterations or case.iterations,
+        mpi=case.mpi,
     )
     sim.phase, sim.reason = SimPhase.STAGED, ""
 

@@ -41,6 +41,8 @@ class SimulatedCase:
     """Communication time every rank spends inside MPI per iteration, seconds, on top of
     waiting for the slowest rank (latency of the halo exchange and reductions)."""
     solver: str = "simpleFoam"
+    mpi: str | None = None
+    """The MPI its solver links as staging finds it (`StagedCase.mpi`; None: not told)."""
     converges_at: int | None = None
     """The iteration at which the solver's residuals meet the case's residualControl: a run
     with more iterations stops there, its log saying so as simpleFoam does (None: never)."""

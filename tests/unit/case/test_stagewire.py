@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,6 +38,22 @@ def test_a_request_comes_back_as_the_spec_staged_in_place() -> None:
 def test_a_staged_answer_round_trips() -> None:
     got = stagewire.parse_answer(stagewire.answer_text(_staged()), RUN, "/cases/x", 2)
     assert got == _staged()
+
+
+@pytest.mark.parametrize("mpi", ["openmpi", "mpich", "none", None])
+def test_the_mpi_its_solver_links_round_trips(mpi: str | None) -> None:
+    staged = replace(_staged(), mpi=mpi)
+    text = stagewire.answer_text(staged)
+    assert ('"mpi"' in text) is (mpi is not None)
+    assert stagewire.parse_answer(text, RUN, "/cases/x", 2) == staged
+
+
+@pytest.mark.parametrize("mpi", ["intelmpi", "", 7, ["openmpi"], "openmpi\u0000"])
+def test_an_mpi_staging_cannot_say_is_refused(mpi: object) -> None:
+    data = json.loads(stagewire.answer_text(_staged()))
+    data["mpi"] = mpi
+    with pytest.raises(stagewire.BadAnswer, match="mpi is not one of"):
+        stagewire.parse_answer(json.dumps(data), RUN, "/cases/x", 2)
 
 
 def test_a_failure_answer_keeps_its_code_and_is_cut() -> None:

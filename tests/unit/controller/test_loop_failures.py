@@ -151,6 +151,42 @@ def test_an_image_the_admin_named_solvers_for_runs_only_those(
         assert run.failure == "SolverNotAllowed"
 
 
+MPI_CASES = [
+    # submitted mpi, what its solver links, status, failure, the launch's mpi
+    (None, "mpich", "completed", None, "mpich"),  # not said: what it links
+    (None, None, "completed", None, "openmpi"),  # not told either: the session's
+    ("openmpi", "openmpi", "completed", None, "openmpi"),
+    ("openmpi", "mpich", "failed", "MPIMismatch", None),
+    (None, "none", "failed", "UnsupportedMPI", None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize(("said", "linked", "status", "failure", "launched"), MPI_CASES)
+def test_the_mpi_its_solver_links_decides_or_refuses(
+    tmp_path: Path, said: str | None, linked: str | None, status: str, failure: str | None,
+    launched: str | None,
+) -> None:  # fmt: skip
+    case = replace(CASE, mpi=linked)
+    backend = SimulatedBackend(SimulatedCluster(nodes=(SimNode("node-a", 2000),), cases=(case,)))
+    specs: list[SimSpec] = []
+    launch = backend.launch
+
+    def record(spec: SimSpec) -> None:
+        specs.append(spec)
+        launch(spec)
+
+    backend.launch = record  # type: ignore[method-assign]
+    settings = LoopSettings(runs_root=tmp_path / "runs", mpi="openmpi")
+    job = OneJob(replace(SUB, mpi=said))
+    (run,) = run_jobs(backend, Store(tmp_path / "r.db"), job, settings).results
+    assert (run.status, run.failure) == (status, failure), run.message
+    assert [s.mpi for s in specs] == ([launched] if launched else [])
+    if failure == "MPIMismatch":
+        assert "links MPICH" in run.message and "set spec.mpi to mpich" in run.message
+    if failure == "UnsupportedMPI":
+        assert "links no MPI library" in run.message
+
+
 def test_a_case_that_cannot_be_staged_is_stage_failed(tmp_path: Path) -> None:
     jobs = Recorded(replace(SUB, case="nope"))
     result = _run_loop(tmp_path, Coded(_small_cluster(), None), jobs)  # a failure without a code

@@ -4,8 +4,8 @@ The PMPI shim is built once per ABI family and binds to the MPI the solver itsel
 (docs/shim.md, "ABI families"), so a launcher preloads the build of the solver's family:
 `family_of` reads that family from the listing of the solver (``ld.so --list PROGRAM`` or
 ``ldd PROGRAM``, possibly made inside a user's image, so it is read bounded), and
-`listing_of` makes such a listing on this machine. Pure but for `listing_of`; nothing calls
-it yet but the tests (the backends will, with the listing from the solver's image).
+`listing_of` makes such a listing where it runs (staging runs it on the case's solver,
+`staging.detect_mpi`, in the Simulation's image on a cluster). Pure but for `listing_of`.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""`rankpack.profile.mpiabi.family_of`: the MPI ABI family a program links, from recorded
+"""`rankpack.case.mpiabi.family_of`: the MPI ABI family a program links, from recorded
 listings of the dynamic loader (``ld.so --list`` / ``ldd``), and what it makes of anything
 else (junk, decoys, more than it reads)."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rankpack.profile.mpiabi import FAMILIES, MAX_LISTING_CHARS, MAX_LISTING_LINES, family_of
+from rankpack.case.mpiabi import FAMILIES, MAX_LISTING_CHARS, MAX_LISTING_LINES, family_of
 from rankpack.profile.shim import FLAVOURS
 
 # Debian 12's simpleFoam (OpenFOAM 2206, Open MPI 4.1.4), trimmed.
