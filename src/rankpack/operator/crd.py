@@ -94,7 +94,8 @@ def _spec_schema() -> Obj:
                      "description": "how ranks wait in MPI (default: the operator's --wait)"},
             "mpi": {"type": "string", "enum": list(submission.MPIS),
                     "description": "the MPI library the solver was built with: openmpi "
-                    "(mpirun) or mpich (hydra) (default: the operator's)"},
+                    "(mpirun) or mpich (hydra) (default: what the case's solver links, "
+                    "else the operator's); the other family than it links is refused"},
             "image": {"type": "string", "maxLength": submission.MAX_IMAGE,
                       "pattern": submission.IMAGE_PATTERN,
                       "description": "the image staging, the launcher and the ranks run "
