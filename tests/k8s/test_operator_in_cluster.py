@@ -299,6 +299,24 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
                 for a in ic.agents())  # fmt: skip
 
         ic.wait("a new agent serving the node", agent_back, 300)
+        # issue 42: what a glance shows of the running one, in its status and columns
+
+        def glanced() -> bool:
+            st = ic.status("incluster-a")
+            return st.get("phase") != "Running" or {"eta", "duty", "efficiency", "nodes"} <= set(st)
+
+        ic.wait("ETA, duty, efficiency and nodes in the running one's status", glanced, 120)
+        st = ic.status("incluster-a")
+        if st.get("phase") == "Running":
+            shown = ic.kubectl("get", f"simulations.{crd.GROUP}", "-n", NAMESPACE, "incluster-a")
+            wide = ic.kubectl("get", f"simulations.{crd.GROUP}", "-n", NAMESPACE, "incluster-a",
+                              "-o", "wide")  # fmt: skip
+            print(f"\n{shown}\n{wide}")
+            assert shown.split()[5:11] == ["ITER", "ETA", "DUTY", "EFF", "NODES", "AGE"], shown
+            assert st["eta"] in shown and st["nodes"] in shown, (st, shown)
+            assert 0 < st["duty"]["min"] <= st["duty"]["mean"] <= 1 and st["efficiency"] > 0, st
+            assert {"PROGRESS", "MINDUTY", "RESIZES", "RESTARTS", "WAIT", "RUN"} <= set(
+                wide.splitlines()[0].split()), wide  # fmt: skip
         # then the leading operator: the standby (or a replacement) adopts what runs
         op = ic.leader()
         ic.kubectl("delete", "pod", op["metadata"]["name"], "-n", manifests.SYSTEM_NAMESPACE,

@@ -208,6 +208,29 @@ def _status_schema() -> Obj:
             "resizes": _int(0),
             "restarts": _int(0),
             "ranks": {"type": "array", "items": _rank_schema()},
+            "eta": {
+                "type": "string",
+                "description": "when it should reach its expected iterations, at its rate "
+                "over the last minute (UTC)",
+            },
+            "duty": {
+                "type": "object",
+                "description": "mean and lowest share of wall time its ranks spend computing "
+                "(outside MPI), from the PMPI shim",
+                "properties": {"mean": {"type": "number"}, "min": {"type": "number"}},
+            },
+            "efficiency": {
+                "type": "number",
+                "description": "CPU doing solver work (the ranks' duty, a core each) "
+                "over the CPU its ranks request",
+            },
+            "nodes": {"type": "string", "description": "the nodes its ranks run on"},
+            "residuals": {
+                "type": "object",
+                "maxProperties": 16,
+                "additionalProperties": {"type": "number"},
+                "description": "the latest initial residual of each solved field",
+            },
             "waitMode": {
                 "type": "object",
                 "description": "the wait mode of the simulation's ranks (spin|polite|adaptive)"
@@ -227,11 +250,20 @@ def crd_manifest() -> Obj:
         ("Reason", "string", ".status.reason"),
         ("Case", "string", ".spec.case.path"),
         ("Ranks", "integer", ".spec.ranks"),
+        ("Iter", "integer", ".status.iterations"),
+        ("ETA", "string", ".status.eta"),
+        ("Duty", "number", ".status.duty.mean"),
+        ("Eff", "number", ".status.efficiency"),
+        ("Nodes", "string", ".status.nodes"),
+        ("Age", "date", ".metadata.creationTimestamp"),
+    ]
+    wide = [  # kubectl get -o wide
         ("Progress", "string", ".status.progress"),
+        ("MinDuty", "number", ".status.duty.min"),
         ("Resizes", "integer", ".status.resizes"),
         ("Restarts", "integer", ".status.restarts"),
+        ("Wait", "string", ".status.waitMode.mode"),
         ("Run", "integer", ".status.runId"),
-        ("Age", "date", ".metadata.creationTimestamp"),
     ]
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
@@ -256,7 +288,8 @@ def crd_manifest() -> Obj:
                     "subresources": {"status": {}},
                     "additionalPrinterColumns": [
                         {"name": n, "type": t, "jsonPath": p} for n, t, p in columns
-                    ],
+                    ]
+                    + [{"name": n, "type": t, "jsonPath": p, "priority": 1} for n, t, p in wide],
                     "schema": {
                         "openAPIV3Schema": {
                             "type": "object",

@@ -12,7 +12,9 @@ Extended by `rankpack.operator.display.OperatorDisplay` (metrics and Events too)
 from __future__ import annotations
 
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
+from datetime import UTC, datetime
 from typing import Any
 
 from rankpack.controller.views import SimView
@@ -21,8 +23,13 @@ from rankpack.core.results import progress_text
 from rankpack.operator import transitions
 from rankpack.operator.queue import SimulationQueue
 from rankpack.operator.transitions import condition
+from rankpack.report.glance import eta_s, glance
 
 Obj = dict[str, Any]
+
+ETA_MARKS = 7
+"""Progress marks (one per status write, ``interval_s`` apart) the ETA's rate is taken
+over: about a minute at the operator's 10 s."""
 
 
 class StatusWriter:
@@ -47,6 +54,9 @@ class StatusWriter:
         self.listeners: list[Callable[[float, Sequence[SimView]], None]] = []
         self.running: set[str] = set()
         """The sim ids whose ``Running`` (every rank runs) was written."""
+        self.marks: dict[int, deque[tuple[float, int]]] = {}
+        """Queue id -> (wall time, iterations) at its last status writes (`ETA_MARKS`)."""
+        self.wall: Callable[[], float] = time.time
 
     def update(self, now_s: float, sims: Sequence[SimView]) -> None:
         for listener in self.listeners:
@@ -75,7 +85,13 @@ class StatusWriter:
                     if deferred
                     else condition("ResizeDeferred", False, "Applied", "no resize deferred")
                 )
-            self.queue.outbox.patch(name, self._status(view), conditions)
+            marks = self.marks.setdefault(view.queue_id, deque(maxlen=ETA_MARKS))
+            marks.append((self.wall(), view.log.iterations))
+            status = self._status(view)
+            left = eta_s(marks, view.expected_iterations)
+            if left is not None:
+                status["eta"] = iso_time(marks[-1][0] + left)
+            self.queue.outbox.patch(name, status, conditions)
             self.deferred[name] = deferred
 
     def _ranks_run(self, view: SimView) -> None:
@@ -136,7 +152,21 @@ class StatusWriter:
         }
         if view.wait is not None:
             status["waitMode"] = {"mode": view.wait.mode, "reason": view.wait.reason}
+        seen = glance(view)
+        if seen.duty_mean is not None and seen.duty_min is not None:
+            status["duty"] = {"mean": round(seen.duty_mean, 3), "min": round(seen.duty_min, 3)}
+        if seen.efficiency is not None:
+            status["efficiency"] = round(seen.efficiency, 3)
+        if seen.nodes:
+            status["nodes"] = ",".join(seen.nodes)
+        if seen.residuals:
+            status["residuals"] = {k: float(f"{v:.3g}") for k, v in seen.residuals.items()}
         return status
 
     def close(self) -> None:
         pass
+
+
+def iso_time(unix_s: float) -> str:
+    """``unix_s`` as the status writes times (UTC, whole seconds, ``Z``)."""
+    return datetime.fromtimestamp(round(unix_s), UTC).strftime("%Y-%m-%dT%H:%M:%SZ")

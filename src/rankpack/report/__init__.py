@@ -5,6 +5,8 @@ Modules:
 
 - `tables`: the tables a user reads at the end of a run, in ``rankpack runs`` and ``profile``;
 - `live`: the live display of a running simulation; `multiplex_live`: of a multiplex session;
+- `glance`: what a glance at a running simulation shows (ETA, duty, efficiency, nodes,
+  residuals), pure, shared by the Simulation's status and the live views;
 - `timeline`: a multiplex session's timeline PNG;
 - `data`: what a report shows of a run or a session, read from the store and the solver log;
 - `figures`: the report's figures as PNG bytes;

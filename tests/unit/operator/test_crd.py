@@ -79,7 +79,16 @@ def test_the_crd_has_a_status_subresource_and_useful_columns() -> None:
     m = crd.crd_manifest()
     (version,) = m["spec"]["versions"]
     assert version["subresources"] == {"status": {}}
-    columns = [c["name"] for c in version["additionalPrinterColumns"]]
-    assert columns[:6] == ["Phase", "Reason", "Case", "Ranks", "Progress", "Resizes"]
+    printed = version["additionalPrinterColumns"]
+    columns = [c["name"] for c in printed if not c.get("priority")]
+    wide = [c["name"] for c in printed if c.get("priority") == 1]
+    assert columns == ["Phase", "Reason", "Case", "Ranks", "Iter", "ETA", "Duty", "Eff", "Nodes",
+                       "Age"]  # fmt: skip
+    assert wide == ["Progress", "MinDuty", "Resizes", "Restarts", "Wait", "Run"]
     status = version["schema"]["openAPIV3Schema"]["properties"]["status"]["properties"]
     assert {"phase", "reason", "message", "restarts", "resizes", "iterations"} <= set(status)
+    # every column reads a field the status schema has
+    for c in printed:
+        path = c["jsonPath"].split(".")[1:]
+        if path[0] == "status":
+            assert path[1] in status, c
