@@ -28,12 +28,14 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 
 from rankpack.devcluster import deploy
 from rankpack.devcluster.binaries import DEFAULT_VERSION, KubeVersion
 from rankpack.devcluster.layout import NAMESPACE, Layout
 from rankpack.errors import UserError
 from rankpack.operator import crd, manifests
+from tests.cli_runner import rankpack
 from tests.k8s import hostile
 from tests.k8s.conftest import DevCluster
 from tests.k8s.operators import endless_pitzdaily
@@ -317,6 +319,21 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
             assert 0 < st["duty"]["min"] <= st["duty"]["mean"] <= 1 and st["efficiency"] > 0, st
             assert {"PROGRESS", "MINDUTY", "RESIZES", "RESTARTS", "WAIT", "RUN"} <= set(
                 wide.splitlines()[0].split()), wide  # fmt: skip
+            # rankpack top, as a user who may only read Simulations here: twice, 10 s apart
+            reader = _reader(ic, runs)
+            first = _top(reader)
+            time.sleep(10)
+            second = _top(reader)
+            assert first["nodes"] is None and second["nodes"] is None  # may not read nodes
+            a1, a2 = (next(s for s in v["simulations"] if s["name"] == "incluster-a")
+                      for v in (first, second))  # fmt: skip
+            print(
+                f"top, 10 s apart: {a1['progress']} -> {a2['progress']}, duty per rank "
+                f"{[r['duty'] for r in a1['ranks']]} -> {[r['duty'] for r in a2['ranks']]}"
+            )
+            if a2["phase"] == "Running":
+                assert a2["iterations"] > a1["iterations"], (a1, a2)
+                assert all(r["duty"] is not None and r["node"] for r in a2["ranks"]), a2
         # then the leading operator: the standby (or a replacement) adopts what runs
         op = ic.leader()
         ic.kubectl("delete", "pod", op["metadata"]["name"], "-n", manifests.SYSTEM_NAMESPACE,
@@ -356,6 +373,37 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
     finally:
         ic.print_operator_log(40)
         ic.delete_simulations(*names)
+
+
+def _reader(ic: InCluster, tmp: Path) -> Path:
+    """A kubeconfig of a ServiceAccount that may only get and list Simulations in
+    `NAMESPACE` (issue 42: ``rankpack top`` with a user's own rights)."""
+    name, sims = "sim-reader", f"simulations.{crd.GROUP}"
+    for args in (
+        ("serviceaccount", name),
+        ("role", name, "--verb=get,list", f"--resource={sims}"),
+        ("rolebinding", name, f"--role={name}", f"--serviceaccount={NAMESPACE}:{name}"),
+    ):
+        try:
+            ic.kubectl("create", *args, "-n", NAMESPACE)
+        except UserError as exc:
+            if "AlreadyExists" not in str(exc):
+                raise
+    config = yaml.safe_load(ic.layout.admin_kubeconfig.read_text())
+    for user in config["users"]:
+        user["user"] = {"token": ic.token(name)}
+    for context in config["contexts"]:
+        context["context"]["namespace"] = NAMESPACE
+    path = tmp / "sim-reader.kubeconfig"
+    path.write_text(yaml.safe_dump(config))
+    path.chmod(0o600)
+    return path
+
+
+def _top(kubeconfig: Path) -> Any:
+    done = rankpack("top", "--once", "--json", "--kubeconfig", str(kubeconfig), timeout=60)
+    assert done.returncode == 0, done.stderr
+    return json.loads(done.stdout)
 
 
 def test_a_deleted_launcher_pod_fails_its_simulation_with_a_code(incluster: InCluster) -> None:

@@ -9,7 +9,7 @@ one-line message and exit code 2 (``--debug`` shows the traceback instead).
 Modules, one per command unless said: `demo_cmd`, `plan_cmd`, `decompose_cmd`, `run_cmd`,
 `runs_cmd`, `profile_cmd` (with `profile_case`: ``profile CASE`` and ``--attach``),
 `queue_cmd` (``submit``, ``queue``), `multiplex_cmd` (``multiplex``, ``events``),
-`report_cmd`, `model_cmd`, `operator_cmd` (``operator``, ``simulations``),
+`report_cmd`, `model_cmd`, `operator_cmd` (``operator``, ``simulations``), `top_cmd`,
 `nodeagent_cmd`, `devcluster_cmd`; shared by them: `common` (argument validators, JSON
 output, the database path) and `backends` (``--backend`` and the Kubernetes flags).
 """
@@ -49,6 +49,7 @@ COMMAND_MODULES = (
     "rankpack.cli.model_cmd",
     "rankpack.cli.devcluster_cmd",
     "rankpack.cli.operator_cmd",
+    "rankpack.cli.top_cmd",
     "rankpack.cli.nodeagent_cmd",
 )
 
@@ -69,6 +70,7 @@ COMMANDS = {
     "dev-cluster": "rankpack.cli.devcluster_cmd",
     "operator": "rankpack.cli.operator_cmd",
     "simulations": "rankpack.cli.operator_cmd",
+    "top": "rankpack.cli.top_cmd",
     "node-agent": "rankpack.cli.nodeagent_cmd",
 }
 """Which module registers each sub-command (a unit test keeps it equal to what they

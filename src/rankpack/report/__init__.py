@@ -5,6 +5,8 @@ Modules:
 
 - `tables`: the tables a user reads at the end of a run, in ``rankpack runs`` and ``profile``;
 - `live`: the live display of a running simulation; `multiplex_live`: of a multiplex session;
+- `top`: ``rankpack top``'s view of a cluster's Simulations, ranks and nodes (pure), and
+  its tables;
 - `glance`: what a glance at a running simulation shows (ETA, duty, efficiency, nodes,
   residuals), pure, shared by the Simulation's status and the live views;
 - `timeline`: a multiplex session's timeline PNG;
