@@ -103,6 +103,9 @@ case "$mode" in
     # subset here: its whole suite (over 40 min a run on 2 cores) is `peer_slow`, for
     # machines with a core per rank: pytest -m peer_slow tests/peer.
     bash tests/peer/install_mpi4py.sh .venv/bin/python openmpi mpich
+    # promtool for deploy/monitoring's rules: Debian's prometheus package unpacked (not
+    # installed: no daemon), cached by version under /var/cache/rankpack/promtool.
+    sh tests/monitoring/install_promtool.sh >/dev/null
     # The slowest tests are listed at the end (where a CI run spends its time). `k8s_slow`
     # (a lost node under the in-cluster operator, ~15 min) runs apart: pytest -m k8s_slow tests/k8s
     exec .venv/bin/python -m pytest -q -p no:cacheprovider -m "not peer_slow and not k8s_slow" --durations=30

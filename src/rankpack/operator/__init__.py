@@ -20,6 +20,8 @@ Its modules, from the resource to the running service:
 - `display`: the operator's display: status, metrics and Events from each tick.
 - `events`: Events on Simulations from the store's events.
 - `metrics`: Prometheus metrics of the operator.
+- `monitoring`: the alert rules and Grafana dashboard an admin installs
+  (``deploy/monitoring/``).
 - `plot`: the timeline of an operator's session.
 - `lease`: leader election on a Lease.
 - `service`: `rankpack operator`: terms of leadership, each running the control loop.

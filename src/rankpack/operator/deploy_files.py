@@ -18,7 +18,7 @@ from rankpack.backend.kubernetes.objects.rbac import (
     backend_rbac,
 )
 from rankpack.nodeagent import manifests as agent_manifests
-from rankpack.operator import tenant_manifests
+from rankpack.operator import monitoring, tenant_manifests
 from rankpack.operator.manifests import (
     BACKEND_HEADER,
     DEV_HEADER,
@@ -77,6 +77,12 @@ def files() -> dict[str, str]:
         "dev/admission-patch.yaml": docs(GENERATED, [dev_admission_patch()]),
         # serving several namespaces: deploy/tenants (and deploy/dev-tenants) list them
         **tenant_manifests.files(),
+        # watching it: where Prometheus (and its Operator) and Grafana run
+        "monitoring/rules.yaml": docs(monitoring.HEADER, [{"groups": monitoring.rule_groups()}]),
+        "monitoring/prometheusrule.yaml": docs(
+            monitoring.HEADER, [monitoring.prometheus_rule(SYSTEM_NAMESPACE)]
+        ),
+        "monitoring/dashboard.json": monitoring.dashboard_json(),
     }
 
 

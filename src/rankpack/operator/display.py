@@ -33,6 +33,11 @@ class OperatorDisplay(StatusWriter):
         self.metrics.update(self.queue.index.names, sims)
         self.drain()
 
+    def resize_held(self, name: str, message: str | None, reason: str = "") -> None:
+        """`StatusWriter.resize_held`, and the metric its alert reads."""
+        super().resize_held(name, message, reason)
+        self.metrics.set_resize_held(name, message is not None)
+
     def drain(self) -> None:
         """The store's events since the last drain: counted, posted as Events, and a grow
         held for quota shown in the status."""

@@ -89,7 +89,32 @@ class OperatorMetrics:
             "simulations taken over from an earlier operator",
             registry=r,
         )
+        self.finished = Counter(
+            "rankpack_simulations_finished",
+            "simulations that ended, by status and failure code ('' when none)",
+            ["status", "code"],
+            registry=r,
+        )
+        self.deferred = Gauge(
+            "rankpack_rank_resize_deferred",
+            "1 while a resize of the rank is deferred by its node",
+            ["simulation", "rank"],
+            registry=r,
+        )
+        self.resize_held = Gauge(
+            "rankpack_simulation_resize_held",
+            "1 while a grow of the simulation is held (quota, or its node is full)",
+            ["simulation"],
+            registry=r,
+        )
+        self.head_held = Gauge(
+            "rankpack_launch_held",
+            "1 while the head of the queue is held back for this reason",
+            ["reason"],
+            registry=r,
+        )
         self.known: set[tuple[str, str]] = set()
+        self.held_codes: set[str] = set()
         self.last_event = 0
 
     def serve(self, port: int, addr: str = "0.0.0.0") -> None:
@@ -111,8 +136,9 @@ class OperatorMetrics:
                     self.allocated.labels(*key).set(r.allocated_millis)
                 if r.duty is not None:
                     self.duty.labels(*key).set(r.duty)
+                self.deferred.labels(*key).set(1 if r.resize == "deferred" else 0)
         for key in self.known - seen:  # ended simulations: drop their per-rank series
-            for g in (self.request, self.allocated, self.duty):
+            for g in (self.request, self.allocated, self.duty, self.deferred):
                 with contextlib.suppress(KeyError):
                     g.remove(*key)
         self.known = seen
@@ -128,9 +154,28 @@ class OperatorMetrics:
                 self.resizes.labels(RESIZE_OUTCOMES[e.kind]).inc()
             elif e.kind == "launch-held":  # its code (quota, no-room, ...) when it has one
                 code = str(e.detail.get("code") or "")
-                self.held.labels(code or _held_code(str(e.detail.get("reason", "")))).inc()
+                code = code or _held_code(str(e.detail.get("reason", "")))
+                self.held.labels(code).inc()
+                self._head_held(code)
+            elif e.kind in ("launch", "stage"):  # the head went ahead
+                self._head_held(None)
             elif e.kind == "adopted":
                 self.adopted.inc()
+            elif e.kind == "finished":
+                status = str(e.detail.get("status") or "")
+                self.finished.labels(status, str(e.detail.get("code") or "")).inc()
+
+    def _head_held(self, code: str | None) -> None:
+        """The queue's head held for ``code`` (None: not held): that reason's series 1, the
+        others 0."""
+        if code is not None:
+            self.held_codes.add(code)
+        for c in self.held_codes:
+            self.head_held.labels(c).set(1 if c == code else 0)
+
+    def set_resize_held(self, simulation: str, held: bool) -> None:
+        """A grow of ``simulation`` held (the status's ``ResizeHeld`` condition) or not."""
+        self.resize_held.labels(simulation).set(1 if held else 0)
 
 
 _HELD_CODES = (("more after", "cooldown"), ("needs", "no-room"), ("concurrent", "max-concurrent"),
