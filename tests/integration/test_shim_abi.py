@@ -18,6 +18,7 @@ from rankpack.case import mpiabi
 from rankpack.case.mpiabi import family_of, listing_of
 from rankpack.errors import UserError
 from rankpack.profile.records import read_records
+from tests.integration.test_shim import mpirun
 
 pytestmark = pytest.mark.integration
 
@@ -33,17 +34,6 @@ NO_MPI = [["/bin/true"], ["/bin/sh", "-c", "true"], ["/bin/sh", "-c", "echo ok"]
 def built() -> Path:
     subprocess.run(["make", "-s", "-C", str(SHIM), "all", "install"], check=True, timeout=300)
     return BUILD
-
-
-def mpirun(flavour: str, n: int, env: dict[str, str]) -> list[str]:
-    if flavour == "openmpi":
-        cmd = ["mpirun.openmpi", "-np", str(n), "--oversubscribe", "--bind-to", "none"]
-        if os.geteuid() == 0:
-            cmd.append("--allow-run-as-root")
-        for name in env:
-            cmd += ["-x", name]
-        return cmd
-    return ["mpirun.mpich", "-np", str(n), "-envlist", ",".join(env)]
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
@@ -88,7 +78,7 @@ def test_binds_to_an_mpi_the_program_loaded_locally(
     env = {"LD_PRELOAD": str(LIB / f"librankpack_pmpi.{flavour}.so"),
            "RANKPACK_SHIM_DIR": str(tmp_path)}  # fmt: skip
     argv = [str(built / "dlopen_host"), str(built / flavour / "dlopen_plugin.so")]
-    done = subprocess.run(mpirun(flavour, 2, env) + argv, env={**os.environ, **env},
+    done = subprocess.run(mpirun(flavour, 2, env, argv), env={**os.environ, **env},
                           capture_output=True, text=True, timeout=60)  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert sorted(done.stdout.splitlines()) == ["rank 0 of 2 sum 1", "rank 1 of 2 sum 1"]
