@@ -40,6 +40,10 @@ const (
 	HeaderTimeout = 10 * time.Second
 )
 
+// PumpGrace is how long the command's output is still sent after it exited (a process it
+// left running may hold its output open).
+var PumpGrace = 10 * time.Second
+
 // Request is the one line a caller sends.
 type Request struct {
 	Key     string `json:"key"`
@@ -148,12 +152,20 @@ func Session(conn net.Conn, key []byte, log func(string)) {
 	w := &frameWriter{conn: conn}
 	cmd := exec.Command("/bin/sh", "-c", *req.Command)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
-	stdout, err1 := cmd.StdoutPipe()
-	stderr, err2 := cmd.StderrPipe()
+	// pipes of our own: the command's end is closed here once it started, so that waiting
+	// for the command does not wait for what it left running with its output (a daemon)
+	stdout, outW, err1 := os.Pipe()
+	stderr, errW, err2 := os.Pipe()
 	if err1 != nil || err2 != nil {
 		return
 	}
-	if err := cmd.Start(); err != nil {
+	defer stdout.Close()
+	defer stderr.Close()
+	cmd.Stdout, cmd.Stderr = outW, errW
+	err = cmd.Start()
+	outW.Close()
+	errW.Close()
+	if err != nil {
 		_ = w.send('e', []byte(fmt.Sprintf("rankpack-rankd: cannot start /bin/sh: %v\n", err)))
 		_ = w.send('x', be32(127))
 		return
@@ -189,9 +201,14 @@ func Session(conn net.Conn, key []byte, log func(string)) {
 			stopGroup(cmd, done)
 		}
 	}()
-	pumps.Wait() // (os/exec: the pipes must be drained before Wait)
 	_ = cmd.Wait()
 	close(done)
+	drained := make(chan struct{})
+	go func() { pumps.Wait(); close(drained) }()
+	select { // its output up to now; not what a process it left behind writes later
+	case <-drained:
+	case <-time.After(PumpGrace):
+	}
 	_ = w.send('x', be32(int32(ExitCode(cmd.ProcessState))))
 	if tcp, ok := conn.(*net.TCPConn); ok {
 		_ = tcp.CloseWrite()

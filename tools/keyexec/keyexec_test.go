@@ -146,3 +146,17 @@ func TestTheKeyFileMustHoldAKey(t *testing.T) {
 		t.Fatalf("%q %v", k, err)
 	}
 }
+
+func TestAProcessLeftRunningWithTheOutputDoesNotHoldTheExitCode(t *testing.T) {
+	PumpGrace = time.Second
+	defer func() { PumpGrace = 10 * time.Second }()
+	addr, _ := serve(t)
+	t0 := time.Now()
+	code, out, _ := run(t, addr, key, "echo started; (sleep 30 &) ; exit 3")
+	if code != 3 || out != "started\n" {
+		t.Fatalf("code %d, out %q", code, out)
+	}
+	if d := time.Since(t0); d > PumpGrace+5*time.Second {
+		t.Fatalf("the exit code came after %v", d)
+	}
+}
