@@ -64,6 +64,8 @@ class StatusWriter:
         self.queue.flush()
         t = time.monotonic()
         self.running &= {v.sim_id for v in sims}
+        for gone in set(self.marks) - {v.queue_id for v in sims}:  # ended: its rate with it
+            del self.marks[gone]
         for view in sims:
             if view.running and view.sim_id not in self.running:
                 self._ranks_run(view)

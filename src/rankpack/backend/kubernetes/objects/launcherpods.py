@@ -66,7 +66,8 @@ class LauncherOptions:
     hostfile: str
     """mpirun's hostfile, kept beside them."""
     service_account: str
-    """Its identity: may read pods and exec into them (`rbac.LAUNCHER_RULES`)."""
+    """Its identity: may read pods (`rbac.LAUNCHER_RULES`), its token mounted in the init
+    container alone."""
     env: tuple[tuple[str, str], ...] = ()
     """Extra environment (e.g. ``KUBERNETES_SERVICE_HOST``/``_PORT`` where the apiserver's
     Service IP does not route from pods: a cluster without kube-proxy)."""
@@ -157,17 +158,14 @@ def launcher_pod(
     if DEV_IMAGE in (image, tools_image):
         volumes.append({"name": "host-usr", "hostPath": {"path": "/usr", "type": "Directory"}})
 
-    def container(cname: str, cimage: str, command: list[str], cmounts: list[Obj]) -> Obj:
-        return _container(spec, options, cname, cimage, command, cmounts)
-
     token_mount = {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True}
-    prepare = container(
-        LAUNCHER_INIT_CONTAINER, tools_image,
+    prepare = _container(
+        spec, options, LAUNCHER_INIT_CONTAINER, tools_image,
         [*LAUNCHER_COMMAND, str(keyed.KEY_DIR / keyed.LAUNCH_ITEM), str(LAUNCH_DIR)],
         [*mounts, launch_mount, token_mount],
     )  # fmt: skip
-    launch = container(
-        LAUNCHER_CONTAINER, image,
+    launch = _container(
+        spec, options, LAUNCHER_CONTAINER, image,
         [str(keyed.tool(spec.case_dir, keyed.LAUNCH)), str(LAUNCH_DIR / LAUNCH_FILE)],
         [*mounts, {**launch_mount, "readOnly": True}],
     )  # fmt: skip

@@ -43,6 +43,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from rankpack import untrusted
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.objects import builders, keyed, launcherpods, status
 from rankpack.backend.kubernetes.starting import exitwrapper, mpirunargs
@@ -99,10 +100,9 @@ def mpirun_env(instructions: Instructions, hosts: Path) -> dict[str, str]:
 
 
 def write_json(path: Path, data: object) -> None:
-    """``data`` as JSON at ``path``, atomically (a reader sees none or all of it)."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(data, indent=1))
-    tmp.replace(path)
+    """``data`` as JSON at ``path``, atomically (`untrusted.write_file`: a reader sees none or
+    all of it)."""
+    untrusted.write_file(path, json.dumps(data, indent=1).encode())
 
 
 def write_hosts(pods: Sequence[Obj], directory: Path) -> Path:

@@ -132,7 +132,7 @@ def reading(name: str, pod: Obj | None, exit_code: Callable[[], int | None]) -> 
     init_state = init.get("state") or {}
     init_ended = init_state.get("terminated")
     if init_ended is not None and init_ended.get("exitCode") != 0:  # it waited for the ranks
-        return _terminated(name, init_ended, exit_code, "its init container")
+        return _terminated(name, init_ended, exit_code, init=True)
     cannot = _cannot_start(name, init_state)
     if cannot is not None:
         return cannot
@@ -140,7 +140,7 @@ def reading(name: str, pod: Obj | None, exit_code: Callable[[], int | None]) -> 
     state = cs.get("state") or {}
     terminated = state.get("terminated")
     if terminated is not None:
-        return _terminated(name, terminated, exit_code, "mpirun")
+        return _terminated(name, terminated, exit_code, init=False)
     cannot = _cannot_start(name, state)
     if cannot is not None:
         return cannot
@@ -150,10 +150,11 @@ def reading(name: str, pod: Obj | None, exit_code: Callable[[], int | None]) -> 
 
 
 def _terminated(
-    name: str, terminated: Obj, exit_code: Callable[[], int | None], what: str
+    name: str, terminated: Obj, exit_code: Callable[[], int | None], *, init: bool
 ) -> Reading:
-    """A terminated container of the launcher pod ``name`` (its init container, or the one
-    that ran ``rankpack-launch``): ended with mpirun's code, or failed."""
+    """A terminated container of the launcher pod ``name`` (``init``: its init container,
+    else the one that ran ``rankpack-launch``): ended with mpirun's code, or failed."""
+    what = "its init container" if init else "mpirun"
     code = exit_code()
     if code is not None:
         return Reading("ended", exit_code=code)
@@ -168,7 +169,7 @@ def _terminated(
         why = f"launcher pod {name} was OOM-killed ({what} with it)"
         return Reading("failed", failure=Failure(FailureCode.OOM_KILLED, why))
     container_code = terminated.get("exitCode")
-    if what != "mpirun":
+    if init:
         why = f"launcher pod {name}: {what} exited {container_code} before mpirun ran"
         return Reading("failed", failure=Failure(FailureCode.LAUNCH_FAILED, why))
     return Reading("ended", exit_code=int(container_code) if container_code is not None
