@@ -20,6 +20,8 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
+from rankpack.report.glance import finite, residuals_of
+
 Obj = dict[str, Any]
 
 RECENT = 5
@@ -29,7 +31,8 @@ MAX_TEXT = 160
 
 
 def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    """A finite number, else None (a status is anyone's who may write it: checked)."""
+    return finite(value)
 
 
 def _text(value: Any, limit: int = MAX_TEXT) -> str | None:
@@ -42,8 +45,9 @@ def _obj(value: Any) -> Obj:
 
 def _rank(r: Mapping[str, Any]) -> Obj:
     wait = _obj(r.get("wait"))
+    rank = _num(r.get("rank"))
     return {
-        "rank": r.get("rank"),
+        "rank": int(rank) if rank is not None and rank.is_integer() and abs(rank) < 1e9 else None,
         "node": _text(r.get("node")),
         "requestMillis": _num(r.get("requestMillis")),
         "cpuCores": _num(r.get("cpuCores")),
@@ -72,7 +76,8 @@ def simulation(obj: Obj, events: Sequence[Obj] = ()) -> Obj:
     return {
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),
-        "phase": st.get("phase") or "Queued",
+        "uid": _text(meta.get("uid")),
+        "phase": _text(st.get("phase"), 32) or "Queued",
         "reason": _text(st.get("reason")),
         "case": _text((spec.get("case") or {}).get("path")),
         "ranks": [_rank(r) for r in ranks if isinstance(r, dict)],
@@ -84,6 +89,7 @@ def simulation(obj: Obj, events: Sequence[Obj] = ()) -> Obj:
         "efficiency": _num(st.get("efficiency")),
         "nodes": _text(st.get("nodes")),
         "resizes": _num(st.get("resizes")),
+        "residuals": residuals_of(_obj(st.get("residuals"))),
         "recent": _recent(mine),
     }
 
