@@ -7,12 +7,24 @@ resize Event now and then).
 ``team-a``: ``wing`` runs (4 ranks weighted 1,1,5,15 as `rankpack plan` gives them for
 2 cores), ``later`` is queued. ``team-b`` (another user's, never to be shown): ``secret-b``
 runs with residuals and duty cycles of its own.
+
+`dashboard_process`: ``rankpack dashboard`` as a user starts it, a child process with a
+kubeconfig (the integration tier's against this cluster served over HTTP, the k8s tier's
+against the dev cluster).
 """
 
 from __future__ import annotations
 
 import math
+import re
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from rankpack.operator.simapi import SimulationApi
@@ -81,3 +93,37 @@ class ScriptedCluster:
                     "reason": "Resized", "lastTimestamp": f"2026-01-01T01:00:{self.steps:02d}Z",
                     "message": f"rank 3 {1363 + self.steps}m -> {1300 + self.steps}m: duty",
                 })  # fmt: skip
+
+
+@contextmanager
+def dashboard_process(
+    kubeconfig: Path, interval_s: float = 1.0
+) -> Iterator[tuple[str, subprocess.Popen[str]]]:
+    """``rankpack dashboard --port 0`` as a child process with ``kubeconfig``'s rights:
+    (the URL it printed, the process); stopped with SIGINT (Ctrl-C) afterwards, within 30 s
+    (else killed, and an AssertionError)."""
+    argv = [sys.executable, "-m", "rankpack", "dashboard", "--kubeconfig", str(kubeconfig),
+            "--port", "0", "--interval", f"{interval_s:g}"]  # fmt: skip
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        lines: list[str] = []
+        out = proc.stdout
+        assert out is not None
+        reader = threading.Thread(target=lambda: lines.append(out.readline()), daemon=True)
+        reader.start()
+        reader.join(60)
+        url = re.match(r"rankpack dashboard: (http://127\.0\.0\.1:\d+/[\w-]+/) ", "".join(lines))
+        if url is None:
+            proc.kill()
+            raise AssertionError(
+                f"no URL from rankpack dashboard: {lines} {proc.communicate(timeout=10)}"
+            )
+        yield url.group(1), proc
+    finally:
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=10)
+            raise AssertionError("rankpack dashboard did not stop on SIGINT") from None

@@ -1,13 +1,16 @@
-"""`rankpack dashboard`'s page in a real browser (headless Debian Chromium, tests/browser.py),
-served by the real server and poller (`rankpack.cli.dashboard_cmd`) from a scripted
-sequence of Simulation statuses (tests/dashboard_script.py: `FakeKubeApi`, the apiserver
-boundary, holding Simulations of the user's namespace and of another).
+"""`rankpack dashboard`'s page in a real browser (headless Debian Chromium, tests/browser.py):
+the command as a user starts it (a child process, `tests.dashboard_script.dashboard_process`)
+with a kubeconfig of an HTTP apiserver fake (tests/fakeapiserver.py: the real client talks
+to it) serving a scripted sequence of Simulation statuses (tests/dashboard_script.py:
+Simulations of the user's namespace and of another, moved on every 0.5 s as the operator's
+status writes would).
 
 Between two screenshots a few seconds apart the residual curve and the duty heat map of
 the running Simulation grow; no console error (the page's strict CSP would report a
 violation as one); nothing fetched but the server's own URLs; nothing of the other
-namespace on the page or in its data. The same check against the dev cluster, 10 s apart,
-is in tests/k8s/test_operator_in_cluster.py. About 10 s.
+namespace on the page or in its data; Ctrl-C (SIGINT) stops the command, exit 0. The same
+check against the dev cluster, 10 s apart, is in tests/k8s/test_operator_in_cluster.py.
+About 15 s.
 """
 
 from __future__ import annotations
@@ -22,42 +25,47 @@ from typing import Any
 
 import pytest
 
-from rankpack.cli.dashboard_cmd import DashboardPoller, DashboardServer
 from tests.browser import CHROMIUM, DASHBOARD_CHECKS, blank_fraction, session
-from tests.dashboard_script import OTHER, OWN, QUEUED, RUNNING, SECRET, ScriptedCluster
+from tests.dashboard_script import (
+    OTHER,
+    OWN,
+    QUEUED,
+    RUNNING,
+    SECRET,
+    ScriptedCluster,
+    dashboard_process,
+)
+from tests.fakeapiserver import FakeApiserver
 
 pytestmark = [
     pytest.mark.integration,
     pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed (setup.sh test)"),
 ]
 
-POLL_S = 0.5
+STEP_S = 0.5
 GAP_S = 3.0
 
 
 @pytest.fixture
-def served() -> Iterator[tuple[ScriptedCluster, DashboardServer]]:
+def kubeconfig(tmp_path: Path) -> Iterator[tuple[ScriptedCluster, Path]]:
+    """The scripted cluster served over HTTP, moving on every `STEP_S`; a kubeconfig of it
+    in namespace `OWN`."""
     cluster = ScriptedCluster()
-    poller = DashboardPoller(cluster.api, OWN, POLL_S)
-    poller.first()
-    server = DashboardServer(poller, 0)
-    server.start()
+    server = FakeApiserver(cluster.fake).start()
     stop = threading.Event()
 
-    def operator_and_poller() -> None:
-        while not stop.wait(POLL_S):
+    def operator() -> None:
+        while not stop.wait(STEP_S):
             cluster.step()
-            poller.poll()
 
-    thread = threading.Thread(target=operator_and_poller, daemon=True)
+    thread = threading.Thread(target=operator, daemon=True)
     thread.start()
     try:
-        yield cluster, server
+        yield cluster, server.kubeconfig(tmp_path / "kubeconfig", str(cluster.fake.token), OWN)
     finally:
         stop.set()
         thread.join(10)
-        server.shutdown()
-        server.server_close()
+        server.stop()
 
 
 def _running(state: dict[str, Any]) -> dict[str, Any]:
@@ -66,11 +74,11 @@ def _running(state: dict[str, Any]) -> dict[str, Any]:
 
 
 def test_the_page_grows_between_two_screenshots_and_shows_one_namespace(
-    served: tuple[ScriptedCluster, DashboardServer], tmp_path: Path
+    kubeconfig: tuple[ScriptedCluster, Path], tmp_path: Path
 ) -> None:
-    cluster, server = served
-    with session(width=1280, height=1000) as b:
-        b.open(server.url)
+    cluster, config = kubeconfig
+    with dashboard_process(config) as (url, proc), session(width=1280, height=1000) as b:
+        b.open(url)
         ready = "document.querySelector('section.sim[data-residual-points]') !== null"
         assert b.wait_for(ready, 20), b.errors
         first = json.loads(b.evaluate(DASHBOARD_CHECKS))
@@ -79,6 +87,9 @@ def test_the_page_grows_between_two_screenshots_and_shows_one_namespace(
         second = json.loads(b.evaluate(DASHBOARD_CHECKS))
         shot2 = b.screenshot()
         errors, requests = b.errors, b.requests
+        with urllib.request.urlopen(f"{url}api/view", timeout=10) as r:
+            data = r.read().decode()
+    assert proc.returncode == 0, proc.stderr.read() if proc.stderr else ""
     (tmp_path / "dashboard-1.png").write_bytes(shot1)
     (tmp_path / "dashboard-2.png").write_bytes(shot2)
     a1, a2 = _running(first), _running(second)
@@ -98,10 +109,8 @@ def test_the_page_grows_between_two_screenshots_and_shows_one_namespace(
     assert "may not read nodes" in second["text"]
     assert "no estimate yet" in second["text"]  # seconds of watching: no gain claimed
     # the page and its data from the server's own URLs only
-    origin = server.url.rsplit("/", 2)[0]
+    origin = url.rsplit("/", 2)[0]
     assert requests and all(u.startswith(origin) for u in requests), requests
-    with urllib.request.urlopen(f"{server.url}api/view", timeout=10) as r:
-        data = r.read().decode()
     assert OTHER not in data and SECRET not in data
     assert cluster.steps > 0
     for shot in (shot1, shot2):

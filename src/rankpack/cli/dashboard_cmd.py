@@ -36,7 +36,7 @@ from rankpack.report.top import top_view
 
 HOST = "127.0.0.1"
 PAGE_REFRESH_S = 2.0
-"""How often the page asks for ``api/view`` (it redraws what changed)."""
+"""How often the page asks for ``api/view`` at most (every ``--interval`` if shorter)."""
 CSP = (
     "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; "
     "connect-src 'self'; base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
@@ -128,7 +128,7 @@ class DashboardPoller:
         view = {
             "namespace": self.namespace,
             "intervalS": self.interval_s,
-            "refreshS": PAGE_REFRESH_S,
+            "refreshS": min(PAGE_REFRESH_S, self.interval_s),
             "polledAt": self.polled_s,
             "now": now,
             "error": self.error,

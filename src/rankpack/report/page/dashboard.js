@@ -145,13 +145,15 @@ function heatMap(sim) {
     return [fig, 0];
   }
   const cw = (W - m.l - m.r) / cols.length;
+  const cells = sv('g', {'shape-rendering': 'crispEdges'});
   cols.forEach(([, duty], c) => {
     duty.forEach((d, r) => {
-      s.append(sv('rect', {x: (m.l + c * cw).toFixed(2), y: (m.t + r * rowH).toFixed(2),
-        width: (cw + 0.3).toFixed(2), height: (rowH + 0.3).toFixed(2),
+      cells.append(sv('rect', {x: (m.l + c * cw).toFixed(2), y: (m.t + r * rowH).toFixed(2),
+        width: (cw + 0.6).toFixed(2), height: (rowH + 0.6).toFixed(2),
         fill: typeof d === 'number' ? viridis(d) : MISSING}));
     });
   });
+  s.append(cells);
   axisBox(s, m, W, H);
   const labelEvery = Math.max(1, Math.ceil(n / 12));
   ranks.forEach((id, r) => {
