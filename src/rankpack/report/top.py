@@ -7,6 +7,10 @@ JSON (`--once --json`). Everything comes from Simulation statuses the operator w
 (their ranks' requests, CPU use and duty: `rankpack.report.glance`) and Events it posts:
 nothing reads a node but through them.
 
+Each Simulation carries its uid and its latest residuals (checked as the status writer
+checks them, `rankpack.report.glance.residuals_of`) for ``rankpack dashboard``'s history
+(`rankpack.report.dashboard`); a number that is not finite is left out (None).
+
 Per node, from the visible Simulations' ranks on it: CPU requested (their requests),
 used (their CPU), useful (their duty, a core each); with its allocatable CPU when nodes may
 be read. A user who may not read nodes sees no node table (``nodes`` is None).
@@ -148,8 +152,9 @@ def render(view: Obj) -> Group:
         for col in ("rank", "node", "request", "used", "duty", "wait"):
             ranks.add_column(col)
         for r in s["ranks"]:
-            ranks.add_row(str(r["rank"]), r["node"] or "-", _f(r["requestMillis"], "{:.0f}m"),
-                          _f(r["cpuCores"]), _f(r["duty"]), r["wait"] or "-")  # fmt: skip
+            ranks.add_row(_f(r["rank"], "{:.0f}"), r["node"] or "-",
+                          _f(r["requestMillis"], "{:.0f}m"), _f(r["cpuCores"]), _f(r["duty"]),
+                          r["wait"] or "-")  # fmt: skip
         parts.append(ranks)
         if s["recent"]:
             recent = Table(title=f"{s['name']}: recent", expand=False)
