@@ -10,7 +10,7 @@ the running Simulation grow; no console error (the page's strict CSP would repor
 violation as one); nothing fetched but the server's own URLs; nothing of the other
 namespace on the page or in its data; Ctrl-C (SIGINT) stops the command, exit 0. The same
 check against the dev cluster, 10 s apart, is in tests/k8s/test_operator_in_cluster.py.
-About 15 s.
+About 20 s on 2 cores (most of it starting the command and Chromium).
 """
 
 from __future__ import annotations
