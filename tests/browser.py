@@ -9,6 +9,9 @@ address, and `websocket-client` (already installed: the `kubernetes` client depe
 speaks to it. Console errors are collected for real: ``Runtime.consoleAPICalled``,
 ``Runtime.exceptionThrown`` and ``Log.entryAdded`` (failed loads, CSP violations);
 ``Network.requestWillBeSent`` records every fetch the page makes.
+
+`visit` opens a file once (the report); `session` keeps a page open for a live one (the
+dashboard: evaluate, wait, screenshot again).
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ import subprocess
 import tempfile
 import time
 import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -117,6 +122,22 @@ IN_PAGE_CHECKS = """
 """
 
 
+DASHBOARD_CHECKS = """
+JSON.stringify({
+  polls: Number(document.body.dataset.polls),
+  sims: [...document.querySelectorAll('section.sim')].map(s => ({
+    name: s.dataset.sim, namespace: s.dataset.namespace, phase: s.dataset.phase,
+    points: Number(s.dataset.residualPoints), columns: Number(s.dataset.heatColumns),
+    lines: s.querySelectorAll('polyline').length, cells: s.querySelectorAll('rect').length})),
+  rows: [...document.querySelectorAll('#queue tbody tr')].map(r => r.cells[0].textContent),
+  source: document.getElementById('source').textContent,
+  status: document.getElementById('status').textContent,
+  text: document.body.innerText})
+"""
+"""What `rankpack dashboard`'s page drew (its data- attributes and text): each Simulation's
+residual points and heat-map columns, the queue's rows, the header and status lines."""
+
+
 def _messages(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     out = []
     for e in events:
@@ -135,9 +156,65 @@ def _messages(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
-def visit(page: Path, *, width: int = 1280, height: int = 900, settle_s: float = 1.0) -> PageVisit:
-    """Open ``page`` in headless Chromium; collect console messages, requests, the in-page
-    checks and a full-page PNG screenshot."""
+class Browser:
+    """One headless Chromium page, driven step by step (`session`): open a URL, evaluate
+    scripts, take screenshots; what the console said and what was fetched, so far."""
+
+    def __init__(self, tools: DevTools, width: int, height: int) -> None:
+        self.tools, self.width, self.height = tools, width, height
+        self.url = ""
+
+    def open(self, url: str, settle_s: float = 1.0) -> None:
+        self.url = url
+        self.tools.call("Page.navigate", url=url)
+        self.tools.wait_event("Page.loadEventFired", timeout_s=60)
+        self.tools.drain(settle_s)
+
+    def evaluate(self, expression: str) -> Any:
+        """The value of ``expression`` in the page (JSON-able)."""
+        found = self.tools.call("Runtime.evaluate", expression=expression, returnByValue=True)
+        if "exceptionDetails" in found:
+            raise RuntimeError(f"{expression[:80]}: {found['exceptionDetails']}")
+        return found["result"].get("value")
+
+    def wait_for(self, expression: str, timeout_s: float) -> Any:
+        """Evaluate ``expression`` until it is truthy; its value."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            value = self.evaluate(expression)
+            if value or time.monotonic() > deadline:
+                return value
+            self.tools.drain(0.2)
+
+    def screenshot(self, height: int | None = None) -> bytes:
+        """A PNG of the page from its top, ``height`` px (default: all of it up to
+        `MAX_SHOT_PX`), halved."""
+        full = int(self.evaluate("document.documentElement.scrollHeight"))
+        shot_h = min(height or full, full, MAX_SHOT_PX)
+        shot = self.tools.call(
+            "Page.captureScreenshot", format="png", captureBeyondViewport=True,
+            clip={"x": 0, "y": 0, "width": self.width, "height": shot_h, "scale": 0.5},
+        )  # fmt: skip
+        return base64.b64decode(shot["data"])
+
+    @property
+    def console(self) -> list[dict[str, Any]]:
+        self.tools.drain(0.05)
+        return _messages(self.tools.events)
+
+    @property
+    def errors(self) -> list[dict[str, Any]]:
+        return [m for m in self.console if m["level"] in ("error", "exception")]
+
+    @property
+    def requests(self) -> list[str]:
+        return [e["params"]["request"]["url"][:200] for e in self.tools.events
+                if e["method"] == "Network.requestWillBeSent"]  # fmt: skip
+
+
+@contextmanager
+def session(*, width: int = 1280, height: int = 900) -> Iterator[Browser]:
+    """Headless Chromium with one page (`Browser`), stopped afterwards."""
     assert CHROMIUM, "chromium is not installed (apt-get install chromium)"
     profile = tempfile.mkdtemp(prefix="rankpack-chromium-")
     argv = [
@@ -157,33 +234,7 @@ def visit(page: Path, *, width: int = 1280, height: int = 900, settle_s: float =
         tools = DevTools(_page_ws(port))
         for domain in ("Page", "Runtime", "Log", "Network"):
             tools.call(f"{domain}.enable")
-        url = page.absolute().as_uri()
-        tools.call("Page.navigate", url=url)
-        tools.wait_event("Page.loadEventFired", timeout_s=60)
-        tools.drain(settle_s)
-        checks = json.loads(
-            tools.call("Runtime.evaluate", expression=IN_PAGE_CHECKS, returnByValue=True)["result"][
-                "value"
-            ]
-        )
-        # The whole page up to MAX_SHOT_PX (a texture larger than ~16k px fails), halved.
-        shot_h = min(int(checks["height"]), MAX_SHOT_PX)
-        shot = tools.call(
-            "Page.captureScreenshot", format="png", captureBeyondViewport=True,
-            clip={"x": 0, "y": 0, "width": width, "height": shot_h, "scale": 0.5},
-        )  # fmt: skip
-        tools.drain(0.3)
-        return PageVisit(
-            url=url,
-            console=_messages(tools.events),
-            requests=[
-                e["params"]["request"]["url"][:200]
-                for e in tools.events
-                if e["method"] == "Network.requestWillBeSent"
-            ],
-            checks=checks,
-            screenshot=base64.b64decode(shot["data"]),
-        )
+        yield Browser(tools, width, height)
     finally:
         if tools is not None:
             tools.close()
@@ -194,6 +245,19 @@ def visit(page: Path, *, width: int = 1280, height: int = 900, settle_s: float =
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=10)
         shutil.rmtree(profile, ignore_errors=True)
+
+
+def visit(page: Path, *, width: int = 1280, height: int = 900, settle_s: float = 1.0) -> PageVisit:
+    """Open ``page`` in headless Chromium; collect console messages, requests, the in-page
+    checks and a full-page PNG screenshot."""
+    with session(width=width, height=height) as b:
+        url = page.absolute().as_uri()
+        b.open(url, settle_s)
+        checks = json.loads(b.evaluate(IN_PAGE_CHECKS))
+        shot = b.screenshot()
+        b.tools.drain(0.3)
+        return PageVisit(url=url, console=b.console, requests=b.requests, checks=checks,
+                         screenshot=shot)  # fmt: skip
 
 
 def _devtools_port(proc: subprocess.Popen[str], profile: str, timeout_s: float) -> int:

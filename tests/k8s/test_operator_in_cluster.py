@@ -35,7 +35,9 @@ from rankpack.devcluster.binaries import DEFAULT_VERSION, KubeVersion
 from rankpack.devcluster.layout import NAMESPACE, Layout
 from rankpack.errors import UserError
 from rankpack.operator import crd, manifests
+from tests.browser import DASHBOARD_CHECKS, Browser, session
 from tests.cli_runner import rankpack
+from tests.dashboard_script import dashboard_process
 from tests.k8s import hostile
 from tests.k8s.conftest import DevCluster
 from tests.k8s.operators import endless_pitzdaily
@@ -54,6 +56,8 @@ ENFORCE = "pod-security.kubernetes.io/enforce"
 IN_POD = Path(manifests.tenant_path(NAMESPACE))
 """The users' namespace's part of the storage, as its pods (and the operator) name it."""
 ADMISSION_KINDS = "validatingadmissionpolicy,validatingadmissionpolicybinding"
+OTHER_NAMESPACE = f"{NAMESPACE}-elsewhere"
+"""A namespace no operator serves, holding a Simulation `_reader` may not read."""
 MANAGED = "app.kubernetes.io/managed-by=rankpack"
 
 
@@ -263,7 +267,7 @@ def _running(ic: InCluster, name: str) -> bool:
 
 
 def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
-    incluster: InCluster,
+    incluster: InCluster, tmp_path: Path
 ) -> None:
     ic = incluster
     runs = ic.deployed.runs_dir
@@ -319,11 +323,30 @@ def test_two_simulations_survive_the_operator_and_the_agent_being_deleted(
             assert 0 < st["duty"]["min"] <= st["duty"]["mean"] <= 1 and st["efficiency"] > 0, st
             assert {"PROGRESS", "MINDUTY", "RESIZES", "RESTARTS", "WAIT", "RUN"} <= set(
                 wide.splitlines()[0].split()), wide  # fmt: skip
-            # rankpack top, as a user who may only read Simulations here: twice, 10 s apart
+            # rankpack top and rankpack dashboard (its page in headless Chromium), as a user
+            # who may only read Simulations here, while a Simulation of another namespace
+            # exists: each twice, 10 s apart
             reader = _reader(ic, runs)
-            first = _top(reader)
-            time.sleep(10)
-            second = _top(reader)
+            elsewhere = _elsewhere(ic)
+            try:
+                with dashboard_process(reader) as (url, proc), session() as page:
+                    page.open(url)
+                    drawn = _in_step_with_the_status(page)
+                    first = _top(reader)
+                    time.sleep(max(0.0, drawn + 6 - time.monotonic()))
+                    seen = [json.loads(page.evaluate(DASHBOARD_CHECKS))]
+                    (tmp_path / "dashboard-1.png").write_bytes(page.screenshot())
+                    time.sleep(10)
+                    seen.append(json.loads(page.evaluate(DASHBOARD_CHECKS)))
+                    (tmp_path / "dashboard-2.png").write_bytes(page.screenshot())
+                    second = _top(reader)
+                    errors, data = page.errors, _dashboard_data(url)
+            finally:
+                ic.kubectl("delete", "namespace", OTHER_NAMESPACE, "--ignore-not-found",
+                           "--wait=false")  # fmt: skip
+            assert proc.returncode == 0, proc.returncode  # stopped by SIGINT, cleanly
+            _assert_dashboard(seen, errors, data, elsewhere)
+            print(f"dashboard screenshots: {tmp_path}")
             assert first["nodes"] is None and second["nodes"] is None  # may not read nodes
             a1, a2 = (next(s for s in v["simulations"] if s["name"] == "incluster-a")
                       for v in (first, second))  # fmt: skip
@@ -404,6 +427,68 @@ def _top(kubeconfig: Path) -> Any:
     done = rankpack("top", "--once", "--json", "--kubeconfig", str(kubeconfig), timeout=60)
     assert done.returncode == 0, done.stderr
     return json.loads(done.stdout)
+
+
+def _elsewhere(ic: InCluster) -> str:
+    """A Simulation in another namespace, `OTHER_NAMESPACE` (no operator serves it), that
+    an admin sees and `_reader` may not read; its name."""
+    name = "elsewhere"
+    manifest = ic.deployed.runs_dir / "elsewhere.json"
+    manifest.write_text(json.dumps({
+        "apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name},
+        "spec": {"case": {"path": "pitzDaily"}, "ranks": 2, "iterations": 30},
+    }))  # fmt: skip
+    for args in (["namespace", OTHER_NAMESPACE], ["-n", OTHER_NAMESPACE, "-f", str(manifest)]):
+        try:
+            ic.kubectl("create", *args)
+        except UserError as exc:
+            if "AlreadyExists" not in str(exc):
+                raise
+    found = ic.get(f"simulations.{crd.GROUP}", name, namespace=OTHER_NAMESPACE)
+    assert found["metadata"]["namespace"] == OTHER_NAMESPACE  # there, to be not seen
+    return name
+
+
+POINTS_A = """(() => {
+  const s = document.querySelector('section.sim[data-sim="incluster-a"]');
+  return s ? Number(s.dataset.residualPoints) : 0; })()"""
+
+
+def _in_step_with_the_status(page: Browser) -> float:
+    """When (`time.monotonic`) the page drew a status write just made (a new residual
+    point). The operator writes one every 10-12 s and the page shows it within about 2 s
+    (the dashboard reads every second, the page asks every second): the next one shows 8
+    to 14 s after this, inside two screenshots taken 6 and 16 s after it, 10 s apart."""
+    page.wait_for(f"{POINTS_A} >= 1", 60)
+    before = page.evaluate(POINTS_A)
+    page.wait_for(f"{POINTS_A} > {before}", 30)
+    return time.monotonic()
+
+
+def _dashboard_data(url: str) -> Any:
+    with urllib.request.urlopen(f"{url}api/view", timeout=30) as r:
+        return json.load(r)
+
+
+def _assert_dashboard(seen: list[Any], errors: list[Any], data: Any, elsewhere: str) -> None:
+    """The page 10 s apart (`tests.browser.DASHBOARD_CHECKS`): the running Simulation's
+    residual curve and duty heat map grew; no console error; nothing of the other
+    namespace, on the page or in its data."""
+    a1, a2 = ([s for s in v["sims"] if s["name"] == "incluster-a"] for v in seen)
+    print(f"dashboard, 10 s apart: {a1} -> {a2}")
+    assert errors == [], errors
+    for v in seen:
+        assert "incluster-a" in v["rows"], v["rows"]
+        assert {s["namespace"] for s in v["sims"]} <= {NAMESPACE}, v["sims"]
+        assert elsewhere not in v["rows"] and OTHER_NAMESPACE not in v["text"], v["text"]
+        assert "may not read nodes" in v["text"]
+    text = json.dumps(data)
+    assert OTHER_NAMESPACE not in text and f'"{elsewhere}"' not in text
+    assert data["nodes"] is None and data["namespace"] == NAMESPACE
+    assert a1, seen[0]["sims"]
+    if a2 and a2[0]["phase"] == "Running":
+        assert a2[0]["points"] > a1[0]["points"] >= 1, (a1, a2)
+        assert a2[0]["columns"] > a1[0]["columns"] >= 1, (a1, a2)
 
 
 def test_a_deleted_launcher_pod_fails_its_simulation_with_a_code(incluster: InCluster) -> None:

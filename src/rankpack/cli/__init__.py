@@ -10,8 +10,9 @@ Modules, one per command unless said: `demo_cmd`, `plan_cmd`, `decompose_cmd`, `
 `runs_cmd`, `profile_cmd` (with `profile_case`: ``profile CASE`` and ``--attach``),
 `queue_cmd` (``submit``, ``queue``), `multiplex_cmd` (``multiplex``, ``events``),
 `report_cmd`, `model_cmd`, `operator_cmd` (``operator``, ``simulations``), `top_cmd`,
-`nodeagent_cmd`, `devcluster_cmd`; shared by them: `common` (argument validators, JSON
-output, the database path) and `backends` (``--backend`` and the Kubernetes flags).
+`dashboard_cmd`, `nodeagent_cmd`, `devcluster_cmd`; shared by them: `common` (argument
+validators, JSON output, the database path) and `backends` (``--backend`` and the
+Kubernetes flags).
 """
 
 from __future__ import annotations
@@ -50,6 +51,7 @@ COMMAND_MODULES = (
     "rankpack.cli.devcluster_cmd",
     "rankpack.cli.operator_cmd",
     "rankpack.cli.top_cmd",
+    "rankpack.cli.dashboard_cmd",
     "rankpack.cli.nodeagent_cmd",
 )
 
@@ -71,6 +73,7 @@ COMMANDS = {
     "operator": "rankpack.cli.operator_cmd",
     "simulations": "rankpack.cli.operator_cmd",
     "top": "rankpack.cli.top_cmd",
+    "dashboard": "rankpack.cli.dashboard_cmd",
     "node-agent": "rankpack.cli.nodeagent_cmd",
 }
 """Which module registers each sub-command (a unit test keeps it equal to what they

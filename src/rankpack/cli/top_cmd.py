@@ -39,15 +39,13 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.set_defaults(handler=handle_top)
 
 
-def fetch(api: Any) -> dict[str, Any]:
-    """The view from one round of reads: Simulations (required), their Events and the
-    nodes (each left out where these credentials may not read it)."""
+def read(api: Any) -> tuple[list[Any], list[Any], list[Any] | None]:
+    """One round of reads with the credentials' own rights: Simulations (oldest first; an
+    `ApiError` when they may not be listed), their Events and the nodes (each left out,
+    ``[]``/None, where these credentials may not read it). Also `rankpack.cli.dashboard_cmd`'s."""
     from rankpack.backend.kubernetes.api.kubeapi import ApiError
 
-    try:
-        sims = api.list()
-    except ApiError as exc:
-        raise _api_error(exc, "cannot list Simulations") from None
+    sims = api.list()
     try:
         events = api.events()
     except ApiError:
@@ -56,8 +54,19 @@ def fetch(api: Any) -> dict[str, Any]:
         nodes: list[Any] | None = api.api.list_nodes()
     except ApiError:
         nodes = None
-    sims.sort(key=lambda o: o["metadata"].get("creationTimestamp", ""))
-    return top_view(sims, events, nodes)
+    sims.sort(key=lambda o: str(o["metadata"].get("creationTimestamp", "")))
+    return sims, events, nodes
+
+
+def fetch(api: Any) -> dict[str, Any]:
+    """The view from one round of reads (`read`); Simulations that may not be listed are a
+    `UserError`."""
+    from rankpack.backend.kubernetes.api.kubeapi import ApiError
+
+    try:
+        return top_view(*read(api))
+    except ApiError as exc:
+        raise _api_error(exc, "cannot list Simulations") from None
 
 
 def handle_top(args: argparse.Namespace) -> int:

@@ -7,6 +7,9 @@ Modules:
 - `live`: the live display of a running simulation; `multiplex_live`: of a multiplex session;
 - `top`: ``rankpack top``'s view of a cluster's Simulations, ranks and nodes (pure), and
   its tables;
+- `dashboard`: ``rankpack dashboard``'s history of successive top views, what its page
+  draws (pure: residual curves, duty heat maps, requests against use, the co-location gain
+  so far); the page itself is package data beside it, ``page/``;
 - `glance`: what a glance at a running simulation shows (ETA, duty, efficiency, nodes,
   residuals), pure, shared by the Simulation's status and the live views;
 - `timeline`: a multiplex session's timeline PNG;

@@ -35,12 +35,27 @@ class Glance:
     residuals: Mapping[str, float] = field(default_factory=dict)
 
 
-def residuals_of(found: Mapping[str, float]) -> dict[str, float]:
-    """The residuals a status may carry: named like a field, finite, at most
-    `MAX_RESIDUALS` (sorted by name)."""
-    kept = {k: float(v) for k, v in found.items()
-            if isinstance(k, str) and _FIELD.match(k) and math.isfinite(v)}  # fmt: skip
+def residuals_of(found: Mapping[str, object]) -> dict[str, float]:
+    """The residuals a status may carry: named like a field, a finite number, at most
+    `MAX_RESIDUALS` (sorted by name). Anything else (a string, a bool, NaN, an integer
+    beyond a float) is left out: also what a Simulation's status says is checked so when
+    it is read back (`rankpack.report.top`)."""
+    kept = {}
+    for k, v in found.items():
+        if isinstance(k, str) and _FIELD.match(k) and (number := finite(v)) is not None:
+            kept[k] = number
     return {k: kept[k] for k in sorted(kept)[:MAX_RESIDUALS]}
+
+
+def finite(value: object) -> float | None:
+    """``value`` as a float if it is a finite number (not a bool), else None."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:  # an int beyond a float's range
+        return None
+    return number if math.isfinite(number) else None
 
 
 def glance(view: SimView) -> Glance:

@@ -7,6 +7,10 @@ JSON (`--once --json`). Everything comes from Simulation statuses the operator w
 (their ranks' requests, CPU use and duty: `rankpack.report.glance`) and Events it posts:
 nothing reads a node but through them.
 
+Each Simulation carries its uid and its latest residuals (checked as the status writer
+checks them, `rankpack.report.glance.residuals_of`) for ``rankpack dashboard``'s history
+(`rankpack.report.dashboard`); a number that is not finite is left out (None).
+
 Per node, from the visible Simulations' ranks on it: CPU requested (their requests),
 used (their CPU), useful (their duty, a core each); with its allocatable CPU when nodes may
 be read. A user who may not read nodes sees no node table (``nodes`` is None).
@@ -20,6 +24,8 @@ from typing import Any
 from rich.console import Group
 from rich.table import Table
 
+from rankpack.report.glance import finite, residuals_of
+
 Obj = dict[str, Any]
 
 RECENT = 5
@@ -29,7 +35,8 @@ MAX_TEXT = 160
 
 
 def _num(value: Any) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+    """A finite number, else None (a status is anyone's who may write it: checked)."""
+    return finite(value)
 
 
 def _text(value: Any, limit: int = MAX_TEXT) -> str | None:
@@ -42,8 +49,9 @@ def _obj(value: Any) -> Obj:
 
 def _rank(r: Mapping[str, Any]) -> Obj:
     wait = _obj(r.get("wait"))
+    rank = _num(r.get("rank"))
     return {
-        "rank": r.get("rank"),
+        "rank": int(rank) if rank is not None and rank.is_integer() and abs(rank) < 1e9 else None,
         "node": _text(r.get("node")),
         "requestMillis": _num(r.get("requestMillis")),
         "cpuCores": _num(r.get("cpuCores")),
@@ -72,7 +80,8 @@ def simulation(obj: Obj, events: Sequence[Obj] = ()) -> Obj:
     return {
         "name": meta.get("name"),
         "namespace": meta.get("namespace"),
-        "phase": st.get("phase") or "Queued",
+        "uid": _text(meta.get("uid")),
+        "phase": _text(st.get("phase"), 32) or "Queued",
         "reason": _text(st.get("reason")),
         "case": _text((spec.get("case") or {}).get("path")),
         "ranks": [_rank(r) for r in ranks if isinstance(r, dict)],
@@ -84,6 +93,7 @@ def simulation(obj: Obj, events: Sequence[Obj] = ()) -> Obj:
         "efficiency": _num(st.get("efficiency")),
         "nodes": _text(st.get("nodes")),
         "resizes": _num(st.get("resizes")),
+        "residuals": residuals_of(_obj(st.get("residuals"))),
         "recent": _recent(mine),
     }
 
@@ -142,8 +152,9 @@ def render(view: Obj) -> Group:
         for col in ("rank", "node", "request", "used", "duty", "wait"):
             ranks.add_column(col)
         for r in s["ranks"]:
-            ranks.add_row(str(r["rank"]), r["node"] or "-", _f(r["requestMillis"], "{:.0f}m"),
-                          _f(r["cpuCores"]), _f(r["duty"]), r["wait"] or "-")  # fmt: skip
+            ranks.add_row(_f(r["rank"], "{:.0f}"), r["node"] or "-",
+                          _f(r["requestMillis"], "{:.0f}m"), _f(r["cpuCores"]), _f(r["duty"]),
+                          r["wait"] or "-")  # fmt: skip
         parts.append(ranks)
         if s["recent"]:
             recent = Table(title=f"{s['name']}: recent", expand=False)
