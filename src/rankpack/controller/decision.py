@@ -354,6 +354,10 @@ class ControllerSettings:
     """Skip this fraction of a run (its start-up transient) before profiling."""
     warmup_min_iterations: int = 3
     """...and at least this many iterations."""
+    warmup_max_s: float = 60.0
+    """...but a run launched this many seconds ago is past its warm-up whatever its
+    progress (a 200 000-iteration run would otherwise be profiled after 20 000 iterations,
+    holding the queue behind it as "measuring" all that while)."""
     profile_s: float = 5.0
     """Length of the profiling window, seconds..."""
     profile_progress: float = 0.1

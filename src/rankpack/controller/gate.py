@@ -17,8 +17,9 @@ was sized from learned duty cycles, unless the launch needs a pack), fewer than
 initial requests (or the running ones packed to fit), and the throughput model must
 predict a gain of ``min_predicted_gain`` (`rankpack.controller.gains`). When the head is
 held back a ``launch-held`` note is emitted only when the reason code changes
-(``cooldown``, ``max-concurrent``, ``no-room``, ``quota``, ``no-gain``); waiting for a
-simulation in warmup or profiling (code ``measuring``) is silent. ``quota`` is ``no-room``
+(``cooldown``, ``measuring``: a simulation still in warm-up or profiling, ``max-concurrent``,
+``no-room``, ``quota``, ``no-gain``), so that what a Simulation's status says of why it
+waits is never a reason that no longer holds. ``quota`` is ``no-room``
 when the namespace's ResourceQuota is what leaves no room, and the back-off after a launch
 the quota refused (``QueuedSim.retry_at_s``): nothing is launched before it.
 """
@@ -94,7 +95,7 @@ def launch(step: Step, memory: dict[str, SimMemory], state: ControllerState) -> 
     if code in PIPELINED and pipe.launch(head, code, reason):
         pipe.behind(obs.queue[1:])
         return pipe.gated(obs.now_s, None, None)
-    if code != state.launch_held and code != "measuring":
+    if code != state.launch_held:
         step.actions.append(Note(sim_id=None, kind="launch-held", reason=reason, code=code,
                                  queue_id=head.queue_id))  # fmt: skip
     no_room: tuple[int, float] | None = None

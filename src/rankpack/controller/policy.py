@@ -15,9 +15,10 @@ Per simulation (seed 001 §5.4, the issue's pipeline):
   iterations)`` rate mark (a mark at the same ``now_s`` replaces the last one; a clock
   going back restarts the marks) and keeps the marks of the last ``rate_window_s``, at
   least the two newest.
-* (A) warmup -> profiling when ``progress >= warmup_fraction``, ``iterations >=
-  warmup_min_iterations`` and every rank has shim data. The window's start counters
-  (compute, MPI, usage) are stored; a ``profile-start`` note is emitted.
+* (A) warmup -> profiling when ``progress >= warmup_fraction`` or the simulation was
+  launched ``warmup_max_s`` ago (a long run's start-up transient is over long before a
+  tenth of it), ``iterations >= warmup_min_iterations`` and every rank has shim data. The
+  window's start counters (compute, MPI, usage) are stored; a ``profile-start`` note is emitted.
 * (B) profiling -> sized once ``now_s - profile_start_s >= profile_s``, or earlier once
   the window is ``profile_min_s`` long and covers ``profile_progress`` of the run. Per rank,
   duty = dcompute / (dcompute + dmpi) (1.0 when both are 0: conservative); compute CPU =
@@ -258,8 +259,9 @@ def _rate(sim: SimSnapshot, mem: SimMemory, settings: ControllerSettings) -> flo
 
 def _maybe_start_profiling(sim: SimSnapshot, mem: SimMemory, step: Step) -> SimMemory:
     s = step.settings
+    now = step.obs.now_s
     if not (
-        sim.progress >= s.warmup_fraction
+        (sim.progress >= s.warmup_fraction or now - sim.started_s >= s.warmup_max_s)
         and sim.iterations >= s.warmup_min_iterations
         and sim.ranks
         and has_shim(sim)
@@ -270,7 +272,8 @@ def _maybe_start_profiling(sim: SimSnapshot, mem: SimMemory, step: Step) -> SimM
             sim_id=sim.sim_id,
             kind="profile-start",
             reason=(
-                f"past warm-up (progress {sim.progress:.1%}, {sim.iterations} iterations): "
+                f"past warm-up (progress {sim.progress:.1%}, {sim.iterations} iterations, "
+                f"{now - sim.started_s:.0f} s since launch): "
                 f"profiling duty cycles for {s.profile_s:g} s or {s.profile_progress:.0%} of"
                 f" the run, whichever is shorter (at least {s.profile_min_s:g} s)"
             ),

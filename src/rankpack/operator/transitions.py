@@ -26,6 +26,7 @@ LAUNCH_FIELDS = ("usage", "launcher", "simId", "runId", "runDir", "startedAt",
 
 HOLD_REASONS = {
     "cooldown": "Cooldown",
+    "measuring": "Measuring",
     "max-concurrent": "MaxConcurrent",
     "no-room": "NoRoom",
     "quota": "QuotaExceeded",

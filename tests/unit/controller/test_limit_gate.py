@@ -235,18 +235,20 @@ def test_a_starting_copy_holds_the_head_only_while_its_duties_are_unknown(learne
     if learned:
         assert "predicts throughput x" in launches(d)[0].reason
     else:
-        assert not notes(d, "launch-held")  # waiting for a measurement is silent
+        (held,) = notes(d, "launch-held")  # the status says it waits for a measurement
+        assert held.code == "measuring" and "to be profiled and sized" in held.reason
 
 
 def test_a_pack_waits_for_the_starting_copy_to_run() -> None:
     """The head needs the running copy's requests shrunk (a pack); that copy is still
-    starting, so nothing can be resized yet: the head waits (silently) for it to run."""
+    starting, so nothing can be resized yet: the head waits for it to run (and says so)."""
     first = replace(snap("a", (900, 1000), iterations=0, compute_ns=[None, None],
                          mpi_ns=[None, None], wait="auto"),
                     starting=True, learned_duty=(0.33, 0.97))  # fmt: skip
     queue = (QueuedSim(2, 2, (900, 1000), (0.33, 0.97)),)
     d = decide(observe(5.0, first, queue=queue, capacity=2000), state_of(), S)
-    assert not launches(d) and not resizes(d) and not notes(d, "launch-held")
+    assert not launches(d) and not resizes(d)
+    assert [n.code for n in notes(d, "launch-held")] == ["measuring"]
     running = replace(first, starting=False, iterations=5)
     d = decide(observe(6.0, running, queue=queue, capacity=2000), d.state, S)
     assert launches(d) and {r.sim_id for r in resizes(d)} == {"a"}
