@@ -81,8 +81,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--baseline",
         choices=["auto", "db", "measure", "none"],
         default="auto",
-        help="single-run times for the throughput gain: recorded runs (db), run each distinct "
-        "simulation alone first (measure), db then measure what is missing (auto, default)",
+        help="single-run times for the co-location gain, from runs alone with the same "
+        "settings that started as the queued ones will (at learned sizes, or profiled): "
+        "recorded runs (db), run each distinct simulation alone first (measure; after a "
+        "first run that learns its sizes when none are), db then measure what is missing "
+        "(auto, default)",
     )
     p.add_argument(
         "--profile-s", type=parse_seconds, default=5.0, help="profiling window (default 5 s)"

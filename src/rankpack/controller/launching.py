@@ -303,7 +303,7 @@ class Starter:
         ctx.event(
             sim.run_id, "launch", queue_id=sim.job.queue_id, case=sub.case, sim=sim.sim_id,
             request_millis=[r.cpu_millis for r in sim.plan.ranks],
-            wait_mode=action.wait.mode, start=sim.start,
+            wait_mode=action.wait.mode, wait_reason=action.wait.reason, start=sim.start,
             **({"nodes": list(sim.nodes)} if sim.nodes else {}),
             decided_unix=round(decided_unix, 3),
             launch_call_s=round(ctx.backend.clock() - sim.t0, 3),
