@@ -285,7 +285,7 @@ def _steps(
         resizes=res.resizes, restarts=res.restarts,
         wait_switches=sum(1 for e in events if e.kind == "wait-mode"),
         held=held_reasons(events),
-        timeline_png=str(outcome.timeline_png), session=outcome.to_json(),
+        timeline_png=str(outcome.timeline_png), session=outcome.to_json(), busy_s=res.busy_s,
     )  # fmt: skip
     return replace(story, payoff=payoff, interrupted=res.status == "interrupted")
 

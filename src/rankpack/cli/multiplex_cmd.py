@@ -26,6 +26,7 @@ from rankpack.cli.common import (
 )
 from rankpack.cli.operator_cmd import add_read_backend, handle_events_kubernetes
 from rankpack.cli.run_cmd import stop_on_signals
+from rankpack.controller.baselines import measure_baselines
 from rankpack.controller.decision import ControllerSettings
 from rankpack.controller.jobs import StoreQueue
 from rankpack.controller.loop import preview
@@ -33,7 +34,6 @@ from rankpack.controller.session import (
     GateChoice,
     SessionResult,
     choose_gate,
-    measure_baselines,
     run_session,
 )
 from rankpack.controller.tracked import LoopSettings
@@ -41,6 +41,7 @@ from rankpack.core.actions import WAIT_SETTINGS, StageJob
 from rankpack.errors import UserError
 from rankpack.plan.allocation import budget_to_millis
 from rankpack.plan.submission import Submission
+from rankpack.report.gain import gain_lines
 from rankpack.report.multiplex_live import MultiplexLive
 from rankpack.report.timeline import plot_timeline
 from rankpack.store import EventRow, QueueRow, Store
@@ -80,8 +81,11 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
         "--baseline",
         choices=["auto", "db", "measure", "none"],
         default="auto",
-        help="single-run times for the throughput gain: recorded runs (db), run each distinct "
-        "simulation alone first (measure), db then measure what is missing (auto, default)",
+        help="single-run times for the co-location gain, from runs alone with the same "
+        "settings that started as the queued ones will (at learned sizes, or profiled): "
+        "recorded runs (db), run each distinct simulation alone first (measure; after a "
+        "first run that learns its sizes when none are), db then measure what is missing "
+        "(auto, default)",
     )
     p.add_argument(
         "--profile-s", type=parse_seconds, default=5.0, help="profiling window (default 5 s)"
@@ -255,16 +259,18 @@ def run_multiplex(
     )  # fmt: skip
     if options.baseline in ("auto", "measure"):
 
-        def say(sub: Submission) -> None:
+        def say(sub: Submission, why: str) -> None:
             if show:
-                Console(stderr=True).print(f"measuring the single-run baseline of {sub.case} ...")
+                Console(stderr=True).print(
+                    f"a first run of {sub.case} alone, to learn the sizes its queued copies "
+                    "start at (its baseline then starts from them too) ..."
+                    if why == "learn"
+                    else f"measuring the single-run baseline of {sub.case} ..."
+                )
 
-        measure_baselines(
-            backend, store,
-            LoopSettings(runs_root=runs_root, controller=ControllerSettings(max_concurrent=1),
-                         wait_mode=options.wait),
-            force=options.baseline == "measure", stop=stop, on_measure=say,
-        )  # fmt: skip
+        # the session's own settings (profiling window, capacity, wait mode), one at a time
+        measure_baselines(backend, store, settings, force=options.baseline == "measure",
+                          stop=stop, on_measure=say)  # fmt: skip
     if stop.is_set():
         return None
     display = MultiplexLive() if show else None
@@ -314,13 +320,8 @@ def print_summary(data: dict[str, object]) -> None:
         )  # fmt: skip
     console = Console()
     console.print(table)
-    gain = data["throughput_gain"]
-    console.print(
-        f"makespan {data['makespan_s']:.1f} s; sequential (recorded single runs) "
-        f"{data['sequential_s'] or 0:.1f} s; throughput gain "
-        f"{gain:.2f}x" if isinstance(gain, float) else
-        f"makespan {data['makespan_s']:.1f} s; throughput gain: no single-run baseline"
-    )  # fmt: skip
+    for line in gain_lines(data):
+        console.print(line)
     limit = data.get("throughput_limit")
     if isinstance(limit, float):
         console.print(

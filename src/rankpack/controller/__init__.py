@@ -22,5 +22,7 @@ The loop that applies it, one for `rankpack run`, `multiplex` and the operator:
   `resizes`: each rank's resize until settled; `outcomes`: run rows and results, failure
   codes;
 - `tracked`: what the loop holds; `views`: what it shows;
-- `session`: multiplex sessions and what they are worth.
+- `session`: multiplex sessions and what they are worth; `baselines`: the single runs a
+  session is compared with, like for like (measured first when missing); `effects`: what
+  else than co-location made a session differ from them (idle, staging ahead, wait modes).
 """

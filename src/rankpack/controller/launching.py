@@ -43,6 +43,7 @@ from rankpack.case.openfoam import rank_env
 from rankpack.case.staging import failure_code
 from rankpack.controller import waits
 from rankpack.controller.jobs import Adopted, Job
+from rankpack.controller.learned import start_of
 from rankpack.controller.observing import Observer
 from rankpack.controller.outcomes import new_run
 from rankpack.controller.requeue import Requeue, resumed_facts, resumed_reason
@@ -68,6 +69,10 @@ class Starter:
         """Hands a job back to its source (a launch refused for quota, a lost node)."""
         self.prestaged: dict[int, str] = {}
         """queue id -> sim id of a case staged ahead of its launch (see `prestage`)."""
+        self.prestaged_at: dict[int, float] = {}
+        """queue id -> loop time its staging ahead began."""
+        self.prestaged_done: dict[int, float] = {}
+        """queue id -> loop time its staging ahead was seen done (staged or failed)."""
 
     # -- staging -------------------------------------------------------------------------
 
@@ -88,6 +93,8 @@ class Starter:
                       reason="another session claimed it first")  # fmt: skip
             return
         ahead = self.prestaged.pop(job.queue_id, None)
+        began = self.prestaged_at.pop(job.queue_id, ctx.now()) if ahead else ctx.now()
+        done = self.prestaged_done.pop(job.queue_id, None) if ahead else None
         sim_id = ahead or self._start_staging(job)
         if sim_id is None:
             return
@@ -101,7 +108,9 @@ class Starter:
         ctx.sims[sim_id] = Tracked(
             job=job, sim_id=sim_id, plan=plan, queued_s=ctx.now(),
             wait_setting=wait_setting, learned_duty=found.duty if found else (), nodes=placed,
-            mpi=sub.mpi or ctx.settings.mpi,
+            mpi=sub.mpi or ctx.settings.mpi, start=start_of(sub, found),
+            learned_from=found.run_id if found else None, staging_from_s=began,
+            staged_at_s=done,
         )  # fmt: skip
         ctx.event(None, "stage", queue_id=job.queue_id, case=sub.case, sim=sim_id, reason=reason,
                   **({"staged_ahead": True} if ahead else {}),
@@ -189,16 +198,32 @@ class Starter:
         heads = waiting[:n] if active else []
         keep = {j.queue_id for j in heads}
         for qid in [q for q in self.prestaged if q not in keep]:
+            self.prestaged_at.pop(qid, None)
+            self.prestaged_done.pop(qid, None)
             with contextlib.suppress(BackendError):
                 ctx.backend.release(self.prestaged.pop(qid))
         for job in heads:
             if job.queue_id in self.prestaged:
+                self._ahead_done(job.queue_id, only)
                 continue
             sim_id = self._start_staging(job, failures_are_final=False)
             if sim_id is not None:  # a refusal is met again, and recorded, at its launch
                 self.prestaged[job.queue_id] = sim_id
+                self.prestaged_at[job.queue_id] = ctx.now()
             elif only and ctx.jobs.claim(job):  # never launched otherwise: record it now
                 self._start_staging(job)
+
+    def _ahead_done(self, queue_id: int, only: bool) -> None:
+        """Note when a case staged ahead is done (its staging's end, for the session's
+        staged-ahead seconds); not where the policy observes them itself (``only``)."""
+        if only or queue_id in self.prestaged_done:
+            return
+        try:
+            phase = self.ctx.backend.observe(self.prestaged[queue_id]).phase
+        except BackendError:
+            return
+        if phase in (SimPhase.STAGED, SimPhase.FAILED):
+            self.prestaged_done[queue_id] = self.ctx.now()
 
     # -- launching -----------------------------------------------------------------------
 
@@ -207,6 +232,8 @@ class Starter:
         run starts again); the decision step launches it on this tick."""
         ctx = self.ctx
         sub = sim.job.submission
+        if sim.staged_at_s is None:
+            sim.staged_at_s = ctx.now()
         if sub.solver and sub.solver != staged.solver:
             ctx.event(None, "solver", sim=sim.sim_id, queue_id=sim.job.queue_id,
                       reason=f"{sub.solver} as submitted instead of the case's application "
@@ -276,6 +303,7 @@ class Starter:
         ctx.event(
             sim.run_id, "launch", queue_id=sim.job.queue_id, case=sub.case, sim=sim.sim_id,
             request_millis=[r.cpu_millis for r in sim.plan.ranks],
+            wait_mode=action.wait.mode, wait_reason=action.wait.reason, start=sim.start,
             **({"nodes": list(sim.nodes)} if sim.nodes else {}),
             decided_unix=round(decided_unix, 3),
             launch_call_s=round(ctx.backend.clock() - sim.t0, 3),

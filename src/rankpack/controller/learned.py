@@ -22,8 +22,11 @@ the other. Source, newest matching run first:
 The requests are capped at the submission's budget (split in proportion, floors kept). With
 that run's duty cycles, the policy counts the simulation as ``sized`` from its launch (no
 new warm-up and profiling window), so the launch gate need not wait for it to be measured;
-fairness adjusts it like any sized simulation. Called by the control loop
-when it builds the plan of a job it stages, and for the queue it shows the policy.
+fairness adjusts it like any sized simulation. `start_of` names how a run starts (learned,
+profiled, or at its plan), recorded with the run. Called by the control loop when it
+builds the plan of a job it stages, and for the queue it shows the policy; by the
+single-run baselines (`rankpack.controller.baselines`), which start as the session's runs
+will.
 """
 
 from __future__ import annotations
@@ -61,6 +64,21 @@ class LearnedSizes:
 
 def learnable(sub: Submission) -> bool:
     return sub.sizing == "duty" and not sub.phases and sub.qos == QoS.REQUESTS.value
+
+
+START_KINDS = ("learned", "profiled", "plan")
+"""How a run starts (recorded as ``start`` in its options, `start_of`)."""
+
+
+def start_of(sub: Submission, found: LearnedSizes | None) -> str:
+    """How a run of ``sub`` starts: ``learned`` (at the sizes ``found``, counted as sized
+    from its launch: no warm-up and profiling window), ``profiled`` (at its plan, then
+    profiled and sized live) or ``plan`` (its plan's requests throughout: fixed sizing or
+    a phase schedule). Single-run baselines are kept apart by it
+    (`rankpack.controller.baselines`)."""
+    if found is not None:
+        return "learned"
+    return "profiled" if sub.sizing == "duty" and not sub.phases else "plan"
 
 
 def ran_alone(run: RunRow) -> bool:

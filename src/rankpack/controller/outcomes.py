@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from rankpack.backend.protocol import SimPhase, StagedCase
+from rankpack.controller.effects import seconds_by_mode
 from rankpack.controller.tracked import LoopContext, Tracked
 from rankpack.controller.views import SimOutcome
 from rankpack.core.accounting import trapezoid_cpu_s_ranks
@@ -43,6 +44,8 @@ def new_run(ctx: LoopContext, sim: Tracked, staged: StagedCase) -> int:
         "wait_mode": sim.wait_setting,
         "sim_id": sim.sim_id,
         "queue_id": sim.job.queue_id,
+        "start": sim.start,
+        **({"learned_from": sim.learned_from} if sim.learned_from is not None else {}),
         **s.extra,
         **sim.resumed,  # (a run resumed after a lost node: from where, iterations lost)
     }
@@ -152,6 +155,7 @@ def run_result(ctx: LoopContext, sim: Tracked, ending: Ending) -> RunResult:
 
 def outcome(result: RunResult, sim: Tracked, finished_s: float) -> SimOutcome:
     """The run's row in a session's summary."""
+    waits = tuple((w.t_s, w.mode) for w in sim.waits)
     return SimOutcome(
         id=result.id,
         queue_id=sim.job.queue_id,
@@ -164,6 +168,12 @@ def outcome(result: RunResult, sim: Tracked, finished_s: float) -> SimOutcome:
         started_s=sim.started_s,
         finished_s=finished_s,
         run_dir=result.run_dir,
+        cpu_s=round(result.cpu_s, 3),
+        start=sim.start,
+        staging_from_s=sim.staging_from_s,
+        staged_s=sim.staged_at_s,
+        waits=waits,
+        wait_s=seconds_by_mode(waits, finished_s),
     )
 
 

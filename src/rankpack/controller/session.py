@@ -1,19 +1,19 @@
 """Multiplex sessions: the queue run by the control loop, and what a session is worth.
 
 `run_session` records a session, runs the store's queue through the one control loop and
-summarises it: makespan, the sequential time of the same simulations from recorded single
-runs (the baseline), the throughput gain and fairness. `measure_baselines` runs each
-distinct queued simulation alone first when no baseline is recorded, through the same
-loop. `throughput_limit` is the physical bound on the gain (`rankpack.model.limit`) from
-the same single runs' duty cycles and CPU use. `choose_gate` decides how launches are gated
-(a contention coefficient fitted on this machine's recorded sessions, or the duty-cycle
-model). Called by `rankpack multiplex` (`rankpack.cli.multiplex_cmd`); the operator runs
-the same loop but records its sessions itself (`rankpack.operator.service`).
+summarises it (`summarise`, `SessionResult`): makespan, the time the same simulations take
+one after another from recorded single runs that started as they did (the baseline,
+`rankpack.controller.baselines`), the co-location gain, fairness, and what else made the
+session differ from those single runs, named apart and not in the gain (idle stretches,
+staging ahead, a wait mode the single runs never used: `rankpack.controller.effects`).
+`choose_gate` decides how launches are gated (a contention coefficient fitted on this
+machine's recorded sessions, or the physical limit times a learned efficiency). Called by
+`rankpack multiplex` (`rankpack.cli.multiplex_cmd`); the operator runs the same loop but
+records its sessions itself (`rankpack.operator.service`).
 """
 
 from __future__ import annotations
 
-import json
 import statistics
 import threading
 from collections.abc import Callable
@@ -22,33 +22,47 @@ from pathlib import Path
 from typing import Any
 
 from rankpack.backend.protocol import Backend
+from rankpack.controller.baselines import Baseline, baselines, throughput_limit
 from rankpack.controller.decision import (
     DEFAULT_COLOCATION_EFFICIENCY,
     ControllerSettings,
     GateModel,
 )
-from rankpack.controller.jobs import OneJob, StoreQueue
+from rankpack.controller.effects import Effects, SimSpans, session_effects
+from rankpack.controller.jobs import StoreQueue
 from rankpack.controller.loop import run_jobs
 from rankpack.controller.tracked import LoopSettings
 from rankpack.controller.views import Display, LoopResult, SimOutcome
 from rankpack.errors import UserError
-from rankpack.model.limit import SingleRun, compute_cores, mixed_gain_limit
 from rankpack.plan.submission import Submission
 from rankpack.store import RunRow, SessionRow, Store
 
 
 @dataclass(frozen=True)
 class SessionResult:
+    """What a multiplex session was worth; `to_json` is its recorded summary (the store's
+    session row, `rankpack multiplex --json`, the report, a dashboard). Seconds ``*_s``;
+    the gain counts co-location alone, and every other effect has a field of its own."""
+
     multiplex_id: int
     status: str
     makespan_s: float
+    """First launch to last end (idle stretches included)."""
     sequential_s: float | None
+    """The same simulations one after another: the sum of each one's baseline (the median
+    wall time of its single runs that started as it did, `baselines`); None without one."""
     throughput_gain: float | None
+    """Co-location's gain: ``sequential_s / busy_s`` (1: as fast as one after another).
+    Neither side counts staging, nor idle stretches; the other effects are below."""
     baseline_source: str
+    """db (every simulation has a baseline), missing (one has none that started as it
+    did: ``baseline_note`` says which), none (not asked for, or the session did not
+    complete)."""
     fairness_ratio: float | None
     resizes: int
     restarts: int
     max_concurrent_seen: int
+    """The most simulations that ran at once (1: never co-located; a gain is then noise)."""
     simulations: tuple[SimOutcome, ...]
     resizes_rejected: int = 0
     launch_failures: tuple[dict[str, Any], ...] = ()
@@ -60,6 +74,26 @@ class SessionResult:
     """The same bound as the launch gate counts it (a simulation with more ranks than cores
     fills them: `rankpack.controller.gate._limit_gain`); the gate learns its efficiency as
     gain / this, so that what it learns is applied to the limit it was learned against."""
+    busy_s: float = 0.0
+    """Seconds from the first launch to the last end with at least one simulation running:
+    the gain's denominator."""
+    idle_s: float = 0.0
+    """``makespan_s - busy_s``: none running (a case still staging, a launch not made);
+    not in the gain."""
+    staged_ahead_s: float = 0.0
+    """Seconds of the simulations' staging done while another of them ran (hidden from the
+    makespan; it took CPU from the run beside it); not in the gain."""
+    other_wait_s: float = 0.0
+    """Seconds a simulation ran alone with its ranks in a wait mode its single runs never
+    used (not co-location's doing)."""
+    other_effects: tuple[str, ...] = ()
+    """Each effect other than co-location, in words (empty: none seen)."""
+    baselines: tuple[dict[str, Any], ...] = ()
+    """Per completed simulation: ``id``, how it started (``start``) and its baseline (the
+    single ``runs``, their median ``wall_s`` and ``cpu_s``, the ``wait_modes`` they used),
+    or ``runs`` empty when it has none."""
+    baseline_note: str = ""
+    """Why there is no baseline (``baseline_source`` missing), else ''."""
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -71,6 +105,13 @@ class SessionResult:
             "throughput_limit": self.throughput_limit,
             "gate_limit": self.gate_limit,
             "baseline": self.baseline_source,
+            "baseline_note": self.baseline_note,
+            "busy_s": self.busy_s,
+            "idle_s": self.idle_s,
+            "staged_ahead_s": self.staged_ahead_s,
+            "other_wait_s": self.other_wait_s,
+            "other_effects": list(self.other_effects),
+            "baselines": list(self.baselines),
             "fairness_ratio": self.fairness_ratio,
             "resizes": self.resizes,
             "resizes_rejected": self.resizes_rejected,
@@ -147,11 +188,13 @@ def summarise(
     makespan = (max(s.finished_s for s in sims) - min(s.started_s for s in sims)) if sims else 0.0
     walls = [s.wall_s for s in done]
     fairness = max(walls) / min(walls) if len(walls) >= 2 and min(walls) > 0 else None
+    found: dict[int, Baseline | None] = {}
     if loop.status == "completed" and baseline != "none" and done:
-        sequential, source = sequential_s(store, done)
-    else:
-        sequential, source = None, "none"
-    gain = sequential / makespan if sequential and makespan > 0 else None
+        found = baselines(store, done)
+    effects = session_effects([_spans(s, found.get(s.id)) for s in sims])
+    sequential, source, note = _sequential(done, found) if found else (None, "none", "")
+    busy = effects.busy_s
+    gain = sequential / busy if sequential and busy > 0 else None
     limit = gate_limit = None
     if sequential is not None and capacity_millis:
         limit = throughput_limit(store, done, capacity_millis)
@@ -175,126 +218,51 @@ def summarise(
             {"queue_id": f.queue_id, "case": f.case, "reason": f.reason, "failure": f.failure.value}
             for f in loop.stage_failures
         ),
-    )
-
-
-# -- single-run baselines ------------------------------------------------------------------
-
-
-def sequential_s(store: Store, done: list[SimOutcome]) -> tuple[float | None, str]:
-    """Time to run the same simulations one after another, from recorded single runs."""
-    runs = store.all_runs()
-    total = 0.0
-    for s in done:
-        wall = baseline_for_key(runs, config_key(store.get_run(s.id)))
-        if wall is None:
-            return None, "missing"
-        total += wall
-    return total, "db"
-
-
-def baseline_for_key(runs: list[RunRow], key: tuple[Any, ...]) -> float | None:
-    """Median wall time of recorded single (non-multiplexed) completed runs with this key."""
-    walls = [r.wall_s for r in single_runs(runs, key) if r.wall_s]
-    return statistics.median(walls) if walls else None
-
-
-def single_runs(runs: list[RunRow], key: tuple[Any, ...]) -> list[RunRow]:
-    """Recorded single (non-multiplexed) completed runs with this key."""
-    return [
-        r
-        for r in runs
-        if r.status == "completed"
-        and "multiplex_id" not in r.options
-        and config_key(r) == key
-        and r.wall_s
-    ]
-
-
-def single_run_compute(store: Store, runs: list[RunRow], key: tuple[Any, ...]) -> SingleRun | None:
-    """Median single-run time and the cores the simulation computed on alone (C1, mean over
-    the single runs with a duty cycle for every rank), or None without such runs."""
-    wall = baseline_for_key(runs, key)
-    c1s = []
-    for r in single_runs(runs, key):
-        full = store.get_run(r.id)
-        if not full.ranks or any(k.duty is None for k in full.ranks) or not full.wall_s:
-            continue
-        duties = [float(k.duty or 0.0) for k in full.ranks]
-        cpu = [(k.cpu_s or 0.0) / full.wall_s for k in full.ranks]
-        c1s.append(compute_cores(duties, cpu, str(full.options.get("wait_mode", "spin"))))
-    if wall is None or not c1s:
-        return None
-    return SingleRun(wall, statistics.fmean(c1s))
-
-
-def throughput_limit(
-    store: Store, done: list[SimOutcome], capacity_millis: int, *, as_gate: bool = False
-) -> float | None:
-    """The work-conserving bound on the gain of these simulations on this capacity.
-
-    ``as_gate``: count a simulation with more ranks than cores as computing on all of them,
-    as the launch gate does (its ranks' waits are mostly waits for a core)."""
-    runs = store.all_runs()
-    singles = []
-    for s in done:
-        run = store.get_run(s.id)
-        single = single_run_compute(store, runs, config_key(run))
-        if single is None:
-            return None
-        if as_gate and run.n_ranks * 1000 > capacity_millis:
-            single = SingleRun(single.t1_s, capacity_millis / 1000)
-        singles.append(single)
-    if not singles or capacity_millis <= 0:
-        return None
-    return mixed_gain_limit(singles, capacity_millis / 1000)
-
-
-def submission_key(sub: Submission, wait_mode: str, backend: str) -> tuple[Any, ...]:
-    """The key of the single runs that are a baseline for ``sub`` (see `config_key`)."""
-    return (
-        Path(sub.case).name, sub.n_ranks, sub.iterations, sub.decompose,
-        sub.plan().total_millis, tuple(sub.weights), wait_mode, backend,
+        **_effect_fields(effects),
+        baselines=tuple(
+            {"id": s.id, "start": s.start, **_baseline_json(found.get(s.id))} for s in done
+        ) if found else (),
+        baseline_note=note,
     )  # fmt: skip
 
 
-def config_key(r: RunRow) -> tuple[Any, ...]:
-    o = r.options
-    return (
-        r.case_name, r.n_ranks, o.get("iterations"), r.decompose, r.total_millis,
-        tuple(o.get("weights") or ()), o.get("wait_mode", "spin"), r.backend,
+def _spans(s: SimOutcome, base: Baseline | None) -> SimSpans:
+    staging = None
+    if s.staging_from_s is not None and s.staged_s is not None:
+        staging = (s.staging_from_s, s.staged_s)
+    return SimSpans(
+        s.id, (s.started_s, s.finished_s), staging, s.waits,
+        base.wait_modes if base is not None else None,
     )  # fmt: skip
 
 
-def measure_baselines(
-    backend: Backend,
-    store: Store,
-    settings: LoopSettings,
-    *,
-    force: bool,
-    stop: threading.Event | None = None,
-    on_measure: Any = None,
-) -> None:
-    """Run each distinct queued simulation alone once (same settings, same wait mode) unless
-    the database already has such a run, so the throughput gain compares like with like."""
-    seen: set[str] = set()
-    runs = store.all_runs()
-    for row in store.queue():
-        sub = Submission.from_json(row.options)
-        key = json.dumps(sub.to_json(), sort_keys=True)
-        if key in seen or (stop is not None and stop.is_set()):
-            continue
-        seen.add(key)
-        found = baseline_for_key(runs, submission_key(sub, settings.wait_mode, backend.name))
-        if not force and found is not None:
-            continue
-        if on_measure is not None:
-            on_measure(sub)
-        run_jobs(
-            backend, store, OneJob(sub),
-            replace(settings, label="baseline", extra={**settings.extra, "baseline": True}),
-            stop=stop,
+def _effect_fields(e: Effects) -> dict[str, Any]:
+    return {"busy_s": e.busy_s, "idle_s": e.idle_s, "staged_ahead_s": e.staged_ahead_s,
+            "other_wait_s": e.other_wait_s, "other_effects": e.notes}  # fmt: skip
+
+
+def _baseline_json(b: Baseline | None) -> dict[str, Any]:
+    if b is None:
+        return {"runs": [], "wall_s": None, "cpu_s": None, "wait_modes": None}
+    data = b.to_json()
+    data.pop("start")
+    return data
+
+
+def _sequential(
+    done: list[SimOutcome], found: dict[int, Baseline | None]
+) -> tuple[float | None, str, str]:
+    """(one after another, source, why missing)."""
+    missing = [s for s in done if found.get(s.id) is None]
+    if missing:
+        s = missing[0]
+        how = {"learned": "at learned sizes", "profiled": "at its plan, profiled",
+               "plan": "at its plan"}.get(s.start, "as it did")  # fmt: skip
+        return None, "missing", (
+            f"no completed single run of run {s.id}'s simulation that started {how}, as "
+            "it did (`rankpack multiplex --baseline auto` measures one)"
         )  # fmt: skip
+    return sum(b.wall_s for b in found.values() if b is not None), "db", ""
 
 
 # -- the launch gate -----------------------------------------------------------------------

@@ -119,6 +119,14 @@ class Tracked:
     """Each mode its ranks got, when, and why (per rank): its result's ``wait_modes``."""
     learned_duty: tuple[float, ...] = ()
     """Duty cycles of the earlier run its sizes were learned from (see `learned`)."""
+    start: str = "profiled"
+    """How it starts (`learned.start_of`): learned, profiled or plan; in its run's options."""
+    learned_from: int | None = None
+    """The run its sizes were learned from (None: none)."""
+    staging_from_s: float | None = None
+    """Loop time its case began staging (at its claim, or ahead of it); None: not known."""
+    staged_at_s: float | None = None
+    """Loop time the loop found its case staged."""
     readings_ok: bool = True
     """Every rank's node was read at its last observation."""
     nodes: tuple[str, ...] = ()

@@ -10,7 +10,7 @@ and the jobs that failed before they had a run (`StageFailure`).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Protocol
 
 from rankpack.case.foamlog import LogState
@@ -76,6 +76,9 @@ class NullDisplay:
 
 @dataclass(frozen=True)
 class SimOutcome:
+    """A simulation's row in a session's summary; times ``*_s`` on the loop's clock
+    (seconds since the session started) but ``wall_s`` and ``cpu_s``."""
+
     id: int
     queue_id: int
     case: str
@@ -85,8 +88,21 @@ class SimOutcome:
     expected_iterations: int
     wall_s: float
     started_s: float
+    """Its launch."""
     finished_s: float
     run_dir: str
+    cpu_s: float = 0.0
+    """CPU-seconds of all its ranks."""
+    start: str = ""
+    """How it started (`rankpack.controller.learned.start_of`): learned, profiled, plan."""
+    staging_from_s: float | None = None
+    """When its case began staging (at its claim, or ahead of it); None: not known."""
+    staged_s: float | None = None
+    """When its case was staged (seen so by the loop)."""
+    waits: tuple[tuple[float, str], ...] = ()
+    """(time, mode) of its ranks' wait mode at launch and at each live switch."""
+    wait_s: dict[str, float] = field(default_factory=dict)
+    """Seconds its ranks spent in each wait mode, launch to end."""
 
 
 @dataclass(frozen=True)

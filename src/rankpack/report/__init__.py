@@ -17,5 +17,6 @@ Modules:
 - `figures`: the report's figures as PNG bytes;
 - `html`: one self-contained HTML page from a report document;
 - `build`: `rankpack report`, putting `data`, `figures` and `html` together;
-- `story`: the demo's story in numbers and words (summary, tables, JSON).
+- `story`: the demo's story in numbers and words (summary, tables, JSON);
+- `gain`: a session's co-location gain in words, every other effect named apart (pure).
 """

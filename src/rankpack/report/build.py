@@ -30,6 +30,7 @@ from rankpack.report.data import (
     rank_work,
 )
 from rankpack.report.figures import Figure, run_figures, session_figures
+from rankpack.report.gain import gain_lines
 from rankpack.report.html import ReportDoc, Section, Table, Tile, render
 from rankpack.store import EventRow, Store
 
@@ -125,32 +126,47 @@ def session_section(data: SessionData, title: str | None = None, intro: str = ""
     s = data.session
     summary = s.summary
     gain, limit = data.gain, data.limit
+    once = summary.get("max_concurrent_seen") == 1
     share = f"{(gain - 1) / (limit - 1):.0%} of the possible gain" if (
-        gain and limit and limit > 1.0001) else ""  # fmt: skip
+        gain and limit and limit > 1.0001 and not once) else ""  # fmt: skip
+    idle = summary.get("idle_s")
+    apart = [f"{_f(summary.get(k), '.1f', ' s')} {what}" for k, what in (
+        ("staged_ahead_s", "staged ahead"), ("idle_s", "idle"),
+        ("other_wait_s", "in another wait mode")) if summary.get(k)]  # fmt: skip
     tiles = (
-        Tile("throughput gain", _f(gain, ".2f", "x"), "vs one after another",
-             "good" if gain and gain > 1.02 else ("bad" if gain and gain < 0.98 else "")),
+        Tile("co-location gain", _f(gain, ".2f", "x"),
+             "never at once: variation" if once else "vs one after another, like for like",
+             "" if once else ("good" if gain and gain > 1.02 else
+                              ("bad" if gain and gain < 0.98 else ""))),
         Tile("physical limit", _f(limit, ".2f", "x"), share),
-        Tile("makespan", _f(summary.get("makespan_s"), ".1f", " s"), "first launch to last end"),
+        Tile("makespan", _f(summary.get("makespan_s"), ".1f", " s"),
+             f"first launch to last end; {idle:.1f} s with none running"
+             if isinstance(idle, (int, float)) and idle >= 0.05 else "first launch to last end"),
         Tile("one after another", _f(summary.get("sequential_s"), ".1f", " s"),
              f"baseline: {summary.get('baseline', '-')}"),
+        Tile("not in the gain", "; ".join(apart) if apart else "-",
+             "other effects, named apart"),
         Tile("most at once", str(summary.get("max_concurrent_seen", "-")),
              f"of at most {s.max_concurrent}"),
         Tile("resizes", str(summary.get("resizes", "-")),
              f"{summary.get('restarts', 0)} restarts"),
         Tile("fairness", _f(summary.get("fairness_ratio"), ".2f"), "max/min wall time"),
     )  # fmt: skip
+    base = {b.get("id"): b for b in summary.get("baselines", []) if isinstance(b, dict)}
     sims = Table(
-        f"session{s.id}-simulations", "Simulations",
-        ("run", "case", "status", "iterations", "wall (s)", "started (s)", "ended (s)"),
+        f"session{s.id}-simulations", "Simulations (against their single-run baselines)",
+        ("run", "case", "status", "iterations", "start", "wall (s)", "CPU (s)",
+         "baseline wall (s)", "baseline CPU (s)", "started (s)", "ended (s)"),
         tuple(
             (str(x.get("id")), str(x.get("case")), str(x.get("status")),
-             f"{x.get('iterations')}/{x.get('expected_iterations')}",
-             _f(x.get("wall_s"), ".1f"), _f(x.get("started_s"), ".1f"),
-             _f(x.get("finished_s"), ".1f"))
+             f"{x.get('iterations')}/{x.get('expected_iterations')}", str(x.get("start") or "-"),
+             _f(x.get("wall_s"), ".1f"), _f(x.get("cpu_s"), ".1f"),
+             _f(base.get(x.get("id"), {}).get("wall_s"), ".1f"),
+             _f(base.get(x.get("id"), {}).get("cpu_s"), ".1f"),
+             _f(x.get("started_s"), ".1f"), _f(x.get("finished_s"), ".1f"))
             for x in summary.get("simulations", [])
         ),
-        text_columns=(1, 2),
+        text_columns=(1, 2, 4),
     )  # fmt: skip
     events = _events_table(f"session{s.id}-events", "Controller events (whole session)",
                            data.events)  # fmt: skip
@@ -159,7 +175,7 @@ def session_section(data: SessionData, title: str | None = None, intro: str = ""
         title=title or f"Multiplex session {s.id}",
         intro=(intro + " " if intro else "")
         + f"{s.status}; capacity {s.capacity_millis}m, wait {s.wait_mode}, backend {s.backend}, "
-        f"started {s.started_at}.",
+        f"started {s.started_at}. " + ". ".join(gain_lines(summary)) + ".",
         tiles=tiles,
         figures=tuple(session_figures(data)),
         tables=(sims, events),

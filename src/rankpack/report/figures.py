@@ -348,13 +348,13 @@ def gain_figure(session: SessionData) -> Figure:
     plt = pyplot()
     summary = session.session.summary
     sequential = summary.get("sequential_s")
-    makespan = summary.get("makespan_s")
+    busy = summary.get("busy_s") or summary.get("makespan_s")  # (older sessions: makespan)
     gain, limit = session.gain, session.limit
     fig, ax = plt.subplots(figsize=(9, 2.6))
-    if isinstance(sequential, (int, float)) and isinstance(makespan, (int, float)) and makespan:
-        rows = [("one after another\n(recorded single runs)", float(sequential), "#7f7f7f",
-                 "1.00x"),
-                ("multiplexed\n(measured)", float(makespan), "#2ca02c",
+    if isinstance(sequential, (int, float)) and isinstance(busy, (int, float)) and busy:
+        rows = [("one after another\n(single runs, like for like)", float(sequential),
+                 "#7f7f7f", "1.00x"),
+                ("multiplexed\n(measured, while any ran)", float(busy), "#2ca02c",
                  f"{gain:.2f}x" if gain else "-")]  # fmt: skip
         if limit:
             rows.append(("physical limit\n(work-conserving)", float(sequential) / limit,
@@ -368,16 +368,19 @@ def gain_figure(session: SessionData) -> Figure:
         ax.set_xlabel("seconds to finish all simulations")
         caption = (
             "Time to run the session's simulations one after another (median of recorded "
-            "single runs of each), as measured multiplexed, and the least any co-location "
-            "could take on this capacity (the physical limit of the gain: the cores the "
-            "simulations compute on alone, from their duty cycles)."
+            "single runs of each that started as it did: at learned sizes, or profiled), as "
+            "measured multiplexed while at least one of them ran, and the least any "
+            "co-location could take on this capacity (the physical limit of the gain: the "
+            "cores the simulations compute on alone, from their duty cycles). Neither side "
+            "counts staging or idle stretches: those, staging ahead and other wait modes "
+            "are named apart, not in the gain."
         )
     else:
         _empty_note(ax, "no gain: the session has no single-run baseline "
                         f"({summary.get('baseline', 'none')}) or did not complete")  # fmt: skip
         ax.set_yticks([])
         caption = "The gain needs recorded single runs of the same simulations."
-    ax.set_title(f"multiplex session {session.session.id}: throughput gain against the limit")
+    ax.set_title(f"multiplex session {session.session.id}: co-location gain against the limit")
     return Figure(f"session{session.session.id}-gain", "Gain against the limit", caption,
                   _png(fig))  # fmt: skip
 

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rankpack.backend.protocol import ResizeState
+from rankpack.controller.baselines import measure_baselines
 from rankpack.controller.decision import DEFAULT_COLOCATION_EFFICIENCY, ControllerSettings
 from rankpack.controller.jobs import OneJob, StoreQueue
 from rankpack.controller.loop import run_jobs
@@ -22,7 +23,6 @@ from rankpack.controller.outcomes import steady_duty
 from rankpack.controller.session import (
     PRIOR_SESSIONS,
     choose_gate,
-    measure_baselines,
     run_session,
 )
 from rankpack.controller.tracked import LoopSettings

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
+from rankpack.controller.baselines import measure_baselines
 from rankpack.controller.decision import ControllerSettings
-from rankpack.controller.session import measure_baselines, run_session
+from rankpack.controller.session import run_session
 from rankpack.controller.tracked import LoopSettings
 from rankpack.plan.submission import Submission
 from rankpack.store import Store
