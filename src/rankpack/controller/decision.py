@@ -204,6 +204,11 @@ class QueuedSim:
     or not staged ahead yet."""
     stage_failed: bool = False
     """Its staging ahead failed: claimed at once to record why (``launch_staged_only``)."""
+    mpi_yields: bool = False
+    """Its MPI library yields while idle when told to, as declared (its submission's MPI,
+    else the session's): what a launch of its case staged ahead counts on in this step
+    (`rankpack.controller.staged.ahead`; the policy switches it live if staging found
+    another)."""
 
 
 @dataclass(frozen=True)

@@ -321,6 +321,7 @@ class Observer:
                 retry_at_s=refused.retry_at_s if refused else None,
                 retry_reason=refused.reason if refused else "", ahead=sim_id, wait=wait,
                 ready=is_ready, stage_failed=failed,
+                mpi_yields=(j.submission.mpi or self.ctx.settings.mpi) == "openmpi",
             ))  # fmt: skip
             key = self.key(j.submission)
             if key in self._initial:

@@ -72,7 +72,8 @@ def ahead(
             else q.initial_request_millis
         )
         nodes = stage.nodes if len(stage.nodes) == q.n_ranks else ()
-        staged = StagedSim(q.ahead, q.queue_id, requests, nodes, q.wait, obs.capacity_millis)
+        staged = StagedSim(q.ahead, q.queue_id, requests, nodes, q.wait, obs.capacity_millis,
+                           q.mpi_yields)  # fmt: skip
         view = replace(obs, nodes=_moved(obs.nodes, [], _planned(nodes, requests)))
         launch = _launch(staged, view, settings)
         out.append(launch)

@@ -22,7 +22,7 @@ from rankpack.controller.decision import (
     SimSnapshot,
 )
 from rankpack.controller.policy import decide
-from rankpack.core.actions import SetWaitMode
+from rankpack.core.actions import Launch, SetWaitMode
 
 from ._helpers import SIZED, S, observe, snap, state_of
 
@@ -285,3 +285,16 @@ def test_the_launch_mode_counts_a_rank_group_the_backend_will_make(
     choice = waits.at_launch(obs, "auto", (500,) * 4, (), mpi_yields=yields)
     assert choice.mode == want
     assert choice.idle_yield  # 4 ranks on 2 cores: the library's own yield is on either way
+
+
+@pytest.mark.parametrize(("yields", "want"), [(True, "spin"), (False, "polite")])
+def test_a_case_staged_ahead_launches_as_its_own_rank_group(yields: bool, want: str) -> None:
+    # the next copy, staged while the one before ran, launched in the step that finds the
+    # node empty: alone in one cgroup it spins as a run staged then would (issue 42: it was
+    # launched polite, and switched a tick later, a wait mode its single run never had)
+    node = NodeCores("vm", 2000, rank_groups=True)
+    head = QueuedSim(queue_id=1, n_ranks=4, initial_request_millis=(500,) * 4, ahead="s1",
+                     wait="auto", mpi_yields=yields)  # fmt: skip
+    d = decide(observe(10.0, queue=[head], nodes=(node,)), state_of(), S)
+    (launch,) = [a for a in d.actions if isinstance(a, Launch)]
+    assert launch.sim_id == "s1" and launch.wait.mode == want
