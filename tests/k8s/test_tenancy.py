@@ -20,6 +20,7 @@ afterwards (the next in-cluster test deploys ``deploy/dev`` again).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import time
 from collections.abc import Iterator
@@ -162,8 +163,13 @@ def _forbidden(done: subprocess.CompletedProcess[str]) -> bool:
 
 def _sleeper(t: Tenants) -> str:
     """A Simulation of team-a whose staging never ends, its staging pod running."""
+    # the namespace's part of the volume as the admin gives it: its user's (the pods'),
+    # where the operator makes the runs directory next to the cases (made as root here, the
+    # operator's run directory was refused: 'Permission denied')
     cases = Path(manifests.DEV_RUNS_DIR) / "namespaces" / A / "cases"
-    cases.mkdir(parents=True, exist_ok=True)
+    for d in (cases.parent, cases):
+        d.mkdir(parents=True, exist_ok=True)
+        os.chown(d, manifests.RUN_AS, manifests.RUN_AS)
     case = hostile.sleeping_case(cases)
     hostile.give_to_pods(case, manifests.RUN_AS)
     path = f"{manifests.RUNS_PATH}/namespaces/{A}/cases/{case.name}"
@@ -174,7 +180,12 @@ def _sleeper(t: Tenants) -> str:
         pods = t.get("pods", "-n", A, "-l", "rankpack.dev/role=staging")["items"]
         return any(p["status"].get("phase") == "Running" for p in pods)
 
-    t.wait("the sleeper's staging pod to run", staging, 180)
+    try:
+        t.wait("the sleeper's staging pod to run", staging, 180)
+    except AssertionError:
+        print(t.kubectl("get", SIMS + ",pods,events", "-n", A, "-o", "wide"))
+        print(json.dumps(t.status(A, "sleeper"), indent=1))
+        raise
     return "sleeper"
 
 

@@ -82,6 +82,15 @@ class PodStaging:
             raise
 
     def _run_dir(self, spec: StageSpec) -> Path:
+        try:
+            return self._make_run_dir(spec)
+        except PermissionError as exc:  # the volume's, not the case's: say whose to fix
+            raise UserError(
+                f"the run directory cannot be made in {spec.runs_root}: {exc.strerror}; "
+                f"the volume's directory must be writable by uid {os.geteuid()} (the operator)"
+            ) from None
+
+    def _make_run_dir(self, spec: StageSpec) -> Path:
         if spec.resume is not None:
             return spec.resume.run_dir
         if spec.workdir is not None:

@@ -2,11 +2,16 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
+
+import pytest
 
 from rankpack.backend.kubernetes import podstaging
 from rankpack.backend.kubernetes.api.config import StagingBounds
-from rankpack.case.staging import StageRefused
+from rankpack.case.staging import StageRefused, StageSpec
+from rankpack.errors import UserError
 
 BOUNDS = StagingBounds(deadline_s=60, memory="2Gi")
 
@@ -69,3 +74,18 @@ def test_a_pod_bound_to_a_lost_node_before_it_started_is_stranded() -> None:
     running = _pod("Running") | {"spec": {"nodeName": "n1"}}
     assert podstaging.stranded(running, lost) is None  # started: its end says what happened
     assert podstaging.stranded(_pod("Pending"), lost) is None  # not scheduled yet
+
+
+def test_a_run_directory_the_volume_refuses_names_the_volume_and_who_must_write(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def refused(runs_root: Path, name: str, n_ranks: int) -> Path:
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(podstaging.staging, "new_run_dir", refused)
+    stager = podstaging.PodStaging(state=None)  # type: ignore[arg-type]  # (unused here)
+    with pytest.raises(UserError) as got:
+        stager._run_dir(StageSpec("s", "pitzDaily", 2, tmp_path / "runs"))
+    text = str(got.value)
+    assert f"cannot be made in {tmp_path / 'runs'}: Permission denied" in text
+    assert f"writable by uid {os.geteuid()}" in text
