@@ -10,6 +10,7 @@ import pytest
 
 from rankpack.backend.kubernetes import podstaging
 from rankpack.backend.kubernetes.api.config import StagingBounds
+from rankpack.case import staging
 from rankpack.case.staging import StageRefused, StageSpec
 from rankpack.errors import UserError
 
@@ -82,7 +83,7 @@ def test_a_run_directory_the_volume_refuses_names_the_volume_and_who_must_write(
     def refused(runs_root: Path, name: str, n_ranks: int) -> Path:
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(podstaging.staging, "new_run_dir", refused)
+    monkeypatch.setattr(staging, "new_run_dir", refused)
     stager = podstaging.PodStaging(state=None)  # type: ignore[arg-type]  # (unused here)
     with pytest.raises(UserError) as got:
         stager._run_dir(StageSpec("s", "pitzDaily", 2, tmp_path / "runs"))
