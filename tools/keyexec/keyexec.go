@@ -9,9 +9,10 @@
 // {"key": K, "argv": [A...], "dir": D} (at most HeaderMax bytes); a wrong key
 // closes the connection. C runs as /bin/sh -c C (Open MPI's orted command is
 // written for a remote shell); an argv runs as it is, no shell (its first word
-// found on the server's PATH), in D if given (a staging pod's OpenFOAM tools,
-// whose words are the user's). Either runs in the server's environment (and
-// working directory, but for D), stdin from /dev/null, in its own session.
+// found on the server's PATH), in D if given, its stderr merged into its stdout
+// in order (a staging pod's OpenFOAM tools, whose words are the user's, and whose
+// output is a log). Either runs in the server's environment (and working
+// directory, but for D), stdin from /dev/null, in its own session.
 // Its output comes back in frames (a type byte 'o' or 'e', a 4-byte big-endian
 // length, the bytes), then an 'x' frame with its exit code (4 bytes, signed;
 // a death by signal N is 128+N). A caller that goes away takes the command's
@@ -196,6 +197,9 @@ func Session(conn net.Conn, key []byte, log func(string)) {
 	defer stdout.Close()
 	defer stderr.Close()
 	cmd.Stdout, cmd.Stderr = outW, errW
+	if req.Command == nil {
+		cmd.Stderr = outW // an argv's two streams as one, in order (a tool's log)
+	}
 	err = cmd.Start()
 	outW.Close()
 	errW.Close()

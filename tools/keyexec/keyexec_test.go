@@ -165,9 +165,9 @@ func TestAnArgvRunsWithoutAShellInItsDirectory(t *testing.T) {
 	addr, _ := serve(t)
 	dir := t.TempDir()
 	var out, errOut bytes.Buffer
-	argv := []string{"sh", "-c", `pwd; echo "$1"`, "sh", "a; touch ran"}
+	argv := []string{"sh", "-c", `pwd; echo "$1" >&2; echo last`, "sh", "a; touch ran"}
 	code := RunArgv(addr, key, argv, dir, &out, &errOut, 5*time.Second, func() bool { return false })
-	if code != 0 || out.String() != dir+"\na; touch ran\n" {
+	if code != 0 || out.String() != dir+"\na; touch ran\nlast\n" || errOut.Len() != 0 {
 		t.Fatalf("code %d, out %q, err %q", code, out.String(), errOut.String())
 	}
 	if _, err := os.Stat(filepath.Join(dir, "ran")); err == nil {

@@ -100,7 +100,8 @@ class PodStaging:
         volume = parse_volume(spec.volume, run_dir)
         pod = stagepods.staging_pod(
             spec.sim_id, stagewire.request_text(spec, run_dir),
-            image=spec.image or b.config.image, pull_secrets=spec.pull_secrets,
+            image=spec.image or b.config.image, tools_image=b.config.image,
+            pull_secrets=spec.pull_secrets,
             volume=volume, run_dir=run_dir,
             case_root=Path(spec.case_root) if spec.case_root else None,  # (None: a tutorial)
             bounds=self.bounds,
@@ -207,10 +208,28 @@ def outcome(pod: Obj, bounds: StagingBounds) -> str | StageRefused | None:
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return StageRefused("the staging pod was deleted before it answered",
                             FailureCode.STAGE_FAILED)  # fmt: skip
-    waiting = ((cs or {}).get("state") or {}).get("waiting") or {}
-    if waiting.get("reason") in CANNOT_START_REASONS:  # the image, or its config: for good
-        why = f"{waiting['reason']}: {str(waiting.get('message') or '')[:200]}".rstrip(": ")
-        return StageRefused(f"the staging pod cannot start ({why})", FailureCode.STAGE_FAILED)
+    return _cannot_start(pod)
+
+
+def _cannot_start(pod: Obj) -> StageRefused | None:
+    """Why a container of the staging pod will not start, or its init container failed
+    (then the others never start); None if they may yet."""
+    for name, init in ((stagepods.TOOLS_CONTAINER, True), (stagepods.OPENFOAM_CONTAINER, True),
+                       (stagepods.STAGE_CONTAINER, False)):  # fmt: skip
+        state = (container_status(pod, name, init=init) or {}).get("state") or {}
+        waiting = state.get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason in CANNOT_START_REASONS or (reason == "CrashLoopBackOff" and init):
+            # the image, or its config: for good (a sidecar that keeps failing, too)
+            why = f"{reason}: {str(waiting.get('message') or '')[:200]}".rstrip(": ")
+            return StageRefused(f"the staging pod cannot start its {name} container ({why})",
+                                FailureCode.STAGE_FAILED)  # fmt: skip
+        ended = state.get("terminated") or {}
+        if name == stagepods.TOOLS_CONTAINER and ended.get("exitCode", 0) != 0:
+            why = str(ended.get("message") or ended.get("reason") or "")[:200]
+            code = ended.get("exitCode")
+            said = f"the staging pod's tools could not be put in place (exit {code}: {why})"
+            return StageRefused(said, FailureCode.STAGE_FAILED)
     return None
 
 
