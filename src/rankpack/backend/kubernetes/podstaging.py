@@ -5,8 +5,9 @@ The Kubernetes backend's `worker.Stager` runs `PodStaging.run` for a confined `S
 it makes: nothing of the case is read), creates the staging pod in the Simulation's
 namespace (staging's Python in this backend's image, ``config.image``; the case's OpenFOAM
 in a sidecar of the Simulation's: `objects.stagepods`) and waits for it through the shared
-cache (`informer`; no request is sent to look). The pod's termination message is its answer (`rankpack.case.stagewire`, parsed
-strictly, at most 4096 bytes): the staged case, or what is wrong with it and its code.
+cache (`informer`; no request is sent to look). The pod's termination message is its
+answer (`rankpack.case.stagewire`, parsed strictly, at most 4096 bytes): the staged case,
+or what is wrong with it and its code.
 The pod is deleted once read, also when the stage is cancelled or its time is up; a
 failed stage's run directory is emptied and removed (by file descriptor: no link in it is
 followed). Nothing of the case is opened here, ever.
