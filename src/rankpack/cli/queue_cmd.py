@@ -82,8 +82,9 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--volume", help="kubernetes: where the case lives in the pods "
                    "(pvc:CLAIM[:MOUNT_PATH] or host:DIR)")  # fmt: skip
     p.add_argument(
-        "--image", help="kubernetes: the image its staging, launcher and ranks run (spec.image; "
-        "default: the operator's rank image; the cluster admin's --allow-image bounds it)",
+        "--image", help="kubernetes: the image its ranks, its mpirun and its staging's OpenFOAM "
+        "run (spec.image; default: the operator's rank image; the cluster admin's "
+        "--allow-image bounds it)",
     )  # fmt: skip
     p.add_argument(
         "--pull-secret", action="append", default=[], metavar="NAME",
