@@ -1,4 +1,5 @@
-"""OpenFOAM tools as child processes (case.openfoam.run_tool), with stand-in programs:
+"""OpenFOAM tools as child processes (case.openfoam.run_tool, `foamtools.run_logged`), with
+stand-in programs:
 the whole process group is stopped on an interrupt, and a failed tool's log is kept.
 
 Real processes (``sh``, ``sleep``) under a real interval timer: the integration tier."""
@@ -56,9 +57,9 @@ def test_interrupt_stops_the_tool_and_its_children(tmp_path: Path) -> None:
 def test_a_tool_that_ignores_sigterm_is_killed(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    import rankpack.case.openfoam as openfoam
+    from rankpack.case import foamtools
 
-    monkeypatch.setattr(openfoam, "STOP_GRACE_S", 0.5)
+    monkeypatch.setattr(foamtools, "STOP_GRACE_S", 0.5)
 
     def interrupt(signum: int, frame: object) -> None:
         raise KeyboardInterrupt

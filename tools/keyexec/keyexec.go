@@ -1,11 +1,18 @@
 // Package keyexec enters a rank pod with its simulation's key: the server
 // (rankpack-rankd, a rank pod's process) and the client (rankpack-exec, the rsh
 // agent mpirun runs in the launcher pod). Decision 0013 and docs/own-image.md.
+// A staging pod uses the same pair on its loopback: rankpack-rankd in a sidecar
+// of the Simulation's image runs the OpenFOAM commands its main container (in
+// rankpack's image) sends with rankpack-exec, each an argv.
 //
-// The wire: the caller sends one line, {"key": K, "command": C} (at most
-// HeaderMax bytes); a wrong key closes the connection. C runs as /bin/sh -c C
-// (Open MPI's orted command is written for a remote shell), in the server's
-// working directory and environment, stdin from /dev/null, in its own session.
+// The wire: the caller sends one line, {"key": K, "command": C} or
+// {"key": K, "argv": [A...], "dir": D} (at most HeaderMax bytes); a wrong key
+// closes the connection. C runs as /bin/sh -c C (Open MPI's orted command is
+// written for a remote shell); an argv runs as it is, no shell (its first word
+// found on the server's PATH), in D if given, its stderr merged into its stdout
+// in order (a staging pod's OpenFOAM tools, whose words are the user's, and whose
+// output is a log). Either runs in the server's environment (and working
+// directory, but for D), stdin from /dev/null, in its own session.
 // Its output comes back in frames (a type byte 'o' or 'e', a 4-byte big-endian
 // length, the bytes), then an 'x' frame with its exit code (4 bytes, signed;
 // a death by signal N is 128+N). A caller that goes away takes the command's
@@ -44,16 +51,41 @@ const (
 // left running may hold its output open).
 var PumpGrace = 10 * time.Second
 
-// Request is the one line a caller sends.
+// Request is the one line a caller sends for a shell command.
 type Request struct {
 	Key     string `json:"key"`
 	Command string `json:"command"`
 }
 
-// request is a Request as read: a missing command is nil.
+// ArgvRequest is the one line a caller sends for a program and its arguments.
+type ArgvRequest struct {
+	Key  string   `json:"key"`
+	Argv []string `json:"argv"`
+	Dir  string   `json:"dir,omitempty"`
+}
+
+// request is a Request or an ArgvRequest as read: a missing command is nil.
 type request struct {
-	Key     string  `json:"key"`
-	Command *string `json:"command"`
+	Key     string   `json:"key"`
+	Command *string  `json:"command"`
+	Argv    []string `json:"argv"`
+	Dir     string   `json:"dir"`
+}
+
+// command is what req runs: a shell for a command, else its argv; nil if it asks for
+// neither or both.
+func (req *request) command() *exec.Cmd {
+	if (req.Command == nil) == (len(req.Argv) == 0) {
+		return nil
+	}
+	var cmd *exec.Cmd
+	if req.Command != nil {
+		cmd = exec.Command("/bin/sh", "-c", *req.Command)
+	} else {
+		cmd = exec.Command(req.Argv[0], req.Argv[1:]...)
+	}
+	cmd.Dir = req.Dir
+	return cmd
 }
 
 // ReadKey reads a key file: its content without surrounding white space, never empty.
@@ -140,7 +172,11 @@ func Session(conn net.Conn, key []byte, log func(string)) {
 	_ = conn.SetReadDeadline(time.Now().Add(HeaderTimeout))
 	line, err := readLine(conn, HeaderMax)
 	var req request
-	if err != nil || json.Unmarshal(line, &req) != nil || req.Command == nil {
+	var cmd *exec.Cmd
+	if err == nil && json.Unmarshal(line, &req) == nil {
+		cmd = req.command()
+	}
+	if cmd == nil {
 		log("rankpack-rankd: a caller sent no request; closed")
 		return
 	}
@@ -150,7 +186,6 @@ func Session(conn net.Conn, key []byte, log func(string)) {
 	}
 	_ = conn.SetReadDeadline(time.Time{})
 	w := &frameWriter{conn: conn}
-	cmd := exec.Command("/bin/sh", "-c", *req.Command)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setsid: true}
 	// pipes of our own: the command's end is closed here once it started, so that waiting
 	// for the command does not wait for what it left running with its output (a daemon)
@@ -162,11 +197,14 @@ func Session(conn net.Conn, key []byte, log func(string)) {
 	defer stdout.Close()
 	defer stderr.Close()
 	cmd.Stdout, cmd.Stderr = outW, errW
+	if req.Command == nil {
+		cmd.Stderr = outW // an argv's two streams as one, in order (a tool's log)
+	}
 	err = cmd.Start()
 	outW.Close()
 	errW.Close()
 	if err != nil {
-		_ = w.send('e', []byte(fmt.Sprintf("rankpack-rankd: cannot start /bin/sh: %v\n", err)))
+		_ = w.send('e', []byte(fmt.Sprintf("rankpack-rankd: cannot start %s: %v\n", cmd.Args[0], err)))
 		_ = w.send('x', be32(127))
 		return
 	}
@@ -235,10 +273,24 @@ func Serve(ln net.Listener, key []byte, log func(string)) error {
 	}
 }
 
-// RunRemote runs command in the rank pod at address: its output to out and errOut,
+// RunRemote runs command where address is served (a rank pod): its output to out and errOut,
 // its exit code returned (255: the pod could not be reached within connectFor,
 // refused the key, or the connection was lost). abandoned is asked between tries.
 func RunRemote(address string, key []byte, command string, out, errOut io.Writer,
+	connectFor time.Duration, abandoned func() bool) int {
+	header, _ := json.Marshal(Request{Key: string(key), Command: command})
+	return runRequest(address, header, out, errOut, connectFor, abandoned)
+}
+
+// RunArgv is RunRemote for a program and its arguments, run without a shell, in dir
+// if it is not empty.
+func RunArgv(address string, key []byte, argv []string, dir string, out, errOut io.Writer,
+	connectFor time.Duration, abandoned func() bool) int {
+	header, _ := json.Marshal(ArgvRequest{Key: string(key), Argv: argv, Dir: dir})
+	return runRequest(address, header, out, errOut, connectFor, abandoned)
+}
+
+func runRequest(address string, header []byte, out, errOut io.Writer,
 	connectFor time.Duration, abandoned func() bool) int {
 	deadline := time.Now().Add(connectFor)
 	var conn net.Conn
@@ -255,7 +307,6 @@ func RunRemote(address string, key []byte, command string, out, errOut io.Writer
 		time.Sleep(200 * time.Millisecond)
 	}
 	defer conn.Close()
-	header, _ := json.Marshal(Request{Key: string(key), Command: command})
 	if _, err := conn.Write(append(header, '\n')); err != nil {
 		fmt.Fprintf(errOut, "rankpack-exec: cannot send to %s: %v\n", address, err)
 		return 255
@@ -264,13 +315,13 @@ func RunRemote(address string, key []byte, command string, out, errOut io.Writer
 	head := make([]byte, 5)
 	for {
 		if _, err := io.ReadFull(r, head); err != nil {
-			fmt.Fprintln(errOut, "rankpack-exec: the rank pod closed the connection (a wrong key?)")
+			fmt.Fprintf(errOut, "rankpack-exec: %s closed the connection (a wrong key?)\n", address)
 			return 255
 		}
 		size := binary.BigEndian.Uint32(head[1:])
 		data := make([]byte, size)
 		if _, err := io.ReadFull(r, data); err != nil {
-			fmt.Fprintln(errOut, "rankpack-exec: the rank pod closed the connection mid-frame")
+			fmt.Fprintf(errOut, "rankpack-exec: %s closed the connection mid-frame\n", address)
 			return 255
 		}
 		switch head[0] {

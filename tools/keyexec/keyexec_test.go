@@ -160,3 +160,37 @@ func TestAProcessLeftRunningWithTheOutputDoesNotHoldTheExitCode(t *testing.T) {
 		t.Fatalf("the exit code came after %v", d)
 	}
 }
+
+func TestAnArgvRunsWithoutAShellInItsDirectory(t *testing.T) {
+	addr, _ := serve(t)
+	dir := t.TempDir()
+	var out, errOut bytes.Buffer
+	argv := []string{"sh", "-c", `pwd; echo "$1" >&2; echo last`, "sh", "a; touch ran"}
+	code := RunArgv(addr, key, argv, dir, &out, &errOut, 5*time.Second, func() bool { return false })
+	if code != 0 || out.String() != dir+"\na; touch ran\nlast\n" || errOut.Len() != 0 {
+		t.Fatalf("code %d, out %q, err %q", code, out.String(), errOut.String())
+	}
+	if _, err := os.Stat(filepath.Join(dir, "ran")); err == nil {
+		t.Fatal("an argument was run as a command")
+	}
+	out.Reset()
+	code = RunArgv(addr, key, []string{"no-such-program-here"}, "", &out, &errOut, 5*time.Second,
+		func() bool { return false })
+	if code != 127 || !strings.Contains(errOut.String(), "cannot start no-such-program-here") {
+		t.Fatalf("code %d, err %q", code, errOut.String())
+	}
+}
+
+func TestARequestWithBothACommandAndAnArgvIsClosed(t *testing.T) {
+	addr, _ := serve(t)
+	conn, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.Write([]byte(`{"key": "0123456789abcdef", "command": "true", "argv": ["true"]}` + "\n"))
+	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if n, err := conn.Read(make([]byte, 16)); n != 0 || err == nil {
+		t.Fatalf("answered %d bytes (%v)", n, err)
+	}
+}

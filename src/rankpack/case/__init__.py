@@ -3,7 +3,11 @@
 Modules:
 
 - `openfoam`: resolve a tutorial or directory, copy it into a run directory, mesh it,
-  decompose it, edit its controlDict;
+  decompose it, edit its controlDict; `openfoam.HERE`, this process's own OpenFOAM;
+- `foamtools`: where a case's OpenFOAM runs (the seam staging reaches a Simulation's image
+  through, chosen once) and how a tool's process is supervised;
+- `foamexec`: that seam through ``rankpack-exec``: a staging pod's sidecar in the
+  Simulation's image;
 - `staging`: a case copied into a fresh run directory, meshed and decomposed, ready to run,
   with the MPI ABI family its solver links;
 - `mpiabi`: which MPI ABI family (and so which build of the shim) a program links, from the

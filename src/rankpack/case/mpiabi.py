@@ -4,19 +4,18 @@ The PMPI shim is built once per ABI family and binds to the MPI the solver itsel
 (docs/shim.md, "ABI families"), so a launcher preloads the build of the solver's family:
 `family_of` reads that family from the listing of the solver (``ld.so --list PROGRAM`` or
 ``ldd PROGRAM``, possibly made inside a user's image, so it is read bounded), and
-`listing_of` makes such a listing where it runs (staging runs it on the case's solver,
-`staging.detect_mpi`, in the Simulation's image on a cluster). Pure but for `listing_of`.
+`listing_of` makes such a listing in this process's environment (staging lists the case's
+solver where its OpenFOAM is, `staging.detect_mpi`: on a cluster, in the Simulation's image
+through `foamexec`, with the same bounds and `read_listing`). Pure but for `listing_of`.
 """
 
 from __future__ import annotations
 
 import os
 import platform
-import select
-import subprocess
-import time
 from pathlib import Path, PurePosixPath
 
+from rankpack.case import foamtools
 from rankpack.errors import UserError
 
 FAMILIES: dict[str, str] = {
@@ -62,25 +61,36 @@ def family_of(listing: str) -> str | None:
     return found.pop() if len(found) == 1 else None
 
 
+def this_loader() -> Path:
+    """This machine's dynamic loader (`LOADERS`); `UserError` if none is known."""
+    loader = LOADERS.get(platform.machine())
+    if loader is None:
+        raise UserError(f"no known dynamic loader for {platform.machine()}; give the loader's path")
+    return loader
+
+
 def listing_of(program: Path, loader: Path | None = None) -> str:
     """The dynamic loader's listing of ``program`` (``LOADER --list PROGRAM``, no shell), for
-    `family_of`. ``loader``: this machine's (`LOADERS`) unless given; running the loader
+    `family_of`. ``loader``: this machine's (`this_loader`) unless given; running the loader
     itself never runs the program's own interpreter. The loader gets this process's
     environment (its ``LD_LIBRARY_PATH`` finds the solver's libraries) without ``LD_PRELOAD``,
     at most `LISTING_TIMEOUT_S`, and only the first `MAX_LISTING_CHARS` of its output are
     kept. `UserError` (one line) if it cannot list the program.
     """
-    if loader is None:
-        loader = LOADERS.get(platform.machine())
-        if loader is None:
-            raise UserError(
-                f"no known dynamic loader for {platform.machine()}; give the loader's path"
-            )
+    loader = this_loader() if loader is None else loader
     env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
     try:
-        rc, out = _run_bounded([str(loader), "--list", str(program)], env)
+        rc, out = foamtools.run_bounded([str(loader), "--list", str(program)], env,
+                                        LISTING_TIMEOUT_S, MAX_LISTING_CHARS)  # fmt: skip
     except OSError as exc:
         raise UserError(f"cannot run the dynamic loader {loader}: {exc.strerror}") from None
+    return read_listing(rc, out, loader, program)
+
+
+def read_listing(rc: int | None, out: bytes, loader: Path, program: Path | str) -> str:
+    """The listing of ``program`` as `foamtools.run_bounded` returned the output of
+    ``loader --list``: its text, or `UserError` when it timed out or failed (a listing cut
+    at `MAX_LISTING_CHARS` is kept)."""
     text = out.decode("utf-8", errors="replace")
     if rc is None:
         raise UserError(f"{loader} --list {program} did not finish in {LISTING_TIMEOUT_S:g} s")
@@ -88,30 +98,3 @@ def listing_of(program: Path, loader: Path | None = None) -> str:
         last = text.strip().splitlines()[-1:] or [f"the loader exited with status {rc}"]
         raise UserError(f"cannot list the libraries of {program}: {last[0][:200]}")
     return text
-
-
-def _run_bounded(argv: list[str], env: dict[str, str]) -> tuple[int | None, bytes]:
-    """Runs ``argv``; its exit status (None: stopped at the timeout) and at most
-    `MAX_LISTING_CHARS` bytes of its output (stdout and stderr), read as it comes so that no
-    more is ever held; a process that writes more, or runs longer, is stopped."""
-    deadline = time.monotonic() + LISTING_TIMEOUT_S
-    out = bytearray()
-    with subprocess.Popen(
-        argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env
-    ) as proc:
-        assert proc.stdout is not None
-        try:
-            while len(out) < MAX_LISTING_CHARS and time.monotonic() < deadline:
-                left = deadline - time.monotonic()
-                if select.select([proc.stdout], [], [], max(0.0, left))[0]:
-                    chunk = os.read(proc.stdout.fileno(), MAX_LISTING_CHARS - len(out))
-                    if not chunk:  # end of output: the exit follows
-                        return proc.wait(max(0.0, deadline - time.monotonic())), bytes(out)
-                    out += chunk
-        except subprocess.TimeoutExpired:
-            pass
-        finally:
-            if proc.poll() is None:  # too long, or too much output
-                proc.kill()
-        proc.wait()
-    return (None if len(out) < MAX_LISTING_CHARS else proc.returncode), bytes(out)

@@ -4,25 +4,29 @@ decompose it, and edit its controlDict.
 Called by the CLI (`run`, `demo`, `decompose`) before a plan is made. The source case is
 never modified: everything happens in the run directory. File edits go through foamlib
 (a maintained OpenFOAM file parser) rather than regular expressions.
+
+What needs the OpenFOAM installation itself (its tools, its ``PATH``, its tutorials) goes
+through `tools` (`foamtools.FoamTools`): `HERE`, this process's environment, unless a
+staging sandbox put the Simulation's image in force (`foamtools.using`).
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
 import gzip
 import os
 import re
 import shlex
 import shutil
-import signal
-import subprocess
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import BinaryIO
 
 from rankpack import paths, quantities
+from rankpack.case import foamtools, mpiabi
+from rankpack.case.foamtools import CopyBounds, FoamTools, Tutorials
 from rankpack.errors import UserError
 
 
@@ -48,6 +52,8 @@ class CaseSource:
     path: Path
     name: str
     tutorial: bool
+    readable: bool = True
+    """False: a tutorial in the Simulation's image, whose files are read once copied."""
 
 
 def foam_env(base: dict[str, str] | None = None) -> dict[str, str]:
@@ -117,8 +123,9 @@ def resolve_case(
     elif "/" in text:
         raise NotACase(f"case directory {shown} does not exist")
     else:
-        source = CaseSource(find_tutorial(text), text, tutorial=True)
-    if require_solver:
+        source = CaseSource(find_tutorial(text), text, tutorial=True,
+                            readable=tools().local_files)  # fmt: skip
+    if require_solver and source.readable:
         check_solver(source.path)
     return source
 
@@ -142,7 +149,7 @@ def check_solver(case_dir: Path) -> str:
         ) from None
     if not isinstance(application, str) or not application:
         raise UserError(f"{case_dir}/system/controlDict has no 'application' entry")
-    if "/" in application or shutil.which(application, path=foam_env().get("PATH")) is None:
+    if "/" in application or tools().which(application) is None:
         raise UserError(
             f"the controlDict of {case_dir} names application '{application}', which is not "
             "an installed OpenFOAM solver; fix 'application' in system/controlDict "
@@ -152,20 +159,18 @@ def check_solver(case_dir: Path) -> str:
 
 
 def find_tutorial(name: str) -> Path:
-    if not EXAMPLES_ROOT.is_dir():
-        raise UserError(
-            f"OpenFOAM tutorials are not installed ({EXAMPLES_ROOT} missing); "
-            "apt-get install openfoam-examples, or give a case directory"
-        )
+    """The tutorial ``name`` where `tools` keeps them (a path there)."""
+    found = tools().tutorials(name)
+    if found.root is None:
+        raise UserError(found.missing)
     known = KNOWN_TUTORIALS.get(name)
-    if known and _is_case(EXAMPLES_ROOT / known):
-        return EXAMPLES_ROOT / known
-    matches = sorted(p.parent.parent for p in EXAMPLES_ROOT.glob(f"**/{name}/system/controlDict*"))
-    matches = [m for m in matches if m.name == name]
+    if known and found.root / known in found.cases:
+        return found.root / known
+    matches = [m for m in found.cases if m.name == name]
     if len(matches) == 1:
         return matches[0]
     if len(matches) > 1:
-        listed = ", ".join(str(m.relative_to(EXAMPLES_ROOT)) for m in matches[:4])
+        listed = ", ".join(str(m.relative_to(found.root)) for m in matches[:4])
         raise UserError(f"tutorial name {name} is ambiguous ({listed}); give the case directory")
     raise NotACase(
         f"unknown tutorial '{name}'; try pitzDaily or aerofoilNACA0012, or give a case directory"
@@ -188,8 +193,8 @@ def _ignore(source: CaseSource) -> Callable[[str, list[str]], list[str]]:
 
 
 def check_case_size(source: CaseSource) -> int:
-    """The bytes of what `copy_case` copies; UserError when the case holds more files or
-    bytes than `MAX_CASE_FILES` or `MAX_CASE_BYTES` (read by walking it once)."""
+    """The bytes of what `copy_case` copies (here); UserError when the case holds more files
+    or bytes than `MAX_CASE_FILES` or `MAX_CASE_BYTES` (read by walking it once)."""
     files, size = 0, 0
     for top, dirs, names in os.walk(source.path):
         if Path(top) == source.path:
@@ -207,13 +212,24 @@ def check_case_size(source: CaseSource) -> int:
     return size
 
 
+def _copy_here(source: CaseSource, dest: Path) -> int:
+    size = check_case_size(source)
+    shutil.copytree(source.path, dest, ignore=_ignore(source), symlinks=False,
+                    dirs_exist_ok=True)  # fmt: skip
+    return size
+
+
 def copy_case(source: CaseSource, dest: Path) -> None:
     """Copy the case (not its processor*/ or results) and unpack gzipped files; ``dest``
     may exist if empty. Bounded: `check_case_size` first, and what gzipped files unpack to
-    counts towards `MAX_CASE_BYTES` (a small ``.gz`` may unpack to gigabytes)."""
-    budget = MAX_CASE_BYTES - check_case_size(source)
-    shutil.copytree(source.path, dest, ignore=_ignore(source), symlinks=False,
-                    dirs_exist_ok=True)  # fmt: skip
+    counts towards `MAX_CASE_BYTES` (a small ``.gz`` may unpack to gigabytes). A tutorial
+    is copied where `tools` keeps it (the Simulation's image, for a staging pod)."""
+    if source.tutorial:
+        bounds = CopyBounds(COPY_SKIPS, MAX_CASE_FILES, MAX_CASE_BYTES)
+        copied = tools().copy_tutorial(source.path, dest, bounds)
+    else:
+        copied = _copy_here(source, dest)
+    budget = MAX_CASE_BYTES - copied
     for gz in dest.rglob("*.gz"):
         budget = _gunzip(gz, gz.with_suffix(""), budget, dest)
         gz.unlink()
@@ -241,80 +257,22 @@ def _gunzip(gz: Path, target: Path, budget: int, case: Path) -> int:
     return budget
 
 
-_PR_SET_PDEATHSIG = 1
-STOP_GRACE_S = 5.0
-"""How long an OpenFOAM tool gets to exit after SIGTERM before it is SIGKILLed."""
-
-
-_STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}
-
-
-def _die_with_parent() -> None:
-    """In the forked child: SIGTERM it if rankpack dies, even by SIGKILL, and take back
-    the signals the parent held off while starting it (the mask survives exec)."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0)
-    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)
-
-
-def stop_group(process: subprocess.Popen[bytes], grace_s: float = STOP_GRACE_S) -> None:
-    """SIGTERM the tool's whole process group, then SIGKILL what is left after ``grace_s``."""
-    for sig, wait_s in ((signal.SIGTERM, grace_s), (signal.SIGKILL, grace_s)):
-        try:
-            os.killpg(process.pid, sig)
-        except ProcessLookupError:
-            break
-        try:
-            process.wait(timeout=wait_s)
-            # the leader is gone; members it left behind still get the signal next round
-        except subprocess.TimeoutExpired:
-            continue
-    with contextlib.suppress(ProcessLookupError):
-        os.killpg(process.pid, signal.SIGKILL)
-
-
 def run_tool(case_dir: Path, argv: list[str], log_name: str) -> None:
-    """Run an OpenFOAM utility in the case, logging to log.<name>; UserError on failure.
+    """Run an OpenFOAM utility in the case where `tools` runs them, logging to
+    log.<name>; UserError on failure.
 
-    The tool runs in its own process group with a parent-death signal: Ctrl-C, SIGTERM
-    (both arrive here as KeyboardInterrupt) or any other exception stops the whole group,
-    and if rankpack is SIGKILLed the tool gets SIGTERM from the kernel. A failed tool's
-    log is copied to a place that outlives staging directories, and the message names it.
+    The tool runs under `foamtools.run_logged` (its process group stopped on Ctrl-C,
+    SIGTERM, any exception or this process's death). A failed tool's log is copied to a
+    place that outlives staging directories, and the message names it.
     """
     log = case_dir / f"log.{log_name}"
-    if shutil.which(argv[0], path=foam_env().get("PATH")) is None:
+    t = tools()
+    if t.which(argv[0], case_dir) is None:
         raise UserError(
             f"OpenFOAM tool {argv[0]} not found; install OpenFOAM (apt-get install openfoam)"
         )
     with open(log, "wb") as fh:
-        # Ctrl-C/SIGTERM are held off while the child starts: arriving inside Popen they
-        # would leave a tool running that nobody stops; pending, they land in the wait.
-        mask = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-        try:
-            process = subprocess.Popen(
-                argv,
-                cwd=case_dir,
-                stdin=subprocess.DEVNULL,
-                stdout=fh,
-                stderr=subprocess.STDOUT,
-                env=foam_env(),
-                start_new_session=True,
-                preexec_fn=_die_with_parent,
-            )
-        except BaseException:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            raise
-        try:
-            signal.pthread_sigmask(signal.SIG_SETMASK, mask)
-            returncode = process.wait()
-        except BaseException:
-            # a second Ctrl-C/SIGTERM must not cut the cleanup short
-            previous = signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
-            try:
-                stop_group(process)
-            finally:
-                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
-            raise
+        returncode = t.run(argv, case_dir, fh)
     if returncode != 0:
         tail = _fatal_line(log)
         kept = keep_log(log, case_dir.name)
@@ -527,3 +485,45 @@ def decompose(case_dir: Path) -> list[int]:
     if not counts:
         raise UserError(f"decomposePar reported no processors; see {case_dir}/log.decomposePar")
     return counts
+
+
+# -- this process's OpenFOAM ---------------------------------------------------------------
+
+
+class _Here:
+    """`foamtools.FoamTools` in this process's environment (`foam_env`): the tutorials at
+    `EXAMPLES_ROOT`, the tools as subprocesses."""
+
+    local_files = True
+
+    def which(self, program: str, cwd: Path | None = None) -> str | None:
+        return shutil.which(program, path=foam_env().get("PATH"))
+
+    def run(self, argv: Sequence[str], cwd: Path, log: BinaryIO) -> int:
+        return foamtools.run_logged(argv, cwd=cwd, env=foam_env(), log=log)
+
+    def listing(self, program: str) -> str:
+        return mpiabi.listing_of(Path(program))
+
+    def tutorials(self, name: str) -> Tutorials:
+        missing = (f"OpenFOAM tutorials are not installed ({EXAMPLES_ROOT} missing); "
+                   "apt-get install openfoam-examples, or give a case directory")  # fmt: skip
+        if not EXAMPLES_ROOT.is_dir():
+            return Tutorials(None, (), missing)
+        known = KNOWN_TUTORIALS.get(name)
+        if known and _is_case(EXAMPLES_ROOT / known):  # (no walk)
+            return Tutorials(EXAMPLES_ROOT, (EXAMPLES_ROOT / known,), missing)
+        found = {p.parent.parent for p in EXAMPLES_ROOT.glob(f"**/{name}/system/controlDict*")}
+        return Tutorials(EXAMPLES_ROOT, tuple(sorted(found)), missing)
+
+    def copy_tutorial(self, source: Path, dest: Path, bounds: CopyBounds) -> int:
+        return _copy_here(CaseSource(source, source.name, tutorial=True), dest)
+
+
+HERE: FoamTools = _Here()
+"""This process's own OpenFOAM."""
+
+
+def tools() -> FoamTools:
+    """Where OpenFOAM runs for what is being done: `foamtools.current`, else `HERE`."""
+    return foamtools.current() or HERE

@@ -4,7 +4,9 @@ Called by backends as their asynchronous `stage` action (the local backend runs 
 worker thread; a cluster backend may run it where the case volume is). `check` validates
 everything that needs no files before anything is created; `stage` builds the run
 directory in a staging folder (copy, mesh, decompose) and renames it into place, so a
-failure leaves nothing behind.
+failure leaves nothing behind. What needs the OpenFOAM installation (its tools, its
+``PATH``, its tutorials) goes through `openfoam.tools`: in a staging pod, the
+Simulation's image (`foamexec`); else this process's own.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def check(spec: StageSpec) -> openfoam.CaseSource:
     """Validation that reads no more than the source case: done before anything is created."""
     check_values(spec)
     source = openfoam.resolve_case(spec.case, on_link=confine.check_link if spec.confined else None)
-    if openfoam.has_mesh(source.path):
+    if source.readable and openfoam.has_mesh(source.path):
         _check_cells(openfoam.n_cells(source.path), spec.n_ranks, source.name)
     if spec.workdir is not None:
         check_workdir(spec.workdir.expanduser().resolve())
@@ -163,15 +165,16 @@ NO_MPI = "none"
 
 
 def detect_mpi(solver: str) -> str | None:
-    """The MPI ABI family ``solver`` links, found on OpenFOAM's PATH where staging runs (on a
-    cluster: the Simulation's image) and listed by the dynamic loader (`mpiabi`, bounded);
-    `NO_MPI` if it links neither family, None if it cannot be told (no such program, no
-    loader, a listing that fails)."""
-    program = shutil.which(solver, path=openfoam.foam_env().get("PATH"))
-    if program is None:
-        return None
+    """The MPI ABI family ``solver`` links, found on OpenFOAM's PATH where its tools run
+    (`openfoam.tools`: on a cluster, the Simulation's image) and listed by the dynamic
+    loader there (`mpiabi`, bounded); `NO_MPI` if it links neither family, None if it
+    cannot be told (no such program, no loader, a listing that fails)."""
+    tools = openfoam.tools()
     try:
-        listing = mpiabi.listing_of(Path(program))
+        program = tools.which(solver)
+        if program is None:
+            return None
+        listing = tools.listing(program)
     except UserError:
         return None
     return mpiabi.family_of(listing) or NO_MPI
@@ -197,7 +200,7 @@ def stage(spec: StageSpec) -> StagedCase:
         openfoam.copy_case(source, staging)
         if scan:
             confine.check_case(staging)  # before any OpenFOAM tool reads a dictionary
-        solver = openfoam.read_application(staging)
+        solver = openfoam.check_solver(staging)  # (a tutorial of the image: checked now)
         openfoam.ensure_mesh(staging, confined=scan)
         _check_cells(openfoam.n_cells(staging), spec.n_ranks, source.name)
         if spec.iterations is not None:

@@ -110,8 +110,9 @@ def _add_pod_arguments(p: argparse.ArgumentParser) -> None:
     """The operator's flags for its rank pods: image, launcher, transport, volume, run
     directories, wait mode and the CPU to place on."""
     p.add_argument(
-        "--image", help="rank pod image (default: in a pod, the operator's own image; else the "
-        "dev cluster's host-usr image)"
+        "--image", help="rankpack's rank image: a Simulation's by default, and where staging's "
+        "Python and the launcher's wait run for every Simulation (default: in a pod, the "
+        "operator's own image; else the dev cluster's host-usr image)"
     )  # fmt: skip
     p.add_argument(
         "--launcher", choices=LAUNCHER_CHOICES, default="auto",

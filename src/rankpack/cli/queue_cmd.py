@@ -82,8 +82,8 @@ def register(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
     p.add_argument("--volume", help="kubernetes: where the case lives in the pods "
                    "(pvc:CLAIM[:MOUNT_PATH] or host:DIR)")  # fmt: skip
     p.add_argument(
-        "--image", help="kubernetes: the image its staging, launcher and ranks run (spec.image; "
-        "default: the operator's rank image; the cluster admin's --allow-image bounds it)",
+        "--image", help="kubernetes: what its ranks, mpirun and staging's OpenFOAM run (spec."
+        "image; default: the operator's rank image; the admin's --allow-image bounds it)",
     )  # fmt: skip
     p.add_argument(
         "--pull-secret", action="append", default=[], metavar="NAME",

@@ -1,6 +1,11 @@
 // Command rankpack-tools is rankpack's tools for a Simulation's own image, one
 // static binary (no libc, no Python): called as rankpack-rankd, rankpack-exec
 // or rankpack-launch (a link of that name), or as rankpack-tools NAME ARGS.
+//
+// A staging pod's sidecar runs rankpack-tools rankd KEY --loopback, and the
+// staging's Python sends it argvs with rankpack-tools exec --argv; besides the
+// image's OpenFOAM tools, those run rankpack-tools which, find-case and
+// copy-case (package casefiles): what the Python would read of the image.
 package main
 
 import (
@@ -16,6 +21,7 @@ import (
 	"syscall"
 	"time"
 
+	"rankpack.dev/tools/casefiles"
 	"rankpack.dev/tools/keyexec"
 	"rankpack.dev/tools/launch"
 )
@@ -38,7 +44,7 @@ func main() {
 	args := os.Args[1:]
 	if name == "rankpack-tools" {
 		if len(args) == 0 {
-			fmt.Fprintln(os.Stderr, "usage: rankpack-tools rankd|exec|launch ARGS...")
+			fmt.Fprintln(os.Stderr, "usage: rankpack-tools rankd|exec|launch|which|find-case|copy-case ARGS...")
 			os.Exit(2)
 		}
 		name, args = "rankpack-"+args[0], args[1:]
@@ -50,16 +56,25 @@ func main() {
 		os.Exit(agent(args))
 	case "rankpack-launch":
 		os.Exit(launch.Main(args, os.Stderr))
+	case "rankpack-which", "rankpack-find-case", "rankpack-copy-case":
+		os.Exit(casefiles.Main(strings.TrimPrefix(name, "rankpack-"), args, os.Stdout, os.Stderr))
 	default:
-		fmt.Fprintf(os.Stderr, "rankpack-tools: no tool %q (rankd, exec, launch)\n", name)
+		fmt.Fprintf(os.Stderr, "rankpack-tools: no tool %q (rankd, exec, launch, which, "+
+			"find-case, copy-case)\n", name)
 		os.Exit(2)
 	}
 }
 
-// rankd is rankpack-rankd [KEY_FILE] [--port N]: a rank pod's process; ends at SIGTERM or SIGINT.
+// rankd is rankpack-rankd [KEY_FILE] [--port N] [--loopback]: a rank pod's process (on
+// every address), or a staging pod's sidecar (--loopback: on 127.0.0.1 only, for the
+// pod's own containers); ends at SIGTERM or SIGINT.
 func rankd(args []string) int {
-	path, port := filepath.Join(keyDir, keyItem), keyexec.Port
+	path, port, host := filepath.Join(keyDir, keyItem), keyexec.Port, ""
 	for i := 0; i < len(args); i++ {
+		if args[i] == "--loopback" {
+			host = "127.0.0.1"
+			continue
+		}
 		if args[i] == "--port" && i+1 < len(args) {
 			p, err := strconv.Atoi(args[i+1])
 			if err != nil || p <= 0 || p > 65535 {
@@ -77,7 +92,7 @@ func rankd(args []string) int {
 		fmt.Fprintf(os.Stderr, "rankpack-rankd: cannot read the simulation's key: %v\n", err)
 		return 2
 	}
-	ln, err := net.Listen("tcp4", fmt.Sprintf(":%d", port))
+	ln, err := net.Listen("tcp4", net.JoinHostPort(host, strconv.Itoa(port)))
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "rankpack-rankd: cannot listen: %v\n", err)
 		return 1
@@ -107,13 +122,46 @@ func splitArgs(args []string) (string, string, bool) {
 	return args[0], strings.Join(args[1:], " "), true
 }
 
-// agent is rankpack-exec HOST CMD...: mpirun's rsh agent in the launcher pod.
+// agent is rankpack-exec HOST CMD...: mpirun's rsh agent in the launcher pod; or
+// rankpack-exec --argv [--dir DIR] HOST ARG...: ARG... run as they are (no shell), in DIR.
 func agent(args []string) int {
+	if len(args) > 0 && args[0] == "--argv" {
+		return argvAgent(args[1:])
+	}
 	host, command, ok := splitArgs(args)
 	if !ok {
 		fmt.Fprintln(os.Stderr, "usage: rankpack-exec POD COMMAND...")
 		return 255
 	}
+	address, key, ok := target(host)
+	if !ok {
+		return 255
+	}
+	parent := os.Getppid()
+	return keyexec.RunRemote(address, key, command, os.Stdout, os.Stderr, connectRetry,
+		func() bool { return os.Getppid() != parent }) // mpirun died: it waits for nothing
+}
+
+func argvAgent(args []string) int {
+	dir := ""
+	if len(args) > 1 && args[0] == "--dir" {
+		dir, args = args[1], args[2:]
+	}
+	if len(args) < 2 {
+		fmt.Fprintln(os.Stderr, "usage: rankpack-exec --argv [--dir DIR] HOST PROGRAM [ARG...]")
+		return 255
+	}
+	address, key, ok := target(args[0])
+	if !ok {
+		return 255
+	}
+	parent := os.Getppid()
+	return keyexec.RunArgv(address, key, args[1:], dir, os.Stdout, os.Stderr, connectRetry,
+		func() bool { return os.Getppid() != parent }) // its caller died: nobody waits
+}
+
+// target is host's address (from the hosts file) and the key, or false (said on stderr).
+func target(host string) (string, []byte, bool) {
 	key, err := keyexec.ReadKey(os.Getenv(envKey))
 	var ip string
 	if err == nil {
@@ -121,16 +169,13 @@ func agent(args []string) int {
 	}
 	if err != nil {
 		fmt.Fprintf(os.Stderr, "rankpack-exec: %s: no address or key for it: %v\n", host, err)
-		return 255
+		return "", nil, false
 	}
 	port := strconv.Itoa(keyexec.Port)
 	if p := os.Getenv(envPort); p != "" {
 		port = p
 	}
-	parent := os.Getppid()
-	address := net.JoinHostPort(ip, port)
-	return keyexec.RunRemote(address, key, command, os.Stdout, os.Stderr, connectRetry,
-		func() bool { return os.Getppid() != parent }) // mpirun died: it waits for nothing
+	return net.JoinHostPort(ip, port), key, true
 }
 
 func hostIP(path, host string) (string, error) {

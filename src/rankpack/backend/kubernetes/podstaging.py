@@ -3,9 +3,11 @@
 The Kubernetes backend's `worker.Stager` runs `PodStaging.run` for a confined `StageSpec`
 (the operator's Simulations): this process reserves the run directory (an empty directory
 it makes: nothing of the case is read), creates the staging pod in the Simulation's
-namespace and waits for it through the shared cache (`informer`; no request is sent to
-look). The pod's termination message is its answer (`rankpack.case.stagewire`, parsed
-strictly, at most 4096 bytes): the staged case, or what is wrong with it and its code.
+namespace (staging's Python in this backend's image, ``config.image``; the case's OpenFOAM
+in a sidecar of the Simulation's: `objects.stagepods`) and waits for it through the shared
+cache (`informer`; no request is sent to look). The pod's termination message is its
+answer (`rankpack.case.stagewire`, parsed strictly, at most 4096 bytes): the staged case,
+or what is wrong with it and its code.
 The pod is deleted once read, also when the stage is cancelled or its time is up; a
 failed stage's run directory is emptied and removed (by file descriptor: no link in it is
 followed). Nothing of the case is opened here, ever.
@@ -109,7 +111,8 @@ class PodStaging:
         volume = parse_volume(spec.volume, run_dir)
         pod = stagepods.staging_pod(
             spec.sim_id, stagewire.request_text(spec, run_dir),
-            image=spec.image or b.config.image, pull_secrets=spec.pull_secrets,
+            image=spec.image or b.config.image, tools_image=b.config.image,
+            pull_secrets=spec.pull_secrets,
             volume=volume, run_dir=run_dir,
             case_root=Path(spec.case_root) if spec.case_root else None,  # (None: a tutorial)
             bounds=self.bounds,
@@ -216,10 +219,28 @@ def outcome(pod: Obj, bounds: StagingBounds) -> str | StageRefused | None:
     if (pod.get("metadata") or {}).get("deletionTimestamp"):
         return StageRefused("the staging pod was deleted before it answered",
                             FailureCode.STAGE_FAILED)  # fmt: skip
-    waiting = ((cs or {}).get("state") or {}).get("waiting") or {}
-    if waiting.get("reason") in CANNOT_START_REASONS:  # the image, or its config: for good
-        why = f"{waiting['reason']}: {str(waiting.get('message') or '')[:200]}".rstrip(": ")
-        return StageRefused(f"the staging pod cannot start ({why})", FailureCode.STAGE_FAILED)
+    return _cannot_start(pod)
+
+
+def _cannot_start(pod: Obj) -> StageRefused | None:
+    """Why a container of the staging pod will not start, or its init container failed
+    (then the others never start); None if they may yet."""
+    for name, init in ((stagepods.TOOLS_CONTAINER, True), (stagepods.OPENFOAM_CONTAINER, True),
+                       (stagepods.STAGE_CONTAINER, False)):  # fmt: skip
+        state = (container_status(pod, name, init=init) or {}).get("state") or {}
+        waiting = state.get("waiting") or {}
+        reason = waiting.get("reason")
+        if reason in CANNOT_START_REASONS or (reason == "CrashLoopBackOff" and init):
+            # the image, or its config: for good (a sidecar that keeps failing, too)
+            why = f"{reason}: {str(waiting.get('message') or '')[:200]}".rstrip(": ")
+            return StageRefused(f"the staging pod cannot start its {name} container ({why})",
+                                FailureCode.STAGE_FAILED)  # fmt: skip
+        ended = state.get("terminated") or {}
+        if name == stagepods.TOOLS_CONTAINER and ended.get("exitCode", 0) != 0:
+            why = str(ended.get("message") or ended.get("reason") or "")[:200]
+            code = ended.get("exitCode")
+            said = f"the staging pod's tools could not be put in place (exit {code}: {why})"
+            return StageRefused(said, FailureCode.STAGE_FAILED)
     return None
 
 

@@ -14,7 +14,7 @@ from rankpack.case import staging
 from rankpack.case.staging import StageRefused, StageSpec
 from rankpack.errors import UserError
 
-BOUNDS = StagingBounds(deadline_s=60, memory="2Gi")
+BOUNDS = StagingBounds(deadline_s=60, memory_mib=2048)
 
 
 def _pod(phase: str, terminated: dict[str, Any] | None = None, **status: Any) -> dict[str, Any]:
@@ -40,7 +40,7 @@ def test_a_pod_past_its_deadline_says_so() -> None:
 
 def test_out_of_memory_and_a_silent_end_are_refusals() -> None:
     oom = podstaging.outcome(_pod("Failed", {"exitCode": 137, "reason": "OOMKilled"}), BOUNDS)
-    assert isinstance(oom, StageRefused) and "memory limit (2Gi)" in str(oom)
+    assert isinstance(oom, StageRefused) and "memory limit (2048Mi)" in str(oom)
     silent = podstaging.outcome(_pod("Failed", {"exitCode": 1, "reason": "Error"}), BOUNDS)
     assert isinstance(silent, StageRefused) and "without an answer" in str(silent)
     gone = podstaging.outcome({"status": {"phase": "Failed", "message": "evicted"}}, BOUNDS)
@@ -52,15 +52,39 @@ def test_a_pod_that_cannot_start_or_is_deleted_fails_now_not_at_its_deadline() -
     pod = {"status": {"phase": "Pending", "containerStatuses": [{"name": "stage",
                                                                  "state": waiting}]}}  # fmt: skip
     got = podstaging.outcome(pod, BOUNDS)
-    assert isinstance(got, StageRefused) and "cannot start (ErrImageNeverPull: image not" in str(
-        got
-    )
+    assert isinstance(got, StageRefused)
+    assert "cannot start its stage container (ErrImageNeverPull: image not" in str(got)
     # still being pulled, or still scheduled: it may yet start
     pod["status"]["containerStatuses"][0]["state"] = {"waiting": {"reason": "ContainerCreating"}}
     assert podstaging.outcome(pod, BOUNDS) is None
     deleted = {"metadata": {"deletionTimestamp": "2026-11-29T00:00:00Z"}, **_pod("Running")}
     got = podstaging.outcome(deleted, BOUNDS)
     assert isinstance(got, StageRefused) and "deleted before it answered" in str(got)
+
+
+def _init(name: str, state: dict[str, Any]) -> dict[str, Any]:
+    return {"status": {"phase": "Pending", "initContainerStatuses": [
+        {"name": name, "state": state}]}}  # fmt: skip
+
+
+def test_a_sidecar_or_tools_container_that_cannot_start_fails_the_staging_now() -> None:
+    """The Simulation's image (the OpenFOAM sidecar) not there, a sidecar that keeps
+    failing, or tools that could not be put in place: the main container would never
+    start, so the staging fails at once, naming the container."""
+    pull = _init("openfoam", {"waiting": {"reason": "ErrImagePull", "message": "no such image"}})
+    got = podstaging.outcome(pull, BOUNDS)
+    assert isinstance(got, StageRefused)
+    assert "cannot start its openfoam container (ErrImagePull: no such image)" in str(got)
+    looping = _init("openfoam", {"waiting": {"reason": "CrashLoopBackOff"}})
+    assert "openfoam container (CrashLoopBackOff)" in str(podstaging.outcome(looping, BOUNDS))
+    tools = _init("tools", {"terminated": {"exitCode": 1, "message": "cannot put the tools"}})
+    got = podstaging.outcome(tools, BOUNDS)
+    assert isinstance(got, StageRefused)
+    assert "tools could not be put in place (exit 1: cannot put the tools)" in str(got)
+    # started, or done: nothing to say
+    assert podstaging.outcome(_init("openfoam", {"running": {}}), BOUNDS) is None
+    done = _init("tools", {"terminated": {"exitCode": 0, "reason": "Completed"}})
+    assert podstaging.outcome(done, BOUNDS) is None
 
 
 def test_a_pod_bound_to_a_lost_node_before_it_started_is_stranded() -> None:

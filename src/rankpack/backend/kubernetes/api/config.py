@@ -75,18 +75,26 @@ class NodeFiles:
 
 @dataclass(frozen=True)
 class StagingBounds:
-    """What the admin lets one staging take (``rankpack operator --staging-*``)."""
+    """What the admin lets one staging take (``rankpack operator --staging-*``).
+
+    A staging pod works in two containers (`objects.stagepods`: staging's Python and the
+    OpenFOAM sidecar): each has these limits, and their requests add up to these."""
 
     deadline_s: int = 600
     """The pod's ``activeDeadlineSeconds``: a staging still running then is ended."""
     cpu_request_millis: int = 200
     cpu_limit_millis: int = 1000
-    memory: str = "2Gi"
-    """Its memory request and limit."""
-    ephemeral: str = "1Gi"
-    """Its ephemeral-storage request and limit (its ``/tmp`` and logs; the run directory is
-    on the volume)."""
+    memory_mib: int = 2048
+    """Memory: each container's limit, the pod's request."""
+    ephemeral_mib: int = 1024
+    """Ephemeral storage (each container's ``/tmp`` and logs; the run directory is on the
+    volume): each container's limit, the pod's request."""
     tmp_size: str = "512Mi"
+
+    @property
+    def memory(self) -> str:
+        """The memory limit, as a quantity."""
+        return f"{self.memory_mib}Mi"
 
 
 @dataclass(frozen=True)

@@ -14,19 +14,19 @@ from __future__ import annotations
 import functools
 import os
 import shutil
-from importlib import resources
 from pathlib import Path
 
 from rankpack import untrusted
 from rankpack.backend.kubernetes.objects import keyed
 from rankpack.backend.protocol import LaunchFailed
+from rankpack.case import foamexec
 
-BINARY = "rankpack-tools"
+BINARY = foamexec.BINARY
 
 
 @functools.cache
 def _binary_bytes() -> bytes:
-    return (resources.files("rankpack") / "_lib" / BINARY).read_bytes()
+    return foamexec.binary_bytes()
 
 
 def binary_bytes() -> bytes:

@@ -353,7 +353,8 @@ def test_only_a_launcher_pod_simulations_owner_holds_a_key() -> None:
 
 def test_every_pod_of_a_simulation_runs_its_image_pulled_with_its_secrets() -> None:
     """spec.image and spec.imagePullSecrets reach the group pods, the launcher pod and the
-    staging pod (the kubelet reads the Secrets; rankpack reads none)."""
+    staging pod (its OpenFOAM sidecar; the kubelet reads the Secrets; rankpack reads
+    none)."""
     from rankpack.backend.kubernetes.api.config import StagingBounds
     from rankpack.backend.kubernetes.objects import stagepods
 
@@ -368,6 +369,7 @@ def test_every_pod_of_a_simulation_runs_its_image_pulled_with_its_secrets() -> N
             "s1",
             "{}",
             image=image,
+            tools_image="rankpack/rank:1",
             volume=volume,
             run_dir=CASE,
             case_root=None,
@@ -375,9 +377,12 @@ def test_every_pod_of_a_simulation_runs_its_image_pulled_with_its_secrets() -> N
             pull_secrets=secrets,
         ),
     ]
+    for pod in pods[:2]:
+        assert [c["image"] for c in pod["spec"]["containers"]] == [image]
+    sidecar = next(c for c in pods[2]["spec"]["initContainers"] if c["name"] == "openfoam")
+    assert sidecar["image"] == image
     for pod in pods:
         assert pod["spec"]["imagePullSecrets"] == [{"name": "cfd-registry"}, {"name": "mirror"}]
-        assert [c["image"] for c in pod["spec"]["containers"]] == [image]
     plain = grouppods.group_pod(sim_spec(ranks=FOUR), RankGroup(0, None, (0, 1, 2, 3)), OWNER,
                                 volume, image)  # fmt: skip
     assert "imagePullSecrets" not in plain["spec"]
