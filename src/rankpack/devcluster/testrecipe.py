@@ -27,7 +27,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from rankpack.devcluster.imagerecipe import apt_sources
+from rankpack.devcluster.imagerecipe import FOAM_ENV, apt_sources
 from rankpack.errors import UserError
 
 RECIPE = "test-images-1"
@@ -65,7 +65,8 @@ class Recipe:
     """Commands run in the root filesystem, in `IN_ROOTFS` (the sources), after the
     packages are installed."""
     env: tuple[tuple[str, str], ...] = ()
-    """The image config's environment, after PATH."""
+    """The image config's environment, after PATH (Debian's OpenFOAM: where its ``etc/``
+    and its Open MPI build of libPstream are, as a team's image would set them)."""
     about: str = ""
 
 
@@ -78,6 +79,7 @@ RECIPES = (
         ("openfoam", "openfoam-examples", "openmpi-bin"),
         solver="simpleFoam",
         mpi="openmpi",
+        env=FOAM_ENV,
         about="Debian 13's OpenFOAM v1912 and tutorials, Open MPI 5",
     ),
     Recipe(
