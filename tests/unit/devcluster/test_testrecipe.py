@@ -1,16 +1,19 @@
 """The test images' recipe, pure parts: keys, references, apt sources for another suite, the
-mmdebstrap command. Nothing is built here (tests/integration/test_test_images.py builds,
-lists and runs them)."""
+mmdebstrap command; and the builder's parts that start nothing (an interrupted build, the
+rankpack check, the command line's refusal). Nothing is built here
+(tests/integration/test_test_images.py builds, lists and runs them)."""
 
 from __future__ import annotations
 
 import re
 import shutil
+import tarfile
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from rankpack.devcluster import testrecipe
+from rankpack.devcluster import testimages, testrecipe
 from rankpack.devcluster.testrecipe import RECIPES, recipe, recipe_key, recipe_ref
 from rankpack.errors import UserError
 from rankpack.plan.submission import IMAGE_PATTERN
@@ -112,3 +115,53 @@ def test_the_images_run_as_a_numeric_user_with_a_path() -> None:
     assert re.fullmatch(r"[1-9][0-9]*:[0-9]+", testrecipe.USER)
     assert testrecipe.config_env(RECIPES[0])[0] == ("PATH", testrecipe.PATH)
     assert "openfoam-trixie  Debian 13" in testrecipe.describe(RECIPES)
+
+
+# -- the builder's parts that start nothing ----------------------------------------------------
+
+
+def test_an_interrupted_build_leaves_nothing(
+    checkout: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(testimages, "pipeline", interrupted)
+    monkeypatch.setattr(testimages, "host_apt_source_files",
+                        lambda: {"debian.sources": HOST["debian.sources"]})  # fmt: skip
+    parent = tmp_path / "cache" / "test"
+    parent.mkdir(parents=True)
+    with pytest.raises(KeyboardInterrupt):
+        testimages.build_test_image(checkout, RECIPES[1], "0123", parent / "x-0123", tmp_path / "l")
+    assert list(parent.iterdir()) == []
+
+
+def test_a_root_filesystem_naming_rankpack_is_found(tmp_path: Path) -> None:
+    rootfs = tmp_path / "rootfs.tar"
+    with tarfile.open(rootfs, "w") as tar:
+        for name in ("./usr/bin/sh", "./opt/RankPack/bin/x", "./usr/lib/librankpack_pmpi.so"):
+            tar.addfile(tarfile.TarInfo(name))
+    assert testimages.rankpack_paths(rootfs) == ["./opt/RankPack/bin/x",
+                                                 "./usr/lib/librankpack_pmpi.so"]  # fmt: skip
+
+
+def test_an_unknown_image_is_one_line_and_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    assert testimages.main(["nope", "--source", str(REPO)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no test image 'nope'" in err
+
+
+def test_describe_says_built_or_cached() -> None:
+    image = testimages.BuiltTestImage(
+        name="mpich-rankloop", ref="rankpack.test/mpich-rankloop:0123456789ab",
+        archive=Path("/c/image.tar"), archive_bytes=62_000_000, unpacked_bytes=177_000_000,
+        key="0" * 64, solver="rankloop", mpi="mpich", built=False, build_s=97.0, seconds=0.01,
+    )  # fmt: skip
+    assert testimages.describe(image) == (
+        "rankpack.test/mpich-rankloop:0123456789ab  62 MB archive, 177 MB unpacked  "
+        "cached (built in 97 s)  /c/image.tar"
+    )
+    assert testimages.describe(replace(image, built=True, seconds=96.6)).endswith(
+        "unpacked  built in 97 s  /c/image.tar"
+    )
+    assert image.as_json()["archive"] == "/c/image.tar"
