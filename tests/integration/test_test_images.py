@@ -186,7 +186,7 @@ def test_the_trixie_image_is_open_mpi_5(roots: dict[str, Path]) -> None:
 PODS_SCRIPT = r"""
 R=$0 WORK=$1 KEY=$2 ENV=$3 LAUNCH=$4 CASE=$1/case
 mount --make-rprivate /
-mkdir -p /run/netns && mount -t tmpfs tmpfs /run/netns
+mount -t tmpfs tmpfs /run && mkdir /run/netns  # (ip netns's names: this namespace's only)
 mount --rbind /dev $R/dev && mount -t tmpfs tmpfs $R/dev/shm && mount -t proc proc $R/proc
 mount -t sysfs -o ro sysfs $R/sys && mount -t tmpfs tmpfs $R/tmp && chmod 1777 $R/tmp
 mkdir -p $R$WORK $R/etc/rankpack/sim && mount --bind $WORK $R$WORK
