@@ -10,7 +10,9 @@
 //  2. the launch marker in the exit file's directory is taken (flock, as
 //     exitwrapper.py does it): a second launcher never starts a second mpirun;
 //  3. mpirun (the first of Spec.Mpirun found on PATH) runs with the marker's
-//     descriptor inherited, its output appended to the log (never through a
+//     descriptor inherited, with Spec.Args, or the Spec.ArgsFromMajor its
+//     version asks for (`mpirun --version`, bounded: Open MPI 5's mpirun is
+//     PRRTE's and takes other options than Open MPI 4's), its output appended to the log (never through a
 //     link), SIGTERM, SIGINT and SIGHUP passed on to it;
 //  4. its return code (negative: a signal, as Python's subprocess says it) is
 //     written to the exit file atomically and the process exits with its status.
@@ -20,6 +22,7 @@
 package launch
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -28,6 +31,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,18 +50,24 @@ const (
 	// SpecMax bounds LAUNCH.json.
 	SpecMax     = 1 << 20
 	markerTries = 3
+	// VersionTimeout and VersionMax bound `mpirun --version` (the image's program).
+	VersionTimeout = 10 * time.Second
+	VersionMax     = 64 << 10
 )
 
 // Spec is LAUNCH.json, written by the launcher's init container.
 type Spec struct {
-	Version        int               `json:"version"`
-	Mpirun         []string          `json:"mpirun"`
-	Args           []string          `json:"args"`
-	Cwd            string            `json:"cwd"`
-	Env            map[string]string `json:"env"`
-	Log            string            `json:"log"`
-	Exit           string            `json:"exit"`
-	TerminationLog string            `json:"termination_log"`
+	Version int      `json:"version"`
+	Mpirun  []string `json:"mpirun"`
+	Args    []string `json:"args"`
+	// ArgsFromMajor replaces Args for an Open MPI of that major version or later
+	// (the key, in decimal; the largest one not above mpirun's version wins).
+	ArgsFromMajor  map[string][]string `json:"args_from_major,omitempty"`
+	Cwd            string              `json:"cwd"`
+	Env            map[string]string   `json:"env"`
+	Log            string              `json:"log"`
+	Exit           string              `json:"exit"`
+	TerminationLog string              `json:"termination_log"`
 }
 
 // ParseSpec reads and checks a Spec: every path absolute, an mpirun to look for.
@@ -80,8 +90,72 @@ func ParseSpec(data []byte) (*Spec, error) {
 	if filepath.Base(s.Exit) != Exit {
 		return nil, fmt.Errorf("the launch spec's exit file %q is not named %s", s.Exit, Exit)
 	}
+	for key := range s.ArgsFromMajor {
+		if n, err := strconv.Atoi(key); err != nil || n < 1 || strconv.Itoa(n) != key {
+			return nil, fmt.Errorf("the launch spec's args_from_major key %q is not a major version", key)
+		}
+	}
 	return &s, nil
 }
+
+var openMPIVersion = regexp.MustCompile(`(?:\((?:Open MPI|OpenRTE)\) |Open MPI v)(\d+)\.`)
+
+// OpenMPIMajor is the major version `mpirun --version` or `ompi_info --version`
+// reports ("mpirun (Open MPI) 5.0.7"); ok false for any other text (MPICH's hydra).
+func OpenMPIMajor(version string) (major int, ok bool) {
+	m := openMPIVersion.FindStringSubmatch(version)
+	if m == nil {
+		return 0, false
+	}
+	major, err := strconv.Atoi(m[1])
+	return major, err == nil
+}
+
+// ChooseArgs is mpirun's arguments for what `mpirun --version` said: those of
+// the largest ArgsFromMajor key not above its Open MPI major version, else Args.
+func ChooseArgs(s *Spec, version string) []string {
+	major, ok := OpenMPIMajor(version)
+	if !ok {
+		return s.Args
+	}
+	best, args := 0, s.Args
+	for key, a := range s.ArgsFromMajor {
+		if n, _ := strconv.Atoi(key); n <= major && n > best {
+			best, args = n, a
+		}
+	}
+	return args
+}
+
+// MpirunVersion is what `mpirun --version` writes (at most VersionMax bytes,
+// within VersionTimeout; empty if it fails to run).
+func MpirunVersion(mpirun string, env []string) string {
+	ctx, cancel := context.WithTimeout(context.Background(), VersionTimeout)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, mpirun, "--version")
+	cmd.Env = env
+	out := &limitedBuffer{max: VersionMax}
+	cmd.Stdout, cmd.Stderr = out, out
+	cmd.WaitDelay = time.Second
+	_ = cmd.Run()
+	return out.String()
+}
+
+type limitedBuffer struct {
+	strings.Builder
+	max int
+}
+
+func (b *limitedBuffer) Write(p []byte) (int, error) {
+	room := b.max - b.Len()
+	if len(p) <= room {
+		return b.Builder.Write(p)
+	}
+	b.Builder.Write(p[:room])
+	return room, errFull // (the pipe is closed: a program that writes on dies of SIGPIPE)
+}
+
+var errFull = errors.New("mpirun --version wrote too much")
 
 // Status is the exit status for mpirun's return code: the code, a death by
 // signal N (negative) as 128+N, at most 255.
@@ -232,6 +306,8 @@ type Run struct {
 	Spec    *Spec
 	Environ []string
 	Sleep   func(time.Duration)
+	// Version is MpirunVersion unless a test gives another.
+	Version func(mpirun string, env []string) string
 
 	mu     sync.Mutex
 	signum syscall.Signal
@@ -333,6 +409,15 @@ func (r *Run) Execute() (int, error) {
 	if err != nil {
 		return 0, fail("%v", err)
 	}
+	env := Env(r.Environ, s.Env)
+	args := s.Args
+	if len(s.ArgsFromMajor) > 0 {
+		version := r.Version
+		if version == nil {
+			version = MpirunVersion
+		}
+		args = ChooseArgs(s, version(mpirun, env))
+	}
 	dir := filepath.Dir(s.Exit)
 	state, marker, err := r.takeMarker(dir)
 	if err != nil {
@@ -350,10 +435,10 @@ func (r *Run) Execute() (int, error) {
 	if f := r.stopped(); f != nil {
 		return 0, f
 	}
-	cmd := exec.Command(mpirun, s.Args...)
+	cmd := exec.Command(mpirun, args...)
 	cmd.Args[0] = mpirun
 	cmd.Dir = s.Cwd
-	cmd.Env = Env(r.Environ, s.Env)
+	cmd.Env = env
 	cmd.Stdout, cmd.Stderr = log, log
 	cmd.ExtraFiles = []*os.File{marker} // mpirun holds the launch lock too
 	r.mu.Lock()

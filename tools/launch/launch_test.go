@@ -215,3 +215,85 @@ func TestALinkInPlaceOfTheLogIsNotFollowed(t *testing.T) {
 		t.Fatal("mpirun ran")
 	}
 }
+
+func TestOpenMPIMajorReadsTheVersionLine(t *testing.T) {
+	for text, want := range map[string]int{
+		"mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n":  4,
+		"mpirun (Open MPI) 5.0.7\n\nReport bugs to https://www.open-mpi.org/community/help/\n": 5,
+		"Open MPI v5.0.7\n\nhttps://www.open-mpi.org/community/help/\n":                        5,
+		"prterun (Open MPI) 6.0.0rc1\n":                                                        6,
+		"mpirun.openmpi (OpenRTE) 4.1.4\n\nReport bugs to http://www.open-mpi.org/\n":          4,
+	} {
+		if got, ok := OpenMPIMajor(text); !ok || got != want {
+			t.Errorf("%q: %d %v, want %d", text, got, ok, want)
+		}
+	}
+	for _, text := range []string{"", "HYDRA build details:\n    Version: 4.0.2\n", "mpirun (Open MPI) x"} {
+		if got, ok := OpenMPIMajor(text); ok {
+			t.Errorf("%q: %d", text, got)
+		}
+	}
+}
+
+func TestChooseArgsTakesTheLargestMajorNotAboveTheVersion(t *testing.T) {
+	s := &Spec{Args: []string{"orte"}, ArgsFromMajor: map[string][]string{"5": {"prrte"}, "7": {"seven"}}}
+	for version, want := range map[string]string{
+		"mpirun (Open MPI) 4.1.4": "orte",
+		"mpirun (Open MPI) 5.0.7": "prrte",
+		"mpirun (Open MPI) 6.1.0": "prrte",
+		"mpirun (Open MPI) 7.0.0": "seven",
+		"":                        "orte", // it did not say: the default
+		"HYDRA build details":     "orte",
+	} {
+		if got := ChooseArgs(s, version); len(got) != 1 || got[0] != want {
+			t.Errorf("%q: %v, want %s", version, got, want)
+		}
+	}
+}
+
+func TestBadMajorKeysAreRefused(t *testing.T) {
+	base := `{"version": 1, "mpirun": ["mpirun"], "cwd": "/c", "log": "/l", "exit": "/d/mpirun.exit", `
+	for _, key := range []string{"x", "0", "05", "-1", ""} {
+		if _, err := ParseSpec([]byte(base + `"args_from_major": {"` + key + `": []}}`)); err == nil {
+			t.Errorf("key %q accepted", key)
+		}
+	}
+	s, err := ParseSpec([]byte(base + `"args_from_major": {"5": ["-n", "2"]}}`))
+	if err != nil || len(s.ArgsFromMajor["5"]) != 2 {
+		t.Fatalf("%v %v", s, err)
+	}
+}
+
+func TestAnOpenMPI5GetsItsArgumentsFromItsOwnVersion(t *testing.T) {
+	bin, rec := fakeMpirun(t, `[ "$1" = --version ] && echo "mpirun (Open MPI) 5.0.7"; true`)
+	r, _ := newRun(t, bin)
+	r.Spec.ArgsFromMajor = map[string][]string{"5": {"--prtemca", "x", "solver"}}
+	if status, err := r.Execute(); err != nil || status != 0 {
+		t.Fatalf("status %d, %v", status, err)
+	}
+	calls, _ := os.ReadFile(rec)
+	if string(calls) != "--version preload=none x=1\n--prtemca x solver preload=none x=1\n" {
+		t.Fatalf("calls %q", calls)
+	}
+	// An Open MPI 4 (or an mpirun that says nothing) gets Args.
+	bin4, rec4 := fakeMpirun(t, `[ "$1" = --version ] && echo "mpirun (Open MPI) 4.1.4"; true`)
+	r4, _ := newRun(t, bin4)
+	r4.Spec.ArgsFromMajor = r.Spec.ArgsFromMajor
+	r4.Execute()
+	if calls, _ := os.ReadFile(rec4); !strings.HasSuffix(string(calls), "\n-np 2 solver preload=none x=1\n") {
+		t.Fatalf("calls %q", calls)
+	}
+}
+
+func TestTheVersionIsReadBounded(t *testing.T) {
+	bin := t.TempDir()
+	os.WriteFile(filepath.Join(bin, "chatty"), []byte("#!/bin/sh\nyes 'mpirun (Open MPI) 5.0.7'\n"), 0o755)
+	start := time.Now()
+	out := MpirunVersion(filepath.Join(bin, "chatty"), nil)
+	if len(out) != VersionMax || time.Since(start) > VersionTimeout+2*time.Second {
+		t.Fatalf("%d bytes in %v", len(out), time.Since(start))
+	}
+	if MpirunVersion(filepath.Join(bin, "absent"), nil) != "" {
+		t.Fatal("output from nothing")
+	}
+}

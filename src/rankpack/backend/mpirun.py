@@ -5,7 +5,8 @@ this machine; the Kubernetes backend (`rankpack.backend.kubernetes`) starts it o
 with one rank pod per rank. Both then handle mpirun and the files of its ranks the same way,
 and this module is that common part:
 
-- `find_mpirun`, `root_env`: which mpirun, and what Open MPI needs to run as root;
+- `find_mpirun`, `root_env`, `version_of`: which mpirun, what Open MPI needs to run as root,
+  and what ``mpirun --version`` says;
 - `MpirunProcess`, `Proc`, `stop_group`, `terminate_with_parent`: mpirun in a session of its
   own, ended with the rankpack process that started it, stopped by its process group;
 - `shim_dir`, `ShimRecords`: the PMPI shim's live records of a run (counters, wait mode);
@@ -21,10 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import os
+import select
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -69,6 +73,37 @@ def root_env(flavour: str) -> dict[str, str]:
     if flavour != "openmpi" or os.geteuid() != 0:
         return {}
     return {"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1"}
+
+
+VERSION_TIMEOUT_S = 10.0
+VERSION_MAX = 64 * 1024
+
+
+@functools.cache
+def version_of(mpirun: str) -> str:
+    """What ``MPIRUN --version`` writes (stdout and stderr, at most `VERSION_MAX` bytes,
+    within `VERSION_TIMEOUT_S`); empty if it cannot be run. Asked once per path."""
+    try:
+        proc = subprocess.Popen(
+            [mpirun, "--version"], stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    except OSError:
+        return ""
+    with proc:
+        assert proc.stdout is not None
+        out = b""
+        deadline = time.monotonic() + VERSION_TIMEOUT_S
+        while len(out) < VERSION_MAX and time.monotonic() < deadline:
+            ready, _, _ = select.select([proc.stdout], [], [], deadline - time.monotonic())
+            chunk = os.read(proc.stdout.fileno(), VERSION_MAX - len(out)) if ready else b""
+            if not chunk:
+                break
+            out += chunk
+        if proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+    return out.decode("utf-8", errors="replace")
 
 
 # -- the mpirun process --------------------------------------------------------------------

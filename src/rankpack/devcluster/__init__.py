@@ -32,6 +32,9 @@ Beside `up`:
   from the checkout's ``images/``, cached; `applayers` builds their layers with mmdebstrap
   and umoci; what they are made of (keys, config, the mmdebstrap command) is
   `imagerecipe`, pure;
+- `testimages`: the test images, Simulation images with nothing of rankpack (Debian 13's
+  OpenFOAM with Open MPI 5, an MPICH program, a program without MPI), built the same way
+  and cached beside them; what they are made of is `testrecipe`, pure;
 - `nodefiles`: where a host process reads each node's rank pods' files (the CLI and tests
   on the dev cluster).
 """

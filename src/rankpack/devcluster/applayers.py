@@ -5,7 +5,8 @@ assembled from both with its config (`assemble`).
 Called by `rankpack.devcluster.appimages` (which keys, caches, locks and prunes them); what
 the images are made of is `rankpack.devcluster.imagerecipe`, pure. Each step builds in a
 ``.tmp-*`` sibling of its destination and renames it into place, so an interrupted build
-leaves no half cache.
+leaves no half cache. `pipeline` and `tar_file_bytes` serve the test images too
+(`rankpack.devcluster.testimages`).
 """
 
 from __future__ import annotations
@@ -45,7 +46,7 @@ from rankpack.errors import UserError
 BASE_TIMEOUT_S = 1800.0
 
 
-def _pipeline(
+def pipeline(
     first: list[str],
     second: list[str],
     out: Path,
@@ -85,7 +86,7 @@ def _pipeline(
         raise UserError(f"image build step {Path(first[0]).name} failed; see {log}")
 
 
-def _tar_file_bytes(path: Path) -> int:
+def tar_file_bytes(path: Path) -> int:
     with tarfile.open(path) as tar:
         return sum(m.size for m in tar if m.isfile())
 
@@ -147,7 +148,7 @@ def build_base(source_root: Path, t: Target, key: str, dest: Path, log: Path) ->
         rootfs_tar = work / "rootfs.tar"
         argv = mmdebstrap_argv(t, packages, inputs, sources, python_out)
         argv[0] = tool("mmdebstrap")
-        _pipeline(
+        pipeline(
             argv,
             [tool("mmtarfilter"), "--path-exclude=/dev/*"],
             rootfs_tar,
@@ -165,7 +166,7 @@ def build_base(source_root: Path, t: Target, key: str, dest: Path, log: Path) ->
             "suite": SUITE,
             "python": python,
             "packages": packages,
-            "unpacked_bytes": _tar_file_bytes(rootfs_tar),
+            "unpacked_bytes": tar_file_bytes(rootfs_tar),
             "seconds": round(time.monotonic() - started, 1),
         }
         shutil.rmtree(inputs)  # the copy of the host's CA bundle among them

@@ -474,7 +474,7 @@ def test_an_interrupted_base_build_leaves_nothing(
     def interrupted(*args: object, **kwargs: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(applayers, "_pipeline", interrupted)
+    monkeypatch.setattr(applayers, "pipeline", interrupted)
     monkeypatch.setattr(applayers, "host_apt_source_files", lambda: {"a.sources": HOST_DEB822})
     parent = tmp_path / "cache" / "base"
     parent.mkdir(parents=True)

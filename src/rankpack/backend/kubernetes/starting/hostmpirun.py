@@ -34,6 +34,7 @@ from rankpack.backend.mpirun import (
     find_mpirun,
     prepare_final_dir,
     root_env,
+    version_of,
 )
 from rankpack.backend.protocol import BackendError, LaunchFailed
 from rankpack.core.failures import Failure, FailureCode
@@ -159,6 +160,10 @@ class MpirunHost:
         except UserError as exc:
             life.fail(Failure(FailureCode.LAUNCH_FAILED, f"cannot start mpirun: {exc}"))
             return
+        # this host's mpirun: its options are those of its Open MPI version (a starter given
+        # runs no mpirun of this host: tests' fakes are asked no version)
+        asked = flavour == "openmpi" and self.default_starter
+        major = mpirunargs.openmpi_major(version_of(mpirun)) if asked else None
         args = mpirunargs.MpirunArgs(
             mpirun=mpirun,
             n_ranks=sim.n,
@@ -172,6 +177,7 @@ class MpirunHost:
             flavour=flavour,
             transport=self.config.mpi_transport,
             local_address=address_towards(pods) if flavour == "mpich" else None,
+            openmpi_major=major or 4,  # (4: ORTE's options, also for what says no version)
         )
         env = dict(os.environ)
         env.pop("LD_PRELOAD", None)

@@ -19,8 +19,9 @@ then the launcher container, in the Simulation's image with no token, whose proc
    pods every ``poll_s``); a rank pod that failed ends the wait at once;
 3. write each rank pod's IP (``hosts.json``, what ``rankpack-exec`` reads) and what
    ``rankpack-launch`` runs (``launch.json``: the mpirun names to look for on the image's
-   PATH, its arguments, its environment, the log and exit file) into ``OUT``, a volume of
-   this pod alone, and exit 0.
+   PATH, its arguments (Open MPI: also those of Open MPI 5, `args_from_major`, which
+   ``rankpack-launch`` takes if the image's ``mpirun --version`` says 5 or later), its
+   environment, the log and exit file) into ``OUT``, a volume of this pod alone, and exit 0.
 
 ``rankpack-launch`` then takes the launch marker (a second launcher never starts a second
 mpirun), runs mpirun with SIGTERM, SIGINT and SIGHUP passed on, and writes its exit code to
@@ -40,7 +41,7 @@ import signal
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from rankpack import untrusted
@@ -94,9 +95,25 @@ def choose_subnet(
 
 def mpirun_env(instructions: Instructions, hosts: Path) -> dict[str, str]:
     """What ``rankpack-launch`` adds to mpirun's environment (it drops ``LD_PRELOAD``): the
-    key file and the rank pods' addresses ``rankpack-exec`` enters them with. (No root
-    switches: the launcher container runs as no root, ``runAsNonRoot``.)"""
-    return {keyed.KEY_ENV: str(keyed.KEY_DIR / keyed.KEY_ITEM), keyed.HOSTS_ENV: str(hosts)}
+    key file and the rank pods' addresses ``rankpack-exec`` enters them with, and the
+    shell Open MPI's launcher writes its daemons' command for (``SHELL``: it reads the
+    user's login shell, and an image's numeric user may have none, so that it warns in the
+    log, Open MPI 4 and 5 alike). (No root switches: the launcher container runs as no
+    root, ``runAsNonRoot``.)"""
+    return {
+        keyed.KEY_ENV: str(keyed.KEY_DIR / keyed.KEY_ITEM),
+        keyed.HOSTS_ENV: str(hosts),
+        "SHELL": "/bin/sh",
+    }
+
+
+def args_from_major(args: mpirunargs.MpirunArgs) -> dict[str, list[str]]:
+    """``launch.json``'s ``args_from_major``: mpirun's arguments for an Open MPI from each
+    major version on whose options differ from ``args``' (Open MPI 3 and 4's), which
+    ``rankpack-launch`` takes when the image's ``mpirun --version`` says so."""
+    major = mpirunargs.PRRTE_MAJOR
+    prrte = replace(args, openmpi_major=major)
+    return {str(major): mpirunargs.mpirun_argv(prrte)[1:]}
 
 
 def write_json(path: Path, data: object) -> None:
@@ -202,7 +219,7 @@ class Preparation:
         names = MPIRUN_NAMES[ins.mpi]
         try:
             hosts = write_hosts(pods, out)
-            argv = mpirunargs.mpirun_argv(mpirunargs.MpirunArgs(
+            args = mpirunargs.MpirunArgs(
                 mpirun=names[0],
                 n_ranks=ins.n_ranks,
                 hostfile=ins.hostfile,
@@ -216,17 +233,19 @@ class Preparation:
                 transport=ins.transport,
                 # hydra's proxies connect back here (pod names do not resolve: no DNS)
                 local_address=own_ip or None,
-            ))  # fmt: skip
+            )  # fmt: skip
             spec: dict[str, object] = {
                 "version": LAUNCH_VERSION,
                 "mpirun": list(names),
-                "args": argv[1:],
+                "args": mpirunargs.mpirun_argv(args)[1:],
                 "cwd": str(ins.case_dir),
                 "env": mpirun_env(ins, hosts),
                 "log": str(ins.log_path),
                 "exit": str(ins.exit_path),
                 "termination_log": builders.TERMINATION_LOG,
             }
+            if ins.mpi == "openmpi":  # the image's mpirun says which (`mpirun --version`)
+                spec["args_from_major"] = args_from_major(args)
             write_json(out / launcherpods.LAUNCH_FILE, spec)
         except (UserError, BackendError) as exc:
             raise LaunchError(str(exc)) from exc

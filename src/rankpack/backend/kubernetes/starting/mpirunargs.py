@@ -4,10 +4,16 @@ Pure: `mpirun_argv` turns `MpirunArgs` into the argv that starts a simulation's 
 its rank pods through the rsh agent (`rsh`), whether mpirun runs on this host
 (`hostmpirun`) or in the launcher pod (`launcher`); `check_mpi` is what both (and
 `podmode`, before writing the launcher's instructions) check first.
+
+Open MPI's options depend on its major version (`MpirunArgs.openmpi_major`): Open MPI 3
+and 4 start their daemons with ORTE (``orted``), Open MPI 5 with PRRTE (``prterun``,
+``prted``: from `PRRTE_MAJOR` on), whose options differ; `openmpi_major` reads the version
+from what ``mpirun --version`` says.
 """
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,6 +37,25 @@ SHM_MPICH_ENV = (("UCX_TLS", "^cma"),)
 """MPICH with its own choice of transports but UCX's ``cma`` (``process_vm_readv`` between
 ranks, which needs ptrace rights a restricted pod's ranks lack): shared memory within a
 pod through ``/dev/shm``, TCP between pods."""
+
+
+PRRTE_MAJOR = 5
+"""The first Open MPI whose mpirun is PRRTE's: its rsh agent, tree spawn and OOB
+interfaces are PRRTE parameters (``--prtemca plm_ssh_agent``), its shared-memory transport
+is ``sm`` with single copy in the ``smsc`` framework (``vader`` and
+``btl_vader_single_copy_mechanism`` are gone). Open MPI 5.0's mpirun still maps
+``--mca plm_rsh_agent`` to PRRTE's name, but PRRTE 3.0 ignores an ``oob_tcp_if_include``
+subnet (it warns it found no interface in it), so its argv says neither."""
+_OPENMPI_VERSION = re.compile(r"(?:\((?:Open MPI|OpenRTE)\) |Open MPI v)(\d+)\.")
+
+
+def openmpi_major(version: str) -> int | None:
+    """The major version in what ``mpirun --version`` (``mpirun (Open MPI) 5.0.7``; Open MPI
+    4 called by another name, ``mpirun.openmpi``: ``(OpenRTE) 4.1.4``) or ``ompi_info
+    --version`` (``Open MPI v4.1.4``) says; None for anything else (MPICH's hydra, nothing).
+    ``tools/launch`` reads it the same way (``OpenMPIMajor``)."""
+    found = _OPENMPI_VERSION.search(version[:4096])
+    return int(found.group(1)) if found else None
 
 
 def check_mpi(flavour: str, transport: str = "auto") -> None:
@@ -69,6 +94,8 @@ class MpirunArgs:
     """MPICH: the address of this host (or launcher pod) that hydra's proxies in the rank
     pods connect back to (``-localhost``): pod names do not resolve without cluster DNS, and
     hydra would give them this host's name. Open MPI finds mpirun's address itself."""
+    openmpi_major: int = 4
+    """Open MPI's major version: ORTE's options below `PRRTE_MAJOR`, PRRTE's from it."""
 
 
 def mpirun_argv(args: MpirunArgs) -> list[str]:
@@ -79,6 +106,8 @@ def mpirun_argv(args: MpirunArgs) -> list[str]:
         raise BackendError(f"the rsh agent path {args.agent} contains whitespace")
     if args.flavour == "mpich":
         return _hydra_argv(args)
+    if args.openmpi_major >= PRRTE_MAJOR:
+        return _prrte_argv(args)
     btl = "self,tcp" if args.transport == "tcp" else "self,vader,tcp"
     argv = [
         args.mpirun, "-np", str(args.n_ranks), "--hostfile", str(args.hostfile),
@@ -91,6 +120,28 @@ def mpirun_argv(args: MpirunArgs) -> list[str]:
         argv += ["--mca", "btl_vader_single_copy_mechanism", "none"]
     if args.subnet:
         argv += ["--mca", "oob_tcp_if_include", args.subnet]
+        argv += ["--mca", "btl_tcp_if_include", args.subnet]
+    if args.as_root:
+        argv.append("--allow-run-as-root")
+    for name in sorted(args.env):
+        argv += ["-x", f"{name}={args.env[name]}"]
+    return [*argv, *args.command]
+
+
+def _prrte_argv(args: MpirunArgs) -> list[str]:
+    """Open MPI 5's mpirun (PRRTE's ``prterun``): what ORTE's argv says, in PRRTE's and Open
+    MPI 5's names; its daemons' OOB takes every interface but loopback (a pod has one)."""
+    btl = "self,tcp" if args.transport == "tcp" else "self,sm,tcp"
+    argv = [
+        args.mpirun, "-np", str(args.n_ranks), "--hostfile", str(args.hostfile),
+        "--map-by", "slot", "--bind-to", "none", "--wdir", str(args.case_dir),
+        "--prtemca", "plm_ssh_agent", str(args.agent),
+        "--prtemca", "plm_ssh_no_tree_spawn", "1",
+        "--mca", "pml", "ob1", "--mca", "btl", btl,
+    ]  # fmt: skip
+    if args.transport != "tcp":  # (no CMA single copy: ptrace rights, as ORTE's argv)
+        argv += ["--mca", "smsc", "^cma"]
+    if args.subnet:
         argv += ["--mca", "btl_tcp_if_include", args.subnet]
     if args.as_root:
         argv.append("--allow-run-as-root")

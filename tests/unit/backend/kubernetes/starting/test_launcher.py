@@ -142,8 +142,10 @@ def test_choose_subnet(given: str | None, own_ip: str | None, subnet: str | None
 
 def test_mpirun_env_names_the_key_and_the_hosts_and_no_preload(tmp_path: Path) -> None:
     env = launcher.mpirun_env(instructions(Path("/runs/r1")), tmp_path / "hosts.json")
+    # (SHELL: Open MPI reads the user's login shell, which an image's numeric user may lack)
     assert env == {"RANKPACK_RANKD_KEY": "/etc/rankpack/sim/key",
-                   "RANKPACK_RANKD_HOSTS": str(tmp_path / "hosts.json")}  # fmt: skip
+                   "RANKPACK_RANKD_HOSTS": str(tmp_path / "hosts.json"),
+                   "SHELL": "/bin/sh"}  # fmt: skip
 
 
 # -- waiting for the rank pods (fake API, virtual time) ----------------------------------------
@@ -261,6 +263,17 @@ def test_the_launch_spec_runs_the_images_mpirun_with_the_case_volumes_agent(
     assert hosts == {p: f"10.201.0.{10 + i}" for i, p in enumerate(PODS)}
     # nothing ran: rankpack-launch takes the marker and starts mpirun
     assert exitwrapper.state(h.case / ".rankpack") == "never"
+    # an Open MPI 5 in the image (its mpirun --version says so) gets PRRTE's options
+    (prrte,) = spec["args_from_major"].values()
+    assert list(spec["args_from_major"]) == ["5"]
+    text5 = " ".join(prrte)
+    assert f"--prtemca plm_ssh_agent {agent}" in text5 and "plm_rsh_agent" not in text5
+    assert "--mca btl_tcp_if_include 10.201.0.0/24" in text5
+    assert "oob_tcp_if_include" not in text5 and "vader" not in text5
+    assert prrte[-2:] == ["simpleFoam", "-parallel"] and "--allow-run-as-root" not in prrte
+    assert [a for a in prrte if a.startswith("WM_PROJECT_DIR=")] == [
+        "WM_PROJECT_DIR=/usr/share/openfoam"
+    ]
 
 
 def test_an_mpich_spec_starts_hydra_calling_back_to_this_pod(tmp_path: Path) -> None:
@@ -274,6 +287,7 @@ def test_an_mpich_spec_starts_hydra_calling_back_to_this_pod(tmp_path: Path) -> 
     assert "-genv UCX_TLS ^cma" in text and "MPIR_CVAR_NOLOCAL" not in text
     assert "-genv WM_PROJECT_DIR /usr/share/openfoam" in text
     assert "--mca" not in spec["args"] and "OMPI_ALLOW_RUN_AS_ROOT" not in spec["env"]
+    assert "args_from_major" not in spec  # (hydra's options are the same in every MPICH)
 
 
 def test_mpirun_starts_every_rank_of_the_group_pods(tmp_path: Path) -> None:

@@ -131,3 +131,77 @@ def test_agent_path_with_spaces_is_refused() -> None:
     args = mpirunargs.MpirunArgs("mpirun", 1, Path("/h"), Path("/a b/agent"), CASE, ("x",), {})
     with pytest.raises(BackendError, match="whitespace"):
         mpirunargs.mpirun_argv(args)
+
+
+# -- Open MPI 5 (PRRTE) --------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "major"),
+    [
+        ("mpirun (Open MPI) 4.1.4\n\nReport bugs to http://www.open-mpi.org/community/help/\n", 4),
+        ("mpirun (Open MPI) 5.0.7\n\nReport bugs to https://www.open-mpi.org/community/help/\n", 5),
+        ("mpirun.openmpi (OpenRTE) 4.1.4\n\nReport bugs to http://www.open-mpi.org/\n", 4),
+        ("Open MPI v5.0.7\n\nhttps://www.open-mpi.org/community/help/\n", 5),  # ompi_info
+        ("HYDRA build details:\n    Version:                                 4.0.2\n", None),
+        ("prterun (PRRTE) 3.0.8\n", None),  # PRRTE's own version is not Open MPI's
+        ("", None),
+    ],
+    ids=[
+        "openmpi-4.1",
+        "openmpi-5.0",
+        "openrte-4.1",
+        "ompi_info-5",
+        "mpich-hydra",
+        "prterun",
+        "nothing",
+    ],
+)
+def test_openmpi_major(text: str, major: int | None) -> None:
+    assert mpirunargs.openmpi_major(text) == major
+
+
+@pytest.mark.parametrize("major", [3, 4])
+def test_orte_majors_get_the_same_argv(major: int) -> None:
+    """Open MPI 3 and 4 (ORTE) get what they always got, whatever the version says."""
+    assert mpirunargs.mpirun_argv(_args(openmpi_major=major)) == mpirunargs.mpirun_argv(_args())
+
+
+PRRTE_CASES = [
+    pytest.param({"transport": "tcp"}, "self,tcp", False, id="tcp"),
+    pytest.param({"transport": "auto"}, "self,sm,tcp", True, id="auto"),
+]
+
+
+@pytest.mark.parametrize(("given", "btl", "no_cma"), PRRTE_CASES)
+@pytest.mark.parametrize("major", [5, 6])
+def test_open_mpi_5_gets_prrtes_options(
+    given: dict[str, Any], btl: str, no_cma: bool, major: int
+) -> None:
+    args = _args(openmpi_major=major, subnet="10.201.0.0/24", as_root=True, **given)
+    argv = mpirunargs.mpirun_argv(args)
+    assert argv[:3] == ["/usr/bin/mpirun", "-np", "2"]
+    assert _pairs(argv, "--hostfile", 1) == [["/runs/r1/.rankpack/hostfile"]]
+    assert _pairs(argv, "--map-by", 1) == [["slot"]] and _pairs(argv, "--bind-to", 1) == [["none"]]
+    assert _pairs(argv, "--wdir", 1) == [[str(CASE)]]
+    # the rsh agent and no tree spawn: PRRTE's parameters, in its names
+    assert _pairs(argv, "--prtemca", 2) == [
+        ["plm_ssh_agent", "/runs/r1/.rankpack/rsh-agent"],
+        ["plm_ssh_no_tree_spawn", "1"],
+    ]
+    mca = _pairs(argv, "--mca", 2)
+    assert ["pml", "ob1"] in mca and ["btl", btl] in mca
+    assert (["smsc", "^cma"] in mca) is no_cma  # (Open MPI 5's single copy: CMA, ptrace)
+    assert ["btl_tcp_if_include", "10.201.0.0/24"] in mca
+    # no ORTE names, no OOB subnet (PRRTE 3.0 cannot match one: it warns and ignores it)
+    assert not [a for a in argv if "vader" in a or "plm_rsh" in a or "oob_" in a]
+    assert "--allow-run-as-root" in argv
+    assert _pairs(argv, "-x", 1) == [["A=1 2"], ["LD_PRELOAD=/runs/r1/.rankpack/lib/x.so"]]
+    assert argv[-3:] == ["imbalance", "-n", "10"]
+
+
+def test_mpich_ignores_the_open_mpi_version() -> None:
+    mpich = {"mpirun": "/usr/bin/mpiexec.hydra", "flavour": "mpich"}
+    assert mpirunargs.mpirun_argv(_args(openmpi_major=5, **mpich)) == mpirunargs.mpirun_argv(
+        _args(**mpich)
+    )
