@@ -207,6 +207,9 @@ def _succeeded(own: Own, name: str, ranks: int) -> dict[str, Any]:
     """``name``'s status once it ended: Succeeded, with a duty cycle for every rank."""
     own.wait(f"{name} to end", lambda: _ended(own, name), 900)
     st = own.status(name)
+    shown = ("phase", "iterations", "resizes", "restarts", "duty", "efficiency")
+    print(f"{name}: {json.dumps({k: st.get(k) for k in shown})}; duty per rank "
+          f"{[r.get('duty') for r in st.get('ranks') or []]}")  # fmt: skip
     assert st["phase"] == "Succeeded", st
     duty = [r.get("duty") for r in st["ranks"]]
     assert len(duty) == ranks and all(d is not None and d > 0 for d in duty), st["ranks"]
