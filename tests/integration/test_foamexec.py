@@ -160,3 +160,49 @@ def test_a_listing_in_the_image_is_bounded_in_time_and_size(
     chatty.chmod(0o755)
     monkeypatch.setattr(mpiabi, "this_loader", lambda: chatty)
     assert len(sidecar.listing("/bin/true")) == mpiabi.MAX_LISTING_CHARS
+
+
+def test_an_image_without_openfoams_tools_has_them_run_in_rankpacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An MPI code's image (no blockMesh, no decomposePar; its solver on its ``PATH``):
+    staging's tools run in rankpack's own OpenFOAM (`ExecTools.fallback`, staging's side),
+    the solver is still found and listed in the image; with no fallback, a one-line error."""
+    tools = tmp_path / "pod" / "tools"
+    assert sandbox.main(["--install-tools", str(tools)], answer_to=tmp_path / "t") == 0
+    bare = tmp_path / "image-bin"  # the image's PATH: a shell and the solver, nothing else
+    bare.mkdir()
+    for name in ("sh", "simpleFoam"):
+        found = openfoam.HERE.which(name)
+        assert found is not None
+        (bare / name).symlink_to(found)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    env = {**openfoam.foam_env(), "PATH": str(bare)}
+    argv = [str(tools / foamexec.BINARY), "rankd", str(tools / foamexec.KEY_FILE), "--loopback",
+            "--port", str(port)]  # fmt: skip
+    proc = subprocess.Popen(argv, stderr=subprocess.PIPE, env=env, cwd=tools.parent)
+    assert proc.stderr is not None
+    assert f"listening on 127.0.0.1:{port}".encode() in proc.stderr.readline()
+    case = tmp_path / "case"
+    shutil.copytree(PITZ, case)  # no mesh: blockMesh must run
+    try:
+        image = foamexec.ExecTools(tools, port=port)
+        assert image.which("blockMesh") is None and image.which("simpleFoam") is not None
+        with foamtools.using(image), pytest.raises(UserError, match="blockMesh not found"):
+            openfoam.run_tool(case, ["blockMesh"], "blockMesh")
+        run_dir = tmp_path / "run"
+        run_dir.mkdir()
+        spec = StageSpec("s1", str(case), 2, run_dir.parent, iterations=3, workdir=run_dir,
+                         in_place=True)  # fmt: skip
+        with foamtools.using(foamexec.ExecTools(tools, port=port, fallback=openfoam.HERE)):
+            staged = staging.stage(spec)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=10) == 0
+    log = (run_dir / "log.blockMesh").read_text()
+    assert log.startswith("rankpack: blockMesh is not in the Simulation's image")
+    assert "End" in log and (run_dir / "processor1" / "constant" / "polyMesh").is_dir()
+    assert sum(staged.cells_per_rank) == 12225
+    assert staged.solver == "simpleFoam" and staged.mpi == "openmpi"  # listed in the image

@@ -357,9 +357,10 @@ def test_open_mpi_5_runs_pitzdaily_across_two_pods_with_prrtes_options(
 
 def test_mpich_runs_rankloops_steps_across_two_pods(roots: dict[str, Path], work: Path) -> None:
     """Every step of rankloop on three ranks in two pods (hydra's proxies started through
-    ``rankpack-exec``, TCP between the pods), counted from its log. Not its exit: Debian 12's
-    MPICH 4.0 hangs now and then in MPI_Finalize (a rank waits in a PMI barrier while the
-    other's UCX disconnect needs it to progress: pmodels/mpich#6596, fixed in 4.2)."""
+    ``rankpack-exec``, TCP between the pods), counted from its log. Its exit is not
+    asserted: Debian 12's MPICH 4.0 hung now and then in MPI_Finalize (a rank waits in a PMI
+    barrier while the other's UCX disconnect needs it to progress: pmodels/mpich#6596, 8 of
+    some 60 runs); the image's Debian 13 MPICH 4.2.1 exited 0 in 8 of 8 runs here."""
     root, case = roots["mpich-rankloop"], work / "case"
     (case / "system").mkdir(parents=True)
     (case / "system" / "controlDict").write_text("startTime 0;\nendTime 0.6;\ndeltaT 0.1;\n")

@@ -19,6 +19,7 @@ from typing import Any
 from rankpack.operator import crd
 from tests.cli_runner import rankpack
 from tests.k8s.conftest import DevCluster
+from tests.k8s.waits import until
 
 
 class Env:
@@ -57,12 +58,7 @@ class Env:
         return [(o.get("status") or {}).get("phase", "-") for o in self.simulations()]
 
     def wait(self, what: str, cond: Any, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if cond():
-                return
-            time.sleep(0.5)
-        raise AssertionError(f"timed out waiting for {what}: {self.phases()}")
+        until(what, cond, timeout, poll_s=0.5, said=self.phases)
 
     def status(self, name: str) -> dict[str, Any]:
         obj = self.custom.get_namespaced_custom_object(

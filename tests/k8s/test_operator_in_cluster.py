@@ -41,6 +41,7 @@ from tests.dashboard_script import dashboard_process
 from tests.k8s import hostile
 from tests.k8s.conftest import DevCluster
 from tests.k8s.operators import endless_pitzdaily
+from tests.k8s.waits import until
 
 AGENT = "rankpack-node-agent"
 AGENT_PORT = 8475
@@ -114,12 +115,7 @@ class InCluster:
         return dict(self.get(f"simulations.{crd.GROUP}", name).get("status") or {})
 
     def wait(self, what: str, cond: Any, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if cond():
-                return
-            time.sleep(1)
-        raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        until(what, cond, timeout_s)
 
     def delete_simulations(self, *names: str) -> None:
         for name in names:

@@ -39,6 +39,7 @@ from rankpack.errors import UserError
 from rankpack.operator import crd, manifests, tenant_manifests
 from tests.k8s import hostile
 from tests.k8s.conftest import DevCluster
+from tests.k8s.waits import until
 
 A, B = tenant_manifests.EXAMPLE
 ITERATIONS = 30
@@ -70,12 +71,7 @@ class Tenants:
         return dict(self.get(SIMS, name, "-n", ns).get("status") or {})
 
     def wait(self, what: str, cond: Any, timeout_s: float) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            if cond():
-                return
-            time.sleep(1)
-        raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+        until(what, cond, timeout_s)
 
 
 def _remove_tenants(t: Tenants) -> None:

@@ -33,7 +33,7 @@ from typing import BinaryIO
 
 from rankpack import untrusted
 from rankpack.case import mpiabi
-from rankpack.case.foamtools import CopyBounds, Tutorials, run_bounded, run_logged
+from rankpack.case.foamtools import CopyBounds, FoamTools, Tutorials, run_bounded, run_logged
 from rankpack.errors import UserError
 
 BINARY = "rankpack-tools"
@@ -79,6 +79,8 @@ class ExecTools:
     directory: Path
     port: int | None = None
     """Where the sidecar listens, if not rankpack-rankd's own port (tests on one host)."""
+    fallback: FoamTools | None = None
+    """Where staging's own tools run if the image has none of that name (`FoamTools`)."""
     local_files = False
 
     def _env(self) -> dict[str, str]:

@@ -65,6 +65,14 @@ class FoamTools(Protocol):
     local_files: bool
     """Whether that image's files are this process's (a tutorial's files can be read here)."""
 
+    @property
+    def fallback(self) -> FoamTools | None:
+        """Where staging's own tools (`openfoam.run_tool`: blockMesh, decomposePar) run
+        when that image has none of that name: rankpack's image (an MPI code's image
+        without OpenFOAM, whose case is still an OpenFOAM case); None: nowhere else. The
+        solver is only ever looked for (`which`) and listed in that image."""
+        ...
+
     def which(self, program: str, cwd: Path | None = None) -> str | None:
         """``program`` on OpenFOAM's ``PATH`` (its path), None if there is none."""
         ...

@@ -258,7 +258,8 @@ def _gunzip(gz: Path, target: Path, budget: int, case: Path) -> int:
 
 
 def run_tool(case_dir: Path, argv: list[str], log_name: str) -> None:
-    """Run an OpenFOAM utility in the case where `tools` runs them, logging to
+    """Run an OpenFOAM utility in the case where `tools` runs them (or, if that image has
+    none of that name, where its `fallback` does: said on the log's first line), logging to
     log.<name>; UserError on failure.
 
     The tool runs under `foamtools.run_logged` (its process group stopped on Ctrl-C,
@@ -266,12 +267,19 @@ def run_tool(case_dir: Path, argv: list[str], log_name: str) -> None:
     place that outlives staging directories, and the message names it.
     """
     log = case_dir / f"log.{log_name}"
-    t = tools()
-    if t.which(argv[0], case_dir) is None:
+    t, note = tools(), b""
+    found = t.which(argv[0], case_dir) is not None
+    if not found and t.fallback is not None and t.fallback.which(argv[0], case_dir):
+        note = (f"rankpack: {argv[0]} is not in the Simulation's image; run with "
+                "rankpack's own OpenFOAM\n").encode()  # fmt: skip
+        t, found = t.fallback, True
+    if not found:
         raise UserError(
             f"OpenFOAM tool {argv[0]} not found; install OpenFOAM (apt-get install openfoam)"
         )
     with open(log, "wb") as fh:
+        fh.write(note)
+        fh.flush()
         returncode = t.run(argv, case_dir, fh)
     if returncode != 0:
         tail = _fatal_line(log)
@@ -495,6 +503,7 @@ class _Here:
     `EXAMPLES_ROOT`, the tools as subprocesses."""
 
     local_files = True
+    fallback = None
 
     def which(self, program: str, cwd: Path | None = None) -> str | None:
         return shutil.which(program, path=foam_env().get("PATH"))

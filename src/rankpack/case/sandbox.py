@@ -30,7 +30,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from rankpack.case import foamexec, foamtools, stagewire, staging
+from rankpack.case import foamexec, foamtools, openfoam, stagewire, staging
 from rankpack.core.failures import FailureCode
 from rankpack.errors import UserError
 
@@ -85,7 +85,9 @@ def main(argv: Sequence[str] | None = None, answer_to: Path = TERMINATION_LOG) -
         return install_tools(Path(args[1]), answer_to)
     tools: foamtools.FoamTools | None = None
     if len(args) == 3 and args[0] == "--tools":
-        tools, args = foamexec.ExecTools(Path(args[1])), args[2:]
+        # an image without OpenFOAM's tools (an MPI code's): blockMesh and decomposePar
+        # run in this container's (rankpack's image), the solver is still the image's
+        tools, args = foamexec.ExecTools(Path(args[1]), fallback=openfoam.HERE), args[2:]
     if len(args) != 1:
         print(USAGE, file=sys.stderr)
         return 2

@@ -12,6 +12,7 @@ error, never a guess.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -227,9 +228,14 @@ def _list(d: dict[str, Any], key: str) -> list[Any]:
     return value
 
 
+SOLVER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.+-]{0,63}")
+"""A solver's name as a Simulation may give it (``plan.submission.SOLVER_PATTERN``, which a
+unit test holds equal): a program of the image's, such as ``rankloop-serial``."""
+
+
 def _solver(d: dict[str, Any]) -> str:
     solver = _text(d, "solver")
-    if not solver.replace("_", "").isalnum():
+    if not SOLVER_NAME.fullmatch(solver):
         raise ValueError("solver is not a program name")
     return solver
 

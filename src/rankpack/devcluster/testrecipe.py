@@ -6,7 +6,8 @@ rankpack in it:
 
 - ``openfoam-trixie``: Debian 13's OpenFOAM (v1912, linked against Open MPI 5.0, whose
   launcher starts its daemons through PRRTE) and its tutorials;
-- ``mpich-rankloop``: Debian 12's MPICH and ``rankloop`` (``images/testimages/rankloop.c``),
+- ``mpich-rankloop``: Debian 13's MPICH (4.2: Debian 12's 4.0.2 now and then hangs in
+  ``MPI_Finalize``, pmodels/mpich#6596) and ``rankloop`` (``images/testimages/rankloop.c``),
   a program that is not OpenFOAM, compiled against that MPICH in the image's build;
 - ``serial-rankloop``: Debian 12 and ``rankloop-serial``, the same program linking no MPI:
   the solver rankpack must refuse (``UnsupportedMPI``).
@@ -84,13 +85,13 @@ RECIPES = (
     ),
     Recipe(
         "mpich-rankloop",
-        "bookworm",
+        "trixie",
         ("mpich",),
         solver="rankloop",
         mpi="mpich",
         build_packages=("libmpich-dev", "gcc", "libc6-dev"),
         builds=(("mpicc.mpich", *RANKLOOP_FLAGS, "-o", "/usr/local/bin/rankloop", "rankloop.c"),),
-        about="Debian 12's MPICH 4.0 and rankloop built against it",
+        about="Debian 13's MPICH 4.2 and rankloop built against it",
     ),
     Recipe(
         "serial-rankloop",

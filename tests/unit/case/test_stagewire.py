@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from rankpack.case import stagewire
 from rankpack.case.staging import StagedCase, StageSpec
 from rankpack.core.failures import FailureCode
+from rankpack.plan.submission import SOLVER_PATTERN
 
 RUN = Path("/var/lib/rankpack/runs/20261128-pitzDaily-2r")
 
@@ -38,6 +39,15 @@ def test_a_request_comes_back_as_the_spec_staged_in_place() -> None:
 def test_a_staged_answer_round_trips() -> None:
     got = stagewire.parse_answer(stagewire.answer_text(_staged()), RUN, "/cases/x", 2)
     assert got == _staged()
+
+
+@pytest.mark.parametrize("solver", ["simpleFoam", "rankloop-serial", "my.solver+2"])
+def test_any_solver_a_simulation_may_name_round_trips(solver: str) -> None:
+    """A program of the Simulation's image (``rankloop-serial``), not only an OpenFOAM
+    application's name: the answer takes what the spec and the admission take."""
+    staged = replace(_staged(), solver=solver)
+    assert stagewire.parse_answer(stagewire.answer_text(staged), RUN, "/cases/x", 2) == staged
+    assert stagewire.SOLVER_NAME.pattern == SOLVER_PATTERN.strip("^$")
 
 
 @pytest.mark.parametrize("mpi", ["openmpi", "mpich", "none", None])

@@ -31,7 +31,7 @@ def checkout(tmp_path: Path) -> Path:
 def test_three_images_of_the_issue() -> None:
     assert [(r.name, r.suite, r.solver, r.mpi) for r in RECIPES] == [
         ("openfoam-trixie", "trixie", "simpleFoam", "openmpi"),
-        ("mpich-rankloop", "bookworm", "rankloop", "mpich"),
+        ("mpich-rankloop", "trixie", "rankloop", "mpich"),
         ("serial-rankloop", "bookworm", "rankloop-serial", None),
     ]
     # Nothing of rankpack is asked for, and what is compiled is purged with its compiler.
@@ -95,7 +95,7 @@ def test_mmdebstrap_builds_then_purges_then_cleans() -> None:
         "--aptopt=APT::Install-Recommends false", "--dpkgopt=/w/dpkg.cfg",
     ]  # fmt: skip
     assert argv[6] == "--include=mpich,libmpich-dev,gcc,libc6-dev"
-    assert argv[-3:] == ["bookworm", "-", "/w/src"]
+    assert argv[-3:] == ["trixie", "-", "/w/src"]
     hooks = [a.removeprefix("--customize-hook=") for a in argv if a.startswith("--customize")]
     copy, build, purge, clean = hooks
     assert copy.endswith('cp -a /w/in/. "$1"/tmp/rankpack-test-images/')
