@@ -73,12 +73,12 @@ class Own:
         got = json.loads(self.kubectl("get", SIMS, name, "-n", NAMESPACE, "-o", "json"))
         return dict(got.get("status") or {})
 
-    def create(self, body: dict[str, Any]) -> subprocess.CompletedProcess[str]:
+    def create(self, body: dict[str, Any], *flags: str) -> subprocess.CompletedProcess[str]:
         """``body`` created as the user (one of that name an earlier run left, deleted)."""
         self.kubectl("delete", SIMS, body["metadata"]["name"], "-n", NAMESPACE,
                      "--ignore-not-found", "--wait=true")  # fmt: skip
         argv = [str(bin_dir(self.version) / "kubectl"), f"--kubeconfig={self.user}", "create",
-                "-n", NAMESPACE, "-f", "-"]  # fmt: skip
+                "-n", NAMESPACE, *flags, "-f", "-"]  # fmt: skip
         return subprocess.run(argv, input=json.dumps(body), capture_output=True, text=True,
                               timeout=60, check=False)  # fmt: skip
 
@@ -168,7 +168,13 @@ def own(dev_cluster: DevCluster, tmp_path_factory: pytest.TempPathFactory) -> It
         # and refuse a Simulation created meanwhile: wait for a new one to lead
         until("an operator with the allowlist to lead", lambda: _allowlist_leads(kubectl), 180)
         user = _user(layout, version, tmp_path_factory.mktemp("own"))
-        yield Own(layout, version, images, user, cases)
+        own = Own(layout, version, images, user, cases)
+        # the API's policy reads its parameters through an informer: the patched prefixes
+        # reach it a moment later (a create right after was refused ImageNotAllowed)
+        probe = _body("own-probe", images["openfoam-trixie"].ref, "pitzDaily")
+        until("the admission policy to allow the test images",
+              lambda: own.create(probe, "--dry-run=server").returncode == 0, 120)  # fmt: skip
+        yield own
     finally:
         print(kubectl("logs", "-n", manifests.SYSTEM_NAMESPACE, f"deployment/{manifests.NAME}",
                       "--tail=40", "--timestamps"))  # fmt: skip
