@@ -28,7 +28,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from rankpack.devcluster import deploy
 from rankpack.devcluster.binaries import DEFAULT_VERSION, KubeVersion
@@ -40,6 +39,7 @@ from tests.cli_runner import rankpack
 from tests.dashboard_script import dashboard_process
 from tests.k8s import hostile
 from tests.k8s.conftest import DevCluster
+from tests.k8s.kubeconfigs import token_kubeconfig
 from tests.k8s.operators import endless_pitzdaily
 from tests.k8s.waits import until
 
@@ -408,15 +408,8 @@ def _reader(ic: InCluster, tmp: Path) -> Path:
         except UserError as exc:
             if "AlreadyExists" not in str(exc):
                 raise
-    config = yaml.safe_load(ic.layout.admin_kubeconfig.read_text())
-    for user in config["users"]:
-        user["user"] = {"token": ic.token(name)}
-    for context in config["contexts"]:
-        context["context"]["namespace"] = NAMESPACE
-    path = tmp / "sim-reader.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
+    return token_kubeconfig(ic.layout.admin_kubeconfig, ic.token(name), NAMESPACE,
+                            tmp / "sim-reader.kubeconfig")  # fmt: skip
 
 
 def _top(kubeconfig: Path) -> Any:

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from rankpack.case.openfoam import EXAMPLES_ROOT, KNOWN_TUTORIALS
 from rankpack.devcluster import deploy, testimages
@@ -43,6 +42,7 @@ from rankpack.operator import crd, manifests
 from tests.cli_runner import rankpack
 from tests.k8s import hostile
 from tests.k8s.conftest import DevCluster
+from tests.k8s.kubeconfigs import token_kubeconfig
 from tests.k8s.waits import until
 
 pytestmark = pytest.mark.k8s_slow
@@ -98,15 +98,8 @@ def _user(own_layout: Layout, version: KubeVersion, tmp: Path) -> Path:
         kubectl("delete", args[0], USER, "-n", NAMESPACE, "--ignore-not-found")
         kubectl("create", *args, "-n", NAMESPACE)
     token = kubectl("create", "token", USER, "-n", NAMESPACE, "--duration=1h").strip()
-    config = yaml.safe_load(own_layout.admin_kubeconfig.read_text())
-    for user in config["users"]:
-        user["user"] = {"token": token}
-    for context in config["contexts"]:
-        context["context"]["namespace"] = NAMESPACE
-    path = tmp / "own-image-user.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
+    return token_kubeconfig(own_layout.admin_kubeconfig, token, NAMESPACE,
+                            tmp / "own-image-user.kubeconfig")  # fmt: skip
 
 
 def _case(cases: Path, name: str, application: str) -> str:

@@ -29,7 +29,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-import yaml
 
 from rankpack.backend.kubernetes.objects.rbac import RANK_SERVICE_ACCOUNT
 from rankpack.devcluster import deploy
@@ -39,6 +38,7 @@ from rankpack.errors import UserError
 from rankpack.operator import crd, manifests, tenant_manifests
 from tests.k8s import hostile
 from tests.k8s.conftest import DevCluster
+from tests.k8s.kubeconfigs import token_kubeconfig
 from tests.k8s.waits import until
 
 A, B = tenant_manifests.EXAMPLE
@@ -95,15 +95,7 @@ def _user(t: Tenants, ns: str, tmp: Path) -> Path:
     t.kubectl("create", "rolebinding", USER, "-n", ns, f"--role={USER}",
               f"--serviceaccount={ns}:{USER}")  # fmt: skip
     token = t.kubectl("create", "token", USER, "-n", ns, "--duration=1h").strip()
-    config = yaml.safe_load(t.layout.admin_kubeconfig.read_text())
-    for user in config["users"]:
-        user["user"] = {"token": token}  # the admin's cluster and CA, the user's token
-    for context in config["contexts"]:
-        context["context"]["namespace"] = ns
-    path = tmp / f"user-{ns}.kubeconfig"
-    path.write_text(yaml.safe_dump(config))
-    path.chmod(0o600)
-    return path
+    return token_kubeconfig(t.layout.admin_kubeconfig, token, ns, tmp / f"user-{ns}.kubeconfig")
 
 
 @pytest.fixture(scope="module")
