@@ -106,42 +106,24 @@ def mpirun_argv(args: MpirunArgs) -> list[str]:
         raise BackendError(f"the rsh agent path {args.agent} contains whitespace")
     if args.flavour == "mpich":
         return _hydra_argv(args)
-    if args.openmpi_major >= PRRTE_MAJOR:
-        return _prrte_argv(args)
-    btl = "self,tcp" if args.transport == "tcp" else "self,vader,tcp"
+    # Open MPI 3-4 (ORTE) or 5 (PRRTE's ``prterun``): the same argv in each one's names
+    prrte = args.openmpi_major >= PRRTE_MAJOR
+    shm = "sm" if prrte else "vader"
+    btl = "self,tcp" if args.transport == "tcp" else f"self,{shm},tcp"
+    plm = ("--prtemca", "plm_ssh_") if prrte else ("--mca", "plm_rsh_")
     argv = [
         args.mpirun, "-np", str(args.n_ranks), "--hostfile", str(args.hostfile),
         "--map-by", "slot", "--bind-to", "none", "--wdir", str(args.case_dir),
-        "--mca", "plm_rsh_agent", str(args.agent),
-        "--mca", "plm_rsh_no_tree_spawn", "1",
+        plm[0], f"{plm[1]}agent", str(args.agent),
+        plm[0], f"{plm[1]}no_tree_spawn", "1",
         "--mca", "pml", "ob1", "--mca", "btl", btl,
     ]  # fmt: skip
     if args.transport != "tcp":  # (process_vm_readv between ranks needs ptrace rights)
-        argv += ["--mca", "btl_vader_single_copy_mechanism", "none"]
+        argv += ["--mca", "smsc", "^cma"] if prrte else [
+            "--mca", "btl_vader_single_copy_mechanism", "none"]  # fmt: skip
     if args.subnet:
-        argv += ["--mca", "oob_tcp_if_include", args.subnet]
-        argv += ["--mca", "btl_tcp_if_include", args.subnet]
-    if args.as_root:
-        argv.append("--allow-run-as-root")
-    for name in sorted(args.env):
-        argv += ["-x", f"{name}={args.env[name]}"]
-    return [*argv, *args.command]
-
-
-def _prrte_argv(args: MpirunArgs) -> list[str]:
-    """Open MPI 5's mpirun (PRRTE's ``prterun``): what ORTE's argv says, in PRRTE's and Open
-    MPI 5's names; its daemons' OOB takes every interface but loopback (a pod has one)."""
-    btl = "self,tcp" if args.transport == "tcp" else "self,sm,tcp"
-    argv = [
-        args.mpirun, "-np", str(args.n_ranks), "--hostfile", str(args.hostfile),
-        "--map-by", "slot", "--bind-to", "none", "--wdir", str(args.case_dir),
-        "--prtemca", "plm_ssh_agent", str(args.agent),
-        "--prtemca", "plm_ssh_no_tree_spawn", "1",
-        "--mca", "pml", "ob1", "--mca", "btl", btl,
-    ]  # fmt: skip
-    if args.transport != "tcp":  # (no CMA single copy: ptrace rights, as ORTE's argv)
-        argv += ["--mca", "smsc", "^cma"]
-    if args.subnet:
+        if not prrte:  # (PRRTE's daemons take every interface but loopback: a pod has one)
+            argv += ["--mca", "oob_tcp_if_include", args.subnet]
         argv += ["--mca", "btl_tcp_if_include", args.subnet]
     if args.as_root:
         argv.append("--allow-run-as-root")
