@@ -21,6 +21,7 @@ from typing import Any
 from rankpack import quantities
 from rankpack.case.staging import DECOMPOSITIONS, StagedCase, StageSpec
 from rankpack.core.failures import FailureCode
+from rankpack.core.names import SOLVER_PATTERN
 
 MESSAGE_MAX = 4096
 """The kubelet keeps at most this much of a termination message."""
@@ -228,9 +229,9 @@ def _list(d: dict[str, Any], key: str) -> list[Any]:
     return value
 
 
-SOLVER_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_.+-]{0,63}")
-"""A solver's name as a Simulation may give it (``plan.submission.SOLVER_PATTERN``, which a
-unit test holds equal): a program of the image's, such as ``rankloop-serial``."""
+SOLVER_NAME = re.compile(SOLVER_PATTERN)
+"""A solver's name as a Simulation may give it (`core.names`): a program of the image's,
+such as ``rankloop-serial``."""
 
 
 def _solver(d: dict[str, Any]) -> str:

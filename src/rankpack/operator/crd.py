@@ -12,11 +12,11 @@ from typing import Any
 
 from rankpack.case import stagewire
 from rankpack.core.actions import WAIT_SETTINGS
+from rankpack.core.names import SOLVER_PATTERN
 from rankpack.errors import UserError
 from rankpack.plan import submission
 from rankpack.plan.submission import (
     DECOMPOSITIONS,
-    SOLVER_PATTERN,
     SPEC_FIELDS,
     Phase,
     Submission,

@@ -20,6 +20,7 @@ from typing import Any, Literal
 
 from rankpack.core.actions import WAIT_SETTINGS
 from rankpack.core.failures import FailureCode
+from rankpack.core.names import SOLVER_PATTERN
 from rankpack.plan.allocation import Plan, QoS, make_plan
 from rankpack.quantities import MAX_RANKS, InvalidQuantity, literal
 
@@ -28,7 +29,6 @@ SIZINGS = ("duty", "fixed")
 MPIS = ("openmpi", "mpich")
 """The MPI libraries a solver may be built with (the shim's flavours,
 `rankpack.profile.shim.FLAVOURS`; a unit test keeps both the same)."""
-SOLVER_PATTERN = r"^[A-Za-z][A-Za-z0-9_.+-]{0,63}$"
 """A command name (found on the rank image's PATH), never a path or a shell string."""
 
 IMAGE_PATTERN = (
