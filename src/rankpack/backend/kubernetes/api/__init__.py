@@ -6,5 +6,7 @@ the official ``kubernetes`` client).
 - `client`: `ClientKubeApi`, `KubeApi` on the official client (REST calls, watches, exec);
 - `config`: `KubernetesConfig` and `load_config` (kubectl's defaults), the case volume's
   shape (`parse_volume`);
-- `informer`: the shared local cache (list once, then watch) every reader uses.
+- `informer`: the shared local cache (list once, then watch) every reader uses;
+- `incluster`: `InClusterPods`, one namespace's pods listed on urllib3 alone (the launcher
+  pod's init container, whose start-up the official client's import would slow).
 """

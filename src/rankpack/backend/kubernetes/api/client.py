@@ -24,6 +24,7 @@ from rankpack.backend.kubernetes.api.kubeapi import (
     ExecResult,
     Obj,
     RequestCounter,
+    error_from,
     request_labels,
 )
 from rankpack.backend.protocol import BackendError
@@ -89,7 +90,7 @@ class ClientKubeApi:
         response = self._send(method, path, query, body, content_type, self.timeout_s)
         data = response.read()
         if not 200 <= int(response.status) < 300:
-            raise _error_from(int(response.status), str(response.reason or ""), data)
+            raise error_from(int(response.status), str(response.reason or ""), data)
         if not data:
             return {}
         result: Obj = json.loads(data)
@@ -108,7 +109,7 @@ class ClientKubeApi:
         q = {**(query or {}), "watch": "true", "timeoutSeconds": str(int(timeout_s))}
         response = self._send("GET", path, q, None, "application/json", timeout_s + 10)
         if not 200 <= int(response.status) < 300:
-            raise _error_from(int(response.status), str(response.reason or ""), response.read())
+            raise error_from(int(response.status), str(response.reason or ""), response.read())
         return self._events(path, response)
 
     def _events(self, path: str, response: Any) -> Iterator[Obj]:
@@ -390,7 +391,7 @@ def _exec_code(status_text: str) -> int:
 
 def _api_error(exc: Any) -> ApiError:
     status = int(getattr(exc, "status", 0) or 0)
-    return _error_from(status, str(getattr(exc, "reason", "") or ""), getattr(exc, "body", None))
+    return error_from(status, str(getattr(exc, "reason", "") or ""), getattr(exc, "body", None))
 
 
 RESTART_REFUSALS_S = 30.0
@@ -405,19 +406,7 @@ def _exec_error(exc: Any) -> ApiError:
     bad = exc.__context__
     if isinstance(bad, WebSocketBadStatusException):
         body = getattr(bad, "resp_body", None)
-        return _error_from(
+        return error_from(
             int(bad.status_code), "", body.decode() if isinstance(body, bytes) else body
         )
     return _api_error(exc)
-
-
-def _error_from(status: int, reason: str, body: Any) -> ApiError:
-    message = ""
-    if body:
-        try:
-            parsed = json.loads(body)
-            message = str(parsed.get("message", ""))
-            reason = str(parsed.get("reason", reason))
-        except (ValueError, AttributeError):
-            message = str(body)[:500]
-    return ApiError(status, reason, message)

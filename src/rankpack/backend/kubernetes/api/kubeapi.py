@@ -10,6 +10,7 @@ API, by the operator, the node agent and the dev cluster.
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
@@ -88,6 +89,20 @@ class Gone(ApiError):
 
 
 _BY_STATUS: dict[int, type[ApiError]] = {404: NotFound, 409: Conflict, 410: Gone}
+
+
+def error_from(status: int, reason: str, body: Any) -> ApiError:
+    """The `ApiError` of an error answer: its Status's reason and message when the body is
+    one, else the body's first 500 characters."""
+    message = ""
+    if body:
+        try:
+            parsed = json.loads(body)
+            message = str(parsed.get("message", ""))
+            reason = str(parsed.get("reason", reason))
+        except (ValueError, AttributeError):
+            message = str(body)[:500]
+    return ApiError(status, reason, message)
 
 
 class RequestCounter:

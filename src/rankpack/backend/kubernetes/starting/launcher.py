@@ -15,8 +15,10 @@ then the launcher container, in the Simulation's image with no token, whose proc
    MPI's TCP interfaces (MPICH: hydra's ``mpiexec`` with the same agent, its proxies calling
    back to this pod's IP), TCP only unless the instructions' ``transport`` says ``auto``;
 2. unless mpirun already ran to its end (an exit file), wait, bounded by
-   ``start_timeout_s``, until every rank pod runs with an IP (one list of the simulation's
-   pods every ``poll_s``); a rank pod that failed ends the wait at once;
+   ``start_timeout_s``, until every rank pod runs with an IP (a list of the simulation's
+   pods after 0.1 s, then 1.5x longer each time up to ``poll_s``; on urllib3 alone,
+   `incluster.InClusterPods`: the official client's import is slower than the pods' start);
+   a rank pod that failed ends the wait at once;
 3. write each rank pod's IP (``hosts.json``, what ``rankpack-exec`` reads) and what
    ``rankpack-launch`` runs (``launch.json``: the mpirun names to look for on the image's
    PATH, its arguments (Open MPI: also those of Open MPI 5, `args_from_major`, which
@@ -43,9 +45,11 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Protocol
 
 from rankpack import untrusted
-from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
+from rankpack.backend.kubernetes.api.incluster import InClusterPods
+from rankpack.backend.kubernetes.api.kubeapi import ApiError, Obj
 from rankpack.backend.kubernetes.objects import builders, keyed, launcherpods, status
 from rankpack.backend.kubernetes.starting import exitwrapper, mpirunargs
 from rankpack.backend.kubernetes.starting.hostmpirun import subnet_of
@@ -129,8 +133,21 @@ def write_hosts(pods: Sequence[Obj], directory: Path) -> Path:
     return path
 
 
+class PodLister(Protocol):
+    """What the wait needs of the API (`KubeApi` has it; `incluster.InClusterPods` is it)."""
+
+    def list_pods(self, label_selector: str) -> list[Obj]: ...
+
+
+FIRST_POLL_S = 0.1
+"""The first pause between two lists of the rank pods; each next one is 1.5x longer, up to
+the instructions' ``poll_s``: pods that start at once are seen at once (issue 38: the wait
+stands between the launch decision and the first iteration), pods that wait long for an
+image cost the apiserver a list per ``poll_s``."""
+
+
 def wait_for_ranks(
-    api: KubeApi,
+    api: PodLister,
     instructions: Instructions,
     *,
     clock: Callable[[], float],
@@ -143,6 +160,7 @@ def wait_for_ranks(
     not answer is asked again until the deadline."""
     deadline = clock() + instructions.start_timeout_s
     c = instructions.container
+    pause = min(FIRST_POLL_S, instructions.poll_s)
     while True:
         signum = stopping()
         if signum is not None:
@@ -177,7 +195,8 @@ def wait_for_ranks(
                 f"rank pods not running after {instructions.start_timeout_s:.0f} s: "
                 + "; ".join(waiting)
             )
-        sleep(min(instructions.poll_s, left))
+        sleep(min(pause, left))
+        pause = min(pause * 1.5, instructions.poll_s)
 
 
 # -- the init container's run ------------------------------------------------------------------
@@ -190,7 +209,7 @@ class Preparation:
     it without a cluster."""
 
     instructions: Instructions
-    api: KubeApi
+    api: PodLister
     clock: Callable[[], float] = time.monotonic
     sleep: Callable[[float], None] = time.sleep
     environ: Mapping[str, str] = field(default_factory=lambda: dict(os.environ))
@@ -277,11 +296,9 @@ def main(argv: Sequence[str] | None = None, termination_log: str = builders.TERM
         instructions = Instructions.parse(path.read_text())
     except (OSError, UnicodeDecodeError, InstructionsError) as exc:
         return fail_(f"cannot read the instructions {path}: {exc}")
-    from rankpack.backend.kubernetes.api.client import ClientKubeApi
-    from rankpack.backend.kubernetes.api.config import KubernetesConfig
-
+    started = time.monotonic()
     try:  # in-cluster: the pod's ServiceAccount (its token mounted in this container alone)
-        api = ClientKubeApi(KubernetesConfig(kubeconfig=None, namespace=instructions.namespace))
+        api = InClusterPods(instructions.namespace)
     except BackendError as exc:
         return fail_(f"cannot reach the Kubernetes API from the launcher pod: {exc}")
     prep = Preparation(instructions, api)
@@ -289,6 +306,9 @@ def main(argv: Sequence[str] | None = None, termination_log: str = builders.TERM
         signal.signal(sig, prep.on_signal)
     try:
         prep.run(out)
+        took = time.monotonic() - started
+        print(f"rankpack-launcher: {len(instructions.pods)} rank pod(s) running, launch "
+              f"written {took:.2f} s after start", file=sys.stderr)  # fmt: skip
     except Stopped as exc:
         return fail_(str(exc), 128 + exc.signum)
     except LaunchError as exc:

@@ -34,7 +34,8 @@ from rankpack.core.failures import Failure, FailureCode
 
 LC = builders.LAUNCHER_CONTAINER
 POLL_S = 1.0
-"""How often the launcher lists the rank pods while it waits for them."""
+"""The longest pause between two lists of the rank pods while the launcher waits for them
+(the first comes after 0.1 s: `launcher.FIRST_POLL_S`)."""
 
 
 def options(

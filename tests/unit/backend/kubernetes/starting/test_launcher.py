@@ -177,7 +177,9 @@ def test_wait_returns_the_pods_in_rank_order_once_all_run(tmp_path: Path) -> Non
 
     pods = launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=sleep)
     assert [p["metadata"]["name"] for p in pods] == list(PODS)
-    assert clock.t == 3.0 and clock.sleeps == [1.0, 1.0, 1.0]
+    # a list after 0.1 s, each pause 1.5x the last, up to poll_s (1 s)
+    assert clock.sleeps == pytest.approx([0.1, 0.15, 0.225, 0.3375, 0.50625, 0.759375, 1.0])
+    assert clock.t == pytest.approx(3.078125)
 
 
 def test_wait_is_bounded_and_says_what_it_waited_for(tmp_path: Path) -> None:
@@ -208,7 +210,7 @@ def test_an_api_that_does_not_answer_is_asked_again(tmp_path: Path) -> None:
     api.objects = _rank_pods().objects
     _run_all(api)
     pods = launcher.wait_for_ranks(api, instructions(tmp_path), clock=clock, sleep=clock.sleep)
-    assert len(pods) == 3 and clock.t == 2.0
+    assert len(pods) == 3 and clock.t == pytest.approx(0.25)
 
 
 def test_a_refusal_says_which_rights_are_missing(tmp_path: Path) -> None:
