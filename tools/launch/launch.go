@@ -1,11 +1,14 @@
 // Package launch is the launcher pod's last step, in the Simulation's own image:
 // rankpack-launch LAUNCH.json starts mpirun once and records how it ended.
 //
-// The launcher pod's init container (rankpack's image, the launcher's
-// ServiceAccount; rankpack.backend.kubernetes.starting.launcher) waited for the
-// rank pods and wrote LAUNCH.json (a Spec) into a volume only this pod mounts.
-// Here, in the container that holds no token:
+// The launcher pod's prepare container (rankpack's image, the launcher's
+// ServiceAccount; rankpack.backend.kubernetes.starting.launcher) runs beside this
+// one: it waits for the rank pods and writes LAUNCH.json (a Spec) into a volume
+// only this pod mounts, or, when it cannot, Failed beside it. Here, in the
+// container that holds no token:
 //
+//  0. wait until LAUNCH.json or Failed is there (AwaitSpec: a look every 10 ms;
+//     both are written whole, by rename);
 //  1. an exit file from an earlier run ends it at once with that run's status;
 //  2. the launch marker in the exit file's directory is taken (flock, as
 //     exitwrapper.py does it): a second launcher never starts a second mpirun;
@@ -53,7 +56,34 @@ const (
 	// VersionTimeout and VersionMax bound `mpirun --version` (the image's program).
 	VersionTimeout = 10 * time.Second
 	VersionMax     = 64 << 10
+	// Failed is what the prepare container writes beside LAUNCH.json when it
+	// cannot write LAUNCH.json (its reason); SpecWait bounds the wait for either.
+	Failed    = "failed"
+	SpecWait  = time.Hour
+	specPoll  = 10 * time.Millisecond
+	failedMax = 4000
 )
+
+// AwaitSpec waits until the spec at path, or Failed beside it, exists, for at
+// most wait: a Failure naming the prepare container's reason, or nil once the
+// spec is there.
+func AwaitSpec(path string, wait time.Duration, sleep func(time.Duration)) *Failure {
+	failed := filepath.Join(filepath.Dir(path), Failed)
+	for waited := time.Duration(0); ; waited += specPoll {
+		if _, err := os.Lstat(path); err == nil {
+			return nil
+		}
+		if f, err := os.Open(failed); err == nil {
+			why, _ := io.ReadAll(io.LimitReader(f, failedMax))
+			f.Close()
+			return fail("the launcher's preparation failed: %s", strings.TrimSpace(string(why)))
+		}
+		if waited >= wait {
+			return fail("no launch spec at %s after %s (the prepare container wrote none)", path, wait)
+		}
+		sleep(specPoll)
+	}
+}
 
 // Spec is LAUNCH.json, written by the launcher's init container.
 type Spec struct {
@@ -478,6 +508,9 @@ func Main(args []string, stderr io.Writer) int {
 	if len(args) != 1 {
 		fmt.Fprintln(stderr, "usage: rankpack-launch LAUNCH.json")
 		return ErrorExit
+	}
+	if f := AwaitSpec(args[0], SpecWait, time.Sleep); f != nil {
+		return failed(f)
 	}
 	f, err := os.Open(args[0])
 	if err != nil {

@@ -297,3 +297,35 @@ func TestTheVersionIsReadBounded(t *testing.T) {
 		t.Fatal("output from nothing")
 	}
 }
+
+func TestTheSpecIsAwaitedUntilItIsWritten(t *testing.T) {
+	dir := t.TempDir()
+	spec := filepath.Join(dir, "launch.json")
+	looks := 0
+	sleep := func(time.Duration) {
+		looks++
+		if looks == 3 {
+			os.WriteFile(spec, []byte("{}"), 0o644)
+		}
+	}
+	if f := AwaitSpec(spec, time.Minute, sleep); f != nil || looks != 3 {
+		t.Fatalf("%v after %d looks", f, looks)
+	}
+}
+
+func TestAFailedPreparationEndsTheWaitWithItsReason(t *testing.T) {
+	dir := t.TempDir()
+	os.WriteFile(filepath.Join(dir, Failed), []byte("rank pods not running after 300 s: g1: Pending\n"), 0o644)
+	f := AwaitSpec(filepath.Join(dir, "launch.json"), time.Minute, func(time.Duration) { t.Fatal("slept") })
+	if f == nil || f.Message != "the launcher's preparation failed: rank pods not running after 300 s: g1: Pending" || f.Code != ErrorExit {
+		t.Fatalf("%+v", f)
+	}
+}
+
+func TestTheWaitForASpecIsBounded(t *testing.T) {
+	looks := 0
+	f := AwaitSpec(filepath.Join(t.TempDir(), "launch.json"), 50*time.Millisecond, func(time.Duration) { looks++ })
+	if f == nil || !strings.Contains(f.Message, "no launch spec at") || looks != 5 {
+		t.Fatalf("%v after %d looks", f, looks)
+	}
+}

@@ -782,7 +782,7 @@ def test_inventory_without_cluster_pods_counts_the_agents_and_room_for_a_launche
     h.backend.config = replace(h.backend.config, launcher="pod", launcher_cpu_millis=50)
     inv = h.backend.inventory()
     assert [(n.name, n.requested_millis) for n in inv.nodes] == [("n1", 50)]
-    assert inv.launch_overhead_millis == 50
+    assert inv.launch_overhead_millis == 100  # its two containers, 50m each
     h.backend.config = replace(h.backend.config, launcher="host")
     assert h.backend.inventory().launch_overhead_millis == 0
     # issue 40: the node agents count every pod of their node, the unseen tenant's too;

@@ -230,11 +230,11 @@ def test_in_pod_mode_the_launcher_pod_counts_against_the_quota_and_limit_range(
     api.objects[("resourcequotas", "q")] = quota("1", "0")
     config = KubernetesConfig(kubeconfig=Path("/k"), namespace="rankpack", launcher="pod",
                               launcher_cpu_millis=50)  # fmt: skip
-    # two group pods: the quota's 1000m, and 50m more
+    # two group pods: the quota's 1000m, and 2 x 50m more (the launcher's two containers)
     pods = [("pod a", RankResources(500)), ("pod b", RankResources(500))]
     check = ClusterCapacity(api, config, Cache(api, background=False)).launch_check(pods)
     assert check.refusal is not None and check.refusal[0] is FailureCode.QUOTA_EXCEEDED
-    assert "need 1050m" in check.refusal[1]
+    assert "need 1100m" in check.refusal[1]
     # a LimitRange min above the launcher's request raises it (and counts it so)
     api.objects[("resourcequotas", "q")] = quota("2", "0")
     api.objects[("limitranges", "lr")] = limit_range(min="100m")

@@ -21,7 +21,8 @@ from typing import NamedTuple
 from rankpack.backend.kubernetes.api.config import KubernetesConfig
 from rankpack.backend.kubernetes.api.informer import Cache, core
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
-from rankpack.backend.kubernetes.objects import limits, status
+from rankpack.backend.kubernetes.objects import launcherpods, limits, status
+from rankpack.backend.kubernetes.objects.builders import LAUNCHER_CONTAINER
 from rankpack.backend.kubernetes.objects.grouppods import pod_ranks
 from rankpack.backend.protocol import BackendError, Inventory, NodeCapacity, Quota, RankResources
 from rankpack.core.failures import FailureCode
@@ -123,11 +124,16 @@ class ClusterCapacity:
             bounds = limits.rank_bounds(ranges)
             if bounds is not None and not bounds.empty:
                 launcher = bounds.clamp(launcher)
-            pods.append(("the launcher pod", RankResources(launcher)))
+            pods += [(f"the launcher pod's {c} container", RankResources(launcher))
+                     for c in (launcherpods.PREPARE_CONTAINER, LAUNCHER_CONTAINER)]  # fmt: skip
         return LaunchCheck(limits.launch_refusal(pods, quotas, ranges), launcher)
 
     def _read_inventory(self) -> Inventory:
-        overhead = self.config.launcher_cpu_millis if self.config.launcher == "pod" else 0
+        overhead = (
+            self.config.launcher_cpu_millis * launcherpods.LAUNCHER_CONTAINERS
+            if self.config.launcher == "pod"
+            else 0
+        )
         quotas = self.quotas()
         return replace(
             self._read_nodes(),

@@ -1,10 +1,11 @@
 """The launcher pod of a pod-mode simulation (decision 0008): `launcher_pod` and what it is
 made of. Pure: a dict for the apiserver.
 
-Its init container (rankpack's own image, the launcher's ServiceAccount token mounted there
-alone) waits for the rank pods and writes what mpirun runs (`starting.launcher`); its
-launcher container (the Simulation's own image, no token) runs ``rankpack-launch`` from the
-case volume (`keyed.TOOLS_DIR`, ``tools/launch``), which starts mpirun once.
+Its prepare container (rankpack's own image, the launcher's ServiceAccount token mounted
+there alone) waits for the rank pods and writes what mpirun runs (`starting.launcher`); its
+launcher container (the Simulation's own image, no token), started with it, runs
+``rankpack-launch`` from the case volume (`keyed.TOOLS_DIR`, ``tools/launch``), which waits
+for that and starts mpirun once.
 """
 
 from __future__ import annotations
@@ -34,20 +35,27 @@ from rankpack.backend.kubernetes.objects.builders import (
 )
 from rankpack.backend.protocol import SimSpec
 
-LAUNCHER_INIT_CONTAINER = "prepare"
+PREPARE_CONTAINER = "prepare"
+LAUNCHER_CONTAINERS = 2
+"""The launcher pod's containers, each requesting its CPU (`LauncherOptions.cpu_millis`): what
+the pod requests is this many times that (`capacity`, `limits`)."""
 LAUNCHER_COMMAND = ("rankpack-launcher",)
-"""The launcher's init container's entry point in rankpack's image (`launcher.main`, on
+"""The launcher's prepare container's entry point in rankpack's image (`launcher.main`, on
 PATH); the instructions file and `LAUNCH_DIR` are its arguments. No shell."""
 LAUNCH_DIR = Path("/rankpack/launch")
-"""The launcher pod's own volume (an emptyDir): its init container writes what
+"""The launcher pod's own volume (an emptyDir): its prepare container writes what
 ``rankpack-launch`` runs there (`LAUNCH_FILE`, and `HOSTS_FILE` for ``rankpack-exec``)."""
 LAUNCH_FILE = "launch.json"
 HOSTS_FILE = "hosts.json"
+FAILED_FILE = "failed"
+"""Written beside `LAUNCH_FILE` instead of it when the prepare container cannot write it (its
+reason): ``rankpack-launch``, waiting for one of the two, then ends (tools/launch)."""
 LAUNCH_VOLUME = "rankpack-launch"
 TOKEN_VOLUME = "rankpack-token"
+DEFAULT_CONTAINER = "kubectl.kubernetes.io/default-container"
 TOKEN_DIR = "/var/run/secrets/kubernetes.io/serviceaccount"
 """Where the in-cluster client reads the ServiceAccount's token, CA and namespace: mounted
-in the launcher's init container alone (the pod does not automount its token)."""
+in the launcher's prepare container alone (the pod does not automount its token)."""
 TOKEN_TTL_S = 3600
 LAUNCHER_CPU_MILLIS = 50
 """mpirun and the rsh agents mostly wait; a small request, no limit (it may burst). It is
@@ -78,7 +86,7 @@ class LauncherOptions:
     bounds: PodBounds | None = None
     """Its memory and ephemeral storage (None: none asked)."""
     tools_image: str | None = None
-    """rankpack's own image, where the init container waits for the rank pods (None: the
+    """rankpack's own image, where the prepare container waits for the rank pods (None: the
     simulation's image)."""
 
 
@@ -134,19 +142,23 @@ def launcher_pod(
 ) -> Obj:
     """The simulation's launcher pod: mpirun for its rank pods (decision 0008, pod mode).
 
-    Two containers, one after the other, each with the rank pods' restricted security
-    context (plus ``runAsNonRoot`` with a real image), the case volume at the same path as
-    there and the owner's key, instructions and hostfile (`keyed.launcher_volume`):
+    Two containers, started together, each with the rank pods' restricted security context
+    (plus ``runAsNonRoot`` with a real image), the case volume at the same path as there and
+    the owner's key, instructions and hostfile (`keyed.launcher_volume`):
 
-    - the init container `LAUNCHER_INIT_CONTAINER`: rankpack's own image
-      (``options.tools_image``) and the ServiceAccount's token (to read pods), mounted here
-      alone; it waits for the rank pods and writes what mpirun runs into `LAUNCH_DIR`
-      (`launcher.main`);
+    - `PREPARE_CONTAINER`: rankpack's own image (``options.tools_image``) and the
+      ServiceAccount's token (to read pods), mounted here alone; it waits for the rank pods
+      and writes what mpirun runs into `LAUNCH_DIR` (`launcher.main`), then ends;
     - the launcher container: the simulation's image (its own mpirun) and no token; it runs
-      ``rankpack-launch`` from the case volume (`keyed.TOOLS_DIR`), which starts mpirun once
-      with ``rankpack-exec`` as its rsh agent.
+      ``rankpack-launch`` from the case volume (`keyed.TOOLS_DIR`), which waits for that and
+      starts mpirun once with ``rankpack-exec`` as its rsh agent.
 
-    A small CPU request and no limit; it runs once (``restartPolicy: Never``)."""
+    Not an init container and a container: the kubelet notices an init container's end at
+    its next look at the node's containers (once a second), which every launch would wait
+    for (issue 38). The containers share no process namespace: the launcher container
+    cannot reach the token.
+
+    A small CPU request each and no limit; it runs once (``restartPolicy: Never``)."""
     name = launcher_pod_name(spec.sim_id)
     tools_image = options.tools_image or image
     # the key it enters the rank pods with, its instructions, the hostfile: the owner's
@@ -160,7 +172,7 @@ def launcher_pod(
 
     token_mount = {"name": TOKEN_VOLUME, "mountPath": TOKEN_DIR, "readOnly": True}
     prepare = _container(
-        spec, options, LAUNCHER_INIT_CONTAINER, tools_image,
+        spec, options, PREPARE_CONTAINER, tools_image,
         [*LAUNCHER_COMMAND, str(keyed.KEY_DIR / keyed.LAUNCH_ITEM), str(LAUNCH_DIR)],
         [*mounts, launch_mount, token_mount],
     )  # fmt: skip
@@ -175,8 +187,7 @@ def launcher_pod(
         "enableServiceLinks": False,
         "serviceAccountName": options.service_account,
         "automountServiceAccountToken": False,
-        "initContainers": [prepare],
-        "containers": [launch],
+        "containers": [prepare, launch],
         "volumes": volumes,
     }
     if spec.pull_secrets:
@@ -192,6 +203,7 @@ def launcher_pod(
         "metadata": {
             "name": name,
             "labels": own,
+            "annotations": {DEFAULT_CONTAINER: LAUNCHER_CONTAINER},  # what `kubectl logs` shows
             "ownerReferences": [owner.reference()],
         },
         "spec": pod_spec,

@@ -1,12 +1,14 @@
-"""``rankpack-launcher INSTRUCTIONS OUT``: the launcher pod's init container.
+"""``rankpack-launcher INSTRUCTIONS OUT``: the launcher pod's prepare container.
 
 Pod mode (`KubernetesConfig.launcher` ``pod``, decision 0008): the backend puts the
 `instructions.Instructions` and the hostfile in the simulation's owner ConfigMap, mounted
 read-only at `keyed.KEY_DIR` in the launcher pod alone (no rank can change them), and creates
-the launcher pod (`launcherpods.launcher_pod`): this init container, in rankpack's own image
-under the launcher's ServiceAccount (`rbac.LAUNCHER_RULES`, its token mounted here alone),
-then the launcher container, in the Simulation's image with no token, whose process is
-``rankpack-launch`` (``tools/launch``, from the case volume: `tools`). Here:
+the launcher pod (`launcherpods.launcher_pod`): this container, in rankpack's own image under
+the launcher's ServiceAccount (`rbac.LAUNCHER_RULES`, its token mounted here alone), and
+beside it the launcher container, in the Simulation's image with no token, whose process,
+``rankpack-launch`` (``tools/launch``, from the case volume: `tools`), waits until this one
+has written ``launch.json`` (both start at once: an init container would add the kubelet's
+look at its end, up to 1 s, to every launch). Here:
 
 1. read and check the instructions: anything unexpected is refused, nothing in them is
    handed to a shell, and mpirun's argv is built here (`mpirunargs.mpirun_argv`) with
@@ -24,6 +26,7 @@ then the launcher container, in the Simulation's image with no token, whose proc
    PATH, its arguments (Open MPI: also those of Open MPI 5, `args_from_major`, which
    ``rankpack-launch`` takes if the image's ``mpirun --version`` says 5 or later), its
    environment, the log and exit file) into ``OUT``, a volume of this pod alone, and exit 0.
+   A failure writes its reason to ``OUT/failed`` instead, which ends ``rankpack-launch``.
 
 ``rankpack-launch`` then takes the launch marker (a second launcher never starts a second
 mpirun), runs mpirun with SIGTERM, SIGINT and SIGHUP passed on, and writes its exit code to
@@ -199,12 +202,12 @@ def wait_for_ranks(
         pause = min(pause * 1.5, instructions.poll_s)
 
 
-# -- the init container's run ------------------------------------------------------------------
+# -- the prepare container's run -----------------------------------------------------------
 
 
 @dataclass
 class Preparation:
-    """One run of the init container: wait for the rank pods, write what ``rankpack-launch``
+    """One run of the prepare container: wait for the rank pods, write what ``rankpack-launch``
     runs. Its surroundings are given (the API, time, this pod's environment), so tests drive
     it without a cluster."""
 
@@ -273,25 +276,36 @@ class Preparation:
         return spec
 
 
-def fail(message: str, code: int = LAUNCH_ERROR_EXIT, log: str = builders.TERMINATION_LOG) -> int:
-    """Say why the launcher failed (stderr, the termination message) and return ``code``."""
+def fail(
+    message: str,
+    code: int = LAUNCH_ERROR_EXIT,
+    log: str = builders.TERMINATION_LOG,
+    out: Path | None = None,
+) -> int:
+    """Say why the launcher failed (stderr, the termination message and, for
+    ``rankpack-launch`` waiting beside it, `launcherpods.FAILED_FILE` in ``out``) and return
+    ``code``."""
     print(f"rankpack-launcher: {message}", file=sys.stderr, flush=True)
     with contextlib.suppress(OSError):
         Path(log).write_text(message[:4000])
+    if out is not None:
+        with contextlib.suppress(OSError):
+            untrusted.write_file(out / launcherpods.FAILED_FILE, message[:4000].encode())
     return code
 
 
 def main(argv: Sequence[str] | None = None, termination_log: str = builders.TERMINATION_LOG) -> int:
-    """The ``rankpack-launcher`` console script (the launcher pod's init container)."""
-
-    def fail_(message: str, code: int = LAUNCH_ERROR_EXIT) -> int:
-        return fail(message, code, termination_log)
+    """The ``rankpack-launcher`` console script (the launcher pod's prepare container)."""
 
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 2:
         print("usage: rankpack-launcher INSTRUCTIONS.json OUT_DIR", file=sys.stderr)
         return LAUNCH_ERROR_EXIT
     path, out = Path(args[0]), Path(args[1])
+
+    def fail_(message: str, code: int = LAUNCH_ERROR_EXIT) -> int:
+        return fail(message, code, termination_log, out)
+
     try:
         instructions = Instructions.parse(path.read_text())
     except (OSError, UnicodeDecodeError, InstructionsError) as exc:

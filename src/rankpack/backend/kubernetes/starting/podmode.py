@@ -129,7 +129,12 @@ def reading(name: str, pod: Obj | None, exit_code: Callable[[], int | None]) -> 
             return Reading("ended", exit_code=code)  # it ended, then went
         return Reading("failed", failure=lost)
     assert pod is not None
-    init = status.container_status(pod, launcherpods.LAUNCHER_INIT_CONTAINER, init=True) or {}
+    prepare = launcherpods.PREPARE_CONTAINER
+    init = (  # (an init container in pods an older operator made, adopted)
+        status.container_status(pod, prepare)
+        or status.container_status(pod, prepare, init=True)
+        or {}
+    )
     init_state = init.get("state") or {}
     init_ended = init_state.get("terminated")
     if init_ended is not None and init_ended.get("exitCode") != 0:  # it waited for the ranks
@@ -138,6 +143,7 @@ def reading(name: str, pod: Obj | None, exit_code: Callable[[], int | None]) -> 
     if cannot is not None:
         return cannot
     cs = status.container_status(pod, LC) or {}
+    preparing = bool(init_state) and init_ended is None
     state = cs.get("state") or {}
     terminated = state.get("terminated")
     if terminated is not None:
@@ -145,6 +151,8 @@ def reading(name: str, pod: Obj | None, exit_code: Callable[[], int | None]) -> 
     cannot = _cannot_start(name, state)
     if cannot is not None:
         return cannot
+    if preparing:  # (rankpack-launch waits for it: mpirun has not started)
+        return Reading("pending", reason="its prepare container waits for the rank pods")
     if status.running(pod, LC):
         return Reading("running")
     return Reading("pending", reason=status.pending_reason(pod))
@@ -153,9 +161,9 @@ def reading(name: str, pod: Obj | None, exit_code: Callable[[], int | None]) -> 
 def _terminated(
     name: str, terminated: Obj, exit_code: Callable[[], int | None], *, init: bool
 ) -> Reading:
-    """A terminated container of the launcher pod ``name`` (``init``: its init container,
+    """A terminated container of the launcher pod ``name`` (``init``: its prepare container,
     else the one that ran ``rankpack-launch``): ended with mpirun's code, or failed."""
-    what = "its init container" if init else "mpirun"
+    what = "its prepare container" if init else "mpirun"
     code = exit_code()
     if code is not None:
         return Reading("ended", exit_code=code)
@@ -255,10 +263,14 @@ def follow(sim: SimRecord, pod: Obj | None, ranks_running: bool, *, caught_up: b
 def pending_reason(sim: SimRecord, ranks_reason: str) -> str:
     """A pending simulation's reason with its launcher pod's, if that is not running."""
     pod = sim.launcher
-    if pod is not None and status.running(pod, LC):
-        return ranks_reason
     name = builders.launcher_pod_name(sim.spec.sim_id)
-    mine = f"launcher pod {name}: {status.pending_reason(pod)}"
+    if pod is not None and status.running(pod, LC):
+        now = reading(name, pod, lambda: None)
+        if now.state != "pending":
+            return ranks_reason
+        mine = f"launcher pod {name}: {now.reason}"
+    else:
+        mine = f"launcher pod {name}: {status.pending_reason(pod)}"
     return f"{ranks_reason}; {mine}" if ranks_reason else mine
 
 

@@ -377,8 +377,9 @@ def test_every_pod_of_a_simulation_runs_its_image_pulled_with_its_secrets() -> N
             pull_secrets=secrets,
         ),
     ]
-    for pod in pods[:2]:
-        assert [c["image"] for c in pod["spec"]["containers"]] == [image]
+    assert [c["image"] for c in pods[0]["spec"]["containers"]] == [image]
+    # the launcher pod: rankpack's prepare (no tools_image given: the simulation's), mpirun
+    assert [c["image"] for c in pods[1]["spec"]["containers"]] == [image, image]
     sidecar = next(c for c in pods[2]["spec"]["initContainers"] if c["name"] == "openfoam")
     assert sidecar["image"] == image
     for pod in pods:

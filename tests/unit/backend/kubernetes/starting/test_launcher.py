@@ -319,6 +319,8 @@ def test_main_refuses_bad_instructions_in_its_termination_message(tmp_path: Path
     path.write_text('{"version": 1}')
     assert launcher.main([str(path), str(tmp_path)], termination_log=str(log)) == 2
     assert log.read_text().startswith(f"cannot read the instructions {path}: missing keys")
+    # and beside where launch.json would be, for rankpack-launch waiting there
+    assert (tmp_path / "failed").read_text() == log.read_text()
 
 
 def test_main_without_a_service_account_says_so(

@@ -68,8 +68,12 @@ def test_launcher_pod_builder(
     pod = launcherpods.launcher_pod(s, OWNER, volume, image, OPTIONS)
     rank = builders.rank_pod(s, 0, OWNER, volume, image)
     meta, ps = pod["metadata"], pod["spec"]
-    (init,) = ps["initContainers"]
-    (c,) = ps["containers"]
+    # prepare and the launcher start together (no init container: the kubelet would notice
+    # its end up to a second later, on every launch)
+    assert "initContainers" not in ps
+    init, c = ps["containers"]
+    assert (init["name"], c["name"]) == ("prepare", "launcher")
+    assert meta["annotations"] == {"kubectl.kubernetes.io/default-container": "launcher"}
     assert meta["name"] == "rankpack-s1-launcher"
     assert meta["labels"] == {
         "rankpack.dev/run-id": "7",
@@ -79,7 +83,7 @@ def test_launcher_pod_builder(
     }  # never a rank label: no rank listing takes it for a rank
     assert meta["ownerReferences"] == [OWNER.reference()]
     assert ps["serviceAccountName"] == "rankpack-launcher"
-    # its token is mounted in the init container alone (rankpack's code, which reads pods);
+    # its token is mounted in the prepare container alone (rankpack's code, which reads pods);
     # the launcher container runs the image's mpirun with none, like the ranks
     assert ps["automountServiceAccountToken"] is False
     assert rank["spec"]["automountServiceAccountToken"] is False
@@ -137,13 +141,13 @@ def test_launcher_pod_builder(
         assert (container.get("imagePullPolicy") == "Never") is image.startswith("rankpack.local/")
 
 
-def test_the_init_container_runs_rankpacks_image_and_the_launcher_the_simulations() -> None:
+def test_the_prepare_container_runs_rankpacks_image_and_the_launcher_the_simulations() -> None:
     tools = "registry.example/rankpack/rank:1"
     opts = launcherpods.LauncherOptions("{}", "", "rankpack-launcher", tools_image=tools)
     s = sim_spec()
     pod = launcherpods.launcher_pod(s, OWNER, HostPathVolume(CASE), "registry.example/cfd/foam:12",
                                     opts)  # fmt: skip
-    (init,), (c,) = pod["spec"]["initContainers"], pod["spec"]["containers"]
+    init, c = pod["spec"]["containers"]
     assert (init["image"], c["image"]) == (tools, "registry.example/cfd/foam:12")
 
 
@@ -157,7 +161,7 @@ def test_launcher_env_and_request_are_configured() -> None:
     opts = podmode.options(sim, config, "rankpack")
     assert Instructions.parse(opts.instructions).pods == ("rankpack-s1-g0",)
     assert opts.hostfile == f"rankpack-s1-g0 slots={len(spec.ranks)}\n"
-    (c,) = launcherpods.launcher_pod(
+    _, c = launcherpods.launcher_pod(
         sim_spec(labels=LABELS), OWNER, HostPathVolume(CASE), IMAGE, opts
     )["spec"]["containers"]
     assert {"name": "KUBERNETES_SERVICE_HOST", "value": "10.200.0.1"} in c["env"]
@@ -402,12 +406,22 @@ def test_a_lost_launcher_pod_fails_the_simulation(tmp_path: Path, how: str) -> N
     h.no_exec()
 
 
-def _init_state(h: PodHarness, state: dict[str, Any], phase: str = "Pending") -> None:
-    """The launcher pod while (or after) its init container runs: the launcher container
-    waits (PodInitializing)."""
-    h.set_launcher(phase, {"waiting": {"reason": "PodInitializing"}},
-                   initContainerStatuses=[{"name": "prepare", "restartCount": 0,
-                                           "state": state}])  # fmt: skip
+def _init_state(
+    h: PodHarness, state: dict[str, Any], phase: str = "Pending", layout: str = "containers"
+) -> None:
+    """The launcher pod while (or after) its prepare container runs: beside it, the launcher
+    container runs (``rankpack-launch`` waits for its spec); in a pod an older operator
+    made (``layout`` "init"), prepare is an init container and the launcher container waits
+    (PodInitializing)."""
+    prepare = {"name": "prepare", "restartCount": 0, "state": state}
+    if layout == "init":
+        h.set_launcher(phase, {"waiting": {"reason": "PodInitializing"}},
+                       initContainerStatuses=[prepare])  # fmt: skip
+        return
+    if phase == "Pending":
+        phase = "Running"
+    h.set_launcher(phase, {"running": {"startedAt": "now"}})
+    h.launcher()["status"]["containerStatuses"].insert(0, prepare)
 
 
 INIT_ENDS = [
@@ -416,7 +430,7 @@ INIT_ENDS = [
                   "message": "rank pods not running after 300 s: g0: Pending"},
      FailureCode.LAUNCH_FAILED, "rank pods not running after 300 s"),
     ("silent", {"exitCode": 1, "reason": "Error"}, FailureCode.LAUNCH_FAILED,
-     "its init container exited 1 before mpirun ran"),
+     "its prepare container exited 1 before mpirun ran"),
     ("node-came-back", {"exitCode": 137, "reason": "ContainerStatusUnknown",
                         "message": CONTAINER_GONE},
      FailureCode.NODE_LOST, "was lost with its node"),
@@ -424,18 +438,24 @@ INIT_ENDS = [
 ]  # fmt: skip
 
 
+@pytest.mark.parametrize("layout", ["containers", "init"])
 @pytest.mark.parametrize(("name", "terminated", "code", "says"), INIT_ENDS,
                          ids=[e[0] for e in INIT_ENDS])  # fmt: skip
-def test_an_init_container_that_failed_fails_the_simulation_saying_why(
-    tmp_path: Path, name: str, terminated: dict[str, Any], code: FailureCode, says: str
+def test_a_prepare_container_that_failed_fails_the_simulation_saying_why(
+    tmp_path: Path,
+    name: str,
+    terminated: dict[str, Any],
+    code: FailureCode,
+    says: str,
+    layout: str,
 ) -> None:
     h = PodHarness(tmp_path)
     h.backend.launch(h.spec())
     h.run_all()
-    _init_state(h, {"running": {"startedAt": "now"}})
+    _init_state(h, {"running": {"startedAt": "now"}}, layout=layout)
     h.backend.poll_once()
     assert h.backend.observe(SIM).phase is SimPhase.PENDING  # it waits for the ranks
-    _init_state(h, {"terminated": terminated}, phase="Failed")
+    _init_state(h, {"terminated": terminated}, phase="Failed", layout=layout)
     h.backend.poll_once()
     obs = h.backend.observe(SIM)
     assert obs.phase is SimPhase.FAILED and obs.failure is code, obs
@@ -446,10 +466,23 @@ def test_an_init_container_that_ended_well_is_followed_by_the_launcher(tmp_path:
     h = PodHarness(tmp_path)
     h.backend.launch(h.spec())
     h.run_all()
-    _init_state(h, {"terminated": {"exitCode": 0, "reason": "Completed"}})
+    _init_state(h, {"terminated": {"exitCode": 0, "reason": "Completed"}}, layout="init")
     h.backend.poll_once()
     assert h.backend.observe(SIM).phase is SimPhase.PENDING
     h.run_launcher()
+    h.backend.poll_once()
+    assert h.backend.observe(SIM).phase is SimPhase.RUNNING
+
+
+def test_the_simulation_starts_when_its_prepare_container_has_ended_well(tmp_path: Path) -> None:
+    h = PodHarness(tmp_path)
+    h.backend.launch(h.spec())
+    h.run_all()
+    _init_state(h, {"running": {"startedAt": "now"}})
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.PENDING and "prepare container waits" in obs.reason, obs
+    _init_state(h, {"terminated": {"exitCode": 0, "reason": "Completed"}})
     h.backend.poll_once()
     assert h.backend.observe(SIM).phase is SimPhase.RUNNING
 
