@@ -22,7 +22,8 @@ def rates_from_usage(times_s: list[float], usage_ns: list[int]) -> tuple[np.ndar
         return np.zeros(0), np.zeros(0)
     dt = np.diff(t)
     dt[dt <= 0] = np.nan
-    rate = np.diff(u) / 1e9 / dt
+    with np.errstate(over="ignore"):  # readings a subnormal time apart: inf, dropped below
+        rate = np.diff(u) / 1e9 / dt
     mid = (t[:-1] + t[1:]) / 2
     ok = np.isfinite(rate)
     return mid[ok], rate[ok]
@@ -74,7 +75,8 @@ def trapezoid_cpu_s_ranks(times_s: list[float], usages_ns: Sequence[list[int]]) 
         if len(t) >= 2:
             dt = np.diff(t)
             dt[dt <= 0] = np.nan
-            rate = np.diff(u, axis=1) / 1e9 / dt
+            with np.errstate(over="ignore"):  # (an infinite rate: the rank's own, below)
+                rate = np.diff(u, axis=1) / 1e9 / dt
             ok = np.isfinite(dt)
             mid, rate = ((t[:-1] + t[1:]) / 2)[ok], rate[:, ok]
             if len(mid):
