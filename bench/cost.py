@@ -22,10 +22,13 @@ and each is compared with ``plain`` of the same repetition, pair by pair:
 - ``rankpack-noshim``: the same with ``--no-shim``;
 - ``rankpack-w``: ``rankpack run`` with ``--weights 1,1,5,15 --budget 2`` (the Kubernetes
   comparison's settings), not in the default set;
+- ``rankpack-wd``: ``rankpack-w`` with ``--resize duty`` (profiled once past start-up and
+  resized in place to the measured duty cycles: what a Simulation's default sizing does;
+  ``rankpack run`` keeps the plan's requests unless asked), not in the default set;
 - ``k8s-run-w``: the same through ``--backend kubernetes`` on the dev cluster
   (``$RANKPACK_BENCH_KUBECONFIG``, default the dev cluster's backend ServiceAccount;
   ``--allocatable 2``), not in the default set: compared with ``rankpack-w`` of the same
-  repetition (``vs_local``);
+  repetition (``vs_local``; ``vs_local_duty`` against ``rankpack-wd``);
 - ``k8s-sim-w``: the same settings as a Simulation on the in-cluster operator
   (``rankpack dev-cluster up --operator`` first), its namespace PodSecurity ``restricted``
   for the run, the real rank image (`k8s_sim`); the operator's own ``wallSeconds``.
@@ -77,7 +80,7 @@ from rankpack.profile.shim import shim_env
 HERE = Path(__file__).resolve().parent
 CASES = {"user": (3, 100), "pitzDaily": (1, 250)}  # scale, iterations
 CONFIGS = ("plain", "shim", "rankpack", "rankpack-nocg", "rankpack-noshim")
-OPTIONAL = ("plain-tcp", "rankpack-w", "k8s-run-w", "k8s-sim-w")
+OPTIONAL = ("plain-tcp", "rankpack-w", "rankpack-wd", "k8s-run-w", "k8s-sim-w")
 WEIGHTED = ["--weights", "1,1,5,15", "--budget", "2"]
 DEV_KUBECONFIG = "/var/lib/rankpack/dev-cluster/rankpack-sa.kubeconfig"
 CLOCK = re.compile(r"ExecutionTime = ([\d.]+) s\s+ClockTime = ([\d.]+) s")
@@ -181,6 +184,7 @@ def one(config: str, work: Path, source: Path, decomposed: Path, ranks: int,
     k8s = ["--backend", "kubernetes", "--kubeconfig", kubeconfig, "--allocatable", "2"]
     extra = {"rankpack": [], "rankpack-nocg": ["--no-cgroups"],
              "rankpack-noshim": ["--no-shim"], "rankpack-w": WEIGHTED,
+             "rankpack-wd": [*WEIGHTED, "--resize", "duty"],
              "k8s-run-w": WEIGHTED + k8s}[config]  # fmt: skip
     return run_rankpack(work, source, ranks, iterations, extra)
 
@@ -217,21 +221,31 @@ def summary(runs: list[dict[str, object]]) -> dict[str, dict[str, object]]:
                 "startup_s": spread(startups(mine)),
             }
             if config.startswith("k8s-"):  # pair by pair with the same settings run locally
-                local = {r["rep"]: r for r in runs if r["case"] == case
-                         and r["config"] == "rankpack-w"
-                         and r["status"] == "completed"}  # fmt: skip
-                pairs = [(r, local[r["rep"]]) for r in mine if r["rep"] in local]
-                out[f"{case}/{config}"]["vs_local"] = spread(
-                    [float(k["wall_s"]) / float(lo["wall_s"]) for k, lo in pairs]  # type: ignore[arg-type]
-                )
-                out[f"{case}/{config}"]["startup_above_local_s"] = spread(
-                    [
-                        float(k["startup_s"]) - float(lo["startup_s"])
-                        for k, lo in pairs  # type: ignore[arg-type]
-                        if k.get("startup_s") is not None and lo.get("startup_s") is not None
-                    ]
-                )
+                for local_config, suffix in (("rankpack-w", ""), ("rankpack-wd", "_duty")):
+                    local = {r["rep"]: r for r in runs if r["case"] == case
+                             and r["config"] == local_config
+                             and r["status"] == "completed"}  # fmt: skip
+                    pairs = [(r, local[r["rep"]]) for r in mine if r["rep"] in local]
+                    if pairs:
+                        out[f"{case}/{config}"].update(_against_local(pairs, suffix))
     return out
+
+
+def _against_local(pairs: list[tuple[dict[str, object], dict[str, object]]],
+                   suffix: str) -> dict[str, object]:  # fmt: skip
+    """A Kubernetes configuration's wall and start-up against a local one, pair by pair."""
+    return {
+        f"vs_local{suffix}": spread(
+            [float(k["wall_s"]) / float(lo["wall_s"]) for k, lo in pairs]  # type: ignore[arg-type]
+        ),
+        f"startup_above_local{suffix}_s": spread(
+            [
+                float(k["startup_s"]) - float(lo["startup_s"])  # type: ignore[arg-type]
+                for k, lo in pairs
+                if k.get("startup_s") is not None and lo.get("startup_s") is not None
+            ]
+        ),
+    }
 
 
 def run_case(work: Path, case: str, configs: list[str], reps: int,
