@@ -184,7 +184,8 @@ class Observer:
         ours = self.ours_millis()
         nodes, requested = self._nodes(inventory)
         nodes = self.with_planned(nodes)
-        others = max(0, requested - ours)
+        launched = sum(1 for s in ctx.sims.values() if s.launched)
+        others = others_millis(requested, ours, launched, inventory.launch_overhead_millis)
         base = ctx.settings.capacity_millis or inventory.allocatable_millis
         if len(nodes) == 1 and ctx.settings.capacity_millis:
             # one node, capped for this loop (--allocatable): the cap is its cores
@@ -500,6 +501,16 @@ def _snapshot(sim: Tracked) -> SimSnapshot:
         wait_mode=sim.wait_mode,
         mpi_yields=sim.mpi_yields,
     )
+
+
+def others_millis(requested: int, ours: int, launched: int, overhead: int) -> int:
+    """What pods that are not this loop's request: the nodes' requests but this loop's ranks
+    (``ours``) and the pods each of its ``launched`` simulations has beside them
+    (``overhead`` each: `Inventory.launch_overhead_millis`, a launcher pod in pod mode).
+    Counting a simulation's own launcher pod as another's made the capacity left to this
+    loop smaller than the launch had fitted its ranks to (the launcher pod counted twice),
+    and the wait rule then took its own ranks for crowded: polite until the first resize."""
+    return max(0, requested - ours - launched * overhead)
 
 
 def _staged(sim: Tracked, capacity_millis: int) -> StagedSim:

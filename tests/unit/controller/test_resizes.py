@@ -115,3 +115,12 @@ def test_an_unknown_wait_mode_is_a_user_error() -> None:
 
     with pytest.raises(UserError, match="unknown wait mode 'busy'"):
         waits.setting("busy", "auto")
+
+
+def test_a_simulations_own_launcher_pod_is_not_anothers() -> None:
+    from rankpack.controller.observing import others_millis
+
+    # 300m of other pods, 1300m of this loop's ranks, its launcher pod 100m
+    assert others_millis(1700, 1300, launched=1, overhead=100) == 300
+    assert others_millis(1700, 1300, launched=0, overhead=100) == 400  # not launched: others'
+    assert others_millis(1300, 1300, launched=1, overhead=100) == 0  # not created yet: no less
