@@ -58,10 +58,12 @@ const (
 	VersionMax     = 64 << 10
 	// Failed is what the prepare container writes beside LAUNCH.json when it
 	// cannot write LAUNCH.json (its reason); SpecWait bounds the wait for either.
-	Failed    = "failed"
-	SpecWait  = time.Hour
-	specPoll  = 10 * time.Millisecond
-	failedMax = 4000
+	Failed   = "failed"
+	SpecWait = time.Hour
+	specPoll = 10 * time.Millisecond
+	// MessageMax bounds a failure's message (what the kubelet keeps of a
+	// termination message; the prepare container writes Failed as long).
+	MessageMax = 4000
 )
 
 // AwaitSpec waits until the spec at path, or Failed beside it, exists, for at
@@ -74,7 +76,7 @@ func AwaitSpec(path string, wait time.Duration, sleep func(time.Duration)) *Fail
 			return nil
 		}
 		if f, err := os.Open(failed); err == nil {
-			why, _ := io.ReadAll(io.LimitReader(f, failedMax))
+			why, _ := io.ReadAll(io.LimitReader(f, MessageMax))
 			f.Close()
 			return fail("the launcher's preparation failed: %s", strings.TrimSpace(string(why)))
 		}
@@ -85,7 +87,7 @@ func AwaitSpec(path string, wait time.Duration, sleep func(time.Duration)) *Fail
 	}
 }
 
-// Spec is LAUNCH.json, written by the launcher's init container.
+// Spec is LAUNCH.json, written by the launcher pod's prepare container.
 type Spec struct {
 	Version int      `json:"version"`
 	Mpirun  []string `json:"mpirun"`
@@ -499,8 +501,8 @@ func Main(args []string, stderr io.Writer) int {
 	failed := func(f *Failure) int {
 		fmt.Fprintf(stderr, "rankpack-launch: %s\n", f.Message)
 		msg := f.Message
-		if len(msg) > 4000 {
-			msg = msg[:4000]
+		if len(msg) > MessageMax {
+			msg = msg[:MessageMax]
 		}
 		_ = os.WriteFile(termination, []byte(msg), 0o644)
 		return f.Code

@@ -22,7 +22,6 @@ from rankpack.backend.kubernetes.api.config import KubernetesConfig
 from rankpack.backend.kubernetes.api.informer import Cache, core
 from rankpack.backend.kubernetes.api.kubeapi import ApiError, KubeApi, Obj
 from rankpack.backend.kubernetes.objects import launcherpods, limits, status
-from rankpack.backend.kubernetes.objects.builders import LAUNCHER_CONTAINER
 from rankpack.backend.kubernetes.objects.grouppods import pod_ranks
 from rankpack.backend.protocol import BackendError, Inventory, NodeCapacity, Quota, RankResources
 from rankpack.core.failures import FailureCode
@@ -125,12 +124,12 @@ class ClusterCapacity:
             if bounds is not None and not bounds.empty:
                 launcher = bounds.clamp(launcher)
             pods += [(f"the launcher pod's {c} container", RankResources(launcher))
-                     for c in (launcherpods.PREPARE_CONTAINER, LAUNCHER_CONTAINER)]  # fmt: skip
+                     for c in launcherpods.CONTAINERS]  # fmt: skip
         return LaunchCheck(limits.launch_refusal(pods, quotas, ranges), launcher)
 
     def _read_inventory(self) -> Inventory:
         overhead = (
-            self.config.launcher_cpu_millis * launcherpods.LAUNCHER_CONTAINERS
+            self.config.launcher_cpu_millis * len(launcherpods.CONTAINERS)
             if self.config.launcher == "pod"
             else 0
         )

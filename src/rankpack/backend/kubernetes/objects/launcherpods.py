@@ -36,9 +36,9 @@ from rankpack.backend.kubernetes.objects.builders import (
 from rankpack.backend.protocol import SimSpec
 
 PREPARE_CONTAINER = "prepare"
-LAUNCHER_CONTAINERS = 2
+CONTAINERS = (PREPARE_CONTAINER, LAUNCHER_CONTAINER)
 """The launcher pod's containers, each requesting its CPU (`LauncherOptions.cpu_millis`): what
-the pod requests is this many times that (`capacity`, `limits`)."""
+the pod requests is that many times it (`nodes.capacity`)."""
 LAUNCHER_COMMAND = ("rankpack-launcher",)
 """The launcher's prepare container's entry point in rankpack's image (`launcher.main`, on
 PATH); the instructions file and `LAUNCH_DIR` are its arguments. No shell."""
