@@ -31,12 +31,16 @@ and each is compared with ``plain`` of the same repetition, pair by pair:
   repetition (``vs_local``; ``vs_local_duty`` against ``rankpack-wd``);
 - ``k8s-sim-w``: the same settings as a Simulation on the in-cluster operator
   (``rankpack dev-cluster up --operator`` first), its namespace PodSecurity ``restricted``
-  for the run, the real rank image (`k8s_sim`); the operator's own ``wallSeconds``.
+  for the run, the real rank image (`k8s_sim`); the operator's own ``wallSeconds``. Its
+  case keeps the local side's directory name, so the operator learns its sizes from the
+  first repetition as ``rankpack run`` does (`rankpack.controller.learned`): from the
+  second repetition on, both start at the sizes they measured, not one side only.
 
 Every ``rankpack`` configuration also records its start-up: from the controller's launch
 decision (the ``launch`` event's ``decided_unix``) to the first ``Time =`` line of the
 solver's log (watched every 10 ms); the Kubernetes ones, how far above ``rankpack-w``'s of
-the same repetition (``startup_above_local_s``).
+the same repetition (``startup_above_local_s``), and the solver's own wall: from that
+line to the log's last write (``solver_s``; ``solver_vs_local``).
 
 Cases: ``user`` is pitzDaily refined 3x in x and y (110 025 cells, ~27 500 per rank at 4
 ranks, 100 iterations); ``pitzDaily`` is the tutorial (12 225 cells, 250 iterations). The
@@ -51,7 +55,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import resource
 import shutil
 import statistics
@@ -62,7 +65,13 @@ import time
 from datetime import date
 from pathlib import Path
 
-from k8s_sim import FirstLine, decided, run_simulation  # (bench/, beside this)
+from k8s_sim import (  # (bench/, beside this)
+    FirstLine,
+    clock_time,
+    decided,
+    run_simulation,
+    solver_s,
+)
 
 from rankpack.case.openfoam import (
     CaseSource,
@@ -83,7 +92,6 @@ CONFIGS = ("plain", "shim", "rankpack", "rankpack-nocg", "rankpack-noshim")
 OPTIONAL = ("plain-tcp", "rankpack-w", "rankpack-wd", "k8s-run-w", "k8s-sim-w")
 WEIGHTED = ["--weights", "1,1,5,15", "--budget", "2"]
 DEV_KUBECONFIG = "/var/lib/rankpack/dev-cluster/rankpack-sa.kubeconfig"
-CLOCK = re.compile(r"ExecutionTime = ([\d.]+) s\s+ClockTime = ([\d.]+) s")
 
 
 def prepare(work: Path, case: str, ranks: int) -> tuple[Path, Path, int]:
@@ -103,11 +111,6 @@ def prepare(work: Path, case: str, ranks: int) -> tuple[Path, Path, int]:
     cells = decompose(decomposed)
     print(f"{case}: {sum(cells)} cells, {cells} per rank, {iterations} iterations", flush=True)
     return source, decomposed, iterations
-
-
-def clock_time(log: Path) -> float | None:
-    found = CLOCK.findall(log.read_text(errors="replace")) if log.exists() else []
-    return float(found[-1][1]) if found else None
 
 
 def run_plain(work: Path, decomposed: Path, ranks: int, shim: bool,
@@ -165,7 +168,7 @@ def run_rankpack(work: Path, source: Path, ranks: int, iterations: int,
     result = {"status": out.get("status"), "wall_s": out.get("wall_s"),
               "clock_s": clock_time(logs[0]) if logs else None,
               "cpu_s": sum(r.get("cpu_s") or 0 for r in out.get("ranks", [])),
-              "startup_s": startup}  # fmt: skip
+              "startup_s": startup, "solver_s": solver_s(watch)}  # fmt: skip
     shutil.rmtree(run_dir)
     return result
 
@@ -219,6 +222,9 @@ def summary(runs: list[dict[str, object]]) -> dict[str, dict[str, object]]:
                 "clock_s": spread(clocks),
                 "vs_plain": spread(ratios),
                 "startup_s": spread(startups(mine)),
+                "solver_s": spread(
+                    [float(r["solver_s"]) for r in mine if r.get("solver_s") is not None]  # type: ignore[arg-type]
+                ),
             }
             if config.startswith("k8s-"):  # pair by pair with the same settings run locally
                 for local_config, suffix in (("rankpack-w", ""), ("rankpack-wd", "_duty")):
@@ -243,6 +249,13 @@ def _against_local(pairs: list[tuple[dict[str, object], dict[str, object]]],
                 float(k["startup_s"]) - float(lo["startup_s"])  # type: ignore[arg-type]
                 for k, lo in pairs
                 if k.get("startup_s") is not None and lo.get("startup_s") is not None
+            ]
+        ),
+        f"solver_vs_local{suffix}": spread(
+            [
+                float(k["solver_s"]) / float(lo["solver_s"])  # type: ignore[arg-type]
+                for k, lo in pairs
+                if k.get("solver_s") and lo.get("solver_s")
             ]
         ),
     }

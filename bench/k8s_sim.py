@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import sqlite3
 import threading
@@ -34,6 +35,7 @@ from rankpack.operator import crd, manifests
 
 ENFORCE = "pod-security.kubernetes.io/enforce"
 TIMEOUT_S = 900.0
+CLOCK = re.compile(r"ExecutionTime = ([\d.]+) s\s+ClockTime = ([\d.]+) s")
 
 
 def _custom() -> Any:
@@ -75,6 +77,22 @@ def _dirs(root: Path) -> set[Path]:
     return out
 
 
+def clock_time(log: Path | None) -> float | None:
+    """The solver's own last ``ClockTime`` in ``log`` (whole seconds), None if none."""
+    if log is None or not log.exists():
+        return None
+    found = CLOCK.findall(log.read_text(errors="replace"))
+    return float(found[-1][1]) if found else None
+
+
+def solver_s(watch: FirstLine) -> float | None:
+    """From the solver log's first ``Time =`` line to its last write (its mtime), seconds:
+    the solver's own wall, start-up and end detection left out."""
+    if watch.at is None or watch.log is None or not watch.log.exists():
+        return None
+    return round(watch.log.stat().st_mtime - watch.at, 3)
+
+
 class FirstLine(threading.Thread):
     """Notes the wall time at which the first ``Time =`` line appears in the solver log
     that ``find`` finds (None: not there yet), polled every 10 ms."""
@@ -83,12 +101,14 @@ class FirstLine(threading.Thread):
         super().__init__(daemon=True)
         self.find = find
         self.at: float | None = None
+        self.log: Path | None = None
         self.stop = threading.Event()
 
     def run(self) -> None:
         log: Path | None = None
         while not self.stop.is_set() and self.at is None:
             log = log or self.find()
+            self.log = log
             if log is not None:
                 with contextlib.suppress(OSError):
                     if b"\nTime = " in log.read_bytes():
@@ -132,10 +152,14 @@ def _run_simulation(custom: Any, source: Path, ranks: int, iterations: int) -> d
     cases = deploy.runs_dir() / "namespaces" / NAMESPACE / "cases"  # the users' part
     cases.mkdir(exist_ok=True)
     os.chown(cases, manifests.RUN_AS, manifests.RUN_AS)
-    case = cases / name
+    # The case under its own directory name, as `rankpack run` is given it: the operator
+    # learns a case's sizes by that name (`controller.learned`), so from the second
+    # repetition on both sides start at the sizes the first one measured.
+    case = cases / source.name
+    shutil.rmtree(case, ignore_errors=True)
     shutil.copytree(source, case, symlinks=True)
     _chown(case)
-    path = manifests.tenant_path(NAMESPACE, f"cases/{name}")
+    path = manifests.tenant_path(NAMESPACE, f"cases/{source.name}")
     body = {
         "apiVersion": crd.API_VERSION, "kind": crd.KIND, "metadata": {"name": name},
         "spec": {"case": {"path": path}, "ranks": ranks,
@@ -163,7 +187,8 @@ def _run_simulation(custom: Any, source: Path, ranks: int, iterations: int) -> d
         return {
             "status": "completed" if ok else f"{status.get('phase')}: {status.get('message')}",
             "wall_s": result.get("wallSeconds") if ok else None,
-            "clock_s": None,
+            "clock_s": clock_time(watch.log),
+            "solver_s": solver_s(watch),
             "cpu_s": result.get("cpuSeconds"),
             "startup_s": None if first is None or at is None else round(first - at, 3),
         }

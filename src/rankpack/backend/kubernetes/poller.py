@@ -39,6 +39,9 @@ from rankpack.backend.protocol import BackendError, ResizeStatus
 from rankpack.core.failures import Failure, FailureCode
 
 C = builders.CONTAINER
+EXIT_LOOK_S = 0.1
+"""How often the poll thread looks for the exit file of an mpirun that runs in a launcher
+pod (a stat per such simulation)."""
 
 
 class Poller:
@@ -84,8 +87,23 @@ class Poller:
                         return
             if pods is None:  # not listed yet (the apiserver did not answer): try again
                 self.closed.wait(config.poll_s)
-            else:  # until the watch brings a change, or the timers are due
-                pods.wait(seen, config.poll_s)
+            else:  # until the watch brings a change, mpirun's exit, or the timers are due
+                self._wait(pods, seen, config.poll_s)
+
+    def _wait(self, pods: Informer, seen: int, timeout_s: float) -> None:
+        """`Informer.wait`, but while mpirun runs in a launcher pod, in steps of
+        `EXIT_LOOK_S` that end once its exit file is written: its launcher wrote it as
+        mpirun ended, a second before the kubelet's next look at the pod would show it."""
+        clock = self.state.clock
+        deadline = clock() + timeout_s
+        while not self.closed.is_set():
+            left = deadline - clock()
+            running = [s for s in self.state.live() if s.in_pod and s.life.started
+                       and not s.life.ended]  # fmt: skip
+            if left <= 0 or pods.wait(seen, min(left, EXIT_LOOK_S) if running else left) != seen:
+                return
+            if any(s.exit_file.exists() for s in running):
+                return
 
     def _informer(self) -> Informer | None:
         found = self.state.cache.informers().get(self.state.pods_collection)

@@ -243,6 +243,10 @@ def follow(sim: SimRecord, pod: Obj | None, ranks_running: bool, *, caught_up: b
         if life.ended:
             return news
     now = reading(name, pod, lambda: read_exit(sim.exit_file))
+    if now.state == "running":  # its launcher writes the exit file as mpirun ends
+        code = read_exit(sim.exit_file)
+        if code is not None:
+            now = Reading("ended", exit_code=code)
     if now.state == "failed":
         assert now.failure is not None
         life.fail(now.failure)

@@ -343,6 +343,30 @@ def test_the_end_comes_from_the_exit_file(tmp_path: Path) -> None:
     h.no_exec()
 
 
+def test_the_exit_file_ends_it_before_the_kubelet_shows_the_launcher_ended(
+    tmp_path: Path,
+) -> None:
+    h = PodHarness(tmp_path)
+    h.running()
+    h.backend.poll_once()
+    assert h.backend.observe(SIM).phase is SimPhase.RUNNING  # no exit file: it runs
+    h.exit_file.write_text("3\n")  # rankpack-launch, as mpirun ended; the pod still runs
+    h.backend.poll_once()
+    obs = h.backend.observe(SIM)
+    assert obs.phase is SimPhase.FAILED and obs.exit_code == 3
+    h.exit_file.write_text("garbage")  # (read once: a later write changes nothing)
+    h.backend.poll_once()
+    assert h.backend.observe(SIM).exit_code == 3
+
+
+def test_an_exit_file_that_does_not_parse_leaves_it_running(tmp_path: Path) -> None:
+    h = PodHarness(tmp_path)
+    h.running()
+    h.exit_file.write_text("not a code")
+    h.backend.poll_once()
+    assert h.backend.observe(SIM).phase is SimPhase.RUNNING
+
+
 def test_without_an_exit_file_the_containers_code_is_mpiruns(tmp_path: Path) -> None:
     h = PodHarness(tmp_path)
     h.running()
