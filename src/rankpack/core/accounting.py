@@ -59,7 +59,8 @@ def trapezoid_cpu_s(times_s: list[float], usage_ns: list[int]) -> float:
         return 0.0
     t = np.concatenate(([times_s[0]], mid, [times_s[-1]]))
     r = np.concatenate(([rate[0]], rate, [rate[-1]]))
-    return float(np.trapezoid(r, t))
+    with np.errstate(over="ignore"):  # (rates a subnormal time apart may sum past float)
+        return float(np.trapezoid(r, t))
 
 
 def trapezoid_cpu_s_ranks(times_s: list[float], usages_ns: Sequence[list[int]]) -> list[float]:
@@ -82,7 +83,8 @@ def trapezoid_cpu_s_ranks(times_s: list[float], usages_ns: Sequence[list[int]]) 
             if len(mid):
                 tt = np.concatenate(([times_s[0]], mid, [times_s[-1]]))
                 rr = np.concatenate((rate[:, :1], rate, rate[:, -1:]), axis=1)
-                values = np.atleast_1d(np.trapezoid(rr, tt, axis=1))
+                with np.errstate(invalid="ignore", over="ignore"):  # (inf x 0: left out below)
+                    values = np.atleast_1d(np.trapezoid(rr, tt, axis=1))
                 # a rate that overflows (readings a subnormal time apart) is left out per
                 # rank: such a rank is integrated on its own below
                 finite = np.atleast_1d(np.isfinite(rate).all(axis=1)).tolist()
