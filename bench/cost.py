@@ -198,8 +198,9 @@ def spread(values: list[float]) -> str:
     return f"{statistics.median(values):.3f} [{min(values):.3f}-{max(values):.3f}]"
 
 
-def startups(runs: list[dict[str, object]]) -> list[float]:
-    return [float(r["startup_s"]) for r in runs if r.get("startup_s") is not None]  # type: ignore[arg-type]
+def numbers(runs: list[dict[str, object]], key: str) -> list[float]:
+    """The runs' ``key`` values, those that have one."""
+    return [float(r[key]) for r in runs if r.get(key) is not None]  # type: ignore[arg-type]
 
 
 def summary(runs: list[dict[str, object]]) -> dict[str, dict[str, object]]:
@@ -221,10 +222,8 @@ def summary(runs: list[dict[str, object]]) -> dict[str, dict[str, object]]:
                 "wall_s": spread(walls),
                 "clock_s": spread(clocks),
                 "vs_plain": spread(ratios),
-                "startup_s": spread(startups(mine)),
-                "solver_s": spread(
-                    [float(r["solver_s"]) for r in mine if r.get("solver_s") is not None]  # type: ignore[arg-type]
-                ),
+                "startup_s": spread(numbers(mine, "startup_s")),
+                "solver_s": spread(numbers(mine, "solver_s")),
             }
             if config.startswith("k8s-"):  # pair by pair with the same settings run locally
                 for local_config, suffix in (("rankpack-w", ""), ("rankpack-wd", "_duty")):
@@ -239,7 +238,7 @@ def summary(runs: list[dict[str, object]]) -> dict[str, dict[str, object]]:
 
 def _against_local(pairs: list[tuple[dict[str, object], dict[str, object]]],
                    suffix: str) -> dict[str, object]:  # fmt: skip
-    """A Kubernetes configuration's wall and start-up against a local one, pair by pair."""
+    """A Kubernetes configuration's wall, start-up and solver against a local one, pair by pair."""
     return {
         f"vs_local{suffix}": spread(
             [float(k["wall_s"]) / float(lo["wall_s"]) for k, lo in pairs]  # type: ignore[arg-type]

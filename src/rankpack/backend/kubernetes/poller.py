@@ -33,6 +33,7 @@ from rankpack.backend.kubernetes.objects import builders, reconcile, status
 from rankpack.backend.kubernetes.objects.grouppods import pod_ranks
 from rankpack.backend.kubernetes.record import PodResize, SimRecord
 from rankpack.backend.kubernetes.starting import podmode
+from rankpack.backend.kubernetes.starting.exitwrapper import read_exit
 from rankpack.backend.kubernetes.starting.hostmpirun import MpirunHost
 from rankpack.backend.kubernetes.state import BackendState
 from rankpack.backend.protocol import BackendError, ResizeStatus
@@ -41,7 +42,7 @@ from rankpack.core.failures import Failure, FailureCode
 C = builders.CONTAINER
 EXIT_LOOK_S = 0.1
 """How often the poll thread looks for the exit file of an mpirun that runs in a launcher
-pod (a stat per such simulation)."""
+pod (a read of at most 64 bytes per such simulation, nothing when it is not there)."""
 
 
 class Poller:
@@ -102,8 +103,8 @@ class Poller:
                        and not s.life.ended]  # fmt: skip
             if left <= 0 or pods.wait(seen, min(left, EXIT_LOOK_S) if running else left) != seen:
                 return
-            if any(s.exit_file.exists() for s in running):
-                return
+            if any(read_exit(s.exit_file) is not None for s in running):
+                return  # (what `podmode.follow` ends it on: a file that does not parse waits)
 
     def _informer(self) -> Informer | None:
         found = self.state.cache.informers().get(self.state.pods_collection)

@@ -61,3 +61,13 @@ def test_without_mpirun_running_in_a_pod_it_waits_whole(tmp_path: Path) -> None:
     watch = Watch()
     h.backend._poller._wait(watch, 7, 0.3)  # type: ignore[arg-type]
     assert len(watch.calls) == 1 and 0.25 < watch.calls[0] <= 0.3
+
+
+def test_an_exit_file_that_does_not_parse_does_not_end_the_wait(tmp_path: Path) -> None:
+    h = PodHarness(tmp_path)
+    h.running()
+    h.backend.poll_once()
+    h.exit_file.write_text("not a code")  # (what `follow` would not end it on either)
+    watch = Watch()
+    h.backend._poller._wait(watch, 7, 0.35)  # type: ignore[arg-type]
+    assert len(watch.calls) >= 3 and all(t <= EXIT_LOOK_S for t in watch.calls)

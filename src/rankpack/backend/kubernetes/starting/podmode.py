@@ -121,7 +121,9 @@ class Reading:
 
 def reading(name: str, pod: Obj | None, exit_code: Callable[[], int | None]) -> Reading:
     """Where the launcher pod ``name`` stands, from the pod as listed (None: it does not
-    exist) and mpirun's exit file (read only when the pod says it may have ended)."""
+    exist) and mpirun's exit file (read when the pod says it may have ended, or while its
+    launcher container runs: the launcher writes it as mpirun ends, before the kubelet's
+    next look at the pod shows that)."""
     lost = _lost(name, pod)
     if lost is not None:
         code = exit_code()
@@ -154,7 +156,8 @@ def reading(name: str, pod: Obj | None, exit_code: Callable[[], int | None]) -> 
     if preparing:  # (rankpack-launch waits for it: mpirun has not started)
         return Reading("pending", reason="its prepare container waits for the rank pods")
     if status.running(pod, LC):
-        return Reading("running")
+        code = exit_code()
+        return Reading("running") if code is None else Reading("ended", exit_code=code)
     return Reading("pending", reason=status.pending_reason(pod))
 
 
@@ -243,10 +246,6 @@ def follow(sim: SimRecord, pod: Obj | None, ranks_running: bool, *, caught_up: b
         if life.ended:
             return news
     now = reading(name, pod, lambda: read_exit(sim.exit_file))
-    if now.state == "running":  # its launcher writes the exit file as mpirun ends
-        code = read_exit(sim.exit_file)
-        if code is not None:
-            now = Reading("ended", exit_code=code)
     if now.state == "failed":
         assert now.failure is not None
         life.fail(now.failure)
